@@ -1,0 +1,61 @@
+// Tokenizer loaded from a Hugging Face tokenizer.json (+ tokenizer_config.json when present).
+// Supports the two BPE families used by Llama-style models:
+//  * SentencePiece-style BPE: Metaspace pre-tokenizer or Prepend/Replace normalizer, byte
+//    fallback (<0xNN> tokens) -- TinyStories, Llama-2, Mistral;
+//  * byte-level BPE with a regex Split pre-tokenizer (PCRE2) and ByteLevel mapping -- Llama-3, Qwen.
+// Added/special tokens are matched in the raw text before the model runs, as HF does.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+
+namespace lragent {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Loads DIR/tokenizer.json and, if present, DIR/tokenizer_config.json (add_bos_token,
+  // add_eos_token, bos/eos token strings).
+  static Result<std::unique_ptr<Tokenizer>> load_dir(const std::string& dir);
+  // From the text of tokenizer.json (and optionally tokenizer_config.json, may be empty).
+  // `source` names the file in errors.
+  static Result<std::unique_ptr<Tokenizer>> from_json(std::string_view tokenizer_json,
+                                                      std::string_view tokenizer_config_json,
+                                                      const std::string& source);
+
+  // Same ids as HF `tokenizer(text)["input_ids"]` (i.e. encode with add_special_tokens=True:
+  // the post-processor's BOS/EOS are added as the HF tokenizer would).
+  virtual std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const = 0;
+  // Same text as HF `tokenizer.decode(ids)` (skip_special_tokens=False).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+  // Raw bytes that a single token contributes (after byte-fallback / byte-level mapping);
+  // SentencePiece's leading-space stripping at the sequence start is NOT applied here.
+  virtual std::string token_bytes(int32_t id) const = 0;
+  virtual std::string id_to_token(int32_t id) const = 0;  // vocab string, "" if out of range
+  virtual int32_t token_to_id(std::string_view token) const = 0;  // -1 if unknown
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;  // -1 if none
+  virtual int32_t eos_id() const = 0;  // -1 if none
+};
+
+// Incremental detokenizer for streaming output: push ids, get only complete UTF-8 text.
+// Concatenating all outputs of push() plus finish() equals tokenizer.decode(all ids).
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  std::string push(int32_t id);
+  std::string finish();  // flushes whatever is left (invalid UTF-8 as U+FFFD, as HF does)
+
+ private:
+  const Tokenizer& tok_;
+  std::vector<int32_t> ids_;
+  size_t emitted_ = 0;  // bytes of decode(ids_) already returned
+};
+
+}  // namespace lragent
