@@ -1,0 +1,46 @@
+// Helpers shared by all tests: where fixtures live.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <unistd.h>
+
+namespace lragent::testing {
+
+// Repository root (compile-time path of the source tree).
+inline std::string source_dir() { return LRAGENT_SOURCE_DIR; }
+// ../shared beside the checkout (CI places it there); LRAGENT_SHARED overrides.
+inline std::string shared_dir() {
+  if (const char* env = std::getenv("LRAGENT_SHARED")) return env;
+  return (std::filesystem::path(LRAGENT_SOURCE_DIR).parent_path() / "shared").string();
+}
+inline std::string tinystories_dir() { return shared_dir() + "/models/tinystories-656k"; }
+inline std::string adapters_dir() { return shared_dir() + "/adapters/tinystories-656k"; }
+// Committed fixtures and goldens.
+inline std::string fixtures_dir() { return source_dir() + "/tests/fixtures"; }
+// Fixtures fetched by scripts/fetch-fixtures.sh (npm tokenizers); not committed.
+inline std::string fetched_fixtures_dir() { return source_dir() + "/.fixtures"; }
+// The built CLI binary (set by CTest; falls back to the build tree).
+inline std::string lragent_bin() {
+  if (const char* env = std::getenv("LRAGENT_BIN")) return env;
+  return std::string(LRAGENT_BINARY_DIR) + "/lragent";
+}
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+// A fresh temporary directory for one test.
+inline std::string temp_dir(const std::string& name) {
+  auto p = std::filesystem::temp_directory_path() / ("lragent-test-" + name + "-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+}  // namespace lragent::testing
