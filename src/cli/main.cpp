@@ -1,2 +1,22 @@
-#include <cstdio>
-int main() { std::puts("lragent"); return 0; }
+// lragent command-line entry point: the only place that turns errors into exit codes.
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "lragent: an inference engine for multi-agent LLM systems whose agents are LoRA adapters on one base model.\n"
+      "The base KV cache is shared across agents; each adapter's contribution is kept in low-rank form."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "lragent 0.1.0");
+  std::function<int()> action;
+  lragent::cli::register_generate(app, action);
+  lragent::cli::register_tokenize(app, action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return action ? action() : 0;
+}

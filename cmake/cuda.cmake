@@ -1,0 +1,18 @@
+# CUDA backend (sm_90a by default). Included from CMakeLists.txt when LRAGENT_CUDA=ON.
+enable_language(CUDA)
+set(CMAKE_CUDA_STANDARD 20)
+set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+set(CMAKE_CUDA_ARCHITECTURES ${LRAGENT_CUDA_ARCH})
+find_package(CUDAToolkit REQUIRED)
+file(GLOB_RECURSE LRAGENT_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
+     ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cpp)
+if(LRAGENT_CUDA_SOURCES)
+  add_library(lragent_cuda STATIC ${LRAGENT_CUDA_SOURCES})
+  target_include_directories(lragent_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(lragent_cuda PUBLIC CUDA::cudart CUDA::cublasLt CUDA::cublas fmt::fmt nlohmann_json::nlohmann_json)
+  target_compile_options(lragent_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
+  target_link_libraries(lragent_lib PUBLIC lragent_cuda)
+  target_compile_definitions(lragent_lib PUBLIC LRAGENT_HAVE_CUDA=1)
+else()
+  message(STATUS "LRAGENT_CUDA=ON but src/backend/cuda has no sources yet")
+endif()

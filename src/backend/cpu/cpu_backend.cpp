@@ -1,0 +1,132 @@
+// CPU backend: OpenBLAS for GEMM, a thread pool for everything else. f32 compute.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_attention.h"
+#include "core/thread_pool.h"
+
+namespace lragent {
+namespace {
+
+int64_t row_stride_of(const TensorView& t) { return t.strides.empty() ? t.dim(1) : t.strides[0]; }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int n_threads)
+      : pool_(n_threads > 0 ? n_threads : ThreadPool::default_threads()) {
+    openblas_set_num_threads(pool_.size());
+  }
+  std::string name() const override { return "cpu"; }
+  Device device() const override { return Device::kCpu; }
+
+  void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
+              float beta) override {
+    assert(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && "matmul takes 2-D tensors");
+    const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+    assert(w.dim(1) == in && y.dim(0) == n && y.dim(1) == out && "matmul shape mismatch");
+    if (n == 0 || out == 0) return;
+    const int64_t ldx = row_stride_of(x), ldy = row_stride_of(y), ldw = row_stride_of(w);
+    if (w.dtype == DType::kF32) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(out),
+                  static_cast<int>(in), alpha, x.f32(), static_cast<int>(ldx), w.as<const float>(),
+                  static_cast<int>(ldw), beta, y.f32(), static_cast<int>(ldy));
+    } else {
+      // Weights stay in their file dtype; convert a panel of rows at a time to f32.
+      constexpr int64_t kPanel = 256;
+      std::vector<float> panel(static_cast<size_t>(std::min(out, kPanel) * in));  // [kPanel, in]
+      const size_t esz = dtype_size(w.dtype);
+      for (int64_t r0 = 0; r0 < out; r0 += kPanel) {
+        const int64_t rows = std::min(kPanel, out - r0);
+        pool_.parallel_for(rows, 16, [&](int64_t b, int64_t e) {
+          for (int64_t r = b; r < e; ++r)
+            convert_to_f32(w.dtype, static_cast<const char*>(w.data) + static_cast<size_t>((r0 + r) * ldw) * esz,
+                           panel.data() + r * in, static_cast<size_t>(in));
+        });
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(n), static_cast<int>(rows),
+                    static_cast<int>(in), alpha, x.f32(), static_cast<int>(ldx), panel.data(),
+                    static_cast<int>(in), beta, y.f32() + r0, static_cast<int>(ldy));
+      }
+    }
+    if (bias) {
+      std::vector<float> b(static_cast<size_t>(out));  // [out]
+      convert_to_f32(bias->dtype, bias->data, b.data(), b.size());
+      for (int64_t i = 0; i < n; ++i) {
+        float* yr = y.f32() + i * ldy;
+        for (int64_t j = 0; j < out; ++j) yr[j] += b[static_cast<size_t>(j)];
+      }
+    }
+  }
+
+  void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) override {
+    const int64_t n = x.dim(0), d = x.dim(1);
+    std::vector<float> w(static_cast<size_t>(d));  // [d]
+    convert_to_f32(weight.dtype, weight.data, w.data(), w.size());
+    pool_.parallel_for(n, 4, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float* xr = x.f32() + i * row_stride_of(x);
+        float* yr = y.f32() + i * row_stride_of(y);
+        float ss = 0.f;
+        for (int64_t j = 0; j < d; ++j) ss += xr[j] * xr[j];
+        const float inv = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
+        for (int64_t j = 0; j < d; ++j) yr[j] = w[static_cast<size_t>(j)] * (xr[j] * inv);
+      }
+    });
+  }
+
+  void rope(TensorView& x, const int32_t* positions, const float* inv_freq) override {
+    assert(x.rank() == 3 && x.is_contiguous() && "rope takes contiguous [n, heads, head_dim]");
+    const int64_t n = x.dim(0), heads = x.dim(1), hd = x.dim(2);
+    pool_.parallel_for(n, 4, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) cpu_rope_rows(x.f32() + i * heads * hd, heads, hd, positions[i], inv_freq);
+    });
+  }
+
+  void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override {
+    const int64_t total = gate.numel();
+    const float* g = gate.f32();
+    const float* u = up.f32();
+    float* o = out.f32();
+    pool_.parallel_for(total, 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    });
+  }
+
+  void add(TensorView& y, const TensorView& x) override {
+    const int64_t total = y.numel();
+    float* yp = y.f32();
+    const float* xp = x.f32();
+    for (int64_t i = 0; i < total; ++i) yp[i] += xp[i];
+  }
+
+  void embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) override {
+    const int64_t d = table.dim(1);
+    const size_t esz = dtype_size(table.dtype);
+    for (int i = 0; i < n; ++i) {
+      assert(ids[i] >= 0 && ids[i] < table.dim(0) && "token id out of vocabulary (validate before forward)");
+      convert_to_f32(table.dtype, static_cast<const char*>(table.data) + static_cast<size_t>(ids[i] * d) * esz,
+                     out.f32() + i * d, static_cast<size_t>(d));
+    }
+  }
+
+  void store_rows(const TensorView& rows, const PagedView& dst, const int32_t* slots) override {
+    const int64_t n = rows.dim(0), width = rows.numel() / std::max<int64_t>(n, 1);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(dst.row(slots[i]), rows.f32() + i * width, static_cast<size_t>(width) * 4);
+  }
+
+  void attention(const AttentionParams& p) override { cpu_attention(p, pool_); }
+
+ private:
+  ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+
+}  // namespace lragent

@@ -1,0 +1,108 @@
+// `lragent generate`: one prompt through the model (optionally with an adapter).
+#include <cstdio>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/generator.h"
+
+namespace lragent::cli {
+namespace {
+
+struct GenerateFlags {
+  ModelFlags model;
+  std::string prompt, prompt_tokens, use;
+  int max_tokens = 64;
+  float temperature = 0.f, top_p = 1.f;
+  int top_k = 0;
+  uint64_t seed = 0;
+  bool json = false, logits = false, ignore_eos = false;
+};
+
+int run_generate(const GenerateFlags& f) {
+  auto loaded = load_model(f.model);
+  if (!loaded.ok()) return report(loaded.error());
+  LoadedModel& lm = *loaded;
+
+  GenerateRequest req;
+  if (!f.prompt_tokens.empty()) {
+    auto ids = parse_id_list(f.prompt_tokens);
+    if (!ids.ok()) return report(ids.error());
+    req.prompt = *ids;
+  } else {
+    if (!lm.tokenizer)
+      return report(make_error(ErrorCode::kNotFound, "{} has no tokenizer.json: pass --prompt-tokens instead of --prompt",
+                               f.model.model_dir));
+    req.prompt = lm.tokenizer->encode(f.prompt);
+  }
+  if (!f.use.empty()) {
+    req.adapter = lm.adapters->find(f.use);
+    if (!req.adapter)
+      return report(make_error(ErrorCode::kNotFound, "--use {}: no adapter of that name (register it with --adapter {}=DIR)",
+                               f.use, f.use));
+  }
+  req.max_tokens = f.max_tokens;
+  req.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
+  req.keep_first_logits = f.logits;
+  if (!f.ignore_eos) req.stop_ids = lm.model->config().eos_token_ids;
+
+  Generator gen(*lm.model, EngineOptions{});
+  StreamDecoder stream_dec(*lm.tokenizer);
+  const bool stream = !f.json && lm.tokenizer;
+  auto result = gen.run({req}, [&](size_t, int32_t tok) {
+    if (stream) {
+      std::string piece = stream_dec.push(tok);
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+    }
+  });
+  if (!result.ok()) return report(result.error());
+  const GenerateResult& r = (*result)[0];
+  if (f.json) {
+    nlohmann::json j;
+    j["prompt_tokens"] = req.prompt;
+    j["output_tokens"] = r.output;
+    j["text"] = lm.tokenizer ? nlohmann::json(lm.tokenizer->decode(r.output)) : nlohmann::json(nullptr);
+    j["finish_reason"] = r.finish_reason;
+    if (!f.use.empty()) j["adapter"] = f.use;
+    if (f.logits) j["last_logits"] = r.first_logits;
+    std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    fmt::print("{}\n", s);
+  } else if (stream) {
+    std::string tail = stream_dec.finish();
+    fmt::print("{}\n", tail);
+  } else {
+    fmt::print("{}\n", fmt::join(r.output, ","));
+  }
+  return 0;
+}
+
+}  // namespace
+
+void register_generate(CLI::App& app, std::function<int()>& action) {
+  static GenerateFlags flags;  // CLI11 binds flags by reference: they must outlive parse()
+  GenerateFlags* f = &flags;
+  CLI::App* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt");
+  f->model.add_to(cmd, true);
+  auto* p = cmd->add_option("--prompt", f->prompt, "Prompt text (tokenized with the model's tokenizer, BOS added as HF does)");
+  auto* pt = cmd->add_option("--prompt-tokens", f->prompt_tokens, "Prompt as comma-separated token ids, used as given (no BOS added)");
+  p->excludes(pt);
+  cmd->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->default_val(64)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", f->temperature, "Sampling temperature; 0 is greedy")->default_val(0)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", f->top_p, "Nucleus sampling mass (1: off)")->default_val(1)->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-k", f->top_k, "Keep only the k most likely tokens (0: off)")->default_val(0)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", f->seed, "Random seed for sampling")->default_val(0);
+  cmd->add_option("--use", f->use, "Name of a registered adapter to generate with (default: base model)");
+  cmd->add_flag("--json", f->json, "Print one JSON object: prompt_tokens, output_tokens, text, finish_reason");
+  cmd->add_flag("--logits", f->logits, "With --json: add last_logits, the distribution of the first generated token");
+  cmd->add_flag("--ignore-eos", f->ignore_eos, "Do not stop at the end-of-sequence token");
+  cmd->callback([f, &action] {
+    if (f->prompt.empty() && f->prompt_tokens.empty())
+      throw CLI::ValidationError("generate", "one of --prompt or --prompt-tokens is required");
+    action = [f] { return run_generate(*f); };
+  });
+}
+
+}  // namespace lragent::cli

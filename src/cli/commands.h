@@ -1,0 +1,13 @@
+// Each CLI subcommand registers its flags and, when chosen, sets `action` to run it.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace lragent::cli {
+
+void register_generate(CLI::App& app, std::function<int()>& action);
+void register_tokenize(CLI::App& app, std::function<int()>& action);
+
+}  // namespace lragent::cli

@@ -1,0 +1,92 @@
+#include "cli/common.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include <fmt/core.h>
+
+#include "model/synthetic.h"
+
+namespace lragent::cli {
+
+void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
+  app->add_option("--model", model_dir,
+                  "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
+                  "Omitted: the built-in synthetic model (random weights, meaningless text)");
+  app->add_option("--threads", threads, "CPU threads (0: all cores)")->default_val(0);
+  if (with_adapters)
+    app->add_option("--adapter", adapters,
+                    "Register a PEFT LoRA adapter as NAME=DIR (adapter_config.json + adapter_model.safetensors); "
+                    "repeatable");
+}
+
+int report(const Error& e) {
+  fmt::print(stderr, "error: {}\n", e.message);
+  switch (e.code) {
+    case ErrorCode::kInvalidArgument: return 2;
+    case ErrorCode::kNotFound: return 3;
+    case ErrorCode::kCorrupt: return 4;
+    case ErrorCode::kUnsupported: return 5;
+    case ErrorCode::kOutOfMemory: return 6;
+    default: return 1;
+  }
+}
+
+Result<std::vector<int32_t>> parse_id_list(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string item = text.substr(i, j - i);
+    while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+    while (!item.empty() && item.back() == ' ') item.pop_back();
+    char* end = nullptr;
+    long v = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v < 0 || v > INT32_MAX)
+      return make_error(ErrorCode::kInvalidArgument, "--prompt-tokens: '{}' is not a token id (expected e.g. 1,2,3)",
+                        item);
+    ids.push_back(static_cast<int32_t>(v));
+    i = j + 1;
+  }
+  if (ids.empty()) return make_error(ErrorCode::kInvalidArgument, "--prompt-tokens is empty");
+  return ids;
+}
+
+Result<LoadedModel> load_model(const ModelFlags& flags) {
+  LoadedModel out;
+  out.backend = make_cpu_backend(flags.threads);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (flags.model_dir.empty()) {
+    fmt::print(stderr,
+               "note: no --model given: using the built-in synthetic model (deterministic random weights; the "
+               "generated text is meaningless). Pass --model DIR with a Hugging Face Llama/Mistral/Qwen2 checkpoint "
+               "for real output.\n");
+    LRA_ASSIGN_OR_RETURN(out.model, make_synthetic_model(SyntheticSpec{}, *out.backend));
+    out.tokenizer = make_byte_tokenizer();
+    out.synthetic = true;
+  } else {
+    fmt::print(stderr, "loading model {} ...", flags.model_dir);
+    LRA_ASSIGN_OR_RETURN(out.model, LlamaModel::load(flags.model_dir, *out.backend));
+    if (std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json")) {
+      LRA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load_dir(flags.model_dir));
+    }
+    const auto& c = out.model->config();
+    fmt::print(stderr, " done ({}, {} layers, hidden {}, {} heads / {} kv heads, {:.0f} ms)\n", c.architecture,
+               c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
+               std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  out.adapters = std::make_unique<AdapterRegistry>();
+  for (const std::string& spec : flags.adapters) {
+    const size_t eq = spec.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+      return make_error(ErrorCode::kInvalidArgument, "--adapter '{}': expected NAME=DIR", spec);
+    const std::string name = spec.substr(0, eq), dir = spec.substr(eq + 1);
+    LRA_ASSIGN_OR_RETURN(auto adapter, load_lora_adapter(name, dir, out.model->config()));
+    LRA_RETURN_IF_ERROR(out.adapters->add(std::move(adapter)));
+  }
+  if (!flags.adapters.empty()) fmt::print(stderr, "{}", out.adapters->describe_groups());
+  return out;
+}
+
+}  // namespace lragent::cli

@@ -1,0 +1,42 @@
+// Shared pieces of the CLI commands: loading the model/tokenizer/adapters named by flags.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "backend/backend.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lragent::cli {
+
+// --model / --threads / --adapter flags shared by generate, replay, run, ...
+struct ModelFlags {
+  std::string model_dir;  // empty: the built-in synthetic model
+  int threads = 0;
+  std::vector<std::string> adapters;  // NAME=DIR
+  void add_to(CLI::App* app, bool with_adapters);
+};
+
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tokenizer;  // null when the checkpoint has no tokenizer.json
+  std::unique_ptr<AdapterRegistry> adapters;
+  bool synthetic = false;
+};
+
+// Loads everything the flags name; prints progress on stderr.
+Result<LoadedModel> load_model(const ModelFlags& flags);
+
+// Parses "1,2,3" into ids.
+Result<std::vector<int32_t>> parse_id_list(const std::string& text);
+
+// Prints "error: <message>" on stderr and returns the exit code for it.
+int report(const Error& e);
+
+}  // namespace lragent::cli

@@ -1,0 +1,51 @@
+// Batched generation with a simple continuous-batching scheduler: every step runs one
+// forward pass over all running sequences, decoding sequences contribute their last token
+// and waiting prompts are prefilled in chunks within a token budget, so prefill and decode
+// share a batch.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/sampler.h"
+#include "kv/full_cache.h"
+#include "model/llama.h"
+
+namespace lragent {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;        // ids, BOS included when wanted
+  int max_tokens = 64;
+  SamplingParams sampling;
+  const LoraAdapter* adapter = nullptr;
+  std::vector<int32_t> stop_ids;      // e.g. EOS; generation ends after emitting one
+  bool keep_first_logits = false;     // keep the logits of the first generated token
+};
+
+struct GenerateResult {
+  std::vector<int32_t> output;
+  std::vector<float> first_logits;    // [vocab] when requested
+  std::string finish_reason;          // "length" | "stop"
+};
+
+struct EngineOptions {
+  int page_size = 16;
+  int64_t kv_blocks = 0;              // 0: enough for every request's prompt + max_tokens
+  int64_t max_batch_tokens = 512;     // token budget of one forward step
+};
+
+class Generator {
+ public:
+  Generator(LlamaModel& model, EngineOptions opts) : model_(model), opts_(opts) {}
+  // Runs all requests to completion. `on_token(request_index, token)` streams tokens.
+  Result<std::vector<GenerateResult>> run(const std::vector<GenerateRequest>& reqs,
+                                          const std::function<void(size_t, int32_t)>& on_token = {});
+
+ private:
+  LlamaModel& model_;
+  EngineOptions opts_;
+};
+
+}  // namespace lragent

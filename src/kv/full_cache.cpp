@@ -1,0 +1,37 @@
+#include "kv/full_cache.h"
+
+#include <vector>
+
+namespace lragent {
+
+Result<KvPools> KvPools::create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name) {
+  const int64_t width = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
+  KvPools p;
+  LRA_ASSIGN_OR_RETURN(p.k, BlockPool::create(name + ".k", cfg.num_layers, page_size, width, n_blocks));
+  LRA_ASSIGN_OR_RETURN(p.v, BlockPool::create(name + ".v", cfg.num_layers, page_size, width, n_blocks));
+  return p;
+}
+
+Status FullKvCache::reserve(int64_t total_tokens) {
+  LRA_RETURN_IF_ERROR(k_.reserve(total_tokens));
+  return v_.reserve(total_tokens);
+}
+
+void FullKvCache::write(Backend& be, const LayerKvRows& rows) {
+  std::vector<int32_t> slots(static_cast<size_t>(rows.n));  // [n] positions of the new rows
+  for (int64_t i = 0; i < rows.n; ++i) slots[static_cast<size_t>(i)] = static_cast<int32_t>(rows.start_pos + i);
+  const int64_t width = k_.pool()->width();
+  TensorView kr(DType::kF32, {rows.n, width}, const_cast<float*>(rows.k_full));
+  TensorView vr(DType::kF32, {rows.n, width}, const_cast<float*>(rows.v_full));
+  be.store_rows(kr, k_.view(rows.layer), slots.data());
+  be.store_rows(vr, v_.view(rows.layer), slots.data());
+  if (rows.start_pos + rows.n > n_tokens_) n_tokens_ = rows.start_pos + rows.n;
+}
+
+void FullKvCache::attention_views(int layer, AttentionParams& p) const {
+  p.k = k_.view(layer);
+  p.v = v_.view(layer);
+  p.n_ctx = static_cast<int>(n_tokens_);
+}
+
+}  // namespace lragent

@@ -1,0 +1,36 @@
+// A private full KV cache for one sequence: K = RoPE(x·(W_k + s·A_k·B_k)), V likewise.
+// This is the layout every engine uses and the Non-Shared reference of the sharing modes.
+#pragma once
+
+#include <memory>
+
+#include "kv/block_pool.h"
+#include "kv/kv_binding.h"
+#include "model/config.h"
+
+namespace lragent {
+
+// K and V pools sized for a model ([page_size, n_kv_heads * head_dim] rows per block and layer).
+struct KvPools {
+  std::unique_ptr<BlockPool> k, v;
+  static Result<KvPools> create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name);
+  // Blocks needed for `n_seqs` sequences of up to `max_tokens` tokens each.
+  static int64_t blocks_for(int64_t n_seqs, int64_t max_tokens, int page_size) {
+    return n_seqs * ((max_tokens + page_size - 1) / page_size);
+  }
+};
+
+class FullKvCache final : public KvBinding {
+ public:
+  FullKvCache(BlockPool* k_pool, BlockPool* v_pool) : k_(k_pool), v_(v_pool) {}
+  Status reserve(int64_t total_tokens) override;
+  void write(Backend& be, const LayerKvRows& rows) override;
+  void attention_views(int layer, AttentionParams& p) const override;
+  int64_t n_tokens() const { return n_tokens_; }
+
+ private:
+  PagedStream k_, v_;
+  int64_t n_tokens_ = 0;  // positions [0, n_tokens_) hold entries
+};
+
+}  // namespace lragent

@@ -1,0 +1,92 @@
+#include "model/llama.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "model/rope.h"
+
+namespace lragent {
+namespace {
+
+Result<TensorView> load_tensor(const WeightStore& st, const std::string& name, std::vector<int64_t> shape) {
+  return st.get(name, shape);
+}
+
+Result<ModelWeights> bind_weights(const ModelConfig& c, const WeightStore& st) {
+  ModelWeights w;
+  const int64_t h = c.hidden_size, q = static_cast<int64_t>(c.num_heads) * c.head_dim,
+                kv = static_cast<int64_t>(c.num_kv_heads) * c.head_dim, inter = c.intermediate_size;
+  LRA_ASSIGN_OR_RETURN(w.embed, load_tensor(st, "model.embed_tokens.weight", {c.vocab_size, h}));
+  LRA_ASSIGN_OR_RETURN(w.final_norm, load_tensor(st, "model.norm.weight", {h}));
+  if (c.tie_word_embeddings && !st.has("lm_head.weight")) {
+    w.lm_head = w.embed;
+  } else {
+    LRA_ASSIGN_OR_RETURN(w.lm_head, load_tensor(st, "lm_head.weight", {c.vocab_size, h}));
+  }
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    LayerWeights lw;
+    LRA_ASSIGN_OR_RETURN(lw.attn_norm, load_tensor(st, p + "input_layernorm.weight", {h}));
+    LRA_ASSIGN_OR_RETURN(lw.wq, load_tensor(st, p + "self_attn.q_proj.weight", {q, h}));
+    LRA_ASSIGN_OR_RETURN(lw.wk, load_tensor(st, p + "self_attn.k_proj.weight", {kv, h}));
+    LRA_ASSIGN_OR_RETURN(lw.wv, load_tensor(st, p + "self_attn.v_proj.weight", {kv, h}));
+    LRA_ASSIGN_OR_RETURN(lw.wo, load_tensor(st, p + "self_attn.o_proj.weight", {h, q}));
+    if (c.attention_bias) {
+      LRA_ASSIGN_OR_RETURN(lw.bq, load_tensor(st, p + "self_attn.q_proj.bias", {q}));
+      LRA_ASSIGN_OR_RETURN(lw.bk, load_tensor(st, p + "self_attn.k_proj.bias", {kv}));
+      LRA_ASSIGN_OR_RETURN(lw.bv, load_tensor(st, p + "self_attn.v_proj.bias", {kv}));
+    }
+    LRA_ASSIGN_OR_RETURN(lw.mlp_norm, load_tensor(st, p + "post_attention_layernorm.weight", {h}));
+    LRA_ASSIGN_OR_RETURN(lw.w_gate, load_tensor(st, p + "mlp.gate_proj.weight", {inter, h}));
+    LRA_ASSIGN_OR_RETURN(lw.w_up, load_tensor(st, p + "mlp.up_proj.weight", {inter, h}));
+    LRA_ASSIGN_OR_RETURN(lw.w_down, load_tensor(st, p + "mlp.down_proj.weight", {h, inter}));
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& dir, Backend& backend) {
+  LRA_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
+  LRA_ASSIGN_OR_RETURN(auto store, WeightStore::open_dir(dir));
+  LRA_ASSIGN_OR_RETURN(ModelWeights w, bind_weights(cfg, *store));
+  std::unique_ptr<LlamaModel> m(new LlamaModel(std::move(cfg), backend));
+  m->w_ = std::move(w);
+  m->store_ = std::move(store);
+  m->inv_freq_ = rope_inv_freq(m->cfg_);
+  m->source_ = dir;
+  return m;
+}
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::from_weights(ModelConfig cfg, ModelWeights weights,
+                                                             std::vector<Tensor> owned, Backend& backend) {
+  LRA_RETURN_IF_ERROR(cfg.validate("<synthetic>"));
+  std::unique_ptr<LlamaModel> m(new LlamaModel(std::move(cfg), backend));
+  m->w_ = std::move(weights);
+  m->owned_ = std::move(owned);
+  m->inv_freq_ = rope_inv_freq(m->cfg_);
+  m->source_ = "<synthetic>";
+  return m;
+}
+
+Status LlamaModel::validate_batch(const std::vector<SeqInput>& batch) const {
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SeqInput& in = batch[s];
+    if (in.n_tokens <= 0) return make_error(ErrorCode::kInvalidArgument, "sequence {} has no new tokens", s);
+    if (!in.kv) return make_error(ErrorCode::kInternal, "sequence {} has no KV binding", s);
+    for (int i = 0; i < in.n_tokens; ++i)
+      if (in.tokens[i] < 0 || in.tokens[i] >= cfg_.vocab_size)
+        return make_error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
+                          in.tokens[i], cfg_.vocab_size);
+    const int64_t end = in.start_pos + in.n_tokens;
+    if (cfg_.max_position_embeddings > 0 && end > cfg_.max_position_embeddings)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "context of {} tokens exceeds the model's max_position_embeddings ({}); shorten the prompt "
+                        "or --max-tokens",
+                        end, cfg_.max_position_embeddings);
+  }
+  return Status::Ok();
+}
+
+}  // namespace lragent

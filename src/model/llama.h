@@ -1,0 +1,93 @@
+// Llama-family decoder (Llama, Mistral, Qwen2) over the Backend interface.
+// One forward pass serves a batch of sequences of different lengths, each at its own
+// position (prefill chunks and decode steps mixed), each with its own adapter or none.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/kv_binding.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace lragent {
+
+struct LoraAdapter;  // model/lora.h
+class AdapterRegistry;
+
+struct LayerWeights {
+  TensorView attn_norm;               // [hidden]
+  TensorView wq, wk, wv, wo;          // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
+  TensorView bq, bk, bv;              // biases (Qwen2 / attention_bias), data null when absent
+  TensorView mlp_norm;                // [hidden]
+  TensorView w_gate, w_up, w_down;    // [inter, hidden] x2, [hidden, inter]
+};
+
+struct ModelWeights {
+  TensorView embed;       // [vocab, hidden]
+  TensorView final_norm;  // [hidden]
+  TensorView lm_head;     // [vocab, hidden] (== embed when tied)
+  std::vector<LayerWeights> layers;
+};
+
+// One sequence in a forward batch.
+struct SeqInput {
+  const int32_t* tokens = nullptr;  // [n_tokens] new tokens
+  int n_tokens = 0;
+  int64_t start_pos = 0;            // position of tokens[0] (tokens already cached)
+  KvBinding* kv = nullptr;
+  const LoraAdapter* adapter = nullptr;  // null: base model
+  bool all_logits = false;          // logits for every new token; else only the last
+};
+
+// Counters for tests and benchmarks.
+struct ForwardStats {
+  int64_t lora_shrink_rows = 0;  // rows multiplied by some A (x·A), summed over modules
+  int64_t lora_shrink_calls = 0; // x·A GEMMs issued (one per shared-A group per module)
+};
+
+class LlamaModel {
+ public:
+  // Loads config.json + safetensors from `dir`. Missing/mis-shaped tensors are errors naming them.
+  static Result<std::unique_ptr<LlamaModel>> load(const std::string& dir, Backend& backend);
+  // Wraps weights the caller built (synthetic models); `owned` keeps their memory alive.
+  static Result<std::unique_ptr<LlamaModel>> from_weights(ModelConfig cfg, ModelWeights weights,
+                                                          std::vector<Tensor> owned, Backend& backend);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ModelWeights& weights() const { return w_; }
+  Backend& backend() const { return be_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  const std::string& source() const { return source_; }
+
+  // Runs the batch; returns logits [rows, vocab]: for each sequence in order, one row per new
+  // token if all_logits else one row (its last token). Validates ids and positions first.
+  // `registry` resolves shared-A groups (may be null).
+  Result<Tensor> forward(const std::vector<SeqInput>& batch, const AdapterRegistry* registry = nullptr);
+
+  // Optional hook to capture per-layer hidden states (fidelity tools): called with the
+  // residual stream [rows, hidden] entering each layer, and with layer == num_layers at the end.
+  using HiddenHook = void (*)(void* ctx, int layer, const TensorView& hidden);
+  void set_hidden_hook(HiddenHook hook, void* ctx) { hook_ = hook; hook_ctx_ = ctx; }
+
+  ForwardStats& stats() { return stats_; }
+
+ private:
+  LlamaModel(ModelConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
+  Status validate_batch(const std::vector<SeqInput>& batch) const;
+
+  ModelConfig cfg_;
+  Backend& be_;
+  ModelWeights w_;
+  std::unique_ptr<WeightStore> store_;
+  std::vector<Tensor> owned_;
+  std::vector<float> inv_freq_;
+  std::string source_;
+  HiddenHook hook_ = nullptr;
+  void* hook_ctx_ = nullptr;
+  ForwardStats stats_;
+};
+
+}  // namespace lragent

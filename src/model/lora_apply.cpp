@@ -1,0 +1,72 @@
+#include "model/lora_apply.h"
+
+#include <cstring>
+
+namespace lragent {
+namespace {
+
+const LoraModule* module_of(const LoraAdapter* a, int layer, LoraTarget t) {
+  if (!a) return nullptr;
+  const auto& m = a->layers[static_cast<size_t>(layer)][static_cast<size_t>(t)];
+  return m ? &*m : nullptr;
+}
+
+bool same_a(const LoraModule& x, const LoraModule& y) {
+  if (&x == &y) return true;
+  if (x.rank != y.rank || x.a_hash != y.a_hash || x.a.numel() != y.a.numel()) return false;
+  return std::memcmp(x.a.view().data, y.a.view().data, x.a.view().nbytes()) == 0;
+}
+
+}  // namespace
+
+void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, TensorView& y,
+                const std::vector<LoraSegment>& segs, std::vector<Tensor>* lr_out, ForwardStats& stats) {
+  const int64_t in = x.dim(1);
+  if (lr_out) {
+    lr_out->clear();
+    lr_out->resize(segs.size());
+  }
+  std::vector<bool> done(segs.size(), false);
+  for (size_t s = 0; s < segs.size(); ++s) {
+    const LoraModule* lead = module_of(segs[s].adapter, layer, target);
+    if (done[s] || !lead) continue;
+    // The group: this segment and every later one whose A is bit-identical (shared-A adapters).
+    std::vector<size_t> members;
+    int64_t rows = 0;
+    for (size_t u = s; u < segs.size(); ++u) {
+      const LoraModule* m = module_of(segs[u].adapter, layer, target);
+      if (!done[u] && m && same_a(*lead, *m)) {
+        members.push_back(u);
+        done[u] = true;
+        rows += segs[u].n_rows;
+      }
+    }
+    // Gather the group's rows so x·A is one GEMM for the whole group.
+    Tensor xg = Tensor::empty(DType::kF32, {rows, in});  // [rows, in]
+    int64_t off = 0;
+    for (size_t u : members) {
+      for (int64_t r = 0; r < segs[u].n_rows; ++r)
+        std::memcpy(xg.f32() + (off + r) * in, x.f32() + (segs[u].row_begin + r) * in, static_cast<size_t>(in) * 4);
+      off += segs[u].n_rows;
+    }
+    Tensor xa = Tensor::empty(DType::kF32, {rows, lead->rank});  // [rows, rank]
+    be.matmul(xg.view(), lead->a.view(), nullptr, xa.view());
+    stats.lora_shrink_calls += 1;
+    stats.lora_shrink_rows += rows;
+    off = 0;
+    for (size_t u : members) {
+      const LoraModule* m = module_of(segs[u].adapter, layer, target);
+      TensorView xa_seg = xa.view().rows(off, off + segs[u].n_rows);
+      TensorView y_seg = y.rows(segs[u].row_begin, segs[u].row_begin + segs[u].n_rows);
+      be.matmul(xa_seg, m->b.view(), nullptr, y_seg, m->scale, 1.0f);
+      if (lr_out) {
+        Tensor keep = Tensor::empty(DType::kF32, {segs[u].n_rows, m->rank});
+        std::memcpy(keep.f32(), xa_seg.f32(), keep.view().nbytes());
+        (*lr_out)[u] = std::move(keep);
+      }
+      off += segs[u].n_rows;
+    }
+  }
+}
+
+}  // namespace lragent

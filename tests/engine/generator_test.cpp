@@ -1,0 +1,113 @@
+// Batching invariance: a sequence's result does not depend on what else is in its batch,
+// how its prompt is chunked, or whether prefill and decode steps share a forward pass.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/generator.h"
+#include "engine/sampler.h"
+#include "model/synthetic.h"
+
+namespace lragent {
+namespace {
+
+std::vector<GenerateRequest> make_requests() {
+  std::vector<GenerateRequest> reqs;
+  const int lens[] = {1, 17, 40, 5};
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r;
+    for (int t = 0; t < lens[i]; ++t) r.prompt.push_back(3 + (t * 37 + i * 11) % 250);
+    r.max_tokens = 12 + 3 * i;  // different lengths: sequences finish at different steps
+    r.keep_first_logits = true;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+TEST(Generator, BatchedChunkedMixedEqualsAlone) {
+  auto be = make_cpu_backend(2);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto reqs = make_requests();
+  std::vector<GenerateResult> alone;
+  for (const auto& r : reqs) {
+    Generator gen(**model, EngineOptions{});
+    auto res = gen.run({r});
+    ASSERT_TRUE(res.ok());
+    alone.push_back((*res)[0]);
+  }
+  for (int64_t budget : {512, 7, 1}) {  // 7 and 1 force chunked prefill mixed with decode steps
+    EngineOptions opts;
+    opts.max_batch_tokens = budget;
+    opts.page_size = budget == 7 ? 1 : 16;
+    Generator gen(**model, opts);
+    auto res = gen.run(reqs);
+    ASSERT_TRUE(res.ok()) << res.error().message;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ((*res)[i].output, alone[i].output) << "request " << i << " budget " << budget;
+      ASSERT_EQ((*res)[i].first_logits.size(), alone[i].first_logits.size());
+      for (size_t v = 0; v < alone[i].first_logits.size(); ++v)
+        ASSERT_NEAR((*res)[i].first_logits[v], alone[i].first_logits[v], 1e-4) << i << " " << v;
+    }
+  }
+}
+
+TEST(Generator, StopsAtStopIdAndReportsTooLongPrompts) {
+  auto be = make_cpu_backend(1);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok());
+  Generator gen(**model, EngineOptions{});
+  GenerateRequest r;
+  r.prompt = {1, 50, 60};
+  r.max_tokens = 8;
+  auto first = gen.run({r});
+  ASSERT_TRUE(first.ok());
+  r.stop_ids = {(*first)[0].output[2]};
+  auto stopped = gen.run({r});
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ((*stopped)[0].finish_reason, "stop");
+  EXPECT_LE((*stopped)[0].output.size(), 3u);
+
+  r.prompt.assign(5000, 7);
+  auto too_long = gen.run({r});
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.error().message.find("exceeds the model's context"), std::string::npos);
+}
+
+TEST(Generator, ExhaustedKvPoolIsAnErrorNotACrash) {
+  auto be = make_cpu_backend(1);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok());
+  EngineOptions opts;
+  opts.kv_blocks = 2;  // 32 tokens
+  Generator gen(**model, opts);
+  GenerateRequest r;
+  r.prompt.assign(40, 9);
+  r.max_tokens = 4;
+  auto res = gen.run({r});
+  ASSERT_FALSE(res.ok());
+  EXPECT_EQ(res.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_NE(res.error().message.find("exhausted"), std::string::npos);
+}
+
+TEST(Sampler, GreedyTopKTopPAndSeed) {
+  std::vector<float> logits = {0.f, 3.f, 1.f, 2.9f, -5.f};
+  Sampler greedy({0.f, 0, 1.f, 0});
+  EXPECT_EQ(greedy.sample(logits.data(), 5), 1);
+  // top-k 1 is greedy whatever the temperature.
+  Sampler k1({1.5f, 1, 1.f, 3});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(k1.sample(logits.data(), 5), 1);
+  // top-p small enough keeps only ids 1 and 3.
+  Sampler p({1.0f, 0, 0.8f, 5});
+  int seen[5] = {};
+  for (int i = 0; i < 400; ++i) ++seen[p.sample(logits.data(), 5)];
+  EXPECT_EQ(seen[0] + seen[2] + seen[4], 0);
+  EXPECT_GT(seen[1], 0);
+  EXPECT_GT(seen[3], 0);
+  // Same seed, same draws.
+  Sampler a({1.0f, 0, 1.f, 42}), b({1.0f, 0, 1.f, 42});
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(a.sample(logits.data(), 5), b.sample(logits.data(), 5));
+}
+
+}  // namespace
+}  // namespace lragent
