@@ -9,5 +9,6 @@ namespace lragent::cli {
 
 void register_generate(CLI::App& app, std::function<int()>& action);
 void register_tokenize(CLI::App& app, std::function<int()>& action);
+void register_replay(CLI::App& app, std::function<int()>& action);
 
 }  // namespace lragent::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   std::function<int()> action;
   lragent::cli::register_generate(app, action);
   lragent::cli::register_tokenize(app, action);
+  lragent::cli::register_replay(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

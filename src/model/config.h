@@ -2,7 +2,10 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <nlohmann/json_fwd.hpp>
 
 #include "core/result.h"
 
@@ -36,7 +39,8 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;
   std::string torch_dtype;  // informational
 
-  // Fills head_dim and checks that sizes are positive and divisible (heads % kv_heads ...).
+  // Checks that sizes are positive and divisible (heads % kv_heads ...) and that rope
+  // scaling is usable. parse_model_config() fills head_dim before calling it.
   Status validate(const std::string& source) const;
 };
 
@@ -44,5 +48,13 @@ struct ModelConfig {
 // kUnsupported ("config.json: architecture 'GPT2LMHeadModel' is not supported; supported: ...").
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
 Result<ModelConfig> load_model_config(const std::string& model_dir);
+
+// Helpers shared by the loaders of model-side JSON files (config.json, *.index.json,
+// adapter_config.json).
+// Reads a whole file; a missing file is kNotFound, other failures kIo, both naming the path.
+Result<std::string> read_model_text_file(const std::string& path);
+// Parses JSON without letting an exception escape; errors are kCorrupt
+// "SOURCE: invalid JSON (parse error at line 3, column 7: ...)".
+Result<nlohmann::json> parse_model_json(std::string_view text, const std::string& source);
 
 }  // namespace lragent

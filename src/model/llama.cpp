@@ -16,9 +16,12 @@ Result<ModelWeights> bind_weights(const ModelConfig& c, const WeightStore& st) {
   ModelWeights w;
   const int64_t h = c.hidden_size, q = static_cast<int64_t>(c.num_heads) * c.head_dim,
                 kv = static_cast<int64_t>(c.num_kv_heads) * c.head_dim, inter = c.intermediate_size;
-  LRA_ASSIGN_OR_RETURN(w.embed, load_tensor(st, "model.embed_tokens.weight", {c.vocab_size, h}));
+  // Tied checkpoints store the shared matrix once, under either name (torch drops the alias).
+  const bool tied_alias = c.tie_word_embeddings && !st.has("model.embed_tokens.weight") && st.has("lm_head.weight");
+  LRA_ASSIGN_OR_RETURN(w.embed,
+                       load_tensor(st, tied_alias ? "lm_head.weight" : "model.embed_tokens.weight", {c.vocab_size, h}));
   LRA_ASSIGN_OR_RETURN(w.final_norm, load_tensor(st, "model.norm.weight", {h}));
-  if (c.tie_word_embeddings && !st.has("lm_head.weight")) {
+  if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
   } else {
     LRA_ASSIGN_OR_RETURN(w.lm_head, load_tensor(st, "lm_head.weight", {c.vocab_size, h}));

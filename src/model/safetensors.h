@@ -49,10 +49,16 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  // Parses the 8-byte length and header of the file bytes and sets data_ (see owned_).
+  Status init(const uint8_t* bytes, size_t size);
+
   std::string path_;
   void* map_ = nullptr;       // whole file mapping (nullptr for from_buffer)
   size_t map_size_ = 0;
   const uint8_t* data_ = nullptr;  // start of the data section
+  // [data_size] u8: an aligned copy of the data section, only when the file's data section does
+  // not start on an 8-byte boundary (header length not a multiple of 8), so typed views stay aligned.
+  Tensor owned_;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;
   std::map<std::string, std::string> metadata_;

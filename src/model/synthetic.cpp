@@ -38,7 +38,7 @@ ModelConfig synthetic_config(const SyntheticSpec& s) {
   c.max_position_embeddings = s.max_positions;
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 10000.0;
-  c.tie_word_embeddings = true;
+  c.tie_word_embeddings = false;
   c.bos_token_id = 1;
   c.eos_token_ids = {2};
   c.torch_dtype = "float32";
@@ -62,7 +62,7 @@ Result<std::unique_ptr<LlamaModel>> make_synthetic_model(const SyntheticSpec& sp
   ModelWeights w;
   w.embed = make({c.vocab_size, h}, 1.0f);
   w.final_norm = make({h}, 0.05f, 1.0f);
-  w.lm_head = w.embed;
+  w.lm_head = make({c.vocab_size, h}, 2.0f * sd);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights lw;
     lw.attn_norm = make({h}, 0.05f, 1.0f);

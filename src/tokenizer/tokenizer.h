@@ -42,6 +42,9 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 if none
   virtual int32_t eos_id() const = 0;  // -1 if none
+  // Whether decode() may still render this token differently once more ids follow it
+  // (a ByteFallback <0xNN> piece joins the byte run after it); StreamDecoder waits on such ids.
+  virtual bool decode_is_unstable(int32_t id) const { return false; }
 };
 
 // Incremental detokenizer for streaming output: push ids, get only complete UTF-8 text.
@@ -54,8 +57,11 @@ class StreamDecoder {
 
  private:
   const Tokenizer& tok_;
+  // The ids decoded together: the last id of an already emitted, cleanly ending prefix (as
+  // context, so first-token rules such as stripping a leading space are not re-applied),
+  // then the ids whose text is not fully returned yet.
   std::vector<int32_t> ids_;
-  size_t emitted_ = 0;  // bytes of decode(ids_) already returned
+  size_t emitted_ = 0;  // bytes of decode(ids_) already returned (or covered by the context)
 };
 
 }  // namespace lragent

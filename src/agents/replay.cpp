@@ -1,0 +1,180 @@
+#include "agents/replay.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/sampler.h"
+
+namespace lragent {
+
+Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text, const std::string& source) {
+  const auto j = nlohmann::json::parse(json_text, nullptr, false);
+  if (j.is_discarded()) return make_error(ErrorCode::kCorrupt, "{}: not valid JSON", source);
+  if (!j.is_object() || !j.contains("steps") || !j["steps"].is_array())
+    return make_error(ErrorCode::kCorrupt, "{}: expected an object with a \"steps\" array", source);
+  std::vector<ReplayStep> steps;
+  size_t i = 0;
+  auto ids_of = [&](const nlohmann::json& v, const char* key) -> Result<std::vector<int32_t>> {
+    if (!v.is_array()) return make_error(ErrorCode::kCorrupt, "{}: step {}: \"{}\" must be an array of token ids", source, i, key);
+    std::vector<int32_t> ids;
+    for (const auto& x : v) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+        return make_error(ErrorCode::kCorrupt, "{}: step {}: \"{}\" holds a value that is not a token id", source, i, key);
+      ids.push_back(x.get<int32_t>());
+    }
+    return ids;
+  };
+  for (const auto& s : j["steps"]) {
+    ReplayStep st;
+    if (!s.is_object()) return make_error(ErrorCode::kCorrupt, "{}: step {} is not an object", source, i);
+    if (s.contains("append")) {
+      if (!s["append"].is_string()) return make_error(ErrorCode::kCorrupt, "{}: step {}: \"append\" must be a string", source, i);
+      st.kind = ReplayStep::Kind::kAppendText;
+      st.text = s["append"].get<std::string>();
+    } else if (s.contains("append_tokens")) {
+      st.kind = ReplayStep::Kind::kAppendTokens;
+      LRA_ASSIGN_OR_RETURN(st.tokens, ids_of(s["append_tokens"], "append_tokens"));
+    } else if (s.contains("agent")) {
+      if (!s["agent"].is_string()) return make_error(ErrorCode::kCorrupt, "{}: step {}: \"agent\" must be a string", source, i);
+      st.agent = s["agent"].get<std::string>();
+      if (s.contains("force_tokens")) {
+        st.kind = ReplayStep::Kind::kForce;
+        LRA_ASSIGN_OR_RETURN(st.tokens, ids_of(s["force_tokens"], "force_tokens"));
+      } else if (s.contains("generate")) {
+        st.kind = ReplayStep::Kind::kGenerate;
+        if (!s["generate"].is_number_integer() || s["generate"].get<int64_t>() < 0 || s["generate"].get<int64_t>() > 1 << 20)
+          return make_error(ErrorCode::kCorrupt, "{}: step {}: \"generate\" must be a non-negative integer", source, i);
+        st.generate = s["generate"].get<int>();
+        if (s.contains("stop")) {
+          if (!s["stop"].is_array()) return make_error(ErrorCode::kCorrupt, "{}: step {}: \"stop\" must be an array of strings", source, i);
+          for (const auto& x : s["stop"]) {
+            if (!x.is_string() || x.get<std::string>().empty())
+              return make_error(ErrorCode::kCorrupt, "{}: step {}: \"stop\" must hold non-empty strings", source, i);
+            st.stop.push_back(x.get<std::string>());
+          }
+        }
+      } else {
+        return make_error(ErrorCode::kCorrupt, "{}: step {}: an agent step needs \"generate\" or \"force_tokens\"", source, i);
+      }
+    } else {
+      return make_error(ErrorCode::kCorrupt,
+                        "{}: step {}: expected one of \"append\", \"append_tokens\" or \"agent\"", source, i);
+    }
+    steps.push_back(std::move(st));
+    ++i;
+  }
+  return steps;
+}
+
+Result<std::unique_ptr<AgentSession>> AgentSession::create(LlamaModel& model, const Tokenizer* tok,
+                                                           std::vector<std::string> names,
+                                                           std::vector<const LoraAdapter*> adapters,
+                                                           const ReplayOptions& opts) {
+  std::unique_ptr<AgentSession> s(new AgentSession(model));
+  s->tok_ = tok;
+  s->names_ = std::move(names);
+  s->adapters_ = adapters;
+  s->keep_logits_ = opts.keep_logits;
+  SharingOptions so = opts.sharing;
+  if (model.config().max_position_embeddings > 0)
+    so.max_tokens = std::min<int64_t>(so.max_tokens, model.config().max_position_embeddings);
+  LRA_ASSIGN_OR_RETURN(s->kv_, TrajectoryKv::create(model.config(), std::move(adapters), so));
+  s->computed_.assign(s->names_.size(), 0);
+  const int bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : (tok ? tok->bos_id() : -1);
+  if (bos >= 0) s->traj_.push_back(bos);
+  return s;
+}
+
+Result<std::vector<int32_t>> AgentSession::encode(const std::string& text) const {
+  if (!tok_) return make_error(ErrorCode::kNotFound, "the model has no tokenizer: use \"append_tokens\" instead of \"append\"");
+  return tok_->encode(text, /*add_special_tokens=*/false);
+}
+
+Result<Tensor> AgentSession::forward_agent(int a, int64_t begin) {
+  auto binding = kv_->bind(a);
+  std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
+  SeqInput in;
+  in.tokens = toks.data();
+  in.n_tokens = static_cast<int>(toks.size());
+  in.start_pos = begin;
+  in.kv = binding.get();
+  in.adapter = adapters_[static_cast<size_t>(a)];
+  LRA_ASSIGN_OR_RETURN(Tensor logits, model_.forward({in}));
+  kv_->advance(a, static_cast<int64_t>(traj_.size()));
+  computed_[static_cast<size_t>(a)] += static_cast<int64_t>(toks.size());
+  return logits;
+}
+
+Result<StepResult> AgentSession::run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
+                                           const std::vector<std::string>& stop) {
+  const auto it = std::find(names_.begin(), names_.end(), name);
+  if (it == names_.end())
+    return make_error(ErrorCode::kNotFound, "agent '{}' is not registered (register it with --adapter {}=DIR)", name, name);
+  const int a = static_cast<int>(it - names_.begin());
+  const auto t0 = std::chrono::steady_clock::now();
+  StepResult r;
+  r.agent = name;
+  const int n = forced.empty() ? n_generate : static_cast<int>(forced.size());
+  const int vocab = model_.config().vocab_size;
+  int64_t begin = kv_->catchup_start(a);
+  r.prefilled_tokens = n > 0 ? static_cast<int64_t>(traj_.size()) - begin : 0;
+  for (int i = 0; i < n; ++i) {
+    if (static_cast<int64_t>(traj_.size()) == begin)
+      return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", name, begin);
+    LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin));
+    const float* row = logits.f32();
+    if (keep_logits_) r.logits.emplace_back(row, row + vocab);
+    const int32_t tok = forced.empty() ? Sampler::argmax(row, vocab) : forced[static_cast<size_t>(i)];
+    r.output_tokens.push_back(tok);
+    begin = static_cast<int64_t>(traj_.size());
+    traj_.push_back(tok);
+    if (!stop.empty() && tok_) {
+      const std::string text = tok_->decode(r.output_tokens);
+      if (std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; }))
+        break;
+    }
+  }
+  if (tok_) r.text = tok_->decode(r.output_tokens);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+Result<StepResult> AgentSession::run_step(const ReplayStep& st) {
+  switch (st.kind) {
+    case ReplayStep::Kind::kAppendText: {
+      LRA_ASSIGN_OR_RETURN(auto ids, encode(st.text));
+      append(ids);
+      return StepResult{};
+    }
+    case ReplayStep::Kind::kAppendTokens:
+      for (int32_t id : st.tokens)
+        if (id >= model_.config().vocab_size)
+          return make_error(ErrorCode::kInvalidArgument, "append_tokens: id {} is outside the vocabulary [0, {})", id,
+                            model_.config().vocab_size);
+      append(st.tokens);
+      return StepResult{};
+    case ReplayStep::Kind::kGenerate: return run_agent(st.agent, st.generate, {}, st.stop);
+    case ReplayStep::Kind::kForce: return run_agent(st.agent, 0, st.tokens, {});
+  }
+  return make_error(ErrorCode::kInternal, "unknown step kind");
+}
+
+Result<ReplayResult> run_replay(LlamaModel& model, const Tokenizer* tok, std::vector<std::string> agent_names,
+                                std::vector<const LoraAdapter*> adapters, const std::vector<ReplayStep>& steps,
+                                const ReplayOptions& opts) {
+  LRA_ASSIGN_OR_RETURN(auto session, AgentSession::create(model, tok, std::move(agent_names), std::move(adapters), opts));
+  ReplayResult out;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto r = session->run_step(steps[i]);
+    if (!r.ok()) return make_error(r.error().code, "step {}: {}", i, r.error().message);
+    out.steps.push_back(std::move(*r));
+  }
+  out.trajectory = session->trajectory();
+  out.cache = session->cache_bytes();
+  out.computed_per_agent = session->computed_per_agent();
+  return out;
+}
+
+}  // namespace lragent

@@ -1,0 +1,91 @@
+// Replaying an agent script over one shared trajectory under a KV sharing mode.
+// Script: {"steps": [{"append": "text"} | {"append_tokens": [ids]} |
+//                    {"agent": "NAME", "generate": N, "stop": ["\n"]} |
+//                    {"agent": "NAME", "force_tokens": [ids]}]}
+// The trajectory starts with BOS. A generate step catches the agent up on the tokens it has
+// not processed (as the mode defines) and decodes greedily; every generated token but the
+// last is forwarded by the generating agent, the last is left for whoever runs next.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "kv/sharing.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lragent {
+
+struct ReplayStep {
+  enum class Kind { kAppendText, kAppendTokens, kGenerate, kForce } kind = Kind::kAppendText;
+  std::string text;                // kAppendText
+  std::vector<int32_t> tokens;     // kAppendTokens, kForce
+  std::string agent;               // kGenerate, kForce
+  int generate = 0;                // kGenerate
+  std::vector<std::string> stop;   // kGenerate
+};
+
+// Parses a script; `source` names it in errors ("script.json: step 3: 'generate' must be ...").
+Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text, const std::string& source);
+
+struct StepResult {
+  std::string agent;               // empty for append steps
+  int64_t prefilled_tokens = 0;    // tokens this agent computed in its catch-up
+  std::vector<int32_t> output_tokens;
+  std::string text;
+  std::vector<std::vector<float>> logits;  // [decoded or forced tokens][vocab] (when kept)
+  double seconds = 0;
+};
+
+struct ReplayResult {
+  std::vector<StepResult> steps;
+  std::vector<int32_t> trajectory;
+  CacheBytes cache;
+  std::vector<int64_t> computed_per_agent;  // forward-pass tokens per agent (catch-up + decode)
+};
+
+struct ReplayOptions {
+  SharingOptions sharing;
+  bool keep_logits = false;
+};
+
+// A trajectory shared by agents, each an adapter (or null for the bare base model).
+class AgentSession {
+ public:
+  static Result<std::unique_ptr<AgentSession>> create(LlamaModel& model, const Tokenizer* tok,
+                                                      std::vector<std::string> agent_names,
+                                                      std::vector<const LoraAdapter*> adapters,
+                                                      const ReplayOptions& opts);
+  const std::vector<int32_t>& trajectory() const { return traj_; }
+  void append(const std::vector<int32_t>& ids) { traj_.insert(traj_.end(), ids.begin(), ids.end()); }
+  Result<std::vector<int32_t>> encode(const std::string& text) const;
+  // A generate (forced empty) or force step for agent `name`.
+  Result<StepResult> run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
+                               const std::vector<std::string>& stop);
+  Result<StepResult> run_step(const ReplayStep& step);
+  CacheBytes cache_bytes() const { return kv_->bytes(); }
+  const std::vector<int64_t>& computed_per_agent() const { return computed_; }
+  const std::vector<std::string>& agent_names() const { return names_; }
+  TrajectoryKv& kv() { return *kv_; }
+
+ private:
+  AgentSession(LlamaModel& m) : model_(m) {}
+  Result<Tensor> forward_agent(int a, int64_t begin);  // forwards traj_[begin:] for agent a
+
+  LlamaModel& model_;
+  const Tokenizer* tok_ = nullptr;
+  std::vector<std::string> names_;
+  std::vector<const LoraAdapter*> adapters_;
+  std::unique_ptr<TrajectoryKv> kv_;
+  std::vector<int32_t> traj_;
+  std::vector<int64_t> computed_;
+  bool keep_logits_ = false;
+};
+
+// Runs a whole script.
+Result<ReplayResult> run_replay(LlamaModel& model, const Tokenizer* tok, std::vector<std::string> agent_names,
+                                std::vector<const LoraAdapter*> adapters, const std::vector<ReplayStep>& steps,
+                                const ReplayOptions& opts);
+
+}  // namespace lragent

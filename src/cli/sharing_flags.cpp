@@ -1,0 +1,56 @@
+#include "cli/sharing_flags.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "cli/common.h"
+
+namespace lragent::cli {
+
+void SharingFlags::add_to(CLI::App* app, bool with_mode) {
+  if (with_mode)
+    app->add_option("--kv-share", mode,
+                    "KV sharing mode: none (private full caches), full (one full cache), base (shared base cache, "
+                    "private low-rank caches), base-lr (shared base and low-rank caches; shared-A adapters), "
+                    "droidspeak (full, with --recompute-layers private)")
+        ->default_val("none");
+  app->add_option("--recompute-layers", recompute_layers,
+                  "droidspeak: comma-separated layers kept per agent (see `lragent profile-layers`)");
+  app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(CLI::PositiveNumber);
+}
+
+Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) const {
+  SharingOptions o;
+  LRA_ASSIGN_OR_RETURN(o.mode, parse_share_mode(mode_name));
+  o.page_size = page_size;
+  if (!recompute_layers.empty()) {
+    auto ids = parse_id_list(recompute_layers);
+    if (!ids.ok())
+      return make_error(ErrorCode::kInvalidArgument, "--recompute-layers '{}': expected layer numbers like 0,5,7",
+                        recompute_layers);
+    o.recompute_layers.assign(ids->begin(), ids->end());
+  }
+  return o;
+}
+
+Result<SharingOptions> SharingFlags::options() const { return options_for(mode); }
+
+std::pair<std::vector<std::string>, std::vector<const LoraAdapter*>> agents_of(const AdapterRegistry& reg) {
+  std::vector<std::string> names;
+  std::vector<const LoraAdapter*> adapters;
+  for (int i = 0; i < reg.size(); ++i) {
+    names.push_back(reg.at(i).name);
+    adapters.push_back(&reg.at(i));
+  }
+  return {names, adapters};
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace lragent::cli

@@ -1,0 +1,30 @@
+// --kv-share / --recompute-layers / --page-size flags shared by replay, run, fidelity, demo.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "kv/sharing.h"
+#include "model/lora.h"
+
+namespace lragent::cli {
+
+struct SharingFlags {
+  std::string mode = "none";
+  std::string recompute_layers;  // "0,5,7"
+  int page_size = 16;
+  void add_to(CLI::App* app, bool with_mode = true);
+  Result<SharingOptions> options() const;
+  Result<SharingOptions> options_for(const std::string& mode_name) const;
+};
+
+// The registered adapters as agents, in registration order.
+std::pair<std::vector<std::string>, std::vector<const LoraAdapter*>> agents_of(const AdapterRegistry& reg);
+
+// Whole file as text; empty when unreadable.
+std::string read_text_file(const std::string& path);
+
+}  // namespace lragent::cli

@@ -1,0 +1,311 @@
+#include "kv/sharing.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace lragent {
+
+Result<ShareMode> parse_share_mode(std::string_view name) {
+  for (ShareMode m : kAllShareModes)
+    if (name == share_mode_name(m)) return m;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "--kv-share '{}' is not a sharing mode; choose none, full, base, base-lr or droidspeak", name);
+}
+
+const char* share_mode_name(ShareMode mode) {
+  switch (mode) {
+    case ShareMode::kNone: return "none";
+    case ShareMode::kFull: return "full";
+    case ShareMode::kBase: return "base";
+    case ShareMode::kBaseLr: return "base-lr";
+    case ShareMode::kDroidSpeak: return "droidspeak";
+  }
+  return "?";
+}
+
+namespace {
+
+const LoraModule* module_of(const LoraAdapter* a, int layer, LoraTarget t) {
+  if (!a) return nullptr;
+  const auto& m = a->layers[static_cast<size_t>(layer)][static_cast<size_t>(t)];
+  return m ? &*m : nullptr;
+}
+
+// The rank of target t in adapter a if every layer uses the same one (0 when not adapted).
+Result<int> uniform_rank(const LoraAdapter* a, int n_layers, LoraTarget t) {
+  int rank = -1;
+  for (int l = 0; l < n_layers; ++l) {
+    const LoraModule* m = module_of(a, l, t);
+    const int r = m ? m->rank : 0;
+    if (rank >= 0 && r != rank)
+      return make_error(ErrorCode::kUnsupported,
+                        "adapter '{}': {} has rank {} in one layer and {} in another; the low-rank cache modes "
+                        "need one rank (and every layer adapted) per module",
+                        a->name, lora_target_name(t), rank, r);
+    rank = r;
+  }
+  return std::max(rank, 0);
+}
+
+// Writes rows [from, n) of a [n, width] block into `dst` at positions start_pos + i.
+void store_tail(Backend& be, const float* rows, int64_t width, int64_t start_pos, int64_t from, int64_t n,
+                const PagedView& dst) {
+  if (from >= n) return;
+  std::vector<int32_t> slots(static_cast<size_t>(n - from));  // [n - from] target positions
+  for (int64_t i = from; i < n; ++i) slots[static_cast<size_t>(i - from)] = static_cast<int32_t>(start_pos + i);
+  TensorView v(DType::kF32, {n - from, width}, const_cast<float*>(rows + from * width));
+  be.store_rows(v, dst, slots.data());
+}
+
+}  // namespace
+
+// The binding of one agent's forward pass (see the mode table in sharing.h).
+class SharedBinding final : public KvBinding {
+ public:
+  SharedBinding(TrajectoryKv& kv, int agent) : kv_(kv), a_(agent), shared_at_bind_(kv.shared_) {}
+
+  Status reserve(int64_t total) override {
+    const auto ua = static_cast<size_t>(a_);
+    if (kv_.priv_k_[ua].pool()) LRA_RETURN_IF_ERROR(kv_.priv_k_[ua].reserve(total));
+    if (kv_.priv_v_[ua].pool()) LRA_RETURN_IF_ERROR(kv_.priv_v_[ua].reserve(total));
+    for (PagedStream* s : {&kv_.shared_k_, &kv_.shared_v_, &kv_.shared_lrk_, &kv_.shared_lrv_})
+      if (s->pool()) LRA_RETURN_IF_ERROR(s->reserve(total));
+    return Status::Ok();
+  }
+
+  void write(Backend& be, const LayerKvRows& r) override {
+    const int l = r.layer;
+    const auto ua = static_cast<size_t>(a_);
+    const int64_t width = static_cast<int64_t>(kv_.cfg_.num_kv_heads) * kv_.cfg_.head_dim;
+    end_ = std::max(end_, r.start_pos + r.n);
+    // Rows at positions >= shared_at_bind_ have no shared entries yet: this agent is their origin.
+    const int64_t first_new = std::clamp<int64_t>(shared_at_bind_ - r.start_pos, 0, r.n);
+    const ShareMode m = kv_.opts_.mode;
+    if (kv_.layer_private(l)) {
+      const int pl = kv_.private_index_[static_cast<size_t>(l)];
+      store_tail(be, r.k_full, width, r.start_pos, 0, r.n, kv_.priv_k_[ua].view(pl));
+      store_tail(be, r.v_full, width, r.start_pos, 0, r.n, kv_.priv_v_[ua].view(pl));
+      return;
+    }
+    if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
+      const int sl = kv_.shared_index_[static_cast<size_t>(l)];
+      store_tail(be, r.k_full, width, r.start_pos, first_new, r.n, kv_.shared_k_.view(sl));
+      store_tail(be, r.v_full, width, r.start_pos, first_new, r.n, kv_.shared_v_.view(sl));
+      return;
+    }
+    // Base modes: base entries from the origin; LR entries private (base) or from the origin (base-lr).
+    store_tail(be, r.k_base, width, r.start_pos, first_new, r.n, kv_.shared_k_.view(l));
+    store_tail(be, r.v_base, width, r.start_pos, first_new, r.n, kv_.shared_v_.view(l));
+    if (m == ShareMode::kBase) {
+      if (r.lr_k) store_tail(be, r.lr_k, r.rank_k, r.start_pos, 0, r.n, kv_.priv_k_[ua].view(l));
+      if (r.lr_v) store_tail(be, r.lr_v, r.rank_v, r.start_pos, 0, r.n, kv_.priv_v_[ua].view(l));
+    } else {
+      if (r.lr_k) store_tail(be, r.lr_k, r.rank_k, r.start_pos, first_new, r.n, kv_.shared_lrk_.view(l));
+      if (r.lr_v) store_tail(be, r.lr_v, r.rank_v, r.start_pos, first_new, r.n, kv_.shared_lrv_.view(l));
+    }
+  }
+
+  void attention_views(int l, AttentionParams& p) const override {
+    const auto ua = static_cast<size_t>(a_);
+    p.n_ctx = static_cast<int>(end_);
+    const ShareMode m = kv_.opts_.mode;
+    if (kv_.layer_private(l)) {
+      const int pl = kv_.private_index_[static_cast<size_t>(l)];
+      p.k = kv_.priv_k_[ua].view(pl);
+      p.v = kv_.priv_v_[ua].view(pl);
+      return;
+    }
+    if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
+      const int sl = kv_.shared_index_[static_cast<size_t>(l)];
+      p.k = kv_.shared_k_.view(sl);
+      p.v = kv_.shared_v_.view(sl);
+      return;
+    }
+    p.k = kv_.shared_k_.view(l);
+    p.v = kv_.shared_v_.view(l);
+    const LoraAdapter* ad = kv_.adapters_[ua];
+    const bool priv = m == ShareMode::kBase;
+    if (const LoraModule* mk = module_of(ad, l, LoraTarget::kK))
+      p.k_lr = {priv ? kv_.priv_k_[ua].view(l) : kv_.shared_lrk_.view(l), mk->b.f32(), mk->rank, mk->scale};
+    if (const LoraModule* mv = module_of(ad, l, LoraTarget::kV))
+      p.v_lr = {priv ? kv_.priv_v_[ua].view(l) : kv_.shared_lrv_.view(l), mv->b.f32(), mv->rank, mv->scale};
+  }
+
+  bool wants_full() const override {
+    return kv_.opts_.mode != ShareMode::kBase && kv_.opts_.mode != ShareMode::kBaseLr;
+  }
+
+ private:
+  TrajectoryKv& kv_;
+  int a_;
+  int64_t shared_at_bind_;
+  int64_t end_ = 0;
+};
+
+TrajectoryKv::~TrajectoryKv() = default;
+
+bool TrajectoryKv::layer_private(int layer) const {
+  return opts_.mode == ShareMode::kNone ||
+         (opts_.mode == ShareMode::kDroidSpeak && private_index_[static_cast<size_t>(layer)] >= 0);
+}
+
+bool TrajectoryKv::per_agent_catchup() const {
+  return opts_.mode == ShareMode::kNone || opts_.mode == ShareMode::kBase ||
+         (opts_.mode == ShareMode::kDroidSpeak && !opts_.recompute_layers.empty());
+}
+
+Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cfg,
+                                                           std::vector<const LoraAdapter*> adapters,
+                                                           SharingOptions opts) {
+  if (adapters.empty()) return make_error(ErrorCode::kInvalidArgument, "a trajectory needs at least one agent");
+  std::unique_ptr<TrajectoryKv> kv(new TrajectoryKv());
+  kv->cfg_ = cfg;
+  kv->opts_ = opts;
+  kv->adapters_ = std::move(adapters);
+  const int L = cfg.num_layers;
+  const size_t n = kv->adapters_.size();
+  kv->processed_.assign(n, 0);
+  kv->priv_k_.resize(n);
+  kv->priv_v_.resize(n);
+  kv->private_index_.assign(static_cast<size_t>(L), -1);
+  kv->shared_index_.assign(static_cast<size_t>(L), -1);
+  const int64_t width = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
+  const int64_t blocks = (opts.max_tokens + opts.page_size - 1) / opts.page_size;
+
+  if (opts.mode != ShareMode::kDroidSpeak && !opts.recompute_layers.empty())
+    return make_error(ErrorCode::kInvalidArgument, "--recompute-layers only applies to --kv-share droidspeak");
+  for (int l : opts.recompute_layers)
+    if (l < 0 || l >= L)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--recompute-layers: layer {} is out of range; the model has {} layers (0-{})", l, L, L - 1);
+
+  auto new_pool = [&](const std::string& name, int layers, int64_t w) -> Result<BlockPool*> {
+    LRA_ASSIGN_OR_RETURN(auto pool, BlockPool::create(name, layers, opts.page_size, w, blocks));
+    kv->pools_.push_back(std::move(pool));
+    return kv->pools_.back().get();
+  };
+
+  const ShareMode m = opts.mode;
+  if (m == ShareMode::kNone || m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
+    int n_priv = 0, n_shared = 0;
+    for (int l = 0; l < L; ++l) {
+      const bool priv = m == ShareMode::kNone ||
+                        std::find(opts.recompute_layers.begin(), opts.recompute_layers.end(), l) !=
+                            opts.recompute_layers.end();
+      (priv ? kv->private_index_ : kv->shared_index_)[static_cast<size_t>(l)] = priv ? n_priv++ : n_shared++;
+    }
+    if (n_shared > 0) {
+      LRA_ASSIGN_OR_RETURN(BlockPool * pk, new_pool("full.k", n_shared, width));
+      LRA_ASSIGN_OR_RETURN(BlockPool * pv, new_pool("full.v", n_shared, width));
+      kv->shared_k_ = PagedStream(pk);
+      kv->shared_v_ = PagedStream(pv);
+    }
+    if (n_priv > 0) {
+      for (size_t a = 0; a < n; ++a) {
+        LRA_ASSIGN_OR_RETURN(BlockPool * pk, new_pool(fmt::format("agent{}.full.k", a), n_priv, width));
+        LRA_ASSIGN_OR_RETURN(BlockPool * pv, new_pool(fmt::format("agent{}.full.v", a), n_priv, width));
+        kv->priv_k_[a] = PagedStream(pk);
+        kv->priv_v_[a] = PagedStream(pv);
+      }
+    }
+    return kv;
+  }
+
+  // Base modes: one shared base cache.
+  LRA_ASSIGN_OR_RETURN(BlockPool * bk, new_pool("base.k", L, width));
+  LRA_ASSIGN_OR_RETURN(BlockPool * bv, new_pool("base.v", L, width));
+  kv->shared_k_ = PagedStream(bk);
+  kv->shared_v_ = PagedStream(bv);
+  if (m == ShareMode::kBase) {
+    for (size_t a = 0; a < n; ++a) {
+      LRA_ASSIGN_OR_RETURN(int rk, uniform_rank(kv->adapters_[a], L, LoraTarget::kK));
+      LRA_ASSIGN_OR_RETURN(int rv, uniform_rank(kv->adapters_[a], L, LoraTarget::kV));
+      if (rk > 0) {
+        LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool(fmt::format("agent{}.lr.k", a), L, rk));
+        kv->priv_k_[a] = PagedStream(p);
+      }
+      if (rv > 0) {
+        LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool(fmt::format("agent{}.lr.v", a), L, rv));
+        kv->priv_v_[a] = PagedStream(p);
+      }
+    }
+    return kv;
+  }
+  // base-lr: the LR cache is shared, so every agent must project with the same A.
+  for (LoraTarget t : {LoraTarget::kK, LoraTarget::kV}) {
+    for (int l = 0; l < L; ++l) {
+      const LoraModule* first = module_of(kv->adapters_[0], l, t);
+      for (size_t a = 1; a < n; ++a) {
+        const LoraModule* other = module_of(kv->adapters_[a], l, t);
+        const bool same = (!first && !other) ||
+                          (first && other && first->rank == other->rank &&
+                           first->a.view().nbytes() == other->a.view().nbytes() &&
+                           std::memcmp(first->a.view().data, other->a.view().data, first->a.view().nbytes()) == 0);
+        if (!same) {
+          auto name = [](const LoraAdapter* ad) { return ad ? "'" + ad->name + "'" : std::string("the base model"); };
+          return make_error(ErrorCode::kInvalidArgument,
+                            "--kv-share base-lr needs shared-A adapters, but {} of layer {} has a different lora_A "
+                            "in {} and {}; use --kv-share base (private LR cache per agent) instead",
+                            lora_target_name(t), l, name(kv->adapters_[0]), name(kv->adapters_[a]));
+        }
+      }
+    }
+  }
+  LRA_ASSIGN_OR_RETURN(kv->rank_k_, uniform_rank(kv->adapters_[0], L, LoraTarget::kK));
+  LRA_ASSIGN_OR_RETURN(kv->rank_v_, uniform_rank(kv->adapters_[0], L, LoraTarget::kV));
+  if (kv->rank_k_ > 0) {
+    LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool("lr.k", L, kv->rank_k_));
+    kv->shared_lrk_ = PagedStream(p);
+  }
+  if (kv->rank_v_ > 0) {
+    LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool("lr.v", L, kv->rank_v_));
+    kv->shared_lrv_ = PagedStream(p);
+  }
+  return kv;
+}
+
+int64_t TrajectoryKv::catchup_start(int a) const {
+  return per_agent_catchup() ? processed_[static_cast<size_t>(a)] : shared_;
+}
+
+std::unique_ptr<KvBinding> TrajectoryKv::bind(int a) { return std::make_unique<SharedBinding>(*this, a); }
+
+void TrajectoryKv::advance(int a, int64_t end) {
+  auto& p = processed_[static_cast<size_t>(a)];
+  p = std::max(p, end);
+  shared_ = std::max(shared_, end);
+}
+
+CacheBytes TrajectoryKv::bytes() const {
+  CacheBytes b;
+  const int64_t L = cfg_.num_layers, vb = opts_.value_bytes;
+  const int64_t full_row = 2LL * cfg_.num_kv_heads * cfg_.head_dim * vb;  // K + V of one token and layer
+  int64_t sum_processed = 0;
+  for (int64_t p : processed_) sum_processed += p;
+  switch (opts_.mode) {
+    case ShareMode::kNone: b.full = sum_processed * L * full_row; break;
+    case ShareMode::kFull: b.full = shared_ * L * full_row; break;
+    case ShareMode::kDroidSpeak: {
+      const int64_t r = static_cast<int64_t>(opts_.recompute_layers.size());
+      b.full = shared_ * (L - r) * full_row + sum_processed * r * full_row;
+      break;
+    }
+    case ShareMode::kBase:
+      b.base = shared_ * L * full_row;
+      for (size_t a = 0; a < processed_.size(); ++a) {
+        const int64_t w = (priv_k_[a].pool() ? priv_k_[a].pool()->width() : 0) +
+                          (priv_v_[a].pool() ? priv_v_[a].pool()->width() : 0);
+        b.lr += processed_[a] * L * w * vb;
+      }
+      break;
+    case ShareMode::kBaseLr:
+      b.base = shared_ * L * full_row;
+      b.lr = shared_ * L * (rank_k_ + rank_v_) * vb;
+      break;
+  }
+  for (const auto& pool : pools_)
+    b.allocated += pool->used_blocks() * pool->n_layers() * pool->page_size() * pool->width() * vb;
+  return b;
+}
+
+}  // namespace lragent

@@ -1,0 +1,94 @@
+// KV-cache sharing across agents (adapters) that work on one trajectory (LRAgent).
+//
+// Per layer and token, with s the adapter's LoRA scale:
+//   base entries  K_base = RoPE(X·W_k), V_base = X·W_v           [n_kv_heads * head_dim] each
+//   LR entries    LRk = X·A_k (pre-RoPE, when k is adapted), LRv = X·A_v      [rank] each
+//   full entries  K = RoPE(X·(W_k + s·A_k·B_k)), V = X·(W_v + s·A_v·B_v)
+// Agent a attends with K_j = K_base_j + RoPE_j(s·LRk_j·B_k^a), V_j = V_base_j + s·LRv_j·B_v^a
+// in the base modes, never materialising V (Flash-LoRA: O = P·V_base + (P·LRv)·sB_v).
+//
+// Modes (--kv-share):
+//   none        each agent keeps a private full cache and computes every token it has not processed
+//   full        one full cache; entries come from the token's origin (first agent to compute it)
+//   base        shared base cache + private LR cache per agent (computed from its own hidden states)
+//   base-lr     shared base and LR caches (from the origin's hidden states); needs shared-A adapters
+//   droidspeak  as full, but the layers in --recompute-layers are private per agent as in none
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/kv_binding.h"
+#include "model/config.h"
+#include "model/lora.h"
+
+namespace lragent {
+
+enum class ShareMode { kNone, kFull, kBase, kBaseLr, kDroidSpeak };
+Result<ShareMode> parse_share_mode(std::string_view name);
+const char* share_mode_name(ShareMode mode);
+inline constexpr ShareMode kAllShareModes[] = {ShareMode::kNone, ShareMode::kFull, ShareMode::kDroidSpeak,
+                                               ShareMode::kBase, ShareMode::kBaseLr};
+
+// Exact entry bytes by component; allocated = bytes of the pool blocks in use.
+struct CacheBytes {
+  int64_t base = 0, lr = 0, full = 0, allocated = 0;
+  int64_t total() const { return base + lr + full; }
+  int64_t page_overhead() const { return allocated - total(); }
+};
+
+struct SharingOptions {
+  ShareMode mode = ShareMode::kNone;
+  int page_size = 16;
+  int64_t max_tokens = 4096;           // longest trajectory; sizes the pools
+  std::vector<int> recompute_layers;   // droidspeak: layers kept private per agent
+  int64_t value_bytes = 4;             // bytes per cached value (f32 on the CPU)
+};
+
+// The cache state of one trajectory shared by agents 0..n-1 (agent i uses adapters[i],
+// null meaning the bare base model).
+class TrajectoryKv {
+ public:
+  static Result<std::unique_ptr<TrajectoryKv>> create(const ModelConfig& cfg,
+                                                      std::vector<const LoraAdapter*> adapters,
+                                                      SharingOptions opts);
+  ~TrajectoryKv();
+
+  ShareMode mode() const { return opts_.mode; }
+  int n_agents() const { return static_cast<int>(adapters_.size()); }
+  // The first trajectory position agent `a` must run its forward pass on before decoding.
+  int64_t catchup_start(int a) const;
+  // Binding for agent a's next forward pass over positions [catchup_start(a), ...).
+  std::unique_ptr<KvBinding> bind(int a);
+  // Agent a has processed positions [0, end).
+  void advance(int a, int64_t end);
+  CacheBytes bytes() const;
+  int64_t shared_tokens() const { return shared_; }
+  int64_t processed(int a) const { return processed_[static_cast<size_t>(a)]; }
+
+ private:
+  friend class SharedBinding;
+  TrajectoryKv() = default;
+  bool layer_private(int layer) const;  // droidspeak recompute layer / none mode
+  bool per_agent_catchup() const;
+
+  ModelConfig cfg_;
+  SharingOptions opts_;
+  std::vector<const LoraAdapter*> adapters_;
+  std::vector<int64_t> processed_;  // [n_agents] positions each agent ran forward on
+  int64_t shared_ = 0;              // positions with shared entries
+  std::vector<int> private_index_, shared_index_;  // [n_layers] -> layer slot in its pool, or -1
+  int rank_k_ = 0, rank_v_ = 0;     // base-lr shared LR widths
+
+  std::vector<std::unique_ptr<BlockPool>> pools_;
+  // Shared streams (full modes: full K/V; base modes: base K/V; base-lr: LR too).
+  PagedStream shared_k_, shared_v_, shared_lrk_, shared_lrv_;
+  // Private streams per agent (none/droidspeak: full K/V; base: LR K/V).
+  std::vector<PagedStream> priv_k_, priv_v_;
+};
+
+}  // namespace lragent

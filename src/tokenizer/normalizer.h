@@ -1,0 +1,25 @@
+// tokenizer.json "normalizer": rewrites the text before pre-tokenization (HF normalizers).
+// Supported: Sequence, Prepend, Replace, NFC -- what Llama-2/Mistral/TinyStories and Qwen use.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/result.h"
+
+namespace lragent {
+
+class Normalizer {
+ public:
+  virtual ~Normalizer() = default;
+  // Rewrites `s` (valid UTF-8) in place; the result is valid UTF-8.
+  virtual void normalize(std::string& s) const = 0;
+
+  // `j` must not be null (a null normalizer means "none" and is handled by the caller).
+  static Result<std::unique_ptr<Normalizer>> from_json(const nlohmann::json& j, std::string_view where);
+};
+
+}  // namespace lragent

@@ -1,0 +1,160 @@
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tokenizer/regex.h"
+
+#include <pcre2.h>
+
+#include "tokenizer/json_util.h"
+#include "tokenizer/unicode.h"
+
+namespace lragent {
+
+namespace {
+
+// Oniguruma's Unicode \w: letters, marks, decimal digits, connector punctuation.
+constexpr std::string_view kWordClass = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
+
+// Rewrites the escapes whose Oniguruma meaning differs from PCRE2's (see Regex). Inside a
+// character class only positive forms can be spliced in; a negated one there is unsupported.
+Result<std::string> to_pcre2(std::string_view p, std::string_view where) {
+  std::string out;
+  out.reserve(p.size() + 16);
+  bool in_class = false;
+  size_t class_start = 0;  // index in `p` just after '[' or '[^' of the open class
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c != '\\' || i + 1 == p.size()) {
+      if (c == '[' && !in_class) {
+        in_class = true;
+        class_start = i + 1 + (i + 1 < p.size() && p[i + 1] == '^');
+      } else if (c == ']' && in_class && i != class_start) {
+        in_class = false;
+      }
+      out.push_back(c);
+      continue;
+    }
+    const char e = p[++i];
+    switch (e) {
+      case 's': out += "\\p{White_Space}"; break;
+      case 'S': out += "\\P{White_Space}"; break;
+      case 'w': out += in_class ? std::string(kWordClass) : fmt::format("[{}]", kWordClass); break;
+      case 'h': out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]"; break;
+      case 'W':
+      case 'H':
+        if (in_class) {
+          return tokjson::unsupported(where, fmt::format("regex escape \\{} inside a character class", e));
+        }
+        out += e == 'W' ? fmt::format("[^{}]", kWordClass) : std::string("[^0-9a-fA-F]");
+        break;
+      case 'u':
+        // Ruby's \uHHHH; PCRE2 spells it \x{HHHH}.
+        if (i + 4 < p.size() &&
+            p.substr(i + 1, 4).find_first_not_of("0123456789abcdefABCDEF") == std::string_view::npos) {
+          out += fmt::format("\\x{{{}}}", p.substr(i + 1, 4));
+          i += 4;
+          break;
+        }
+        return tokjson::corrupt(where, "regex escape \\u needs four hex digits");
+      default: {
+        // Copy the escaped character whole (it may be multi-byte UTF-8).
+        out.push_back('\\');
+        const size_t len = unicode::utf8_length(static_cast<unsigned char>(e));
+        out.append(p.substr(i, len));
+        i += len - 1;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void Regex::CodeFree::operator()(pcre2_real_code_8* code) const { pcre2_code_free(code); }
+
+Result<std::unique_ptr<Regex>> Regex::compile(std::string_view pattern, std::string_view where) {
+  if (!unicode::is_valid_utf8(pattern)) return tokjson::corrupt(where, "regex is not valid UTF-8");
+  LRA_ASSIGN_OR_RETURN(const std::string translated, to_pcre2(pattern, where));
+  int err = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
+                                   PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+  if (code == nullptr) {
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(err, msg, sizeof(msg));
+    return tokjson::corrupt(where, fmt::format("bad regex \"{}\": {} (at offset {} of the PCRE2 form)", pattern,
+                                               reinterpret_cast<const char*>(msg), offset));
+  }
+  // JIT is only a speed-up; without it pcre2_match interprets the same pattern.
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  return std::unique_ptr<Regex>(new Regex(code));
+}
+
+void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    // Subjects are valid UTF-8 by construction (encode() sanitises its input), so skip the
+    // per-call check that would make repeated matching quadratic.
+    const int rc = pcre2_match(code_.get(), subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0) break;
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    out.push_back({ov[0], ov[1]});
+    if (ov[1] > ov[0]) {
+      pos = ov[1];
+    } else if (ov[1] < s.size()) {
+      pos = ov[1] + unicode::utf8_length(static_cast<unsigned char>(s[ov[1]]));
+    } else {
+      break;
+    }
+  }
+  pcre2_match_data_free(md);
+}
+
+bool Regex::search(std::string_view s) const {
+  pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
+  const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
+                             PCRE2_NO_UTF_CHECK, md, nullptr);
+  pcre2_match_data_free(md);
+  return rc >= 0;
+}
+
+Result<Pattern> Pattern::from_json(const nlohmann::json& j, std::string_view where) {
+  LRA_RETURN_IF_ERROR(tokjson::expect_object(j, where));
+  Pattern p;
+  if (const auto* lit = tokjson::find(j, "String")) {
+    if (!lit->is_string()) return tokjson::corrupt(tokjson::member(where, "String"), "expected a string");
+    p.literal_ = lit->get<std::string>();
+    return p;
+  }
+  if (const auto* re = tokjson::find(j, "Regex")) {
+    if (!re->is_string()) return tokjson::corrupt(tokjson::member(where, "Regex"), "expected a string");
+    LRA_ASSIGN_OR_RETURN(p.regex_, Regex::compile(re->get<std::string>(), tokjson::member(where, "Regex")));
+    return p;
+  }
+  return tokjson::corrupt(where, "pattern needs a \"String\" or \"Regex\" member");
+}
+
+void Pattern::find_matches(std::string_view s, std::vector<std::pair<Span, bool>>& out) const {
+  out.clear();
+  if (s.empty()) {
+    out.push_back({{0, 0}, false});
+    return;
+  }
+  std::vector<Span> matches;
+  if (regex_) {
+    regex_->find_all(s, matches);
+  } else if (!literal_.empty()) {
+    for (size_t pos = s.find(literal_); pos != std::string_view::npos; pos = s.find(literal_, pos + literal_.size())) {
+      matches.push_back({pos, pos + literal_.size()});
+    }
+  }
+  size_t prev = 0;
+  for (const Span& m : matches) {
+    if (prev != m.begin) out.push_back({{prev, m.begin}, false});
+    out.push_back({m, true});
+    prev = m.end;
+  }
+  if (prev != s.size()) out.push_back({{prev, s.size()}, false});
+}
+
+}  // namespace lragent

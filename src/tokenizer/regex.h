@@ -1,0 +1,60 @@
+// Patterns from tokenizer.json: literal strings and Oniguruma-syntax regexes run with PCRE2.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/result.h"
+
+struct pcre2_real_code_8;
+
+namespace lragent {
+
+struct Span {
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+// A compiled regex. HF compiles patterns with Oniguruma (Ruby syntax, Unicode classes); PCRE2
+// with UTF+UCP agrees except for a few escapes, which compile() rewrites (\s, \S, \w, \W, \h, \H,
+// \uHHHH) so that e.g. \s is exactly Unicode White_Space as in Oniguruma.
+class Regex {
+ public:
+  // `where` prefixes error messages (file and JSON path).
+  static Result<std::unique_ptr<Regex>> compile(std::string_view pattern, std::string_view where);
+
+  // Appends the leftmost non-overlapping matches in `s` (valid UTF-8), in order. An empty match
+  // advances the search by one character, as Oniguruma's find_iter does.
+  void find_all(std::string_view s, std::vector<Span>& out) const;
+  // Whether the regex matches somewhere in `s` (valid UTF-8).
+  bool search(std::string_view s) const;
+
+ private:
+  struct CodeFree {
+    void operator()(pcre2_real_code_8* code) const;
+  };
+  explicit Regex(pcre2_real_code_8* code) : code_(code) {}
+  std::unique_ptr<pcre2_real_code_8, CodeFree> code_;
+};
+
+// HF's SplitPattern / ReplacePattern: {"String": literal} or {"Regex": pattern}.
+class Pattern {
+ public:
+  static Result<Pattern> from_json(const nlohmann::json& j, std::string_view where);
+
+  // Splits all of `s` into consecutive pieces, each flagged as a match or the text in between
+  // (HF's Pattern::find_matches); `s` empty gives one empty non-match.
+  // out: [k] pieces covering s in order.
+  void find_matches(std::string_view s, std::vector<std::pair<Span, bool>>& out) const;
+
+ private:
+  std::string literal_;           // used when regex_ is null
+  std::unique_ptr<Regex> regex_;
+};
+
+}  // namespace lragent
