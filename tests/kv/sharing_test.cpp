@@ -1,0 +1,202 @@
+// KV sharing modes: single-agent exactness, equivalence of `none` with plain generate,
+// analytic memory accounting for 1 / 3 / 8 agents, and clear errors for invalid set-ups.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "agents/replay.h"
+#include "engine/generator.h"
+#include "model/lora.h"
+#include "test_util.h"
+
+namespace lragent {
+namespace {
+
+class Sharing : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_cpu_backend(2);
+    auto m = LlamaModel::load(testing::tinystories_dir(), *be_);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    model_ = std::move(*m);
+  }
+  const LoraAdapter* adapter(const std::string& set, const std::string& role, const std::string& name) {
+    auto a = load_lora_adapter(name, testing::adapters_dir() + "/" + set + "/" + role, model_->config());
+    EXPECT_TRUE(a.ok()) << a.error().message;
+    owned_.push_back(std::move(*a));
+    return owned_.back().get();
+  }
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<LlamaModel> model_;
+  std::vector<std::unique_ptr<LoraAdapter>> owned_;
+};
+
+std::vector<int32_t> prompt_ids(int n) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(3 + (i * 53) % 2000);
+  return ids;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+TEST_F(Sharing, OneAgentEveryModeEqualsNoneAndNoneEqualsGenerate) {
+  for (const std::string set : {"qv-shared-a-r8", "qkvo-shared-a-r4"}) {
+    const LoraAdapter* plan = adapter(set, "plan", "plan");
+    std::vector<ReplayStep> steps(5);
+    steps[0].kind = ReplayStep::Kind::kAppendTokens;
+    steps[0].tokens = prompt_ids(30);
+    steps[1].kind = ReplayStep::Kind::kGenerate;
+    steps[1].agent = "plan";
+    steps[1].generate = 9;
+    steps[2].kind = ReplayStep::Kind::kAppendTokens;
+    steps[2].tokens = prompt_ids(11);
+    steps[3] = steps[1];
+    steps[4].kind = ReplayStep::Kind::kForce;
+    steps[4].agent = "plan";
+    steps[4].tokens = {5, 38, 116, 1643};
+    std::vector<ReplayResult> results;
+    for (ShareMode m : kAllShareModes) {
+      ReplayOptions o;
+      o.sharing.mode = m;
+      o.keep_logits = true;
+      if (m == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+      auto r = run_replay(*model_, nullptr, {"plan"}, {plan}, steps, o);
+      ASSERT_TRUE(r.ok()) << share_mode_name(m) << ": " << r.error().message;
+      results.push_back(std::move(*r));
+    }
+    const ReplayResult& none = results[0];
+    for (size_t mi = 1; mi < results.size(); ++mi) {
+      for (size_t s = 0; s < none.steps.size(); ++s) {
+        EXPECT_EQ(results[mi].steps[s].output_tokens, none.steps[s].output_tokens) << set << " mode " << mi << " step " << s;
+        EXPECT_EQ(results[mi].steps[s].prefilled_tokens, none.steps[s].prefilled_tokens);
+        for (size_t row = 0; row < none.steps[s].logits.size(); ++row)
+          EXPECT_LE(max_abs_diff(results[mi].steps[s].logits[row], none.steps[s].logits[row]), 1e-5f)
+              << set << " mode " << share_mode_name(kAllShareModes[mi]) << " step " << s << " row " << row;
+      }
+    }
+    // `none` is plain generation over the trajectory so far with the agent's adapter.
+    Generator gen(*model_, EngineOptions{});
+    std::vector<int32_t> traj = {1};
+    traj.insert(traj.end(), steps[0].tokens.begin(), steps[0].tokens.end());
+    GenerateRequest req;
+    req.prompt = traj;
+    req.max_tokens = 9;
+    req.adapter = plan;
+    req.keep_first_logits = true;
+    auto g = gen.run({req});
+    ASSERT_TRUE(g.ok());
+    EXPECT_EQ((*g)[0].output, none.steps[1].output_tokens);
+    EXPECT_LE(max_abs_diff((*g)[0].first_logits, none.steps[1].logits[0]), 1e-5f);
+  }
+}
+
+// n agents generate `total / n` tokens each after a 40-token prompt.
+struct MemoryRun {
+  CacheBytes bytes;
+  std::vector<int64_t> processed;
+  int64_t trajectory = 0;
+};
+
+TEST_F(Sharing, ReportedBytesFollowTheAnalyticFormula) {
+  const ModelConfig& c = model_->config();
+  const int64_t L = c.num_layers, W = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const char* roles[] = {"plan", "action", "reflect"};
+  std::map<int, int64_t> base_bytes_by_agents;
+  for (int n_agents : {1, 3, 8}) {
+    const int per_agent = 24 / n_agents;
+    std::vector<std::string> names;
+    std::vector<const LoraAdapter*> ads;
+    for (int i = 0; i < n_agents; ++i) {
+      names.push_back("agent" + std::to_string(i));
+      ads.push_back(adapter("qv-shared-a-r8", roles[i % 3], names.back()));
+    }
+    std::vector<ReplayStep> steps(1);
+    steps[0].kind = ReplayStep::Kind::kAppendTokens;
+    steps[0].tokens = prompt_ids(40);
+    for (int i = 0; i < n_agents; ++i) {
+      ReplayStep s;
+      s.kind = ReplayStep::Kind::kGenerate;
+      s.agent = names[static_cast<size_t>(i)];
+      s.generate = per_agent;
+      steps.push_back(s);
+    }
+    const int64_t final_len = 1 + 40 + 24;
+    const int64_t shared = final_len - 1;  // the last generated token is never forwarded
+    std::vector<int64_t> processed;        // each agent: trajectory before its turn + its tokens but the last
+    for (int i = 0; i < n_agents; ++i) processed.push_back(41 + static_cast<int64_t>(i) * per_agent + per_agent - 1);
+    int64_t sum_processed = 0;
+    for (int64_t p : processed) sum_processed += p;
+    const int64_t rank = 8, vb = 4;
+    for (ShareMode m : kAllShareModes) {
+      ReplayOptions o;
+      o.sharing.mode = m;
+      if (m == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {0};
+      auto r = run_replay(*model_, nullptr, names, ads, steps, o);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      const CacheBytes& b = r->cache;
+      CacheBytes want;
+      switch (m) {
+        case ShareMode::kNone: want.full = sum_processed * L * 2 * W * vb; break;
+        case ShareMode::kFull: want.full = shared * L * 2 * W * vb; break;
+        case ShareMode::kDroidSpeak: want.full = (shared * (L - 1) + sum_processed * 1) * 2 * W * vb; break;
+        case ShareMode::kBase:
+          want.base = shared * L * 2 * W * vb;
+          want.lr = sum_processed * L * rank * vb;  // q/v adapters: LR holds only X·A_v
+          break;
+        case ShareMode::kBaseLr:
+          want.base = shared * L * 2 * W * vb;
+          want.lr = shared * L * rank * vb;
+          break;
+      }
+      EXPECT_EQ(b.base, want.base) << share_mode_name(m) << " agents " << n_agents;
+      EXPECT_EQ(b.lr, want.lr) << share_mode_name(m) << " agents " << n_agents;
+      EXPECT_EQ(b.full, want.full) << share_mode_name(m) << " agents " << n_agents;
+      EXPECT_GE(b.page_overhead(), 0);
+      if (m == ShareMode::kBase) base_bytes_by_agents[n_agents] = b.base;
+    }
+  }
+  // One base cache whatever the number of agents.
+  EXPECT_EQ(base_bytes_by_agents[1], base_bytes_by_agents[3]);
+  EXPECT_EQ(base_bytes_by_agents[1], base_bytes_by_agents[8]);
+}
+
+TEST_F(Sharing, InvalidSetupsFailClearly) {
+  std::vector<const LoraAdapter*> indep = {adapter("qv-indep-a-r8", "plan", "plan"),
+                                           adapter("qv-indep-a-r8", "action", "action")};
+  SharingOptions o;
+  o.mode = ShareMode::kBaseLr;
+  auto r = TrajectoryKv::create(model_->config(), indep, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("shared-A"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("v_proj"), std::string::npos) << r.error().message;
+  o.mode = ShareMode::kDroidSpeak;
+  o.recompute_layers = {7};
+  auto d = TrajectoryKv::create(model_->config(), indep, o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.error().message.find("layer 7 is out of range"), std::string::npos) << d.error().message;
+  EXPECT_FALSE(parse_share_mode("fully").ok());
+}
+
+TEST_F(Sharing, ExhaustedPoolIsAnErrorAndKeepsTheTrajectory) {
+  const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
+  ReplayOptions o;
+  o.sharing.mode = ShareMode::kBaseLr;
+  o.sharing.max_tokens = 32;
+  auto s = AgentSession::create(*model_, nullptr, {"plan"}, {plan}, o);
+  ASSERT_TRUE(s.ok());
+  (*s)->append(prompt_ids(20));
+  auto ok = (*s)->run_agent("plan", 4, {}, {});
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  (*s)->append(prompt_ids(30));
+  auto full = (*s)->run_agent("plan", 4, {}, {});
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_EQ((*s)->trajectory().size(), 1u + 20 + 4 + 30);  // nothing lost
+}
+
+}  // namespace
+}  // namespace lragent
