@@ -10,5 +10,6 @@ namespace lragent::cli {
 void register_generate(CLI::App& app, std::function<int()>& action);
 void register_tokenize(CLI::App& app, std::function<int()>& action);
 void register_replay(CLI::App& app, std::function<int()>& action);
+void register_fidelity(CLI::App& app, std::function<int()>& action);
 
 }  // namespace lragent::cli

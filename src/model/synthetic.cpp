@@ -79,6 +79,42 @@ Result<std::unique_ptr<LlamaModel>> make_synthetic_model(const SyntheticSpec& sp
   return LlamaModel::from_weights(c, std::move(w), std::move(owned), backend);
 }
 
+std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelConfig& cfg, int rank, uint64_t seed) {
+  const char* roles[] = {"plan", "action", "reflect"};
+  const int64_t h = cfg.hidden_size;
+  const int64_t out_of[] = {static_cast<int64_t>(cfg.num_heads) * cfg.head_dim,
+                            static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim};
+  const LoraTarget targets[] = {LoraTarget::kQ, LoraTarget::kV};
+  auto fill = [](NormalRng& rng, std::vector<int64_t> shape, float sd) {
+    Tensor t = Tensor::empty(DType::kF32, std::move(shape));
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = sd * rng.next();
+    return t;
+  };
+  std::vector<std::unique_ptr<LoraAdapter>> out;
+  for (int role = 0; role < 3; ++role) {
+    auto a = std::make_unique<LoraAdapter>();
+    a->name = roles[role];
+    a->dir = "<synthetic>";
+    a->default_rank = rank;
+    a->lora_alpha = 2.0f * static_cast<float>(rank);
+    a->layers.resize(static_cast<size_t>(cfg.num_layers));
+    NormalRng shared_rng(seed);                 // the same A for every role
+    NormalRng role_rng(seed * 1000 + static_cast<uint64_t>(role) + 1);
+    for (int l = 0; l < cfg.num_layers; ++l)
+      for (int t = 0; t < 2; ++t) {
+        LoraModule m;
+        m.rank = rank;
+        m.scale = 2.0f;
+        m.a = fill(shared_rng, {rank, h}, 1.0f / std::sqrt(static_cast<float>(h)));
+        m.b = fill(role_rng, {out_of[t], rank}, 0.15f / std::sqrt(static_cast<float>(rank)));
+        m.a_hash = static_cast<uint64_t>(l * 2 + t) ^ seed;  // identical A => identical hash
+        a->layers[static_cast<size_t>(l)][static_cast<size_t>(targets[t])] = std::move(m);
+      }
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
 namespace {
 
 class ByteTokenizer final : public Tokenizer {

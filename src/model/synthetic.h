@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "model/llama.h"
+#include "model/lora.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lragent {
@@ -18,6 +19,10 @@ struct SyntheticSpec {
 
 ModelConfig synthetic_config(const SyntheticSpec& spec);
 Result<std::unique_ptr<LlamaModel>> make_synthetic_model(const SyntheticSpec& spec, Backend& backend);
+// Three role adapters (plan, action, reflect) for the synthetic model: LoRA r = `rank` on
+// q_proj and v_proj with one shared A (shared-A multi-LoRA) and a B per role.
+std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelConfig& cfg, int rank = 8,
+                                                                  uint64_t seed = 7);
 // Byte tokenizer: id 1 = <s>, 2 = </s>, 3 + b = byte b. BOS is added by encode().
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 

@@ -203,10 +203,12 @@ std::string StreamDecoder::push(int32_t id) {
   ids_.push_back(id);
   if (tok_.decode_is_unstable(id)) return {};
   const std::string text = tok_.decode(ids_);
-  const size_t stable = text.size() - trailing_replacement_bytes(text);
-  assert(stable >= emitted_ && "StreamDecoder: decode() of a longer window shrank its stable prefix");
-  std::string out = stable > emitted_ ? text.substr(emitted_, stable - emitted_) : std::string();
-  emitted_ = std::max(emitted_, stable);
+  assert(text.size() >= emitted_ && "StreamDecoder: decode() of a longer window got shorter");
+  // Only U+FFFD after what was already returned can still change (the context's are final).
+  const std::string_view fresh = std::string_view(text).substr(emitted_);
+  const size_t stable = text.size() - trailing_replacement_bytes(fresh);
+  std::string out(fresh.substr(0, stable - emitted_));
+  emitted_ = stable;
   // At a clean boundary, restart the window from `id` alone: decoding `id` + later ids then
   // yields exactly the later ids' text after decode({id}), keeping each push O(window).
   // An id that decodes to no bytes cannot serve as context (e.g. Strip would hit the next id).
