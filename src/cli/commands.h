@@ -11,5 +11,6 @@ void register_generate(CLI::App& app, std::function<int()>& action);
 void register_tokenize(CLI::App& app, std::function<int()>& action);
 void register_replay(CLI::App& app, std::function<int()>& action);
 void register_fidelity(CLI::App& app, std::function<int()>& action);
+void register_run(CLI::App& app, std::function<int()>& action);
 
 }  // namespace lragent::cli

@@ -66,13 +66,13 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
     out.tokenizer = make_byte_tokenizer();
     out.synthetic = true;
   } else {
-    fmt::print(stderr, "loading model {} ...", flags.model_dir);
+    fmt::print(stderr, "loading model {}\n", flags.model_dir);
     LRA_ASSIGN_OR_RETURN(out.model, LlamaModel::load(flags.model_dir, *out.backend));
     if (std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json")) {
       LRA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load_dir(flags.model_dir));
     }
     const auto& c = out.model->config();
-    fmt::print(stderr, " done ({}, {} layers, hidden {}, {} heads / {} kv heads, {:.0f} ms)\n", c.architecture,
+    fmt::print(stderr, "loaded {}: {} layers, hidden {}, {} heads / {} kv heads in {:.0f} ms\n", c.architecture,
                c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,
                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }

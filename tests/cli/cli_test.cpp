@@ -1,0 +1,195 @@
+// The CLI contract: JSON output of generate/tokenize/replay, and bad input giving one clear
+// error line (naming the file and the cause) with a non-zero exit code and no crash.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace lragent {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+CliRun run_cli(const std::string& args) {
+  const std::string err_file = testing::temp_dir("cli-stderr") + "/err.txt";
+  const std::string cmd = shell_quote(testing::lragent_bin()) + " " + args + " 2>" + shell_quote(err_file);
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.err = testing::read_file(err_file);
+  return r;
+}
+
+std::string model_arg() { return "--model " + shell_quote(testing::tinystories_dir()); }
+
+// The last line of stderr, which must be the one error line.
+std::string error_line(const CliRun& r) {
+  std::string e = r.err;
+  while (!e.empty() && e.back() == '\n') e.pop_back();
+  const size_t nl = e.rfind('\n');
+  return nl == std::string::npos ? e : e.substr(nl + 1);
+}
+
+TEST(Cli, GenerateJsonContract) {
+  const CliRun r = run_cli("generate " + model_arg() +
+                        " --prompt 'Once upon a time' --max-tokens 8 --temperature 0 --json --logits");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"][0], 1) << "BOS first, as HF adds it";
+  EXPECT_EQ(j["output_tokens"].size(), 8u);
+  EXPECT_TRUE(j["text"].is_string());
+  EXPECT_EQ(j["last_logits"].size(), 2048u);
+  const CliRun ids = run_cli("generate " + model_arg() + " --prompt-tokens 1,500,300 --max-tokens 3 --json");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  EXPECT_EQ(nlohmann::json::parse(ids.out)["prompt_tokens"], nlohmann::json::array({1, 500, 300}));
+}
+
+TEST(Cli, TokenizeAndDefaultModel) {
+  const CliRun t = run_cli("tokenize " + model_arg() + " --text 'Hello world' --json");
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(nlohmann::json::parse(t.out)["ids"][0], 1);
+  const CliRun d = run_cli("generate --prompt hi --max-tokens 4 --json");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.err.find("synthetic"), std::string::npos) << "the default model must say it is synthetic";
+}
+
+class BadModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::temp_dir("badmodel");
+    for (const char* f : {"config.json", "tokenizer.json", "tokenizer_config.json"})
+      fs::copy_file(testing::tinystories_dir() + "/" + f, dir_ + "/" + f);
+    weights_ = testing::read_file(testing::tinystories_dir() + "/model.safetensors");
+  }
+  void write(const std::string& name, const std::string& bytes) {
+    std::ofstream(dir_ + "/" + name, std::ios::binary) << bytes;
+  }
+  CliRun generate() { return run_cli("generate --model " + shell_quote(dir_) + " --prompt-tokens 1,2,3 --max-tokens 2"); }
+  std::string dir_, weights_;
+};
+
+TEST_F(BadModel, TruncatedSafetensors) {
+  write("model.safetensors", weights_.substr(0, weights_.size() / 2));
+  const CliRun r = generate();
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128) << "crashed: " << r.err;
+  EXPECT_NE(error_line(r).find("model.safetensors"), std::string::npos) << r.err;
+  EXPECT_EQ(error_line(r).rfind("error: ", 0), 0u) << r.err;
+}
+
+TEST_F(BadModel, HeaderOffsetsOutOfRange) {
+  std::string w = weights_;
+  const size_t pos = w.find("\"data_offsets\":[");
+  ASSERT_NE(pos, std::string::npos);
+  w.replace(pos + 16, 1, "9");  // first offset digit becomes 9...: past the end or overlapping
+  write("model.safetensors", w);
+  const CliRun r = generate();
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128) << "crashed: " << r.err;
+  EXPECT_NE(error_line(r).find("model.safetensors"), std::string::npos) << r.err;
+}
+
+TEST_F(BadModel, MissingTensorAndShapeMismatch) {
+  write("model.safetensors", weights_);
+  std::string cfg = testing::read_file(dir_ + "/config.json");
+  // More layers than the checkpoint holds: a missing tensor.
+  std::string more = cfg;
+  more.replace(more.find("\"num_hidden_layers\": 2"), 22, "\"num_hidden_layers\": 3");
+  write("config.json", more);
+  CliRun r = generate();
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(error_line(r).find("model.layers.2"), std::string::npos) << r.err;
+  // A different intermediate size: shapes do not match.
+  std::string inter = cfg;
+  inter.replace(inter.find("\"intermediate_size\": 384"), 24, "\"intermediate_size\": 512");
+  write("config.json", inter);
+  r = generate();
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(error_line(r).find("shape"), std::string::npos) << r.err;
+}
+
+TEST_F(BadModel, UnknownArchitectureAndBadTokenizer) {
+  write("model.safetensors", weights_);
+  std::string cfg = testing::read_file(dir_ + "/config.json");
+  std::string gpt = cfg;
+  gpt.replace(gpt.find("LlamaForCausalLM"), 16, "GPT2LMHeadModel");
+  write("config.json", gpt);
+  CliRun r = generate();
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(error_line(r).find("GPT2LMHeadModel"), std::string::npos) << r.err;
+  write("config.json", cfg);
+  write("tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
+  r = run_cli("generate --model " + shell_quote(dir_) + " --prompt hi --max-tokens 2");
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.code, 128) << "crashed: " << r.err;
+  EXPECT_NE(error_line(r).find("tokenizer.json"), std::string::npos) << r.err;
+}
+
+TEST(Cli, TooLongPromptAndBadFlags) {
+  std::string ids = "1";
+  for (int i = 0; i < 600; ++i) ids += ",5";
+  CliRun r = run_cli("generate " + model_arg() + " --prompt-tokens " + ids + " --max-tokens 4");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(error_line(r).find("exceeds the model's context"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,99999 --max-tokens 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(error_line(r).find("99999"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,x");
+  EXPECT_EQ(r.code, 2);
+}
+
+TEST(Cli, ReplayJsonAndBadScripts) {
+  const std::string dir = testing::temp_dir("replay");
+  const std::string a = testing::adapters_dir() + "/qv-shared-a-r8/";
+  const std::string adapters = " --adapter plan=" + shell_quote(a + "plan") + " --adapter action=" + shell_quote(a + "action");
+  std::ofstream(dir + "/s.json") << R"({"steps": [{"append": "Question: where?"}, {"agent": "plan", "generate": 4},
+      {"agent": "action", "force_tokens": [5, 38]}]})";
+  CliRun r = run_cli("replay " + model_arg() + adapters + " --kv-share base-lr --script " + shell_quote(dir + "/s.json") +
+                  " --json --logits");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["steps"].size(), 2u);
+  EXPECT_EQ(j["steps"][1]["output_tokens"], nlohmann::json::array({5, 38}));
+  EXPECT_EQ(j["steps"][1]["logits"].size(), 2u);
+  EXPECT_GT(j["cache"]["base_bytes"].get<int64_t>(), 0);
+  std::ofstream(dir + "/bad.json") << R"({"steps": [{"agent": "plan"}]})";
+  r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/bad.json"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(error_line(r).find("bad.json"), std::string::npos) << r.err;
+  const std::string indep = testing::adapters_dir() + "/qv-indep-a-r8/";
+  r = run_cli("replay " + model_arg() + " --adapter plan=" + shell_quote(indep + "plan") + " --adapter action=" +
+              shell_quote(indep + "action") + " --kv-share base-lr --script " + shell_quote(dir + "/s.json"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(error_line(r).find("shared-A"), std::string::npos) << r.err;
+  r = run_cli("replay " + model_arg() + adapters + " --kv-share droidspeak --recompute-layers 9 --script " +
+              shell_quote(dir + "/s.json"));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(error_line(r).find("layer 9"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace lragent
