@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "${JOBS:-$(nproc)}"
-exec ./build/lragent generate --prompt "The plan agent reads the trajectory and decides" --max-tokens 48 "$@"
+exec ./build/lragent demo "$@"

@@ -12,5 +12,6 @@ void register_tokenize(CLI::App& app, std::function<int()>& action);
 void register_replay(CLI::App& app, std::function<int()>& action);
 void register_fidelity(CLI::App& app, std::function<int()>& action);
 void register_run(CLI::App& app, std::function<int()>& action);
+void register_demo(CLI::App& app, std::function<int()>& action);
 
 }  // namespace lragent::cli

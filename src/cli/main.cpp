@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   lragent::cli::register_replay(app, action);
   lragent::cli::register_fidelity(app, action);
   lragent::cli::register_run(app, action);
+  lragent::cli::register_demo(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
