@@ -5,7 +5,10 @@ set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config clang libclang-rt-dev
       nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev libpcre2-dev libopenblas-dev
       libgtest-dev libgmock-dev libbenchmark-dev libcpp-httplib-dev
-      python3 python3-numpy nodejs npm)
+      python3 python3-numpy)
+# Node.js (for the npm tokenizer fixtures): keep an existing install (e.g. NodeSource's, which
+# bundles npm and conflicts with Debian's npm package).
+command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 missing=()
