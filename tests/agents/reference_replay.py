@@ -199,23 +199,29 @@ def proj(model: Model, ad: Adapter, l: int, mod: str, x: np.ndarray) -> np.ndarr
 # ----------------------------------------------------------------------------- stores
 
 class Store:
-    """Append-only per-layer cache of some entry kind; entries[l] is a list (position-indexed)."""
+    """Append-only per-layer cache of one entry kind: a pair of arrays (K-like, V-like) per layer,
+    position-indexed, with a fill count per layer."""
 
-    def __init__(self, n_layers):
-        self.entries = [[] for _ in range(n_layers)]
+    def __init__(self, n_layers, max_pos, shapes):
+        self.arrs = [[np.zeros((max_pos,) + tuple(sh), dtype=DT) for sh in shapes] for _ in range(n_layers)]
+        self.n = [0] * n_layers
 
     def count(self, l):
-        return len(self.entries[l])
+        return self.n[l]
 
     def has(self, l, pos):
-        return pos < len(self.entries[l])
+        return pos < self.n[l]
 
-    def put(self, l, pos, value):
-        assert pos == len(self.entries[l]), f"non-sequential cache write at layer {l} pos {pos}"
-        self.entries[l].append(value)
+    def put(self, l, pos, values):
+        assert pos == self.n[l], f"non-sequential cache write at layer {l} pos {pos}"
+        for arr, v in zip(self.arrs[l], values):
+            if v is not None:
+                arr[pos] = v
+        self.n[l] += 1
 
     def stack(self, l, n, idx):
-        return np.stack([e[idx] for e in self.entries[l][:n]])
+        assert n <= self.n[l]
+        return self.arrs[l][idx][:n]
 
 
 @dataclass
@@ -244,12 +250,16 @@ class Replay:
         self.traj = [model.bos]
         self.processed = {a: 0 for a in self.names}  # prefix length each agent has run its forward over
         self.done = 0  # prefix length any agent has processed (shared stores are filled this far)
+        self.near_ties = 0
         # stores
-        self.priv_full = {a: Store(L) for a in self.names}  # none / droidspeak recompute layers
-        self.shared_full = Store(L)                         # full / droidspeak shared layers
-        self.shared_base = Store(L)                         # base / base-lr
-        self.priv_lr = {a: Store(L) for a in self.names}    # base
-        self.shared_lr = Store(L)                           # base-lr
+        T, kv = model.max_pos, (model.n_kv, model.head_dim)
+        def lr_shapes(a):
+            return ((adapters[a].rank_k(),), (adapters[a].rank_v(),))
+        self.priv_full = {a: Store(L, T, (kv, kv)) for a in self.names}  # none / droidspeak recompute layers
+        self.shared_full = Store(L, T, (kv, kv))                         # full / droidspeak shared layers
+        self.shared_base = Store(L, T, (kv, kv))                         # base / base-lr
+        self.priv_lr = {a: Store(L, T, lr_shapes(a)) for a in self.names}  # base
+        self.shared_lr = Store(L, T, lr_shapes(self.names[0]))           # base-lr
 
     def _require_shared_a(self):
         first = self.ads[self.names[0]]
@@ -301,8 +311,8 @@ class Replay:
         lr = self.priv_lr[a] if mode == "base" else self.shared_lr
         if not lr.has(l, pos):
             lr.put(l, pos, lr_entry())
-        K = self.shared_base.stack(l, n, 0).copy()
-        V = self.shared_base.stack(l, n, 1).copy()
+        K = self.shared_base.stack(l, n, 0)
+        V = self.shared_base.stack(l, n, 1)
         if ad.has("k"):
             LRk = lr.stack(l, n, 0)  # [n, r]
             dk = (ad.s * (LRk @ ad.B[l]["k"].T)).reshape(n, nkv, hd)
@@ -344,7 +354,10 @@ class Replay:
             return self.done
         return self.processed[a]
 
-    def agent_step(self, a: str, n_tokens: int, forced=None) -> StepOut:
+    def agent_step(self, a: str, n_tokens: int, forced=None, prefer=None, tie_tol=0.0) -> StepOut:
+        """Catch agent a up, then decode n_tokens greedily (or take `forced`).  `prefer` (optional, the other
+        implementation's tokens for this step) is taken instead of the argmax only where its logit is within
+        tie_tol of the maximum: a near-tie that float rounding may break either way (counted in near_ties)."""
         if a not in self.ads:
             raise ReplayError(f"unknown agent '{a}'")
         start = self.catch_up_start(a)
@@ -357,6 +370,10 @@ class Replay:
         for t in range(n_tokens):
             out.logits.append(logits)
             tok = int(forced[t]) if forced is not None else int(np.argmax(logits))  # ties -> lowest id
+            if forced is None and prefer is not None and t < len(prefer) and prefer[t] != tok and \
+                    0 <= prefer[t] < len(logits) and logits[prefer[t]] >= logits[tok] - tie_tol:
+                tok = int(prefer[t])
+                self.near_ties += 1
             out.output_tokens.append(tok)
             self.traj.append(tok)
             if t + 1 < n_tokens:  # HF generate: the last token is not forwarded
@@ -402,7 +419,10 @@ class Replay:
         return {"base_bytes": base, "lr_bytes": lr, "full_bytes": full, "total_bytes": base + lr + full}
 
 
-def replay(model: Model, adapters: dict, script: dict, mode: str, recompute_layers=()) -> dict:
+def replay(model: Model, adapters: dict, script: dict, mode: str, recompute_layers=(), prefer=None,
+           tie_tol=0.0) -> dict:
+    """Run a script.  prefer: optional list (one per agent step) of another implementation's output tokens,
+    used only to resolve greedy near-ties within tie_tol (see Replay.agent_step)."""
     rp = Replay(model, adapters, mode, recompute_layers)
     steps = []
     for st in script["steps"]:
@@ -416,7 +436,8 @@ def replay(model: Model, adapters: dict, script: dict, mode: str, recompute_laye
         elif "generate" in st:
             if st.get("stop"):
                 raise ReplayError("reference replay: stop strings are not supported")
-            steps.append(rp.agent_step(st["agent"], int(st["generate"])))
+            pre = prefer[len(steps)] if prefer is not None and len(steps) < len(prefer) else None
+            steps.append(rp.agent_step(st["agent"], int(st["generate"]), prefer=pre, tie_tol=tie_tol))
         else:
             raise ReplayError(f"bad script step {st}")
     cb = rp.cache_bytes()
@@ -428,6 +449,7 @@ def replay(model: Model, adapters: dict, script: dict, mode: str, recompute_laye
         "cache": cb,
         "trajectory": list(rp.traj),
         "processed": dict(rp.processed),
+        "near_ties": rp.near_ties,
     }
 
 
