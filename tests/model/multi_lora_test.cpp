@@ -59,9 +59,9 @@ TEST_P(MultiLora, ShrinkOncePerSharedAGroup) {
   const int modules = GetParam().find("qkvo") != std::string::npos ? 4 : 2;
   const int layers = model_->config().num_layers;
   std::vector<std::vector<int32_t>> toks = {{1, 50, 60}, {1, 70}, {1, 80, 90, 100}};
-  std::vector<std::unique_ptr<FullKvCache>> kv;
-  auto pools = KvPools::create(model_->config(), 16, 8, "test");
+  auto pools = KvPools::create(model_->config(), 16, 8, "test");  // outlives the caches below
   ASSERT_TRUE(pools.ok());
+  std::vector<std::unique_ptr<FullKvCache>> kv;
   std::vector<SeqInput> batch;
   for (size_t i = 0; i < 3; ++i) {
     kv.push_back(std::make_unique<FullKvCache>(pools->k.get(), pools->v.get()));
