@@ -21,6 +21,10 @@ class BlockPool {
   static Result<std::unique_ptr<BlockPool>> create(std::string name, int n_layers, int page_size, int64_t width,
                                                    int64_t n_blocks);
 
+  ~BlockPool() { assert(used_blocks() == 0 && "BlockPool destroyed while streams still hold blocks: destroy them first"); }
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
   const std::string& name() const { return name_; }
   int page_size() const { return page_size_; }
   int64_t width() const { return width_; }
