@@ -9,6 +9,14 @@ int main(int argc, char** argv) {
       "lragent: an inference engine for multi-agent LLM systems whose agents are LoRA adapters on one base model.\n"
       "The base KV cache is shared across agents; each adapter's contribution is kept in low-rank form."};
   app.require_subcommand(1);
+  app.footer(
+      "\nExamples:\n"
+      "  lragent demo                                   all five sharing modes on the built-in model\n"
+      "  lragent generate --model DIR --prompt TEXT     greedy continuation (add --json --logits for scripts)\n"
+      "  lragent replay --model DIR --adapter plan=DIR --adapter action=DIR --kv-share base-lr --script S.json\n"
+      "  lragent run --workflow react --model DIR --adapter plan=P --adapter action=A --adapter reflect=R\n"
+      "Run `lragent COMMAND --help` for every flag of a command. Exit codes: 2 bad argument, 3 not found,\n"
+      "4 corrupt file, 5 unsupported, 6 out of memory (KV cache or allocation).");
   app.set_version_flag("--version", "lragent 0.1.0");
   std::function<int()> action;
   lragent::cli::register_generate(app, action);
