@@ -48,7 +48,7 @@ Result<std::vector<std::vector<std::string>>> parse_numpy_strings(std::string_vi
     if (c == '[') {
       if (++depth == group_depth) groups.emplace_back();
     } else if (c == ']') {
-      --depth;
+      if (--depth < 0) return make_error(ErrorCode::kCorrupt, "unbalanced brackets at offset {}", i);
     } else if (c == '\'' || c == '"') {
       std::string lit;
       size_t j = i + 1;
@@ -63,7 +63,8 @@ Result<std::vector<std::vector<std::string>>> parse_numpy_strings(std::string_vi
           const std::string hex(s.substr(j + 1, static_cast<size_t>(hex_digits)));
           char* end = nullptr;
           const unsigned long cp = std::strtoul(hex.c_str(), &end, 16);
-          if (*end != '\0') return make_error(ErrorCode::kCorrupt, "bad \\{} escape in a string literal", e);
+          if (*end != '\0' || cp > 0x10FFFF)
+            return make_error(ErrorCode::kCorrupt, "bad \\{} escape in a string literal", e);
           append_utf8(lit, static_cast<uint32_t>(cp));
           j += static_cast<size_t>(hex_digits);
         } else if (e == 'n') {
@@ -96,7 +97,8 @@ Result<std::vector<Paragraph>> parse_context(const json& c, const std::string& w
         return make_error(ErrorCode::kCorrupt, "{}: \"context\" entries must be [title, [sentence, ...]]", where);
       Paragraph para{p[0].get<std::string>(), {}};
       for (const json& s : p[1]) {
-        if (!s.is_string()) return make_error(ErrorCode::kCorrupt, "{}: paragraph '{}' holds a non-string sentence", where, para.title);
+        if (!s.is_string())
+          return make_error(ErrorCode::kCorrupt, "{}: paragraph '{}' holds a non-string sentence", where, para.title);
         para.sentences.push_back(trim(s.get<std::string>()));
       }
       out.push_back(std::move(para));
@@ -104,7 +106,8 @@ Result<std::vector<Paragraph>> parse_context(const json& c, const std::string& w
     return out;
   }
   if (!c.is_object() || !c.contains("title") || !c.contains("sentences"))
-    return make_error(ErrorCode::kCorrupt, "{}: \"context\" must be [[title, [sentences]], ...] or {{\"title\", \"sentences\"}}", where);
+    return make_error(ErrorCode::kCorrupt,
+                      "{}: \"context\" must be [[title, [sentences]], ...] or {{\"title\", \"sentences\"}}", where);
   const json &t = c["title"], &s = c["sentences"];
   std::vector<std::string> titles;
   std::vector<std::vector<std::string>> sentences;
@@ -121,15 +124,18 @@ Result<std::vector<Paragraph>> parse_context(const json& c, const std::string& w
       titles.push_back(x.get<std::string>());
     }
     for (const json& p : s) {
-      if (!p.is_array()) return make_error(ErrorCode::kCorrupt, "{}: \"context.sentences\" must hold arrays of strings", where);
+      if (!p.is_array())
+        return make_error(ErrorCode::kCorrupt, "{}: \"context.sentences\" must hold arrays of strings", where);
       sentences.emplace_back();
       for (const json& x : p) {
-        if (!x.is_string()) return make_error(ErrorCode::kCorrupt, "{}: \"context.sentences\" must hold arrays of strings", where);
+        if (!x.is_string())
+          return make_error(ErrorCode::kCorrupt, "{}: \"context.sentences\" must hold arrays of strings", where);
         sentences.back().push_back(x.get<std::string>());
       }
     }
   } else {
-    return make_error(ErrorCode::kCorrupt, "{}: \"context.title\" and \"context.sentences\" must both be strings or both arrays", where);
+    return make_error(ErrorCode::kCorrupt,
+                      "{}: \"context.title\" and \"context.sentences\" must both be strings or both arrays", where);
   }
   if (titles.size() != sentences.size())
     return make_error(ErrorCode::kCorrupt, "{}: \"context\" has {} titles but {} sentence lists", where, titles.size(),
@@ -181,7 +187,8 @@ Result<std::vector<HotpotQuestion>> parse_hotpot_questions(const std::string& js
     LRA_RETURN_IF_ERROR(add_all(j, "", ""));
   } else if (j.is_object()) {
     for (const auto& [level, arr] : j.items()) {
-      if (!arr.is_array()) return make_error(ErrorCode::kCorrupt, "{}: \"{}\" must be an array of questions", source, level);
+      if (!arr.is_array())
+        return make_error(ErrorCode::kCorrupt, "{}: \"{}\" must be an array of questions", source, level);
       LRA_RETURN_IF_ERROR(add_all(arr, level, level));
     }
   } else {
@@ -215,7 +222,8 @@ const HotpotQuestion& builtin_question() {
          "Its landmarks include the Louvre, Notre-Dame and the Eiffel Tower."}},
        {"Seine",
         {"The Seine is a 777-kilometre-long river in northern France.",
-         "It rises at Source-Seine, north-west of Dijon, and flows through Paris into the English Channel at Le Havre."}}}};
+         "It rises at Source-Seine, north-west of Dijon, and flows through Paris into the English Channel at Le "
+         "Havre."}}}};
   return q;
 }
 

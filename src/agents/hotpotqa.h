@@ -17,9 +17,9 @@ struct Paragraph {
 
 struct HotpotQuestion {
   std::string id;
-  std::string level;     // "easy" / "medium" / "hard", or empty
+  std::string level;  // "easy" / "medium" / "hard", or empty
   std::string question;
-  std::string answer;    // empty when unknown (a question typed on the command line)
+  std::string answer;  // empty when unknown (a question typed on the command line)
   std::vector<Paragraph> context;
 };
 

@@ -46,7 +46,7 @@ ParsedAction parse_action(std::string_view line);
 
 // One action's outcome.
 struct ToolStep {
-  std::string tool;         // the tool's canonical name; empty when the action was invalid
+  std::string tool;  // the tool's canonical name; empty when the action was invalid
   std::string arg;
   std::string observation;  // one line
   bool valid = false;

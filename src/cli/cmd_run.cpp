@@ -1,6 +1,7 @@
 // `lragent run --workflow react`: the plan / action / reflect agents answer one HotpotQA
 // question over a shared trajectory under a KV sharing mode, with offline tools.
 #include <algorithm>
+#include <cstdio>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -27,14 +28,15 @@ struct RunFlags {
 Status check_agents(const RunFlags& f) {
   std::string missing;
   for (const char* role : {"plan", "action", "reflect"}) {
-    const bool given = std::any_of(f.model.adapters.begin(), f.model.adapters.end(),
-                                   [&](const std::string& spec) { return spec.rfind(std::string(role) + "=", 0) == 0; });
+    const bool given = std::any_of(f.model.adapters.begin(), f.model.adapters.end(), [&](const std::string& spec) {
+      return spec.rfind(std::string(role) + "=", 0) == 0;
+    });
     if (!given) missing += fmt::format(" --adapter {}=DIR", role);
   }
   if (missing.empty()) return Status::Ok();
-  return make_error(ErrorCode::kInvalidArgument,
-                    "--workflow react runs three agents, each a LoRA adapter of the --model: pass{}{}", missing,
-                    f.model.model_dir.empty() ? " (and --model DIR: the built-in synthetic model has no adapters)" : "");
+  return make_error(
+      ErrorCode::kInvalidArgument, "--workflow react runs three agents, each a LoRA adapter of the --model: pass{}{}",
+      missing, f.model.model_dir.empty() ? " (and --model DIR: the built-in synthetic model has no adapters)" : "");
 }
 
 Result<HotpotQuestion> pick_question(const RunFlags& f) {
@@ -83,19 +85,28 @@ nlohmann::json report_json(const WorkflowReport& r, const HotpotQuestion& q, con
   j["question"] = {{"id", q.id}, {"level", q.level}, {"text", q.question}, {"gold_answer", q.answer}};
   j["turns"] = nlohmann::json::array();
   for (const WorkflowTurn& t : r.turns) {
-    nlohmann::json o = {{"step", t.step}, {"agent", t.agent}, {"context_tokens", t.context_tokens},
-                        {"prefilled_tokens", t.prefilled_tokens}, {"decoded_tokens", t.decoded_tokens},
-                        {"seconds", t.seconds}, {"text", t.text}};
+    nlohmann::json o = {{"step", t.step},
+                        {"agent", t.agent},
+                        {"context_tokens", t.context_tokens},
+                        {"prefilled_tokens", t.prefilled_tokens},
+                        {"decoded_tokens", t.decoded_tokens},
+                        {"seconds", t.seconds},
+                        {"text", t.text}};
     if (t.agent != "plan")
-      o["tool"] = {{"name", t.tool.tool}, {"arg", t.tool.arg}, {"valid", t.tool.valid}, {"observation", t.tool.observation}};
+      o["tool"] = {
+          {"name", t.tool.tool}, {"arg", t.tool.arg}, {"valid", t.tool.valid}, {"observation", t.tool.observation}};
     j["turns"].push_back(std::move(o));
   }
   for (const AgentTotals& a : r.agents)
-    j["agents"].push_back({{"agent", a.agent}, {"turns", a.turns}, {"prefilled_tokens", a.prefilled_tokens},
-                           {"decoded_tokens", a.decoded_tokens}, {"computed_tokens", a.computed_tokens},
+    j["agents"].push_back({{"agent", a.agent},
+                           {"turns", a.turns},
+                           {"prefilled_tokens", a.prefilled_tokens},
+                           {"decoded_tokens", a.decoded_tokens},
+                           {"computed_tokens", a.computed_tokens},
                            {"seconds", a.seconds}});
   const CacheBytes& b = r.cache;
-  j["cache"] = {{"base_bytes", b.base}, {"lr_bytes", b.lr}, {"full_bytes", b.full}, {"total_bytes", b.total()},
+  j["cache"] = {{"base_bytes", b.base},           {"lr_bytes", b.lr},
+                {"full_bytes", b.full},           {"total_bytes", b.total()},
                 {"allocated_bytes", b.allocated}, {"page_overhead_bytes", b.page_overhead()}};
   j["trajectory_tokens"] = r.trajectory_tokens;
   j["steps"] = r.steps;
@@ -122,18 +133,20 @@ void print_summary(const WorkflowReport& r, const std::string& mode) {
   for (const AgentTotals& a : r.agents)
     fmt::print("{:<8} | {:>5} | {:>9} | {:>7} | {:>8} | {:>9.3f} | {:>9.3f}\n", a.agent, a.turns, a.prefilled_tokens,
                a.decoded_tokens, a.computed_tokens, a.seconds, a.turns ? a.seconds / a.turns : 0.0);
-  fmt::print("{:<8} | {:>5} | {:>9} | {:>7} | {:>8} | {:>9.3f} | {:>9.3f}\n", all.agent, all.turns, all.prefilled_tokens,
-             all.decoded_tokens, all.computed_tokens, all.seconds, all.turns ? all.seconds / all.turns : 0.0);
+  fmt::print("{:<8} | {:>5} | {:>9} | {:>7} | {:>8} | {:>9.3f} | {:>9.3f}\n", all.agent, all.turns,
+             all.prefilled_tokens, all.decoded_tokens, all.computed_tokens, all.seconds,
+             all.turns ? all.seconds / all.turns : 0.0);
   const CacheBytes& b = r.cache;
-  fmt::print("cache ({}): base {} B, lr {} B, full {} B, total {} B (+{} B page rounding)\n", mode, b.base, b.lr, b.full,
-             b.total(), b.page_overhead());
-  fmt::print("trajectory {} tokens, {} steps, stopped: {}, wall {:.3f} s\n", r.trajectory_tokens, r.steps, r.stop_reason,
-             r.wall_seconds);
+  fmt::print("cache ({}): base {} B, lr {} B, full {} B, total {} B (+{} B page rounding)\n", mode, b.base, b.lr,
+             b.full, b.total(), b.page_overhead());
+  fmt::print("trajectory {} tokens, {} steps, stopped: {}, wall {:.3f} s\n", r.trajectory_tokens, r.steps,
+             r.stop_reason, r.wall_seconds);
   if (r.answer.empty())
     fmt::print("answer: none\n");
   else
-    fmt::print("answer: \"{}\" (reflect: {}){}\n", r.answer, r.verdict.empty() ? "no verdict" : r.verdict,
-               r.gold_answer.empty() ? "" : fmt::format("; gold \"{}\": {}", r.gold_answer, r.correct ? "correct" : "wrong"));
+    fmt::print(
+        "answer: \"{}\" (reflect: {}){}\n", r.answer, r.verdict.empty() ? "no verdict" : r.verdict,
+        r.gold_answer.empty() ? "" : fmt::format("; gold \"{}\": {}", r.gold_answer, r.correct ? "correct" : "wrong"));
 }
 
 int run_cmd(const RunFlags& f) {
@@ -176,7 +189,8 @@ int run_cmd(const RunFlags& f) {
                              rep.error().message));
   if (!rep.ok()) return report(rep.error());
   if (f.json)
-    fmt::print("{}\n", report_json(*rep, *question, mode).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    fmt::print("{}\n",
+               report_json(*rep, *question, mode).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   else
     print_summary(*rep, mode);
   return 0;
@@ -188,8 +202,9 @@ void register_run(CLI::App& app, std::function<int()>& action) {
   static RunFlags flags;
   RunFlags* f = &flags;
   CLI::App* cmd = app.add_subcommand(
-      "run", "Run a multi-agent workflow: plan, action and reflect agents (LoRA adapters) answer a question over one "
-             "shared trajectory, calling offline tools over the question's own paragraphs");
+      "run",
+      "Run a multi-agent workflow: plan, action and reflect agents (LoRA adapters) answer a question over one "
+      "shared trajectory, calling offline tools over the question's own paragraphs");
   cmd->add_option("--workflow", f->workflow,
                   "Workflow to run. react: Thought (plan agent) -> Action (action agent) -> Observation (tool) steps "
                   "until Finish[answer], then Reflect (reflect agent)")

@@ -1,0 +1,324 @@
+// The ReAct workflow on tinystories-656k with the plan/action/reflect adapters: it terminates
+// under every sharing mode whatever the tiny model writes, records every turn, and each turn's
+// catch-up (prefilled tokens) is what its mode prescribes. Plus `lragent run` end to end.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "agents/workflow.h"
+#include "model/lora.h"
+#include "test_util.h"
+
+namespace lragent {
+namespace {
+
+constexpr int64_t kContext = 512;  // tinystories-656k's max_position_embeddings
+
+class Workflow : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_cpu_backend(2);
+    auto m = LlamaModel::load(testing::tinystories_dir(), *be_);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    model_ = std::move(*m);
+    auto t = Tokenizer::load_dir(testing::tinystories_dir());
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    tok_ = std::move(*t);
+    for (const char* role : {"plan", "action", "reflect"}) {
+      auto a = load_lora_adapter(role, testing::adapters_dir() + "/qv-shared-a-r8/" + role, model_->config());
+      ASSERT_TRUE(a.ok()) << a.error().message;
+      adapters_.push_back(std::move(*a));
+    }
+  }
+  std::unique_ptr<AgentSession> session(ShareMode mode, int n_agents = 3) {
+    ReplayOptions o;
+    o.sharing.mode = mode;
+    if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+    std::vector<std::string> names;
+    std::vector<const LoraAdapter*> ads;
+    for (int i = 0; i < n_agents; ++i) {
+      names.push_back(adapters_[static_cast<size_t>(i)]->name);
+      ads.push_back(adapters_[static_cast<size_t>(i)].get());
+    }
+    auto s = AgentSession::create(*model_, tok_.get(), names, ads, o);
+    EXPECT_TRUE(s.ok()) << s.error().message;
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  static ReactOptions options() {
+    ReactOptions o;
+    o.max_steps = 4;
+    o.system_prompt = kReactCompactPrompt;  // the full prompt alone exceeds the 512-token context
+    o.max_context_tokens = kContext;
+    return o;
+  }
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::vector<std::unique_ptr<LoraAdapter>> adapters_;  // plan, action, reflect (shared A)
+};
+
+// Replays the catch-up rule of a mode over the recorded turns: per-agent modes recompute every
+// position the agent has not run forward on itself; shared modes only positions no agent has.
+void expect_prefill_follows_mode(const WorkflowReport& r, bool per_agent, const char* mode) {
+  std::map<std::string, int64_t> processed, computed;  // agent -> positions forwarded / tokens computed
+  int64_t shared = 0;
+  for (size_t i = 0; i < r.turns.size(); ++i) {
+    const WorkflowTurn& t = r.turns[i];
+    const int64_t start = per_agent ? processed[t.agent] : shared;
+    EXPECT_EQ(t.prefilled_tokens, t.context_tokens - start) << mode << " turn " << i << " (" << t.agent << ")";
+    ASSERT_GE(t.decoded_tokens, 1);
+    const int64_t end = t.context_tokens + t.decoded_tokens - 1;  // the last decoded token waits for the next agent
+    processed[t.agent] = end;
+    shared = std::max(shared, end);
+    computed[t.agent] += t.prefilled_tokens + t.decoded_tokens - 1;
+  }
+  for (const AgentTotals& a : r.agents) EXPECT_EQ(a.computed_tokens, computed[a.agent]) << mode << " " << a.agent;
+}
+
+TEST_F(Workflow, EveryModeTerminatesRecordsTurnsAndPrefillsAsTheModeSays) {
+  std::map<ShareMode, WorkflowReport> reports;
+  for (ShareMode mode : kAllShareModes) {
+    auto s = session(mode);
+    ASSERT_TRUE(s);
+    ToolEnv env(builtin_question());
+    ReactOptions o = options();
+    std::vector<std::string> seen;  // agents in the order on_turn reported them
+    o.on_turn = [&](const WorkflowTurn& t) { seen.push_back(t.agent); };
+    auto r = run_react(*s, *tok_, env, o);
+    ASSERT_TRUE(r.ok()) << share_mode_name(mode) << ": " << r.error().message;
+    const char* name = share_mode_name(mode);
+
+    ASSERT_FALSE(r->turns.empty()) << name;
+    EXPECT_TRUE(r->stop_reason == "finished" || r->stop_reason == "max_steps" || r->stop_reason == "context_full")
+        << r->stop_reason;
+    EXPECT_GE(r->steps, 1);
+    EXPECT_LE(r->steps, o.max_steps);
+    EXPECT_EQ(r->trajectory_tokens, static_cast<int64_t>(s->trajectory().size()));
+    EXPECT_LE(r->trajectory_tokens, kContext);
+    EXPECT_EQ(r->question, builtin_question().question);
+    EXPECT_EQ(r->gold_answer, "Seine");
+    EXPECT_GT(r->wall_seconds, 0);
+    ASSERT_EQ(seen.size(), r->turns.size());
+    // Turns go plan, action[, reflect after a Finish], plan, ... with rising step numbers.
+    for (size_t i = 0; i < r->turns.size(); ++i) {
+      const WorkflowTurn& t = r->turns[i];
+      EXPECT_EQ(seen[i], t.agent);
+      EXPECT_GT(t.context_tokens, 0);
+      EXPECT_LE(t.decoded_tokens, t.agent == "plan"     ? o.thought_tokens
+                                  : t.agent == "action" ? o.action_tokens
+                                                        : o.reflect_tokens);
+      EXPECT_GE(t.seconds, 0);
+      EXPECT_EQ(t.text.find('\n'), std::string::npos);
+      if (i == 0) {
+        EXPECT_EQ(t.agent, "plan");
+        EXPECT_EQ(t.step, 1);
+        continue;
+      }
+      const WorkflowTurn& prev = r->turns[i - 1];
+      if (t.agent == "action") {
+        EXPECT_EQ(prev.agent, "plan");
+        EXPECT_EQ(t.step, prev.step);
+        EXPECT_FALSE(t.tool.observation.empty()) << "every action gets an observation, valid or not";
+      } else if (t.agent == "reflect") {
+        EXPECT_EQ(prev.tool.tool, "Finish");
+      } else {
+        EXPECT_EQ(t.agent, "plan");
+        EXPECT_EQ(t.step, prev.step + 1);
+      }
+    }
+    int64_t prefilled = 0, decoded = 0;
+    int turns = 0;
+    ASSERT_EQ(r->agents.size(), 3u);
+    for (const AgentTotals& a : r->agents) {
+      prefilled += a.prefilled_tokens;
+      decoded += a.decoded_tokens;
+      turns += a.turns;
+    }
+    EXPECT_EQ(turns, static_cast<int>(r->turns.size()));
+    int64_t turn_prefilled = 0, turn_decoded = 0;
+    for (const WorkflowTurn& t : r->turns) turn_prefilled += t.prefilled_tokens, turn_decoded += t.decoded_tokens;
+    EXPECT_EQ(prefilled, turn_prefilled);
+    EXPECT_EQ(decoded, turn_decoded);
+
+    const bool per_agent = mode == ShareMode::kNone || mode == ShareMode::kBase || mode == ShareMode::kDroidSpeak;
+    expect_prefill_follows_mode(*r, per_agent, name);
+    const CacheBytes& b = r->cache;
+    const bool base_modes = mode == ShareMode::kBase || mode == ShareMode::kBaseLr;
+    EXPECT_EQ(b.base > 0, base_modes) << name;
+    EXPECT_EQ(b.lr > 0, base_modes) << name;
+    EXPECT_EQ(b.full > 0, !base_modes) << name;
+    EXPECT_GE(b.allocated, b.total()) << name;
+    reports[mode] = std::move(*r);
+  }
+  auto total_prefilled = [](const WorkflowReport& r) {
+    int64_t n = 0;
+    for (const AgentTotals& a : r.agents) n += a.prefilled_tokens;
+    return n;
+  };
+  // Non-Shared and BaseShared catch each agent up on the whole trajectory; BaseLRShared (and
+  // FullShared) compute each token once, whichever agent gets to it first.
+  const WorkflowReport &none = reports[ShareMode::kNone], &base = reports[ShareMode::kBase],
+                       &base_lr = reports[ShareMode::kBaseLr];
+  for (const WorkflowReport* r : {&none, &base}) {
+    for (const char* role : {"action", "reflect"}) {
+      for (const WorkflowTurn& t : r->turns) {
+        if (t.agent != role) continue;
+        EXPECT_EQ(t.prefilled_tokens, t.context_tokens) << role << "'s first turn computes everything before it";
+        break;
+      }
+    }
+  }
+  EXPECT_LT(total_prefilled(base_lr), total_prefilled(none));
+  EXPECT_LT(total_prefilled(base_lr), total_prefilled(base));
+  EXPECT_LT(base_lr.cache.total(), none.cache.total());
+}
+
+TEST_F(Workflow, StopsCleanlyWhenTheContextFills) {
+  auto s = session(ShareMode::kBaseLr);
+  ASSERT_TRUE(s);
+  ToolEnv env(builtin_question());
+  ReactOptions o = options();
+  o.max_steps = 1000;  // only the context can end it
+  auto r = run_react(*s, *tok_, env, o);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  if (r->stop_reason != "finished") EXPECT_EQ(r->stop_reason, "context_full");
+  EXPECT_LE(r->trajectory_tokens, kContext);
+}
+
+TEST_F(Workflow, ClearErrorsForMissingAgentsBadOptionsAndAPromptTooLong) {
+  {
+    auto s = session(ShareMode::kNone, 2);  // plan and action only
+    ToolEnv env(builtin_question());
+    auto r = run_react(*s, *tok_, env, options());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, ErrorCode::kNotFound);
+    EXPECT_NE(r.error().message.find("missing: reflect"), std::string::npos) << r.error().message;
+  }
+  {
+    auto s = session(ShareMode::kNone);
+    ToolEnv env(builtin_question());
+    ReactOptions o = options();
+    o.max_steps = 0;
+    auto r = run_react(*s, *tok_, env, o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+  }
+  {
+    auto s = session(ShareMode::kNone);
+    ToolEnv env(builtin_question());
+    ReactOptions o = options();
+    o.system_prompt = kReactSystemPrompt;
+    auto r = run_react(*s, *tok_, env, o);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.error().message.find("the context holds 512"), std::string::npos) << r.error().message;
+    EXPECT_LE(s->trajectory().size(), 1u) << "nothing is appended when the first turn cannot fit";
+  }
+  {
+    auto s = session(ShareMode::kNone);
+    s->append({5, 6, 7});
+    ToolEnv env(builtin_question());
+    auto r = run_react(*s, *tok_, env, options());
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("fresh session"), std::string::npos) << r.error().message;
+  }
+}
+
+// ---- `lragent run` ----
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+CliRun run_cli(const std::string& args) {
+  const std::string err_file = testing::temp_dir("workflow-cli") + "/err.txt";
+  const std::string cmd = quote(testing::lragent_bin()) + " run " + args + " 2>" + quote(err_file);
+  CliRun r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.err = testing::read_file(err_file);
+  return r;
+}
+
+std::string agents_args() {
+  const std::string a = testing::adapters_dir() + "/qv-shared-a-r8/";
+  return "--model " + quote(testing::tinystories_dir()) + " --adapter plan=" + quote(a + "plan") +
+         " --adapter action=" + quote(a + "action") + " --adapter reflect=" + quote(a + "reflect");
+}
+
+TEST(WorkflowCli, NamesTheMissingAdapters) {
+  const CliRun r = run_cli("--workflow react --question 'Who?'");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--adapter plan=DIR --adapter action=DIR --adapter reflect=DIR"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--model DIR"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST(WorkflowCli, JsonRunOnAFileQuestion) {
+  const std::string file = testing::shared_dir() + "/data/hotpotqa/questions-easy-medium-hard.json";
+  const CliRun r =
+      run_cli(agents_args() + " --kv-share base-lr --system-prompt compact --max-steps 2 --json --questions " +
+              quote(file) + " --question-id 5a7a06935542990198eaf050");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["workflow"], "react");
+  EXPECT_EQ(j["mode"], "base-lr");
+  EXPECT_EQ(j["question"]["gold_answer"], "Arthur's Magazine");
+  ASSERT_GE(j["turns"].size(), 2u);
+  EXPECT_EQ(j["turns"][0]["agent"], "plan");
+  EXPECT_TRUE(j["turns"][1].contains("tool"));
+  ASSERT_EQ(j["agents"].size(), 3u);
+  EXPECT_GT(j["cache"]["base_bytes"].get<int64_t>(), 0);
+  EXPECT_GT(j["cache"]["lr_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(j["cache"]["full_bytes"].get<int64_t>(), 0);
+  EXPECT_GT(j["trajectory_tokens"].get<int64_t>(), 0);
+  EXPECT_LE(j["steps"].get<int>(), 2);
+}
+
+TEST(WorkflowCli, PrintsTurnsAndASummaryTable) {
+  const CliRun r = run_cli(agents_args() + " --kv-share none --system-prompt compact --max-steps 1 --question " +
+                           quote(builtin_question().question));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("question (builtin-seine, easy)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[1 plan   ] prefilled"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("agent    | turns | prefilled"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cache (none): base 0 B, lr 0 B, full "), std::string::npos) << r.out;
+}
+
+TEST(WorkflowCli, BadQuestionInputIsOneErrorLine) {
+  const std::string dir = testing::temp_dir("workflow-cli-bad");
+  CliRun r = run_cli(agents_args() + " --questions " + quote(dir + "/absent.json") + " --question-id x");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.err.find("absent.json: cannot open the questions file"), std::string::npos) << r.err;
+  r = run_cli(agents_args() + " --question-id nope");
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.err.find("no question has id 'nope'"), std::string::npos) << r.err;
+  r = run_cli(agents_args() + " --question 'Who?'");  // the full prompt does not fit 512 tokens
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--system-prompt compact"), std::string::npos) << r.err;
+  r = run_cli(agents_args());
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("exactly one of --question TEXT and --question-id ID"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace lragent
