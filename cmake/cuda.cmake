@@ -1,18 +1,66 @@
 # CUDA backend (sm_90a by default). Included from CMakeLists.txt when LRAGENT_CUDA=ON.
+#   lragent_cuda             src/backend/cuda/*.cu, *.cpp (attention kernels; needs only cudart)
+#   lragent_cuda_tests       tests/cuda/*.cu, *.cpp vs the CPU reference (ctest -R Cuda)
+#   lragent_attention_bench  bench/cuda/*.cu (standalone: CUDA events, JSON out)
+# lragent_lib does not link lragent_cuda yet (the backend is being refactored for device
+# memory); the test links both.
 enable_language(CUDA)
+# CMake 3.25 knows no C++20 dialect flag for nvcc 13 (and with CMAKE_CXX_STANDARD_REQUIRED the
+# CUDA targets inherit C++20): teach it the flag.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
 set(CMAKE_CUDA_STANDARD 20)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
 set(CMAKE_CUDA_ARCHITECTURES ${LRAGENT_CUDA_ARCH})
+set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)  # one runtime: the targets also link CUDA::cudart (shared)
 find_package(CUDAToolkit REQUIRED)
-file(GLOB_RECURSE LRAGENT_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
+
+# "90a" needs the -gencode spelling for wgmma/setmaxnreg; CMake's CUDA_ARCHITECTURES=90a
+# produces exactly that (compute_90a, sm_90a).
+set(LRAGENT_CUDA_FLAGS --expt-relaxed-constexpr -lineinfo)
+
+file(GLOB LRAGENT_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
      ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cpp)
-if(LRAGENT_CUDA_SOURCES)
-  add_library(lragent_cuda STATIC ${LRAGENT_CUDA_SOURCES})
-  target_include_directories(lragent_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(lragent_cuda PUBLIC CUDA::cudart CUDA::cublasLt CUDA::cublas fmt::fmt nlohmann_json::nlohmann_json)
-  target_compile_options(lragent_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -lineinfo>)
-  target_link_libraries(lragent_lib PUBLIC lragent_cuda)
-  target_compile_definitions(lragent_lib PUBLIC LRAGENT_HAVE_CUDA=1)
-else()
+if(NOT LRAGENT_CUDA_SOURCES)
   message(STATUS "LRAGENT_CUDA=ON but src/backend/cuda has no sources yet")
+  return()
+endif()
+
+add_library(lragent_cuda STATIC ${LRAGENT_CUDA_SOURCES})
+target_include_directories(lragent_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(lragent_cuda PUBLIC CUDA::cudart)
+target_compile_options(lragent_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
+set_target_properties(lragent_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)
+if(LRAGENT_CUDA_RESOURCE_USAGE)
+  # Registers / shared memory / spills per kernel in the build log.
+  target_compile_options(lragent_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--resource-usage>)
+endif()
+
+if(LRAGENT_BUILD_TESTS)
+  find_package(GTest)
+  file(GLOB LRAGENT_CUDA_TEST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/cuda/*.cu
+       ${PROJECT_SOURCE_DIR}/tests/cuda/*.cpp)
+  if(GTest_FOUND AND LRAGENT_CUDA_TEST_SOURCES)
+    enable_testing()
+    # The test is host code only (it calls the launchers); it includes core/ headers that pull
+    # fmt 9, which does not parse under nvcc in C++20 mode, so the host compiler builds it.
+    set_source_files_properties(${LRAGENT_CUDA_TEST_SOURCES} PROPERTIES LANGUAGE CXX)
+    add_executable(lragent_cuda_tests ${LRAGENT_CUDA_TEST_SOURCES})
+    target_link_libraries(lragent_cuda_tests PRIVATE lragent_cuda lragent_lib GTest::gtest GTest::gtest_main
+                                                     CUDA::cudart)
+    include(GoogleTest)
+    # Listing the tests needs no GPU (every test skips itself without one).
+    gtest_discover_tests(lragent_cuda_tests DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)
+  elseif(NOT GTest_FOUND)
+    message(STATUS "GTest not found: lragent_cuda_tests not built")
+  endif()
+endif()
+
+file(GLOB LRAGENT_CUDA_BENCH_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/bench/cuda/*.cu)
+if(LRAGENT_CUDA_BENCH_SOURCES)
+  add_executable(lragent_attention_bench ${LRAGENT_CUDA_BENCH_SOURCES})
+  target_link_libraries(lragent_attention_bench PRIVATE lragent_cuda CUDA::cudart)
+  target_compile_options(lragent_attention_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
 endif()

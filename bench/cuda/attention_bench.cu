@@ -1,0 +1,503 @@
+// Attention kernel benchmark at Llama-3.1-8B attention shapes (32 q heads, 8 kv heads,
+// head_dim 128, bf16, page size 16, shuffled block tables):
+//   prefill: a causal chunk of 1024 queries at the end of 8k / 32k / 64k contexts:
+//            plain, Flash-LoRA (r=16, V side), Flash-LoRA + K residual (r=16),
+//            materialise-then-attend (V_full = V + s·LRv·B^T written to HBM, then plain)
+//   decode:  8 sequences x 32k private paged caches, one launch (split-K): plain, FLA, FLA+K
+//   agents:  8 agents x one query over ONE shared 32k base (+LR) cache, own B_k/B_v each,
+//            vs the 8 private-cache decodes above
+// Timing: CUDA events per repetition, warm-up, median of >= 20 repetitions, inputs rotated
+// (disjoint page sets / query buffers) where one set would fit in L2. Also a D2D copy ceiling.
+// Writes JSON to --out (default attention_bench.json) and prints a table.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention.cuh"
+
+namespace lc = lragent::cuda;
+using lc::bf16;
+
+#define CK(x)                                                                                               \
+  do {                                                                                                      \
+    cudaError_t e_ = (x);                                                                                   \
+    if (e_ != cudaSuccess) {                                                                                \
+      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(e_), __FILE__, __LINE__, #x); \
+      std::exit(1);                                                                                         \
+    }                                                                                                       \
+  } while (0)
+
+namespace {
+
+constexpr int kHeads = 32, kKv = 8, kD = 128, kPage = 16, kWidth = kKv * kD, kRank = 16;
+
+__global__ void fill_kernel(bf16* p, size_t n, uint32_t seed, float scale) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ (static_cast<uint32_t>(i >> 32) + seed) * 0x9e3779b9u;
+    h ^= h >> 15;
+    h *= 0x2c1b3c6du;
+    h ^= h >> 12;
+    h *= 0x297a2d39u;
+    h ^= h >> 15;
+    const float u = (static_cast<float>(h & 0xffffff) + 0.5f) / 16777216.f;  // (0,1), never 0
+    p[i] = __float2bfloat16((u - 0.5f) * 3.4641f * scale);                   // unit variance
+  }
+}
+void fill(bf16* p, size_t n, uint32_t seed, float scale = 1.f) {
+  fill_kernel<<<1024, 256>>>(p, n, seed, scale);
+  CK(cudaGetLastError());
+}
+
+template <typename T>
+T* dalloc(size_t n) {
+  void* p = nullptr;
+  CK(cudaMalloc(&p, n * sizeof(T)));
+  return static_cast<T*>(p);
+}
+template <typename T>
+T* dupload(const std::vector<T>& h) {
+  T* p = dalloc<T>(h.size());
+  CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return p;
+}
+
+struct Stats {
+  double median_ms = 0, min_ms = 0, max_ms = 0;
+  int reps = 0;
+};
+
+// Times fn(rep) per repetition with events; median.
+template <typename F>
+Stats time_it(F&& fn, int warmup, int reps) {
+  for (int i = 0; i < warmup; ++i) fn(i);
+  CK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(ev[2 * i]));
+    fn(warmup + i);
+    CK(cudaEventRecord(ev[2 * i + 1]));
+  }
+  CK(cudaDeviceSynchronize());
+  std::vector<double> ms(static_cast<size_t>(reps));
+  for (int i = 0; i < reps; ++i) {
+    float t = 0;
+    CK(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+    ms[i] = t;
+  }
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  std::sort(ms.begin(), ms.end());
+  Stats s;
+  s.reps = reps;
+  s.median_ms = ms[ms.size() / 2];
+  s.min_ms = ms.front();
+  s.max_ms = ms.back();
+  return s;
+}
+
+struct Result {
+  std::string group, name;
+  int ctx = 0, n_q = 0, seqs = 0, splits = 1;
+  Stats t;
+  double flops = 0, bytes = 0;
+  std::string note;
+};
+
+// The shared paged pools: K, V, V_full [blocks, 16, 1024], LRk, LRv [blocks, 16, 16].
+struct Pools {
+  int n_blocks = 0;
+  bf16 *k = nullptr, *v = nullptr, *vfull = nullptr, *lrk = nullptr, *lrv = nullptr;
+  bf16 *bk = nullptr, *bv = nullptr;  // [8 adapters, 1024, 16]
+  float* inv_freq = nullptr;
+};
+
+lc::DevPagedView view(const bf16* data, const int32_t* table, int64_t table_stride, int64_t row) {
+  lc::DevPagedView v;
+  v.data = data;
+  v.table = table;
+  v.table_stride = table_stride;
+  v.page_size = kPage;
+  v.row_stride = row;
+  return v;
+}
+
+// Attention params for n_seqs sequences of ctx tokens with n_q queries each.
+lc::AttnParams make_params(const Pools& P, const int32_t* table, int64_t table_stride, const int32_t* q_start,
+                           const int32_t* ctx_len, int n_seqs, int n_q, int ctx, const bf16* q, bf16* out, bool vlr,
+                           bool klr, void* ws, size_t ws_bytes) {
+  lc::AttnParams p;
+  p.n_heads = kHeads;
+  p.n_kv_heads = kKv;
+  p.head_dim = kD;
+  p.softmax_scale = 1.f / std::sqrt(static_cast<float>(kD));
+  p.n_seqs = n_seqs;
+  p.q_start = q_start;
+  p.ctx_len = ctx_len;
+  p.max_q = n_q;
+  p.max_ctx = ctx;
+  p.q = q;
+  p.k = view(P.k, table, table_stride, kWidth);
+  p.v = view(P.v, table, table_stride, kWidth);
+  if (klr) {
+    p.k_lr.lr = view(P.lrk, table, table_stride, kRank);
+    p.k_lr.b = P.bk;
+    p.k_lr.b_agent_stride = static_cast<int64_t>(kWidth) * kRank;
+    p.k_lr.rank = kRank;
+    p.k_lr.scale = 2.f;
+    p.inv_freq = P.inv_freq;
+  }
+  if (vlr) {
+    p.v_lr.lr = view(P.lrv, table, table_stride, kRank);
+    p.v_lr.b = P.bv;
+    p.v_lr.b_agent_stride = static_cast<int64_t>(kWidth) * kRank;
+    p.v_lr.rank = kRank;
+    p.v_lr.scale = 2.f;
+  }
+  p.out = out;
+  p.workspace = ws;
+  p.workspace_bytes = ws_bytes;
+  return p;
+}
+
+double rel_l2(const bf16* a_dev, const bf16* b_dev, size_t n) {
+  std::vector<uint16_t> a(n), b(n);
+  CK(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t ua = static_cast<uint32_t>(a[i]) << 16, ub = static_cast<uint32_t>(b[i]) << 16;
+    float fa, fb;
+    std::memcpy(&fa, &ua, 4);
+    std::memcpy(&fb, &ub, 4);
+    if (!std::isfinite(fa) || !std::isfinite(fb)) return INFINITY;
+    num += (double(fa) - fb) * (double(fa) - fb);
+    den += double(fb) * fb;
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    o += c;
+  }
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string out_path = "attention_bench.json";
+  int reps = 30;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--out") && i + 1 < argc)
+      out_path = argv[++i];
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc)
+      reps = std::max(20, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+  }
+  int dev_count = 0;
+  if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
+    std::fprintf(stderr, "no CUDA device\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MB\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  const int warmup = 3;
+
+  // ---- pools: 8 x 32k tokens (covers one 64k context too) ----
+  const int kSeqs = 8, kDecodeCtx = 32768;
+  Pools P;
+  P.n_blocks = kSeqs * kDecodeCtx / kPage;  // 16384 blocks = 262144 tokens
+  const size_t slots = static_cast<size_t>(P.n_blocks) * kPage;
+  P.k = dalloc<bf16>(slots * kWidth);
+  P.v = dalloc<bf16>(slots * kWidth);
+  P.vfull = dalloc<bf16>(slots * kWidth);
+  P.lrk = dalloc<bf16>(slots * kRank);
+  P.lrv = dalloc<bf16>(slots * kRank);
+  P.bk = dalloc<bf16>(static_cast<size_t>(kSeqs) * kWidth * kRank);
+  P.bv = dalloc<bf16>(static_cast<size_t>(kSeqs) * kWidth * kRank);
+  fill(P.k, slots * kWidth, 1);
+  fill(P.v, slots * kWidth, 2);
+  fill(P.lrk, slots * kRank, 3);
+  fill(P.lrv, slots * kRank, 4);
+  fill(P.bk, static_cast<size_t>(kSeqs) * kWidth * kRank, 5, 0.05f);
+  fill(P.bv, static_cast<size_t>(kSeqs) * kWidth * kRank, 6, 0.05f);
+  {
+    std::vector<float> f(kD / 2);
+    for (int i = 0; i < kD / 2; ++i) f[i] = std::pow(500000.f, -2.f * i / kD);
+    P.inv_freq = dupload(f);
+  }
+  // A shuffled permutation of all blocks; tables are slices of it (disjoint page sets).
+  std::vector<int32_t> perm(static_cast<size_t>(P.n_blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(42));
+  int32_t* d_perm = dupload(perm);
+
+  const size_t ws_bytes = 64u << 20;
+  void* ws = dalloc<char>(ws_bytes);
+  const int kQSets = 4, kMaxQ = 1024;
+  bf16* qbuf = dalloc<bf16>(static_cast<size_t>(kQSets) * kMaxQ * kHeads * kD);
+  fill(qbuf, static_cast<size_t>(kQSets) * kMaxQ * kHeads * kD, 7);
+  bf16* out = dalloc<bf16>(static_cast<size_t>(kMaxQ) * kHeads * kD);
+  bf16* out2 = dalloc<bf16>(static_cast<size_t>(kMaxQ) * kHeads * kD);
+  CK(cudaDeviceSynchronize());
+
+  std::vector<Result> results;
+  auto report = [&](const Result& r) {
+    const double tflops = r.flops / (r.t.median_ms * 1e-3) / 1e12;
+    const double gbs = r.bytes / (r.t.median_ms * 1e-3) / 1e9;
+    std::printf("%-8s %-34s ctx=%-6d nq=%-5d splits=%-3d %9.3f ms  %7.1f TFLOP/s  %7.1f GB/s %s\n", r.group.c_str(),
+                r.name.c_str(), r.ctx, r.n_q, r.splits, r.t.median_ms, tflops, gbs, r.note.c_str());
+    std::fflush(stdout);
+    results.push_back(r);
+  };
+
+  // ---- copy ceiling ----
+  {
+    const size_t bytes = 1ull << 30;
+    char *a = dalloc<char>(bytes), *b = dalloc<char>(bytes);
+    CK(cudaMemset(a, 1, bytes));
+    Result r;
+    r.group = "ceiling";
+    r.name = "d2d_copy_1GiB";
+    r.t = time_it([&](int) { CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice)); }, warmup, reps);
+    r.bytes = 2.0 * bytes;
+    report(r);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+  }
+
+  // ---- prefill: 1024 queries at the end of 8k / 32k / 64k ----
+  const int n_q = 1024;
+  std::vector<int> prefill_ctx = quick ? std::vector<int>{8192} : std::vector<int>{8192, 32768, 65536};
+  int32_t* d_qs1 = dupload(std::vector<int32_t>{0, n_q});
+  for (int ctx : prefill_ctx) {
+    const int pages = ctx / kPage;
+    const int n_sets = std::max(1, std::min(4, P.n_blocks / pages));  // disjoint page sets to rotate
+    int32_t* d_ctx = dupload(std::vector<int32_t>{ctx});
+    double keys = 0;
+    for (int i = 0; i < n_q; ++i) keys += ctx - n_q + i + 1;
+    const double flops = 4.0 * kD * kHeads * keys;
+    auto params = [&](int rep, bool vlr, bool klr) {
+      const int set = rep % n_sets;
+      return make_params(P, d_perm + static_cast<size_t>(set) * pages, 0, d_qs1, d_ctx, 1, n_q, ctx,
+                         qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, out, vlr, klr, ws, ws_bytes);
+    };
+    const double kv_bytes = 2.0 * ctx * kWidth * 2;
+    const double lr_bytes = static_cast<double>(ctx) * kRank * 2;
+    struct V {
+      const char* name;
+      bool vlr, klr;
+    } variants[] = {{"plain", false, false}, {"flash_lora_v_r16", true, false}, {"flash_lora_kv_r16", true, true}};
+    for (const auto& var : variants) {
+      Result r;
+      r.group = "prefill";
+      r.name = var.name;
+      r.ctx = ctx;
+      r.n_q = n_q;
+      r.seqs = 1;
+      r.splits = lc::attention_num_splits(params(0, var.vlr, var.klr));
+      r.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr))); }, warmup, reps);
+      r.flops = flops;
+      r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
+      report(r);
+    }
+    {  // materialise-then-attend: V_full to HBM, then plain attention over it
+      Result r;
+      r.group = "prefill";
+      r.name = "materialise_then_attend_r16";
+      r.ctx = ctx;
+      r.n_q = n_q;
+      r.seqs = 1;
+      r.t = time_it(
+          [&](int rep) {
+            lc::AttnParams p = params(rep, true, false);
+            CK(lc::materialize_v(p, P.vfull));
+            p.v.data = P.vfull;
+            p.v_lr = lc::DevLowRank{};
+            CK(lc::attention(p));
+          },
+          warmup, reps);
+      r.flops = flops;
+      r.bytes = kv_bytes + lr_bytes + 2.0 * ctx * kWidth * 2;
+      report(r);
+      // Consistency at full size: FLA vs materialise (same inputs).
+      lc::AttnParams p = params(0, true, false);
+      CK(lc::attention(p));
+      p.out = out2;
+      CK(lc::materialize_v(p, P.vfull));
+      p.v.data = P.vfull;
+      p.v_lr = lc::DevLowRank{};
+      CK(lc::attention(p));
+      CK(cudaDeviceSynchronize());
+      Result c;
+      c.group = "check";
+      c.name = "fla_vs_materialise_rel_l2";
+      c.ctx = ctx;
+      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(n_q) * kHeads * kD));
+      std::printf("check    fla vs materialise ctx=%d rel_l2=%s\n", ctx, c.note.c_str());
+      results.push_back(c);
+    }
+    CK(cudaFree(d_ctx));
+  }
+
+  // ---- decode: 8 sequences x 32k private caches ----
+  const int dctx = quick ? 8192 : kDecodeCtx;
+  {
+    const int pages = dctx / kPage;
+    std::vector<int32_t> qs(kSeqs + 1), cl(kSeqs, dctx);
+    for (int s = 0; s <= kSeqs; ++s) qs[s] = s;
+    int32_t* d_qs = dupload(qs);
+    int32_t* d_cl = dupload(cl);
+    const double flops = 4.0 * kD * kHeads * dctx * kSeqs;
+    const double kv_bytes = 2.0 * kSeqs * dctx * kWidth * 2 + 2.0 * kSeqs * kHeads * kD * 2;
+    const double lr_bytes = static_cast<double>(kSeqs) * dctx * kRank * 2;
+    auto params = [&](int rep, bool vlr, bool klr) {
+      return make_params(P, d_perm, pages, d_qs, d_cl, kSeqs, 1, dctx,
+                         qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, out, vlr, klr, ws, ws_bytes);
+    };
+    struct V {
+      const char* name;
+      bool vlr, klr;
+    } variants[] = {{"private_plain", false, false},
+                    {"private_flash_lora_v_r16", true, false},
+                    {"private_flash_lora_kv_r16", true, true}};
+    for (const auto& var : variants) {
+      Result r;
+      r.group = "decode";
+      r.name = var.name;
+      r.ctx = dctx;
+      r.n_q = 1;
+      r.seqs = kSeqs;
+      r.splits = lc::attention_num_splits(params(0, var.vlr, var.klr));
+      r.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr))); }, warmup, reps);
+      r.flops = flops;
+      r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
+      report(r);
+      // v1 (split-K) vs v0 oracle at full size.
+      lc::AttnParams p = params(0, var.vlr, var.klr);
+      CK(lc::attention(p));
+      p.out = out2;
+      CK(lc::attention(p, lc::AttnKernel::kV0Naive));
+      CK(cudaDeviceSynchronize());
+      Result c;
+      c.group = "check";
+      c.name = std::string("decode_v1_vs_v0_rel_l2_") + var.name;
+      c.ctx = dctx;
+      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kSeqs) * kHeads * kD));
+      std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
+      results.push_back(c);
+    }
+    {  // materialise-then-attend for decode: V_full written to HBM, then plain decode over it
+      Result r;
+      r.group = "decode";
+      r.name = "private_materialise_then_attend_r16";
+      r.ctx = dctx;
+      r.n_q = 1;
+      r.seqs = kSeqs;
+      r.t = time_it(
+          [&](int rep) {
+            lc::AttnParams p = params(rep, true, false);
+            CK(lc::materialize_v(p, P.vfull));
+            p.v.data = P.vfull;
+            p.v_lr = lc::DevLowRank{};
+            CK(lc::attention(p));
+          },
+          warmup, reps);
+      r.flops = flops;
+      r.bytes = kv_bytes + lr_bytes + 2.0 * kSeqs * dctx * kWidth * 2;  // + V_full written and read
+      report(r);
+    }
+    CK(cudaFree(d_qs));
+    CK(cudaFree(d_cl));
+  }
+
+  // ---- shared-base multi-agent decode: 8 agents over one 32k context ----
+  {
+    const int pages = dctx / kPage;
+    int32_t* d_qs = dupload(std::vector<int32_t>{0, kSeqs});
+    int32_t* d_cl = dupload(std::vector<int32_t>{dctx});
+    const double flops = 4.0 * kD * kHeads * dctx * kSeqs;
+    const double bytes = 2.0 * dctx * kWidth * 2 + 2.0 * kSeqs * kHeads * kD * 2;
+    const double lr_bytes = static_cast<double>(dctx) * kRank * 2;
+    const int n_sets = std::min(4, P.n_blocks / pages);
+    auto params = [&](int rep, bool vlr, bool klr) {
+      lc::AttnParams p =
+          make_params(P, d_perm + static_cast<size_t>(rep % n_sets) * pages, 0, d_qs, d_cl, 1, kSeqs, dctx,
+                      qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, out, vlr, klr, ws, ws_bytes);
+      p.agents = true;
+      return p;
+    };
+    struct V {
+      const char* name;
+      bool vlr, klr;
+    } variants[] = {{"shared_plain", false, false},
+                    {"shared_flash_lora_v_r16", true, false},
+                    {"shared_flash_lora_kv_r16", true, true}};
+    for (const auto& var : variants) {
+      Result r;
+      r.group = "agents";
+      r.name = var.name;
+      r.ctx = dctx;
+      r.n_q = kSeqs;
+      r.seqs = 1;
+      r.splits = lc::attention_num_splits(params(0, var.vlr, var.klr));
+      r.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr))); }, warmup, reps);
+      r.flops = flops;
+      r.bytes = bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
+      report(r);
+      lc::AttnParams p = params(0, var.vlr, var.klr);
+      CK(lc::attention(p));
+      p.out = out2;
+      CK(lc::attention(p, lc::AttnKernel::kV0Naive));
+      CK(cudaDeviceSynchronize());
+      Result c;
+      c.group = "check";
+      c.name = std::string("agents_v1_vs_v0_rel_l2_") + var.name;
+      c.ctx = dctx;
+      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kSeqs) * kHeads * kD));
+      std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
+      results.push_back(c);
+    }
+  }
+
+  // ---- JSON ----
+  FILE* f = std::fopen(out_path.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+    return 1;
+  }
+  std::fprintf(f,
+               "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"shape\": {\"heads\": %d, \"kv_heads\": %d, "
+               "\"head_dim\": %d, \"page_size\": %d, \"rank\": %d},\n  \"reps\": %d,\n  \"results\": [\n",
+               json_escape(prop.name).c_str(), prop.multiProcessorCount, kHeads, kKv, kD, kPage, kRank, reps);
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    const double s = r.t.median_ms * 1e-3;
+    std::fprintf(f,
+                 "    {\"group\": \"%s\", \"name\": \"%s\", \"ctx\": %d, \"n_q\": %d, \"seqs\": %d, \"splits\": %d, "
+                 "\"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"flops\": %.6e, \"bytes\": %.6e, "
+                 "\"tflops\": %.3f, \"gbps\": %.2f, \"note\": \"%s\"}%s\n",
+                 r.group.c_str(), r.name.c_str(), r.ctx, r.n_q, r.seqs, r.splits, r.t.median_ms, r.t.min_ms, r.t.max_ms,
+                 r.flops, r.bytes, s > 0 ? r.flops / s / 1e12 : 0.0, s > 0 ? r.bytes / s / 1e9 : 0.0,
+                 json_escape(r.note).c_str(), i + 1 < results.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+  std::printf("wrote %s\n", out_path.c_str());
+  return 0;
+}

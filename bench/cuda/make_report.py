@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Merges attention_bench.json, sdpa_peer.json and the test summary into one report
+(kernels-<gpu>-<date>.json and .md) with the headline ratios, and prints a short table.
+
+Usage: make_report.py --ours A.json --sdpa S.json --tests "summary" --meta k=v ... --out-prefix P
+"""
+import argparse
+import json
+import os
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}", "results": []}
+
+
+def find(results, group, name, ctx=None):
+    for r in results:
+        if r.get("group") == group and r.get("name", "").startswith(name) and (ctx is None or r.get("ctx") == ctx):
+            return r
+    return None
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def fmt(x, spec=".2f"):
+    return "n/a" if x is None else format(x, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ours", required=True)
+    ap.add_argument("--sdpa", required=True)
+    ap.add_argument("--tests", default="")
+    ap.add_argument("--meta", nargs="*", default=[])
+    ap.add_argument("--out-prefix", required=True)
+    args = ap.parse_args()
+    ours, sdpa = load(args.ours), load(args.sdpa)
+    meta = dict(kv.split("=", 1) for kv in args.meta if "=" in kv)
+    R, S = ours.get("results", []), sdpa.get("results", [])
+
+    def ms(r):
+        return None if r is None else r.get("median_ms")
+
+    ratios = {}
+    rows = []
+    for ctx in (8192, 32768, 65536):
+        plain = find(R, "prefill", "plain", ctx)
+        if plain is None:
+            continue
+        fla = find(R, "prefill", "flash_lora_v_r16", ctx)
+        flakv = find(R, "prefill", "flash_lora_kv_r16", ctx)
+        mat = find(R, "prefill", "materialise_then_attend", ctx)
+        peer = find(S, "prefill", "sdpa_flash", ctx)
+        k = f"prefill_{ctx // 1024}k"
+        ratios[k] = {
+            "ours_tflops": plain.get("tflops"),
+            "sdpa_tflops": None if peer is None else peer.get("tflops"),
+            "ours_over_sdpa_speed": ratio(ms(peer), ms(plain)),
+            "fla_over_plain_time": ratio(ms(fla), ms(plain)),
+            "fla_kv_over_plain_time": ratio(ms(flakv), ms(plain)),
+            "materialise_over_fla_time": ratio(ms(mat), ms(fla)),
+        }
+        rows.append((f"prefill {ctx // 1024}k: ours {fmt(plain.get('tflops'), '.0f')} TFLOP/s, "
+                     f"SDPA {fmt(None if peer is None else peer.get('tflops'), '.0f')}",
+                     f"ours/SDPA speed {fmt(ratios[k]['ours_over_sdpa_speed'])}x, "
+                     f"FLA/plain {fmt(ratios[k]['fla_over_plain_time'])}, "
+                     f"FLA+K/plain {fmt(ratios[k]['fla_kv_over_plain_time'])}, "
+                     f"materialise/FLA {fmt(ratios[k]['materialise_over_fla_time'])}"))
+    copy = find(R, "ceiling", "d2d_copy")
+    tcopy = find(S, "ceiling", "torch_copy")
+    gemm = find(S, "ceiling", "torch_gemm")
+    copy_gbps = copy.get("gbps") if copy else (tcopy.get("gbps") if tcopy else None)
+    dec = find(R, "decode", "private_plain")
+    dec_fla = find(R, "decode", "private_flash_lora_v_r16")
+    dec_mat = find(R, "decode", "private_materialise_then_attend")
+    ratios["decode"] = {
+        "materialise_over_fla_time": ratio(ms(dec_mat), ms(dec_fla)),
+        "gbps": None if dec is None else dec.get("gbps"),
+        "copy_gbps": copy_gbps,
+        "fraction_of_copy": ratio(None if dec is None else dec.get("gbps"), copy_gbps),
+        "fla_fraction_of_copy": ratio(None if dec_fla is None else dec_fla.get("gbps"), copy_gbps),
+    }
+    rows.append((f"decode 8x{(dec or {}).get('ctx', 0) // 1024}k private: {fmt(ratios['decode']['gbps'], '.0f')} GB/s",
+                 f"{fmt(ratios['decode']['fraction_of_copy'])} of copy ceiling "
+                 f"({fmt(copy_gbps, '.0f')} GB/s); FLA {fmt(ratios['decode']['fla_fraction_of_copy'])}; "
+                 f"materialise/FLA {fmt(ratios['decode']['materialise_over_fla_time'])}"))
+    sh = {n: find(R, "agents", n) for n in ("shared_plain", "shared_flash_lora_v_r16", "shared_flash_lora_kv_r16")}
+    ratios["shared_vs_private"] = {
+        n + "_speedup": ratio(ms(dec), ms(r)) for n, r in sh.items()
+    }
+    rows.append(("8 agents shared base vs 8 private decodes",
+                 ", ".join(f"{n.replace('shared_', '')} {fmt(v)}x" for n, v in
+                           ((k, ratios["shared_vs_private"][k + "_speedup"]) for k in sh))))
+    ratios["ceilings"] = {"copy_gbps": copy_gbps, "torch_copy_gbps": None if tcopy is None else tcopy.get("gbps"),
+                          "gemm_tflops": None if gemm is None else gemm.get("tflops")}
+    if gemm:
+        rows.append(("ceilings", f"bf16 GEMM {fmt(gemm.get('tflops'), '.0f')} TFLOP/s, copy {fmt(copy_gbps, '.0f')} GB/s"))
+    checks = [r for r in R if r.get("group") == "check"]
+
+    report = {"meta": meta, "tests": args.tests, "ratios": ratios, "ours": ours, "sdpa": sdpa}
+    with open(args.out_prefix + ".json", "w") as f:
+        json.dump(report, f, indent=2)
+
+    md = [f"# Attention kernels on {meta.get('gpu', '?')} ({meta.get('date', '?')})", "",
+          f"commit `{meta.get('commit', '?')}`, torch {sdpa.get('torch', '?')}, SDPA variant "
+          f"`{sdpa.get('variant', '?')}`", "", f"Tests: {args.tests}", "", "## Headline", ""]
+    md += [f"- **{a}**: {b}" for a, b in rows]
+    md += ["", "## All measurements (ours)", "", "| group | name | ctx | n_q | splits | ms | TFLOP/s | GB/s |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in R:
+        if r.get("group") == "check":
+            continue
+        md.append(f"| {r['group']} | {r['name']} | {r.get('ctx', '')} | {r.get('n_q', '')} | {r.get('splits', '')} | "
+                  f"{r['median_ms']:.3f} | {r.get('tflops', 0):.1f} | {r.get('gbps', 0):.0f} |")
+    md += ["", "## SDPA peer", "", "| name | ctx | ms | TFLOP/s / GB/s |", "|---|---|---|---|"]
+    for r in S:
+        v = r.get("tflops") if "tflops" in r else r.get("gbps")
+        md.append(f"| {r['name']} | {r.get('ctx', '')} | {r['median_ms']:.3f} | {fmt(v, '.1f')} |")
+    md += ["", "## Full-size consistency checks (rel. L2)", ""]
+    md += [f"- {c['name']} ctx={c.get('ctx')}: {c.get('note')}" for c in checks]
+    if sdpa.get("log"):
+        md += ["", "## SDPA log", ""] + [f"- {x}" for x in sdpa["log"]]
+    with open(args.out_prefix + ".md", "w") as f:
+        f.write("\n".join(md) + "\n")
+
+    print("")
+    print("=" * 100)
+    print(f"{meta.get('gpu', '?')}  {meta.get('date', '?')}  commit {meta.get('commit', '?')}")
+    print(f"tests: {args.tests}")
+    for c in checks:
+        print(f"check {c['name']} ctx={c.get('ctx')}: {c.get('note')}")
+    for a, b in rows:
+        print(f"{a:<48} {b}")
+    print("report:", os.path.abspath(args.out_prefix + ".md"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

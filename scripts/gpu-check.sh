@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# One-shot GPU check, run on the device machine from the repository root:
+#   build (CUDA, Release, sm_90a) -> ctest -R Cuda -> SASS/resource summary -> attention bench
+#   -> PyTorch SDPA peer -> bench/results/kernels-<gpu>-<date>.{json,md} (+ copies under $OUT).
+# Budget: < 8 minutes on an H100 including builds. Prints a short table last.
+#
+# Build: CMake + Ninja first. If the configure or build fails (e.g. the device image lacks the
+# project's CPU dependencies: fmt, spdlog, nlohmann_json, CLI11, GTest, PCRE2, OpenBLAS), it falls
+# back to a direct nvcc/g++ build of exactly what the check needs (the CUDA sources, the CPU
+# reference cpu_attention.cpp + thread_pool.cpp, the test with real GTest if present, else
+# tests/cuda/mini_gtest.h; tests/cuda/compat/fmt when fmt headers are missing).
+#
+# Env: OUT (copy results there), LRAGENT_COMMIT (commit id when there is no .git),
+#      JOBS (default 16), QUICK=1 (bench only 8k shapes; for smoke runs),
+#      FORCE_DIRECT=1 (use the direct nvcc build even when CMake works).
+set -u
+set -o pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+export PYTHONUNBUFFERED=1
+JOBS=${JOBS:-16}
+T0=$(date +%s)
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+CUDA_HOME=${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}
+export PATH="$CUDA_HOME/bin:$PATH"
+
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+GPU=${GPU:-unknown-gpu}
+SLUG=$(echo "$GPU" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+|-+$//g')
+DATE=$(date -u +%Y%m%d)
+COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true)
+if [ -n "$COMMIT" ] && [ -n "$(git status --porcelain 2>/dev/null | head -1)" ]; then COMMIT="$COMMIT-dirty"; fi
+COMMIT=${COMMIT:-${LRAGENT_COMMIT:-unknown}}
+RES=bench/results
+LOGS=build-gpu-logs  # logs stay out of the tree (ignored); only the report goes to bench/results
+rm -rf "$LOGS"
+mkdir -p "$RES" "$LOGS"
+PREFIX=$RES/kernels-$SLUG-$DATE
+echo "== gpu-check: $GPU, $DATE, commit $COMMIT, nvcc $($NVCC --version | tail -1)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv 2>/dev/null
+
+elapsed() { echo $(( $(date +%s) - T0 ))s; }
+# Copies what exists so far to $OUT (after every stage: a later stage that overruns the call's
+# limit still leaves the earlier logs behind). At most 8 files.
+save() {
+  [ -n "${OUT:-}" ] || return 0
+  mkdir -p "$OUT"
+  for f in build.log test.log bench.log sdpa.log sass.txt resource-usage.txt; do
+    [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$OUT/$f"
+  done
+  for f in "$PREFIX.json" "$PREFIX.md"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  return 0
+}
+
+# ---------------------------------------------------------------- build
+BUILD_MODE=cmake
+B=build-gpu
+TEST_BIN="" BENCH_BIN=""
+{
+  GEN=""
+  command -v ninja >/dev/null && GEN="-G Ninja"
+  cmake -S . -B $B $GEN -DCMAKE_BUILD_TYPE=Release -DLRAGENT_CUDA=ON -DLRAGENT_CUDA_ARCH=90a \
+    -DLRAGENT_BUILD_TESTS=ON -DLRAGENT_BUILD_BENCH=OFF -DLRAGENT_CUDA_RESOURCE_USAGE=ON \
+    -DCMAKE_CUDA_COMPILER="$NVCC" &&
+    cmake --build $B -j "$JOBS" --target lragent_cuda_tests lragent_attention_bench
+} >"$LOGS/build.log" 2>&1
+if [ $? -eq 0 ] && [ "${FORCE_DIRECT:-0}" != 1 ] && [ -x $B/lragent_cuda_tests ] && [ -x $B/lragent_attention_bench ]; then
+  TEST_BIN=$B/lragent_cuda_tests
+  BENCH_BIN=$B/lragent_attention_bench
+else
+  BUILD_MODE=direct
+  echo "== CMake build failed or FORCE_DIRECT=1 (tail of build.log below); falling back to a direct nvcc build"
+  tail -15 "$LOGS/build.log"
+  B=build-gpu-direct
+  mkdir -p $B
+  FL=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Isrc)
+  {
+    set -x
+    pids=()
+    for f in src/backend/cuda/*.cu; do
+      "$NVCC" "${FL[@]}" --resource-usage -c "$f" -o "$B/$(basename "$f").o" &
+      pids+=($!)
+    done
+    ok=1
+    for p in "${pids[@]}"; do wait "$p" || ok=0; done
+    [ $ok = 1 ] &&
+      "$NVCC" "${FL[@]}" bench/cuda/attention_bench.cu $B/*.cu.o -o $B/lragent_attention_bench
+    GT_LIBS=() DEFS=() INC=()
+    if [ -f /usr/include/gtest/gtest.h ] && ls /usr/lib/x86_64-linux-gnu/libgtest_main.* /usr/lib/libgtest_main.* \
+      /usr/local/lib/libgtest_main.* >/dev/null 2>&1; then
+      GT_LIBS=(-lgtest_main -lgtest)
+    else
+      DEFS=(-DLRAGENT_MINI_GTEST)
+    fi
+    [ -f /usr/include/fmt/format.h ] || [ -f /usr/local/include/fmt/format.h ] || INC=(-Itests/cuda/compat)
+    [ $ok = 1 ] &&
+      g++ -std=c++20 -O2 -Isrc -Itests/cuda "${INC[@]}" -I"$CUDA_HOME/include" "${DEFS[@]}" \
+        -x c++ tests/cuda/attention_cuda_test.cu -x none src/backend/cpu/cpu_attention.cpp src/core/thread_pool.cpp \
+        $B/*.cu.o -L"$CUDA_HOME/lib64" -L"$CUDA_HOME/targets/x86_64-linux/lib" -Wl,-rpath,"$CUDA_HOME/lib64" \
+        -lcudart "${GT_LIBS[@]}" -lpthread -o $B/lragent_cuda_tests
+    set +x
+  } >>"$LOGS/build.log" 2>&1
+  [ -x $B/lragent_cuda_tests ] && TEST_BIN=$B/lragent_cuda_tests
+  [ -x $B/lragent_attention_bench ] && BENCH_BIN=$B/lragent_attention_bench
+fi
+grep -E "Compiling entry|Used [0-9]+ registers|spill" "$LOGS/build.log" |
+  sed -E "s/.*Compiling entry function '([^']*)'.*/\1/" >"$LOGS/resource-usage.txt" || true
+echo "== build ($BUILD_MODE) done at $(elapsed): test=${TEST_BIN:-MISSING} bench=${BENCH_BIN:-MISSING}"
+save
+
+# ---------------------------------------------------------------- SASS summary
+if [ -n "$BENCH_BIN" ] && command -v cuobjdump >/dev/null; then
+  {
+    echo "# per kernel: SASS instructions, HMMA, LDL/STL (local memory), MUFU"
+    cuobjdump -sass "$BENCH_BIN" | awk '
+      /Function :/ { f = $3 }
+      /^ +\/\*[0-9a-f]+\*\// { n[f]++ }
+      /HMMA/ { h[f]++ } /LDL|STL/ { l[f]++ } /MUFU/ { m[f]++ }
+      END { for (k in n) printf "%-110s instr=%d hmma=%d ldl_stl=%d mufu=%d\n", k, n[k], h[k], l[k], m[k] }'
+    echo
+    echo "# cuobjdump --dump-resource-usage"
+    cuobjdump --dump-resource-usage "$BENCH_BIN" 2>&1 | grep -E "Function|REG" | paste - - | sed -E 's/[[:space:]]+/ /g'
+  } >"$LOGS/sass.txt" 2>&1
+fi
+
+# ---------------------------------------------------------------- tests
+TESTS="not run"
+if [ -n "$TEST_BIN" ]; then
+  echo "== tests ($(elapsed))"
+  if [ "$BUILD_MODE" = cmake ]; then
+    timeout 240 ctest --test-dir $B -R Cuda -V --timeout 200 >"$LOGS/test.log" 2>&1
+    rc=$?
+    SUMMARY="$(grep -E "tests passed|tests failed" "$LOGS/test.log" | tail -1), $(grep -c "(Skipped)" "$LOGS/test.log") skipped"
+  else
+    timeout 240 "$TEST_BIN" >"$LOGS/test.log" 2>&1
+    rc=$?
+    SUMMARY=$(grep -E "^\[==========\]|PASSED|FAILED" "$LOGS/test.log" | tail -3 | tr '\n' ' ')
+  fi
+  grep -E "Failure|FAILED|NaN!|error" "$LOGS/test.log" | head -30
+  # Worst errors seen per kernel version.
+  for v in v0 v1; do
+    grep -E "^([0-9]+: )?  $v " "$LOGS/test.log" | awk -v v=$v '{for(i=1;i<=NF;i++){if($i ~ /^bf16=/){split($i,a,"=");b=a[2]+0; if(b>mb)mb=b} if($i ~ /^f32=/){split($i,a,"=");f=a[2]+0; if(f>mf)mf=f}} n++}
+      END {printf "  %s: %d checks, worst rel_l2 bf16=%.2e f32=%.2e\n", v, n, mb, mf}'
+  done | tee "$LOGS/test-worst.txt"
+  TESTS="rc=$rc ($BUILD_MODE) $SUMMARY; $(tr '\n' ';' <"$LOGS/test-worst.txt")"
+  echo "== tests: $TESTS"
+fi
+save
+
+# ---------------------------------------------------------------- benchmarks
+BQ=()
+[ "${QUICK:-0}" = 1 ] && BQ=(--quick)
+if [ -n "$BENCH_BIN" ]; then
+  echo "== attention bench ($(elapsed))"
+  timeout 180 "$BENCH_BIN" --out "$LOGS/attention_bench.json" "${BQ[@]}" 2>&1 | tee "$LOGS/bench.log"
+fi
+save
+echo "== SDPA peer ($(elapsed))"
+timeout 150 python3 bench/cuda/sdpa_peer.py --out "$LOGS/sdpa_peer.json" "${BQ[@]}" 2>&1 | tee "$LOGS/sdpa.log" | tail -12
+
+# ---------------------------------------------------------------- report
+python3 bench/cuda/make_report.py --ours "$LOGS/attention_bench.json" --sdpa "$LOGS/sdpa_peer.json" \
+  --tests "$TESTS" --out-prefix "$PREFIX" \
+  --meta "gpu=$GPU" "date=$DATE" "commit=$COMMIT" "build=$BUILD_MODE" "nvcc=$($NVCC --version | tail -1)" \
+  "elapsed_s=$(( $(date +%s) - T0 ))"
+
+save
+echo "== gpu-check done in $(elapsed); tests: $TESTS"

@@ -1,0 +1,98 @@
+// The thin launcher: validates one AttnParams, dispatches to a numbered kernel version.
+// Also the materialise-then-attend baseline's first step (V_full = V_base + s·LRv·B^T in HBM).
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_internal.h"
+
+namespace lragent::cuda {
+namespace {
+
+bool pow2(int x) { return x >= 1 && (x & (x - 1)) == 0; }
+
+bool view_ok(const DevPagedView& v, int64_t align_elems) {
+  return v.data != nullptr && v.table != nullptr && pow2(v.page_size) && v.row_stride > 0 &&
+         v.row_stride % align_elems == 0 && reinterpret_cast<uintptr_t>(v.data) % (align_elems * 2) == 0;
+}
+
+bool lowrank_ok(const DevLowRank& t) {
+  if (!t.active()) return true;
+  return t.rank <= 64 && t.rank % 4 == 0 && view_ok(t.lr, 4) && t.lr.row_stride >= t.rank &&
+         reinterpret_cast<uintptr_t>(t.b) % 4 == 0;
+}
+
+bool params_ok(const AttnParams& p) {
+  if (p.head_dim != 64 && p.head_dim != 128) return false;
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0) return false;
+  if (p.n_seqs <= 0 || p.max_q <= 0 || p.max_ctx <= 0) return false;
+  if (!p.q || !p.q_start || !p.ctx_len || (!p.out && !p.out_f32)) return false;
+  if (!view_ok(p.k, 8) || !view_ok(p.v, 8)) return false;
+  if (!lowrank_ok(p.k_lr) || !lowrank_ok(p.v_lr)) return false;
+  if (p.k_lr.active() && !p.inv_freq) return false;
+  return true;
+}
+
+// V_full[t, :] = V[t, :] + s·LRv[t, :]·B^T for a block of 32 tokens; thread per column.
+constexpr int kMatTokens = 32, kMatThreads = 256;
+__global__ void __launch_bounds__(kMatThreads) materialize_v_kernel(const AttnParams p, bf16* v_full) {
+  const int s = blockIdx.y, t0 = blockIdx.x * kMatTokens;
+  const int ctx = p.ctx_len[s];
+  if (t0 >= ctx) return;
+  const int n = min(kMatTokens, ctx - t0);
+  const int rank = p.v_lr.rank;
+  const int vshift = detail::ilog2(p.v.page_size), lshift = detail::ilog2(p.v_lr.lr.page_size);
+  __shared__ float lr_s[64][kMatTokens];  // [rank][token]
+  __shared__ int64_t voff_s[kMatTokens];
+  for (int e = threadIdx.x; e < kMatTokens * rank; e += kMatThreads) {
+    const int t = e / rank, r = e % rank;
+    lr_s[r][t] = t < n ? __bfloat162float(p.v_lr.lr.data[detail::paged_offset(p.v_lr.lr, s, t0 + t, lshift) + r]) : 0.f;
+  }
+  for (int t = threadIdx.x; t < kMatTokens; t += kMatThreads)
+    voff_s[t] = t < n ? detail::paged_offset(p.v, s, t0 + t, vshift) : 0;
+  __syncthreads();
+  const int width = p.n_kv_heads * p.head_dim;
+  for (int c = threadIdx.x; c < width; c += kMatThreads) {
+    float acc[kMatTokens];
+#pragma unroll
+    for (int t = 0; t < kMatTokens; ++t) acc[t] = 0.f;
+    const bf16* brow = p.v_lr.b + static_cast<int64_t>(c) * rank;
+    for (int r = 0; r < rank; ++r) {
+      const float b = __bfloat162float(brow[r]);
+#pragma unroll
+      for (int t = 0; t < kMatTokens; ++t) acc[t] += lr_s[r][t] * b;
+    }
+#pragma unroll
+    for (int t = 0; t < kMatTokens; ++t) {
+      if (t < n) {
+        const int64_t off = voff_s[t] + c;
+        v_full[off] = __float2bfloat16(__bfloat162float(p.v.data[off]) + p.v_lr.scale * acc[t]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
+  if (!params_ok(p)) return cudaErrorInvalidValue;
+  switch (kernel) {
+    case AttnKernel::kV0Naive:
+      return attention_v0(p);
+    case AttnKernel::kV1Mma:
+      return attention_v1(p);
+  }
+  return cudaErrorInvalidValue;
+}
+
+size_t attention_workspace_bytes(const AttnParams& p, int max_splits) {
+  return attention_v1_workspace_bytes(p, max_splits);
+}
+
+int attention_num_splits(const AttnParams& p) { return attention_v1_num_splits(p); }
+
+cudaError_t materialize_v(const AttnParams& p, bf16* v_full) {
+  if (!params_ok(p) || !p.v_lr.active() || !v_full) return cudaErrorInvalidValue;
+  const dim3 grid((p.max_ctx + kMatTokens - 1) / kMatTokens, p.n_seqs);
+  materialize_v_kernel<<<grid, kMatThreads, 0, p.stream>>>(p, v_full);
+  return cudaGetLastError();
+}
+
+}  // namespace lragent::cuda

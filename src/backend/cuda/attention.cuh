@@ -1,0 +1,104 @@
+// CUDA attention for lragent: paged causal flash attention (prefill chunk and batched
+// decode), Flash-LoRA V term (O = P·V_base + (P·LRv)·s·B_v^T, expanded once per query
+// block), K-side LoRA residual reconstructed per tile in shared memory with deferred RoPE,
+// and shared-base multi-agent decode. Device-side mirror of AttentionParams (backend.h).
+//
+// Semantics (per sequence s, query i, q head h, kv head g = h / (n_heads / n_kv_heads)):
+//   K_j = K_base_j + RoPE_j(s_k · LRk_j · B_k[g]^T)          (when k_lr is active)
+//   V_j = V_base_j + s_v · LRv_j · B_v[g]^T                   (when v_lr is active)
+//   O_i = softmax(q_i · K_j^T · softmax_scale, j <= pos_i) · V
+// Query i of sequence s sits at pos_i = ctx_len[s] - n_q[s] + i (a causal chunk at the end
+// of the context: prefill chunk or decode with n_q = 1). In agents mode every query of a
+// sequence sits at ctx_len[s] - 1 and query i uses adapter i (B + i·b_agent_stride): N
+// agents decoding one token each over the same base and LR pages.
+//
+// Layouts (bf16 unless noted):
+//   q   [total_q, n_heads, head_dim]   rows q_start[s] .. q_start[s+1]-1 belong to sequence s
+//   out [total_q, n_heads, head_dim]   bf16 and/or f32 (either pointer may be null)
+//   paged cache: token t of sequence s lives at
+//     data + (table[s·table_stride + t / page_size] · page_size + t % page_size) · row_stride
+//   K/V rows hold n_kv_heads·head_dim values (head g at offset g·head_dim); LR rows hold rank.
+//   B (lora_B as PEFT stores it) [n_kv_heads·head_dim, rank] row-major; inv_freq f32 [head_dim/2].
+// Requirements: head_dim ∈ {64, 128}; page_size a power of two; rank ≤ 64 and rank % 4 == 0;
+// K/V row_stride % 8 == 0 and 16-byte aligned data; LR row_stride % 4 == 0 (8-byte aligned).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LRAGENT_HD __host__ __device__
+#else
+#define LRAGENT_HD
+#endif
+
+namespace lragent::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// One layer of a paged cache on the device.
+struct DevPagedView {
+  const bf16* data = nullptr;      // [n_blocks, page_size, row_stride]
+  const int32_t* table = nullptr;  // [n_seqs, table_stride] block ids
+  int64_t table_stride = 0;        // entries per sequence; 0: every sequence shares one table
+  int page_size = 1;               // power of two
+  int64_t row_stride = 0;          // elements per token row
+};
+
+// Low-rank adapter term (see LowRankTerm in backend.h).
+struct DevLowRank {
+  DevPagedView lr;             // [n_ctx, rank] rows of X·A, K side pre-RoPE
+  const bf16* b = nullptr;     // [n_kv_heads·head_dim, rank] lora_B (row-major)
+  int64_t b_agent_stride = 0;  // agents mode: elements between agents' B matrices
+  int rank = 0;
+  float scale = 0.f;
+  LRAGENT_HD bool active() const { return b != nullptr && rank > 0; }
+};
+
+struct AttnParams {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float softmax_scale = 0.f;  // 1 / sqrt(head_dim)
+  int n_seqs = 0;
+  const int32_t* q_start = nullptr;  // device [n_seqs + 1] prefix sums of queries per sequence
+  const int32_t* ctx_len = nullptr;  // device [n_seqs] keys available per sequence (>= n_q)
+  int max_q = 0;                     // host: max queries of one sequence (grid sizing)
+  int max_ctx = 0;                   // host: max ctx_len (grid sizing)
+  bool agents = false;               // shared-position multi-agent mode (see top)
+  const bf16* q = nullptr;
+  DevPagedView k, v;
+  DevLowRank k_lr, v_lr;
+  const float* inv_freq = nullptr;  // needed when k_lr is active
+  bf16* out = nullptr;              // may be null
+  float* out_f32 = nullptr;         // may be null
+  // Split-K (flash-decoding) scratch; null disables splitting.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  int num_splits = 0;  // 0: heuristic; >0: force (clamped to what fits)
+  cudaStream_t stream = nullptr;
+};
+
+// Kernel versions (llm.c style: each one kept, numbered, testable against the CPU reference).
+enum class AttnKernel {
+  kV0Naive = 0,  // one block per (query, head), scalar f32, exact online softmax: the oracle
+  kV1Mma = 1,    // FA2-style mma.sync m16n8k16 bf16, ldmatrix, cp.async double buffering,
+                 // GQA-packed rows, split-K + combine, Flash-LoRA + K residual in the loop
+};
+
+// Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.
+cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV1Mma);
+
+// Workspace bytes that let `attention` use up to `max_splits` splits for these shapes.
+size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);
+
+// The split count kV1Mma would use for p (after clamping to the workspace).
+int attention_num_splits(const AttnParams& p);
+
+// Materialise-then-attend baseline, step 1: writes V_full = V_base + s_v·LRv·B_v^T for tokens
+// 0..ctx_len[s]-1 of every sequence into `v_full`, a paged buffer with p.v's layout (same
+// table, page size and row stride). Adapter 0 only (not agents mode).
+cudaError_t materialize_v(const AttnParams& p, bf16* v_full);
+
+}  // namespace lragent::cuda

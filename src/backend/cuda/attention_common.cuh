@@ -1,0 +1,91 @@
+// Device helpers shared by the attention kernels: paged addressing, per-sequence geometry,
+// and the PTX wrappers (cp.async, ldmatrix, mma.sync m16n8k16 bf16).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/attention.cuh"
+
+namespace lragent::cuda::detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Element offset of token t's row in a paged view (sequence s).
+__device__ __forceinline__ int64_t paged_offset(const DevPagedView& v, int s, int t, int page_shift) {
+  const int32_t blk = __ldg(v.table + static_cast<int64_t>(s) * v.table_stride + (t >> page_shift));
+  return (static_cast<int64_t>(blk) * v.page_size + (t & (v.page_size - 1))) * v.row_stride;
+}
+
+// Per-sequence query geometry.
+struct SeqInfo {
+  int q0;   // first query row of the sequence in q/out
+  int n_q;  // queries of the sequence
+  int ctx;  // keys available
+};
+__device__ __forceinline__ SeqInfo seq_info(const AttnParams& p, int s) {
+  SeqInfo si;
+  si.q0 = p.q_start[s];
+  si.n_q = p.q_start[s + 1] - si.q0;
+  si.ctx = p.ctx_len[s];
+  return si;
+}
+// Absolute position of query i (keys 0..pos are visible).
+__device__ __forceinline__ int query_pos(const AttnParams& p, const SeqInfo& si, int i) {
+  return p.agents ? si.ctx - 1 : si.ctx - si.n_q + i;
+}
+
+__host__ __device__ inline int ilog2(int x) {
+  int r = 0;
+  while ((1 << (r + 1)) <= x) ++r;
+  return r;
+}
+
+// ---- PTX wrappers -----------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy; src_bytes == 0 zero-fills the destination (nothing is read).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+}
+// 8-byte async copy (LR rows whose rank is not a multiple of 8).
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_u32(smem)), "l"(gmem), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(smem)));
+}
+
+// D = A·B + D, m16n8k16, bf16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+}  // namespace lragent::cuda::detail
