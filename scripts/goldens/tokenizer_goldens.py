@@ -15,7 +15,9 @@ Oracles:
                instead: tok(text)["input_ids"] and tok.decode(ids); lines where raw `tokenizers`
                disagrees also carry "ids_tokenizers".
   --js-oracle  PROVISIONAL: the transformers.js bundle that scripts/fetch-fixtures.sh saved as
-               DIR/oracle.global.js (needs node). Only for development before HF goldens exist.
+               DIR/oracle.global.js, or for a DIR without one (tinystories) the --js-bundle loader
+               fed DIR's files (needs node). Only for development before HF goldens exist; lines
+               where transformers.js is known to differ from HF are left out (see the header).
 """
 import argparse
 import json
@@ -36,12 +38,22 @@ const fs = require('fs'), vm = require('vm'), readline = require('readline');
 const src = fs.readFileSync(process.argv[2], 'utf8').replace(/^("use strict";)?var [\w$]+=/, '$1globalThis.__oracle=');
 const ctx = {console, TextEncoder, TextDecoder}; vm.createContext(ctx);
 vm.runInContext(src, ctx);
-const tok = ctx.__oracle.fromPreTrained();
+// argv[3], when given, is a tokenizer directory to load into the bundle's generic loader; the
+// class is forced to PreTrainedTokenizerFast so that tokenizer.json's pipeline is kept as is.
+let tok;
+if (process.argv[3]) {
+  const json = (f) => JSON.parse(fs.readFileSync(process.argv[3] + '/' + f, 'utf8'));
+  const config = {...json('tokenizer_config.json'), tokenizer_class: 'PreTrainedTokenizerFast'};
+  tok = ctx.__oracle.TokenizerLoader.fromPreTrained({tokenizerJSON: json('tokenizer.json'), tokenizerConfig: config});
+} else {
+  tok = ctx.__oracle.fromPreTrained();
+}
 const out = [];
 const rl = readline.createInterface({input: process.stdin, crlfDelay: Infinity});
 rl.on('line', (line) => {
   const req = JSON.parse(line);
   if (req.op === 'encode') out.push(JSON.stringify({ids: tok.encode(req.text, {add_special_tokens: true})}));
+  else if (req.ids.length === 0) out.push(JSON.stringify({text: ''}));  // transformers.js rejects []
   else out.push(JSON.stringify({text: tok.decode(req.ids, {skip_special_tokens: false, clean_up_tokenization_spaces: false})}));
 });
 rl.on('close', () => process.stdout.write(out.join('\n') + '\n'));
@@ -87,36 +99,59 @@ def decode_cases(texts, encodings, bound, added_ids, seed):
     return unique
 
 
-def run_js_oracle(tok_dir, requests):
-    bundle = os.path.join(tok_dir, "oracle.global.js")
-    if not os.path.exists(bundle):
-        sys.exit(f"{bundle} is missing: run scripts/fetch-fixtures.sh")
+def js_bundle(tok_dir, fallback):
+    """(bundle path, tokenizer dir to load into it or None)."""
+    own = os.path.join(tok_dir, "oracle.global.js")
+    if os.path.exists(own):
+        return own, None
+    if not os.path.exists(fallback):
+        sys.exit(f"{fallback} is missing: run scripts/fetch-fixtures.sh")
+    return fallback, tok_dir
+
+
+def run_js_oracle(bundle, load_dir, requests):
     with tempfile.NamedTemporaryFile("w", suffix=".js", delete=False) as f:
         f.write(JS_RUNNER)
         runner = f.name
     try:
         stdin = "\n".join(json.dumps(r) for r in requests) + "\n"
-        res = subprocess.run(["node", runner, bundle], input=stdin, capture_output=True, text=True)
+        res = subprocess.run(["node", runner, bundle] + ([load_dir] if load_dir else []), input=stdin,
+                             capture_output=True, text=True)
     finally:
         os.unlink(runner)
     if res.returncode != 0:
         sys.exit(f"js oracle failed: {res.stderr[-2000:]}")
-    return [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    return [json.loads(line) for line in res.stdout.split("\n") if line.strip()]  # not splitlines: U+2028 may be raw
 
 
-def golden_js(name, tok_dir, texts):
-    package = open(os.path.join(tok_dir, "PACKAGE")).read().strip()
-    enc = run_js_oracle(tok_dir, [{"op": "encode", "text": t} for t in texts])
+def normalized_added_tokens(tok_dir):
+    with open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8") as f:
+        t = json.load(f)
+    if not t.get("normalizer"):
+        return []
+    return [a["content"] for a in t.get("added_tokens", []) if a.get("normalized", not a.get("special"))]
+
+
+def golden_js(name, tok_dir, texts, fallback_bundle):
+    bundle, load_dir = js_bundle(tok_dir, fallback_bundle)
+    package = open(os.path.join(os.path.dirname(bundle), "PACKAGE")).read().strip()
+    # transformers.js looks for every added token in the raw text, while HF looks for normalized
+    # ones in the normalized text; lines holding such a token cannot be compared.
+    skip = normalized_added_tokens(tok_dir)
+    kept = [t for t in texts if not any(a in t for a in skip)]
+    enc = run_js_oracle(bundle, load_dir, [{"op": "encode", "text": t} for t in kept])
     encodings = [e["ids"] for e in enc]
     bound, added_ids = vocab_bound(tok_dir)
-    cases = decode_cases(texts, encodings, bound, added_ids, seed=name)
-    dec = run_js_oracle(tok_dir, [{"op": "decode", "ids": ids} for ids in encodings + cases])
+    cases = decode_cases(kept, encodings, bound, added_ids, seed=name)
+    dec = run_js_oracle(bundle, load_dir, [{"op": "decode", "ids": ids} for ids in encodings + cases])
     header = {"source": f"js-oracle: transformers.js bundled in {package} (PROVISIONAL, not HF)",
               "tokenizer": name, "node": subprocess.run(["node", "--version"], capture_output=True,
-                                                        text=True).stdout.strip()}
+                                                        text=True).stdout.strip(),
+              "skipped_lines": len(texts) - len(kept),
+              "skip_reason": "text holds a normalized added token, which transformers.js matches differently"}
     rows = [{"text": t, "ids": ids, "decoded": d["text"], "api": "transformers.js"}
-            for t, ids, d in zip(texts, encodings, dec)]
-    rows += [{"decode_ids": ids, "decoded": d["text"]} for ids, d in zip(cases, dec[len(texts):])]
+            for t, ids, d in zip(kept, encodings, dec)]
+    rows += [{"decode_ids": ids, "decoded": d["text"]} for ids, d in zip(cases, dec[len(kept):])]
     return header, rows
 
 
@@ -163,6 +198,9 @@ def main():
     ap.add_argument("--transformers", action="append", metavar="NAME",
                     help="use transformers.AutoTokenizer for NAME (default: tinystories)")
     ap.add_argument("--js-oracle", action="store_true", help="provisional goldens from transformers.js")
+    ap.add_argument("--js-bundle", default=os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))), ".fixtures", "llama3", "oracle.global.js"),
+                    help="transformers.js bundle for a DIR that has none (default: the llama3 one)")
     args = ap.parse_args()
     use_transformers = set(args.transformers or ["tinystories"])
     texts = read_lines(args.lines)
@@ -172,7 +210,7 @@ def main():
             sys.exit(f"bad --tokenizer-dir {spec!r}: expected NAME=DIR")
         name, tok_dir = spec.split("=", 1)
         if args.js_oracle:
-            header, rows = golden_js(name, tok_dir, texts)
+            header, rows = golden_js(name, tok_dir, texts, args.js_bundle)
         else:
             header, rows = golden_hf(name, tok_dir, texts, name in use_transformers)
         path = os.path.join(args.out, f"tokenizer-{name}.jsonl")

@@ -52,7 +52,7 @@ class AddedVocabulary {
   void split(std::string_view text, bool normalized, std::vector<Segment>& out) const;
 
   const std::vector<AddedToken>& tokens() const { return tokens_; }
-  const AddedToken* find_id(int32_t id) const;             // nullptr if no added token has it
+  const AddedToken* find_id(int32_t id) const;               // nullptr if no added token has it
   const AddedToken* find_content(std::string_view s) const;  // nullptr if none
 
  private:
@@ -66,7 +66,7 @@ class AddedVocabulary {
     bool may_start(unsigned char c) const { return first_bytes_[c]; }
 
    private:
-    std::vector<int32_t> node_token_{-1};  // [nodes] token index ending at the node, or -1; 0 = root
+    std::vector<int32_t> node_token_{-1};          // [nodes] token index ending at the node, or -1; 0 = root
     std::unordered_map<uint64_t, int32_t> edges_;  // (node << 8 | byte) -> child node
     bool first_bytes_[256] = {};
   };
@@ -74,7 +74,7 @@ class AddedVocabulary {
   bool is_word_char_at(std::string_view text, size_t pos, bool before) const;
 
   std::vector<AddedToken> tokens_;
-  std::unordered_map<int32_t, size_t> by_id_;       // id -> index in tokens_
+  std::unordered_map<int32_t, size_t> by_id_;  // id -> index in tokens_
   std::unordered_map<std::string, size_t, StringHash, std::equal_to<>> by_content_;
   Trie raw_trie_;
   Trie normalized_trie_;

@@ -26,7 +26,8 @@ Result<std::vector<std::pair<std::string, std::string>>> parse_merges(const json
       if (line.rfind("#version", 0) == 0) continue;
       const size_t space = line.find(' ');
       if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        return tokjson::corrupt(tokjson::element(where, i), fmt::format("merge \"{}\" is not two tokens separated by one space", line));
+        return tokjson::corrupt(tokjson::element(where, i),
+                                fmt::format("merge \"{}\" is not two tokens separated by one space", line));
       }
       merges.emplace_back(line.substr(0, space), line.substr(space + 1));
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
@@ -53,7 +54,8 @@ Result<std::unique_ptr<BpeModel>> BpeModel::from_json(const json& model, std::st
     max_id = std::max<int64_t>(max_id, id);
   }
   if (max_id >= static_cast<int64_t>(bpe->vocab_.size()) + kMaxIdSlack) {
-    return tokjson::corrupt(vocab_where, fmt::format("ids are too sparse ({} tokens, max id {})", bpe->vocab_.size(), max_id));
+    return tokjson::corrupt(vocab_where,
+                            fmt::format("ids are too sparse ({} tokens, max id {})", bpe->vocab_.size(), max_id));
   }
   bpe->id_to_token_.assign(static_cast<size_t>(max_id + 1), std::string());
   bpe->has_id_.assign(static_cast<size_t>(max_id + 1), false);
@@ -139,7 +141,8 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& ids) const 
   merge_word(word, ids);
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cache_.size() < kCacheCapacity) cache_.emplace(std::string(word), std::vector<int32_t>(ids.begin() + first, ids.end()));
+    if (cache_.size() < kCacheCapacity)
+      cache_.emplace(std::string(word), std::vector<int32_t>(ids.begin() + first, ids.end()));
   }
 }
 

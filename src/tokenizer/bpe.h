@@ -6,12 +6,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "core/result.h"
 
@@ -48,15 +47,15 @@ class BpeModel {
   void merge_word(std::string_view word, std::vector<int32_t>& ids) const;
 
   TokenMap vocab_;
-  std::vector<std::string> id_to_token_;  // [max id + 1]; "" where no token has that id
-  std::vector<bool> has_id_;              // [max id + 1]; whether some token has that id
+  std::vector<std::string> id_to_token_;        // [max id + 1]; "" where no token has that id
+  std::vector<bool> has_id_;                    // [max id + 1]; whether some token has that id
   std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> merge
   int32_t unk_id_ = -1;
   bool fuse_unk_ = false;
   bool ignore_merges_ = false;
   std::vector<int32_t> byte_ids_;  // [256] id of "<0xNN>" or -1; empty without byte_fallback
-  std::string prefix_;  // continuing_subword_prefix
-  std::string suffix_;  // end_of_word_suffix
+  std::string prefix_;             // continuing_subword_prefix
+  std::string suffix_;             // end_of_word_suffix
 
   // Word -> ids cache; encode() is const and may run on several threads.
   static constexpr size_t kCacheCapacity = 10000;

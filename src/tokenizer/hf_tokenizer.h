@@ -18,9 +18,9 @@ class HfTokenizer final : public Tokenizer {
  public:
   struct Parts {
     std::unique_ptr<BpeModel> model;
-    std::unique_ptr<Normalizer> normalizer;      // null: text is used as is
+    std::unique_ptr<Normalizer> normalizer;       // null: text is used as is
     std::unique_ptr<PreTokenizer> pre_tokenizer;  // null: each piece is one word
-    std::unique_ptr<Decoder> decoder;            // null: tokens are joined with spaces
+    std::unique_ptr<Decoder> decoder;             // null: tokens are joined with spaces
     AddedVocabulary added;
     PostProcessor post;
     int32_t bos = -1;

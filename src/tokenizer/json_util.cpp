@@ -41,8 +41,7 @@ Result<std::string> get_string(const json& obj, std::string_view key, std::strin
   return v->get<std::string>();
 }
 
-Result<std::optional<std::string>> get_optional_string(const json& obj, std::string_view key,
-                                                       std::string_view where) {
+Result<std::optional<std::string>> get_optional_string(const json& obj, std::string_view key, std::string_view where) {
   const json* v = find(obj, key);
   if (v == nullptr) return std::optional<std::string>();
   if (!v->is_string()) return corrupt(member(where, key), fmt::format("expected a string, got {}", v->type_name()));

@@ -2,11 +2,10 @@
 // path and the cause, e.g. "m/tokenizer.json: model.merges[3]: token \"ab\" is not in the vocab".
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "core/result.h"
 
@@ -28,8 +27,7 @@ const json* find(const json& obj, std::string_view key);
 
 Result<std::string> get_string(const json& obj, std::string_view key, std::string_view where);
 // Missing or null gives nullopt.
-Result<std::optional<std::string>> get_optional_string(const json& obj, std::string_view key,
-                                                       std::string_view where);
+Result<std::optional<std::string>> get_optional_string(const json& obj, std::string_view key, std::string_view where);
 // Missing or null gives `fallback`.
 Result<bool> get_bool(const json& obj, std::string_view key, std::string_view where, bool fallback);
 Result<int64_t> get_int(const json& obj, std::string_view key, std::string_view where, int64_t fallback);

@@ -69,7 +69,8 @@ Status PostProcessor::parse_into(const json& j, std::string_view where, std::vec
     const json& item = (*single)[i];
     const std::string item_where = tokjson::element(single_where, i);
     if (const json* seq = tokjson::find(item, "Sequence")) {
-      LRA_ASSIGN_OR_RETURN(const std::string id, tokjson::get_string(*seq, "id", tokjson::member(item_where, "Sequence")));
+      LRA_ASSIGN_OR_RETURN(const std::string id,
+                           tokjson::get_string(*seq, "id", tokjson::member(item_where, "Sequence")));
       // A single sequence only has $A; HF ignores $B pieces there.
       if (id == "A") t.push_back({true, {}});
       continue;
@@ -82,10 +83,12 @@ Status PostProcessor::parse_into(const json& j, std::string_view where, std::vec
     if (entry == nullptr) return tokjson::corrupt(specials_where, fmt::format("missing special token \"{}\"", name));
     const std::string entry_where = tokjson::member(specials_where, name);
     const json* ids = tokjson::find(*entry, "ids");
-    if (ids == nullptr || !ids->is_array()) return tokjson::corrupt(tokjson::member(entry_where, "ids"), "expected an array");
+    if (ids == nullptr || !ids->is_array())
+      return tokjson::corrupt(tokjson::member(entry_where, "ids"), "expected an array");
     Piece piece;
     for (size_t k = 0; k < ids->size(); ++k) {
-      LRA_ASSIGN_OR_RETURN(const int32_t id, tokjson::to_id((*ids)[k], tokjson::element(tokjson::member(entry_where, "ids"), k)));
+      LRA_ASSIGN_OR_RETURN(const int32_t id,
+                           tokjson::to_id((*ids)[k], tokjson::element(tokjson::member(entry_where, "ids"), k)));
       piece.ids.push_back(id);
     }
     t.push_back(std::move(piece));

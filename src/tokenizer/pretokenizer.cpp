@@ -172,8 +172,9 @@ class MetaspacePreTokenizer final : public PreTokenizer {
         }
       }
       const bool starts_with_rep = text.compare(0, rep.size(), rep) == 0;
-      const bool prepend = !starts_with_rep && (config_.prepend == MetaspaceConfig::Prepend::kAlways ||
-                                                (config_.prepend == MetaspaceConfig::Prepend::kFirst && piece.at_origin));
+      const bool prepend =
+          !starts_with_rep && (config_.prepend == MetaspaceConfig::Prepend::kAlways ||
+                               (config_.prepend == MetaspaceConfig::Prepend::kFirst && piece.at_origin));
       if (prepend) text.insert(0, rep);
       piece.text = std::move(text);
       if (!config_.split) {
@@ -209,8 +210,7 @@ Result<SplitBehavior> parse_behavior(const json& j, std::string_view where) {
 }
 
 // GPT-2's pre-tokenization regex, used by ByteLevel when use_regex is true.
-constexpr std::string_view kGpt2Regex =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kGpt2Regex = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 }  // namespace
 

@@ -34,10 +34,18 @@ Result<std::string> to_pcre2(std::string_view p, std::string_view where) {
     }
     const char e = p[++i];
     switch (e) {
-      case 's': out += "\\p{White_Space}"; break;
-      case 'S': out += "\\P{White_Space}"; break;
-      case 'w': out += in_class ? std::string(kWordClass) : fmt::format("[{}]", kWordClass); break;
-      case 'h': out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]"; break;
+      case 's':
+        out += "\\p{White_Space}";
+        break;
+      case 'S':
+        out += "\\P{White_Space}";
+        break;
+      case 'w':
+        out += in_class ? std::string(kWordClass) : fmt::format("[{}]", kWordClass);
+        break;
+      case 'h':
+        out += in_class ? "0-9a-fA-F" : "[0-9a-fA-F]";
+        break;
       case 'W':
       case 'H':
         if (in_class) {
@@ -95,7 +103,12 @@ void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
   while (pos <= s.size()) {
     // Subjects are valid UTF-8 by construction (encode() sanitises its input), so skip the
     // per-call check that would make repeated matching quadratic.
-    const int rc = pcre2_match(code_.get(), subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    int rc = pcre2_match(code_.get(), subject, s.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {
+      // The JIT's fixed stack can run out on huge inputs; the interpreter uses the heap.
+      rc = pcre2_match(code_.get(), subject, s.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
+    }
+    // No (further) match: the caller keeps the rest of `s` as one unmatched piece.
     if (rc < 0) break;
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     out.push_back({ov[0], ov[1]});
@@ -112,8 +125,8 @@ void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
 
 bool Regex::search(std::string_view s) const {
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
-  const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0,
-                             PCRE2_NO_UTF_CHECK, md, nullptr);
+  const int rc =
+      pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0, PCRE2_NO_UTF_CHECK, md, nullptr);
   pcre2_match_data_free(md);
   return rc >= 0;
 }

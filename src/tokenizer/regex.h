@@ -3,11 +3,10 @@
 
 #include <cstddef>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 #include "core/result.h"
 
@@ -53,7 +52,7 @@ class Pattern {
   void find_matches(std::string_view s, std::vector<std::pair<Span, bool>>& out) const;
 
  private:
-  std::string literal_;           // used when regex_ is null
+  std::string literal_;  // used when regex_ is null
   std::unique_ptr<Regex> regex_;
 };
 

@@ -35,7 +35,8 @@ Result<std::unique_ptr<BpeModel>> parse_model(const json& root, std::string_view
   // Old files omit the type; HF then recognises BPE by its merges.
   const bool is_bpe = type ? *type == "BPE" : tokjson::find(*model, "merges") != nullptr;
   if (!is_bpe) {
-    return tokjson::unsupported(where, fmt::format("model type \"{}\" is not supported (only BPE)", type.value_or("?")));
+    return tokjson::unsupported(where,
+                                fmt::format("model type \"{}\" is not supported (only BPE)", type.value_or("?")));
   }
   return BpeModel::from_json(*model, where);
 }
@@ -69,10 +70,13 @@ Result<std::vector<AddedToken>> parse_added_tokens(const json& root, const BpeMo
 
 // The parts of tokenizer_config.json that change ids.
 struct TokenizerConfig {
+  std::optional<std::string> tokenizer_class;
   std::optional<std::string> bos_token;
   std::optional<std::string> eos_token;
   std::optional<bool> add_bos_token;
   std::optional<bool> add_eos_token;
+  std::optional<bool> add_prefix_space;
+  std::optional<bool> legacy;
 };
 
 // bos_token / eos_token: a string or an AddedToken object {"content": ...}.
@@ -101,7 +105,37 @@ Result<TokenizerConfig> parse_config(std::string_view text, std::string_view whe
   LRA_ASSIGN_OR_RETURN(c.eos_token, config_token(cfg, "eos_token", where));
   LRA_ASSIGN_OR_RETURN(c.add_bos_token, config_flag(cfg, "add_bos_token", where));
   LRA_ASSIGN_OR_RETURN(c.add_eos_token, config_flag(cfg, "add_eos_token", where));
+  LRA_ASSIGN_OR_RETURN(c.add_prefix_space, config_flag(cfg, "add_prefix_space", where));
+  LRA_ASSIGN_OR_RETURN(c.legacy, config_flag(cfg, "legacy", where));
+  LRA_ASSIGN_OR_RETURN(c.tokenizer_class, tokjson::get_optional_string(cfg, "tokenizer_class", where));
   return c;
+}
+
+// transformers 5's LlamaTokenizer keeps only the vocab, merges and added tokens of
+// tokenizer.json and builds the rest itself (tokenization_llama.py): no normalizer; Metaspace
+// with prepend_scheme from add_prefix_space (default true) and legacy (default false), no
+// split; BPE with fuse_unk and byte_fallback but no unk token, so characters with neither a
+// piece nor byte pieces vanish; SentencePiece decoding, stripping one space when prefixing.
+void rebuild_like_transformers_llama(json& root, const TokenizerConfig& cfg) {
+  const bool prefix = cfg.add_prefix_space.value_or(true);
+  const char* scheme = !prefix ? "never" : cfg.legacy.value_or(false) ? "always" : "first";
+  root["normalizer"] = nullptr;
+  root["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
+  json decoders = json::array({{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+                               {{"type", "ByteFallback"}},
+                               {{"type", "Fuse"}}});
+  if (prefix) decoders.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  root["decoder"] = {{"type", "Sequence"}, {"decoders", std::move(decoders)}};
+  if (json* model = root.contains("model") ? &root["model"] : nullptr; model != nullptr && model->is_object()) {
+    (*model)["unk_token"] = nullptr;
+    (*model)["fuse_unk"] = true;
+    (*model)["byte_fallback"] = true;
+    (*model)["ignore_merges"] = false;
+    (*model)["continuing_subword_prefix"] = nullptr;
+    (*model)["end_of_word_suffix"] = nullptr;
+    (*model)["dropout"] = nullptr;
+  }
 }
 
 // Names tokenizer_config.json in errors next to the tokenizer.json named `source`.
@@ -114,9 +148,14 @@ std::string config_source(const std::string& source) {
 }
 
 Result<std::unique_ptr<Tokenizer>> build(std::string_view tokenizer_json, std::string_view config_json,
-                                         const std::string& source) {
-  LRA_ASSIGN_OR_RETURN(const json root, parse_json(tokenizer_json, source));
+                                         const std::string& source, TokenizerFlavor flavor) {
+  LRA_ASSIGN_OR_RETURN(json root, parse_json(tokenizer_json, source));
   LRA_RETURN_IF_ERROR(tokjson::expect_object(root, source));
+  LRA_ASSIGN_OR_RETURN(const TokenizerConfig cfg, parse_config(config_json, config_source(source)));
+  const bool transformers = flavor == TokenizerFlavor::kTransformers;
+  if (transformers && (cfg.tokenizer_class == "LlamaTokenizer" || cfg.tokenizer_class == "LlamaTokenizerFast")) {
+    rebuild_like_transformers_llama(root, cfg);
+  }
   HfTokenizer::Parts parts;
   LRA_ASSIGN_OR_RETURN(parts.model, parse_model(root, source));
   if (const json* j = tokjson::find(root, "normalizer")) {
@@ -135,7 +174,6 @@ Result<std::unique_ptr<Tokenizer>> build(std::string_view tokenizer_json, std::s
   LRA_ASSIGN_OR_RETURN(parts.post, PostProcessor::from_json(post == nullptr ? json() : *post,
                                                             tokjson::member(source, "post_processor")));
 
-  LRA_ASSIGN_OR_RETURN(const TokenizerConfig cfg, parse_config(config_json, config_source(source)));
   auto id_of = [&](const std::optional<std::string>& token) -> int32_t {
     if (!token) return -1;
     if (const AddedToken* t = parts.added.find_content(*token)) return t->id;
@@ -145,7 +183,7 @@ Result<std::unique_ptr<Tokenizer>> build(std::string_view tokenizer_json, std::s
   parts.eos = id_of(cfg.eos_token);
   // transformers rebuilds the post-processor as [bos] $A [eos] whenever the config sets either
   // flag (a flag whose token is missing is dropped); otherwise tokenizer.json's one stands.
-  if (cfg.add_bos_token || cfg.add_eos_token) {
+  if (transformers && (cfg.add_bos_token || cfg.add_eos_token)) {
     parts.post = PostProcessor::bos_eos(cfg.add_bos_token.value_or(false) ? parts.bos : -1,
                                         cfg.add_eos_token.value_or(false) ? parts.eos : -1);
   }
@@ -165,16 +203,16 @@ Result<std::string> read_text_file(const std::string& path) {
 
 Result<std::unique_ptr<Tokenizer>> Tokenizer::from_json(std::string_view tokenizer_json,
                                                         std::string_view tokenizer_config_json,
-                                                        const std::string& source) {
+                                                        const std::string& source, TokenizerFlavor flavor) {
   try {
-    return build(tokenizer_json, tokenizer_config_json, source);
+    return build(tokenizer_json, tokenizer_config_json, source, flavor);
   } catch (const json::exception& e) {
     // Every access above is type-checked first; this only guards against a case missed there.
     return tokjson::corrupt(source, fmt::format("unexpected JSON shape: {}", e.what()));
   }
 }
 
-Result<std::unique_ptr<Tokenizer>> Tokenizer::load_dir(const std::string& dir) {
+Result<std::unique_ptr<Tokenizer>> Tokenizer::load_dir(const std::string& dir, TokenizerFlavor flavor) {
   const std::string json_path = (std::filesystem::path(dir) / "tokenizer.json").string();
   const std::string config_path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
   LRA_ASSIGN_OR_RETURN(const std::string text, read_text_file(json_path));
@@ -182,7 +220,7 @@ Result<std::unique_ptr<Tokenizer>> Tokenizer::load_dir(const std::string& dir) {
   if (std::error_code ec; std::filesystem::exists(config_path, ec)) {
     LRA_ASSIGN_OR_RETURN(config, read_text_file(config_path));
   }
-  return from_json(text, config, json_path);
+  return from_json(text, config, json_path, flavor);
 }
 
 namespace {
@@ -204,10 +242,11 @@ std::string StreamDecoder::push(int32_t id) {
   if (tok_.decode_is_unstable(id)) return {};
   const std::string text = tok_.decode(ids_);
   assert(text.size() >= emitted_ && "StreamDecoder: decode() of a longer window got shorter");
+  const size_t done = std::min(emitted_, text.size());  // keeps release builds in bounds regardless
   // Only U+FFFD after what was already returned can still change (the context's are final).
-  const std::string_view fresh = std::string_view(text).substr(emitted_);
+  const std::string_view fresh = std::string_view(text).substr(done);
   const size_t stable = text.size() - trailing_replacement_bytes(fresh);
-  std::string out(fresh.substr(0, stable - emitted_));
+  std::string out(fresh.substr(0, stable - done));
   emitted_ = stable;
   // At a clean boundary, restart the window from `id` alone: decoding `id` + later ids then
   // yields exactly the later ids' text after decode({id}), keeping each push O(window).

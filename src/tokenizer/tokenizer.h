@@ -16,18 +16,32 @@
 
 namespace lragent {
 
+// Which Hugging Face entry point the ids reproduce. They differ where transformers rebuilds the
+// pipeline from tokenizer_config.json instead of reading tokenizer.json as is.
+enum class TokenizerFlavor {
+  // transformers 5 `AutoTokenizer`: add_bos_token / add_eos_token in the config rebuild the
+  // post-processor, and a LlamaTokenizer config gets transformers' own Llama pipeline
+  // (Metaspace pre-tokenizer, no normalizer, no unk: unknown characters without byte pieces
+  // are dropped). See docs/tokenizer.md.
+  kTransformers,
+  // The `tokenizers` library: tokenizer.json as is; the config only names BOS/EOS.
+  kTokenizers,
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
   // Loads DIR/tokenizer.json and, if present, DIR/tokenizer_config.json (add_bos_token,
   // add_eos_token, bos/eos token strings).
-  static Result<std::unique_ptr<Tokenizer>> load_dir(const std::string& dir);
+  static Result<std::unique_ptr<Tokenizer>> load_dir(const std::string& dir,
+                                                     TokenizerFlavor flavor = TokenizerFlavor::kTransformers);
   // From the text of tokenizer.json (and optionally tokenizer_config.json, may be empty).
   // `source` names the file in errors.
   static Result<std::unique_ptr<Tokenizer>> from_json(std::string_view tokenizer_json,
                                                       std::string_view tokenizer_config_json,
-                                                      const std::string& source);
+                                                      const std::string& source,
+                                                      TokenizerFlavor flavor = TokenizerFlavor::kTransformers);
 
   // Same ids as HF `tokenizer(text)["input_ids"]` (i.e. encode with add_special_tokens=True:
   // the post-processor's BOS/EOS are added as the HF tokenizer would).

@@ -106,8 +106,7 @@ std::string from_utf8_lossy(std::string_view bytes) {
 
 bool is_white_space(char32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 namespace {
@@ -167,8 +166,8 @@ char32_t compose(const NfcData& data, char32_t a, char32_t b) {
   if (a >= kHangulL && a < kHangulL + kHangulLCount && b >= kHangulV && b < kHangulV + kHangulVCount) {
     return kHangulS + ((a - kHangulL) * kHangulVCount + (b - kHangulV)) * kHangulTCount;
   }
-  if (a >= kHangulS && a < kHangulS + kHangulSCount && (a - kHangulS) % kHangulTCount == 0 &&
-      b > kHangulT && b < kHangulT + kHangulTCount) {
+  if (a >= kHangulS && a < kHangulS + kHangulSCount && (a - kHangulS) % kHangulTCount == 0 && b > kHangulT &&
+      b < kHangulT + kHangulTCount) {
     return a + (b - kHangulT);
   }
   const auto it = data.composition.find((uint64_t{a} << 32) | b);
@@ -252,8 +251,6 @@ const ByteLevelAlphabet& byte_level_alphabet() {
 
 char32_t byte_to_char(uint8_t b) { return byte_level_alphabet().to_char[b]; }
 
-int byte_from_char(char32_t c) {
-  return c < 0x144 ? byte_level_alphabet().from_char[c] : -1;
-}
+int byte_from_char(char32_t c) { return c < 0x144 ? byte_level_alphabet().from_char[c] : -1; }
 
 }  // namespace lragent::unicode

@@ -11,9 +11,7 @@ namespace lragent::unicode {
 // Decodes the code point starting at s[i] of VALID UTF-8 and stores its byte length in *len.
 char32_t decode_utf8(std::string_view s, size_t i, size_t* len);
 // Byte length of the character whose lead byte is `lead`, in valid UTF-8.
-inline size_t utf8_length(unsigned char lead) {
-  return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
-}
+inline size_t utf8_length(unsigned char lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
 void append_utf8(std::string& out, char32_t cp);
 
 bool is_valid_utf8(std::string_view bytes);

@@ -10,7 +10,7 @@ namespace lragent::unicode {
 struct CanonicalDecomposition {
   uint32_t cp;
   uint32_t first;
-  uint32_t second;  // 0 for a singleton decomposition
+  uint32_t second;    // 0 for a singleton decomposition
   uint32_t composes;  // 1 if NFC recomposes first+second into cp (not a composition exclusion)
 };
 

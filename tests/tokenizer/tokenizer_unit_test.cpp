@@ -1,10 +1,10 @@
 // HF pipeline behaviours checked on small hand-written tokenizer.json files, plus the Unicode
 // helpers they rely on. Expected values follow HF `tokenizers` semantics (noted per test).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -21,8 +21,8 @@ std::unique_ptr<Tokenizer> load(const json& tokenizer, const json& config = json
 }
 
 json added(int id, const std::string& content, bool special = true) {
-  return {{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-          {"normalized", false}, {"special", special}};
+  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", special}};
 }
 
 // Llama-2 style: Metaspace pre-tokenizer, byte fallback, <s> template, SentencePiece decoder.
@@ -35,19 +35,27 @@ json sentencepiece_tokenizer(const std::string& prepend_scheme = "first", bool s
   return {
       {"added_tokens", {added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")}},
       {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", prepend_scheme},
-                         {"split", split}}},
-      {"post_processor", {{"type", "TemplateProcessing"},
-                          {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                                      {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                          {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-      {"decoder", {{"type", "Sequence"},
-                   {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
-                                 {{"type", "ByteFallback"}},
-                                 {{"type", "Fuse"}},
-                                 {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-      {"model", {{"type", "BPE"}, {"unk_token", "<unk>"}, {"fuse_unk", true}, {"byte_fallback", true},
-                 {"vocab", vocab}, {"merges", {"\u2581 a", "a b", "\u2581a b"}}}},
+      {"pre_tokenizer",
+       {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", prepend_scheme}, {"split", split}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single",
+         {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+        {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Replace"}, {"pattern", {{"String", "\u2581"}}}, {"content", " "}},
+          {{"type", "ByteFallback"}},
+          {{"type", "Fuse"}},
+          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+      {"model",
+       {{"type", "BPE"},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"vocab", vocab},
+        {"merges", {"\u2581 a", "a b", "\u2581a b"}}}},
   };
 }
 constexpr int32_t kSpace = 259, kA = 260, kB = 261, kSpaceA = 262, kAB = 263, kSpaceAB = 264;
@@ -81,7 +89,8 @@ TEST(TokenizerSentencePiece, ByteFallbackDecodeIsPerByteWhenInvalid) {
   EXPECT_EQ(tok->decode({byte_id(0xE4), byte_id(0xB8), byte_id(0xAD)}), "\u4e2d");
   // HF's ByteFallback gives one U+FFFD per byte of an invalid run, not one per bad sequence.
   EXPECT_EQ(tok->decode({kA, byte_id(0xE4), byte_id(0xB8)}), "a" + fffd + fffd);
-  EXPECT_EQ(tok->decode({byte_id(0xE4), byte_id(0xB8), byte_id(0xAD), byte_id(0x80), kB}), fffd + fffd + fffd + fffd + "b");
+  EXPECT_EQ(tok->decode({byte_id(0xE4), byte_id(0xB8), byte_id(0xAD), byte_id(0x80), kB}),
+            fffd + fffd + fffd + fffd + "b");
 }
 
 TEST(TokenizerSentencePiece, PrependSchemeFirstSkipsTextAfterSpecialToken) {
@@ -135,8 +144,11 @@ TEST(TokenizerSentencePiece, MetaspaceDecoderDropsEveryReplacementOfFirstToken) 
 json char_tokenizer(const json& pre_tokenizer) {
   const json vocab = {{"a", 0}, {"b", 1}, {"c", 2}, {"-", 3}, {"a-", 4}, {"-b", 5}, {"--", 6}, {"-c", 7}, {"b-", 8}};
   return {{"pre_tokenizer", pre_tokenizer},
-          {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({json::array({"a", "-"}), json::array({"-", "b"}), json::array({"-", "-"}),
-                                              json::array({"-", "c"}), json::array({"b", "-"})})}}}};
+          {"model",
+           {{"type", "BPE"},
+            {"vocab", vocab},
+            {"merges", json::array({json::array({"a", "-"}), json::array({"-", "b"}), json::array({"-", "-"}),
+                                    json::array({"-", "c"}), json::array({"b", "-"})})}}}};
 }
 
 TEST(TokenizerPreTokenizer, SplitBehaviors) {
@@ -200,19 +212,21 @@ TEST(TokenizerBpe, IgnoreMergesEmitsVocabWordsWhole) {
 TEST(TokenizerAddedTokens, StripAndSingleWord) {
   const json vocab = {{"a", 0}, {"b", 1}, {" ", 2}, {"x", 3}};
   auto token = [](int id, const std::string& content, bool lstrip, bool rstrip, bool single_word) {
-    return json{{"id", id}, {"content", content}, {"lstrip", lstrip}, {"rstrip", rstrip},
-                {"single_word", single_word}, {"normalized", false}, {"special", true}};
+    return json{{"id", id},         {"content", content},         {"lstrip", lstrip},
+                {"rstrip", rstrip}, {"single_word", single_word}, {"normalized", false},
+                {"special", true}};
   };
-  const json j = {{"added_tokens", {token(10, "<m>", true, false, false), token(11, "<r>", false, true, false),
-                                    token(12, "ab", false, false, true)}},
+  const json j = {{"added_tokens",
+                   {token(10, "<m>", true, false, false), token(11, "<r>", false, true, false),
+                    token(12, "ab", false, false, true)}},
                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   auto tok = load(j);
   ASSERT_TRUE(tok);
   using V = std::vector<int32_t>;
-  EXPECT_EQ(tok->encode("a  <m> b"), (V{0, 10, 2, 1}));   // lstrip takes both spaces before
-  EXPECT_EQ(tok->encode("a <r>  b"), (V{0, 2, 11, 1}));   // rstrip takes both spaces after
-  EXPECT_EQ(tok->encode("ab a"), (V{12, 2, 0}));          // a whole word
-  EXPECT_EQ(tok->encode("xab"), (V{3, 0, 1}));            // inside a word: not matched
+  EXPECT_EQ(tok->encode("a  <m> b"), (V{0, 10, 2, 1}));  // lstrip takes both spaces before
+  EXPECT_EQ(tok->encode("a <r>  b"), (V{0, 2, 11, 1}));  // rstrip takes both spaces after
+  EXPECT_EQ(tok->encode("ab a"), (V{12, 2, 0}));         // a whole word
+  EXPECT_EQ(tok->encode("xab"), (V{3, 0, 1}));           // inside a word: not matched
   EXPECT_EQ(tok->token_to_id("<m>"), 10);
   EXPECT_EQ(tok->id_to_token(11), "<r>");
   EXPECT_EQ(tok->decode({0, 10, 1}), "a <m> b");  // no decoder: tokens joined with spaces
@@ -230,8 +244,9 @@ TEST(TokenizerAddedTokens, LongestMatchWins) {
 TEST(TokenizerConfig, FlagsRebuildTheTemplate) {
   const json j = sentencepiece_tokenizer();
   // As transformers does: add_bos_token / add_eos_token decide, whatever the post-processor.
-  auto eos_only = load(j, {{"bos_token", "<s>"}, {"eos_token", {{"content", "</s>"}}}, {"add_bos_token", false},
-                           {"add_eos_token", true}});
+  auto eos_only = load(
+      j,
+      {{"bos_token", "<s>"}, {"eos_token", {{"content", "</s>"}}}, {"add_bos_token", false}, {"add_eos_token", true}});
   ASSERT_TRUE(eos_only);
   EXPECT_EQ(eos_only->encode("ab"), (std::vector<int32_t>{kSpaceAB, 2}));
   EXPECT_EQ(eos_only->bos_id(), 1);
@@ -247,11 +262,13 @@ TEST(TokenizerConfig, FlagsRebuildTheTemplate) {
 TEST(TokenizerUnicode, FromUtf8LossyMatchesRust) {
   const std::string fffd = "\xEF\xBF\xBD";
   EXPECT_EQ(unicode::from_utf8_lossy("ok \xE4\xB8\xAD"), "ok \u4e2d");
-  EXPECT_EQ(unicode::from_utf8_lossy("\xE4\xB8"), fffd);              // truncated: one
-  EXPECT_EQ(unicode::from_utf8_lossy("\xE4\xB8" "a"), fffd + "a");
+  EXPECT_EQ(unicode::from_utf8_lossy("\xE4\xB8"), fffd);  // truncated: one
+  EXPECT_EQ(unicode::from_utf8_lossy("\xE4\xB8"
+                                     "a"),
+            fffd + "a");
   EXPECT_EQ(unicode::from_utf8_lossy("\xF0\x9F\x98"), fffd);
-  EXPECT_EQ(unicode::from_utf8_lossy("\xC0\x80"), fffd + fffd);       // overlong lead
-  EXPECT_EQ(unicode::from_utf8_lossy("\xED\xA0\x80"), fffd + fffd + fffd);  // surrogate
+  EXPECT_EQ(unicode::from_utf8_lossy("\xC0\x80"), fffd + fffd);                        // overlong lead
+  EXPECT_EQ(unicode::from_utf8_lossy("\xED\xA0\x80"), fffd + fffd + fffd);             // surrogate
   EXPECT_EQ(unicode::from_utf8_lossy("\xF4\x90\x80\x80"), fffd + fffd + fffd + fffd);  // > U+10FFFF
   EXPECT_EQ(unicode::from_utf8_lossy("\x80\xBF"), fffd + fffd);
   EXPECT_FALSE(unicode::is_valid_utf8("\xE4\xB8"));
@@ -260,11 +277,11 @@ TEST(TokenizerUnicode, FromUtf8LossyMatchesRust) {
 
 TEST(TokenizerUnicode, Nfc) {
   EXPECT_EQ(unicode::nfc("cafe\u0301"), "caf\u00e9");
-  EXPECT_EQ(unicode::nfc("\u1100\u1161\u11a8"), "\uac01");              // Hangul L V T
-  EXPECT_EQ(unicode::nfc("\u1e0b\u0323"), "\u1e0d\u0307");              // reordered, then composed
-  EXPECT_EQ(unicode::nfc("\u212b"), "\u00c5");                          // singleton (Angstrom sign)
-  EXPECT_EQ(unicode::nfc("\u0958"), "\u0915\u093c");                    // composition exclusion
-  EXPECT_EQ(unicode::nfc("a\u0301\u0301"), "\u00e1\u0301");             // second mark is blocked
+  EXPECT_EQ(unicode::nfc("\u1100\u1161\u11a8"), "\uac01");   // Hangul L V T
+  EXPECT_EQ(unicode::nfc("\u1e0b\u0323"), "\u1e0d\u0307");   // reordered, then composed
+  EXPECT_EQ(unicode::nfc("\u212b"), "\u00c5");               // singleton (Angstrom sign)
+  EXPECT_EQ(unicode::nfc("\u0958"), "\u0915\u093c");         // composition exclusion
+  EXPECT_EQ(unicode::nfc("a\u0301\u0301"), "\u00e1\u0301");  // second mark is blocked
   EXPECT_EQ(unicode::nfc("plain ascii"), "plain ascii");
 }
 
