@@ -54,6 +54,15 @@ class Backend {
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
 
+  // An uninitialised tensor in this backend's memory.
+  virtual Tensor alloc(DType t, std::vector<int64_t> shape) = 0;
+  // dst = src: same element count, both contiguous and in this backend's memory.
+  virtual void copy(const TensorView& src, TensorView& dst) = 0;
+  // dst[i, :] = src[rows[i], :] for i < n; `rows` is a host array.
+  virtual void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) = 0;
+  // A host copy of a tensor in this backend's memory.
+  virtual Tensor to_host(const TensorView& src) = 0;
+
   // y[n, out] = alpha · x[n, in] · w[out, in]^T + beta · y (+ bias[out] when given).
   // w may be f32/f16/bf16 and may be strided along rows (a slice of a larger matrix).
   virtual void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y,

@@ -42,7 +42,20 @@ TensorView TensorView::rows(int64_t begin, int64_t end) const {
   return v;
 }
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+void Tensor::Free::operator()(void* p) const {
+  if (fn) {
+    fn(p);
+  } else {
+    std::free(p);
+  }
+}
+
+Tensor Tensor::adopt(TensorView view, FreeFn free_fn) {
+  Tensor out;
+  out.storage_ = std::unique_ptr<void, Free>(view.data, Free{free_fn});
+  out.view_ = std::move(view);
+  return out;
+}
 
 Tensor Tensor::empty(DType t, std::vector<int64_t> shape) {
   Tensor out;

@@ -48,6 +48,9 @@ class Tensor {
   static Tensor empty(DType t, std::vector<int64_t> shape);
   static Tensor zeros(DType t, std::vector<int64_t> shape);
   static Tensor from_f32(const std::vector<float>& values, std::vector<int64_t> shape);
+  // Takes ownership of view.data, released with free_fn (device memory from a backend).
+  using FreeFn = void (*)(void*);
+  static Tensor adopt(TensorView view, FreeFn free_fn);
 
   const TensorView& view() const { return view_; }
   TensorView& view() { return view_; }
@@ -57,7 +60,12 @@ class Tensor {
   const std::vector<int64_t>& shape() const { return view_.shape; }
 
  private:
-  struct Free { void operator()(void* p) const; };
+  struct Free {
+    Free() noexcept {}  // user-provided: GCC cannot use a nested NSDMI before the class is complete
+    explicit Free(FreeFn f) noexcept : fn(f) {}
+    FreeFn fn = nullptr;  // null: std::free (host memory from Tensor::empty)
+    void operator()(void* p) const;
+  };
   std::unique_ptr<void, Free> storage_;
   TensorView view_;
 };

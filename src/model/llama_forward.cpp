@@ -1,7 +1,6 @@
 // The forward pass of LlamaModel: one batch of sequences, each with its own positions,
 // KV binding and adapter.
 #include <cmath>
-#include <cstring>
 
 #include "model/llama.h"
 #include "model/lora_apply.h"
@@ -35,14 +34,14 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
   }
   const int64_t n = static_cast<int64_t>(ids.size());
 
-  Tensor h = Tensor::empty(DType::kF32, {n, hid});          // [N, hidden] residual stream
-  Tensor xn = Tensor::empty(DType::kF32, {n, hid});         // [N, hidden] normed
-  Tensor q = Tensor::empty(DType::kF32, {n, c.num_heads, hd});       // [N, heads, hd]
-  Tensor k_base = Tensor::empty(DType::kF32, {n, c.num_kv_heads, hd});  // [N, kv_heads, hd]
-  Tensor v_base = Tensor::empty(DType::kF32, {n, kvw});     // [N, kv_heads*hd]
-  Tensor attn = Tensor::empty(DType::kF32, {n, qw});        // [N, heads*hd]
-  Tensor gate = Tensor::empty(DType::kF32, {n, c.intermediate_size});  // [N, inter]
-  Tensor up = Tensor::empty(DType::kF32, {n, c.intermediate_size});    // [N, inter]
+  Tensor h = be_.alloc(DType::kF32, {n, hid});          // [N, hidden] residual stream
+  Tensor xn = be_.alloc(DType::kF32, {n, hid});         // [N, hidden] normed
+  Tensor q = be_.alloc(DType::kF32, {n, c.num_heads, hd});       // [N, heads, hd]
+  Tensor k_base = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});  // [N, kv_heads, hd]
+  Tensor v_base = be_.alloc(DType::kF32, {n, kvw});     // [N, kv_heads*hd]
+  Tensor attn = be_.alloc(DType::kF32, {n, qw});        // [N, heads*hd]
+  Tensor gate = be_.alloc(DType::kF32, {n, c.intermediate_size});  // [N, inter]
+  Tensor up = be_.alloc(DType::kF32, {n, c.intermediate_size});    // [N, inter]
   be_.embedding(w_.embed, ids.data(), static_cast<int>(n), h.view());
 
   auto as2d = [](Tensor& t, int64_t cols) {
@@ -64,10 +63,10 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
     be_.matmul(xn.view(), lw.wv, opt(lw.bv), v_base.view());
 
     // Full K/V = base + LoRA delta; the LR rows (x·A) are kept for bindings that store them.
-    Tensor k_full = Tensor::empty(DType::kF32, {n, c.num_kv_heads, hd});  // [N, kv_heads, hd]
-    Tensor v_full = Tensor::empty(DType::kF32, {n, kvw});                 // [N, kv_heads*hd]
-    std::memcpy(k_full.f32(), k_base.f32(), k_base.view().nbytes());
-    std::memcpy(v_full.f32(), v_base.f32(), v_base.view().nbytes());
+    Tensor k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});  // [N, kv_heads, hd]
+    Tensor v_full = be_.alloc(DType::kF32, {n, kvw});                 // [N, kv_heads*hd]
+    be_.copy(k_base.view(), k_full.view());
+    be_.copy(v_base.view(), v_full.view());
     std::vector<Tensor> lr_k, lr_v;  // per segment [n_rows, rank] or empty
     TensorView kf2 = as2d(k_full, kvw);
     apply_lora(be_, l, LoraTarget::kK, xn.view(), kf2, segs, &lr_k, stats_);
@@ -124,17 +123,18 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
   if (hook_) hook_(hook_ctx_, c.num_layers, h.view());
 
   // Logits only for the rows that need them.
-  Tensor sel = Tensor::empty(DType::kF32, {n_out, hid});  // [n_out, hidden]
-  int64_t o = 0;
+  std::vector<int32_t> out_rows;  // [n_out] batch rows whose logits are wanted
   for (size_t s = 0; s < batch.size(); ++s) {
     const int64_t first = batch[s].all_logits ? 0 : segs[s].n_rows - 1;
-    for (int64_t r = first; r < segs[s].n_rows; ++r, ++o)
-      std::memcpy(sel.f32() + o * hid, h.f32() + (segs[s].row_begin + r) * hid, static_cast<size_t>(hid) * 4);
+    for (int64_t r = first; r < segs[s].n_rows; ++r) out_rows.push_back(static_cast<int32_t>(segs[s].row_begin + r));
   }
-  Tensor seln = Tensor::empty(DType::kF32, {n_out, hid});
+  Tensor sel = be_.alloc(DType::kF32, {n_out, hid});  // [n_out, hidden]
+  be_.gather_rows(h.view(), out_rows.data(), n_out, sel.view());
+  Tensor seln = be_.alloc(DType::kF32, {n_out, hid});
   be_.rms_norm(sel.view(), w_.final_norm, static_cast<float>(c.rms_norm_eps), seln.view());
-  Tensor logits = Tensor::empty(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
+  Tensor logits = be_.alloc(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
   be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
+  if (be_.device() != Device::kCpu) return be_.to_host(logits.view());
   return logits;
 }
 

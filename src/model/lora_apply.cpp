@@ -42,26 +42,24 @@ void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, 
       }
     }
     // Gather the group's rows so x·A is one GEMM for the whole group.
-    Tensor xg = Tensor::empty(DType::kF32, {rows, in});  // [rows, in]
+    std::vector<int32_t> row_ids;  // [rows] batch rows of the group's members
+    for (size_t u : members)
+      for (int64_t r = 0; r < segs[u].n_rows; ++r) row_ids.push_back(static_cast<int32_t>(segs[u].row_begin + r));
+    Tensor xg = be.alloc(DType::kF32, {rows, in});  // [rows, in]
+    be.gather_rows(x, row_ids.data(), rows, xg.view());
     int64_t off = 0;
-    for (size_t u : members) {
-      for (int64_t r = 0; r < segs[u].n_rows; ++r)
-        std::memcpy(xg.f32() + (off + r) * in, x.f32() + (segs[u].row_begin + r) * in, static_cast<size_t>(in) * 4);
-      off += segs[u].n_rows;
-    }
-    Tensor xa = Tensor::empty(DType::kF32, {rows, lead->rank});  // [rows, rank]
+    Tensor xa = be.alloc(DType::kF32, {rows, lead->rank});  // [rows, rank]
     be.matmul(xg.view(), lead->a.view(), nullptr, xa.view());
     stats.lora_shrink_calls += 1;
     stats.lora_shrink_rows += rows;
-    off = 0;
     for (size_t u : members) {
       const LoraModule* m = module_of(segs[u].adapter, layer, target);
       TensorView xa_seg = xa.view().rows(off, off + segs[u].n_rows);
       TensorView y_seg = y.rows(segs[u].row_begin, segs[u].row_begin + segs[u].n_rows);
       be.matmul(xa_seg, m->b.view(), nullptr, y_seg, m->scale, 1.0f);
       if (lr_out) {
-        Tensor keep = Tensor::empty(DType::kF32, {segs[u].n_rows, m->rank});
-        std::memcpy(keep.f32(), xa_seg.f32(), keep.view().nbytes());
+        Tensor keep = be.alloc(DType::kF32, {segs[u].n_rows, m->rank});
+        be.copy(xa_seg, keep.view());
         (*lr_out)[u] = std::move(keep);
       }
       off += segs[u].n_rows;

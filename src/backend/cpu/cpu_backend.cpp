@@ -24,6 +24,26 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
 
+  Tensor alloc(DType t, std::vector<int64_t> shape) override { return Tensor::empty(t, std::move(shape)); }
+
+  void copy(const TensorView& src, TensorView& dst) override {
+    assert(src.is_contiguous() && dst.is_contiguous() && src.nbytes() == dst.nbytes() && "copy: shapes differ");
+    std::memcpy(dst.data, src.data, src.nbytes());
+  }
+
+  void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) override {
+    const size_t row_bytes = static_cast<size_t>(src.numel() / std::max<int64_t>(src.dim(0), 1)) * dtype_size(src.dtype);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(static_cast<char*>(dst.data) + static_cast<size_t>(i) * row_bytes,
+                  static_cast<const char*>(src.data) + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+  }
+
+  Tensor to_host(const TensorView& src) override {
+    Tensor out = Tensor::empty(src.dtype, src.shape);
+    std::memcpy(out.view().data, src.data, src.nbytes());
+    return out;
+  }
+
   void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
               float beta) override {
     assert(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && "matmul takes 2-D tensors");
