@@ -315,6 +315,14 @@ int main(int argc, char** argv) {
       r.flops = flops;
       r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
       report(r);
+      {  // the same shape on v1 (the previous version), to see the change
+        Result r1 = r;
+        r1.name = std::string("v1_") + var.name;
+        r1.splits = lc::attention_num_splits(params(0, var.vlr, var.klr), lc::AttnKernel::kV1Mma);
+        r1.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr), lc::AttnKernel::kV1Mma)); },
+                       warmup, reps);
+        report(r1);
+      }
     }
     {  // materialise-then-attend: V_full to HBM, then plain attention over it
       Result r;
@@ -388,7 +396,15 @@ int main(int argc, char** argv) {
       r.flops = flops;
       r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
       report(r);
-      // v1 (split-K) vs v0 oracle at full size.
+      {  // the same shape on v1 (the previous version), to see the change
+        Result r1 = r;
+        r1.name = std::string("v1_") + var.name;
+        r1.splits = lc::attention_num_splits(params(0, var.vlr, var.klr), lc::AttnKernel::kV1Mma);
+        r1.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr), lc::AttnKernel::kV1Mma)); },
+                       warmup, reps);
+        report(r1);
+      }
+      // v2 (the default; split-K) vs v0 oracle at full size.
       lc::AttnParams p = params(0, var.vlr, var.klr);
       CK(lc::attention(p));
       p.out = out2;
@@ -396,7 +412,7 @@ int main(int argc, char** argv) {
       CK(cudaDeviceSynchronize());
       Result c;
       c.group = "check";
-      c.name = std::string("decode_v1_vs_v0_rel_l2_") + var.name;
+      c.name = std::string("decode_v2_vs_v0_rel_l2_") + var.name;
       c.ctx = dctx;
       c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kSeqs) * kHeads * kD));
       std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
@@ -460,6 +476,14 @@ int main(int argc, char** argv) {
       r.flops = flops;
       r.bytes = bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
       report(r);
+      {  // the same shape on v1 (the previous version), to see the change
+        Result r1 = r;
+        r1.name = std::string("v1_") + var.name;
+        r1.splits = lc::attention_num_splits(params(0, var.vlr, var.klr), lc::AttnKernel::kV1Mma);
+        r1.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr), lc::AttnKernel::kV1Mma)); },
+                       warmup, reps);
+        report(r1);
+      }
       lc::AttnParams p = params(0, var.vlr, var.klr);
       CK(lc::attention(p));
       p.out = out2;
@@ -467,7 +491,7 @@ int main(int argc, char** argv) {
       CK(cudaDeviceSynchronize());
       Result c;
       c.group = "check";
-      c.name = std::string("agents_v1_vs_v0_rel_l2_") + var.name;
+      c.name = std::string("agents_v2_vs_v0_rel_l2_") + var.name;
       c.ctx = dctx;
       c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kSeqs) * kHeads * kD));
       std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());

@@ -57,6 +57,7 @@ def main():
         flakv = find(R, "prefill", "flash_lora_kv_r16", ctx)
         mat = find(R, "prefill", "materialise_then_attend", ctx)
         peer = find(S, "prefill", "sdpa_flash", ctx)
+        v1 = {n: find(R, "prefill", "v1_" + n, ctx) for n in ("plain", "flash_lora_v_r16", "flash_lora_kv_r16")}
         k = f"prefill_{ctx // 1024}k"
         ratios[k] = {
             "ours_tflops": plain.get("tflops"),
@@ -65,13 +66,19 @@ def main():
             "fla_over_plain_time": ratio(ms(fla), ms(plain)),
             "fla_kv_over_plain_time": ratio(ms(flakv), ms(plain)),
             "materialise_over_fla_time": ratio(ms(mat), ms(fla)),
+            "v1_tflops": None if v1["plain"] is None else v1["plain"].get("tflops"),
+            "v2_over_v1_speed": ratio(ms(v1["plain"]), ms(plain)),
+            "v2_over_v1_speed_fla": ratio(ms(v1["flash_lora_v_r16"]), ms(fla)),
+            "v2_over_v1_speed_fla_kv": ratio(ms(v1["flash_lora_kv_r16"]), ms(flakv)),
         }
         rows.append((f"prefill {ctx // 1024}k: ours {fmt(plain.get('tflops'), '.0f')} TFLOP/s, "
                      f"SDPA {fmt(None if peer is None else peer.get('tflops'), '.0f')}",
                      f"ours/SDPA speed {fmt(ratios[k]['ours_over_sdpa_speed'])}x, "
                      f"FLA/plain {fmt(ratios[k]['fla_over_plain_time'])}, "
                      f"FLA+K/plain {fmt(ratios[k]['fla_kv_over_plain_time'])}, "
-                     f"materialise/FLA {fmt(ratios[k]['materialise_over_fla_time'])}"))
+                     f"materialise/FLA {fmt(ratios[k]['materialise_over_fla_time'])}; "
+                     f"v2/v1 speed plain {fmt(ratios[k]['v2_over_v1_speed'])}x, "
+                     f"FLA {fmt(ratios[k]['v2_over_v1_speed_fla'])}x, FLA+K {fmt(ratios[k]['v2_over_v1_speed_fla_kv'])}x"))
     copy = find(R, "ceiling", "d2d_copy")
     tcopy = find(S, "ceiling", "torch_copy")
     gemm = find(S, "ceiling", "torch_gemm")
@@ -91,12 +98,15 @@ def main():
                  f"({fmt(copy_gbps, '.0f')} GB/s); FLA {fmt(ratios['decode']['fla_fraction_of_copy'])}; "
                  f"materialise/FLA {fmt(ratios['decode']['materialise_over_fla_time'])}"))
     sh = {n: find(R, "agents", n) for n in ("shared_plain", "shared_flash_lora_v_r16", "shared_flash_lora_kv_r16")}
-    ratios["shared_vs_private"] = {
-        n + "_speedup": ratio(ms(dec), ms(r)) for n, r in sh.items()
-    }
-    rows.append(("8 agents shared base vs 8 private decodes",
-                 ", ".join(f"{n.replace('shared_', '')} {fmt(v)}x" for n, v in
-                           ((k, ratios["shared_vs_private"][k + "_speedup"]) for k in sh))))
+    # Like for like: shared variant X vs the private decodes of the same variant X (the first
+    # report, fc7ae7f, divided every shared variant by private *plain*; kept as *_vs_private_plain).
+    priv = {n: find(R, "decode", n.replace("shared_", "private_")) for n in sh}
+    ratios["shared_vs_private"] = {n + "_speedup": ratio(ms(priv[n]), ms(r)) for n, r in sh.items()}
+    ratios["shared_vs_private"].update({n + "_speedup_vs_private_plain": ratio(ms(dec), ms(r)) for n, r in sh.items()})
+    rows.append(("8 agents shared base vs 8 private decodes (same variant)",
+                 ", ".join(f"{n.replace('shared_', '')} {fmt(ratios['shared_vs_private'][n + '_speedup'])}x "
+                           f"(vs private plain {fmt(ratios['shared_vs_private'][n + '_speedup_vs_private_plain'])}x)"
+                           for n in sh)))
     ratios["ceilings"] = {"copy_gbps": copy_gbps, "torch_copy_gbps": None if tcopy is None else tcopy.get("gbps"),
                           "gemm_tflops": None if gemm is None else gemm.get("tflops")}
     if gemm:

@@ -78,6 +78,8 @@ cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
       return attention_v0(p);
     case AttnKernel::kV1Mma:
       return attention_v1(p);
+    case AttnKernel::kV2Mma:
+      return attention_v2(p);
   }
   return cudaErrorInvalidValue;
 }
@@ -86,7 +88,17 @@ size_t attention_workspace_bytes(const AttnParams& p, int max_splits) {
   return attention_v1_workspace_bytes(p, max_splits);
 }
 
-int attention_num_splits(const AttnParams& p) { return attention_v1_num_splits(p); }
+int attention_num_splits(const AttnParams& p, AttnKernel kernel) {
+  switch (kernel) {
+    case AttnKernel::kV0Naive:
+      return 1;
+    case AttnKernel::kV1Mma:
+      return attention_v1_num_splits(p);
+    case AttnKernel::kV2Mma:
+      return attention_v2_num_splits(p);
+  }
+  return 1;
+}
 
 cudaError_t materialize_v(const AttnParams& p, bf16* v_full) {
   if (!params_ok(p) || !p.v_lr.active() || !v_full) return cudaErrorInvalidValue;

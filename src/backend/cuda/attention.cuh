@@ -85,16 +85,19 @@ enum class AttnKernel {
   kV0Naive = 0,  // one block per (query, head), scalar f32, exact online softmax: the oracle
   kV1Mma = 1,    // FA2-style mma.sync m16n8k16 bf16, ldmatrix, cp.async double buffering,
                  // GQA-packed rows, split-K + combine, Flash-LoRA + K residual in the loop
+  kV2Mma = 2,    // v1 reorganised for prefill: 128 rows / 8 warps per block, 3-stage ring with
+                 // one barrier per tile, FFMA+EX2 softmax, shared RoPE table for the K term;
+                 // decode without the K term (<= 64 rows per sequence) runs v1. The default.
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.
-cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV1Mma);
+cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV2Mma);
 
-// Workspace bytes that let `attention` use up to `max_splits` splits for these shapes.
+// Workspace bytes that let `attention` use up to `max_splits` splits for these shapes (any version).
 size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);
 
-// The split count kV1Mma would use for p (after clamping to the workspace).
-int attention_num_splits(const AttnParams& p);
+// The split count `kernel` would use for p (after clamping to the workspace).
+int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV2Mma);
 
 // Materialise-then-attend baseline, step 1: writes V_full = V_base + s_v·LRv·B_v^T for tokens
 // 0..ctx_len[s]-1 of every sequence into `v_full`, a paged buffer with p.v's layout (same
