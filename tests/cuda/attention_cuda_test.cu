@@ -1,4 +1,4 @@
-// CUDA attention kernels (v0 naive oracle, v1 mma, v2 mma 128-row) against the CPU reference cpu_attention:
+// CUDA attention kernels (v0 naive oracle, v1 mma, v2 mma 128-row, v3 mma 4x32-row) against the CPU reference cpu_attention:
 // random bf16-rounded inputs (never zeros), shuffled block tables, poisoned outputs (NaN bit
 // patterns, so an unwritten element fails), relative L2 error <= 1e-2 on both the bf16 and the
 // f32 output. Prefill chunks, batched decode with split-K, Flash-LoRA V term, K residual with
@@ -312,7 +312,11 @@ void run_case(const Case& cs, uint32_t seed) {
     for (size_t i = 0; i < n_out; ++i) obf[i] = bf16_to_f32(ob[i]);
     const ErrStat eb = compare(obf, ref), ef = compare(of, ref);
     std::printf("  %-4s %-28s splits=%-3d rel_l2 bf16=%.2e f32=%.2e%s\n",
-                kern == lc::AttnKernel::kV0Naive ? "v0" : kern == lc::AttnKernel::kV1Mma ? "v1" : "v2", what,
+                kern == lc::AttnKernel::kV0Naive ? "v0"
+                : kern == lc::AttnKernel::kV1Mma ? "v1"
+                : kern == lc::AttnKernel::kV2Mma ? "v2"
+                                                 : "v3",
+                what,
                 lc::attention_num_splits(pp, kern), eb.rel, ef.rel,
                 (eb.nan || ef.nan) ? " NaN!" : "");
     EXPECT_FALSE(eb.nan) << what << " bf16 output has NaN/unwritten elements";
@@ -324,6 +328,7 @@ void run_case(const Case& cs, uint32_t seed) {
   check("fused", p, lc::AttnKernel::kV0Naive);
   check("fused", p, lc::AttnKernel::kV1Mma);
   check("fused", p, lc::AttnKernel::kV2Mma);
+  check("fused", p, lc::AttnKernel::kV3Mma);
   if (cs.materialize && cs.rank_v && !cs.agents) {
     // Materialise-then-attend: V_full in HBM, then plain attention over it.
     CUDA_OK(cudaMemset(d_vfull.p, 0xff, slots * width * 2));
@@ -333,6 +338,7 @@ void run_case(const Case& cs, uint32_t seed) {
     pm.v_lr = lc::DevLowRank{};
     check("materialise+attend", pm, lc::AttnKernel::kV1Mma);
     check("materialise+attend", pm, lc::AttnKernel::kV2Mma);
+    check("materialise+attend", pm, lc::AttnKernel::kV3Mma);
   }
 }
 

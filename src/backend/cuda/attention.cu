@@ -80,6 +80,8 @@ cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
       return attention_v1(p);
     case AttnKernel::kV2Mma:
       return attention_v2(p);
+    case AttnKernel::kV3Mma:
+      return attention_v3(p);
   }
   return cudaErrorInvalidValue;
 }
@@ -96,6 +98,8 @@ int attention_num_splits(const AttnParams& p, AttnKernel kernel) {
       return attention_v1_num_splits(p);
     case AttnKernel::kV2Mma:
       return attention_v2_num_splits(p);
+    case AttnKernel::kV3Mma:
+      return attention_v3_num_splits(p);
   }
   return 1;
 }

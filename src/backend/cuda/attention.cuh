@@ -87,17 +87,21 @@ enum class AttnKernel {
                  // GQA-packed rows, split-K + combine, Flash-LoRA + K residual in the loop
   kV2Mma = 2,    // v1 reorganised for prefill: 128 rows / 8 warps per block, 3-stage ring with
                  // one barrier per tile, FFMA+EX2 softmax, shared RoPE table for the K term;
-                 // decode without the K term (<= 64 rows per sequence) runs v1. The default.
+                 // decode without the K term (<= 64 rows per sequence) runs v1.
+  kV3Mma = 3,    // FA2's d=128 layout for prefill: 4 warps x 32 rows (two m16 tiles per warp, each
+                 // K/V smem fragment feeds two mmas), 2 blocks/SM, 2-stage ring. Plain and Flash-LoRA
+                 // V (rank <= 16) at d=128; everything else (K term, agents, d=64, rank > 16) runs v2,
+                 // which sends decode to v1. The default.
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.
-cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV2Mma);
+cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV3Mma);
 
 // Workspace bytes that let `attention` use up to `max_splits` splits for these shapes (any version).
 size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);
 
 // The split count `kernel` would use for p (after clamping to the workspace).
-int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV2Mma);
+int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV3Mma);
 
 // Materialise-then-attend baseline, step 1: writes V_full = V_base + s_v·LRv·B_v^T for tokens
 // 0..ctx_len[s]-1 of every sequence into `v_full`, a paged buffer with p.v's layout (same

@@ -12,5 +12,7 @@ int attention_v1_num_splits(const AttnParams& p);
 size_t attention_v1_workspace_bytes(const AttnParams& p, int max_splits);
 cudaError_t attention_v2(const AttnParams& p);
 int attention_v2_num_splits(const AttnParams& p);
+cudaError_t attention_v3(const AttnParams& p);
+int attention_v3_num_splits(const AttnParams& p);
 
 }  // namespace lragent::cuda
