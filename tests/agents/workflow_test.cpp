@@ -13,6 +13,7 @@
 
 #include "agents/workflow.h"
 #include "model/lora.h"
+#include "cli_runner.h"
 #include "test_util.h"
 
 namespace lragent {
@@ -232,31 +233,11 @@ TEST_F(Workflow, ClearErrorsForMissingAgentsBadOptionsAndAPromptTooLong) {
 
 // ---- `lragent run` ----
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
+using testing::CliRun;
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+std::string quote(const std::string& s) { return testing::shell_quote(s); }
 
-CliRun run_cli(const std::string& args) {
-  const std::string err_file = testing::temp_dir("workflow-cli") + "/err.txt";
-  const std::string cmd = quote(testing::lragent_bin()) + " run " + args + " 2>" + quote(err_file);
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.err = testing::read_file(err_file);
-  return r;
-}
+CliRun run_cli(const std::string& args) { return testing::run_lragent("run " + args); }
 
 std::string agents_args() {
   const std::string a = testing::adapters_dir() + "/qv-shared-a-r8/";

@@ -2,8 +2,6 @@
 // error line (naming the file and the cause) with a non-zero exit code and no crash.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
-
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli_runner.h"
 #include "test_util.h"
 
 namespace lragent {
@@ -18,31 +17,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
+using testing::CliRun;
+using testing::shell_quote;
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-CliRun run_cli(const std::string& args) {
-  const std::string err_file = testing::temp_dir("cli-stderr") + "/err.txt";
-  const std::string cmd = shell_quote(testing::lragent_bin()) + " " + args + " 2>" + shell_quote(err_file);
-  CliRun r;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.err = testing::read_file(err_file);
-  return r;
-}
+CliRun run_cli(const std::string& args) { return testing::run_lragent(args); }
 
 std::string model_arg() { return "--model " + shell_quote(testing::tinystories_dir()); }
 

@@ -384,6 +384,21 @@ TEST(CudaAttention, PrefillFlashLoraV) {
         }
 }
 
+// v3.1: rank 8 runs v3's fast LRv load (one 16-byte chunk per thread, the second chunk of each
+// row zero-filled); rank 12 (8-byte chunks) runs the generic LRv load of the same R = 16 kernel.
+TEST(CudaAttention, PrefillFlashLoraVRank8And12) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 150;
+  for (int rank : {8, 12})
+    for (int group : {1, 4, 8})
+      for (int page : {1, 16})
+        for (int ctx : {97, 4097}) {
+          Case c = make(128, group, page, {ctx}, {chunk_for(ctx)}, 0, rank);
+          c.materialize = true;
+          run_case(c, seed++);
+        }
+}
+
 TEST(CudaAttention, PrefillKResidualDeferredRope) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 200;
