@@ -3,10 +3,7 @@
 // catch-up (prefilled tokens) is what its mode prescribes. Plus `lragent run` end to end.
 #include <gtest/gtest.h>
 
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <map>
 
 #include <nlohmann/json.hpp>

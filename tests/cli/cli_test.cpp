@@ -2,8 +2,6 @@
 // error line (naming the file and the cause) with a non-zero exit code and no crash.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
