@@ -13,7 +13,9 @@
 //     tile (v2's ring with S = 2): ~104 KB (plain) / ~110 KB (rank 16) of shared memory per block.
 //   * No K-side LoRA term and no agents mode: those (and head_dim 64, rank > 16, decode) run v2,
 //     which itself sends decode to v1. v3 is thus the prefill path for plain and Flash-LoRA V.
-// Template: R = padded rank capacity (0: no LR term, 16). D = 128 only.
+// Template: R = padded rank capacity (0: no LR term, 16). D = 128 only. kFastLr (v3.1, R = 16
+// only): LRv rows allow 16-byte chunks (rank 8/16), one straight-line chunk per thread per tile and
+// the LR term compile-time on; ranks 4/12 keep the generic loader (kFastLr = false).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
 
@@ -62,6 +64,21 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// v3.1 fast LRv tile load (R = 16, rank 8 or 16 with 16-byte aligned rows): one 16-byte chunk
+// per thread (64 keys x 2 chunks = 128 threads), straight-line, no runtime division, so its page
+// table lookup issues together with K/V's instead of adding a second exposed latency per tile.
+// Chunk 1 of a rank-8 row is zero-filled (columns rank..15 must read as zero in the P·LRv mma).
+template <int R>
+__device__ __forceinline__ void load_lr_tile_fast(bf16* dst, const DevLowRank& t, int s, int key0, int ke,
+                                                  int shift) {
+  static_assert(R == 16 && kBN * 2 == kThreads, "fast LRv load: one 16-byte chunk per thread");
+  constexpr int RS = R + 8;
+  const int kr = threadIdx.x >> 1, ch = threadIdx.x & 1, key = key0 + kr;
+  const bool ok = key < ke && ch * 8 < t.rank;
+  const bf16* src = ok ? t.lr.data + paged_offset(t.lr, s, key, shift) + ch * 8 : t.lr.data;
+  cp_async16(dst + kr * RS + ch * 8, src, ok ? 16 : 0);
+}
+
 template <int R>
 __device__ __forceinline__ void load_lr_tile(bf16* dst, const DevLowRank& t, int s, int key0, int ke, int shift,
                                              int chunk) {
@@ -78,7 +95,7 @@ __device__ __forceinline__ void load_lr_tile(bf16* dst, const DevLowRank& t, int
   }
 }
 
-template <int R>
+template <int R, bool kFastLr>
 __global__ void __launch_bounds__(kThreads, 2) attn_v3_kernel(const AttnParams p, const V3Launch x) {
   using L = Smem<R>;
   constexpr int D = kD;
@@ -126,7 +143,9 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v3_kernel(const AttnParams p
   const int w_first_pos = warp_active ? query_pos(p, si, wr0 / G) : -1;
   (void)pos_first;
 
-  const bool vlr = (R > 0) && p.v_lr.active();
+  // R > 0 is only launched with an active V-side term (attention_v3 picks launch<16> on
+  // p.v_lr.active()), so the LR work is compile-time, not a per-tile runtime branch (v3.1).
+  const bool vlr = kFastLr || ((R > 0) && p.v_lr.active());
   const float scale_log2 = p.softmax_scale * kLog2e;
 
   float o[2][NT_D][4];
@@ -150,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v3_kernel(const AttnParams p
       const bf16* src = ok ? p.q + (static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G) * D + ch * 8 : p.q;
       cp_async16(sQ + rr * KS + ch * 8, src, ok ? 16 : 0);
     }
-    if constexpr (R > 0) {
+    if constexpr (R > 0 && !kFastLr) {  // the fast load writes all 16 columns of every row itself
       // Rows of LRv past the rank are read by the P·LRv mma (rank < 16 impossible here: rank % 4
       // == 0 and R = 16 only when rank <= 16; columns rank..15 must be zero).
       for (int e = tid; e < S * kBN * RS; e += kThreads) sm[L::kLv + e] = __float2bfloat16(0.f);
@@ -176,7 +195,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v3_kernel(const AttnParams p
         cp_async16(dV + i * RPI * KS, srcv, ok ? 16 : 0);
       }
       if constexpr (R > 0) {
-        if (vlr) load_lr_tile<R>(sm + L::kLv + st * kBN * RS, p.v_lr, s, key0, ke, x.lvshift, x.lv_chunk);
+        if constexpr (kFastLr) {
+          load_lr_tile_fast<R>(sm + L::kLv + st * kBN * RS, p.v_lr, s, key0, ke, x.lvshift);
+        } else {
+          if (vlr) load_lr_tile<R>(sm + L::kLv + st * kBN * RS, p.v_lr, s, key0, ke, x.lvshift, x.lv_chunk);
+        }
       }
     };
     load_tile(0);
@@ -310,12 +333,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v3_kernel(const AttnParams p
         }
         if constexpr (R > 0) {
           if (vlr) {
-            const bf16* cLv = sm + L::kLv + st * kBN * RS;
+            const bf16* cLv =
+                sm + L::kLv + st * kBN * RS + (((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8;
 #pragma unroll
             for (int rp = 0; rp < R / 16; ++rp) {
               uint32_t b[4];
-              ldmatrix_x4_trans(
-                  b, cLv + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS + rp * 16 + (lane >> 4) * 8);
+              ldmatrix_x4_trans(b, cLv + kk * 16 * RS + rp * 16);
               mma_bf16(olr[0][2 * rp], pa[0], b[0], b[1]);
               mma_bf16(olr[0][2 * rp + 1], pa[0], b[2], b[3]);
               mma_bf16(olr[1][2 * rp], pa[1], b[0], b[1]);
@@ -463,16 +486,16 @@ int choose_splits(const AttnParams& p) {
   return (tiles + tps - 1) / tps;
 }
 
-template <int R>
+template <int R, bool kFastLr = false>
 cudaError_t launch(const AttnParams& p, const V3Launch& x) {
   using L = Smem<R>;
   static bool configured = [] {
-    return cudaFuncSetAttribute(attn_v3_kernel<R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(attn_v3_kernel<R, kFastLr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(L::bytes)) == cudaSuccess;
   }();
   if (!configured) return cudaErrorInvalidConfiguration;
   const dim3 grid(row_tiles(p), p.n_kv_heads, p.n_seqs * x.n_splits);
-  attn_v3_kernel<R><<<grid, kThreads, L::bytes, p.stream>>>(p, x);
+  attn_v3_kernel<R, kFastLr><<<grid, kThreads, L::bytes, p.stream>>>(p, x);
   return cudaGetLastError();
 }
 
@@ -503,7 +526,13 @@ cudaError_t attention_v3(const AttnParams& p) {
     x.part_o = static_cast<float*>(p.workspace);
     x.part_lse = x.part_o + rows * p.head_dim;
   }
-  const cudaError_t err = p.v_lr.active() ? launch<16>(p, x) : launch<0>(p, x);
+  cudaError_t err;
+  if (!p.v_lr.active())
+    err = launch<0>(p, x);
+  else if (x.lv_chunk == 8)  // rank 8 or 16, 16-byte aligned rows (v3.1 fast LRv load)
+    err = launch<16, true>(p, x);
+  else
+    err = launch<16>(p, x);
   if (err != cudaSuccess || x.n_splits == 1) return err;
   const dim3 grid(p.max_q, p.n_heads, p.n_seqs);
   attn_v3_combine_kernel<<<grid, p.head_dim, 0, p.stream>>>(p, x);
