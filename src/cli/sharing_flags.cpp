@@ -17,12 +17,18 @@ void SharingFlags::add_to(CLI::App* app, bool with_mode) {
   app->add_option("--recompute-layers", recompute_layers,
                   "droidspeak: comma-separated layers kept per agent (see `lragent profile-layers`)");
   app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(CLI::PositiveNumber);
+  app->add_option("--max-context", max_context,
+                  "Longest trajectory the KV pools are sized for, in tokens (capped at the model's context); "
+                  "memory is reserved up front, so a larger value costs memory even when unused")
+      ->default_val(4096)
+      ->check(CLI::PositiveNumber);
 }
 
 Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) const {
   SharingOptions o;
   LRA_ASSIGN_OR_RETURN(o.mode, parse_share_mode(mode_name));
   o.page_size = page_size;
+  o.max_tokens = max_context;
   if (!recompute_layers.empty()) {
     auto ids = parse_id_list(recompute_layers);
     if (!ids.ok())

@@ -19,7 +19,7 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_lay
   const size_t floats = static_cast<size_t>(n_layers) * static_cast<size_t>(n_blocks) * page_size * width;
   p->data_.reset(new (std::nothrow) float[floats]);
   if (!p->data_)
-    return make_error(ErrorCode::kOutOfMemory, "KV pool '{}': cannot allocate {:.1f} MiB; lower --kv-blocks",
+    return make_error(ErrorCode::kOutOfMemory, "KV pool '{}': cannot allocate {:.1f} MiB; lower --max-context",
                       p->name_, static_cast<double>(floats) * 4 / (1 << 20));
   p->refs_.assign(static_cast<size_t>(n_blocks), 0);
   p->free_.reserve(static_cast<size_t>(n_blocks));
@@ -31,7 +31,7 @@ Result<int32_t> BlockPool::allocate() {
   if (free_.empty())
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache '{}' exhausted: all {} blocks of {} tokens are in use; raise the KV budget "
-                      "(--kv-blocks) or shorten the context",
+                      "(--max-context) or shorten the context",
                       name_, n_blocks_, page_size_);
   int32_t b = free_.back();
   free_.pop_back();
@@ -76,7 +76,7 @@ Status PagedStream::reserve(int64_t n_tokens) {
   if (need - static_cast<int64_t>(table_.size()) > pool_->free_blocks())
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache '{}' exhausted: {} tokens need {} more blocks of {} tokens but only {} are free; "
-                      "raise the KV budget (--kv-blocks) or shorten the context",
+                      "raise the KV budget (--max-context) or shorten the context",
                       pool_->name(), n_tokens, need - static_cast<int64_t>(table_.size()), pool_->page_size(),
                       pool_->free_blocks());
   while (static_cast<int64_t>(table_.size()) < need) {
