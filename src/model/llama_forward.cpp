@@ -33,6 +33,8 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
     LRA_RETURN_IF_ERROR(in.kv->reserve(in.start_pos + in.n_tokens));
   }
   const int64_t n = static_cast<int64_t>(ids.size());
+  bool need_full = false;
+  for (const SeqInput& in : batch) need_full = need_full || in.kv->wants_full();
 
   Tensor h = be_.alloc(DType::kF32, {n, hid});          // [N, hidden] residual stream
   Tensor xn = be_.alloc(DType::kF32, {n, hid});         // [N, hidden] normed
@@ -58,23 +60,30 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
 
     TensorView q2 = as2d(q, qw), kb2 = as2d(k_base, kvw);
     be_.matmul(xn.view(), lw.wq, opt(lw.bq), q2);
-    apply_lora(be_, l, LoraTarget::kQ, xn.view(), q2, segs, nullptr, stats_);
+    apply_lora(be_, l, LoraTarget::kQ, xn.view(), &q2, segs, nullptr, stats_);
     be_.matmul(xn.view(), lw.wk, opt(lw.bk), kb2);
     be_.matmul(xn.view(), lw.wv, opt(lw.bv), v_base.view());
 
-    // Full K/V = base + LoRA delta; the LR rows (x·A) are kept for bindings that store them.
-    Tensor k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});  // [N, kv_heads, hd]
-    Tensor v_full = be_.alloc(DType::kF32, {n, kvw});                 // [N, kv_heads*hd]
-    be_.copy(k_base.view(), k_full.view());
-    be_.copy(v_base.view(), v_full.view());
+    // Full K/V = base + LoRA delta, only when some binding stores full entries (the base modes
+    // keep just the LR rows x·A, so the expand, copies and RoPE of full K would be wasted).
+    Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd]
     std::vector<Tensor> lr_k, lr_v;  // per segment [n_rows, rank] or empty
-    TensorView kf2 = as2d(k_full, kvw);
-    apply_lora(be_, l, LoraTarget::kK, xn.view(), kf2, segs, &lr_k, stats_);
-    apply_lora(be_, l, LoraTarget::kV, xn.view(), v_full.view(), segs, &lr_v, stats_);
+    if (need_full) {
+      k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});
+      v_full = be_.alloc(DType::kF32, {n, kvw});
+      be_.copy(k_base.view(), k_full.view());
+      be_.copy(v_base.view(), v_full.view());
+      TensorView kf2 = as2d(k_full, kvw);
+      apply_lora(be_, l, LoraTarget::kK, xn.view(), &kf2, segs, &lr_k, stats_);
+      apply_lora(be_, l, LoraTarget::kV, xn.view(), &v_full.view(), segs, &lr_v, stats_);
+    } else {
+      apply_lora(be_, l, LoraTarget::kK, xn.view(), nullptr, segs, &lr_k, stats_);
+      apply_lora(be_, l, LoraTarget::kV, xn.view(), nullptr, segs, &lr_v, stats_);
+    }
 
     be_.rope(q.view(), pos.data(), inv_freq_.data());
     be_.rope(k_base.view(), pos.data(), inv_freq_.data());
-    be_.rope(k_full.view(), pos.data(), inv_freq_.data());
+    if (need_full) be_.rope(k_full.view(), pos.data(), inv_freq_.data());
 
     for (size_t s = 0; s < batch.size(); ++s) {
       const SeqInput& in = batch[s];
@@ -85,8 +94,10 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
       rows.n = sg.n_rows;
       rows.k_base = k_base.f32() + sg.row_begin * kvw;
       rows.v_base = v_base.f32() + sg.row_begin * kvw;
-      rows.k_full = k_full.f32() + sg.row_begin * kvw;
-      rows.v_full = v_full.f32() + sg.row_begin * kvw;
+      if (need_full) {
+        rows.k_full = k_full.f32() + sg.row_begin * kvw;
+        rows.v_full = v_full.f32() + sg.row_begin * kvw;
+      }
       if (lr_k[s].view().data) { rows.lr_k = lr_k[s].f32(); rows.rank_k = static_cast<int>(lr_k[s].dim(1)); }
       if (lr_v[s].view().data) { rows.lr_v = lr_v[s].f32(); rows.rank_v = static_cast<int>(lr_v[s].dim(1)); }
       in.kv->write(be_, rows);
@@ -107,17 +118,17 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
 
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
     be_.matmul(attn.view(), lw.wo, nullptr, xn.view());
-    apply_lora(be_, l, LoraTarget::kO, attn.view(), xn.view(), segs, nullptr, stats_);
+    apply_lora(be_, l, LoraTarget::kO, attn.view(), &xn.view(), segs, nullptr, stats_);
     be_.add(h.view(), xn.view());
 
     be_.rms_norm(h.view(), lw.mlp_norm, static_cast<float>(c.rms_norm_eps), xn.view());
     be_.matmul(xn.view(), lw.w_gate, nullptr, gate.view());
-    apply_lora(be_, l, LoraTarget::kGate, xn.view(), gate.view(), segs, nullptr, stats_);
+    apply_lora(be_, l, LoraTarget::kGate, xn.view(), &gate.view(), segs, nullptr, stats_);
     be_.matmul(xn.view(), lw.w_up, nullptr, up.view());
-    apply_lora(be_, l, LoraTarget::kUp, xn.view(), up.view(), segs, nullptr, stats_);
+    apply_lora(be_, l, LoraTarget::kUp, xn.view(), &up.view(), segs, nullptr, stats_);
     be_.silu_mul(gate.view(), up.view(), gate.view());
     be_.matmul(gate.view(), lw.w_down, nullptr, xn.view());
-    apply_lora(be_, l, LoraTarget::kDown, gate.view(), xn.view(), segs, nullptr, stats_);
+    apply_lora(be_, l, LoraTarget::kDown, gate.view(), &xn.view(), segs, nullptr, stats_);
     be_.add(h.view(), xn.view());
   }
   if (hook_) hook_(hook_ctx_, c.num_layers, h.view());

@@ -19,7 +19,7 @@ bool same_a(const LoraModule& x, const LoraModule& y) {
 
 }  // namespace
 
-void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, TensorView& y,
+void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, TensorView* y,
                 const std::vector<LoraSegment>& segs, std::vector<Tensor>* lr_out, ForwardStats& stats) {
   const int64_t in = x.dim(1);
   if (lr_out) {
@@ -55,8 +55,10 @@ void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, 
     for (size_t u : members) {
       const LoraModule* m = module_of(segs[u].adapter, layer, target);
       TensorView xa_seg = xa.view().rows(off, off + segs[u].n_rows);
-      TensorView y_seg = y.rows(segs[u].row_begin, segs[u].row_begin + segs[u].n_rows);
-      be.matmul(xa_seg, m->b.view(), nullptr, y_seg, m->scale, 1.0f);
+      if (y) {
+        TensorView y_seg = y->rows(segs[u].row_begin, segs[u].row_begin + segs[u].n_rows);
+        be.matmul(xa_seg, m->b.view(), nullptr, y_seg, m->scale, 1.0f);
+      }
       if (lr_out) {
         Tensor keep = be.alloc(DType::kF32, {segs[u].n_rows, m->rank});
         be.copy(xa_seg, keep.view());

@@ -18,9 +18,10 @@ struct LoraSegment {
 };
 
 // y[rows] += scale · (x[rows] · A^T) · B^T for every segment whose adapter adapts
-// (layer, target). When `lr_out` is given it receives, per segment, the shrink result
+// (layer, target); with y null only the shrink runs (callers that need just x·A).
+// When `lr_out` is given it receives, per segment, the shrink result
 // x·A as a tensor [n_rows, rank] (empty tensor when the segment is not adapted).
-void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, TensorView& y,
+void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, TensorView* y,
                 const std::vector<LoraSegment>& segs, std::vector<Tensor>* lr_out, ForwardStats& stats);
 
 }  // namespace lragent
