@@ -1,9 +1,8 @@
 # CUDA backend (sm_90a by default). Included from CMakeLists.txt when LRAGENT_CUDA=ON.
-#   lragent_cuda             src/backend/cuda/*.cu, *.cpp (attention kernels; needs only cudart)
+#   lragent_cuda             src/backend/cuda/*.cu (kernels and launchers; needs only cudart)
+#   + lragent_lib gets src/backend/cuda/*.cpp (the CudaBackend, host C++) and links the above
 #   lragent_cuda_tests       tests/cuda/*.cu, *.cpp vs the CPU reference (ctest -R Cuda)
 #   lragent_attention_bench  bench/cuda/*.cu (standalone: CUDA events, JSON out)
-# lragent_lib does not link lragent_cuda yet (the backend is being refactored for device
-# memory); the test links both.
 enable_language(CUDA)
 # CMake 3.25 knows no C++20 dialect flag for nvcc 13 (and with CMAKE_CXX_STANDARD_REQUIRED the
 # CUDA targets inherit C++20): teach it the flag.
@@ -21,8 +20,8 @@ find_package(CUDAToolkit REQUIRED)
 # produces exactly that (compute_90a, sm_90a).
 set(LRAGENT_CUDA_FLAGS --expt-relaxed-constexpr -lineinfo)
 
-file(GLOB LRAGENT_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
-     ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cpp)
+file(GLOB LRAGENT_CUDA_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu)
+file(GLOB LRAGENT_CUDA_HOST_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cpp)
 if(NOT LRAGENT_CUDA_SOURCES)
   message(STATUS "LRAGENT_CUDA=ON but src/backend/cuda has no sources yet")
   return()
@@ -33,6 +32,10 @@ target_include_directories(lragent_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(lragent_cuda PUBLIC CUDA::cudart)
 target_compile_options(lragent_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
 set_target_properties(lragent_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)
+# The backend (host C++ calling the launchers) joins the library; make_cuda_backend then works.
+target_sources(lragent_lib PRIVATE ${LRAGENT_CUDA_HOST_SOURCES})
+target_compile_definitions(lragent_lib PUBLIC LRAGENT_HAVE_CUDA)
+target_link_libraries(lragent_lib PUBLIC lragent_cuda CUDA::cublasLt CUDA::cudart)
 if(LRAGENT_CUDA_RESOURCE_USAGE)
   # Registers / shared memory / spills per kernel in the build log.
   target_compile_options(lragent_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--resource-usage>)

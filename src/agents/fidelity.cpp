@@ -67,6 +67,9 @@ std::vector<double> log_softmax(const std::vector<float>& row) {
 
 Result<std::vector<LayerSimilarity>> layer_similarity(LlamaModel& model, const std::vector<int32_t>& traj,
                                                       const std::vector<const LoraAdapter*>& adapters, int page_size) {
+  // The capture bindings and hooks read hidden states and cache rows in host memory.
+  if (model.backend().device() != Device::kCpu)
+    return make_error(ErrorCode::kUnsupported, "the fidelity tools run on the CPU backend; use --device cpu");
   const ModelConfig& c = model.config();
   const int64_t width = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
   // The pools must outlive the bindings that hold blocks in them.

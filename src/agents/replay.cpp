@@ -80,6 +80,7 @@ Result<std::unique_ptr<AgentSession>> AgentSession::create(LlamaModel& model, co
   SharingOptions so = opts.sharing;
   if (model.config().max_position_embeddings > 0)
     so.max_tokens = std::min<int64_t>(so.max_tokens, model.config().max_position_embeddings);
+  if (!so.backend) so.backend = pool_backend(model.backend());
   LRA_ASSIGN_OR_RETURN(s->kv_, TrajectoryKv::create(model.config(), std::move(adapters), so));
   s->computed_.assign(s->names_.size(), 0);
   const int bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : (tok ? tok->bos_id() : -1);

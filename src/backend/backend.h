@@ -1,14 +1,19 @@
 // The backend interface: the handful of ops the model needs, implemented once per device
 // (cpu/, cuda/). Model code only talks to this interface. Every op works on TensorViews
-// whose memory lives on the backend's device; activations are f32, weights may be
-// f32/f16/bf16 (kept in their file dtype), caches are f32 on the CPU.
+// whose memory lives on the backend's device; activations are f32 on every backend. Weights
+// may be f32/f16/bf16: the CPU keeps them in their file dtype (mmap), a GPU backend holds
+// copies in its weight_dtype(). Caches are in cache_dtype(): f32 on the CPU, bf16 or f32 on CUDA.
+// Host arrays passed to ops (ids, positions, slots, block tables, inv_freq) are host memory;
+// a GPU backend uploads them (stream-ordered, deduplicated by content).
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "core/result.h"
+#include "backend/random.h"
 #include "core/tensor.h"
 
 namespace lragent {
@@ -16,23 +21,34 @@ namespace lragent {
 // One layer of a paged cache: token t lives at
 //   data + (table[t / page_size] * page_size + t % page_size) * row_stride.
 struct PagedView {
-  float* data = nullptr;           // [n_blocks, page_size, row_stride] (this layer's slice)
-  const int32_t* table = nullptr;  // [ceil(n_tokens / page_size)] block ids
+  void* data = nullptr;            // [n_blocks, page_size, row_stride] (this layer's slice), backend memory
+  DType dtype = DType::kF32;       // element type of the cache
+  const int32_t* table = nullptr;  // [ceil(n_tokens / page_size)] block ids (host)
   int page_size = 1;
-  int64_t row_stride = 0;          // floats per token row
+  int64_t row_stride = 0;          // elements per token row
+  int64_t row_offset(int64_t t) const {
+    return (static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size) * row_stride;
+  }
+  // Host-memory f32 caches only (the CPU backend).
   float* row(int64_t t) const {
-    return data + (static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size) * row_stride;
+    assert(dtype == DType::kF32 && "PagedView::row() reads f32 caches; this one is not");
+    return static_cast<float*>(data) + row_offset(t);
   }
 };
 
 // Low-rank (LoRA) term that attention adds to the base cache without materialising it:
 //   V_j = V_base_j + LR_j · B_eff,  B_eff = scale · B^T   (K likewise, RoPE'd after the expand)
 struct LowRankTerm {
-  PagedView lr;              // [n_ctx, rank] rows of X·A (f32), K-side pre-RoPE
-  const float* b = nullptr;  // [n_kv_heads * head_dim, rank] lora_B of this agent (row-major)
+  PagedView lr;              // [n_ctx, rank] rows of X·A, K-side pre-RoPE
+  const void* b = nullptr;   // [n_kv_heads * head_dim, rank] lora_B of this agent (row-major), backend memory
   int rank = 0;
   float scale = 0.f;         // lora_alpha / r (or / sqrt(r))
+  DType b_dtype = DType::kF32;
   bool active() const { return b != nullptr && rank > 0; }
+  const float* b_f32() const {
+    assert(b_dtype == DType::kF32 && "LowRankTerm::b_f32() on a non-f32 B");
+    return static_cast<const float*>(b);
+  }
 };
 
 struct AttentionParams {
@@ -48,11 +64,34 @@ struct AttentionParams {
   float* out = nullptr;        // [n_q, n_heads, head_dim]
 };
 
+// Device memory in use by a backend (0 on the CPU, where the OS accounts for it).
+struct MemoryStats {
+  int64_t in_use = 0;    // bytes allocated now
+  int64_t peak = 0;      // most bytes allocated at once since creation or reset_peak()
+  int64_t capacity = 0;  // device memory size
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual Device device() const = 0;
+  // The dtype a non-CPU backend keeps weights in (LlamaModel uploads them so); caches' dtype.
+  virtual DType weight_dtype() const { return DType::kF32; }
+  virtual DType cache_dtype() const { return DType::kF32; }
+
+  // A copy of a host tensor (any float dtype, rows may be strided) in this backend's memory,
+  // contiguous and converted to `dtype` (f32/bf16/f16).
+  virtual Tensor upload(const TensorView& host, DType dtype) = 0;
+  // Fills t (f32/bf16, backend memory, contiguous) with normal(0, stddev) numbers that depend only
+  // on (seed, element index): every backend produces the same values (synthetic weights on device).
+  virtual void fill_random(TensorView& t, uint64_t seed, float stddev) = 0;
+  // Fills t (f32/bf16, contiguous) with `value`.
+  virtual void fill(TensorView& t, float value) = 0;
+  // Waits for queued work (timing); a no-op on the CPU.
+  virtual void synchronize() {}
+  virtual MemoryStats memory_stats() const { return {}; }
+  virtual void reset_peak_memory() {}
 
   // An uninitialised tensor in this backend's memory.
   virtual Tensor alloc(DType t, std::vector<int64_t> shape) = 0;
@@ -85,5 +124,15 @@ class Backend {
 
 // The CPU backend with `n_threads` threads (0: all cores).
 std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+
+struct CudaBackendOptions {
+  int device = 0;
+  DType dtype = DType::kBF16;  // weights and caches: kBF16 (fast path) or kF32 (bit-faithful to the CPU)
+};
+// The CUDA backend; an error naming the cause when this build has no CUDA or no GPU is usable.
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts);
+// Whether this binary was built with -DLRAGENT_CUDA=ON.
+bool cuda_compiled();
+
 
 }  // namespace lragent

@@ -14,6 +14,14 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
                   "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
                   "Omitted: the built-in synthetic model (random weights, meaningless text)");
   app->add_option("--threads", threads, "CPU threads (0: all cores)")->default_val(0);
+  app->add_option("--device", device,
+                  "Where the model runs: cpu, or cuda / cuda:N (an NVIDIA GPU; needs a build with -DLRAGENT_CUDA=ON)")
+      ->default_val("cpu");
+  app->add_option("--dtype", dtype,
+                  "With --device cuda: bf16 (weights and KV caches in bf16, f32 accumulation; fast) or f32 (the CPU's "
+                  "arithmetic, for exact comparisons)")
+      ->default_val("bf16")
+      ->check(CLI::IsMember({"bf16", "f32"}));
   if (with_adapters)
     app->add_option("--adapter", adapters,
                     "Register a PEFT LoRA adapter as NAME=DIR (adapter_config.json + adapter_model.safetensors); "
@@ -53,9 +61,27 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text) {
   return ids;
 }
 
+Result<std::unique_ptr<Backend>> make_backend(const ModelFlags& flags) {
+  if (flags.device == "cpu") return make_cpu_backend(flags.threads);
+  CudaBackendOptions o;
+  o.dtype = flags.dtype == "f32" ? DType::kF32 : DType::kBF16;
+  if (flags.device.rfind("cuda", 0) == 0) {
+    if (flags.device.size() > 5 && flags.device[4] == ':') {
+      char* end = nullptr;
+      const long d = std::strtol(flags.device.c_str() + 5, &end, 10);
+      if (*end != '\0' || d < 0) return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cuda:N", flags.device);
+      o.device = static_cast<int>(d);
+    } else if (flags.device != "cuda") {
+      return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cpu, cuda or cuda:N", flags.device);
+    }
+    return make_cuda_backend(o);
+  }
+  return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cpu, cuda or cuda:N", flags.device);
+}
+
 Result<LoadedModel> load_model(const ModelFlags& flags) {
   LoadedModel out;
-  out.backend = make_cpu_backend(flags.threads);
+  LRA_ASSIGN_OR_RETURN(out.backend, make_backend(flags));
   const auto t0 = std::chrono::steady_clock::now();
   if (flags.model_dir.empty()) {
     fmt::print(stderr,
@@ -83,6 +109,7 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
       return make_error(ErrorCode::kInvalidArgument, "--adapter '{}': expected NAME=DIR", spec);
     const std::string name = spec.substr(0, eq), dir = spec.substr(eq + 1);
     LRA_ASSIGN_OR_RETURN(auto adapter, load_lora_adapter(name, dir, out.model->config()));
+    upload_adapter(*adapter, *out.backend);
     LRA_RETURN_IF_ERROR(out.adapters->add(std::move(adapter)));
   }
   if (!flags.adapters.empty()) fmt::print(stderr, "{}", out.adapters->describe_groups());

@@ -18,6 +18,8 @@ namespace lragent::cli {
 struct ModelFlags {
   std::string model_dir;  // empty: the built-in synthetic model
   int threads = 0;
+  std::string device = "cpu";         // cpu | cuda | cuda:N
+  std::string dtype = "bf16";         // CUDA weights and caches: bf16 | f32
   std::vector<std::string> adapters;  // NAME=DIR
   void add_to(CLI::App* app, bool with_adapters);
 };
@@ -29,6 +31,9 @@ struct LoadedModel {
   std::unique_ptr<AdapterRegistry> adapters;
   bool synthetic = false;
 };
+
+// The backend --device / --dtype / --threads name.
+Result<std::unique_ptr<Backend>> make_backend(const ModelFlags& flags);
 
 // Loads everything the flags name; prints progress on stderr.
 Result<LoadedModel> load_model(const ModelFlags& flags);

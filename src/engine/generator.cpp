@@ -32,7 +32,8 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
                         i, reqs[i].prompt.size(), reqs[i].max_tokens, cfg.max_position_embeddings);
     if (opts_.kv_blocks == 0) blocks += KvPools::blocks_for(1, need, opts_.page_size);
   }
-  LRA_ASSIGN_OR_RETURN(KvPools pools, KvPools::create(cfg, opts_.page_size, std::max<int64_t>(blocks, 1), "generate"));
+  LRA_ASSIGN_OR_RETURN(KvPools pools, KvPools::create(cfg, opts_.page_size, std::max<int64_t>(blocks, 1), "generate",
+                                                      pool_backend(model_.backend())));
 
   std::vector<GenerateResult> results(reqs.size());
   std::vector<Running> run;

@@ -1,11 +1,12 @@
 #include "kv/block_pool.h"
 
+#include <cstdlib>
 #include <new>
 
 namespace lragent {
 
 Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_layers, int page_size, int64_t width,
-                                                     int64_t n_blocks) {
+                                                     int64_t n_blocks, Backend* backend) {
   if (n_layers <= 0 || page_size <= 0 || width <= 0 || n_blocks <= 0 || n_blocks > INT32_MAX)
     return make_error(ErrorCode::kInvalidArgument,
                       "KV pool '{}': invalid geometry (layers {}, page size {}, width {}, blocks {})", name, n_layers,
@@ -16,11 +17,21 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_lay
   p->page_size_ = page_size;
   p->width_ = width;
   p->n_blocks_ = n_blocks;
-  const size_t floats = static_cast<size_t>(n_layers) * static_cast<size_t>(n_blocks) * page_size * width;
-  p->data_.reset(new (std::nothrow) float[floats]);
-  if (!p->data_)
-    return make_error(ErrorCode::kOutOfMemory, "KV pool '{}': cannot allocate {:.1f} MiB; lower --max-context",
-                      p->name_, static_cast<double>(floats) * 4 / (1 << 20));
+  const std::vector<int64_t> shape = {n_layers, n_blocks, page_size, width};
+  const DType dtype = backend ? backend->cache_dtype() : DType::kF32;
+  const double mib = static_cast<double>(n_layers) * static_cast<double>(n_blocks) * page_size * static_cast<double>(width) *
+                     static_cast<double>(dtype_size(dtype)) / (1 << 20);
+  if (backend) {
+    p->storage_ = backend->alloc(dtype, shape);
+  } else {
+    const size_t bytes = static_cast<size_t>(n_layers) * static_cast<size_t>(n_blocks) * page_size * width * 4;
+    void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (mem) p->storage_ = Tensor::adopt(TensorView(DType::kF32, shape, mem), &std::free);
+  }
+  if (!p->storage_.view().data)
+    return make_error(ErrorCode::kOutOfMemory,
+                      "KV pool '{}': cannot allocate {:.1f} MiB on {}; lower --max-context (or --kv-budget)", p->name_,
+                      mib, backend ? backend->name() : std::string("the host"));
   p->refs_.assign(static_cast<size_t>(n_blocks), 0);
   p->free_.reserve(static_cast<size_t>(n_blocks));
   for (int64_t b = n_blocks; b-- > 0;) p->free_.push_back(static_cast<int32_t>(b));
@@ -51,7 +62,10 @@ void BlockPool::release(int32_t block) {
 
 PagedView BlockPool::layer_view(int layer, const int32_t* table) const {
   PagedView v;
-  v.data = data_.get() + static_cast<size_t>(layer) * static_cast<size_t>(n_blocks_) * page_size_ * width_;
+  const TensorView& st = storage_.view();
+  v.dtype = st.dtype;
+  v.data = static_cast<char*>(st.data) +
+           static_cast<size_t>(layer) * static_cast<size_t>(n_blocks_) * page_size_ * width_ * dtype_size(st.dtype);
   v.table = table;
   v.page_size = page_size_;
   v.row_stride = width_;

@@ -4,11 +4,12 @@
 
 namespace lragent {
 
-Result<KvPools> KvPools::create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name) {
+Result<KvPools> KvPools::create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name,
+                                Backend* backend) {
   const int64_t width = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
   KvPools p;
-  LRA_ASSIGN_OR_RETURN(p.k, BlockPool::create(name + ".k", cfg.num_layers, page_size, width, n_blocks));
-  LRA_ASSIGN_OR_RETURN(p.v, BlockPool::create(name + ".v", cfg.num_layers, page_size, width, n_blocks));
+  LRA_ASSIGN_OR_RETURN(p.k, BlockPool::create(name + ".k", cfg.num_layers, page_size, width, n_blocks, backend));
+  LRA_ASSIGN_OR_RETURN(p.v, BlockPool::create(name + ".v", cfg.num_layers, page_size, width, n_blocks, backend));
   return p;
 }
 

@@ -13,7 +13,8 @@ namespace lragent {
 // K and V pools sized for a model ([page_size, n_kv_heads * head_dim] rows per block and layer).
 struct KvPools {
   std::unique_ptr<BlockPool> k, v;
-  static Result<KvPools> create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name);
+  static Result<KvPools> create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name,
+                                Backend* backend = nullptr);
   // Blocks needed for `n_seqs` sequences of up to `max_tokens` tokens each.
   static int64_t blocks_for(int64_t n_seqs, int64_t max_tokens, int page_size) {
     return n_seqs * ((max_tokens + page_size - 1) / page_size);

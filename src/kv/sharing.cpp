@@ -126,9 +126,11 @@ class SharedBinding final : public KvBinding {
     const LoraAdapter* ad = kv_.adapters_[ua];
     const bool priv = m == ShareMode::kBase;
     if (const LoraModule* mk = module_of(ad, l, LoraTarget::kK))
-      p.k_lr = {priv ? kv_.priv_k_[ua].view(l) : kv_.shared_lrk_.view(l), mk->b.f32(), mk->rank, mk->scale};
+      p.k_lr = {priv ? kv_.priv_k_[ua].view(l) : kv_.shared_lrk_.view(l), mk->b_use().data, mk->rank, mk->scale,
+                mk->b_use().dtype};
     if (const LoraModule* mv = module_of(ad, l, LoraTarget::kV))
-      p.v_lr = {priv ? kv_.priv_v_[ua].view(l) : kv_.shared_lrv_.view(l), mv->b.f32(), mv->rank, mv->scale};
+      p.v_lr = {priv ? kv_.priv_v_[ua].view(l) : kv_.shared_lrv_.view(l), mv->b_use().data, mv->rank, mv->scale,
+                mv->b_use().dtype};
   }
 
   bool wants_full() const override {
@@ -160,6 +162,7 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
   if (adapters.empty()) return make_error(ErrorCode::kInvalidArgument, "a trajectory needs at least one agent");
   std::unique_ptr<TrajectoryKv> kv(new TrajectoryKv());
   kv->cfg_ = cfg;
+  if (opts.backend) opts.value_bytes = static_cast<int64_t>(dtype_size(opts.backend->cache_dtype()));
   kv->opts_ = opts;
   kv->adapters_ = std::move(adapters);
   const int L = cfg.num_layers;
@@ -180,7 +183,7 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
                         "--recompute-layers: layer {} is out of range; the model has {} layers (0-{})", l, L, L - 1);
 
   auto new_pool = [&](const std::string& name, int layers, int64_t w) -> Result<BlockPool*> {
-    LRA_ASSIGN_OR_RETURN(auto pool, BlockPool::create(name, layers, opts.page_size, w, blocks));
+    LRA_ASSIGN_OR_RETURN(auto pool, BlockPool::create(name, layers, opts.page_size, w, blocks, opts.backend));
     kv->pools_.push_back(std::move(pool));
     return kv->pools_.back().get();
   };

@@ -46,7 +46,8 @@ struct SharingOptions {
   int page_size = 16;
   int64_t max_tokens = 4096;           // longest trajectory; sizes the pools
   std::vector<int> recompute_layers;   // droidspeak: layers kept private per agent
-  int64_t value_bytes = 4;             // bytes per cached value (f32 on the CPU)
+  int64_t value_bytes = 4;             // bytes per cached value (set from the backend's cache dtype)
+  Backend* backend = nullptr;          // where the pools live (null: host f32)
 };
 
 // The cache state of one trajectory shared by agents 0..n-1 (agent i uses adapters[i],

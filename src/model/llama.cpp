@@ -59,6 +59,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& dir, Bac
   m->store_ = std::move(store);
   m->inv_freq_ = rope_inv_freq(m->cfg_);
   m->source_ = dir;
+  m->place_weights();
   return m;
 }
 
@@ -70,7 +71,30 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::from_weights(ModelConfig cfg, Mo
   m->owned_ = std::move(owned);
   m->inv_freq_ = rope_inv_freq(m->cfg_);
   m->source_ = "<synthetic>";
+  m->place_weights();
   return m;
+}
+
+void LlamaModel::place_weights() {
+  if (be_.device() == Device::kCpu) return;
+  // Matrices go to the backend's weight dtype; norms and biases stay f32 (tiny, and exact).
+  auto put = [&](TensorView& v, bool matrix) {
+    if (!v.data || v.device == be_.device()) return;
+    Tensor t = be_.upload(v, matrix ? be_.weight_dtype() : DType::kF32);
+    v = t.view();
+    owned_.push_back(std::move(t));
+  };
+  const bool tied = w_.lm_head.data == w_.embed.data;
+  put(w_.embed, true);
+  if (tied) w_.lm_head = w_.embed; else put(w_.lm_head, true);
+  put(w_.final_norm, false);
+  for (LayerWeights& lw : w_.layers) {
+    for (TensorView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) put(*v, true);
+    for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv}) put(*v, false);
+  }
+  // The host copies (mmap or synthetic host tensors) are no longer read.
+  store_.reset();
+  std::erase_if(owned_, [&](const Tensor& t) { return t.view().device == Device::kCpu; });
 }
 
 Status LlamaModel::validate_batch(const std::vector<SeqInput>& batch) const {

@@ -77,6 +77,8 @@ class LlamaModel {
  private:
   LlamaModel(ModelConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
   Status validate_batch(const std::vector<SeqInput>& batch) const;
+  // Copies host weights to a non-CPU backend (its weight dtype); a no-op on the CPU.
+  void place_weights();
 
   ModelConfig cfg_;
   Backend& be_;

@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "backend/backend.h"
 #include "model/safetensors.h"
 
 namespace lragent {
@@ -507,6 +508,16 @@ std::string AdapterRegistry::describe_groups() const {
     }
   }
   return out;
+}
+
+void upload_adapter(LoraAdapter& adapter, Backend& backend) {
+  if (backend.device() == Device::kCpu) return;
+  for (auto& layer : adapter.layers)
+    for (auto& m : layer) {
+      if (!m) continue;
+      m->a_dev = backend.upload(m->a.view(), backend.weight_dtype());
+      m->b_dev = backend.upload(m->b.view(), backend.weight_dtype());
+    }
 }
 
 }  // namespace lragent

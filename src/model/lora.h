@@ -27,6 +27,12 @@ struct LoraModule {
   Tensor a;            // [r, in_features] f32
   Tensor b;            // [out_features, r] f32
   uint64_t a_hash = 0; // hash of the raw A bytes as stored in the file
+  // Copies on a non-CPU serving backend (upload_adapter), in its weight dtype; empty on the CPU.
+  Tensor a_dev;        // [r, in_features]
+  Tensor b_dev;        // [out_features, r]
+  // The matrices the forward pass multiplies with (device copies when present).
+  const TensorView& a_use() const { return a_dev.view().data ? a_dev.view() : a.view(); }
+  const TensorView& b_use() const { return b_dev.view().data ? b_dev.view() : b.view(); }
 };
 
 struct LoraAdapter {
@@ -45,6 +51,11 @@ struct LoraAdapter {
 // embedding/lm_head targets, layers_to_transform, fan_in_fan_out, non-LORA peft types.
 Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, const std::string& dir,
                                                        const ModelConfig& cfg);
+
+class Backend;
+// Copies every module's A and B to `backend` (a no-op on the CPU backend). The host f32 copies
+// stay: shared-A detection compares them.
+void upload_adapter(LoraAdapter& adapter, Backend& backend);
 
 // The adapters being served, by name, with their shared-A groups.
 class AdapterRegistry {

@@ -49,7 +49,8 @@ void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, 
     be.gather_rows(x, row_ids.data(), rows, xg.view());
     int64_t off = 0;
     Tensor xa = be.alloc(DType::kF32, {rows, lead->rank});  // [rows, rank]
-    be.matmul(xg.view(), lead->a.view(), nullptr, xa.view());
+    assert((be.device() == Device::kCpu || lead->a_dev.view().data) && "adapter not uploaded: call upload_adapter");
+    be.matmul(xg.view(), lead->a_use(), nullptr, xa.view());
     stats.lora_shrink_calls += 1;
     stats.lora_shrink_rows += rows;
     for (size_t u : members) {
@@ -57,7 +58,7 @@ void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, 
       TensorView xa_seg = xa.view().rows(off, off + segs[u].n_rows);
       if (y) {
         TensorView y_seg = y->rows(segs[u].row_begin, segs[u].row_begin + segs[u].n_rows);
-        be.matmul(xa_seg, m->b.view(), nullptr, y_seg, m->scale, 1.0f);
+        be.matmul(xa_seg, m->b_use(), nullptr, y_seg, m->scale, 1.0f);
       }
       if (lr_out) {
         Tensor keep = be.alloc(DType::kF32, {segs[u].n_rows, m->rank});

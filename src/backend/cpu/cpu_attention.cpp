@@ -38,7 +38,7 @@ std::vector<float> reconstruct_keys(const AttentionParams& p, ThreadPool& pool) 
     for (int64_t j = b; j < e; ++j) {
       const float* lr = t.lr.row(j);  // [rank]
       for (int64_t o = 0; o < width; ++o) {
-        const float* brow = t.b + o * t.rank;
+        const float* brow = t.b_f32() + o * t.rank;
         float acc = 0.f;
         for (int r = 0; r < t.rank; ++r) acc += lr[r] * brow[r];
         delta[static_cast<size_t>(o)] = t.scale * acc;
@@ -106,7 +106,7 @@ void cpu_attention(const AttentionParams& p, ThreadPool& pool) {
           for (int r = 0; r < t.rank; ++r) o_lr[static_cast<size_t>(r)] += w * lr[r];
         }
         for (int d = 0; d < hd; ++d) {
-          const float* brow = t.b + (static_cast<int64_t>(g) * hd + d) * t.rank;
+          const float* brow = t.b_f32() + (static_cast<int64_t>(g) * hd + d) * t.rank;
           float acc = 0.f;
           for (int r = 0; r < t.rank; ++r) acc += o_lr[static_cast<size_t>(r)] * brow[r];
           out[d] += t.scale * acc;

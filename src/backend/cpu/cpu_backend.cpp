@@ -15,6 +15,20 @@ namespace {
 
 int64_t row_stride_of(const TensorView& t) { return t.strides.empty() ? t.dim(1) : t.strides[0]; }
 
+// Writes n f32 values as `dtype` (f32/bf16/f16).
+void store_f32(DType dtype, const float* src, void* dst, size_t n) {
+  switch (dtype) {
+    case DType::kF32: std::memcpy(dst, src, n * 4); return;
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_bf16(src[i]);
+      return;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) static_cast<uint16_t*>(dst)[i] = f32_to_f16(src[i]);
+      return;
+    default: assert(false && "store_f32: only f32/bf16/f16 destinations");
+  }
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int n_threads)
@@ -25,6 +39,37 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
 
   Tensor alloc(DType t, std::vector<int64_t> shape) override { return Tensor::empty(t, std::move(shape)); }
+
+  Tensor upload(const TensorView& host, DType dtype) override {
+    assert(host.rank() >= 1 && "upload takes a tensor of rank >= 1");
+    const int64_t rows = host.dim(0), cols = host.numel() / std::max<int64_t>(rows, 1);
+    const int64_t ld = host.rank() == 2 ? row_stride_of(host) : cols;
+    Tensor out = Tensor::empty(dtype, host.shape);
+    std::vector<float> row(static_cast<size_t>(cols));  // [cols]
+    const size_t esz = dtype_size(host.dtype);
+    for (int64_t r = 0; r < rows; ++r) {
+      convert_to_f32(host.dtype, static_cast<const char*>(host.data) + static_cast<size_t>(r * ld) * esz, row.data(),
+                     row.size());
+      store_f32(dtype, row.data(), static_cast<char*>(out.view().data) + static_cast<size_t>(r * cols) * dtype_size(dtype),
+                row.size());
+    }
+    return out;
+  }
+
+  void fill_random(TensorView& t, uint64_t seed, float stddev) override {
+    const int64_t n = t.numel();
+    pool_.parallel_for(n, 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float v = stddev * random_normal_at(seed, static_cast<uint64_t>(i));
+        store_f32(t.dtype, &v, static_cast<char*>(t.data) + static_cast<size_t>(i) * dtype_size(t.dtype), 1);
+      }
+    });
+  }
+
+  void fill(TensorView& t, float value) override {
+    for (int64_t i = 0; i < t.numel(); ++i)
+      store_f32(t.dtype, &value, static_cast<char*>(t.data) + static_cast<size_t>(i) * dtype_size(t.dtype), 1);
+  }
 
   void copy(const TensorView& src, TensorView& dst) override {
     assert(src.is_contiguous() && dst.is_contiguous() && src.nbytes() == dst.nbytes() && "copy: shapes differ");
@@ -136,7 +181,7 @@ class CpuBackend final : public Backend {
   void store_rows(const TensorView& rows, const PagedView& dst, const int32_t* slots) override {
     const int64_t n = rows.dim(0), width = rows.numel() / std::max<int64_t>(n, 1);
     for (int64_t i = 0; i < n; ++i)
-      std::memcpy(dst.row(slots[i]), rows.f32() + i * width, static_cast<size_t>(width) * 4);
+      std::memcpy(dst.row(slots[i]), rows.f32() + i * width, static_cast<size_t>(width) * 4);  // f32 caches only
   }
 
   void attention(const AttentionParams& p) override { cpu_attention(p, pool_); }

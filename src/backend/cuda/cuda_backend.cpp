@@ -1,0 +1,527 @@
+// The CUDA backend: the Backend interface on one NVIDIA GPU.
+//   memory   stream-ordered allocator (cudaMallocAsync on the backend's stream, pool kept
+//            cached), so the per-forward activations cost no cudaMalloc/cudaFree syncs;
+//   GEMM     cuBLASLt: bf16 weights x bf16 activations -> f32 (f32 accumulate), or pure f32
+//            (CUBLAS_COMPUTE_32F, no TF32) on the f32 path; algorithms cached per shape;
+//   ops      ops.cu (RMSNorm, RoPE, SwiGLU, embedding, paged stores, ...);
+//   attention  the tuned kernels of attention.cuh for bf16 caches with head_dim 64/128, else
+//            the generic kernel of ops.cu (f32 caches, other head dims).
+// Host arrays passed to ops (ids, positions, slots, block tables, inv_freq) are uploaded
+// through a pinned staging ring, deduplicated by content: a forward pass uploads each block
+// table once even though every layer passes it again.
+// Host C++ (compiled by the host compiler, not nvcc): only launchers from the .cu files.
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/ops.cuh"
+
+namespace lragent {
+namespace {
+
+namespace lc = lragent::cuda;
+
+// The stream every op and allocation of the (single) CUDA backend is ordered on; Tensor's free
+// function is a plain function pointer, so it reaches the stream through this global.
+cudaStream_t g_stream = nullptr;
+
+void free_async(void* p) {
+  if (p) cudaFreeAsync(p, g_stream);
+}
+
+lc::Elem elem_of(DType t) {
+  switch (t) {
+    case DType::kF32: return lc::Elem::kF32;
+    case DType::kBF16: return lc::Elem::kBF16;
+    case DType::kF16: return lc::Elem::kF16;
+    default: assert(false && "CUDA backend ops take f32/bf16/f16 tensors"); return lc::Elem::kF32;
+  }
+}
+
+cudaDataType_t cuda_type_of(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: assert(false && "GEMM operands are f32/bf16/f16"); return CUDA_R_32F;
+  }
+}
+
+int64_t row_stride_of(const TensorView& t) { return t.strides.empty() ? t.dim(1) : t.strides[0]; }
+
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
+uint64_t fnv1a(const void* data, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<Backend>> create(const CudaBackendOptions& o) {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+      return make_error(ErrorCode::kUnsupported, "--device cuda: no usable NVIDIA GPU ({}); use --device cpu",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "no devices");
+    if (o.device < 0 || o.device >= n)
+      return make_error(ErrorCode::kInvalidArgument, "--device cuda:{}: this machine has {} GPU(s) (0-{})", o.device,
+                        n, n - 1);
+    if (o.dtype != DType::kBF16 && o.dtype != DType::kF32)
+      return make_error(ErrorCode::kInvalidArgument, "--dtype: the CUDA backend runs bf16 or f32");
+    if (g_stream)
+      return make_error(ErrorCode::kUnsupported, "only one CUDA backend per process is supported");
+    std::unique_ptr<CudaBackend> be(new CudaBackend());
+    be->dtype_ = o.dtype;
+    be->device_ = o.device;
+    if (cudaSetDevice(o.device) != cudaSuccess || cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking) != cudaSuccess)
+      return make_error(ErrorCode::kUnsupported, "--device cuda:{}: cannot create a CUDA stream", o.device);
+    g_stream = be->stream_;
+    cudaMemPool_t pool;
+    cudaDeviceGetDefaultMemPool(&pool, o.device);
+    uint64_t keep = UINT64_MAX;  // keep freed memory cached in the pool: no release at syncs
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    be->pool_ = pool;
+    if (cublasLtCreate(&be->lt_) != CUBLAS_STATUS_SUCCESS)
+      return make_error(ErrorCode::kUnsupported, "cuBLASLt initialisation failed on cuda:{}", o.device);
+    cudaDeviceProp prop{};
+    cudaGetDeviceProperties(&prop, o.device);
+    be->gpu_name_ = prop.name;
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    be->capacity_ = static_cast<int64_t>(total_b);
+    be->lt_workspace_ = be->raw_alloc(kLtWorkspace);
+    if (cudaHostAlloc(&be->staging_, kArgArena, cudaHostAllocDefault) != cudaSuccess)
+      return make_error(ErrorCode::kOutOfMemory, "cannot allocate {} MiB of pinned host memory", kArgArena >> 20);
+    be->arg_arena_ = be->raw_alloc(kArgArena);
+    if (!be->lt_workspace_ || !be->arg_arena_)
+      return make_error(ErrorCode::kOutOfMemory, "cuda:{}: cannot allocate the backend's workspaces", o.device);
+    return std::unique_ptr<Backend>(std::move(be));
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    scratch_.clear();
+    free_async(lt_workspace_);
+    free_async(arg_arena_);
+    free_async(attn_workspace_);
+    cudaStreamSynchronize(stream_);
+    if (staging_) cudaFreeHost(staging_);
+    for (auto& [k, v] : plans_) {
+      cublasLtMatmulDescDestroy(v.desc);
+      for (auto* l : {v.a, v.b, v.c}) cublasLtMatrixLayoutDestroy(l);
+    }
+    if (lt_) cublasLtDestroy(lt_);
+    cudaStreamDestroy(stream_);
+    g_stream = nullptr;
+  }
+
+  std::string name() const override { return fmt::format("cuda:{} ({}, {})", device_, gpu_name_, dtype_name(dtype_)); }
+  Device device() const override { return Device::kCuda; }
+  DType weight_dtype() const override { return dtype_; }
+  DType cache_dtype() const override { return dtype_; }
+
+  Tensor alloc(DType t, std::vector<int64_t> shape) override {
+    TensorView v(t, std::move(shape), nullptr, Device::kCuda);
+    v.data = raw_alloc(v.nbytes());
+    if (!v.data && v.nbytes() > 0) return Tensor();  // exhausted: callers check data
+    return Tensor::adopt(std::move(v), &free_async);
+  }
+
+  Tensor upload(const TensorView& host, DType dtype) override {
+    assert(host.device == Device::kCpu && "upload takes a host tensor");
+    const int64_t rows = host.rank() >= 1 ? host.dim(0) : 1, cols = host.numel() / std::max<int64_t>(rows, 1);
+    const int64_t ld = host.rank() == 2 ? row_stride_of(host) : cols;
+    Tensor out = alloc(dtype, host.shape);
+    if (!out.view().data || rows * cols == 0) return out;
+    const size_t esz = dtype_size(host.dtype), row_bytes = static_cast<size_t>(cols) * esz;
+    // Raw bytes to the device (packed), then convert there.
+    void* raw = host.dtype == dtype ? out.view().data : raw_alloc(static_cast<size_t>(rows) * row_bytes);
+    if (ld == cols) {
+      check(cudaMemcpyAsync(raw, host.data, static_cast<size_t>(rows) * row_bytes, cudaMemcpyHostToDevice, stream_));
+    } else {
+      check(cudaMemcpy2DAsync(raw, row_bytes, host.data, static_cast<size_t>(ld) * esz, row_bytes,
+                              static_cast<size_t>(rows), cudaMemcpyHostToDevice, stream_));
+    }
+    if (raw != out.view().data) {
+      check(lc::convert_rows(raw, elem_of(host.dtype), cols, out.view().data, elem_of(dtype), cols, rows, cols, stream_));
+      free_async(raw);
+    }
+    // The host buffer may be released (mmap closed) right after: finish before returning.
+    check(cudaStreamSynchronize(stream_));
+    return out;
+  }
+
+  void fill_random(TensorView& t, uint64_t seed, float stddev) override {
+    check(lc::fill_random(t.data, elem_of(t.dtype), t.numel(), seed, stddev, stream_));
+  }
+  void fill(TensorView& t, float value) override {
+    check(lc::fill_value(t.data, elem_of(t.dtype), t.numel(), value, stream_));
+  }
+  void synchronize() override { check(cudaStreamSynchronize(stream_)); }
+
+  MemoryStats memory_stats() const override {
+    MemoryStats m;
+    uint64_t cur = 0, high = 0;
+    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &cur);
+    cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &high);
+    m.in_use = static_cast<int64_t>(cur);
+    m.peak = static_cast<int64_t>(high);
+    m.capacity = capacity_;
+    return m;
+  }
+  void reset_peak_memory() override {
+    uint64_t zero = 0;
+    cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero);
+  }
+
+  void copy(const TensorView& src, TensorView& dst) override {
+    assert(src.is_contiguous() && dst.is_contiguous() && src.nbytes() == dst.nbytes() && "copy: shapes differ");
+    check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) override {
+    const int64_t row_bytes =
+        static_cast<int64_t>(src.numel() / std::max<int64_t>(src.dim(0), 1)) * static_cast<int64_t>(dtype_size(src.dtype));
+    check(lc::gather_rows(src.data, row_bytes, dev_ints(rows, n), n, dst.data, stream_));
+  }
+
+  Tensor to_host(const TensorView& src) override {
+    Tensor out = Tensor::empty(src.dtype, src.shape);
+    check(cudaMemcpyAsync(out.view().data, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
+    check(cudaStreamSynchronize(stream_));
+    return out;
+  }
+
+  void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
+              float beta) override {
+    assert(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && "matmul takes 2-D tensors");
+    const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+    assert(w.dim(1) == in && y.dim(0) == n && y.dim(1) == out && "matmul shape mismatch");
+    assert(x.dtype == DType::kF32 && y.dtype == DType::kF32 && "activations are f32");
+    if (n == 0 || out == 0) return;
+    const void* xb = x.data;
+    int64_t ldx = row_stride_of(x);
+    if (w.dtype != DType::kF32) {
+      // Tensor cores take both operands in the weight's 16-bit type: convert x once into scratch.
+      void* xs = scratch(0, static_cast<size_t>(n * in) * 2);
+      check(lc::convert_rows(x.data, lc::Elem::kF32, ldx, xs, elem_of(w.dtype), in, n, in, stream_));
+      xb = xs;
+      ldx = in;
+    }
+    gemm(w, xb, ldx, y.data, row_stride_of(y), n, in, out, alpha, beta);
+    if (bias) {
+      assert(bias->dtype == DType::kF32 && "biases are uploaded as f32");
+      check(lc::add_bias(y.f32(), row_stride_of(y), bias->f32(), n, out, stream_));
+    }
+  }
+
+  void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) override {
+    check(lc::rms_norm(x.f32(), row_stride_of(x), weight.data, elem_of(weight.dtype), eps, y.f32(), row_stride_of(y),
+                       x.dim(0), x.dim(1), stream_));
+  }
+
+  void rope(TensorView& x, const int32_t* positions, const float* inv_freq) override {
+    assert(x.rank() == 3 && x.is_contiguous() && "rope takes contiguous [n, heads, head_dim]");
+    const int64_t n = x.dim(0);
+    const int hd = static_cast<int>(x.dim(2));
+    check(lc::rope(x.f32(), n, static_cast<int>(x.dim(1)), hd, dev_ints(positions, n), dev_floats(inv_freq, hd / 2),
+                   stream_));
+  }
+
+  void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override {
+    check(lc::silu_mul(gate.f32(), up.f32(), out.f32(), gate.numel(), stream_));
+  }
+
+  void add(TensorView& y, const TensorView& x) override { check(lc::add(y.f32(), x.f32(), y.numel(), stream_)); }
+
+  void embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) override {
+    check(lc::embedding(table.data, elem_of(table.dtype), table.dim(1), dev_ints(ids, n), n, out.f32(), stream_));
+  }
+
+  void store_rows(const TensorView& rows, const PagedView& dst, const int32_t* slots) override {
+    const int64_t n = rows.dim(0), width = rows.numel() / std::max<int64_t>(n, 1);
+    if (n == 0) return;
+    int64_t max_slot = 0;
+    for (int64_t i = 0; i < n; ++i) max_slot = std::max<int64_t>(max_slot, slots[i]);
+    check(lc::store_rows(rows.f32(), n, width, paged(dst, max_slot + 1), dev_ints(slots, n), stream_));
+  }
+
+  void attention(const AttentionParams& p) override {
+    if (p.n_q == 0) return;
+    if (fast_attention_ok(p)) {
+      run_fast_attention(p);
+      return;
+    }
+    lc::GenericAttnParams g;
+    g.n_heads = p.n_heads;
+    g.n_kv_heads = p.n_kv_heads;
+    g.head_dim = p.head_dim;
+    g.softmax_scale = p.softmax_scale;
+    g.n_q = p.n_q;
+    g.q = p.q;
+    g.q_pos = dev_ints(p.q_pos, p.n_q);
+    g.k = paged(p.k, p.n_ctx);
+    g.v = paged(p.v, p.n_ctx);
+    g.k_lr = low_rank(p.k_lr, p.n_ctx);
+    g.v_lr = low_rank(p.v_lr, p.n_ctx);
+    g.inv_freq = p.k_lr.active() ? dev_floats(p.inv_freq, p.head_dim / 2) : nullptr;
+    g.out = p.out;
+    check(lc::attention_generic(g, stream_));
+  }
+
+ private:
+  static constexpr size_t kLtWorkspace = 32u << 20;
+  static constexpr size_t kArgArena = 16u << 20;
+
+  CudaBackend() = default;
+
+  [[noreturn]] static void fail(const std::string& what) {
+    // A CUDA error mid-op leaves the context unusable (sticky errors); the ops have no error
+    // channel (matching the CPU backend, whose ops cannot fail), so this is fatal by design.
+    fmt::print(stderr, "error: CUDA backend: {}\n", what);
+    std::abort();
+  }
+  static void check(cudaError_t e) {
+    if (e != cudaSuccess) fail(cudaGetErrorString(e));
+  }
+
+  void* raw_alloc(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    if (cudaMallocAsync(&p, bytes, stream_) != cudaSuccess) {
+      cudaGetLastError();  // clear the (non-sticky) allocation error
+      return nullptr;
+    }
+    return p;
+  }
+
+  // Reusable scratch buffer `slot`, grown on demand (stream order makes reuse safe).
+  void* scratch(int slot, size_t bytes) {
+    auto& s = scratch_[slot];
+    if (s.view().nbytes() < bytes) {
+      s = alloc(DType::kU8, {static_cast<int64_t>(std::max(bytes, s.view().nbytes() * 2))});
+      if (!s.view().data) fail(fmt::format("out of device memory for {} bytes of scratch", bytes));
+    }
+    return s.view().data;
+  }
+
+  // ---- uploads of small host arrays, deduplicated by content
+  const void* dev_bytes(const void* host, size_t bytes) {
+    if (bytes == 0) return arg_arena_;
+    const uint64_t key = fnv1a(host, bytes) ^ (bytes * 0x9e3779b97f4a7c15ull);
+    auto it = memo_.find(key);
+    if (it != memo_.end() && it->second.bytes == bytes &&
+        std::memcmp(static_cast<char*>(staging_) + it->second.offset, host, bytes) == 0)
+      return static_cast<char*>(arg_arena_) + it->second.offset;
+    const size_t need = (bytes + 255) / 256 * 256;
+    if (need > kArgArena) fail(fmt::format("an op argument of {} bytes exceeds the upload arena", bytes));
+    if (arena_off_ + need > kArgArena) {
+      // Wrap: earlier copies out of the staging ring must have landed before it is rewritten.
+      check(cudaStreamSynchronize(stream_));
+      arena_off_ = 0;
+      memo_.clear();
+    }
+    const size_t off = arena_off_;
+    arena_off_ += need;
+    std::memcpy(static_cast<char*>(staging_) + off, host, bytes);
+    check(cudaMemcpyAsync(static_cast<char*>(arg_arena_) + off, static_cast<char*>(staging_) + off, bytes,
+                          cudaMemcpyHostToDevice, stream_));
+    memo_[key] = {off, bytes};
+    return static_cast<char*>(arg_arena_) + off;
+  }
+  const int32_t* dev_ints(const int32_t* host, int64_t n) {
+    return static_cast<const int32_t*>(dev_bytes(host, static_cast<size_t>(n) * 4));
+  }
+  const float* dev_floats(const float* host, int64_t n) {
+    return static_cast<const float*>(dev_bytes(host, static_cast<size_t>(n) * 4));
+  }
+
+  // A device view of a paged cache layer holding `n_tokens` tokens.
+  lc::PagedDev paged(const PagedView& v, int64_t n_tokens) {
+    lc::PagedDev d;
+    d.data = v.data;
+    d.dtype = elem_of(v.dtype);
+    d.page_size = v.page_size;
+    d.row_stride = v.row_stride;
+    d.table = dev_ints(v.table, (n_tokens + v.page_size - 1) / v.page_size);
+    return d;
+  }
+  lc::LowRankDev low_rank(const LowRankTerm& t, int64_t n_tokens) {
+    lc::LowRankDev d;
+    if (!t.active()) return d;
+    d.lr = paged(t.lr, n_tokens);
+    d.b = t.b;
+    d.b_dtype = elem_of(t.b_dtype);
+    d.rank = t.rank;
+    d.scale = t.scale;
+    return d;
+  }
+
+  // ---- tuned attention (attention.cuh): bf16 caches, head_dim 64/128, the shapes it supports
+  static bool pow2(int x) { return x >= 1 && (x & (x - 1)) == 0; }
+  static bool lr_fast_ok(const LowRankTerm& t) {
+    return !t.active() || (t.b_dtype == DType::kBF16 && t.lr.dtype == DType::kBF16 && t.rank <= 64 && t.rank % 4 == 0 &&
+                           t.lr.row_stride % 4 == 0 && pow2(t.lr.page_size));
+  }
+  bool fast_attention_ok(const AttentionParams& p) const {
+    if (p.k.dtype != DType::kBF16 || p.v.dtype != DType::kBF16) return false;
+    if (p.head_dim != 64 && p.head_dim != 128) return false;
+    if (!pow2(p.k.page_size) || !pow2(p.v.page_size) || p.k.row_stride % 8 || p.v.row_stride % 8) return false;
+    if (!lr_fast_ok(p.k_lr) || !lr_fast_ok(p.v_lr)) return false;
+    // The kernels place query i at n_ctx - n_q + i (a causal chunk at the end of the context).
+    for (int i = 0; i < p.n_q; ++i)
+      if (p.q_pos[i] != p.n_ctx - p.n_q + i) return false;
+    return true;
+  }
+
+  lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens) {
+    lc::DevPagedView d;
+    d.data = static_cast<const lc::bf16*>(v.data);
+    d.table = dev_ints(v.table, (n_tokens + v.page_size - 1) / v.page_size);
+    d.table_stride = 0;
+    d.page_size = v.page_size;
+    d.row_stride = v.row_stride;
+    return d;
+  }
+
+  void run_fast_attention(const AttentionParams& p) {
+    const int64_t q_elems = static_cast<int64_t>(p.n_q) * p.n_heads * p.head_dim;
+    auto* qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(q_elems) * 2));
+    check(lc::convert_rows(p.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems, stream_));
+    const int32_t meta[3] = {0, p.n_q, p.n_ctx};  // q_start[0..1], ctx_len[0]
+    const auto* dmeta = dev_ints(meta, 3);
+    lc::AttnParams a;
+    a.n_heads = p.n_heads;
+    a.n_kv_heads = p.n_kv_heads;
+    a.head_dim = p.head_dim;
+    a.softmax_scale = p.softmax_scale;
+    a.n_seqs = 1;
+    a.q_start = dmeta;
+    a.ctx_len = dmeta + 2;
+    a.max_q = p.n_q;
+    a.max_ctx = p.n_ctx;
+    a.q = qb;
+    a.k = dev_view(p.k, p.n_ctx);
+    a.v = dev_view(p.v, p.n_ctx);
+    for (auto [src, dst] : {std::pair{&p.k_lr, &a.k_lr}, std::pair{&p.v_lr, &a.v_lr}}) {
+      if (!src->active()) continue;
+      dst->lr = dev_view(src->lr, p.n_ctx);
+      dst->b = static_cast<const lc::bf16*>(src->b);
+      dst->rank = src->rank;
+      dst->scale = src->scale;
+    }
+    if (p.k_lr.active()) a.inv_freq = dev_floats(p.inv_freq, p.head_dim / 2);
+    a.out_f32 = p.out;
+    a.stream = stream_;
+    const size_t ws = lc::attention_workspace_bytes(a, 64);
+    if (ws > attn_ws_bytes_) {
+      free_async(attn_workspace_);
+      attn_workspace_ = raw_alloc(ws);
+      if (!attn_workspace_) fail("out of device memory for the attention workspace");
+      attn_ws_bytes_ = ws;
+    }
+    a.workspace = attn_workspace_;
+    a.workspace_bytes = attn_ws_bytes_;
+    const cudaError_t e = lc::attention(a);
+    if (e != cudaSuccess) fail(fmt::format("attention kernel: {}", cudaGetErrorString(e)));
+  }
+
+  // ---- cuBLASLt
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t>;
+
+  // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
+  // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
+  void gemm(const TensorView& w, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t n, int64_t in, int64_t out,
+            float alpha, float beta) {
+    const int64_t ldw = row_stride_of(w);
+    const uint32_t al = std::min({alignment_of(w.data), alignment_of(x), alignment_of(y)});
+    const PlanKey key{n, in, out, ldw, ldx, ldy, static_cast<int>(w.dtype), al};
+    auto it = plans_.find(key);
+    if (it == plans_.end()) it = plans_.emplace(key, make_plan(w.dtype, n, in, out, ldw, ldx, ldy, al)).first;
+    const Plan& pl = it->second;
+    const cublasStatus_t st = cublasLtMatmul(lt_, pl.desc, &alpha, w.data, pl.a, x, pl.b, &beta, y, pl.c, y, pl.c,
+                                             &pl.algo, lt_workspace_, kLtWorkspace, stream_);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      fail(fmt::format("cublasLtMatmul [{}x{}]·[{}x{}]^T failed (status {})", n, in, out, in, static_cast<int>(st)));
+  }
+
+  Plan make_plan(DType wt, int64_t n, int64_t in, int64_t out, int64_t ldw, int64_t ldx, int64_t ldy, uint32_t al) {
+    Plan p;
+    const cudaDataType_t ab = cuda_type_of(wt);
+    cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof(tr));
+    cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof(nt));
+    cublasLtMatrixLayoutCreate(&p.a, ab, static_cast<uint64_t>(in), static_cast<uint64_t>(out), ldw);
+    cublasLtMatrixLayoutCreate(&p.b, ab, static_cast<uint64_t>(in), static_cast<uint64_t>(n), ldx);
+    cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, static_cast<uint64_t>(out), static_cast<uint64_t>(n), ldy);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    const uint64_t ws = kLtWorkspace;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
+      cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+      fail(fmt::format("cuBLASLt has no algorithm for [{}x{}]·[{}x{}]^T ({}; alignment {})", n, in, out, in,
+                       dtype_name(wt), al));
+    p.algo = res.algo;
+    return p;
+  }
+
+  DType dtype_ = DType::kBF16;
+  int device_ = 0;
+  std::string gpu_name_;
+  int64_t capacity_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* lt_workspace_ = nullptr;
+  void* attn_workspace_ = nullptr;
+  size_t attn_ws_bytes_ = 0;
+  std::map<int, Tensor> scratch_;
+  std::map<PlanKey, Plan> plans_;
+  // Upload arena: device buffer + pinned staging of the same size, bump-allocated in 256 B steps.
+  void* staging_ = nullptr;
+  void* arg_arena_ = nullptr;
+  size_t arena_off_ = 0;
+  struct Memo {
+    size_t offset = 0, bytes = 0;
+  };
+  std::unordered_map<uint64_t, Memo> memo_;
+};
+
+}  // namespace
+
+bool cuda_compiled() { return true; }
+
+Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts) { return CudaBackend::create(opts); }
+
+}  // namespace lragent

@@ -1,0 +1,347 @@
+// The CUDA backend's elementwise and small ops (see ops.cuh). Memory-bound kernels: one
+// thread per element (grid-stride), one block per row for reductions. Accumulation in f32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+
+#include "backend/cuda/ops.cuh"
+#include "backend/random.h"
+
+namespace lragent::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 * 32 ? (b < 1 ? 1 : b) : 65535 * 32);
+}
+
+__device__ __forceinline__ float load_elem(const void* p, Elem t, int64_t i) {
+  switch (t) {
+    case Elem::kF32: return static_cast<const float*>(p)[i];
+    case Elem::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return __half2float(static_cast<const __half*>(p)[i]);
+  }
+}
+
+__device__ __forceinline__ void store_elem(void* p, Elem t, int64_t i, float v) {
+  switch (t) {
+    case Elem::kF32: static_cast<float*>(p)[i] = v; break;
+    case Elem::kBF16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(v); break;
+    default: static_cast<__half*>(p)[i] = __float2half(v); break;
+  }
+}
+
+__global__ void convert_kernel(const void* src, Elem st, int64_t lds, void* dst, Elem dt, int64_t ldd, int64_t rows,
+                               int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = e / cols, c = e % cols;
+    store_elem(dst, dt, r * ldd + c, load_elem(src, st, r * lds + c));
+  }
+}
+
+__global__ void fill_random_kernel(void* dst, Elem t, int64_t n, uint64_t seed, float stddev) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    store_elem(dst, t, i, stddev * random_normal_at(seed, static_cast<uint64_t>(i)));
+}
+
+__global__ void fill_kernel(void* dst, Elem t, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    store_elem(dst, t, i, v);
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+__device__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  __syncthreads();  // `red` may still be read by a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < n_warps; ++w) t += red[w];
+  return t;
+}
+
+__device__ float block_max(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = -FLT_MAX;
+  for (int w = 0; w < n_warps; ++w) t = fmaxf(t, red[w]);
+  return t;
+}
+
+__global__ void rms_norm_kernel(const float* x, int64_t ldx, const void* w, Elem wt, float eps, float* y, int64_t ldy,
+                                int64_t d) {
+  __shared__ float red[32];
+  const float* xr = x + blockIdx.x * ldx;
+  float* yr = y + blockIdx.x * ldy;
+  float ss = 0.f;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) ss += xr[j] * xr[j];
+  ss = block_sum(ss, red);
+  // Same expression as the CPU backend (and HF): x · (1 / sqrt(mean(x²) + eps)) · w.
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = load_elem(w, wt, j) * (xr[j] * inv);
+}
+
+__global__ void rope_kernel(float* x, int64_t n, int heads, int hd, const int32_t* pos, const float* inv_freq) {
+  const int half = hd / 2;
+  const int64_t total = n * heads * half;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int i = static_cast<int>(e % half);
+    const int64_t row = e / half;  // token * heads + head
+    const int64_t tok = row / heads;
+    const float angle = static_cast<float>(pos[tok]) * inv_freq[i];
+    float sn, cs;
+    sincosf(angle, &sn, &cs);
+    float* v = x + row * hd;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cs - b * sn;
+    v[i + half] = b * cs + a * sn;
+  }
+}
+
+__global__ void silu_mul_kernel(const float* g, const float* u, float* o, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void add_bias_kernel(float* y, int64_t ldy, const float* bias, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n; e += int64_t{gridDim.x} * blockDim.x)
+    y[(e / cols) * ldy + e % cols] += bias[e % cols];
+}
+
+__global__ void embedding_kernel(const void* table, Elem t, int64_t d, const int32_t* ids, int64_t n, float* out) {
+  const int64_t total = n * d;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x)
+    out[e] = load_elem(table, t, static_cast<int64_t>(ids[e / d]) * d + e % d);
+}
+
+// Word-wise copy when rows are 4-byte multiples (always, for f32/bf16-pair rows), else bytes.
+__global__ void gather_words_kernel(const uint32_t* src, int64_t row_words, const int32_t* rows, int64_t n,
+                                    uint32_t* dst) {
+  const int64_t total = n * row_words;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x)
+    dst[e] = src[static_cast<int64_t>(rows[e / row_words]) * row_words + e % row_words];
+}
+
+__global__ void gather_bytes_kernel(const uint8_t* src, int64_t row_bytes, const int32_t* rows, int64_t n,
+                                    uint8_t* dst) {
+  const int64_t total = n * row_bytes;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x)
+    dst[e] = src[static_cast<int64_t>(rows[e / row_bytes]) * row_bytes + e % row_bytes];
+}
+
+__device__ __forceinline__ int64_t paged_row(const PagedDev& v, int64_t t) {
+  return (static_cast<int64_t>(v.table[t / v.page_size]) * v.page_size + t % v.page_size) * v.row_stride;
+}
+
+__global__ void store_rows_kernel(const float* rows, int64_t n, int64_t width, PagedDev dst, const int32_t* slots) {
+  const int64_t total = n * width;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t i = e / width, c = e % width;
+    store_elem(dst.data, dst.dtype, paged_row(dst, slots[i]) + c, rows[e]);
+  }
+}
+
+// ---------------------------------------------------------------- generic attention
+constexpr int kAttnThreads = 128;  // keys per tile = threads
+constexpr int kMaxHeadDim = 256, kMaxRank = 128;
+
+__global__ void __launch_bounds__(kAttnThreads) attention_generic_kernel(const GenericAttnParams p) {
+  __shared__ float q_s[kMaxHeadDim];    // [head_dim] this query's head
+  __shared__ float acc_s[kMaxHeadDim];  // [head_dim] Σ p_j · V_base_j (unnormalised)
+  __shared__ float olr_s[kMaxRank];     // [rank_v] Σ p_j · LRv_j
+  __shared__ float p_s[kAttnThreads];   // [tile] probabilities of the tile's keys
+  __shared__ float red[32];
+  const int i = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int hd = p.head_dim, half = hd / 2;
+  const int g = h / (p.n_heads / p.n_kv_heads);
+  const int64_t n_keys = static_cast<int64_t>(p.q_pos[i]) + 1;
+  const bool k_lr = p.k_lr.b != nullptr && p.k_lr.rank > 0;
+  const bool v_lr = p.v_lr.b != nullptr && p.v_lr.rank > 0;
+  for (int d = tid; d < hd; d += kAttnThreads) {
+    q_s[d] = p.q[(static_cast<int64_t>(i) * p.n_heads + h) * hd + d];
+    acc_s[d] = 0.f;
+  }
+  for (int r = tid; r < p.v_lr.rank && v_lr; r += kAttnThreads) olr_s[r] = 0.f;
+  __syncthreads();
+
+  float m = -FLT_MAX, l = 0.f;
+  for (int64_t t0 = 0; t0 < n_keys; t0 += kAttnThreads) {
+    const int64_t j = t0 + tid;
+    float s = -FLT_MAX;
+    if (j < n_keys) {
+      const int64_t krow = paged_row(p.k, j) + static_cast<int64_t>(g) * hd;
+      float dot = 0.f;
+      if (!k_lr) {
+        for (int d = 0; d < hd; ++d) dot += q_s[d] * load_elem(p.k.data, p.k.dtype, krow + d);
+      } else {
+        // K_j = K_base_j + RoPE_j(s · LRk_j · B_k^T), one rotation pair (d, d + half) at a time.
+        const int64_t lrow = paged_row(p.k_lr.lr, j);
+        for (int d = 0; d < half; ++d) {
+          float da = 0.f, db = 0.f;
+          const int64_t ba = (static_cast<int64_t>(g) * hd + d) * p.k_lr.rank;
+          const int64_t bb = ba + static_cast<int64_t>(half) * p.k_lr.rank;
+          for (int r = 0; r < p.k_lr.rank; ++r) {
+            const float x = load_elem(p.k_lr.lr.data, p.k_lr.lr.dtype, lrow + r);
+            da += x * load_elem(p.k_lr.b, p.k_lr.b_dtype, ba + r);
+            db += x * load_elem(p.k_lr.b, p.k_lr.b_dtype, bb + r);
+          }
+          da *= p.k_lr.scale;
+          db *= p.k_lr.scale;
+          float sn, cs;
+          sincosf(static_cast<float>(j) * p.inv_freq[d], &sn, &cs);
+          const float ka = load_elem(p.k.data, p.k.dtype, krow + d) + (da * cs - db * sn);
+          const float kb = load_elem(p.k.data, p.k.dtype, krow + d + half) + (db * cs + da * sn);
+          dot += q_s[d] * ka + q_s[d + half] * kb;
+        }
+      }
+      s = dot * p.softmax_scale;
+    }
+    const float m_new = fmaxf(m, block_max(s, red));
+    const float pj = j < n_keys ? expf(s - m_new) : 0.f;
+    const float tile_sum = block_sum(pj, red);
+    const float corr = expf(m - m_new);
+    l = l * corr + tile_sum;
+    m = m_new;
+    p_s[tid] = pj;
+    __syncthreads();
+    const int n_tile = static_cast<int>(n_keys - t0 < kAttnThreads ? n_keys - t0 : kAttnThreads);
+    for (int d = tid; d < hd; d += kAttnThreads) {
+      float a = acc_s[d] * corr;
+      for (int jj = 0; jj < n_tile; ++jj)
+        a += p_s[jj] * load_elem(p.v.data, p.v.dtype, paged_row(p.v, t0 + jj) + static_cast<int64_t>(g) * hd + d);
+      acc_s[d] = a;
+    }
+    if (v_lr) {
+      for (int r = tid; r < p.v_lr.rank; r += kAttnThreads) {
+        float a = olr_s[r] * corr;
+        for (int jj = 0; jj < n_tile; ++jj)
+          a += p_s[jj] * load_elem(p.v_lr.lr.data, p.v_lr.lr.dtype, paged_row(p.v_lr.lr, t0 + jj) + r);
+        olr_s[r] = a;
+      }
+    }
+    __syncthreads();
+  }
+  // O = (Σ p·V_base + s·(Σ p·LRv)·B_v^T) / Σ p: the low-rank term expanded once per query.
+  const float inv_l = 1.0f / l;
+  for (int d = tid; d < hd; d += kAttnThreads) {
+    float o = acc_s[d];
+    if (v_lr) {
+      const int64_t brow = (static_cast<int64_t>(g) * hd + d) * p.v_lr.rank;
+      float e = 0.f;
+      for (int r = 0; r < p.v_lr.rank; ++r) e += olr_s[r] * load_elem(p.v_lr.b, p.v_lr.b_dtype, brow + r);
+      o += p.v_lr.scale * e;
+    }
+    p.out[(static_cast<int64_t>(i) * p.n_heads + h) * hd + d] = o * inv_l;
+  }
+}
+
+}  // namespace
+
+cudaError_t convert_rows(const void* src, Elem src_t, int64_t ld_src, void* dst, Elem dst_t, int64_t ld_dst,
+                         int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols == 0) return cudaSuccess;
+  convert_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(src, src_t, ld_src, dst, dst_t, ld_dst, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_random(void* dst, Elem t, int64_t n, uint64_t seed, float stddev, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  fill_random_kernel<<<blocks_for(n), kThreads, 0, s>>>(dst, t, n, seed, stddev);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_value(void* dst, Elem t, int64_t n, float value, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(dst, t, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float eps, float* y, int64_t ldy,
+                     int64_t rows, int64_t d, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  rms_norm_kernel<<<static_cast<unsigned>(rows), d >= 1024 ? 1024 : (d >= 256 ? 256 : 64), 0, s>>>(x, ldx, w, w_t, eps,
+                                                                                                     y, ldy, d);
+  return cudaGetLastError();
+}
+
+cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
+                 cudaStream_t s) {
+  const int64_t total = n * heads * (head_dim / 2);
+  if (total == 0) return cudaSuccess;
+  rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, n, heads, head_dim, pos, inv_freq);
+  return cudaGetLastError();
+}
+
+cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t add(float* y, const float* x, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t add_bias(float* y, int64_t ldy, const float* bias, int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows * cols == 0) return cudaSuccess;
+  add_bias_kernel<<<blocks_for(rows * cols), kThreads, 0, s>>>(y, ldy, bias, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t embedding(const void* table, Elem t, int64_t d, const int32_t* ids, int64_t n, float* out,
+                      cudaStream_t s) {
+  if (n * d == 0) return cudaSuccess;
+  embedding_kernel<<<blocks_for(n * d), kThreads, 0, s>>>(table, t, d, ids, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t gather_rows(const void* src, int64_t row_bytes, const int32_t* rows, int64_t n, void* dst,
+                        cudaStream_t s) {
+  if (n * row_bytes == 0) return cudaSuccess;
+  const bool words = row_bytes % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 4 == 0 &&
+                     reinterpret_cast<uintptr_t>(dst) % 4 == 0;
+  if (words) {
+    gather_words_kernel<<<blocks_for(n * row_bytes / 4), kThreads, 0, s>>>(
+        static_cast<const uint32_t*>(src), row_bytes / 4, rows, n, static_cast<uint32_t*>(dst));
+  } else {
+    gather_bytes_kernel<<<blocks_for(n * row_bytes), kThreads, 0, s>>>(static_cast<const uint8_t*>(src), row_bytes,
+                                                                        rows, n, static_cast<uint8_t*>(dst));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t store_rows(const float* rows, int64_t n, int64_t width, const PagedDev& dst, const int32_t* slots,
+                       cudaStream_t s) {
+  if (n * width == 0) return cudaSuccess;
+  store_rows_kernel<<<blocks_for(n * width), kThreads, 0, s>>>(rows, n, width, dst, slots);
+  return cudaGetLastError();
+}
+
+cudaError_t attention_generic(const GenericAttnParams& p, cudaStream_t s) {
+  if (p.head_dim <= 0 || p.head_dim > kMaxHeadDim || p.head_dim % 2 != 0 || p.v_lr.rank > kMaxRank ||
+      p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0)
+    return cudaErrorInvalidValue;
+  if (p.k_lr.b && p.k_lr.rank > 0 && !p.inv_freq) return cudaErrorInvalidValue;
+  if (p.n_q == 0) return cudaSuccess;
+  attention_generic_kernel<<<dim3(static_cast<unsigned>(p.n_q), static_cast<unsigned>(p.n_heads)), kAttnThreads, 0,
+                             s>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace lragent::cuda

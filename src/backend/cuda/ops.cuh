@@ -1,0 +1,80 @@
+// Launchers for the CUDA backend's non-GEMM ops (ops.cu): conversions, RMSNorm, RoPE,
+// SwiGLU, residual add, embedding, row gather, paged cache stores, synthetic-weight fill, and
+// the generic paged attention (any head_dim, f32 or bf16 caches) that serves the f32 path and
+// the shapes the tuned kernels (attention.cuh) do not cover.
+// Plain types only: the host-compiled backend (cuda_backend.cpp) includes this header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lragent::cuda {
+
+enum class Elem : int { kF32 = 0, kBF16 = 1, kF16 = 2 };
+
+// dst[r, c] = convert(src[r, c]) for a [rows, cols] matrix with row strides (elements).
+cudaError_t convert_rows(const void* src, Elem src_t, int64_t ld_src, void* dst, Elem dst_t, int64_t ld_dst,
+                         int64_t rows, int64_t cols, cudaStream_t s);
+// dst[i] = stddev · random_normal_at(seed, i)   (backend/random.h)
+cudaError_t fill_random(void* dst, Elem t, int64_t n, uint64_t seed, float stddev, cudaStream_t s);
+cudaError_t fill_value(void* dst, Elem t, int64_t n, float value, cudaStream_t s);
+
+// y[i, :] = x[i, :] / rms(x[i, :]) · w   (x, y f32 with row strides; w f32/bf16/f16 [d])
+cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float eps, float* y, int64_t ldy,
+                     int64_t rows, int64_t d, cudaStream_t s);
+// In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
+cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
+                 cudaStream_t s);
+// out = silu(gate) · up, elementwise over n values (out may alias gate).
+cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
+// y += x over n values.
+cudaError_t add(float* y, const float* x, int64_t n, cudaStream_t s);
+// y[i, j] += bias[j] for a [rows, cols] f32 matrix with row stride ldy; bias f32.
+cudaError_t add_bias(float* y, int64_t ldy, const float* bias, int64_t rows, int64_t cols, cudaStream_t s);
+// out[i, :] = f32(table[ids[i], :]); ids on the device.
+cudaError_t embedding(const void* table, Elem t, int64_t d, const int32_t* ids, int64_t n, float* out,
+                      cudaStream_t s);
+// dst[i, :] = src[rows[i], :] for rows of `row_bytes` bytes; rows on the device.
+cudaError_t gather_rows(const void* src, int64_t row_bytes, const int32_t* rows, int64_t n, void* dst,
+                        cudaStream_t s);
+
+// One layer of a paged cache on the device (table on the device).
+struct PagedDev {
+  void* data = nullptr;  // [n_blocks, page_size, row_stride]
+  Elem dtype = Elem::kF32;
+  const int32_t* table = nullptr;
+  int page_size = 1;
+  int64_t row_stride = 0;
+};
+
+// Writes rows [n, width] (f32) into dst at token slots[i] (slots on the device), converting.
+cudaError_t store_rows(const float* rows, int64_t n, int64_t width, const PagedDev& dst, const int32_t* slots,
+                       cudaStream_t s);
+
+struct LowRankDev {
+  PagedDev lr;             // [n_ctx, rank] rows of x·A
+  const void* b = nullptr; // [n_kv_heads · head_dim, rank]
+  Elem b_dtype = Elem::kF32;
+  int rank = 0;
+  float scale = 0.f;
+};
+
+// Generic causal attention of one sequence (the semantics of AttentionParams in backend.h):
+// one block per (query, head), exact online softmax in f32, Flash-LoRA V term in rank space,
+// K-side LoRA rebuilt per key with deferred RoPE. head_dim <= 256, rank <= 128.
+struct GenericAttnParams {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float softmax_scale = 0.f;
+  int n_q = 0;
+  const float* q = nullptr;         // [n_q, n_heads, head_dim]
+  const int32_t* q_pos = nullptr;   // [n_q] (device)
+  PagedDev k, v;                    // [n_ctx, n_kv_heads · head_dim]
+  LowRankDev k_lr, v_lr;            // b == nullptr: inactive
+  const float* inv_freq = nullptr;  // [head_dim / 2] (device)
+  float* out = nullptr;             // [n_q, n_heads, head_dim]
+};
+cudaError_t attention_generic(const GenericAttnParams& p, cudaStream_t s);
+
+}  // namespace lragent::cuda
