@@ -53,6 +53,9 @@ if(LRAGENT_BUILD_TESTS)
     add_executable(lragent_cuda_tests ${LRAGENT_CUDA_TEST_SOURCES})
     target_link_libraries(lragent_cuda_tests PRIVATE lragent_cuda lragent_lib GTest::gtest GTest::gtest_main
                                                      CUDA::cudart)
+    target_include_directories(lragent_cuda_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+    target_compile_definitions(lragent_cuda_tests PRIVATE LRAGENT_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+                                                          LRAGENT_BINARY_DIR="${PROJECT_BINARY_DIR}")
     include(GoogleTest)
     # Listing the tests needs no GPU (every test skips itself without one).
     gtest_discover_tests(lragent_cuda_tests DISCOVERY_TIMEOUT 60 PROPERTIES TIMEOUT 600)

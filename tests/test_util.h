@@ -11,12 +11,16 @@
 
 namespace lragent::testing {
 
-// Repository root (compile-time path of the source tree).
-inline std::string source_dir() { return LRAGENT_SOURCE_DIR; }
+// Repository root (compile-time path of the source tree; LRAGENT_SOURCE overrides it for
+// binaries built on one machine and run from another checkout, e.g. the GPU machine).
+inline std::string source_dir() {
+  if (const char* env = std::getenv("LRAGENT_SOURCE")) return env;
+  return LRAGENT_SOURCE_DIR;
+}
 // ../shared beside the checkout (CI places it there); LRAGENT_SHARED overrides.
 inline std::string shared_dir() {
   if (const char* env = std::getenv("LRAGENT_SHARED")) return env;
-  return (std::filesystem::path(LRAGENT_SOURCE_DIR).parent_path() / "shared").string();
+  return (std::filesystem::path(source_dir()).parent_path() / "shared").string();
 }
 inline std::string tinystories_dir() { return shared_dir() + "/models/tinystories-656k"; }
 inline std::string adapters_dir() { return shared_dir() + "/adapters/tinystories-656k"; }
