@@ -70,3 +70,7 @@ if(LRAGENT_CUDA_BENCH_SOURCES)
   target_link_libraries(lragent_attention_bench PRIVATE lragent_cuda CUDA::cudart)
   target_compile_options(lragent_attention_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
 endif()
+
+# The whole model through the engine on the GPU (host C++ over lragent_lib's CUDA backend).
+add_executable(lragent_model_bench ${PROJECT_SOURCE_DIR}/bench/cuda/model_bench.cpp)
+target_link_libraries(lragent_model_bench PRIVATE lragent_lib)

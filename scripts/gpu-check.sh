@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # One-shot GPU check, run on the device machine from the repository root:
-#   build (CUDA, Release, sm_90a) -> ctest -R Cuda -> SASS/resource summary -> attention bench
+#   build (CUDA, Release, sm_90a) -> CUDA tests -> SASS/resource summary -> attention bench
+#   -> whole-model bench (8B shapes) -> `lragent replay --device cuda` on tinystories
 #   -> PyTorch SDPA peer -> bench/results/kernels-<gpu>-<date>.{json,md} (+ copies under $OUT).
+#
+# Preferred: scripts/device-bundle.sh here first (builds everything on the CPU machine and packs
+# binaries + libraries + ../shared fixtures into .devbundle/bundle.tar.xz), carried to the device;
+# this script then only unpacks it (BUILD_MODE=bundle). Without a bundle it builds on the device.
 # Budget: < 8 minutes on an H100 including builds. Prints a short table last.
 #
 # Build: CMake + Ninja first. If the configure or build fails (e.g. the device image lacks the
@@ -45,7 +50,7 @@ elapsed() { echo $(( $(date +%s) - T0 ))s; }
 save() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
-  for f in build.log test.log bench.log sdpa.log sass.txt resource-usage.txt; do
+  for f in test.log bench.log model.log replay.log sdpa.log sass.txt; do
     [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$OUT/$f"
   done
   for f in "$PREFIX.json" "$PREFIX.md"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
@@ -55,7 +60,17 @@ save() {
 # ---------------------------------------------------------------- build
 BUILD_MODE=cmake
 B=build-gpu
-TEST_BIN="" BENCH_BIN=""
+TEST_BIN="" BENCH_BIN="" MODEL_BIN="" CLI_BIN=""
+if [ -f .devbundle/bundle.tar.xz ] && [ "${FORCE_DIRECT:-0}" != 1 ]; then
+  BUILD_MODE=bundle
+  LB=/tmp/lragent-bundle
+  rm -rf $LB && mkdir -p $LB && tar -C $LB -xJf .devbundle/bundle.tar.xz
+  export LD_LIBRARY_PATH="$LB/lib:$CUDA_HOME/lib64:${LD_LIBRARY_PATH:-}"
+  export LRAGENT_SHARED=$LB/shared LRAGENT_SOURCE=$ROOT
+  TEST_BIN=$LB/bin/lragent_cuda_tests BENCH_BIN=$LB/bin/lragent_attention_bench
+  MODEL_BIN=$LB/bin/lragent_model_bench CLI_BIN=$LB/bin/lragent
+  ldd $TEST_BIN $CLI_BIN | grep "not found" >"$LOGS/build.log"
+elif true; then
 {
   GEN=""
   command -v ninja >/dev/null && GEN="-G Ninja"
@@ -103,6 +118,7 @@ else
   [ -x $B/lragent_cuda_tests ] && TEST_BIN=$B/lragent_cuda_tests
   [ -x $B/lragent_attention_bench ] && BENCH_BIN=$B/lragent_attention_bench
 fi
+fi
 grep -E "Compiling entry|Used [0-9]+ registers|spill" "$LOGS/build.log" |
   sed -E "s/.*Compiling entry function '([^']*)'.*/\1/" >"$LOGS/resource-usage.txt" || true
 echo "== build ($BUILD_MODE) done at $(elapsed): test=${TEST_BIN:-MISSING} bench=${BENCH_BIN:-MISSING}"
@@ -127,7 +143,7 @@ fi
 TESTS="not run"
 if [ -n "$TEST_BIN" ]; then
   echo "== tests ($(elapsed))"
-  if [ "$BUILD_MODE" = cmake ]; then
+  if [ "$BUILD_MODE" = cmake ] && [ -z "${BUNDLE:-}" ]; then
     timeout 240 ctest --test-dir $B -R Cuda -V --timeout 200 >"$LOGS/test.log" 2>&1
     rc=$?
     SUMMARY="$(grep -E "tests passed|tests failed" "$LOGS/test.log" | tail -1), $(grep -c "(Skipped)" "$LOGS/test.log") skipped"
@@ -155,11 +171,46 @@ if [ -n "$BENCH_BIN" ]; then
   timeout 180 "$BENCH_BIN" --out "$LOGS/attention_bench.json" "${BQ[@]}" 2>&1 | tee "$LOGS/bench.log"
 fi
 save
+if [ -n "$MODEL_BIN" ]; then
+  echo "== model bench ($(elapsed))"
+  MQ=()
+  [ "${QUICK:-0}" = 1 ] && MQ=(--quick)
+  timeout 240 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 --out "$LOGS/model_bench.json" "${MQ[@]}" 2>&1 |
+    tee "$LOGS/model.log"
+fi
+if [ -n "$CLI_BIN" ]; then
+  echo "== lragent replay --device cuda, tinystories, every mode ($(elapsed))"
+  TS=$LRAGENT_SHARED/models/tinystories-656k AD=$LRAGENT_SHARED/adapters/tinystories-656k/qkvo-shared-a-r4
+  for mode in none full droidspeak base base-lr; do
+    for dev in "cpu" "cuda --dtype f32" "cuda --dtype bf16"; do
+      # shellcheck disable=SC2086
+      timeout 60 "$CLI_BIN" replay --model "$TS" --adapter plan=$AD/plan --adapter action=$AD/action \
+        --adapter reflect=$AD/reflect --kv-share $mode --script examples/replay-hotpotqa.json --device $dev --json \
+        >"$LOGS/replay-$mode-${dev// /_}.json" 2>>"$LOGS/replay.log"
+    done
+    python3 - "$LOGS" "$mode" <<'PY' | tee -a "$LOGS/replay.log"
+import json, sys
+logs, mode = sys.argv[1], sys.argv[2]
+def traj(dev):
+    try:
+        return json.load(open(f"{logs}/replay-{mode}-{dev}.json")).get("trajectory", [])
+    except Exception as e:
+        return None
+ref, f32, bf = traj("cpu"), traj("cuda_--dtype_f32"), traj("cuda_--dtype_bf16")
+if not ref:
+    print(f"replay {mode}: no CPU result"); sys.exit()
+agree = lambda t: sum(a == b for a, b in zip(t or [], ref)) / len(ref)
+print(f"replay {mode:<10} tokens {len(ref)}: cuda f32 identical={f32 == ref}, cuda bf16 agreement={agree(bf):.3f}")
+PY
+  done
+fi
+save
 echo "== SDPA peer ($(elapsed))"
 timeout 150 python3 bench/cuda/sdpa_peer.py --out "$LOGS/sdpa_peer.json" "${BQ[@]}" 2>&1 | tee "$LOGS/sdpa.log" | tail -12
 
 # ---------------------------------------------------------------- report
 python3 bench/cuda/make_report.py --ours "$LOGS/attention_bench.json" --sdpa "$LOGS/sdpa_peer.json" \
+  --model "$LOGS/model_bench.json" --replay "$LOGS/replay.log" \
   --tests "$TESTS" --out-prefix "$PREFIX" \
   --meta "gpu=$GPU" "date=$DATE" "commit=$COMMIT" "build=$BUILD_MODE" "nvcc=$($NVCC --version | tail -1)" \
   "elapsed_s=$(( $(date +%s) - T0 ))"

@@ -37,6 +37,8 @@ def main():
     ap.add_argument("--ours", required=True)
     ap.add_argument("--sdpa", required=True)
     ap.add_argument("--tests", default="")
+    ap.add_argument("--model", default="", help="lragent_model_bench JSON (whole model through the engine)")
+    ap.add_argument("--replay", default="", help="replay.log of gpu-check (GPU vs CPU greedy tokens)")
     ap.add_argument("--meta", nargs="*", default=[])
     ap.add_argument("--out-prefix", required=True)
     args = ap.parse_args()
@@ -112,9 +114,38 @@ def main():
                           "gemm_tflops": None if gemm is None else gemm.get("tflops")}
     if gemm:
         rows.append(("ceilings", f"bf16 GEMM {fmt(gemm.get('tflops'), '.0f')} TFLOP/s, copy {fmt(copy_gbps, '.0f')} GB/s"))
+    model = load(args.model) if args.model and os.path.exists(args.model) else {}
+    if model:
+        gemm_tf = None if gemm is None else gemm.get("tflops")
+        pre, dec = model.get("prefill", {}), model.get("decode", {})
+        ideal_ms = None
+        if dec and copy_gbps:
+            ideal_ms = (dec["weight_bytes"] + dec["cache_bytes"]) / (copy_gbps * 1e9) * 1e3
+        ratios["model"] = {
+            "preset": model.get("preset"),
+            "prefill_tokens": pre.get("tokens"), "prefill_ms": pre.get("median_ms"), "prefill_tflops": pre.get("tflops"),
+            "prefill_fraction_of_gemm_ceiling": ratio(pre.get("tflops"), gemm_tf),
+            "decode_ctx": dec.get("ctx"), "decode_ms": dec.get("median_ms"), "decode_ideal_ms": ideal_ms,
+            "decode_over_ideal": ratio(dec.get("median_ms"), ideal_ms),
+            "decode_lora_base_lr_ms": model.get("decode_lora_base_lr", {}).get("median_ms"),
+            "peak_device_bytes": model.get("peak_device_bytes"),
+        }
+        m = ratios["model"]
+        rows.append((f"model {m['preset']} prefill {m['prefill_tokens']} tokens",
+                     f"{fmt(m['prefill_ms'])} ms, {fmt(m['prefill_tflops'], '.0f')} TFLOP/s = "
+                     f"{fmt(m['prefill_fraction_of_gemm_ceiling'])} of the GEMM ceiling"))
+        rows.append((f"model {m['preset']} decode batch 1 at {m['decode_ctx']} ctx",
+                     f"{fmt(m['decode_ms'], '.3f')} ms/step = {fmt(m['decode_over_ideal'])}x of (weights + KV) / copy BW "
+                     f"({fmt(ideal_ms, '.3f')} ms); with LoRA r16 base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms"))
+    replay_lines = []
+    if args.replay and os.path.exists(args.replay):
+        replay_lines = [ln.strip() for ln in open(args.replay) if ln.startswith("replay ")]
+        ratios["replay"] = replay_lines
+        for ln in replay_lines:
+            rows.append(("GPU replay vs CPU", ln[len("replay "):]))
     checks = [r for r in R if r.get("group") == "check"]
 
-    report = {"meta": meta, "tests": args.tests, "ratios": ratios, "ours": ours, "sdpa": sdpa}
+    report = {"meta": meta, "tests": args.tests, "ratios": ratios, "ours": ours, "sdpa": sdpa, "model": model}
     with open(args.out_prefix + ".json", "w") as f:
         json.dump(report, f, indent=2)
 

@@ -53,6 +53,8 @@ int run_replay_cmd(const ReplayFlags& f) {
     }
     j["cache"] = cache_json(res->cache);
     j["trajectory_tokens"] = res->trajectory.size();
+    j["trajectory"] = res->trajectory;
+    j["backend"] = loaded->backend->name();
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return 0;
   }

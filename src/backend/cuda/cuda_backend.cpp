@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <tuple>
@@ -118,6 +120,16 @@ class CudaBackend final : public Backend {
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    if (profile_) {
+      flush_profile();
+      fmt::print(stderr, "CUDA op profile (LRAGENT_CUDA_PROFILE=1; events around every op, so totals include gaps):\n");
+      double all = 0;
+      for (const auto& [name, t] : prof_totals_) all += t.second;
+      for (const auto& [name, t] : prof_totals_)
+        fmt::print(stderr, "  {:<24} {:>8} calls {:>10.3f} ms {:>5.1f}%  host {:>9.3f} ms\n", name, t.first, t.second,
+                   100 * t.second / all, prof_host_[name]);
+      for (cudaEvent_t e : prof_free_) cudaEventDestroy(e);
+    }
     scratch_.clear();
     free_async(lt_workspace_);
     free_async(arg_arena_);
@@ -141,6 +153,7 @@ class CudaBackend final : public Backend {
   Tensor alloc(DType t, std::vector<int64_t> shape) override {
     TensorView v(t, std::move(shape), nullptr, Device::kCuda);
     v.data = raw_alloc(v.nbytes());
+    wrote(v.data, v.nbytes());  // a recycled address must not match a stale shadow
     if (!v.data && v.nbytes() > 0) return Tensor();  // exhausted: callers check data
     return Tensor::adopt(std::move(v), &free_async);
   }
@@ -170,12 +183,17 @@ class CudaBackend final : public Backend {
   }
 
   void fill_random(TensorView& t, uint64_t seed, float stddev) override {
+    wrote(t.data, t.nbytes());
     check(lc::fill_random(t.data, elem_of(t.dtype), t.numel(), seed, stddev, stream_));
   }
   void fill(TensorView& t, float value) override {
+    wrote(t.data, t.nbytes());
     check(lc::fill_value(t.data, elem_of(t.dtype), t.numel(), value, stream_));
   }
-  void synchronize() override { check(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    check(cudaStreamSynchronize(stream_));
+    if (profile_) flush_profile();
+  }
 
   MemoryStats memory_stats() const override {
     MemoryStats m;
@@ -194,12 +212,16 @@ class CudaBackend final : public Backend {
 
   void copy(const TensorView& src, TensorView& dst) override {
     assert(src.is_contiguous() && dst.is_contiguous() && src.nbytes() == dst.nbytes() && "copy: shapes differ");
+    Prof pr(this, "copy");
+    wrote(dst.data, dst.nbytes());
     check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   }
 
   void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) override {
     const int64_t row_bytes =
         static_cast<int64_t>(src.numel() / std::max<int64_t>(src.dim(0), 1)) * static_cast<int64_t>(dtype_size(src.dtype));
+    Prof pr(this, "gather_rows");
+    wrote(dst.data, static_cast<size_t>(n * row_bytes));
     check(lc::gather_rows(src.data, row_bytes, dev_ints(rows, n), n, dst.data, stream_));
   }
 
@@ -219,40 +241,75 @@ class CudaBackend final : public Backend {
     if (n == 0 || out == 0) return;
     const void* xb = x.data;
     int64_t ldx = row_stride_of(x);
+    const int64_t ldy = row_stride_of(y);
+    wrote(y.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
+    if (w.dtype == DType::kBF16 && n <= lc::kGemvMaxRows) {
+      // Decode-sized: a bandwidth-bound GEMV on the f32 activations beats cuBLASLt's GEMM here.
+      Prof pr(this, "matmul.gemv");
+      if (lc::gemv_bf16(w.data, row_stride_of(w), x.f32(), ldx, y.f32(), ldy, n, in, out, alpha, beta, stream_) ==
+          cudaSuccess) {
+        add_bias_if(bias, y, n, out);
+        return;
+      }
+    }
+    Prof pr(this, "matmul.gemm");
     if (w.dtype != DType::kF32) {
-      // Tensor cores take both operands in the weight's 16-bit type: convert x once into scratch.
-      void* xs = scratch(0, static_cast<size_t>(n * in) * 2);
-      check(lc::convert_rows(x.data, lc::Elem::kF32, ldx, xs, elem_of(w.dtype), in, n, in, stream_));
-      xb = xs;
+      // Tensor cores take both operands in the weight's 16-bit type: use the bf16 shadow the
+      // producing op left (RMSNorm, SwiGLU) or convert x once into scratch.
+      if (w.dtype == DType::kBF16 && shadow_.f32 == x.data && shadow_.rows == n && shadow_.cols == in && ldx == in) {
+        xb = shadow_.bf16;
+      } else {
+        void* xs = scratch(0, static_cast<size_t>(n * in) * 2);
+        check(lc::convert_rows(x.data, lc::Elem::kF32, ldx, xs, elem_of(w.dtype), in, n, in, stream_));
+        xb = xs;
+      }
       ldx = in;
     }
-    gemm(w, xb, ldx, y.data, row_stride_of(y), n, in, out, alpha, beta);
-    if (bias) {
-      assert(bias->dtype == DType::kF32 && "biases are uploaded as f32");
-      check(lc::add_bias(y.f32(), row_stride_of(y), bias->f32(), n, out, stream_));
-    }
+    gemm(w, xb, ldx, y.data, ldy, n, in, out, alpha, beta);
+    add_bias_if(bias, y, n, out);
+  }
+
+  void add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out) {
+    if (!bias) return;
+    assert(bias->dtype == DType::kF32 && "biases are uploaded as f32");
+    check(lc::add_bias(y.f32(), row_stride_of(y), bias->f32(), n, out, stream_));
   }
 
   void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) override {
-    check(lc::rms_norm(x.f32(), row_stride_of(x), weight.data, elem_of(weight.dtype), eps, y.f32(), row_stride_of(y),
-                       x.dim(0), x.dim(1), stream_));
+    Prof pr(this, "rms_norm");
+    const int64_t n = x.dim(0), d = x.dim(1);
+    wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
+    void* y16 = make_shadow(y, n, d);
+    check(lc::rms_norm(x.f32(), row_stride_of(x), weight.data, elem_of(weight.dtype), eps, y.f32(), row_stride_of(y), n,
+                       d, y16, stream_));
   }
 
   void rope(TensorView& x, const int32_t* positions, const float* inv_freq) override {
     assert(x.rank() == 3 && x.is_contiguous() && "rope takes contiguous [n, heads, head_dim]");
     const int64_t n = x.dim(0);
     const int hd = static_cast<int>(x.dim(2));
+    Prof pr(this, "rope");
+    wrote(x.data, x.nbytes());
     check(lc::rope(x.f32(), n, static_cast<int>(x.dim(1)), hd, dev_ints(positions, n), dev_floats(inv_freq, hd / 2),
                    stream_));
   }
 
   void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override {
-    check(lc::silu_mul(gate.f32(), up.f32(), out.f32(), gate.numel(), stream_));
+    Prof pr(this, "silu_mul");
+    wrote(out.data, out.nbytes());
+    void* o16 = out.rank() == 2 && out.is_contiguous() ? make_shadow(out, out.dim(0), out.dim(1)) : nullptr;
+    check(lc::silu_mul(gate.f32(), up.f32(), out.f32(), gate.numel(), o16, stream_));
   }
 
-  void add(TensorView& y, const TensorView& x) override { check(lc::add(y.f32(), x.f32(), y.numel(), stream_)); }
+  void add(TensorView& y, const TensorView& x) override {
+    Prof pr(this, "add");
+    wrote(y.data, y.nbytes());
+    check(lc::add(y.f32(), x.f32(), y.numel(), stream_));
+  }
 
   void embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) override {
+    Prof pr(this, "embedding");
+    wrote(out.data, out.nbytes());
     check(lc::embedding(table.data, elem_of(table.dtype), table.dim(1), dev_ints(ids, n), n, out.f32(), stream_));
   }
 
@@ -261,11 +318,14 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     int64_t max_slot = 0;
     for (int64_t i = 0; i < n; ++i) max_slot = std::max<int64_t>(max_slot, slots[i]);
+    Prof pr(this, "store_rows");
     check(lc::store_rows(rows.f32(), n, width, paged(dst, max_slot + 1), dev_ints(slots, n), stream_));
   }
 
   void attention(const AttentionParams& p) override {
     if (p.n_q == 0) return;
+    wrote(p.out, static_cast<size_t>(p.n_q) * p.n_heads * p.head_dim * 4);
+    Prof pr(this, "attention");
     if (fast_attention_ok(p)) {
       run_fast_attention(p);
       return;
@@ -291,7 +351,70 @@ class CudaBackend final : public Backend {
   static constexpr size_t kLtWorkspace = 32u << 20;
   static constexpr size_t kArgArena = 16u << 20;
 
-  CudaBackend() = default;
+  CudaBackend() { profile_ = std::getenv("LRAGENT_CUDA_PROFILE") != nullptr; }
+
+  // ---- bf16 shadow of the last normalised / SwiGLU activation (bf16 mode): the next GEMMs read
+  // it instead of converting the f32 matrix again (q, k, v share one; gate and up share one).
+  struct Shadow {
+    const void* f32 = nullptr;
+    int64_t rows = 0, cols = 0;
+    void* bf16 = nullptr;
+  };
+  void* make_shadow(const TensorView& y, int64_t rows, int64_t cols) {
+    shadow_ = {};
+    if (dtype_ != DType::kBF16 || row_stride_of(y) != cols || rows <= lc::kGemvMaxRows) return nullptr;
+    shadow_ = {y.data, rows, cols, scratch(2, static_cast<size_t>(rows * cols) * 2)};
+    return shadow_.bf16;
+  }
+  // An op is about to write [p, p + bytes): a shadow of that memory is stale from here on.
+  void wrote(const void* p, size_t bytes) {
+    if (!shadow_.f32 || !p) return;
+    const auto a = reinterpret_cast<uintptr_t>(p), s0 = reinterpret_cast<uintptr_t>(shadow_.f32);
+    const uintptr_t s1 = s0 + static_cast<uintptr_t>(shadow_.rows * shadow_.cols) * 4;
+    if (a < s1 && s0 < a + bytes) shadow_ = {};
+  }
+
+  // ---- LRAGENT_CUDA_PROFILE=1: CUDA events around every op, summed per op at synchronize().
+  struct Prof {
+    CudaBackend* b;
+    const char* name;
+    cudaEvent_t start = nullptr;
+    std::chrono::steady_clock::time_point t0;
+    Prof(CudaBackend* be, const char* n) : b(be), name(n) {
+      if (!b->profile_) return;
+      t0 = std::chrono::steady_clock::now();
+      cudaEventRecord(start = b->event(), b->stream_);
+    }
+    ~Prof() {
+      if (!b->profile_) return;
+      cudaEvent_t end = b->event();
+      cudaEventRecord(end, b->stream_);
+      b->prof_pending_.push_back({name, start, end});
+      b->prof_host_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+  };
+  cudaEvent_t event() {
+    if (prof_free_.empty()) {
+      cudaEvent_t e;
+      cudaEventCreate(&e);
+      return e;
+    }
+    cudaEvent_t e = prof_free_.back();
+    prof_free_.pop_back();
+    return e;
+  }
+  void flush_profile() {
+    for (auto& [name, s, e] : prof_pending_) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, s, e);
+      auto& t = prof_totals_[name];
+      t.first += 1;
+      t.second += ms;
+      prof_free_.push_back(s);
+      prof_free_.push_back(e);
+    }
+    prof_pending_.clear();
+  }
 
   [[noreturn]] static void fail(const std::string& what) {
     // A CUDA error mid-op leaves the context unusable (sticky errors); the ops have no error
@@ -516,6 +639,12 @@ class CudaBackend final : public Backend {
     size_t offset = 0, bytes = 0;
   };
   std::unordered_map<uint64_t, Memo> memo_;
+  Shadow shadow_;
+  bool profile_ = false;
+  std::vector<std::tuple<const char*, cudaEvent_t, cudaEvent_t>> prof_pending_;
+  std::map<std::string, std::pair<int64_t, double>> prof_totals_;  // GPU: calls, ms between the events
+  std::map<std::string, double> prof_host_;                          // host ms inside the op (enqueue cost)
+  std::vector<cudaEvent_t> prof_free_;
 };
 
 }  // namespace

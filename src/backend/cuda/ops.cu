@@ -77,7 +77,7 @@ __device__ float block_max(float v, float* red) {
 }
 
 __global__ void rms_norm_kernel(const float* x, int64_t ldx, const void* w, Elem wt, float eps, float* y, int64_t ldy,
-                                int64_t d) {
+                                int64_t d, __nv_bfloat16* y16) {
   __shared__ float red[32];
   const float* xr = x + blockIdx.x * ldx;
   float* yr = y + blockIdx.x * ldy;
@@ -86,7 +86,56 @@ __global__ void rms_norm_kernel(const float* x, int64_t ldx, const void* w, Elem
   ss = block_sum(ss, red);
   // Same expression as the CPU backend (and HF): x · (1 / sqrt(mean(x²) + eps)) · w.
   const float inv = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
-  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) yr[j] = load_elem(w, wt, j) * (xr[j] * inv);
+  __nv_bfloat16* y16r = y16 ? y16 + blockIdx.x * d : nullptr;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = load_elem(w, wt, j) * (xr[j] * inv);
+    yr[j] = v;
+    if (y16r) y16r[j] = __float2bfloat16(v);
+  }
+}
+
+// One warp per output o, all rows at once: lanes stride the reduction dimension 8 bf16 (16 B)
+// at a time, two loads in flight per lane, then a warp reduction.
+template <int R>
+__global__ void __launch_bounds__(128) gemv_bf16_kernel(const __nv_bfloat16* __restrict__ w, int64_t ldw,
+                                                        const float* __restrict__ x, int64_t ldx, float* y,
+                                                        int64_t ldy, int64_t in, int64_t out, float alpha,
+                                                        float beta) {
+  const int lane = threadIdx.x % 32;
+  const int64_t o = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32;
+  if (o >= out) return;
+  const __nv_bfloat16* wr = w + o * ldw;
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll 2
+  for (int64_t k = lane * 8; k < in; k += 256) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(wr + k));
+    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    float wf[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 f = __bfloat1622float2(w2[i]);
+      wf[2 * i] = f.x;
+      wf[2 * i + 1] = f.y;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float4 a = *reinterpret_cast<const float4*>(x + r * ldx + k);
+      const float4 b = *reinterpret_cast<const float4*>(x + r * ldx + k + 4);
+      acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
+                wf[7] * b.w;
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = acc[r];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) {
+      float* yo = y + r * ldy + o;
+      *yo = beta == 0.f ? alpha * v : alpha * v + beta * *yo;
+    }
+  }
 }
 
 __global__ void rope_kernel(float* x, int64_t n, int heads, int hd, const int32_t* pos, const float* inv_freq) {
@@ -106,9 +155,12 @@ __global__ void rope_kernel(float* x, int64_t n, int heads, int hd, const int32_
   }
 }
 
-__global__ void silu_mul_kernel(const float* g, const float* u, float* o, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
-    o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+__global__ void silu_mul_kernel(const float* g, const float* u, float* o, int64_t n, __nv_bfloat16* o16) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = g[i] / (1.0f + expf(-g[i])) * u[i];
+    o[i] = v;
+    if (o16) o16[i] = __float2bfloat16(v);
+  }
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
@@ -271,10 +323,28 @@ cudaError_t fill_value(void* dst, Elem t, int64_t n, float value, cudaStream_t s
 }
 
 cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float eps, float* y, int64_t ldy,
-                     int64_t rows, int64_t d, cudaStream_t s) {
+                     int64_t rows, int64_t d, void* y16, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
-  rms_norm_kernel<<<static_cast<unsigned>(rows), d >= 1024 ? 1024 : (d >= 256 ? 256 : 64), 0, s>>>(x, ldx, w, w_t, eps,
-                                                                                                     y, ldy, d);
+  rms_norm_kernel<<<static_cast<unsigned>(rows), d >= 1024 ? 1024 : (d >= 256 ? 256 : 64), 0, s>>>(
+      x, ldx, w, w_t, eps, y, ldy, d, static_cast<__nv_bfloat16*>(y16));
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
+  if (rows < 1 || rows > kGemvMaxRows || in % 8 || ldw % 8 || ldx % 4 || reinterpret_cast<uintptr_t>(w) % 16 ||
+      reinterpret_cast<uintptr_t>(x) % 16)
+    return cudaErrorInvalidValue;
+  if (out == 0) return cudaSuccess;
+  const auto* wb = static_cast<const __nv_bfloat16*>(w);
+  const unsigned grid = static_cast<unsigned>((out + 3) / 4);
+  switch (rows) {
+#define LRA_GEMV_CASE(R) \
+  case R: gemv_bf16_kernel<R><<<grid, 128, 0, s>>>(wb, ldw, x, ldx, y, ldy, in, out, alpha, beta); break;
+    LRA_GEMV_CASE(1) LRA_GEMV_CASE(2) LRA_GEMV_CASE(3) LRA_GEMV_CASE(4)
+    LRA_GEMV_CASE(5) LRA_GEMV_CASE(6) LRA_GEMV_CASE(7) LRA_GEMV_CASE(8)
+#undef LRA_GEMV_CASE
+  }
   return cudaGetLastError();
 }
 
@@ -286,9 +356,9 @@ cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* po
   return cudaGetLastError();
 }
 
-cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s) {
+cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, void* out16, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
-  silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, out, n);
+  silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, out, n, static_cast<__nv_bfloat16*>(out16));
   return cudaGetLastError();
 }
 

@@ -21,14 +21,25 @@ cudaError_t convert_rows(const void* src, Elem src_t, int64_t ld_src, void* dst,
 cudaError_t fill_random(void* dst, Elem t, int64_t n, uint64_t seed, float stddev, cudaStream_t s);
 cudaError_t fill_value(void* dst, Elem t, int64_t n, float value, cudaStream_t s);
 
-// y[i, :] = x[i, :] / rms(x[i, :]) · w   (x, y f32 with row strides; w f32/bf16/f16 [d])
+// y[i, :] = x[i, :] / rms(x[i, :]) · w   (x, y f32 with row strides; w f32/bf16/f16 [d]).
+// y16 (optional, may be null): the same rows also written as bf16, contiguous [rows, d], for the
+// next GEMM's tensor-core operand (saves a conversion pass).
 cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float eps, float* y, int64_t ldy,
-                     int64_t rows, int64_t d, cudaStream_t s);
+                     int64_t rows, int64_t d, void* y16, cudaStream_t s);
+
+// Skinny GEMM for decode (rows <= kGemvMaxRows): y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o]
+// with bf16 w [out, in] (row stride ldw), f32 x and y. Reads each weight once at full bandwidth;
+// x is f32 as the model keeps it (no conversion pass). Needs in % 8 == 0, ldw % 8 == 0, ldx % 4 == 0
+// and 16-byte aligned w and x; returns cudaErrorInvalidValue otherwise (callers fall back to cuBLASLt).
+constexpr int kGemvMaxRows = 8;
+cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
 cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
                  cudaStream_t s);
-// out = silu(gate) · up, elementwise over n values (out may alias gate).
-cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, cudaStream_t s);
+// out = silu(gate) · up, elementwise over n values (out may alias gate); out16 (optional) gets
+// the same values in bf16.
+cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, void* out16, cudaStream_t s);
 // y += x over n values.
 cudaError_t add(float* y, const float* x, int64_t n, cudaStream_t s);
 // y[i, j] += bias[j] for a [rows, cols] f32 matrix with row stride ldy; bias f32.

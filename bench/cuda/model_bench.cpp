@@ -1,0 +1,204 @@
+// Whole-model benchmark on the CUDA backend: a synthetic model with the real shapes of a
+// published checkpoint (model/presets.h; weights generated on the device), run through the
+// engine's own forward pass (LlamaModel + paged KV cache), as a user's request would be.
+//   prefill  one sequence of --prefill tokens: time, TFLOP/s (linear layers + causal attention +
+//            the last token's LM head), to compare with the bf16 GEMM ceiling measured in the
+//            same gpu-check run;
+//   decode   batch 1 at --ctx tokens of context: median step time (forward + logits to the
+//            host + greedy pick) against (weight bytes read + KV bytes read) / copy bandwidth;
+//            also with a LoRA r16 adapter on q/v (Flash-LoRA, base-lr sharing).
+// Writes JSON (--out); make_report.py folds it into bench/results/kernels-*.{json,md}.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "backend/backend.h"
+#include "kv/full_cache.h"
+#include "kv/sharing.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "model/presets.h"
+
+using namespace lragent;
+
+namespace {
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::vector<int32_t> token_ids(int64_t n, int vocab, uint32_t salt) {
+  std::vector<int32_t> ids(static_cast<size_t>(n));  // [n] deterministic ids spread over the vocabulary
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 7919 + salt * 104729 + 11) % vocab);
+  return ids;
+}
+
+int argmax(const float* x, int n) { return static_cast<int>(std::max_element(x, x + n) - x); }
+
+int fail(const Error& e) {
+  std::fprintf(stderr, "error: %s\n", e.message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string preset_name = "llama3.1-8b", out_path;
+  int64_t ctx = 4096, prefill = 8192;
+  int steps = 32, reps = 3;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--preset") preset_name = val();
+    else if (a == "--ctx") ctx = std::stoll(val());
+    else if (a == "--prefill") prefill = std::stoll(val());
+    else if (a == "--steps") steps = std::stoi(val());
+    else if (a == "--reps") reps = std::stoi(val());
+    else if (a == "--out") out_path = val();
+    else if (a == "--quick") { steps = 8; reps = 1; }
+    else {
+      std::fprintf(stderr,
+                   "usage: lragent_model_bench [--preset NAME] [--ctx N] [--prefill N] [--steps N] [--reps N] "
+                   "[--out FILE.json] [--quick]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  auto preset = model_preset(preset_name);
+  if (!preset.ok()) return fail(preset.error());
+  CudaBackendOptions bo;
+  auto be_r = make_cuda_backend(bo);
+  if (!be_r.ok()) return fail(be_r.error());
+  Backend& be = **be_r;
+  const double t_load = now_ms();
+  auto model_r = make_preset_model(*preset, be);
+  if (!model_r.ok()) return fail(model_r.error());
+  LlamaModel& model = **model_r;
+  be.synchronize();
+  const ModelConfig& c = model.config();
+  std::printf("model %s on %s: %d layers, hidden %d, generated in %.0f ms; device memory in use %.2f GB\n",
+              preset_name.c_str(), be.name().c_str(), c.num_layers, c.hidden_size, now_ms() - t_load,
+              be.memory_stats().in_use / 1e9);
+
+  const int64_t h = c.hidden_size, kvw = static_cast<int64_t>(c.num_kv_heads) * c.head_dim,
+                qw = static_cast<int64_t>(c.num_heads) * c.head_dim, inter = c.intermediate_size;
+  const double linear_params = static_cast<double>(c.num_layers) * (h * qw * 2 + h * kvw * 2 + 3.0 * h * inter);
+  const double head_params = static_cast<double>(h) * c.vocab_size;
+  const int page = 16;
+  const int64_t max_tokens = std::max(prefill, ctx + steps + 1);
+  auto pools = KvPools::create(c, page, KvPools::blocks_for(1, max_tokens, page), "bench", &be);
+  if (!pools.ok()) return fail(pools.error());
+
+  std::string json = fmt::format(R"({{"preset": "{}", "backend": "{}", "layers": {}, "hidden": {}, "vocab": {})",
+                                 preset_name, be.name(), c.num_layers, c.hidden_size, c.vocab_size);
+
+  // ---- prefill of `prefill` tokens in one chunk
+  {
+    const auto ids = token_ids(prefill, c.vocab_size, 1);
+    std::vector<double> ms;
+    for (int r = 0; r < reps + 1; ++r) {  // the first run warms cuBLASLt plans and the allocator
+      FullKvCache kv(pools->k.get(), pools->v.get());
+      SeqInput in{ids.data(), static_cast<int>(prefill), 0, &kv, nullptr, false};
+      be.synchronize();
+      const double t0 = now_ms();
+      auto logits = model.forward({in});
+      if (!logits.ok()) return fail(logits.error());
+      be.synchronize();
+      if (r > 0) ms.push_back(now_ms() - t0);
+    }
+    double keys = 0;
+    for (int64_t i = 0; i < prefill; ++i) keys += static_cast<double>(i + 1);
+    const double attn_flops = 4.0 * c.head_dim * c.num_heads * keys * c.num_layers;
+    const double flops = 2.0 * linear_params * prefill + attn_flops + 2.0 * head_params;
+    const double t = median(ms);
+    std::printf("prefill %lld tokens: %.2f ms, %.1f TFLOP/s (%.2f of them attention)\n",
+                static_cast<long long>(prefill), t, flops / (t * 1e-3) / 1e12, attn_flops / flops);
+    json += fmt::format(R"(, "prefill": {{"tokens": {}, "median_ms": {:.4f}, "flops": {:.6e}, "tflops": {:.2f}}})",
+                        prefill, t, flops, flops / (t * 1e-3) / 1e12);
+  }
+
+  // ---- decode at `ctx` tokens of context, batch 1: base model and a LoRA r16 agent (base-lr)
+  const double weight_bytes = (linear_params + head_params) * static_cast<double>(dtype_size(be.weight_dtype()));
+  const double cache_bytes = 2.0 * static_cast<double>(c.num_layers) * static_cast<double>(ctx) * kvw *
+                             static_cast<double>(dtype_size(be.cache_dtype()));
+  {
+    FullKvCache kv(pools->k.get(), pools->v.get());
+    const auto ids = token_ids(ctx, c.vocab_size, 2);
+    SeqInput in{ids.data(), static_cast<int>(ctx), 0, &kv, nullptr, false};
+    auto first = model.forward({in});
+    if (!first.ok()) return fail(first.error());
+    int32_t tok = argmax(first->f32(), c.vocab_size);
+    std::vector<double> ms;
+    for (int s = 0; s < steps + 2; ++s) {
+      be.synchronize();
+      const double t0 = now_ms();
+      SeqInput d{&tok, 1, ctx + s, &kv, nullptr, false};
+      auto logits = model.forward({d});  // includes the copy of the logits to the host
+      if (!logits.ok()) return fail(logits.error());
+      tok = argmax(logits->f32(), c.vocab_size);
+      if (s >= 2) ms.push_back(now_ms() - t0);
+    }
+    const double t = median(ms);
+    std::printf("decode batch 1 at %lld context: %.3f ms/step (%.1f tok/s); weights %.2f GB + KV %.3f GB\n",
+                static_cast<long long>(ctx), t, 1e3 / t, weight_bytes / 1e9, cache_bytes / 1e9);
+    json += fmt::format(
+        R"(, "decode": {{"ctx": {}, "median_ms": {:.4f}, "weight_bytes": {:.6e}, "cache_bytes": {:.6e}, "steps": {}}})",
+        ctx, t, weight_bytes, cache_bytes, steps);
+  }
+  {
+    auto adapters = make_preset_adapters(c, 16, true, 7);
+    for (auto& a : adapters) upload_adapter(*a, be);
+    SharingOptions so;
+    so.mode = ShareMode::kBaseLr;
+    so.page_size = page;
+    so.max_tokens = ctx + steps + 4;
+    so.backend = &be;
+    auto traj = TrajectoryKv::create(c, {adapters[0].get()}, so);
+    if (!traj.ok()) return fail(traj.error());
+    const auto ids = token_ids(ctx, c.vocab_size, 3);
+    auto bind = (*traj)->bind(0);
+    SeqInput in{ids.data(), static_cast<int>(ctx), 0, bind.get(), adapters[0].get(), false};
+    auto first = model.forward({in});
+    if (!first.ok()) return fail(first.error());
+    (*traj)->advance(0, ctx);
+    int32_t tok = argmax(first->f32(), c.vocab_size);
+    std::vector<double> ms;
+    for (int s = 0; s < steps + 2; ++s) {
+      be.synchronize();
+      const double t0 = now_ms();
+      auto b = (*traj)->bind(0);
+      SeqInput d{&tok, 1, ctx + s, b.get(), adapters[0].get(), false};
+      auto logits = model.forward({d});
+      if (!logits.ok()) return fail(logits.error());
+      (*traj)->advance(0, ctx + s + 1);
+      tok = argmax(logits->f32(), c.vocab_size);
+      if (s >= 2) ms.push_back(now_ms() - t0);
+    }
+    const double t = median(ms);
+    std::printf("decode batch 1 at %lld context, LoRA r16 q/v, base-lr cache: %.3f ms/step\n",
+                static_cast<long long>(ctx), t);
+    json += fmt::format(R"(, "decode_lora_base_lr": {{"ctx": {}, "median_ms": {:.4f}}})", ctx, t);
+  }
+  const MemoryStats m = be.memory_stats();
+  json += fmt::format(R"(, "peak_device_bytes": {}, "device_capacity_bytes": {}}})", m.peak, m.capacity);
+  std::printf("peak device memory %.2f GB of %.2f GB\n", m.peak / 1e9, m.capacity / 1e9);
+  if (!out_path.empty()) {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "error: cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+    std::fprintf(f, "%s\n", json.c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
