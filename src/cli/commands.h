@@ -13,5 +13,6 @@ void register_replay(CLI::App& app, std::function<int()>& action);
 void register_fidelity(CLI::App& app, std::function<int()>& action);
 void register_run(CLI::App& app, std::function<int()>& action);
 void register_demo(CLI::App& app, std::function<int()>& action);
+void register_bench(CLI::App& app, std::function<int()>& action);  // `bench trace`
 
 }  // namespace lragent::cli

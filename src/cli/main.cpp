@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
       "  lragent generate --model DIR --prompt TEXT     greedy continuation (add --json --logits for scripts)\n"
       "  lragent replay --model DIR --adapter plan=DIR --adapter action=DIR --kv-share base-lr --script S.json\n"
       "  lragent run --workflow react --model DIR --adapter plan=P --adapter action=A --adapter reflect=R\n"
+      "  lragent bench trace --device cuda --preset llama3.1-8b   the poster's trace benchmark, all modes\n"
       "Run `lragent COMMAND --help` for every flag of a command. Exit codes: 2 bad argument, 3 not found,\n"
       "4 corrupt file, 5 unsupported, 6 out of memory (KV cache or allocation).");
   app.set_version_flag("--version", "lragent 0.1.0");
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   lragent::cli::register_fidelity(app, action);
   lragent::cli::register_run(app, action);
   lragent::cli::register_demo(app, action);
+  lragent::cli::register_bench(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

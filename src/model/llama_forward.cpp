@@ -44,6 +44,12 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
   Tensor attn = be_.alloc(DType::kF32, {n, qw});        // [N, heads*hd]
   Tensor gate = be_.alloc(DType::kF32, {n, c.intermediate_size});  // [N, inter]
   Tensor up = be_.alloc(DType::kF32, {n, c.intermediate_size});    // [N, inter]
+  for (const Tensor* t : {&h, &xn, &q, &k_base, &v_base, &attn, &gate, &up})
+    if (!t->view().data)
+      return make_error(ErrorCode::kOutOfMemory,
+                        "{}: out of memory for the activations of {} tokens in one forward pass; use a "
+                        "smaller prefill chunk or KV budget",
+                        be_.name(), n);
   be_.embedding(w_.embed, ids.data(), static_cast<int>(n), h.view());
 
   auto as2d = [](Tensor& t, int64_t cols) {

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The LRAgent trace benchmark on the GPU machine, one model per call (issue: reproduce the
+# poster's tables): lragent bench trace (all modes x the 7 poster lengths, agents curve), the same
+# with a KV budget (what running out looks like), the HF transformers + PEFT peer on the very same
+# traces, then bench/trace/report.py -> bench/results/trace-<preset>-<gpu>-<date>.{json,md,png}.
+#   PRESET=llama3.1-8b bash scripts/trace-bench.sh        (after scripts/device-bundle.sh here)
+# Env: PRESET, LENGTHS (default: the poster's), KV_BUDGET_GB (default 6), PEER_ATTN (eager,sdpa),
+#      PEER_EAGER_MAX (longest length eager runs; default 9100), OUT (a tarball of the results).
+set -u
+set -o pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+PRESET=${PRESET:-llama3.1-8b}
+LENGTHS=${LENGTHS:-1900,3000,5000,9100,17300,33700,66400}
+KV_BUDGET_GB=${KV_BUDGET_GB:-6}
+PEER_EAGER_MAX=${PEER_EAGER_MAX:-9100}
+T0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - T0 ))s; }
+if [ -f .devbundle/bundle.tar.xz ]; then
+  LB=/tmp/lragent-bundle
+  [ -x $LB/bin/lragent ] || { rm -rf $LB && mkdir -p $LB && tar -C $LB -xJf .devbundle/bundle.tar.xz; }
+  export LD_LIBRARY_PATH="$LB/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  BIN=$LB/bin/lragent
+else
+  BIN=${BIN:-build-cuda/lragent}
+fi
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+SLUG=$(echo "${GPU:-gpu}" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+|-+$//g')
+DATE=$(date -u +%Y%m%d)
+COMMIT=${LRAGENT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+W=build-trace-$PRESET
+rm -rf "$W" && mkdir -p "$W" bench/results
+PREFIX=bench/results/trace-$PRESET-$SLUG-$DATE
+echo "== trace bench $PRESET on $GPU, commit $COMMIT"
+
+echo "== ours ($(elapsed))"
+timeout 420 "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --agents-curve \
+  --json "$W/ours.json" --markdown "$W/ours.md" --dump-traces "$W/traces.json" 2>&1 | tee "$W/ours.log" | grep -vE "^\[#"
+echo "== ours with --kv-budget $KV_BUDGET_GB GB ($(elapsed))"
+timeout 120 "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
+  --no-warmup --json "$W/ours-budget.json" 2>&1 | tee "$W/budget.log" | grep -vE "^\[#" | tail -12
+echo "== HF transformers + PEFT peer ($(elapsed))"
+SHORT=$(python3 -c "import sys; print(','.join(x for x in sys.argv[1].split(',') if int(x) <= int(sys.argv[2])))" \
+  "$LENGTHS" "$PEER_EAGER_MAX")
+PYTHONUNBUFFERED=1 timeout 150 python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-sdpa.json" \
+  --attn sdpa --skip-after-oom 2>&1 | tee "$W/peer.log" | tail -12
+if [ -n "$SHORT" ]; then
+  PYTHONUNBUFFERED=1 timeout 90 python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-eager.json" \
+    --attn eager --lengths "$SHORT" --skip-after-oom 2>&1 | tee -a "$W/peer.log" | tail -8
+fi
+python3 - "$W" <<'PY'
+import json, sys, os
+w = sys.argv[1]
+out = None
+for name in ("peer-sdpa.json", "peer-eager.json"):
+    p = os.path.join(w, name)
+    if not os.path.exists(p):
+        continue
+    d = json.load(open(p))
+    if out is None:
+        out = d
+    else:
+        for k, v in d.items():
+            if isinstance(v, list) and isinstance(out.get(k), list):
+                out[k] += v
+json.dump(out or {}, open(os.path.join(w, "peer.json"), "w"), indent=1)
+PY
+echo "== report ($(elapsed))"
+python3 bench/trace/report.py --ours "$W/ours.json" --ours-budget "$W/ours-budget.json" --peer "$W/peer.json" \
+  --out "$PREFIX" --commit "$COMMIT" 2>&1 | tail -5
+cp "$W/ours.json" "$PREFIX.json"
+[ -f "$W/peer.json" ] && cp "$W/peer.json" "$PREFIX-peer.json"
+[ -f "$W/ours-budget.json" ] && cp "$W/ours-budget.json" "$PREFIX-budget.json"
+cat "$PREFIX.md" 2>/dev/null | head -60
+if [ -n "${OUT:-}" ]; then
+  tar -czf "$OUT/trace-$PRESET.tgz" "$PREFIX"* "$W"/*.log
+fi
+echo "== trace bench done in $(elapsed)"

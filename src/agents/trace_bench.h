@@ -1,0 +1,76 @@
+// Running benchmark traces (agents/trace.h) under the KV sharing modes and measuring them:
+// the library half of `lragent bench trace` (docs/bench.md defines every metric).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "agents/trace.h"
+#include "kv/sharing.h"
+#include "model/llama.h"
+
+namespace lragent {
+
+struct TraceBenchOptions {
+  int page_size = 16;
+  std::vector<int> droidspeak_layers = {0};  // recompute layers of droidspeak
+  int64_t kv_budget_bytes = 0;               // > 0: the KV pools of a cell get at most this; 0: sized to the trace
+};
+
+// One (length, mode) cell.
+struct TraceCell {
+  int64_t length = 0;                 // target (= final) trajectory tokens
+  ShareMode mode = ShareMode::kNone;
+  // ok | oom (KV pool or weights+pools do not fit) | n/a (the mode cannot run these adapters)
+  // | context (longer than the model's positions) | error (anything else: a bug)
+  std::string status = "ok";
+  std::string message;                // why, when not ok
+  int agent_calls = 0;
+  int64_t final_tokens = 0;
+  double ttft_s = 0;                  // sum over agent calls of catch-up prefill + first token
+  double wall_s = 0;                  // first step to last, pools already allocated
+  double throughput_tok_s = 0;        // final_tokens / wall_s
+  int64_t decode_tokens = 0;          // tokens decoded after each call's first
+  double decode_s = 0;
+  double decode_tok_s = 0;            // decode_tokens / decode_s
+  int64_t prefill_tokens = 0;         // catch-up tokens over all calls
+  int64_t computed_tokens = 0;        // forward-pass tokens over all agents
+  CacheBytes cache;                   // at the end of the trace (caches only grow: the peak)
+  int64_t kv_max_tokens = 0;          // tokens each KV pool was sized for
+  int64_t kv_pool_bytes = 0;          // bytes the pools reserve up front
+  int64_t device_peak_bytes = 0;      // Backend::memory_stats().peak during the cell (0 on the CPU)
+  int64_t device_capacity_bytes = 0;
+};
+
+// Bytes the KV pools of one trajectory reserve per token of capacity, exactly as
+// TrajectoryKv::create sizes them (pools of every mode hold max_tokens tokens each).
+int64_t kv_pool_bytes_per_token(const ModelConfig& cfg, ShareMode mode, int n_agents, int rank_k, int rank_v,
+                                int n_recompute_layers, int64_t value_bytes);
+
+// Runs `trace` with agents `names[i]` = `adapters[i]` under `mode` and measures it. Running out of
+// KV memory, a mode the adapters cannot use (base-lr without shared A) or a trace longer than the
+// model's context are reported in the cell's status, not as errors; other failures are errors.
+Result<TraceCell> run_trace_cell(LlamaModel& model, const std::vector<std::string>& names,
+                                 const std::vector<const LoraAdapter*>& adapters, const Trace& trace, ShareMode mode,
+                                 const TraceBenchOptions& opts);
+
+// Cache bytes when n = 1..max_agents agents (agent i uses adapters[i % size]) have each processed
+// all `length` tokens of one trajectory: TrajectoryKv::bytes() on sessions whose counters are
+// advanced without any forward pass. Per mode, one CacheBytes per n; `allocated` is 0.
+// An empty vector for a mode the adapters cannot use (base-lr without shared A).
+Result<std::vector<CacheBytes>> agents_memory_curve(const ModelConfig& cfg, const std::vector<const LoraAdapter*>& adapters,
+                                                    ShareMode mode, int64_t length, int max_agents,
+                                                    int64_t value_bytes, const TraceBenchOptions& opts);
+
+nlohmann::json cell_to_json(const TraceCell& c);
+nlohmann::json cache_bytes_json(const CacheBytes& b);
+
+// The poster's table: rows = lengths, per mode TTFT s | throughput tok/s | KV memory GB
+// (cache.total() / 1e9); cells not ok show their status.
+std::string trace_markdown_table(const std::vector<TraceCell>& cells, const std::vector<ShareMode>& modes,
+                                 const std::vector<int64_t>& lengths);
+
+}  // namespace lragent
