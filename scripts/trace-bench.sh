@@ -5,7 +5,9 @@
 # traces, then bench/trace/report.py -> bench/results/trace-<preset>-<gpu>-<date>.{json,md,png}.
 #   PRESET=llama3.1-8b bash scripts/trace-bench.sh        (after scripts/device-bundle.sh here)
 # Env: PRESET, LENGTHS (default: the poster's), KV_BUDGET_GB (default 6), PEER_ATTN (eager,sdpa),
-#      PEER_EAGER_MAX (longest length eager runs; default 9100), OUT (a tarball of the results).
+#      PEER_EAGER_MAX (longest length eager runs; default 9100), OUT (a tarball of the results),
+#      STAGES (default ours,peer,report: a call that would overrun the device's 10-minute limit can
+#      run `ours` and then `peer,report` on the same warm machine; the work folder stays).
 set -u
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -29,23 +31,29 @@ SLUG=$(echo "${GPU:-gpu}" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/
 DATE=$(date -u +%Y%m%d)
 COMMIT=${LRAGENT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 W=build-trace-$PRESET
-rm -rf "$W" && mkdir -p "$W" bench/results
+STAGES=${STAGES:-ours,peer,report}
+stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+stage ours && rm -rf "$W"
+mkdir -p "$W" bench/results
 PREFIX=bench/results/trace-$PRESET-$SLUG-$DATE
 echo "== trace bench $PRESET on $GPU, commit $COMMIT"
 
+if stage ours; then
 echo "== ours ($(elapsed))"
-timeout 420 "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --agents-curve \
+timeout ${OURS_TIMEOUT:-400} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --agents-curve \
   --json "$W/ours.json" --markdown "$W/ours.md" --dump-traces "$W/traces.json" 2>&1 | tee "$W/ours.log" | grep -vE "^\[#"
 echo "== ours with --kv-budget $KV_BUDGET_GB GB ($(elapsed))"
-timeout 120 "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
+timeout ${BUDGET_TIMEOUT:-150} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
   --no-warmup --json "$W/ours-budget.json" 2>&1 | tee "$W/budget.log" | grep -vE "^\[#" | tail -12
+fi
+if stage peer; then
 echo "== HF transformers + PEFT peer ($(elapsed))"
 SHORT=$(python3 -c "import sys; print(','.join(x for x in sys.argv[1].split(',') if int(x) <= int(sys.argv[2])))" \
   "$LENGTHS" "$PEER_EAGER_MAX")
-PYTHONUNBUFFERED=1 timeout 150 python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-sdpa.json" \
+PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-sdpa.json" \
   --attn sdpa --skip-after-oom 2>&1 | tee "$W/peer.log" | tail -12
 if [ -n "$SHORT" ]; then
-  PYTHONUNBUFFERED=1 timeout 90 python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-eager.json" \
+  PYTHONUNBUFFERED=1 timeout ${PEER_EAGER_TIMEOUT:-150} python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-eager.json" \
     --attn eager --lengths "$SHORT" --skip-after-oom 2>&1 | tee -a "$W/peer.log" | tail -8
 fi
 python3 - "$W" <<'PY'
@@ -65,6 +73,8 @@ for name in ("peer-sdpa.json", "peer-eager.json"):
                 out[k] += v
 json.dump(out or {}, open(os.path.join(w, "peer.json"), "w"), indent=1)
 PY
+fi
+stage report || { echo "== stages $STAGES done in $(elapsed)"; exit 0; }
 echo "== report ($(elapsed))"
 python3 bench/trace/report.py --ours "$W/ours.json" --ours-budget "$W/ours-budget.json" --peer "$W/peer.json" \
   --out "$PREFIX" --commit "$COMMIT" 2>&1 | tail -5

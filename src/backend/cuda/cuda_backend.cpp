@@ -563,15 +563,19 @@ class CudaBackend final : public Backend {
     if (p.k_lr.active()) a.inv_freq = dev_floats(p.inv_freq, p.head_dim / 2);
     a.out_f32 = p.out;
     a.stream = stream_;
-    const size_t ws = lc::attention_workspace_bytes(a, 64);
+    // Workspace for the split count the kernel will pick (a prefill chunk runs unsplit; sizing
+    // for the maximum splits x queries would ask for gigabytes).
+    a.workspace = &attn_ws_bytes_;  // any non-null pointer: "unlimited" for the query below
+    a.workspace_bytes = SIZE_MAX;
+    const int splits = lc::attention_num_splits(a);
+    const size_t ws = splits > 1 ? lc::attention_workspace_bytes(a, splits) : 0;
     if (ws > attn_ws_bytes_) {
       free_async(attn_workspace_);
       attn_workspace_ = raw_alloc(ws);
-      if (!attn_workspace_) fail("out of device memory for the attention workspace");
-      attn_ws_bytes_ = ws;
+      attn_ws_bytes_ = attn_workspace_ ? ws : 0;  // out of memory: run unsplit rather than fail
     }
-    a.workspace = attn_workspace_;
-    a.workspace_bytes = attn_ws_bytes_;
+    a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
+    a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
     const cudaError_t e = lc::attention(a);
     if (e != cudaSuccess) fail(fmt::format("attention kernel: {}", cudaGetErrorString(e)));
   }
