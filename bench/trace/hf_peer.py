@@ -6,7 +6,8 @@
 
 The model is built from the preset's config (no download: LlamaForCausalLM / MistralForCausalLM
 from a config dict, random init, bf16, on the GPU) with three PEFT LoRA adapters (plan, action,
-reflect: r and alpha from the dump, q_proj and v_proj, random A and B). Each trace runs as any
+reflect: r and alpha from the dump, q_proj and v_proj, random A and B; kept in f32 as PEFT does
+by default, --adapter-dtype model keeps them in bf16). Each trace runs as any
 user of these libraries would run a multi-agent workflow, Non-Shared: at every agent call,
 `set_adapter(agent)` then `generate()` over the whole trajectory so far (no cache kept between
 calls), greedy, exactly n new tokens (min_new_tokens = max_new_tokens = n); the appended tokens
@@ -57,7 +58,7 @@ def build_config(p, attn):
     return cfg
 
 
-def build_model(preset, adapters, attn, device, dtype):
+def build_model(preset, adapters, attn, device, dtype, adapter_dtype="float32"):
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
@@ -72,9 +73,15 @@ def build_model(preset, adapters, attn, device, dtype):
     lcfg = LoraConfig(r=adapters["rank"], lora_alpha=adapters["lora_alpha"], target_modules=list(adapters["targets"]),
                       lora_dropout=0.0, bias="none", init_lora_weights=False)
     names = list(adapters["agents"])
-    model = get_peft_model(base, lcfg, adapter_name=names[0])
+    # PEFT's default (autocast_adapter_dtype=True) keeps bf16 models' adapters in f32.
+    model = get_peft_model(base, lcfg, adapter_name=names[0], autocast_adapter_dtype=adapter_dtype == "float32")
     for n in names[1:]:
         model.add_adapter(n, lcfg)
+    # PEFT 0.21 makes add_adapter's adapters f32 whatever autocast_adapter_dtype says; one dtype for all.
+    want = torch.float32 if adapter_dtype == "float32" else dtype
+    for pname, p in model.named_parameters():
+        if "lora_" in pname:
+            p.data = p.data.to(want)
     model.to(device)
     model.eval()
     return model
@@ -84,7 +91,7 @@ def kv_bytes_per_token(p, elem_bytes):
     return p["num_hidden_layers"] * 2 * p["num_key_value_heads"] * p["head_dim"] * elem_bytes
 
 
-def run_trace(model, trace, preset, device, elem_bytes, warmup=False):
+def run_trace(model, trace, preset, device, elem_bytes):
     """Runs one trace Non-Shared; returns the cell (metrics) or raises torch's OOM error."""
     import torch
     from transformers import LogitsProcessor, LogitsProcessorList
@@ -140,8 +147,6 @@ def run_trace(model, trace, preset, device, elem_bytes, warmup=False):
         cell["kv_bytes"] = max(cell["kv_bytes"], (len(ids) + n - 1) * per_token)
         ids.extend(new)
         del x, out
-        if warmup and cell["agent_calls"] == 2:
-            break
     sync()
     wall = time.perf_counter() - start
     cell.update({"status": "ok", "final_tokens": len(ids), "wall_s": wall,
@@ -165,6 +170,8 @@ def main():
     ap.add_argument("--lengths", default="", help="only these trace lengths (default: all in the file)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--adapter-dtype", default="float32", choices=["float32", "model"],
+                    help="float32: PEFT's default (adapters upcast to f32); model: adapters in the model's dtype")
     ap.add_argument("--skip-after-oom", action="store_true",
                     help="once a length runs out of memory, record longer ones as oom without running them")
     args = ap.parse_args()
@@ -179,11 +186,14 @@ def main():
     if args.lengths:
         keep = {int(x) for x in args.lengths.split(",")}
         traces = [t for t in traces if t["target_tokens"] in keep]
+    if not traces:
+        sys.exit("hf_peer: %s holds no trace of the lengths asked for (--lengths %s)" % (args.traces, args.lengths))
     dtype = getattr(torch, args.dtype)
     elem_bytes = 2 if args.dtype == "bfloat16" else 4
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     result = {"benchmark": "hf_peer", "torch": torch.__version__, "transformers": transformers.__version__,
-              "peft": peft.__version__, "device": device_name, "dtype": args.dtype, "preset": preset,
+              "peft": peft.__version__, "device": device_name, "dtype": args.dtype,
+              "adapter_dtype": args.adapter_dtype if args.adapter_dtype == "float32" else args.dtype, "preset": preset,
               "adapters": adapters, "trace": dump.get("trace"), "cells": []}
 
     def save():
@@ -193,10 +203,11 @@ def main():
     for attn in [a for a in args.attn.split(",") if a]:
         system = "hf-" + attn
         t0 = time.perf_counter()
-        model = build_model(preset, adapters, attn, args.device, dtype)
+        model = build_model(preset, adapters, attn, args.device, dtype, args.adapter_dtype)
         print("[%s] model ready in %.1f s" % (system, time.perf_counter() - t0), file=sys.stderr, flush=True)
         try:
-            run_trace(model, traces[0], preset, args.device, elem_bytes, warmup=True)
+            # Untimed: the whole shortest trace once (kernel selection, allocator growth, every adapter).
+            run_trace(model, min(traces, key=lambda t: t["target_tokens"]), preset, args.device, elem_bytes)
         except Exception as e:  # noqa: BLE001 - a failed warm-up must not stop the other system
             if not is_oom(e):
                 raise

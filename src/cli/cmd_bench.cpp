@@ -247,6 +247,46 @@ int run_bench_trace(const BenchFlags& f) {
     if (!r.ok()) return report(r.error());
   }
 
+  nlohmann::json j = {{"benchmark", "lragent bench trace"},
+                      {"complete", false},
+                      {"date_utc", utc_now()},
+                      {"device", backend.name()},
+                      {"weight_dtype", dtype_name(backend.weight_dtype())},
+                      {"cache_dtype", dtype_name(backend.cache_dtype())},
+                      {"preset", config_json(*preset)},
+                      {"weight_bytes", preset_weight_bytes(cfg, backend.weight_dtype())},
+                      {"model_setup_s", load_s},
+                      {"adapters", adapters_info},
+                      {"trace", trace_info},
+                      {"kv_budget_gb", f.kv_budget_gb > 0 ? nlohmann::json(f.kv_budget_gb) : nlohmann::json(nullptr)},
+                      {"page_size", f.page_size},
+                      {"droidspeak_layers", opts.droidspeak_layers},
+                      {"modes", nlohmann::json::array()},
+                      {"lengths", *lengths},
+                      {"cells", nlohmann::json::array()}};
+  for (ShareMode m : *modes) j["modes"].push_back(share_mode_name(m));
+  if (f.agents_curve) {
+    // Counters only (no forward pass): cheap, so it comes first and is in every partial file.
+    const int64_t len = f.curve_length > 0 ? f.curve_length : *std::max_element(lengths->begin(), lengths->end());
+    nlohmann::json curve = {{"length", len}, {"agents", nlohmann::json::array()}, {"modes", nlohmann::json::object()}};
+    for (int n = 1; n <= f.max_agents; ++n) curve["agents"].push_back(n);
+    for (ShareMode m : *modes) {
+      auto bytes = agents_memory_curve(cfg, ptrs, m, len, f.max_agents, static_cast<int64_t>(dtype_size(backend.cache_dtype())), opts);
+      if (!bytes.ok()) return report(bytes.error());
+      nlohmann::json arr = nlohmann::json::array();
+      for (const CacheBytes& b : *bytes) arr.push_back(cache_bytes_json(b));
+      curve["modes"][share_mode_name(m)] = std::move(arr);  // empty: the mode cannot run these adapters
+    }
+    j["agents_curve"] = std::move(curve);
+  }
+  // The JSON is rewritten after every cell, so a run the process cannot finish (the device
+  // aborting, a wall-clock limit) still leaves every finished cell behind ("complete": false).
+  auto save_json = [&]() -> Status {
+    if (f.json_file.empty()) return Status::Ok();
+    return write_file(f.json_file, j.dump(1) + "\n", "--json");
+  };
+  if (auto s = save_json(); !s.ok()) return report(s.error());
+
   std::vector<TraceCell> cells;
   const Error* first_error = nullptr;
   Error error_store;
@@ -269,46 +309,16 @@ int run_bench_trace(const BenchFlags& f) {
         }
       }
       progress.cell_done(c);
+      j["cells"].push_back(cell_to_json(c));
       cells.push_back(std::move(c));
+      if (auto s = save_json(); !s.ok()) return report(s.error());
     }
   }
-
-  nlohmann::json j = {{"benchmark", "lragent bench trace"},
-                      {"date_utc", utc_now()},
-                      {"device", backend.name()},
-                      {"weight_dtype", dtype_name(backend.weight_dtype())},
-                      {"cache_dtype", dtype_name(backend.cache_dtype())},
-                      {"preset", config_json(*preset)},
-                      {"weight_bytes", preset_weight_bytes(cfg, backend.weight_dtype())},
-                      {"model_setup_s", load_s},
-                      {"adapters", adapters_info},
-                      {"trace", trace_info},
-                      {"kv_budget_gb", f.kv_budget_gb > 0 ? nlohmann::json(f.kv_budget_gb) : nlohmann::json(nullptr)},
-                      {"page_size", f.page_size},
-                      {"droidspeak_layers", opts.droidspeak_layers},
-                      {"modes", nlohmann::json::array()},
-                      {"lengths", *lengths},
-                      {"cells", nlohmann::json::array()}};
-  for (ShareMode m : *modes) j["modes"].push_back(share_mode_name(m));
-  for (const TraceCell& c : cells) j["cells"].push_back(cell_to_json(c));
-  if (f.agents_curve) {
-    const int64_t len = f.curve_length > 0 ? f.curve_length : *std::max_element(lengths->begin(), lengths->end());
-    nlohmann::json curve = {{"length", len}, {"agents", nlohmann::json::array()}, {"modes", nlohmann::json::object()}};
-    for (int n = 1; n <= f.max_agents; ++n) curve["agents"].push_back(n);
-    for (ShareMode m : *modes) {
-      auto bytes = agents_memory_curve(cfg, ptrs, m, len, f.max_agents, static_cast<int64_t>(dtype_size(backend.cache_dtype())), opts);
-      if (!bytes.ok()) return report(bytes.error());
-      nlohmann::json arr = nlohmann::json::array();
-      for (const CacheBytes& b : *bytes) arr.push_back(cache_bytes_json(b));
-      curve["modes"][share_mode_name(m)] = std::move(arr);  // empty: the mode cannot run these adapters
-    }
-    j["agents_curve"] = std::move(curve);
-  }
+  j["complete"] = true;
+  if (auto s = save_json(); !s.ok()) return report(s.error());
 
   const std::string table = trace_markdown_table(cells, *modes, *lengths);
   fmt::print("{}", table);
-  if (!f.json_file.empty())
-    if (auto s = write_file(f.json_file, j.dump(1) + "\n", "--json"); !s.ok()) return report(s.error());
   if (!f.markdown_file.empty()) {
     const std::string md = fmt::format(
         "# lragent bench trace: {}\n\n{} on {}; adapters {} r={} on q_proj, v_proj; trajectory {}; KV budget {}.\n"

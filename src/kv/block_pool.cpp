@@ -42,7 +42,7 @@ Result<int32_t> BlockPool::allocate() {
   if (free_.empty())
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache '{}' exhausted: all {} blocks of {} tokens are in use; raise the KV budget "
-                      "(--max-context) or shorten the context",
+                      "(--max-context, or --kv-budget in bench) or shorten the context",
                       name_, n_blocks_, page_size_);
   int32_t b = free_.back();
   free_.pop_back();
@@ -90,7 +90,7 @@ Status PagedStream::reserve(int64_t n_tokens) {
   if (need - static_cast<int64_t>(table_.size()) > pool_->free_blocks())
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache '{}' exhausted: {} tokens need {} more blocks of {} tokens but only {} are free; "
-                      "raise the KV budget (--max-context) or shorten the context",
+                      "raise the KV budget (--max-context, or --kv-budget in bench) or shorten the context",
                       pool_->name(), n_tokens, need - static_cast<int64_t>(table_.size()), pool_->page_size(),
                       pool_->free_blocks());
   while (static_cast<int64_t>(table_.size()) < need) {

@@ -41,6 +41,7 @@ TEST(BenchTraceCli, TinyPresetAllModes) {
   EXPECT_NE(r.out.find("| tokens | none TTFT s |"), std::string::npos) << r.out;
   EXPECT_NE(r.err.find("10/10 cells"), std::string::npos) << "progress on stderr: " << r.err;
   const auto j = nlohmann::json::parse(testing::read_file(json));
+  EXPECT_EQ(j["complete"], true) << "the file is rewritten per cell; the last write marks it complete";
   EXPECT_EQ(j["modes"], nlohmann::json({"none", "full", "droidspeak", "base", "base-lr"}));
   ASSERT_EQ(j["cells"].size(), 10u);
   auto cells = cells_by_key(j);
