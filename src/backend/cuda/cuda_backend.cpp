@@ -372,8 +372,10 @@ class CudaBackend final : public Backend {
   void* make_shadow(const TensorView& y, int64_t rows, int64_t cols) {
     shadow_ = {};
     if (dtype_ != DType::kBF16 || row_stride_of(y) != cols || rows <= lc::kGemvMaxRows) return nullptr;
-    shadow_ = {y.data, rows, cols, scratch(2, static_cast<size_t>(rows * cols) * 2)};
-    return shadow_.bf16;
+    // Optional: without memory for it the GEMMs convert instead.
+    void* b = try_scratch(2, static_cast<size_t>(rows * cols) * 2);
+    if (b) shadow_ = {y.data, rows, cols, b};
+    return b;
   }
   // An op is about to write [p, p + bytes): a shadow of that memory is stale from here on.
   void wrote(const void* p, size_t bytes) {
@@ -445,14 +447,20 @@ class CudaBackend final : public Backend {
     return p;
   }
 
-  // Reusable scratch buffer `slot`, grown on demand (stream order makes reuse safe).
-  void* scratch(int slot, size_t bytes) {
+  // Reusable scratch buffer `slot`, grown on demand (stream order makes reuse safe); null when
+  // the device is out of memory.
+  void* try_scratch(int slot, size_t bytes) {
     auto& s = scratch_[slot];
     if (s.view().nbytes() < bytes) {
-      s = alloc(DType::kU8, {static_cast<int64_t>(std::max(bytes, s.view().nbytes() * 2))});
-      if (!s.view().data) fail(fmt::format("out of device memory for {} bytes of scratch", bytes));
+      s = Tensor();  // release the old buffer first: it may be what makes room
+      s = alloc(DType::kU8, {static_cast<int64_t>(bytes)});
     }
     return s.view().data;
+  }
+  void* scratch(int slot, size_t bytes) {
+    void* p = try_scratch(slot, bytes);
+    if (!p) fail(fmt::format("out of device memory for {} bytes of scratch", bytes));
+    return p;
   }
 
   // ---- uploads of small host arrays, deduplicated by content
