@@ -64,12 +64,13 @@ if(LRAGENT_BUILD_TESTS)
   endif()
 endif()
 
-file(GLOB LRAGENT_CUDA_BENCH_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/bench/cuda/*.cu)
-if(LRAGENT_CUDA_BENCH_SOURCES)
-  add_executable(lragent_attention_bench ${LRAGENT_CUDA_BENCH_SOURCES})
-  target_link_libraries(lragent_attention_bench PRIVATE lragent_cuda CUDA::cudart)
-  target_compile_options(lragent_attention_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
-endif()
+add_executable(lragent_attention_bench ${PROJECT_SOURCE_DIR}/bench/cuda/attention_bench.cu)
+target_link_libraries(lragent_attention_bench PRIVATE lragent_cuda CUDA::cudart)
+target_compile_options(lragent_attention_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
+# Decode GEMV versions vs the copy ceiling.
+add_executable(lragent_gemv_bench ${PROJECT_SOURCE_DIR}/bench/cuda/gemv_bench.cu)
+target_link_libraries(lragent_gemv_bench PRIVATE lragent_cuda CUDA::cudart)
+target_compile_options(lragent_gemv_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
 
 # The whole model through the engine on the GPU (host C++ over lragent_lib's CUDA backend).
 add_executable(lragent_model_bench ${PROJECT_SOURCE_DIR}/bench/cuda/model_bench.cpp)

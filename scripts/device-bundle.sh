@@ -14,11 +14,11 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 cmake -S . -B "$B" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DLRAGENT_CUDA=ON -DLRAGENT_CUDA_ARCH=90a \
   -DLRAGENT_BUILD_TESTS=ON >/dev/null
 [ "${NO_BUILD:-0}" = 1 ] ||  # NO_BUILD=1: pack what $B already holds
-  cmake --build "$B" -j"$(nproc)" --target lragent lragent_cuda_tests lragent_attention_bench lragent_model_bench
+  cmake --build "$B" -j"$(nproc)" --target lragent lragent_cuda_tests lragent_attention_bench lragent_model_bench lragent_gemv_bench
 S=.devbundle/stage
 rm -rf .devbundle
 mkdir -p $S/bin $S/lib $S/shared/models $S/shared/adapters
-cp "$B/lragent" "$B/lragent_cuda_tests" "$B/lragent_attention_bench" "$B/lragent_model_bench" $S/bin/
+cp "$B/lragent" "$B/lragent_cuda_tests" "$B/lragent_attention_bench" "$B/lragent_model_bench" "$B/lragent_gemv_bench" $S/bin/
 strip --strip-unneeded $S/bin/*
 # Non-system libraries the binaries link (CUDA's own come from the GPU machine's toolkit).
 ldd "$B/lragent_cuda_tests" "$B/lragent" | awk '/=> \// {print $3}' | sort -u |

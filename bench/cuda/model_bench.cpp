@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   std::string preset_name = "llama3.1-8b", out_path;
   int64_t ctx = 4096, prefill = 8192;
   int steps = 32, reps = 3;
+  bool eager = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -66,16 +67,19 @@ int main(int argc, char** argv) {
     else if (a == "--reps") reps = std::stoi(val());
     else if (a == "--out") out_path = val();
     else if (a == "--quick") { steps = 8; reps = 1; }
+    else if (a == "--eager") eager = true;
     else {
       std::fprintf(stderr,
                    "usage: lragent_model_bench [--preset NAME] [--ctx N] [--prefill N] [--steps N] [--reps N] "
-                   "[--out FILE.json] [--quick]\n");
+                   "[--out FILE.json] [--quick] [--eager]\n"
+                   "  --prefill 0 skips the prefill measurement; --eager launches decode op by op (no CUDA graphs)\n");
       return a == "--help" ? 0 : 2;
     }
   }
   auto preset = model_preset(preset_name);
   if (!preset.ok()) return fail(preset.error());
   CudaBackendOptions bo;
+  bo.graphs = !eager;
   auto be_r = make_cuda_backend(bo);
   if (!be_r.ok()) return fail(be_r.error());
   Backend& be = **be_r;
@@ -101,8 +105,9 @@ int main(int argc, char** argv) {
   std::string json = fmt::format(R"({{"preset": "{}", "backend": "{}", "layers": {}, "hidden": {}, "vocab": {})",
                                  preset_name, be.name(), c.num_layers, c.hidden_size, c.vocab_size);
 
+  json += fmt::format(R"(, "graphs": {})", eager ? "false" : "true");
   // ---- prefill of `prefill` tokens in one chunk
-  {
+  if (prefill > 0) {
     const auto ids = token_ids(prefill, c.vocab_size, 1);
     std::vector<double> ms;
     for (int r = 0; r < reps + 1; ++r) {  // the first run warms cuBLASLt plans and the allocator

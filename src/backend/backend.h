@@ -10,6 +10,7 @@
 #include <cassert>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/result.h"
@@ -64,6 +65,14 @@ struct AttentionParams {
   float* out = nullptr;        // [n_q, n_heads, head_dim]
 };
 
+// How a backend ran its recorded passes (begin_pass): CUDA graphs for decode steps.
+struct GraphStats {
+  int64_t recorded = 0;  // passes recorded
+  int64_t replayed = 0;  // ... launched as a cached graph
+  int64_t captured = 0;  // ... captured into a new graph
+  int64_t eager = 0;     // ... run op by op (first sight of a shape, or not capturable)
+};
+
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).
 struct MemoryStats {
   int64_t in_use = 0;    // bytes allocated now
@@ -93,6 +102,18 @@ class Backend {
   virtual MemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
 
+  // Bracket one forward pass over `n_rows` token rows (LlamaModel::forward does; use
+  // PassScope). A GPU backend may record the ops of a small pass (a decode step) and launch them
+  // as one CUDA graph when the pass ends or its results are read (to_host, synchronize); results
+  // are the same as op by op. Tensors allocated inside a pass must not outlive it.
+  virtual void begin_pass(int64_t n_rows) { (void)n_rows; }
+  virtual void end_pass() {}
+  virtual GraphStats graph_stats() const { return {}; }
+  // While on: the outputs of rms_norm / add_rms_norm (y) and silu_mul (out) are read by nothing but
+  // the x operand of matmul / matmul_group before they are overwritten (a forward pass without
+  // LoRA terms or hooks). A backend that feeds its GEMMs a bf16 copy may then skip the f32 values.
+  virtual void set_matmul_only_outputs(bool on) { (void)on; }
+
   // An uninitialised tensor in this backend's memory.
   virtual Tensor alloc(DType t, std::vector<int64_t> shape) = 0;
   // dst = src: same element count, both contiguous and in this backend's memory.
@@ -106,10 +127,31 @@ class Backend {
   // w may be f32/f16/bf16 and may be strided along rows (a slice of a larger matrix).
   virtual void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y,
                       float alpha = 1.f, float beta = 0.f) = 0;
+  // One output of matmul_group: y = x · w^T (+ bias).
+  struct MatmulOut {
+    const TensorView* w = nullptr;
+    const TensorView* bias = nullptr;  // may be null
+    TensorView* y = nullptr;
+  };
+  // Several matmuls that read the same x (q/k/v, gate/up projections), alpha 1, beta 0. A backend
+  // may run them as one kernel (the CUDA decode GEMV does); by default they run one by one.
+  virtual void matmul_group(const TensorView& x, std::span<const MatmulOut> outs) {
+    for (const MatmulOut& o : outs) matmul(x, *o.w, o.bias, *o.y);
+  }
   // y[n, d] = x / rms(x) · weight[d]
   virtual void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) = 0;
+  // h += x, then y = h / rms(h) · weight (the residual add and the next norm; y may alias x).
+  virtual void add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
+    add(h, x);
+    rms_norm(h, weight, eps, y);
+  }
   // In-place rotate-half RoPE on x[n, n_heads, head_dim] with positions[n] and inv_freq[head_dim/2].
   virtual void rope(TensorView& x, const int32_t* positions, const float* inv_freq) = 0;
+  // rope on two tensors of the same tokens (q and k); a backend may do both in one kernel.
+  virtual void rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) {
+    rope(a, positions, inv_freq);
+    rope(b, positions, inv_freq);
+  }
   // out[n, d] = silu(gate) * up
   virtual void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) = 0;
   // y += x (same shape)
@@ -122,12 +164,25 @@ class Backend {
   virtual void attention(const AttentionParams& p) = 0;
 };
 
+// begin_pass / end_pass for a scope, also on early returns.
+class PassScope {
+ public:
+  PassScope(Backend& be, int64_t n_rows) : be_(be) { be_.begin_pass(n_rows); }
+  ~PassScope() { be_.end_pass(); }
+  PassScope(const PassScope&) = delete;
+  PassScope& operator=(const PassScope&) = delete;
+
+ private:
+  Backend& be_;
+};
+
 // The CPU backend with `n_threads` threads (0: all cores).
 std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
 
 struct CudaBackendOptions {
   int device = 0;
   DType dtype = DType::kBF16;  // weights and caches: kBF16 (fast path) or kF32 (bit-faithful to the CPU)
+  bool graphs = true;          // CUDA graphs for decode-sized passes (false: --enforce-eager)
 };
 // The CUDA backend; an error naming the cause when this build has no CUDA or no GPU is usable.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts);

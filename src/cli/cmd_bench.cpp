@@ -44,6 +44,7 @@ struct BenchFlags {
   bool warmup = true;
   // Device (as ModelFlags: the backend comes from make_backend).
   std::string device = "cpu", dtype = "bf16";
+  bool enforce_eager = false;
   int threads = 0;
 };
 
@@ -213,6 +214,7 @@ int run_bench_trace(const BenchFlags& f) {
   ModelFlags mf;
   mf.device = f.device;
   mf.dtype = f.dtype;
+  mf.enforce_eager = f.enforce_eager;
   mf.threads = f.threads;
   auto be = make_backend(mf);
   if (!be.ok()) return report(be.error());
@@ -368,6 +370,7 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("!--no-warmup", f->warmup, "Skip the untimed warm-up run");
   cmd->add_option("--device", f->device, "cpu, or cuda / cuda:N")->default_val("cpu");
   cmd->add_option("--dtype", f->dtype, "With --device cuda: bf16 or f32 weights and caches")->default_val("bf16")->check(CLI::IsMember({"bf16", "f32"}));
+  cmd->add_flag("--enforce-eager", f->enforce_eager, "With --device cuda: no CUDA graphs for decode steps");
   cmd->add_option("--threads", f->threads, "CPU threads (0: all cores)")->default_val(0);
   cmd->callback([f, &action] { action = [f] { return run_bench_trace(*f); }; });
 }

@@ -22,6 +22,9 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
                   "arithmetic, for exact comparisons)")
       ->default_val("bf16")
       ->check(CLI::IsMember({"bf16", "f32"}));
+  app->add_flag("--enforce-eager", enforce_eager,
+                "With --device cuda: launch decode steps op by op instead of replaying them as CUDA graphs "
+                "(slower; for debugging and profiling)");
   if (with_adapters)
     app->add_option("--adapter", adapters,
                     "Register a PEFT LoRA adapter as NAME=DIR (adapter_config.json + adapter_model.safetensors); "
@@ -65,6 +68,7 @@ Result<std::unique_ptr<Backend>> make_backend(const ModelFlags& flags) {
   if (flags.device == "cpu") return make_cpu_backend(flags.threads);
   CudaBackendOptions o;
   o.dtype = flags.dtype == "f32" ? DType::kF32 : DType::kBF16;
+  o.graphs = !flags.enforce_eager;
   if (flags.device.rfind("cuda", 0) == 0) {
     if (flags.device.size() > 5 && flags.device[4] == ':') {
       char* end = nullptr;

@@ -20,6 +20,7 @@ struct ModelFlags {
   int threads = 0;
   std::string device = "cpu";         // cpu | cuda | cuda:N
   std::string dtype = "bf16";         // CUDA weights and caches: bf16 | f32
+  bool enforce_eager = false;         // CUDA: no graphs for decode steps
   std::vector<std::string> adapters;  // NAME=DIR
   void add_to(CLI::App* app, bool with_adapters);
 };

@@ -33,6 +33,16 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
     LRA_RETURN_IF_ERROR(in.kv->reserve(in.start_pos + in.n_tokens));
   }
   const int64_t n = static_cast<int64_t>(ids.size());
+  // Every tensor below dies before the scope ends (the CUDA backend may replay this pass as a graph).
+  PassScope pass(be_, n);
+  // Without LoRA terms or a hidden-state hook, normalised and SwiGLU activations feed only GEMMs.
+  bool any_adapter = false;
+  for (const LoraSegment& sg : segs) any_adapter = any_adapter || sg.adapter != nullptr;
+  struct MatmulOnly {
+    Backend& be;
+    explicit MatmulOnly(Backend& b, bool on) : be(b) { be.set_matmul_only_outputs(on); }
+    ~MatmulOnly() { be.set_matmul_only_outputs(false); }
+  } matmul_only(be_, !any_adapter && hook_ == nullptr);
   bool need_full = false;
   for (const SeqInput& in : batch) need_full = need_full || in.kv->wants_full();
 
@@ -59,37 +69,50 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
     return v;
   };
 
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  if (c.num_layers > 0) be_.rms_norm(h.view(), w_.layers[0].attn_norm, eps, xn.view());
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
+    // h is the residual stream entering layer l; xn = attn_norm(h) (the previous layer's last op).
     if (hook_) hook_(hook_ctx_, l, h.view());
-    be_.rms_norm(h.view(), lw.attn_norm, static_cast<float>(c.rms_norm_eps), xn.view());
 
     TensorView q2 = as2d(q, qw), kb2 = as2d(k_base, kvw);
-    be_.matmul(xn.view(), lw.wq, opt(lw.bq), q2);
+    const Backend::MatmulOut qkv[] = {{&lw.wq, opt(lw.bq), &q2}, {&lw.wk, opt(lw.bk), &kb2},
+                                      {&lw.wv, opt(lw.bv), &v_base.view()}};
+    be_.matmul_group(xn.view(), qkv);
     apply_lora(be_, l, LoraTarget::kQ, xn.view(), &q2, segs, nullptr, stats_);
-    be_.matmul(xn.view(), lw.wk, opt(lw.bk), kb2);
-    be_.matmul(xn.view(), lw.wv, opt(lw.bv), v_base.view());
 
     // Full K/V = base + LoRA delta, only when some binding stores full entries (the base modes
-    // keep just the LR rows x·A, so the expand, copies and RoPE of full K would be wasted).
-    Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd]
+    // keep just the LR rows x·A, so the expand, copies and RoPE of full K would be wasted), and
+    // only when some sequence's adapter adapts k (v): otherwise the full entries are the base ones.
+    bool lora_k = false, lora_v = false;
+    for (const LoraSegment& sg : segs) {
+      if (!sg.adapter) continue;
+      const auto& mods = sg.adapter->layers[static_cast<size_t>(l)];
+      lora_k = lora_k || mods[static_cast<size_t>(LoraTarget::kK)].has_value();
+      lora_v = lora_v || mods[static_cast<size_t>(LoraTarget::kV)].has_value();
+    }
+    const bool own_k_full = need_full && lora_k, own_v_full = need_full && lora_v;
+    Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd] when own_*_full
     std::vector<Tensor> lr_k, lr_v;  // per segment [n_rows, rank] or empty
-    if (need_full) {
+    if (own_k_full) {
       k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});
-      v_full = be_.alloc(DType::kF32, {n, kvw});
       be_.copy(k_base.view(), k_full.view());
-      be_.copy(v_base.view(), v_full.view());
       TensorView kf2 = as2d(k_full, kvw);
       apply_lora(be_, l, LoraTarget::kK, xn.view(), &kf2, segs, &lr_k, stats_);
-      apply_lora(be_, l, LoraTarget::kV, xn.view(), &v_full.view(), segs, &lr_v, stats_);
     } else {
       apply_lora(be_, l, LoraTarget::kK, xn.view(), nullptr, segs, &lr_k, stats_);
+    }
+    if (own_v_full) {
+      v_full = be_.alloc(DType::kF32, {n, kvw});
+      be_.copy(v_base.view(), v_full.view());
+      apply_lora(be_, l, LoraTarget::kV, xn.view(), &v_full.view(), segs, &lr_v, stats_);
+    } else {
       apply_lora(be_, l, LoraTarget::kV, xn.view(), nullptr, segs, &lr_v, stats_);
     }
 
-    be_.rope(q.view(), pos.data(), inv_freq_.data());
-    be_.rope(k_base.view(), pos.data(), inv_freq_.data());
-    if (need_full) be_.rope(k_full.view(), pos.data(), inv_freq_.data());
+    be_.rope_pair(q.view(), k_base.view(), pos.data(), inv_freq_.data());
+    if (own_k_full) be_.rope(k_full.view(), pos.data(), inv_freq_.data());
 
     for (size_t s = 0; s < batch.size(); ++s) {
       const SeqInput& in = batch[s];
@@ -101,8 +124,8 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
       rows.k_base = k_base.f32() + sg.row_begin * kvw;
       rows.v_base = v_base.f32() + sg.row_begin * kvw;
       if (need_full) {
-        rows.k_full = k_full.f32() + sg.row_begin * kvw;
-        rows.v_full = v_full.f32() + sg.row_begin * kvw;
+        rows.k_full = (own_k_full ? k_full : k_base).f32() + sg.row_begin * kvw;
+        rows.v_full = (own_v_full ? v_full : v_base).f32() + sg.row_begin * kvw;
       }
       if (lr_k[s].view().data) { rows.lr_k = lr_k[s].f32(); rows.rank_k = static_cast<int>(lr_k[s].dim(1)); }
       if (lr_v[s].view().data) { rows.lr_v = lr_v[s].f32(); rows.rank_v = static_cast<int>(lr_v[s].dim(1)); }
@@ -125,17 +148,19 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
     be_.matmul(attn.view(), lw.wo, nullptr, xn.view());
     apply_lora(be_, l, LoraTarget::kO, attn.view(), &xn.view(), segs, nullptr, stats_);
-    be_.add(h.view(), xn.view());
+    be_.add_rms_norm(h.view(), xn.view(), lw.mlp_norm, eps, xn.view());  // h += o; xn = mlp_norm(h)
 
-    be_.rms_norm(h.view(), lw.mlp_norm, static_cast<float>(c.rms_norm_eps), xn.view());
-    be_.matmul(xn.view(), lw.w_gate, nullptr, gate.view());
+    const Backend::MatmulOut gate_up[] = {{&lw.w_gate, nullptr, &gate.view()}, {&lw.w_up, nullptr, &up.view()}};
+    be_.matmul_group(xn.view(), gate_up);
     apply_lora(be_, l, LoraTarget::kGate, xn.view(), &gate.view(), segs, nullptr, stats_);
-    be_.matmul(xn.view(), lw.w_up, nullptr, up.view());
     apply_lora(be_, l, LoraTarget::kUp, xn.view(), &up.view(), segs, nullptr, stats_);
     be_.silu_mul(gate.view(), up.view(), gate.view());
     be_.matmul(gate.view(), lw.w_down, nullptr, xn.view());
     apply_lora(be_, l, LoraTarget::kDown, gate.view(), &xn.view(), segs, nullptr, stats_);
-    be_.add(h.view(), xn.view());
+    if (l + 1 < c.num_layers)  // h += mlp; xn = the next layer's attn_norm(h)
+      be_.add_rms_norm(h.view(), xn.view(), w_.layers[static_cast<size_t>(l) + 1].attn_norm, eps, xn.view());
+    else
+      be_.add(h.view(), xn.view());
   }
   if (hook_) hook_(hook_ctx_, c.num_layers, h.view());
 
@@ -148,7 +173,7 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
   Tensor sel = be_.alloc(DType::kF32, {n_out, hid});  // [n_out, hidden]
   be_.gather_rows(h.view(), out_rows.data(), n_out, sel.view());
   Tensor seln = be_.alloc(DType::kF32, {n_out, hid});
-  be_.rms_norm(sel.view(), w_.final_norm, static_cast<float>(c.rms_norm_eps), seln.view());
+  be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
   Tensor logits = be_.alloc(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
   be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
   if (be_.device() != Device::kCpu) return be_.to_host(logits.view());

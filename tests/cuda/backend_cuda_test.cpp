@@ -81,7 +81,8 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
   struct Shape { int64_t n, in, out; };
     // n <= 8 with in % 8 == 0 takes the GEMV kernel in bf16; the rest cuBLASLt.
   for (Shape s : {Shape{1, 17, 97}, Shape{17, 64, 33}, Shape{97, 128, 4097}, Shape{4, 1, 5}, Shape{1, 256, 300},
-                  Shape{8, 64, 33}, Shape{3, 4096, 17}, Shape{9, 64, 97}}) {
+                  Shape{8, 64, 33}, Shape{3, 4096, 17}, Shape{9, 64, 97}, Shape{1, 14336, 97}, Shape{2, 4104, 1031},
+                  Shape{5, 8, 7}, Shape{8, 2048, 4099}}) {
     Tensor x = random_host({s.n, s.in}, 1), w = random_host({s.out, s.in}, 2), bias = random_host({s.out}, 3);
     Tensor y0 = random_host({s.n, s.out}, 4);
     Tensor xd = gpu->upload(x.view(), DType::kF32), wd = gpu->upload(w.view(), dt);
@@ -91,6 +92,14 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
     gpu->matmul(xd.view(), wd.view(), &bd.view(), yd.view(), 0.5f, 1.f);
     const double e = rel_l2(host_values(*gpu, yd.view()), host_values(*cpu, yc));
     EXPECT_LE(e, tol(dt)) << s.n << "x" << s.in << " . " << s.out << "x" << s.in;
+    // beta = 0 must not read y: poison it with NaN.
+    Tensor nan = Tensor::empty(DType::kF32, {s.n, s.out});
+    for (int64_t i = 0; i < nan.numel(); ++i) nan.f32()[i] = std::nanf("");
+    Tensor yn = gpu->upload(nan.view(), DType::kF32);
+    cpu->matmul(x.view(), w.view(), nullptr, yc, 1.f, 0.f);
+    gpu->matmul(xd.view(), wd.view(), nullptr, yn.view(), 1.f, 0.f);
+    const double e0 = rel_l2(host_values(*gpu, yn.view()), host_values(*cpu, yc));
+    EXPECT_LE(e0, tol(dt)) << "beta=0 " << s.n << "x" << s.in << " . " << s.out << "x" << s.in;
   }
 }
 

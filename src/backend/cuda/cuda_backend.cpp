@@ -9,11 +9,15 @@
 // Host arrays passed to ops (ids, positions, slots, block tables, inv_freq) are uploaded
 // through a pinned staging ring, deduplicated by content: a forward pass uploads each block
 // table once even though every layer passes it again.
+//   graphs   passes of at most kGraphMaxRows rows (decode steps) are recorded on a GraphTape and
+//            replayed as CUDA graphs (graph_tape.h); --enforce-eager / options.graphs=false
+//            turns this off.
 // Host C++ (compiled by the host compiler, not nvcc): only launchers from the .cu files.
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +30,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/graph_tape.h"
 #include "backend/cuda/ops.cuh"
 
 namespace lragent {
@@ -39,6 +44,39 @@ cudaStream_t g_stream = nullptr;
 
 void free_async(void* p) {
   if (p) cudaFreeAsync(p, g_stream);
+}
+
+// Tensors handed out from the per-pass activation arena: nothing to free, but the count of live
+// ones tells whether the arena may be reset (a tensor kept past its pass would be overwritten).
+int64_t g_arena_live = 0;
+void arena_release(void*) { --g_arena_live; }
+
+// Appends the fields of the launch structs to a tape signature (field by field: padding bytes
+// are indeterminate and must never reach it).
+void sig_of(lc::GraphTape& t, const lc::PagedDev& d) { t.sig(d.data, d.dtype, d.table, d.page_size, d.row_stride); }
+void sig_of(lc::GraphTape& t, const lc::LowRankDev& d) {
+  sig_of(t, d.lr);
+  t.sig(d.b, d.b_dtype, d.rank, d.scale);
+}
+void sig_of(lc::GraphTape& t, const lc::DevPagedView& d) { t.sig(d.data, d.table, d.table_stride, d.page_size, d.row_stride); }
+void sig_of(lc::GraphTape& t, const lc::DevLowRank& d) {
+  sig_of(t, d.lr);
+  t.sig(d.b, d.b_agent_stride, d.rank, d.scale);
+}
+void sig_of(lc::GraphTape& t, const lc::AttnParams& a) {
+  t.sig(a.n_heads, a.n_kv_heads, a.head_dim, a.softmax_scale, a.n_seqs, a.q_start, a.ctx_len, a.max_q, a.max_ctx,
+        a.agents, a.q, a.inv_freq, a.out, a.out_f32, a.workspace, a.workspace_bytes, a.num_splits);
+  sig_of(t, a.k);
+  sig_of(t, a.v);
+  sig_of(t, a.k_lr);
+  sig_of(t, a.v_lr);
+}
+void sig_of(lc::GraphTape& t, const lc::GenericAttnParams& g) {
+  t.sig(g.n_heads, g.n_kv_heads, g.head_dim, g.softmax_scale, g.n_q, g.q, g.q_pos, g.inv_freq, g.out);
+  sig_of(t, g.k);
+  sig_of(t, g.v);
+  sig_of(t, g.k_lr);
+  sig_of(t, g.v_lr);
 }
 
 lc::Elem elem_of(DType t) {
@@ -102,6 +140,8 @@ class CudaBackend final : public Backend {
     std::unique_ptr<CudaBackend> be(new CudaBackend());
     be->dtype_ = o.dtype;
     be->device_ = o.device;
+    const char* env_graphs = std::getenv("LRAGENT_CUDA_GRAPHS");  // "0": eager, as --enforce-eager
+    be->graphs_ = o.graphs && !be->profile_ && !(env_graphs && std::string(env_graphs) == "0");
     if (cudaSetDevice(o.device) != cudaSuccess || cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking) != cudaSuccess)
       return make_error(ErrorCode::kUnsupported, "--device cuda:{}: cannot create a CUDA stream", o.device);
     g_stream = be->stream_;
@@ -122,13 +162,25 @@ class CudaBackend final : public Backend {
     if (cudaHostAlloc(&be->staging_, kArgArena, cudaHostAllocDefault) != cudaSuccess)
       return make_error(ErrorCode::kOutOfMemory, "cannot allocate {} MiB of pinned host memory", kArgArena >> 20);
     be->arg_arena_ = be->raw_alloc(kArgArena);
-    if (!be->lt_workspace_ || !be->arg_arena_)
+    if (cudaHostAlloc(&be->g_staging_, kGraphArgs, cudaHostAllocDefault) != cudaSuccess)
+      return make_error(ErrorCode::kOutOfMemory, "cannot allocate {} MiB of pinned host memory", kGraphArgs >> 20);
+    be->g_args_ = be->raw_alloc(kGraphArgs);
+    cudaEventCreateWithFlags(&be->g_args_copied_, cudaEventDisableTiming);
+    be->tape_ = std::make_unique<lc::GraphTape>(be->stream_);
+    if (!be->lt_workspace_ || !be->arg_arena_ || !be->g_args_)
       return make_error(ErrorCode::kOutOfMemory, "cuda:{}: cannot allocate the backend's workspaces", o.device);
     return std::unique_ptr<Backend>(std::move(be));
   }
 
   ~CudaBackend() override {
+    if (tape_ && tape_->recording()) end_pass();
     cudaStreamSynchronize(stream_);
+    if (tape_ && std::getenv("LRAGENT_CUDA_GRAPH_STATS")) {
+      const lc::TapeStats& t = tape_->stats();
+      fmt::print(stderr, "CUDA graphs: {} recorded passes: {} replayed, {} captured, {} eager, {} capture failures\n",
+                 t.passes, t.replayed, t.captured, t.eager, t.capture_failures);
+    }
+    tape_.reset();
     if (profile_) {
       flush_profile();
       fmt::print(stderr, "CUDA op profile (LRAGENT_CUDA_PROFILE=1; events around every op, so totals include gaps):\n");
@@ -143,8 +195,12 @@ class CudaBackend final : public Backend {
     free_async(lt_workspace_);
     free_async(arg_arena_);
     free_async(attn_workspace_);
+    free_async(g_args_);
+    free_async(act_arena_);
     cudaStreamSynchronize(stream_);
     if (staging_) cudaFreeHost(staging_);
+    if (g_staging_) cudaFreeHost(g_staging_);
+    if (g_args_copied_) cudaEventDestroy(g_args_copied_);
     for (auto& [k, v] : plans_) {
       cublasLtMatmulDescDestroy(v.desc);
       for (auto* l : {v.a, v.b, v.c}) cublasLtMatrixLayoutDestroy(l);
@@ -161,6 +217,12 @@ class CudaBackend final : public Backend {
 
   Tensor alloc(DType t, std::vector<int64_t> shape) override {
     TensorView v(t, std::move(shape), nullptr, Device::kCuda);
+    if (tape_->recording()) {
+      v.data = pass_alloc(v.nbytes());
+      if (v.data == nullptr && v.nbytes() > 0) return Tensor();
+      ++g_arena_live;
+      return Tensor::adopt(std::move(v), &arena_release);
+    }
     v.data = raw_alloc(v.nbytes());
     wrote(v.data, v.nbytes());  // a recycled address must not match a stale shadow
     if (!v.data && v.nbytes() > 0) return Tensor();  // exhausted: callers check data
@@ -193,13 +255,22 @@ class CudaBackend final : public Backend {
 
   void fill_random(TensorView& t, uint64_t seed, float stddev) override {
     wrote(t.data, t.nbytes());
-    check(lc::fill_random(t.data, elem_of(t.dtype), t.numel(), seed, stddev, stream_));
+    const auto et = elem_of(t.dtype);
+    const int64_t n = t.numel();
+    void* d = t.data;
+    rec("fill_random", d, et, n, seed, stddev);
+    launch("fill_random", [=, this] { return lc::fill_random(d, et, n, seed, stddev, stream_); });
   }
   void fill(TensorView& t, float value) override {
     wrote(t.data, t.nbytes());
-    check(lc::fill_value(t.data, elem_of(t.dtype), t.numel(), value, stream_));
+    const auto et = elem_of(t.dtype);
+    const int64_t n = t.numel();
+    void* d = t.data;
+    rec("fill", d, et, n, value);
+    launch("fill", [=, this] { return lc::fill_value(d, et, n, value, stream_); });
   }
   void synchronize() override {
+    if (tape_->recording()) flush_tape();
     check(cudaStreamSynchronize(stream_));
     if (profile_) flush_profile();
   }
@@ -219,22 +290,61 @@ class CudaBackend final : public Backend {
     cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero);
   }
 
+  void begin_pass(int64_t n_rows) override {
+    if (tape_->recording()) flush_tape();  // nested or unterminated pass: run what was recorded
+    if (!graphs_ || n_rows > kGraphMaxRows || n_rows <= 0) return;
+    if (g_arena_live != 0) return;  // a previous pass's activation is still alive: no reset
+    if (arena_want_ > act_bytes_) {
+      // Grow the arena; graphs baked the old addresses in.
+      tape_->clear_graphs();
+      free_async(act_arena_);
+      act_bytes_ = std::max(arena_want_, kArenaMin);
+      act_arena_ = raw_alloc(act_bytes_);
+      if (!act_arena_) {  // no memory for it: stay eager
+        act_bytes_ = 0;
+        graphs_ = false;
+        return;
+      }
+    }
+    // The previous pass's argument copy must have left the staging buffer before it is rewritten.
+    check(cudaEventSynchronize(g_args_copied_));
+    act_off_ = 0;
+    g_off_ = 0;
+    g_memo_.clear();
+    tape_->begin();
+  }
+  void end_pass() override {
+    if (tape_->recording()) flush_tape();
+  }
+  void set_matmul_only_outputs(bool on) override { matmul_only_ = on; }
+  GraphStats graph_stats() const override {
+    const lc::TapeStats& t = tape_->stats();
+    return {t.passes, t.replayed, t.captured, t.eager};
+  }
+
   void copy(const TensorView& src, TensorView& dst) override {
     assert(src.is_contiguous() && dst.is_contiguous() && src.nbytes() == dst.nbytes() && "copy: shapes differ");
-    Prof pr(this, "copy");
     wrote(dst.data, dst.nbytes());
-    check(cudaMemcpyAsync(dst.data, src.data, src.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+    void* d = dst.data;
+    const void* sp = src.data;
+    const size_t bytes = src.nbytes();
+    rec("copy", d, sp, bytes);
+    launch("copy", [=, this] { return cudaMemcpyAsync(d, sp, bytes, cudaMemcpyDeviceToDevice, stream_); });
   }
 
   void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) override {
     const int64_t row_bytes =
         static_cast<int64_t>(src.numel() / std::max<int64_t>(src.dim(0), 1)) * static_cast<int64_t>(dtype_size(src.dtype));
-    Prof pr(this, "gather_rows");
     wrote(dst.data, static_cast<size_t>(n * row_bytes));
-    check(lc::gather_rows(src.data, row_bytes, dev_ints(rows, n), n, dst.data, stream_));
+    const void* sp = src.data;
+    void* d = dst.data;
+    const int32_t* r = dev_ints(rows, n);
+    rec("gather_rows", sp, row_bytes, r, n, d);
+    launch("gather_rows", [=, this] { return lc::gather_rows(sp, row_bytes, r, n, d, stream_); });
   }
 
   Tensor to_host(const TensorView& src) override {
+    if (tape_->recording()) flush_tape();
     Tensor out = Tensor::empty(src.dtype, src.shape);
     check(cudaMemcpyAsync(out.view().data, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     check(cudaStreamSynchronize(stream_));
@@ -252,16 +362,17 @@ class CudaBackend final : public Backend {
     int64_t ldx = row_stride_of(x);
     const int64_t ldy = row_stride_of(y);
     wrote(y.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
-    if (w.dtype == DType::kBF16 && n <= lc::kGemvMaxRows) {
+    if (w.dtype == DType::kBF16 && lc::gemv_bf16_ok(w.data, row_stride_of(w), x.f32(), ldx, n, in)) {
       // Decode-sized: a bandwidth-bound GEMV on the f32 activations beats cuBLASLt's GEMM here.
-      Prof pr(this, "matmul.gemv");
-      if (lc::gemv_bf16(w.data, row_stride_of(w), x.f32(), ldx, y.f32(), ldy, n, in, out, alpha, beta, stream_) ==
-          cudaSuccess) {
-        add_bias_if(bias, y, n, out);
-        return;
-      }
+      const void* wd = w.data;
+      const int64_t ldw = row_stride_of(w);
+      const float* xd = x.f32();
+      float* yd = y.f32();
+      rec("gemv", wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta);
+      launch("matmul.gemv", [=, this] { return lc::gemv_bf16(wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta, stream_); });
+      add_bias_if(bias, y, n, out);
+      return;
     }
-    Prof pr(this, "matmul.gemm");
     if (w.dtype != DType::kF32) {
       // Tensor cores take both operands in the weight's 16-bit type: use the bf16 shadow the
       // producing op left (RMSNorm, SwiGLU) or convert x once into scratch.
@@ -269,7 +380,7 @@ class CudaBackend final : public Backend {
         xb = shadow_.bf16;
       } else {
         void* xs = scratch(0, static_cast<size_t>(n * in) * 2);
-        check(lc::convert_rows(x.data, lc::Elem::kF32, ldx, xs, elem_of(w.dtype), in, n, in, stream_));
+        convert(x.data, lc::Elem::kF32, ldx, xs, elem_of(w.dtype), in, n, in);
         xb = xs;
       }
       ldx = in;
@@ -278,48 +389,133 @@ class CudaBackend final : public Backend {
     add_bias_if(bias, y, n, out);
   }
 
+  void matmul_group(const TensorView& x, std::span<const MatmulOut> outs) override {
+    // Decode-sized bf16 projections that read the same x: one grouped GEMV launch.
+    const int64_t n = x.dim(0), in = x.dim(1);
+    const int64_t ldx = row_stride_of(x);
+    bool grouped = outs.size() >= 2 && outs.size() <= static_cast<size_t>(lc::kMaxGemvSegs) && n > 0;
+    for (const MatmulOut& o : outs)
+      grouped = grouped && o.w->dtype == DType::kBF16 && o.w->dim(1) == in &&
+                lc::gemv_bf16_ok(o.w->data, row_stride_of(*o.w), x.f32(), ldx, n, in);
+    if (!grouped) {
+      Backend::matmul_group(x, outs);
+      return;
+    }
+    std::array<lc::GemvSeg, lc::kMaxGemvSegs> segs{};
+    const int n_segs = static_cast<int>(outs.size());
+    for (int i = 0; i < n_segs; ++i) {
+      const MatmulOut& o = outs[static_cast<size_t>(i)];
+      const int64_t ldy = row_stride_of(*o.y);
+      wrote(o.y->data, static_cast<size_t>((n - 1) * ldy + o.w->dim(0)) * 4);
+      segs[static_cast<size_t>(i)] = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
+      rec("gemv_seg", segs[static_cast<size_t>(i)].w, segs[static_cast<size_t>(i)].ldw, segs[static_cast<size_t>(i)].y,
+          segs[static_cast<size_t>(i)].ldy, segs[static_cast<size_t>(i)].out);
+    }
+    const float* xd = x.f32();
+    rec("gemv_group", xd, ldx, n, in, n_segs);
+    launch("matmul.gemv", [=, this] { return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_); });
+    for (const MatmulOut& o : outs) add_bias_if(o.bias, *o.y, n, o.w->dim(0));
+  }
+
   void add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out) {
     if (!bias) return;
     assert(bias->dtype == DType::kF32 && "biases are uploaded as f32");
-    check(lc::add_bias(y.f32(), row_stride_of(y), bias->f32(), n, out, stream_));
+    float* yd = y.f32();
+    const int64_t ldy = row_stride_of(y);
+    const float* b = bias->f32();
+    rec("add_bias", yd, ldy, b, n, out);
+    launch("add_bias", [=, this] { return lc::add_bias(yd, ldy, b, n, out, stream_); });
   }
 
   void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) override {
-    Prof pr(this, "rms_norm");
     const int64_t n = x.dim(0), d = x.dim(1);
     wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
     void* y16 = make_shadow(y, n, d);
-    check(lc::rms_norm(x.f32(), row_stride_of(x), weight.data, elem_of(weight.dtype), eps, y.f32(), row_stride_of(y), n,
-                       d, y16, stream_));
+    const float* xd = x.f32();
+    const int64_t ldx = row_stride_of(x), ldy = row_stride_of(y);
+    const void* wd = weight.data;
+    const auto wt = elem_of(weight.dtype);
+    float* yd = matmul_only_ && y16 ? nullptr : y.f32();  // only the GEMMs read it: the bf16 copy does
+    rec("rms_norm", xd, ldx, wd, wt, eps, yd, ldy, n, d, y16);
+    launch("rms_norm", [=, this] { return lc::rms_norm(xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
+  }
+
+  void add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) override {
+    const int64_t n = h.dim(0), d = h.dim(1);
+    if (d > 16384 || x.dim(0) != n || x.dim(1) != d) {
+      Backend::add_rms_norm(h, x, weight, eps, y);
+      return;
+    }
+    wrote(h.data, static_cast<size_t>((n - 1) * row_stride_of(h) + d) * 4);
+    wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
+    void* y16 = make_shadow(y, n, d);
+    float* hd = h.f32();
+    const float* xd = x.f32();
+    const int64_t ldh = row_stride_of(h), ldx = row_stride_of(x), ldy = row_stride_of(y);
+    const void* wd = weight.data;
+    const auto wt = elem_of(weight.dtype);
+    float* yd = matmul_only_ && y16 ? nullptr : y.f32();
+    rec("add_rms_norm", hd, ldh, xd, ldx, wd, wt, eps, yd, ldy, n, d, y16);
+    launch("add_rms_norm",
+           [=, this] { return lc::add_rms_norm(hd, ldh, xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
   }
 
   void rope(TensorView& x, const int32_t* positions, const float* inv_freq) override {
     assert(x.rank() == 3 && x.is_contiguous() && "rope takes contiguous [n, heads, head_dim]");
     const int64_t n = x.dim(0);
     const int hd = static_cast<int>(x.dim(2));
-    Prof pr(this, "rope");
     wrote(x.data, x.nbytes());
-    check(lc::rope(x.f32(), n, static_cast<int>(x.dim(1)), hd, dev_ints(positions, n), dev_floats(inv_freq, hd / 2),
-                   stream_));
+    float* xd = x.f32();
+    const int heads = static_cast<int>(x.dim(1));
+    const int32_t* pos = dev_ints(positions, n);
+    const float* inv = dev_floats(inv_freq, hd / 2);
+    rec("rope", xd, n, heads, hd, pos, inv);
+    launch("rope", [=, this] { return lc::rope(xd, n, heads, hd, pos, inv, stream_); });
+  }
+
+  void rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) override {
+    assert(a.rank() == 3 && b.rank() == 3 && a.is_contiguous() && b.is_contiguous() && a.dim(0) == b.dim(0) &&
+           a.dim(2) == b.dim(2) && "rope_pair takes contiguous [n, heads, head_dim] of the same tokens");
+    const int64_t n = a.dim(0);
+    const int hd = static_cast<int>(a.dim(2));
+    wrote(a.data, a.nbytes());
+    wrote(b.data, b.nbytes());
+    float *xa = a.f32(), *xb = b.f32();
+    const int ha = static_cast<int>(a.dim(1)), hb = static_cast<int>(b.dim(1));
+    const int32_t* pos = dev_ints(positions, n);
+    const float* inv = dev_floats(inv_freq, hd / 2);
+    rec("rope_pair", xa, ha, xb, hb, n, hd, pos, inv);
+    launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, stream_); });
   }
 
   void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override {
-    Prof pr(this, "silu_mul");
     wrote(out.data, out.nbytes());
     void* o16 = out.rank() == 2 && out.is_contiguous() ? make_shadow(out, out.dim(0), out.dim(1)) : nullptr;
-    check(lc::silu_mul(gate.f32(), up.f32(), out.f32(), gate.numel(), o16, stream_));
+    const float *g = gate.f32(), *u = up.f32();
+    float* o = matmul_only_ && o16 ? nullptr : out.f32();
+    const int64_t n = gate.numel();
+    rec("silu_mul", g, u, o, n, o16);
+    launch("silu_mul", [=, this] { return lc::silu_mul(g, u, o, n, o16, stream_); });
   }
 
   void add(TensorView& y, const TensorView& x) override {
-    Prof pr(this, "add");
     wrote(y.data, y.nbytes());
-    check(lc::add(y.f32(), x.f32(), y.numel(), stream_));
+    float* yd = y.f32();
+    const float* xd = x.f32();
+    const int64_t n = y.numel();
+    rec("add", yd, xd, n);
+    launch("add", [=, this] { return lc::add(yd, xd, n, stream_); });
   }
 
   void embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) override {
-    Prof pr(this, "embedding");
     wrote(out.data, out.nbytes());
-    check(lc::embedding(table.data, elem_of(table.dtype), table.dim(1), dev_ints(ids, n), n, out.f32(), stream_));
+    const void* t = table.data;
+    const auto et = elem_of(table.dtype);
+    const int64_t d = table.dim(1);
+    const int32_t* di = dev_ints(ids, n);
+    float* o = out.f32();
+    rec("embedding", t, et, d, di, n, o);
+    launch("embedding", [=, this] { return lc::embedding(t, et, d, di, n, o, stream_); });
   }
 
   void store_rows(const TensorView& rows, const PagedView& dst, const int32_t* slots) override {
@@ -327,14 +523,19 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     int64_t max_slot = 0;
     for (int64_t i = 0; i < n; ++i) max_slot = std::max<int64_t>(max_slot, slots[i]);
-    Prof pr(this, "store_rows");
-    check(lc::store_rows(rows.f32(), n, width, paged(dst, max_slot + 1), dev_ints(slots, n), stream_));
+    const float* r = rows.f32();
+    const lc::PagedDev pd = paged(dst, max_slot + 1);
+    const int32_t* sl = dev_ints(slots, n);
+    if (tape_->recording()) {
+      rec("store_rows", r, n, width, sl);
+      sig_of(*tape_, pd);
+    }
+    launch("store_rows", [=, this] { return lc::store_rows(r, n, width, pd, sl, stream_); });
   }
 
   void attention(const AttentionParams& p) override {
     if (p.n_q == 0) return;
     wrote(p.out, static_cast<size_t>(p.n_q) * p.n_heads * p.head_dim * 4);
-    Prof pr(this, "attention");
     if (fast_attention_ok(p)) {
       run_fast_attention(p);
       return;
@@ -353,12 +554,79 @@ class CudaBackend final : public Backend {
     g.v_lr = low_rank(p.v_lr, p.n_ctx);
     g.inv_freq = p.k_lr.active() ? dev_floats(p.inv_freq, p.head_dim / 2) : nullptr;
     g.out = p.out;
-    check(lc::attention_generic(g, stream_));
+    if (tape_->recording()) {
+      rec("attention_generic");
+      sig_of(*tape_, g);
+    }
+    launch("attention", [=, this] { return lc::attention_generic(g, stream_); });
   }
 
  private:
   static constexpr size_t kLtWorkspace = 32u << 20;
   static constexpr size_t kArgArena = 16u << 20;
+  // Graphs: passes of at most this many rows are recorded (decode steps, agent batches).
+  static constexpr int64_t kGraphMaxRows = lc::kGemvMaxRows;
+  static constexpr size_t kGraphArgs = 4u << 20;   // host arrays of one recorded pass
+  static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
+
+  // ---- op dispatch: run now, or append to the tape while a pass is recorded
+  // Signature values of the op about to be launched (only while recording).
+  template <class... T>
+  void rec(const char* op, const T&... v) {
+    if (tape_->recording()) tape_->sig(static_cast<const void*>(op), v...);
+  }
+  template <class F>
+  void launch(const char* name, F&& f) {
+    if (tape_->recording()) {
+      tape_->push(std::forward<F>(f));
+      return;
+    }
+    Prof pr(this, name);
+    check(f());
+  }
+  void convert(const void* src, lc::Elem st, int64_t lds, void* dst, lc::Elem dt, int64_t ldd, int64_t rows,
+               int64_t cols) {
+    rec("convert", src, st, lds, dst, dt, ldd, rows, cols);
+    launch("convert", [=, this] { return lc::convert_rows(src, st, lds, dst, dt, ldd, rows, cols, stream_); });
+  }
+
+  // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
+  void flush_tape() {
+    if (g_off_ > 0) {
+      check(cudaMemcpyAsync(g_args_, g_staging_, g_off_, cudaMemcpyHostToDevice, stream_));
+      check(cudaEventRecord(g_args_copied_, stream_));
+    }
+    const cudaError_t e = tape_->run();
+    if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", cudaGetErrorString(e)));
+    for (void* p : overflow_) free_async(p);  // stream-ordered after the ops that used them
+    overflow_.clear();
+  }
+  // Memory for one recorded pass: bump-allocated from the arena (the same addresses every time
+  // the same pass is recorded), else a plain allocation that makes the pass ungraphable.
+  void* pass_alloc(size_t bytes) {
+    const size_t need = (bytes + 255) / 256 * 256;
+    if (need == 0) return nullptr;
+    if (act_arena_ && act_off_ + need <= act_bytes_) {
+      void* p = static_cast<char*>(act_arena_) + act_off_;
+      act_off_ += need;
+      return p;
+    }
+    arena_want_ = std::max(arena_want_, (act_off_ + need) * 2);
+    tape_->mark_not_graphable();
+    void* p = raw_alloc(bytes);
+    if (p) overflow_.push_back(p);  // freed after the pass ran
+    return p;
+  }
+  // Context length the kernels of a recorded pass are sized for: rounded up to a quarter of its
+  // power of two (>= 256), so consecutive decode steps share one graph; the true length is read
+  // on the device.
+  static int64_t ctx_bucket(int64_t n) {
+    int64_t p2 = 256;
+    while (p2 < n) p2 <<= 1;
+    const int64_t step = std::max<int64_t>(256, p2 / 4);
+    return (n + step - 1) / step * step;
+  }
+  int64_t sized_ctx(int64_t n) const { return tape_->recording() ? ctx_bucket(n) : n; }
 
   CudaBackend() { profile_ = std::getenv("LRAGENT_CUDA_PROFILE") != nullptr; }
 
@@ -450,6 +718,7 @@ class CudaBackend final : public Backend {
   // Reusable scratch buffer `slot`, grown on demand (stream order makes reuse safe); null when
   // the device is out of memory.
   void* try_scratch(int slot, size_t bytes) {
+    if (tape_->recording()) return pass_alloc(bytes);
     auto& s = scratch_[slot];
     if (s.view().nbytes() < bytes) {
       s = Tensor();  // release the old buffer first: it may be what makes room
@@ -464,7 +733,17 @@ class CudaBackend final : public Backend {
   }
 
   // ---- uploads of small host arrays, deduplicated by content
-  const void* dev_bytes(const void* host, size_t bytes) {
+  const void* dev_bytes(const void* host, size_t bytes, size_t padded = 0) {
+    if (tape_->recording()) {
+      if (const void* d = graph_bytes(host, bytes, std::max(bytes, padded))) return d;
+      tape_->mark_not_graphable();  // the pass's argument region is full: upload through the ring
+    }
+    if (padded > bytes) {
+      // Only recorded passes pad (grid sizes of a bucket); elsewhere callers pass exact sizes.
+      pad_buf_.assign(padded, 0);
+      std::memcpy(pad_buf_.data(), host, bytes);
+      return dev_bytes(pad_buf_.data(), padded);
+    }
     if (bytes == 0) return arg_arena_;
     const uint64_t key = content_hash(host, bytes);
     auto it = memo_.find(key);
@@ -487,6 +766,28 @@ class CudaBackend final : public Backend {
     memo_[key] = {off, bytes};
     return static_cast<char*>(arg_arena_) + off;
   }
+  // A recorded pass's host array: into the pass's argument region (copied up in one piece before
+  // the pass runs), zero-padded to `padded` bytes. Arrays of 64 bytes or more (block tables) are
+  // deduplicated by content within the pass. Null when the region is full.
+  const void* graph_bytes(const void* host, size_t bytes, size_t padded) {
+    uint64_t key = 0;
+    if (bytes >= 64) {
+      key = content_hash(host, bytes) ^ (padded * 0x9e3779b97f4a7c15ull);
+      auto it = g_memo_.find(key);
+      if (it != g_memo_.end() && it->second.bytes == bytes &&
+          std::memcmp(static_cast<char*>(g_staging_) + it->second.offset, host, bytes) == 0)
+        return static_cast<char*>(g_args_) + it->second.offset;
+    }
+    const size_t need = (std::max<size_t>(padded, 1) + 15) / 16 * 16;
+    if (g_off_ + need > kGraphArgs) return nullptr;
+    char* dst = static_cast<char*>(g_staging_) + g_off_;
+    if (bytes) std::memcpy(dst, host, bytes);
+    if (padded > bytes) std::memset(dst + bytes, 0, padded - bytes);
+    if (bytes >= 64) g_memo_[key] = {g_off_, bytes};
+    const void* d = static_cast<char*>(g_args_) + g_off_;
+    g_off_ += need;
+    return d;
+  }
   const int32_t* dev_ints(const int32_t* host, int64_t n) {
     return static_cast<const int32_t*>(dev_bytes(host, static_cast<size_t>(n) * 4));
   }
@@ -501,8 +802,15 @@ class CudaBackend final : public Backend {
     d.dtype = elem_of(v.dtype);
     d.page_size = v.page_size;
     d.row_stride = v.row_stride;
-    d.table = dev_ints(v.table, (n_tokens + v.page_size - 1) / v.page_size);
+    d.table = dev_table(v, n_tokens);
     return d;
+  }
+  // The block table of a cache holding n_tokens, padded to the bucket while recording.
+  const int32_t* dev_table(const PagedView& v, int64_t n_tokens) {
+    const int64_t pages = (n_tokens + v.page_size - 1) / v.page_size;
+    const int64_t padded = (sized_ctx(n_tokens) + v.page_size - 1) / v.page_size;
+    return static_cast<const int32_t*>(
+        dev_bytes(v.table, static_cast<size_t>(pages) * 4, static_cast<size_t>(padded) * 4));
   }
   lc::LowRankDev low_rank(const LowRankTerm& t, int64_t n_tokens) {
     lc::LowRankDev d;
@@ -535,7 +843,7 @@ class CudaBackend final : public Backend {
   lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens) {
     lc::DevPagedView d;
     d.data = static_cast<const lc::bf16*>(v.data);
-    d.table = dev_ints(v.table, (n_tokens + v.page_size - 1) / v.page_size);
+    d.table = dev_table(v, n_tokens);
     d.table_stride = 0;
     d.page_size = v.page_size;
     d.row_stride = v.row_stride;
@@ -545,7 +853,7 @@ class CudaBackend final : public Backend {
   void run_fast_attention(const AttentionParams& p) {
     const int64_t q_elems = static_cast<int64_t>(p.n_q) * p.n_heads * p.head_dim;
     auto* qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(q_elems) * 2));
-    check(lc::convert_rows(p.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems, stream_));
+    convert(p.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems);
     const int32_t meta[3] = {0, p.n_q, p.n_ctx};  // q_start[0..1], ctx_len[0]
     const auto* dmeta = dev_ints(meta, 3);
     lc::AttnParams a;
@@ -557,7 +865,7 @@ class CudaBackend final : public Backend {
     a.q_start = dmeta;
     a.ctx_len = dmeta + 2;
     a.max_q = p.n_q;
-    a.max_ctx = p.n_ctx;
+    a.max_ctx = static_cast<int>(sized_ctx(p.n_ctx));  // grid sizing; the kernels read ctx_len
     a.q = qb;
     a.k = dev_view(p.k, p.n_ctx);
     a.v = dev_view(p.v, p.n_ctx);
@@ -577,6 +885,14 @@ class CudaBackend final : public Backend {
     a.workspace_bytes = SIZE_MAX;
     const int splits = lc::attention_num_splits(a);
     const size_t ws = splits > 1 ? lc::attention_workspace_bytes(a, splits) : 0;
+    if (tape_->recording()) {
+      a.workspace = ws > 0 ? pass_alloc(ws) : nullptr;
+      a.workspace_bytes = a.workspace ? ws : 0;
+      rec("attention");
+      sig_of(*tape_, a);
+      launch("attention", [a] { return lc::attention(a); });
+      return;
+    }
     if (ws > attn_ws_bytes_) {
       free_async(attn_workspace_);
       attn_workspace_ = raw_alloc(ws);
@@ -584,8 +900,7 @@ class CudaBackend final : public Backend {
     }
     a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
     a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
-    const cudaError_t e = lc::attention(a);
-    if (e != cudaSuccess) fail(fmt::format("attention kernel: {}", cudaGetErrorString(e)));
+    launch("attention", [a] { return lc::attention(a); });
   }
 
   // ---- cuBLASLt
@@ -605,11 +920,16 @@ class CudaBackend final : public Backend {
     const PlanKey key{n, in, out, ldw, ldx, ldy, static_cast<int>(w.dtype), al};
     auto it = plans_.find(key);
     if (it == plans_.end()) it = plans_.emplace(key, make_plan(w.dtype, n, in, out, ldw, ldx, ldy, al)).first;
-    const Plan& pl = it->second;
-    const cublasStatus_t st = cublasLtMatmul(lt_, pl.desc, &alpha, w.data, pl.a, x, pl.b, &beta, y, pl.c, y, pl.c,
-                                             &pl.algo, lt_workspace_, kLtWorkspace, stream_);
-    if (st != CUBLAS_STATUS_SUCCESS)
-      fail(fmt::format("cublasLtMatmul [{}x{}]·[{}x{}]^T failed (status {})", n, in, out, in, static_cast<int>(st)));
+    const Plan* pl = &it->second;  // std::map: stable address
+    const void* wd = w.data;
+    rec("gemm", pl, wd, x, y, alpha, beta);
+    launch("matmul.gemm", [=, this] {
+      const cublasStatus_t st = cublasLtMatmul(lt_, pl->desc, &alpha, wd, pl->a, x, pl->b, &beta, y, pl->c, y, pl->c,
+                                               &pl->algo, lt_workspace_, kLtWorkspace, stream_);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        fail(fmt::format("cublasLtMatmul [{}x{}]·[{}x{}]^T failed (status {})", n, in, out, in, static_cast<int>(st)));
+      return cudaSuccess;
+    });
   }
 
   Plan make_plan(DType wt, int64_t n, int64_t in, int64_t out, int64_t ldw, int64_t ldx, int64_t ldy, uint32_t al) {
@@ -661,6 +981,21 @@ class CudaBackend final : public Backend {
   };
   std::unordered_map<uint64_t, Memo> memo_;
   Shadow shadow_;
+  // Graphs (graph_tape.h): the tape, the recorded pass's argument region (pinned staging +
+  // device copy, bump-allocated in 16 B steps), and its activation arena.
+  std::unique_ptr<lc::GraphTape> tape_;
+  bool graphs_ = true;
+  void* g_staging_ = nullptr;
+  void* g_args_ = nullptr;
+  size_t g_off_ = 0;
+  cudaEvent_t g_args_copied_ = nullptr;
+  std::unordered_map<uint64_t, Memo> g_memo_;
+  void* act_arena_ = nullptr;
+  size_t act_bytes_ = 0, act_off_ = 0;
+  size_t arena_want_ = kArenaMin;
+  std::vector<void*> overflow_;
+  std::vector<unsigned char> pad_buf_;
+  bool matmul_only_ = false;  // set_matmul_only_outputs
   bool profile_ = false;
   std::vector<std::tuple<const char*, cudaEvent_t, cudaEvent_t>> prof_pending_;
   std::map<std::string, std::pair<int64_t, double>> prof_totals_;  // GPU: calls, ms between the events

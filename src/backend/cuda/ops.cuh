@@ -23,22 +23,55 @@ cudaError_t fill_value(void* dst, Elem t, int64_t n, float value, cudaStream_t s
 
 // y[i, :] = x[i, :] / rms(x[i, :]) · w   (x, y f32 with row strides; w f32/bf16/f16 [d]).
 // y16 (optional, may be null): the same rows also written as bf16, contiguous [rows, d], for the
-// next GEMM's tensor-core operand (saves a conversion pass).
+// next GEMM's tensor-core operand (saves a conversion pass). y may be null when y16 is given (the
+// GEMMs are the only readers: Backend::set_matmul_only_outputs).
 cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float eps, float* y, int64_t ldy,
                      int64_t rows, int64_t d, void* y16, cudaStream_t s);
+
+// h[i, :] += x[i, :], then y[i, :] = h[i, :] / rms(h[i, :]) · w (the residual add and the next
+// norm in one pass; y may alias x; y16 as in rms_norm). d <= 16384, else cudaErrorInvalidValue.
+// x null: y = rms_norm(h) without writing h.
+cudaError_t add_rms_norm(float* h, int64_t ldh, const float* x, int64_t ldx, const void* w, Elem w_t, float eps,
+                         float* y, int64_t ldy, int64_t rows, int64_t d, void* y16, cudaStream_t s);
 
 // Skinny GEMM for decode (rows <= kGemvMaxRows): y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o]
 // with bf16 w [out, in] (row stride ldw), f32 x and y. Reads each weight once at full bandwidth;
 // x is f32 as the model keeps it (no conversion pass). Needs in % 8 == 0, ldw % 8 == 0, ldx % 4 == 0
 // and 16-byte aligned w and x; returns cudaErrorInvalidValue otherwise (callers fall back to cuBLASLt).
 constexpr int kGemvMaxRows = 8;
+// Whether gemv_bf16 takes these operands (host-side check, no launch).
+inline bool gemv_bf16_ok(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t rows, int64_t in) {
+  return rows >= 1 && rows <= kGemvMaxRows && in % 8 == 0 && ldw % 8 == 0 && ldx % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
+}
+// The current version (v2, gemv.cu); v1 (ops.cu) is kept for the benchmark and tests.
 cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                       int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
+cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
+cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
+// Several weight matrices that read the same x (q/k/v, gate/up) in one launch of v2.
+constexpr int kMaxGemvSegs = 4;
+struct GemvSeg {
+  const void* w;  // bf16 [out, ldw]
+  int64_t ldw;
+  float* y;  // f32 [rows, ldy]
+  int64_t ldy;
+  int64_t out;
+};
+cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
+                              float alpha, float beta, cudaStream_t s);
+// Warps v2 gives each output row for this shape (1, 2, 4 or 8: the reduction is split among them).
+int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
 cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
                  cudaStream_t s);
+// rope on xa [n, heads_a, head_dim] and xb [n, heads_b, head_dim] (q and k) in one launch.
+cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim, const int32_t* pos,
+                      const float* inv_freq, cudaStream_t s);
 // out = silu(gate) · up, elementwise over n values (out may alias gate); out16 (optional) gets
-// the same values in bf16.
+// the same values in bf16; out may be null when out16 is given.
 cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, void* out16, cudaStream_t s);
 // y += x over n values.
 cudaError_t add(float* y, const float* x, int64_t n, cudaStream_t s);

@@ -1,0 +1,171 @@
+// Decode GEMV, version 2: y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o] for rows <= 8,
+// bf16 weights, f32 activations. Version 1 (ops.cu, gemv_bf16_v1) is one warp per output row with
+// two 16-byte loads in flight per lane: on an H100 it moved 2.1 TB/s of weights (0.71 of the
+// copy ceiling) in an 8B decode step, worst on the narrow k/v projections (1024 rows: 256 blocks
+// of 4 warps, too few bytes in flight to cover HBM latency).
+// Version 2 keeps the warp-per-row layout but
+//   - splits a row's reduction over 1, 2, 4 or 8 warps of one block (chosen so the grid holds
+//     about two waves of fully occupied SMs), summed through shared memory;
+//   - issues U = 4 independent 16-byte weight loads per lane before using any of them;
+//   - streams weights past L1 (ld.global.nc.L1::no_allocate): they are read once per step, and
+//     L1 then keeps the activations x that every warp of the SM re-reads;
+//   - takes up to kMaxSegs weight matrices that read the same x (q/k/v, gate/up) in one launch:
+//     their rows are numbered one after the other, so the narrow k/v projections ride in the
+//     same waves as q instead of under-filling a launch of their own.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/ops.cuh"
+
+namespace lragent::cuda {
+namespace {
+
+constexpr int kWarps = 8;  // per block
+constexpr int kUnroll = 4;
+
+struct GemvArgs {
+  const __nv_bfloat16* w[kMaxGemvSegs];  // segment s: [out_s, ldw_s]
+  int64_t ldw[kMaxGemvSegs];
+  float* y[kMaxGemvSegs];  // segment s: [rows, ldy_s]
+  int64_t ldy[kMaxGemvSegs];
+  int64_t end[kMaxGemvSegs];  // prefix sums of out_s: global row o is in the first s with o < end[s]
+  int n_segs;
+  const float* x;  // [rows, ldx]
+  int64_t ldx;
+  int64_t in, out;  // out = end[n_segs - 1]
+  float alpha, beta;
+  int wpr;  // warps per output row (1, 2, 4, 8)
+};
+
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+template <int R>
+__global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) {
+  __shared__ float part[kWarps][R];  // [warp][row] partial sums
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t og = blockIdx.x * int64_t{kWarps / a.wpr} + warp / a.wpr;  // global row
+  const int piece = warp % a.wpr;
+  int seg = 0;
+  while (seg + 1 < a.n_segs && og >= a.end[seg]) ++seg;
+  const int64_t o = og - (seg > 0 ? a.end[seg - 1] : 0);  // row within the segment
+  const int64_t chunks = a.in / 8;  // 16-byte chunks of a weight row
+  const int64_t per = (chunks + a.wpr - 1) / a.wpr;
+  const int64_t c0 = piece * per, c1 = min(chunks, c0 + per);
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  if (og < a.out) {
+    const uint4* wr = reinterpret_cast<const uint4*>(a.w[seg] + o * a.ldw[seg]);
+    for (int64_t c = c0 + lane; c < c1; c += 32 * kUnroll) {
+      uint4 wv[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t cc = c + 32 * u;
+        wv[u] = cc < c1 ? ld_stream(wr + cc) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t cc = c + 32 * u;
+        if (cc >= c1) break;
+        const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv[u]);
+        float wf[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __bfloat1622float2(w2[i]);
+          wf[2 * i] = f.x;
+          wf[2 * i + 1] = f.y;
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const float4 p = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8));
+          const float4 q = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8 + 4));
+          acc[r] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
+                    wf[6] * q.z + wf[7] * q.w;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float v = acc[r];
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) part[warp][r] = v;
+  }
+  __syncthreads();
+  // The first warp of each row: lane r sums the row's pieces for batch row r.
+  if (piece == 0 && lane < R && og < a.out) {
+    float v = 0.f;
+    for (int p = 0; p < a.wpr; ++p) v += part[warp + p][lane];
+    float* yo = a.y[seg] + lane * a.ldy[seg] + o;
+    *yo = a.beta == 0.f ? a.alpha * v : a.alpha * v + a.beta * *yo;
+  }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+    return v > 0 ? v : 132;
+  }();
+  return n;
+}
+
+}  // namespace
+
+int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out) {
+  // About two waves of 64 resident warps per SM, each piece at least 64 chunks (512 values).
+  const int64_t target = int64_t{2} * sm_count() * 64;
+  int wpr = 1;
+  while (wpr < kWarps && out * wpr < target && (in / 8) / (wpr * 2) >= 64) wpr *= 2;
+  return wpr;
+}
+
+cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
+  const GemvSeg seg{w, ldw, y, ldy, out};
+  return gemv_bf16_grouped(&seg, 1, x, ldx, rows, in, alpha, beta, s);
+}
+
+cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
+                              float alpha, float beta, cudaStream_t s) {
+  if (n_segs < 1 || n_segs > kMaxGemvSegs) return cudaErrorInvalidValue;
+  GemvArgs a{};
+  a.n_segs = n_segs;
+  a.x = x;
+  a.ldx = ldx;
+  a.in = in;
+  a.alpha = alpha;
+  a.beta = beta;
+  int64_t end = 0;
+  for (int i = 0; i < n_segs; ++i) {
+    if (!gemv_bf16_ok(segs[i].w, segs[i].ldw, x, ldx, rows, in)) return cudaErrorInvalidValue;
+    a.w[i] = static_cast<const __nv_bfloat16*>(segs[i].w);
+    a.ldw[i] = segs[i].ldw;
+    a.y[i] = segs[i].y;
+    a.ldy[i] = segs[i].ldy;
+    end += segs[i].out;
+    a.end[i] = end;
+  }
+  a.out = end;
+  if (a.out == 0) return cudaSuccess;
+  a.wpr = gemv_bf16_v2_warps_per_row(in, a.out);
+  const int64_t out = a.out;
+  const int64_t rows_per_block = kWarps / a.wpr;
+  const unsigned grid = static_cast<unsigned>((out + rows_per_block - 1) / rows_per_block);
+  switch (rows) {
+#define LRA_GEMV2_CASE(R) \
+  case R: gemv_v2_kernel<R><<<grid, kWarps * 32, 0, s>>>(a); break;
+    LRA_GEMV2_CASE(1) LRA_GEMV2_CASE(2) LRA_GEMV2_CASE(3) LRA_GEMV2_CASE(4)
+    LRA_GEMV2_CASE(5) LRA_GEMV2_CASE(6) LRA_GEMV2_CASE(7) LRA_GEMV2_CASE(8)
+#undef LRA_GEMV2_CASE
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace lragent::cuda

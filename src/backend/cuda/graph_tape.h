@@ -1,0 +1,97 @@
+// CUDA graphs for small forward passes (decode steps), without changing the model code.
+//
+// A decode step of an 8B model is ~650 small kernels; launched one by one their host cost and
+// the gaps between them make the step ~1.7x slower than its bytes allow. While a pass is being
+// recorded, every op of the CudaBackend appends (a) a closure that launches it and (b) the
+// bytes of every parameter it launches with (pointers, sizes, scalars) to this tape. At the
+// end of the pass the tape is run:
+//   - first sight of this exact signature: eagerly (warms lazy module loads and cuBLASLt);
+//   - second sight: captured into a CUDA graph, instantiated, launched;
+//   - later: the cached graph is launched (one launch for the whole step).
+// Step-varying inputs never enter the signature by value: host arrays (token ids, positions,
+// slots, block tables) go through a fixed argument region copied to the device before every
+// run, and the attention context length is read on the device (grid sizes use a bucketed
+// maximum). Activations come from a bump arena reset every pass, so every replay of a
+// signature sees the same addresses.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+namespace lragent::cuda {
+
+struct TapeStats {
+  int64_t passes = 0;        // passes run from a tape
+  int64_t eager = 0;         // ... run op by op (first sight, not graphable, capture failed)
+  int64_t captured = 0;      // ... captured into a new graph
+  int64_t replayed = 0;      // ... run as a cached graph
+  int64_t capture_failures = 0;
+};
+
+class GraphTape {
+ public:
+  using Op = std::function<cudaError_t()>;
+
+  explicit GraphTape(cudaStream_t stream) : stream_(stream) {}
+  ~GraphTape();
+  GraphTape(const GraphTape&) = delete;
+  GraphTape& operator=(const GraphTape&) = delete;
+
+  bool recording() const { return recording_; }
+  void begin() {
+    recording_ = true;
+    graphable_ = true;
+    ops_.clear();
+    sig_.clear();
+  }
+  // This pass cannot become a graph (e.g. an allocation fell outside the arena); it still runs.
+  void mark_not_graphable() { graphable_ = false; }
+
+  // Appends scalar parameters (arithmetic, enum or pointer) to the signature.
+  template <class... T>
+  void sig(const T&... v) {
+    (sig_one(v), ...);
+  }
+  void sig_bytes(const void* p, size_t n) { sig_.append(static_cast<const char*>(p), n); }
+  void push(Op op) { ops_.push_back(std::move(op)); }
+
+  // Stops recording and runs the recorded ops on the stream (see the top of this file). Returns
+  // the first launch error; a failed capture is not an error (the ops then run eagerly).
+  cudaError_t run();
+  // Forgets every cached graph (addresses they baked in are about to change).
+  void clear_graphs();
+  const TapeStats& stats() const { return stats_; }
+
+ private:
+  template <class T>
+  void sig_one(const T& v) {
+    static_assert(std::is_scalar_v<T>, "signature values are scalars; expand structs field by field");
+    sig_.append(reinterpret_cast<const char*>(&v), sizeof(T));
+  }
+  cudaError_t run_eager();
+
+  struct Entry {
+    std::string sig;
+    int seen = 0;                     // times this signature ran
+    cudaGraphExec_t exec = nullptr;   // null until captured
+    bool failed = false;              // capture failed once: stay eager
+  };
+  static constexpr size_t kMaxGraphs = 64;
+
+  cudaStream_t stream_;
+  bool recording_ = false;
+  bool graphable_ = true;
+  std::vector<Op> ops_;
+  std::string sig_;
+  std::unordered_map<std::string, Entry> cache_;  // keyed by the signature itself
+  TapeStats stats_;
+};
+
+}  // namespace lragent::cuda

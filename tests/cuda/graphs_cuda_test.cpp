@@ -1,0 +1,249 @@
+// CUDA graphs for decode steps (src/backend/cuda/graph_tape.h) against the same steps launched
+// op by op (--enforce-eager). A synthetic model with head_dim 128 takes the tuned attention
+// kernels in bf16 (split-K decode sized for a bucketed context) and the generic kernel in f32;
+// decode runs long enough to cross several context buckets, as one sequence, as a batch of two
+// sequences of different lengths, and as a LoRA agent on a base-lr shared cache.
+//   f32: the graph replays the very kernels with the very inputs: logits bit-identical.
+//   bf16: the split count follows the bucket, not the exact length (another f32 summation order
+//   of the split partials, then bf16 activations): logits within 5e-3.
+// And the graphs are really used: most steps are replays.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "backend/backend.h"
+#include "kv/full_cache.h"
+#include "kv/sharing.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "model/synthetic.h"
+
+namespace lragent {
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+double rel_l2(const float* a, const float* b, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(a[i])) return 1e30;
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+SyntheticSpec spec() {
+  SyntheticSpec s;
+  s.hidden = 512;  // 4 heads of 128 (the tuned kernels' head_dim), 2 KV heads
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.layers = 2;
+  s.intermediate = 1024;
+  s.max_positions = 4096;
+  return s;
+}
+
+enum class Scenario { kOneSeq, kTwoSeqs, kLoraBaseLr };
+
+struct DecodeRun {
+  std::vector<std::vector<float>> logits;  // [steps * seqs][vocab]
+  GraphStats stats;
+};
+
+// Prefill `prompt` tokens, then `steps` greedy decode steps; every step's logits.
+DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps) {
+  DecodeRun out;
+  CudaBackendOptions o;
+  o.dtype = dt;
+  o.graphs = graphs;
+  auto be_r = make_cuda_backend(o);
+  EXPECT_TRUE(be_r.ok()) << be_r.error().message;
+  if (!be_r.ok()) return out;
+  Backend& be = **be_r;
+  auto model_r = make_synthetic_model(spec(), be);
+  EXPECT_TRUE(model_r.ok()) << model_r.error().message;
+  if (!model_r.ok()) return out;
+  LlamaModel& model = **model_r;
+  const ModelConfig& c = model.config();
+  const int page = 16, max_tokens = prompt + steps + 64;
+  const int n_seqs = sc == Scenario::kTwoSeqs ? 2 : 1;
+
+  auto pools = KvPools::create(c, page, KvPools::blocks_for(2, max_tokens, page), "graphs-test", &be);
+  EXPECT_TRUE(pools.ok());
+  if (!pools.ok()) return out;
+  std::vector<std::unique_ptr<LoraAdapter>> adapters;
+  std::unique_ptr<TrajectoryKv> traj;
+  std::vector<std::unique_ptr<FullKvCache>> caches;
+  if (sc == Scenario::kLoraBaseLr) {
+    adapters = make_synthetic_adapters(c, 16, 7);
+    for (auto& a : adapters) upload_adapter(*a, be);
+    SharingOptions so;
+    so.mode = ShareMode::kBaseLr;
+    so.page_size = page;
+    so.max_tokens = max_tokens;
+    so.backend = &be;
+    auto t = TrajectoryKv::create(c, {adapters[0].get(), adapters[1].get()}, so);
+    EXPECT_TRUE(t.ok()) << t.error().message;
+    if (!t.ok()) return out;
+    traj = std::move(*t);
+  } else {
+    for (int s = 0; s < n_seqs; ++s) caches.push_back(std::make_unique<FullKvCache>(pools->k.get(), pools->v.get()));
+  }
+
+  // Prefill: sequence s gets prompt - 37 * s tokens (two different lengths).
+  std::vector<int32_t> next(static_cast<size_t>(n_seqs));
+  std::vector<int64_t> len(static_cast<size_t>(n_seqs));
+  for (int s = 0; s < n_seqs; ++s) {
+    const int n = prompt - 37 * s;
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = 3 + (i * 31 + s * 7) % 250;
+    std::unique_ptr<KvBinding> bind;
+    KvBinding* kv = nullptr;
+    if (traj) {
+      bind = traj->bind(0);
+      kv = bind.get();
+    } else {
+      kv = caches[static_cast<size_t>(s)].get();
+    }
+    SeqInput in{ids.data(), n, 0, kv, traj ? adapters[0].get() : nullptr, false};
+    auto lg = model.forward({in});
+    EXPECT_TRUE(lg.ok()) << lg.error().message;
+    if (!lg.ok()) return out;
+    if (traj) traj->advance(0, n);
+    next[static_cast<size_t>(s)] =
+        static_cast<int32_t>(std::max_element(lg->f32(), lg->f32() + c.vocab_size) - lg->f32());
+    len[static_cast<size_t>(s)] = n;
+  }
+  // Decode: in the LoRA scenario two agents (adapters 0 and 1) take turns on the shared cache.
+  for (int step = 0; step < steps; ++step) {
+    std::vector<SeqInput> batch;
+    std::vector<std::unique_ptr<KvBinding>> binds;
+    for (int s = 0; s < n_seqs; ++s) {
+      const size_t si = static_cast<size_t>(s);
+      if (traj) {
+        const int agent = step % 2;
+        binds.push_back(traj->bind(agent));
+        batch.push_back({&next[si], 1, len[si], binds.back().get(), adapters[static_cast<size_t>(agent)].get(), false});
+      } else {
+        batch.push_back({&next[si], 1, len[si], caches[si].get(), nullptr, false});
+      }
+    }
+    auto lg = model.forward(batch);
+    EXPECT_TRUE(lg.ok()) << lg.error().message;
+    if (!lg.ok()) return out;
+    for (int s = 0; s < n_seqs; ++s) {
+      const float* row = lg->f32() + static_cast<int64_t>(s) * c.vocab_size;
+      out.logits.emplace_back(row, row + c.vocab_size);
+      const size_t si = static_cast<size_t>(s);
+      ++len[si];
+      if (traj) traj->advance(step % 2, len[si]);
+      next[si] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
+    }
+  }
+  out.stats = be.graph_stats();
+  return out;
+}
+
+// A prefill without adapters takes the bf16 path whose normalised and SwiGLU activations exist
+// only as bf16 GEMM operands (set_matmul_only_outputs): its logits against the CPU's.
+TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA prefill test skipped";
+  const int n = 300;
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = 3 + (i * 17) % 250;
+  auto run = [&](Backend& be) {
+    std::vector<float> out;
+    auto model = make_synthetic_model(spec(), be);
+    EXPECT_TRUE(model.ok());
+    if (!model.ok()) return out;
+    const ModelConfig& c = (*model)->config();
+    auto pools = KvPools::create(c, 16, KvPools::blocks_for(1, n, 16), "prefill-test", &be);
+    EXPECT_TRUE(pools.ok());
+    if (!pools.ok()) return out;
+    FullKvCache kv(pools->k.get(), pools->v.get());
+    SeqInput in{ids.data(), n, 0, &kv, nullptr, true};  // every row's logits
+    auto lg = (*model)->forward({in});
+    EXPECT_TRUE(lg.ok());
+    if (lg.ok()) out.assign(lg->f32(), lg->f32() + lg->numel());
+    return out;
+  };
+  std::vector<float> ref, f32, bf16;
+  {
+    auto cpu = make_cpu_backend(4);
+    ref = run(*cpu);
+  }
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    CudaBackendOptions o;
+    o.dtype = dt;
+    auto be = make_cuda_backend(o);
+    ASSERT_TRUE(be.ok()) << be.error().message;
+    (dt == DType::kF32 ? f32 : bf16) = run(**be);
+  }
+  ASSERT_EQ(ref.size(), f32.size());
+  ASSERT_EQ(ref.size(), bf16.size());
+  const double e32 = rel_l2(f32.data(), ref.data(), static_cast<int64_t>(ref.size()));
+  const double e16 = rel_l2(bf16.data(), ref.data(), static_cast<int64_t>(ref.size()));
+  std::printf("  prefill %d tokens, all logits vs CPU: f32 rel_l2 %.2e, bf16 rel_l2 %.2e\n", n, e32, e16);
+  EXPECT_LE(e32, 1e-4);
+  EXPECT_LE(e16, 3e-2);
+}
+
+struct Case {
+  DType dt;
+  Scenario sc;
+  const char* name;
+};
+
+class CudaGraphs : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaGraphs, DecodeMatchesEager) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA graph tests skipped";
+  const Case cs = GetParam();
+  // 200 prompt tokens + 400 steps: contexts 200..600 cross the 256 and 512 buckets.
+  const int prompt = 200, steps = 400;
+  const DecodeRun eager = decode(cs.dt, false, cs.sc, prompt, steps);
+  const DecodeRun graph = decode(cs.dt, true, cs.sc, prompt, steps);
+  ASSERT_EQ(eager.logits.size(), graph.logits.size());
+  ASSERT_FALSE(eager.logits.empty());
+  double worst = 0;
+  size_t identical = 0;
+  for (size_t i = 0; i < eager.logits.size(); ++i) {
+    const auto& a = graph.logits[i];
+    const auto& b = eager.logits[i];
+    worst = std::max(worst, rel_l2(a.data(), b.data(), static_cast<int64_t>(a.size())));
+    identical += a == b;
+  }
+  std::printf("  graphs %-18s: %zu steps, %zu bit-identical, worst rel_l2 %.2e; passes %lld: %lld replayed, %lld "
+              "captured, %lld eager\n",
+              cs.name, eager.logits.size(), identical, worst, static_cast<long long>(graph.stats.recorded),
+              static_cast<long long>(graph.stats.replayed), static_cast<long long>(graph.stats.captured),
+              static_cast<long long>(graph.stats.eager));
+  EXPECT_EQ(eager.stats.recorded, 0) << "graphs=false must not record";
+  EXPECT_GE(graph.stats.recorded, steps);
+  // Each bucket costs one eager pass and one capture; everything else must be a replay.
+  EXPECT_GE(graph.stats.replayed, steps - 16);
+  if (cs.dt == DType::kF32) {
+    EXPECT_EQ(identical, eager.logits.size()) << "f32 graph replays must be bit-identical to eager";
+  } else {
+    EXPECT_LE(worst, 5e-3);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaGraphs,
+                         ::testing::Values(Case{DType::kF32, Scenario::kOneSeq, "f32_one_seq"},
+                                           Case{DType::kBF16, Scenario::kOneSeq, "bf16_one_seq"},
+                                           Case{DType::kBF16, Scenario::kTwoSeqs, "bf16_two_seqs"},
+                                           Case{DType::kF32, Scenario::kLoraBaseLr, "f32_lora_base_lr"},
+                                           Case{DType::kBF16, Scenario::kLoraBaseLr, "bf16_lora_base_lr"}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace lragent
