@@ -160,6 +160,16 @@ class Backend {
   virtual void embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) = 0;
   // Writes rows[i] into the paged cache at token slot slots[i].
   virtual void store_rows(const TensorView& rows, const PagedView& dst, const int32_t* slots) = 0;
+  // Several store_rows at once (a layer's K and V, base and LR rows); a backend may run them as one
+  // kernel. The views and slot arrays must stay valid for the call only.
+  struct StoreJob {
+    TensorView rows;
+    PagedView dst;
+    const int32_t* slots = nullptr;
+  };
+  virtual void store_rows_multi(std::span<const StoreJob> jobs) {
+    for (const StoreJob& j : jobs) store_rows(j.rows, j.dst, j.slots);
+  }
   // Causal attention of one sequence over its paged cache (see AttentionParams).
   virtual void attention(const AttentionParams& p) = 0;
 };

@@ -24,8 +24,8 @@ void FullKvCache::write(Backend& be, const LayerKvRows& rows) {
   const int64_t width = k_.pool()->width();
   TensorView kr(DType::kF32, {rows.n, width}, const_cast<float*>(rows.k_full));
   TensorView vr(DType::kF32, {rows.n, width}, const_cast<float*>(rows.v_full));
-  be.store_rows(kr, k_.view(rows.layer), slots.data());
-  be.store_rows(vr, v_.view(rows.layer), slots.data());
+  const Backend::StoreJob jobs[] = {{kr, k_.view(rows.layer), slots.data()}, {vr, v_.view(rows.layer), slots.data()}};
+  be.store_rows_multi(jobs);
   if (rows.start_pos + rows.n > n_tokens_) n_tokens_ = rows.start_pos + rows.n;
 }
 

@@ -1,7 +1,10 @@
 #include "kv/sharing.h"
 
 #include <algorithm>
+#include <array>
+#include <cassert>
 #include <cstring>
+#include <span>
 
 namespace lragent {
 
@@ -47,15 +50,33 @@ Result<int> uniform_rank(const LoraAdapter* a, int n_layers, LoraTarget t) {
   return std::max(rank, 0);
 }
 
-// Writes rows [from, n) of a [n, width] block into `dst` at positions start_pos + i.
-void store_tail(Backend& be, const float* rows, int64_t width, int64_t start_pos, int64_t from, int64_t n,
-                const PagedView& dst) {
-  if (from >= n) return;
-  std::vector<int32_t> slots(static_cast<size_t>(n - from));  // [n - from] target positions
-  for (int64_t i = from; i < n; ++i) slots[static_cast<size_t>(i - from)] = static_cast<int32_t>(start_pos + i);
-  TensorView v(DType::kF32, {n - from, width}, const_cast<float*>(rows + from * width));
-  be.store_rows(v, dst, slots.data());
-}
+// The stores of one layer's write, issued together (Backend::store_rows_multi): rows [from, n) of
+// a [n, width] block go to `dst` at positions start_pos + i.
+class LayerStores {
+ public:
+  LayerStores(int64_t start_pos, int64_t n) : start_(start_pos), n_(n) {}
+  void add(const float* rows, int64_t width, int64_t from, const PagedView& dst) {
+    if (from >= n_) return;
+    assert(count_ < kMax && "LayerStores: more stores than a layer writes");
+    auto& slots = slots_[count_];  // [n - from] target positions
+    slots.resize(static_cast<size_t>(n_ - from));
+    for (int64_t i = from; i < n_; ++i) slots[static_cast<size_t>(i - from)] = static_cast<int32_t>(start_ + i);
+    jobs_[count_] = {TensorView(DType::kF32, {n_ - from, width}, const_cast<float*>(rows + from * width)), dst,
+                     slots.data()};
+    ++count_;
+  }
+  void flush(Backend& be) {
+    if (count_ > 0) be.store_rows_multi(std::span<const Backend::StoreJob>(jobs_.data(), count_));
+    count_ = 0;
+  }
+
+ private:
+  static constexpr size_t kMax = 4;
+  int64_t start_, n_;
+  size_t count_ = 0;
+  std::array<Backend::StoreJob, kMax> jobs_;
+  std::array<std::vector<int32_t>, kMax> slots_;
+};
 
 }  // namespace
 
@@ -81,28 +102,28 @@ class SharedBinding final : public KvBinding {
     // Rows at positions >= shared_at_bind_ have no shared entries yet: this agent is their origin.
     const int64_t first_new = std::clamp<int64_t>(shared_at_bind_ - r.start_pos, 0, r.n);
     const ShareMode m = kv_.opts_.mode;
+    LayerStores st(r.start_pos, r.n);
     if (kv_.layer_private(l)) {
       const int pl = kv_.private_index_[static_cast<size_t>(l)];
-      store_tail(be, r.k_full, width, r.start_pos, 0, r.n, kv_.priv_k_[ua].view(pl));
-      store_tail(be, r.v_full, width, r.start_pos, 0, r.n, kv_.priv_v_[ua].view(pl));
-      return;
-    }
-    if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
+      st.add(r.k_full, width, 0, kv_.priv_k_[ua].view(pl));
+      st.add(r.v_full, width, 0, kv_.priv_v_[ua].view(pl));
+    } else if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
       const int sl = kv_.shared_index_[static_cast<size_t>(l)];
-      store_tail(be, r.k_full, width, r.start_pos, first_new, r.n, kv_.shared_k_.view(sl));
-      store_tail(be, r.v_full, width, r.start_pos, first_new, r.n, kv_.shared_v_.view(sl));
-      return;
-    }
-    // Base modes: base entries from the origin; LR entries private (base) or from the origin (base-lr).
-    store_tail(be, r.k_base, width, r.start_pos, first_new, r.n, kv_.shared_k_.view(l));
-    store_tail(be, r.v_base, width, r.start_pos, first_new, r.n, kv_.shared_v_.view(l));
-    if (m == ShareMode::kBase) {
-      if (r.lr_k) store_tail(be, r.lr_k, r.rank_k, r.start_pos, 0, r.n, kv_.priv_k_[ua].view(l));
-      if (r.lr_v) store_tail(be, r.lr_v, r.rank_v, r.start_pos, 0, r.n, kv_.priv_v_[ua].view(l));
+      st.add(r.k_full, width, first_new, kv_.shared_k_.view(sl));
+      st.add(r.v_full, width, first_new, kv_.shared_v_.view(sl));
     } else {
-      if (r.lr_k) store_tail(be, r.lr_k, r.rank_k, r.start_pos, first_new, r.n, kv_.shared_lrk_.view(l));
-      if (r.lr_v) store_tail(be, r.lr_v, r.rank_v, r.start_pos, first_new, r.n, kv_.shared_lrv_.view(l));
+      // Base modes: base entries from the origin; LR entries private (base) or from the origin (base-lr).
+      st.add(r.k_base, width, first_new, kv_.shared_k_.view(l));
+      st.add(r.v_base, width, first_new, kv_.shared_v_.view(l));
+      if (m == ShareMode::kBase) {
+        if (r.lr_k) st.add(r.lr_k, r.rank_k, 0, kv_.priv_k_[ua].view(l));
+        if (r.lr_v) st.add(r.lr_v, r.rank_v, 0, kv_.priv_v_[ua].view(l));
+      } else {
+        if (r.lr_k) st.add(r.lr_k, r.rank_k, first_new, kv_.shared_lrk_.view(l));
+        if (r.lr_v) st.add(r.lr_v, r.rank_v, first_new, kv_.shared_lrv_.view(l));
+      }
     }
+    st.flush(be);
   }
 
   void attention_views(int l, AttentionParams& p) const override {

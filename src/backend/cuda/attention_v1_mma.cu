@@ -14,6 +14,7 @@
 // Template: D = head_dim (64, 128), R = padded rank capacity (0: no LR term, 16, 64).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/pdl.cuh"
 
 #include <algorithm>
 
@@ -445,6 +446,7 @@ __global__ void __launch_bounds__(kThreads) attn_v1_kernel(const AttnParams p, c
 constexpr int kMaxSplits = 128;
 __global__ void attn_combine_kernel(const AttnParams p, const V1Launch x) {
   __shared__ float w_s[kMaxSplits];  // [split] weight / sum of weights
+  pdl_release();  // the o-projection GEMV may be scheduled now (it waits for our completion)
   const int i = blockIdx.x, h = blockIdx.y, s = blockIdx.z;
   const int q0 = p.q_start[s], n_q = p.q_start[s + 1] - q0;
   if (i >= n_q) return;

@@ -220,6 +220,7 @@ class CudaBackend final : public Backend {
     if (tape_->recording()) {
       v.data = pass_alloc(v.nbytes());
       if (v.data == nullptr && v.nbytes() > 0) return Tensor();
+      wrote(v.data, v.nbytes());  // a reused arena address must not match a stale shadow
       ++g_arena_live;
       return Tensor::adopt(std::move(v), &arena_release);
     }
@@ -484,8 +485,16 @@ class CudaBackend final : public Backend {
     const int ha = static_cast<int>(a.dim(1)), hb = static_cast<int>(b.dim(1));
     const int32_t* pos = dev_ints(positions, n);
     const float* inv = dev_floats(inv_freq, hd / 2);
-    rec("rope_pair", xa, ha, xb, hb, n, hd, pos, inv);
-    launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, stream_); });
+    // bf16 caches: the tuned attention takes q in bf16; write that copy here instead of converting
+    // q again before attention (q_shadow_, found by address in run_fast_attention).
+    void* a16 = nullptr;
+    q_shadow_ = {};
+    if (dtype_ == DType::kBF16 && (hd == 64 || hd == 128)) {
+      a16 = try_scratch(3, static_cast<size_t>(a.numel()) * 2);
+      if (a16) q_shadow_ = {a.data, a.numel(), 0, a16};
+    }
+    rec("rope_pair", xa, ha, xb, hb, n, hd, pos, inv, a16);
+    launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, a16, stream_); });
   }
 
   void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override {
@@ -531,6 +540,34 @@ class CudaBackend final : public Backend {
       sig_of(*tape_, pd);
     }
     launch("store_rows", [=, this] { return lc::store_rows(r, n, width, pd, sl, stream_); });
+  }
+
+  void store_rows_multi(std::span<const StoreJob> jobs) override {
+    if (jobs.size() < 2 || jobs.size() > static_cast<size_t>(lc::kMaxStoreJobs)) {
+      Backend::store_rows_multi(jobs);
+      return;
+    }
+    std::array<lc::StoreJobDev, lc::kMaxStoreJobs> dj{};
+    int nj = 0;
+    for (const StoreJob& j : jobs) {
+      const int64_t n = j.rows.dim(0), width = j.rows.numel() / std::max<int64_t>(n, 1);
+      if (n == 0) continue;
+      int64_t max_slot = 0;
+      for (int64_t i = 0; i < n; ++i) max_slot = std::max<int64_t>(max_slot, j.slots[i]);
+      lc::StoreJobDev& d = dj[static_cast<size_t>(nj++)];
+      d.rows = j.rows.f32();
+      d.n = n;
+      d.width = width;
+      d.dst = paged(j.dst, max_slot + 1);
+      d.slots = dev_ints(j.slots, n);
+      if (tape_->recording()) {
+        rec("store_job", d.rows, d.n, d.width, d.slots);
+        sig_of(*tape_, d.dst);
+      }
+    }
+    if (nj == 0) return;
+    rec("store_rows_multi", nj);
+    launch("store_rows", [=, this] { return lc::store_rows_multi(dj.data(), nj, stream_); });
   }
 
   void attention(const AttentionParams& p) override {
@@ -647,10 +684,14 @@ class CudaBackend final : public Backend {
   }
   // An op is about to write [p, p + bytes): a shadow of that memory is stale from here on.
   void wrote(const void* p, size_t bytes) {
-    if (!shadow_.f32 || !p) return;
-    const auto a = reinterpret_cast<uintptr_t>(p), s0 = reinterpret_cast<uintptr_t>(shadow_.f32);
-    const uintptr_t s1 = s0 + static_cast<uintptr_t>(shadow_.rows * shadow_.cols) * 4;
-    if (a < s1 && s0 < a + bytes) shadow_ = {};
+    if (!p) return;
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    for (Shadow* sh : {&shadow_, &q_shadow_}) {
+      if (!sh->f32) continue;
+      const auto s0 = reinterpret_cast<uintptr_t>(sh->f32);
+      const uintptr_t s1 = s0 + static_cast<uintptr_t>(sh->rows * std::max<int64_t>(sh->cols, 1)) * 4;
+      if (a < s1 && s0 < a + bytes) *sh = {};
+    }
   }
 
   // ---- LRAGENT_CUDA_PROFILE=1: CUDA events around every op, summed per op at synchronize().
@@ -852,8 +893,15 @@ class CudaBackend final : public Backend {
 
   void run_fast_attention(const AttentionParams& p) {
     const int64_t q_elems = static_cast<int64_t>(p.n_q) * p.n_heads * p.head_dim;
-    auto* qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(q_elems) * 2));
-    convert(p.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems);
+    lc::bf16* qb = nullptr;
+    const auto q0 = reinterpret_cast<uintptr_t>(q_shadow_.f32), qp = reinterpret_cast<uintptr_t>(p.q);
+    if (q_shadow_.f32 && qp >= q0 && (qp - q0) % 4 == 0 &&
+        static_cast<int64_t>((qp - q0) / 4) + q_elems <= q_shadow_.rows) {
+      qb = static_cast<lc::bf16*>(q_shadow_.bf16) + (qp - q0) / 4;  // rope_pair wrote it
+    } else {
+      qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(q_elems) * 2));
+      convert(p.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems);
+    }
     const int32_t meta[3] = {0, p.n_q, p.n_ctx};  // q_start[0..1], ctx_len[0]
     const auto* dmeta = dev_ints(meta, 3);
     lc::AttnParams a;
@@ -981,6 +1029,7 @@ class CudaBackend final : public Backend {
   };
   std::unordered_map<uint64_t, Memo> memo_;
   Shadow shadow_;
+  Shadow q_shadow_;  // bf16 copy of the last rope_pair's first tensor (q): rows = elements, cols = 0
   // Graphs (graph_tape.h): the tape, the recorded pass's argument region (pinned staging +
   // device copy, bump-allocated in 16 B steps), and its activation arena.
   std::unique_ptr<lc::GraphTape> tape_;

@@ -6,7 +6,9 @@
 // Version 2 keeps the warp-per-row layout but
 //   - splits a row's reduction over 1, 2, 4 or 8 warps of one block (chosen so the grid holds
 //     about two waves of fully occupied SMs), summed through shared memory;
-//   - issues U = 4 independent 16-byte weight loads per lane before using any of them;
+//   - keeps two batches of U = 4 independent 16-byte weight loads per lane in flight;
+//   - is launched with programmatic dependent launch (PDL): its first weight loads overlap the
+//     tail of the previous kernel, which lets it start early (griddepcontrol.launch_dependents);
 //   - streams weights past L1 (ld.global.nc.L1::no_allocate): they are read once per step, and
 //     L1 then keeps the activations x that every warp of the SM re-reads;
 //   - takes up to kMaxSegs weight matrices that read the same x (q/k/v, gate/up) in one launch:
@@ -14,7 +16,10 @@
 //     same waves as q instead of under-filling a launch of their own.
 #include <cuda_bf16.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace lragent::cuda {
 namespace {
@@ -59,36 +64,48 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) 
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
-  if (og < a.out) {
-    const uint4* wr = reinterpret_cast<const uint4*>(a.w[seg] + o * a.ldw[seg]);
-    for (int64_t c = c0 + lane; c < c1; c += 32 * kUnroll) {
-      uint4 wv[kUnroll];
+  const bool live = og < a.out;
+  const uint4* wr = live ? reinterpret_cast<const uint4*>(a.w[seg] + o * a.ldw[seg]) : nullptr;
+  auto load = [&](uint4 (&wv)[kUnroll], int64_t c) {
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t cc = c + 32 * u;
-        wv[u] = cc < c1 ? ld_stream(wr + cc) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t cc = c + 32 * u;
+      wv[u] = cc < c1 ? ld_stream(wr + cc) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  int64_t c = c0 + lane;
+  uint4 cur[kUnroll], nxt[kUnroll];
+  // The first weights do not depend on the previous kernel: with programmatic dependent launch
+  // they are in flight while it finishes; x is read only after griddepcontrol.wait.
+  if (live) load(cur, c);
+  pdl_wait();
+  pdl_release();
+  while (live && c < c1) {
+    const int64_t cn = c + 32 * kUnroll;
+    if (cn < c1) load(nxt, cn);  // the next batch in flight while this one is used
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t cc = c + 32 * u;
+      if (cc >= c1) break;
+      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&cur[u]);
+      float wf[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(w2[i]);
+        wf[2 * i] = f.x;
+        wf[2 * i + 1] = f.y;
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t cc = c + 32 * u;
-        if (cc >= c1) break;
-        const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&wv[u]);
-        float wf[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 f = __bfloat1622float2(w2[i]);
-          wf[2 * i] = f.x;
-          wf[2 * i + 1] = f.y;
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const float4 p = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8));
-          const float4 q = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8 + 4));
-          acc[r] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
-                    wf[6] * q.z + wf[7] * q.w;
-        }
+      for (int r = 0; r < R; ++r) {
+        const float4 p = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8));
+        const float4 q = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8 + 4));
+        acc[r] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
+                  wf[6] * q.z + wf[7] * q.w;
       }
     }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+    c = cn;
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -116,13 +133,32 @@ int sm_count() {
   return n;
 }
 
+// Tuning knobs, read once (for measuring alternatives on the device without rebuilding):
+//   LRAGENT_GEMV_WAVES    resident-warp waves the split aims for (default 2)
+//   LRAGENT_GEMV_MINCHUNK 16-byte chunks a piece keeps at least (default 128: an 8B decode step
+//                         measured 6.56 ms against 6.74 with 64 and 6.66 with 256, H100)
+//   LRAGENT_GEMV_PDL      0: plain launches instead of programmatic dependent launch
+double env_or(const char* name, double def) {
+  const char* v = std::getenv(name);
+  return v ? std::atof(v) : def;
+}
+struct Knobs {
+  double waves = env_or("LRAGENT_GEMV_WAVES", 2);
+  int64_t min_chunk = static_cast<int64_t>(env_or("LRAGENT_GEMV_MINCHUNK", 128));
+  bool pdl = env_or("LRAGENT_GEMV_PDL", 1) != 0;
+};
+const Knobs& knobs() {
+  static const Knobs k;
+  return k;
+}
+
 }  // namespace
 
 int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out) {
-  // About two waves of 64 resident warps per SM, each piece at least 64 chunks (512 values).
-  const int64_t target = int64_t{2} * sm_count() * 64;
+  // About `waves` waves of 64 resident warps per SM, each piece at least min_chunk chunks.
+  const int64_t target = static_cast<int64_t>(knobs().waves * sm_count() * 64);
   int wpr = 1;
-  while (wpr < kWarps && out * wpr < target && (in / 8) / (wpr * 2) >= 64) wpr *= 2;
+  while (wpr < kWarps && out * wpr < target && (in / 8) / (wpr * 2) >= knobs().min_chunk) wpr *= 2;
   return wpr;
 }
 
@@ -158,14 +194,20 @@ cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, i
   const int64_t out = a.out;
   const int64_t rows_per_block = kWarps / a.wpr;
   const unsigned grid = static_cast<unsigned>((out + rows_per_block - 1) / rows_per_block);
+  // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits
+  // on it before reading x; see the kernel). Captured into graphs as a programmatic edge.
+  const bool pdl = knobs().pdl;
   switch (rows) {
-#define LRA_GEMV2_CASE(R) \
-  case R: gemv_v2_kernel<R><<<grid, kWarps * 32, 0, s>>>(a); break;
+#define LRA_GEMV2_CASE(R)                                                                      \
+  case R:                                                                                      \
+    if (pdl) return launch_pdl(gemv_v2_kernel<R>, dim3(grid), dim3(kWarps * 32), 0, s, a);     \
+    gemv_v2_kernel<R><<<grid, kWarps * 32, 0, s>>>(a);                                         \
+    return cudaGetLastError();
     LRA_GEMV2_CASE(1) LRA_GEMV2_CASE(2) LRA_GEMV2_CASE(3) LRA_GEMV2_CASE(4)
     LRA_GEMV2_CASE(5) LRA_GEMV2_CASE(6) LRA_GEMV2_CASE(7) LRA_GEMV2_CASE(8)
 #undef LRA_GEMV2_CASE
   }
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace lragent::cuda

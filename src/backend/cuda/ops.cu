@@ -7,6 +7,7 @@
 #include <cfloat>
 
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/pdl.cuh"
 #include "backend/random.h"
 
 namespace lragent::cuda {
@@ -104,6 +105,7 @@ template <int K>
 __global__ void add_rms_norm_kernel(float* h, int64_t ldh, const float* x, int64_t ldx, const void* w, Elem wt,
                                     float eps, float* y, int64_t ldy, int64_t d, __nv_bfloat16* y16) {
   __shared__ float red[32];
+  pdl_release();  // a PDL-launched GEMV may be scheduled now (it waits for our completion)
   float* hr = h + blockIdx.x * ldh;
   const float* xr = x ? x + blockIdx.x * ldx : nullptr;
   float v[K], wk[K];  // this thread's values of h and of the norm weight
@@ -188,8 +190,9 @@ __global__ void __launch_bounds__(128) gemv_bf16_kernel(const __nv_bfloat16* __r
 
 // RoPE on one or two tensors of the same tokens (q and k in one launch): elements [0, n·ha·half)
 // rotate xa [n, ha, hd], the rest xb [n, hb, hd].
+// xa16 (optional): the rotated xa also in bf16 (the attention kernels' query operand).
 __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int hd, const int32_t* pos,
-                            const float* inv_freq) {
+                            const float* inv_freq, __nv_bfloat16* xa16) {
   const int half = hd / 2;
   const int64_t total_a = n * ha * half, total = total_a + n * hb * half;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
@@ -205,17 +208,38 @@ __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int
     sincosf(angle, &sn, &cs);
     float* v = x + row * hd;
     const float a = v[i], b = v[i + half];
-    v[i] = a * cs - b * sn;
-    v[i + half] = b * cs + a * sn;
+    const float ra = a * cs - b * sn, rb = b * cs + a * sn;
+    v[i] = ra;
+    v[i + half] = rb;
+    if (in_a && xa16) {
+      xa16[row * hd + i] = __float2bfloat16(ra);
+      xa16[row * hd + i + half] = __float2bfloat16(rb);
+    }
   }
 }
 
 // o may be null (only o16 written).
 __global__ void silu_mul_kernel(const float* g, const float* u, float* o, int64_t n, __nv_bfloat16* o16) {
+  pdl_release();  // a PDL-launched GEMV may be scheduled now (it waits for our completion)
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float v = g[i] / (1.0f + expf(-g[i])) * u[i];
     if (o) o[i] = v;
     if (o16) o16[i] = __float2bfloat16(v);
+  }
+}
+
+// silu_mul over n4 groups of 4 values (16-byte aligned f32, 8-byte aligned bf16): float4 loads.
+__global__ void silu_mul_x4_kernel(const float4* g, const float4* u, float4* o, int64_t n4, __nv_bfloat162* o16) {
+  pdl_release();  // the down-projection GEMV may be scheduled now
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n4; i += int64_t{gridDim.x} * blockDim.x) {
+    const float4 a = g[i], b = u[i];
+    const float4 v = make_float4(a.x / (1.0f + expf(-a.x)) * b.x, a.y / (1.0f + expf(-a.y)) * b.y,
+                                 a.z / (1.0f + expf(-a.z)) * b.z, a.w / (1.0f + expf(-a.w)) * b.w);
+    if (o) o[i] = v;
+    if (o16) {
+      o16[2 * i] = __floats2bfloat162_rn(v.x, v.y);
+      o16[2 * i + 1] = __floats2bfloat162_rn(v.z, v.w);
+    }
   }
 }
 
@@ -270,6 +294,23 @@ __global__ void store_rows_kernel(const float* rows, int64_t n, int64_t width, P
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e / width, c = e % width;
     store_elem(dst.data, dst.dtype, paged_row(dst, slots[i]) + c, rows[e]);
+  }
+}
+
+struct StoreMulti {
+  StoreJobDev job[kMaxStoreJobs];
+  int64_t end[kMaxStoreJobs];  // prefix sums of n · width
+  int n_jobs;
+};
+__global__ void store_rows_multi_kernel(const StoreMulti m) {
+  const int64_t total = m.end[m.n_jobs - 1];
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    int j = 0;
+    while (j + 1 < m.n_jobs && e >= m.end[j]) ++j;
+    const StoreJobDev& jb = m.job[j];
+    const int64_t el = e - (j > 0 ? m.end[j - 1] : 0);
+    const int64_t i = el / jb.width, c = el % jb.width;
+    store_elem(jb.dst.data, jb.dst.dtype, paged_row(jb.dst, jb.slots[i]) + c, jb.rows[el]);
   }
 }
 
@@ -451,19 +492,27 @@ cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx
 
 cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
                  cudaStream_t s) {
-  return rope_pair(x, heads, nullptr, 0, n, head_dim, pos, inv_freq, s);
+  return rope_pair(x, heads, nullptr, 0, n, head_dim, pos, inv_freq, nullptr, s);
 }
 
 cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim, const int32_t* pos,
-                      const float* inv_freq, cudaStream_t s) {
+                      const float* inv_freq, void* xa16, cudaStream_t s) {
   const int64_t total = n * (heads_a + heads_b) * (head_dim / 2);
   if (total == 0) return cudaSuccess;
-  rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq);
+  rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
+                                                     static_cast<__nv_bfloat16*>(xa16));
   return cudaGetLastError();
 }
 
 cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, void* out16, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
+  auto al = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (n % 4 == 0 && al(gate, 16) && al(up, 16) && al(out, 16) && al(out16, 8)) {
+    silu_mul_x4_kernel<<<blocks_for(n / 4), kThreads, 0, s>>>(
+        reinterpret_cast<const float4*>(gate), reinterpret_cast<const float4*>(up), reinterpret_cast<float4*>(out),
+        n / 4, static_cast<__nv_bfloat162*>(out16));
+    return cudaGetLastError();
+  }
   silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(gate, up, out, n, static_cast<__nv_bfloat16*>(out16));
   return cudaGetLastError();
 }
@@ -506,6 +555,21 @@ cudaError_t store_rows(const float* rows, int64_t n, int64_t width, const PagedD
                        cudaStream_t s) {
   if (n * width == 0) return cudaSuccess;
   store_rows_kernel<<<blocks_for(n * width), kThreads, 0, s>>>(rows, n, width, dst, slots);
+  return cudaGetLastError();
+}
+
+cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, cudaStream_t s) {
+  if (n_jobs < 1 || n_jobs > kMaxStoreJobs) return cudaErrorInvalidValue;
+  StoreMulti m{};
+  m.n_jobs = n_jobs;
+  int64_t end = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    m.job[j] = jobs[j];
+    end += jobs[j].n * jobs[j].width;
+    m.end[j] = end;
+  }
+  if (end == 0) return cudaSuccess;
+  store_rows_multi_kernel<<<blocks_for(end), kThreads, 0, s>>>(m);
   return cudaGetLastError();
 }
 

@@ -67,9 +67,10 @@ int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
 cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
                  cudaStream_t s);
-// rope on xa [n, heads_a, head_dim] and xb [n, heads_b, head_dim] (q and k) in one launch.
+// rope on xa [n, heads_a, head_dim] and xb [n, heads_b, head_dim] (q and k) in one launch;
+// xa16 (optional) receives the rotated xa in bf16 too.
 cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim, const int32_t* pos,
-                      const float* inv_freq, cudaStream_t s);
+                      const float* inv_freq, void* xa16, cudaStream_t s);
 // out = silu(gate) · up, elementwise over n values (out may alias gate); out16 (optional) gets
 // the same values in bf16; out may be null when out16 is given.
 cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, void* out16, cudaStream_t s);
@@ -96,6 +97,16 @@ struct PagedDev {
 // Writes rows [n, width] (f32) into dst at token slots[i] (slots on the device), converting.
 cudaError_t store_rows(const float* rows, int64_t n, int64_t width, const PagedDev& dst, const int32_t* slots,
                        cudaStream_t s);
+
+// Up to kMaxStoreJobs store_rows in one launch (a layer's K and V, base and LR rows).
+constexpr int kMaxStoreJobs = 4;
+struct StoreJobDev {
+  const float* rows = nullptr;  // [n, width] f32
+  int64_t n = 0, width = 0;
+  PagedDev dst;
+  const int32_t* slots = nullptr;  // [n] on the device
+};
+cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, cudaStream_t s);
 
 struct LowRankDev {
   PagedDev lr;             // [n_ctx, rank] rows of x·A
