@@ -175,8 +175,16 @@ if [ -n "$MODEL_BIN" ]; then
   echo "== model bench ($(elapsed))"
   MQ=()
   [ "${QUICK:-0}" = 1 ] && MQ=(--quick)
-  timeout 240 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 --out "$LOGS/model_bench.json" "${MQ[@]}" 2>&1 |
-    tee "$LOGS/model.log"
+  LRAGENT_CUDA_GRAPH_STATS=1 timeout 240 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 \
+    --out "$LOGS/model_bench.json" "${MQ[@]}" 2>&1 | tee "$LOGS/model.log"
+  echo "== model bench, decode launched op by op (--eager) ($(elapsed))"
+  timeout 120 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 0 --eager --out "$LOGS/model_bench_eager.json" \
+    "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
+fi
+GEMV_BIN=${MODEL_BIN:+$(dirname "$MODEL_BIN")/lragent_gemv_bench}
+if [ -n "$GEMV_BIN" ] && [ -x "$GEMV_BIN" ]; then
+  echo "== decode GEMV bench ($(elapsed))"
+  timeout 120 "$GEMV_BIN" --out "$LOGS/gemv_bench.json" 2>&1 | tee "$LOGS/gemv.log" | tail -3
 fi
 if [ -n "$CLI_BIN" ]; then
   echo "== lragent replay --device cuda, tinystories, every mode ($(elapsed))"
@@ -210,7 +218,8 @@ timeout 150 python3 bench/cuda/sdpa_peer.py --out "$LOGS/sdpa_peer.json" "${BQ[@
 
 # ---------------------------------------------------------------- report
 python3 bench/cuda/make_report.py --ours "$LOGS/attention_bench.json" --sdpa "$LOGS/sdpa_peer.json" \
-  --model "$LOGS/model_bench.json" --replay "$LOGS/replay.log" \
+  --model "$LOGS/model_bench.json" --model-eager "$LOGS/model_bench_eager.json" --gemv "$LOGS/gemv_bench.json" \
+  --replay "$LOGS/replay.log" \
   --tests "$TESTS" --out-prefix "$PREFIX" \
   --meta "gpu=$GPU" "date=$DATE" "commit=$COMMIT" "build=$BUILD_MODE" "nvcc=$($NVCC --version | tail -1)" \
   "elapsed_s=$(( $(date +%s) - T0 ))"

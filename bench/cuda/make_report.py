@@ -39,6 +39,8 @@ def main():
     ap.add_argument("--tests", default="")
     ap.add_argument("--model", default="", help="lragent_model_bench JSON (whole model through the engine)")
     ap.add_argument("--replay", default="", help="replay.log of gpu-check (GPU vs CPU greedy tokens)")
+    ap.add_argument("--model-eager", default="", help="lragent_model_bench --eager JSON (decode without CUDA graphs)")
+    ap.add_argument("--gemv", default="", help="lragent_gemv_bench JSON (decode GEMV versions vs copy BW)")
     ap.add_argument("--meta", nargs="*", default=[])
     ap.add_argument("--out-prefix", required=True)
     args = ap.parse_args()
@@ -130,13 +132,25 @@ def main():
             "decode_lora_base_lr_ms": model.get("decode_lora_base_lr", {}).get("median_ms"),
             "peak_device_bytes": model.get("peak_device_bytes"),
         }
+        eager = load(args.model_eager) if args.model_eager and os.path.exists(args.model_eager) else {}
+        if eager.get("decode"):
+            m_e = eager["decode"].get("median_ms")
+            ratios["model"]["decode_eager_ms"] = m_e
+            ratios["model"]["decode_eager_lora_base_lr_ms"] = eager.get("decode_lora_base_lr", {}).get("median_ms")
         m = ratios["model"]
         rows.append((f"model {m['preset']} prefill {m['prefill_tokens']} tokens",
                      f"{fmt(m['prefill_ms'])} ms, {fmt(m['prefill_tflops'], '.0f')} TFLOP/s = "
                      f"{fmt(m['prefill_fraction_of_gemm_ceiling'])} of the GEMM ceiling"))
         rows.append((f"model {m['preset']} decode batch 1 at {m['decode_ctx']} ctx",
                      f"{fmt(m['decode_ms'], '.3f')} ms/step = {fmt(m['decode_over_ideal'])}x of (weights + KV) / copy BW "
-                     f"({fmt(ideal_ms, '.3f')} ms); with LoRA r16 base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms"))
+                     f"({fmt(ideal_ms, '.3f')} ms); with LoRA r16 base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms; "
+                     f"launched op by op (--enforce-eager) {fmt(m.get('decode_eager_ms'), '.3f')} ms"))
+    gemv = load(args.gemv) if args.gemv and os.path.exists(args.gemv) else {}
+    if gemv.get("results"):
+        ratios["gemv"] = gemv
+        one = [g for g in gemv["results"] if g.get("rows") == 1]
+        rows.append(("decode GEMV, 1 row, fraction of copy BW",
+                     ", ".join(f"{g['shape']} {g['version']} {g['frac_copy']:.2f}" for g in one)))
     replay_lines = []
     if args.replay and os.path.exists(args.replay):
         replay_lines = [ln.strip() for ln in open(args.replay) if ln.startswith("replay ")]
