@@ -4,8 +4,9 @@
 //   prefill  one sequence of --prefill tokens: time, TFLOP/s (linear layers + causal attention +
 //            the last token's LM head), to compare with the bf16 GEMM ceiling measured in the
 //            same gpu-check run;
-//   decode   batch 1 at --ctx tokens of context: median step time (forward + logits to the
-//            host + greedy pick) against (weight bytes read + KV bytes read) / copy bandwidth;
+//   decode   batch 1 at --ctx tokens of context: median step time (forward + greedy pick on the
+//            device, the id to the host: LlamaModel::forward_argmax, as the engine's greedy
+//            decode does) against (weight bytes read + KV bytes read) / copy bandwidth;
 //            also with a LoRA r16 adapter on q/v (Flash-LoRA, base-lr sharing).
 // Writes JSON (--out); make_report.py folds it into bench/results/kernels-*.{json,md}.
 #include <algorithm>
@@ -147,9 +148,9 @@ int main(int argc, char** argv) {
       be.synchronize();
       const double t0 = now_ms();
       SeqInput d{&tok, 1, ctx + s, &kv, nullptr, false};
-      auto logits = model.forward({d});  // includes the copy of the logits to the host
-      if (!logits.ok()) return fail(logits.error());
-      tok = argmax(logits->f32(), c.vocab_size);
+      auto ids = model.forward_argmax({d});  // the greedy pick comes back, not the logits
+      if (!ids.ok()) return fail(ids.error());
+      tok = ids->front();
       if (s >= 2) ms.push_back(now_ms() - t0);
     }
     const double t = median(ms);
@@ -182,10 +183,10 @@ int main(int argc, char** argv) {
       const double t0 = now_ms();
       auto b = (*traj)->bind(0);
       SeqInput d{&tok, 1, ctx + s, b.get(), adapters[0].get(), false};
-      auto logits = model.forward({d});
-      if (!logits.ok()) return fail(logits.error());
+      auto ids = model.forward_argmax({d});
+      if (!ids.ok()) return fail(ids.error());
       (*traj)->advance(0, ctx + s + 1);
-      tok = argmax(logits->f32(), c.vocab_size);
+      tok = ids->front();
       if (s >= 2) ms.push_back(now_ms() - t0);
     }
     const double t = median(ms);

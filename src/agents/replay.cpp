@@ -93,7 +93,7 @@ Result<std::vector<int32_t>> AgentSession::encode(const std::string& text) const
   return tok_->encode(text, /*add_special_tokens=*/false);
 }
 
-Result<Tensor> AgentSession::forward_agent(int a, int64_t begin) {
+Result<Tensor> AgentSession::forward_agent(int a, int64_t begin, int32_t* greedy_out) {
   auto binding = kv_->bind(a);
   std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
   SeqInput in;
@@ -102,7 +102,13 @@ Result<Tensor> AgentSession::forward_agent(int a, int64_t begin) {
   in.start_pos = begin;
   in.kv = binding.get();
   in.adapter = adapters_[static_cast<size_t>(a)];
-  LRA_ASSIGN_OR_RETURN(Tensor logits, model_.forward({in}));
+  Tensor logits;
+  if (greedy_out) {  // only the greedy pick is wanted: made on the device
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model_.forward_argmax({in}));
+    *greedy_out = ids.front();
+  } else {
+    LRA_ASSIGN_OR_RETURN(logits, model_.forward({in}));
+  }
   kv_->advance(a, static_cast<int64_t>(traj_.size()));
   computed_[static_cast<size_t>(a)] += static_cast<int64_t>(toks.size());
   return logits;
@@ -124,10 +130,16 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   for (int i = 0; i < n; ++i) {
     if (static_cast<int64_t>(traj_.size()) == begin)
       return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", name, begin);
-    LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin));
-    const float* row = logits.f32();
-    if (keep_logits_) r.logits.emplace_back(row, row + vocab);
-    const int32_t tok = forced.empty() ? Sampler::argmax(row, vocab) : forced[static_cast<size_t>(i)];
+    int32_t tok = 0;
+    if (keep_logits_) {
+      LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin, nullptr));
+      const float* row = logits.f32();
+      r.logits.emplace_back(row, row + vocab);
+      tok = Sampler::argmax(row, vocab);
+    } else {  // greedy pick on the device (a GPU backend copies back one id, not the logits)
+      LRA_RETURN_IF_ERROR(forward_agent(a, begin, &tok));
+    }
+    if (!forced.empty()) tok = forced[static_cast<size_t>(i)];
     r.output_tokens.push_back(tok);
     begin = static_cast<int64_t>(traj_.size());
     traj_.push_back(tok);

@@ -71,7 +71,9 @@ class AgentSession {
 
  private:
   AgentSession(LlamaModel& m) : model_(m) {}
-  Result<Tensor> forward_agent(int a, int64_t begin);  // forwards traj_[begin:] for agent a
+  // Forwards traj_[begin:] for agent a: the last row's logits, or (greedy_out given) only its
+  // greedy pick, made on the backend's device.
+  Result<Tensor> forward_agent(int a, int64_t begin, int32_t* greedy_out);
 
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;

@@ -122,6 +122,10 @@ class Backend {
   virtual void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) = 0;
   // A host copy of a tensor in this backend's memory.
   virtual Tensor to_host(const TensorView& src) = 0;
+  // out[r] (host) = the index of the largest value of row r of x [rows, cols] (f32, this backend's
+  // memory); ties go to the lowest index, NaNs are never picked (as Sampler::argmax). Greedy
+  // sampling on the device: only rows ints come back instead of the logits.
+  virtual void argmax_rows(const TensorView& x, int32_t* out);
 
   // y[n, out] = alpha · x[n, in] · w[out, in]^T + beta · y (+ bias[out] when given).
   // w may be f32/f16/bf16 and may be strided along rows (a slice of a larger matrix).

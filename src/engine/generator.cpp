@@ -71,16 +71,34 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       }
     }
     if (batch.empty()) break;
-    LRA_ASSIGN_OR_RETURN(Tensor logits, model_.forward(batch));
+    // Greedy everywhere and no logits wanted: pick on the device, only the ids come back.
+    bool device_greedy = true;
+    for (const Running* r : members) {
+      const GenerateRequest& req = reqs[r->index];
+      device_greedy = device_greedy && req.sampling.temperature <= 0.f &&
+                      !(req.keep_first_logits && results[r->index].output.empty());
+    }
+    Tensor logits;
+    std::vector<int32_t> picked;  // [batch] when device_greedy
+    if (device_greedy) {
+      LRA_ASSIGN_OR_RETURN(picked, model_.forward_argmax(batch));
+    } else {
+      LRA_ASSIGN_OR_RETURN(logits, model_.forward(batch));
+    }
     for (size_t b = 0; b < batch.size(); ++b) {
       Running& r = *members[b];
       r.processed += batch[b].n_tokens;
       if (r.processed < static_cast<int64_t>(r.tokens.size())) continue;  // prompt chunk, no sample yet
-      const float* row = logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size;
       GenerateResult& res = results[r.index];
       const GenerateRequest& req = reqs[r.index];
-      if (req.keep_first_logits && res.output.empty()) res.first_logits.assign(row, row + cfg.vocab_size);
-      const int32_t tok = r.sampler.sample(row, cfg.vocab_size);
+      int32_t tok = 0;
+      if (device_greedy) {
+        tok = picked[b];
+      } else {
+        const float* row = logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size;
+        if (req.keep_first_logits && res.output.empty()) res.first_logits.assign(row, row + cfg.vocab_size);
+        tok = r.sampler.sample(row, cfg.vocab_size);
+      }
       res.output.push_back(tok);
       r.tokens.push_back(tok);
       if (on_token) on_token(r.index, tok);

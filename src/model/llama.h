@@ -66,6 +66,9 @@ class LlamaModel {
   // token if all_logits else one row (its last token). Validates ids and positions first.
   // `registry` resolves shared-A groups (may be null).
   Result<Tensor> forward(const std::vector<SeqInput>& batch, const AdapterRegistry* registry = nullptr);
+  // The same pass, but greedy: the id of each logits row's largest value (ties: lowest id), picked
+  // on the backend's device, so only the ids come back (one per row forward() would return).
+  Result<std::vector<int32_t>> forward_argmax(const std::vector<SeqInput>& batch);
 
   // Optional hook to capture per-layer hidden states (fidelity tools): called with the
   // residual stream [rows, hidden] entering each layer, and with layer == num_layers at the end.
@@ -76,6 +79,8 @@ class LlamaModel {
 
  private:
   LlamaModel(ModelConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
+  // forward() and forward_argmax(): logits (host) when argmax_out is null, else the ids in it.
+  Result<Tensor> run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* argmax_out);
   Status validate_batch(const std::vector<SeqInput>& batch) const;
   // Copies host weights to a non-CPU backend (its weight dtype); a no-op on the CPU.
   void place_weights();

@@ -14,6 +14,17 @@ const TensorView* opt(const TensorView& b) { return b.data ? &b : nullptr; }
 }  // namespace
 
 Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const AdapterRegistry* /*registry*/) {
+  return run_pass(batch, nullptr);
+}
+
+Result<std::vector<int32_t>> LlamaModel::forward_argmax(const std::vector<SeqInput>& batch) {
+  std::vector<int32_t> ids;
+  auto r = run_pass(batch, &ids);
+  if (!r.ok()) return r.error();
+  return ids;
+}
+
+Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* argmax_out) {
   LRA_RETURN_IF_ERROR(validate_batch(batch));
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size, hd = c.head_dim;
@@ -176,6 +187,11 @@ Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const Ada
   be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
   Tensor logits = be_.alloc(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
   be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
+  if (argmax_out) {
+    argmax_out->resize(static_cast<size_t>(n_out));
+    be_.argmax_rows(logits.view(), argmax_out->data());
+    return Tensor();
+  }
   if (be_.device() != Device::kCpu) return be_.to_host(logits.view());
   return logits;
 }

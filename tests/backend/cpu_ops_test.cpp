@@ -123,5 +123,27 @@ TEST(CpuOps, NormRopeSiluEmbeddingGather) {
     }
 }
 
+// argmax_rows: the greedy pick, the lowest index on ties, NaN never picked (Sampler::argmax).
+TEST(CpuOps, ArgmaxRowsTiesAndNaN) {
+  auto be = make_cpu_backend(1);
+  const int64_t rows = 4, cols = 97;
+  std::vector<float> x(static_cast<size_t>(rows * cols));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 37) % 11) - 5.f;  // many ties at 5
+  x[static_cast<size_t>(2 * cols + 50)] = std::nanf("");
+  x[static_cast<size_t>(3 * cols + 96)] = 9.f;  // a unique maximum in the last column
+  Tensor t = Tensor::from_f32(x, {rows, cols});
+  std::vector<int32_t> got(static_cast<size_t>(rows));
+  be->argmax_rows(t.view(), got.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t want = -1;
+    for (int64_t i = 0; i < cols; ++i) {
+      const float v = x[static_cast<size_t>(r * cols + i)];
+      if (v == v && (want < 0 || v > x[static_cast<size_t>(r * cols + want)])) want = i;
+    }
+    EXPECT_EQ(got[static_cast<size_t>(r)], want) << "row " << r;
+  }
+  EXPECT_EQ(got[3], 96);
+}
+
 }  // namespace
 }  // namespace lragent

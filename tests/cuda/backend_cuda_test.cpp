@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -157,6 +158,31 @@ TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
   }
 }
 
+// Greedy sampling on the device: the same ids as the CPU backend (lowest index on ties, NaN
+// never picked) at awkward widths, up to a Llama-3 vocabulary.
+TEST_P(CudaOps, ArgmaxRowsMatchesCpu) {
+  REQUIRE_GPU();
+  auto gpu = cuda_backend(GetParam());
+  auto cpu = make_cpu_backend(2);
+  ASSERT_TRUE(gpu);
+  for (int64_t cols : {1, 17, 1025, 128256}) {
+    for (int64_t rows : {1, 3, 8}) {
+      Tensor x = random_host({rows, cols}, static_cast<uint32_t>(cols + rows));
+      for (int64_t r = 0; r < rows; ++r) {  // ties: copy the row maximum to a later column
+        float* row = x.f32() + r * cols;
+        const int64_t m = std::max_element(row, row + cols) - row;
+        if (cols > 1) row[(m + cols / 2) % cols] = row[m];
+        if (cols > 2 && r == 1) row[(m + 1) % cols] = std::nanf("");
+      }
+      std::vector<int32_t> want(static_cast<size_t>(rows)), got(static_cast<size_t>(rows));
+      cpu->argmax_rows(x.view(), want.data());
+      Tensor xd = gpu->upload(x.view(), DType::kF32);
+      gpu->argmax_rows(xd.view(), got.data());
+      EXPECT_EQ(got, want) << rows << " x " << cols;
+    }
+  }
+}
+
 TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
   REQUIRE_GPU();
   auto gpu = cuda_backend(GetParam());
@@ -264,7 +290,7 @@ struct ReplayRun {
   std::vector<float> first_logits;
 };
 
-ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode) {
+ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode, bool keep_logits = true) {
   ReplayRun out;
   auto model = LlamaModel::load(testing::tinystories_dir(), be);
   EXPECT_TRUE(model.ok()) << model.error().message;
@@ -288,7 +314,7 @@ ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode) {
   o.sharing.mode = mode;
   o.sharing.page_size = 16;
   o.sharing.max_tokens = 2048;
-  o.keep_logits = true;
+  o.keep_logits = keep_logits;  // false: greedy picks on the device (forward_argmax)
   auto r = run_replay(**model, tok->get(), names, ads, *steps, o);
   EXPECT_TRUE(r.ok()) << r.error().message;
   if (!r.ok()) return out;
@@ -326,6 +352,13 @@ TEST_P(CudaEngine, ReplayMatchesCpuInEveryMode) {
     }
     ASSERT_FALSE(ref.trajectory.empty());
     EXPECT_EQ(f32.trajectory, ref.trajectory) << set << " " << share_mode_name(mode) << ": f32 GPU tokens differ";
+    {
+      auto g = cuda_backend(DType::kF32);
+      ASSERT_TRUE(g);
+      const ReplayRun picked = run_on(*g, set, mode, /*keep_logits=*/false);
+      EXPECT_EQ(picked.trajectory, ref.trajectory)
+          << set << " " << share_mode_name(mode) << ": f32 GPU tokens picked on the device differ";
+    }
     size_t same = 0;
     for (size_t i = 0; i < std::min(bf16.trajectory.size(), ref.trajectory.size()); ++i)
       same += bf16.trajectory[i] == ref.trajectory[i];

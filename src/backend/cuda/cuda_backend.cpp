@@ -166,6 +166,8 @@ class CudaBackend final : public Backend {
       return make_error(ErrorCode::kOutOfMemory, "cannot allocate {} MiB of pinned host memory", kGraphArgs >> 20);
     be->g_args_ = be->raw_alloc(kGraphArgs);
     cudaEventCreateWithFlags(&be->g_args_copied_, cudaEventDisableTiming);
+    if (cudaHostAlloc(reinterpret_cast<void**>(&be->g_ids_host_), kMaxIdsHost * 4, cudaHostAllocDefault) != cudaSuccess)
+      return make_error(ErrorCode::kOutOfMemory, "cannot allocate pinned host memory for sampled ids");
     be->tape_ = std::make_unique<lc::GraphTape>(be->stream_);
     if (!be->lt_workspace_ || !be->arg_arena_ || !be->g_args_)
       return make_error(ErrorCode::kOutOfMemory, "cuda:{}: cannot allocate the backend's workspaces", o.device);
@@ -200,6 +202,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     if (staging_) cudaFreeHost(staging_);
     if (g_staging_) cudaFreeHost(g_staging_);
+    if (g_ids_host_) cudaFreeHost(g_ids_host_);
     if (g_args_copied_) cudaEventDestroy(g_args_copied_);
     for (auto& [k, v] : plans_) {
       cublasLtMatmulDescDestroy(v.desc);
@@ -350,6 +353,24 @@ class CudaBackend final : public Backend {
     check(cudaMemcpyAsync(out.view().data, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     check(cudaStreamSynchronize(stream_));
     return out;
+  }
+
+  void argmax_rows(const TensorView& x, int32_t* out) override {
+    assert(x.rank() == 2 && x.dtype == DType::kF32 && "argmax_rows takes f32 [rows, cols]");
+    const int64_t rows = x.dim(0), cols = x.dim(1), ldx = row_stride_of(x);
+    if (rows == 0) return;
+    const float* xd = x.f32();
+    auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;
+    if (!ids) {  // no device memory for the ids (or a huge all-logits pass): pick on the host
+      Backend::argmax_rows(x, out);
+      return;
+    }
+    rec("argmax_rows", xd, ldx, rows, cols, ids);
+    launch("argmax", [=, this] { return lc::argmax_rows(xd, ldx, rows, cols, ids, stream_); });
+    if (tape_->recording()) flush_tape();  // the ids are read now: run the recorded pass
+    check(cudaMemcpyAsync(g_ids_host_, ids, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToHost, stream_));
+    check(cudaStreamSynchronize(stream_));
+    std::memcpy(out, g_ids_host_, static_cast<size_t>(rows) * 4);
   }
 
   void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
@@ -1045,6 +1066,8 @@ class CudaBackend final : public Backend {
   std::vector<void*> overflow_;
   std::vector<unsigned char> pad_buf_;
   bool matmul_only_ = false;  // set_matmul_only_outputs
+  static constexpr int64_t kMaxIdsHost = 1 << 16;
+  int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows
   bool profile_ = false;
   std::vector<std::tuple<const char*, cudaEvent_t, cudaEvent_t>> prof_pending_;
   std::map<std::string, std::pair<int64_t, double>> prof_totals_;  // GPU: calls, ms between the events

@@ -314,6 +314,47 @@ __global__ void store_rows_multi_kernel(const StoreMulti m) {
   }
 }
 
+// (value, index) pairs: the larger value wins, on equal values the lower index; NaN loses.
+__device__ __forceinline__ bool arg_better(float v, int64_t i, float bv, int64_t bi) {
+  if (v != v) return false;
+  if (bv != bv) return true;
+  return v > bv || (v == bv && i < bi);
+}
+__global__ void argmax_rows_kernel(const float* x, int64_t ldx, int64_t cols, int32_t* out) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  const float* row = x + blockIdx.x * ldx;
+  float bv = __int_as_float(0x7fc00000);  // NaN: loses to any number
+  int64_t bi = 0;
+  for (int64_t i = threadIdx.x; i < cols; i += blockDim.x)
+    if (arg_better(row[i], i, bv, bi)) {
+      bv = row[i];
+      bi = i;
+    }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int64_t i = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (arg_better(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
+  if (lane == 0) {
+    sv[warp] = bv;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < n_warps; ++w)
+      if (arg_better(sv[w], si[w], bv, bi)) {
+        bv = sv[w];
+        bi = si[w];
+      }
+    out[blockIdx.x] = static_cast<int32_t>(bi);
+  }
+}
+
 // ---------------------------------------------------------------- generic attention
 constexpr int kAttnThreads = 128;  // keys per tile = threads
 constexpr int kMaxHeadDim = 256, kMaxRank = 128;
@@ -570,6 +611,13 @@ cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, cudaStream_t s
   }
   if (end == 0) return cudaSuccess;
   store_rows_multi_kernel<<<blocks_for(end), kThreads, 0, s>>>(m);
+  return cudaGetLastError();
+}
+
+cudaError_t argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  if (cols <= 0) return cudaErrorInvalidValue;
+  argmax_rows_kernel<<<static_cast<unsigned>(rows), 1024, 0, s>>>(x, ldx, cols, out);
   return cudaGetLastError();
 }
 

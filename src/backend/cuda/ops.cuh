@@ -85,6 +85,10 @@ cudaError_t embedding(const void* table, Elem t, int64_t d, const int32_t* ids, 
 cudaError_t gather_rows(const void* src, int64_t row_bytes, const int32_t* rows, int64_t n, void* dst,
                         cudaStream_t s);
 
+// out[r] = index of the largest value of row r of x [rows, cols] (row stride ldx); ties: lowest
+// index; NaN never picked (all-NaN row: 0). One block per row.
+cudaError_t argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols, int32_t* out, cudaStream_t s);
+
 // One layer of a paged cache on the device (table on the device).
 struct PagedDev {
   void* data = nullptr;  // [n_blocks, page_size, row_stride]
