@@ -1,14 +1,11 @@
 // The CUDA backend: the Backend interface on one NVIDIA GPU.
 //   memory   stream-ordered allocator (cudaMallocAsync on the backend's stream, pool kept
 //            cached), so the per-forward activations cost no cudaMalloc/cudaFree syncs;
-//   GEMM     cuBLASLt: bf16 weights x bf16 activations -> f32 (f32 accumulate), or pure f32
-//            (CUBLAS_COMPUTE_32F, no TF32) on the f32 path; algorithms cached per shape;
+//   GEMM     cuBLASLt (lt_gemm.h) for prefill-sized products; the decode GEMV (gemv.cu) for <= 8 rows;
 //   ops      ops.cu (RMSNorm, RoPE, SwiGLU, embedding, paged stores, ...);
 //   attention  the tuned kernels of attention.cuh for bf16 caches with head_dim 64/128, else
-//            the generic kernel of ops.cu (f32 caches, other head dims).
-// Host arrays passed to ops (ids, positions, slots, block tables, inv_freq) are uploaded
-// through a pinned staging ring, deduplicated by content: a forward pass uploads each block
-// table once even though every layer passes it again.
+//            the generic kernel of ops.cu (f32 caches, other head dims);
+//   host arrays passed to ops (ids, positions, slots, block tables, inv_freq): host_args.h.
 //   graphs   passes of at most kGraphMaxRows rows (decode steps) are recorded on a GraphTape and
 //            replayed as CUDA graphs (graph_tape.h); --enforce-eager / options.graphs=false
 //            turns this off.
@@ -31,6 +28,9 @@
 #include "backend/backend.h"
 #include "backend/cuda/attention.cuh"
 #include "backend/cuda/graph_tape.h"
+#include "backend/cuda/host_args.h"
+#include "backend/cuda/lt_gemm.h"
+#include "backend/cuda/op_profiler.h"
 #include "backend/cuda/ops.cuh"
 
 namespace lragent {
@@ -88,14 +88,6 @@ lc::Elem elem_of(DType t) {
   }
 }
 
-cudaDataType_t cuda_type_of(DType t) {
-  switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
-    default: assert(false && "GEMM operands are f32/bf16/f16"); return CUDA_R_32F;
-  }
-}
 
 int64_t row_stride_of(const TensorView& t) { return t.strides.empty() ? t.dim(1) : t.strides[0]; }
 
@@ -104,22 +96,6 @@ uint32_t alignment_of(const void* p) {
   uint32_t al = 256;
   while (al > 1 && a % al != 0) al >>= 1;
   return al;
-}
-
-// Content hash of an uploaded host array: 8 bytes per step (block tables of long contexts are
-// tens of KB and every layer passes them again).
-uint64_t content_hash(const void* data, size_t n) {
-  uint64_t h = 1469598103934665603ull ^ n;
-  const auto* b = static_cast<const unsigned char*>(data);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, b + i, 8);
-    h = (h ^ w) * 0x9e3779b97f4a7c15ull;
-    h ^= h >> 29;
-  }
-  for (; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
 }
 
 class CudaBackend final : public Backend {
@@ -141,7 +117,7 @@ class CudaBackend final : public Backend {
     be->dtype_ = o.dtype;
     be->device_ = o.device;
     const char* env_graphs = std::getenv("LRAGENT_CUDA_GRAPHS");  // "0": eager, as --enforce-eager
-    be->graphs_ = o.graphs && !be->profile_ && !(env_graphs && std::string(env_graphs) == "0");
+    be->graphs_ = o.graphs && !be->prof_.enabled() && !(env_graphs && std::string(env_graphs) == "0");
     if (cudaSetDevice(o.device) != cudaSuccess || cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking) != cudaSuccess)
       return make_error(ErrorCode::kUnsupported, "--device cuda:{}: cannot create a CUDA stream", o.device);
     g_stream = be->stream_;
@@ -150,7 +126,8 @@ class CudaBackend final : public Backend {
     uint64_t keep = UINT64_MAX;  // keep freed memory cached in the pool: no release at syncs
     cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
     be->pool_ = pool;
-    if (cublasLtCreate(&be->lt_) != CUBLAS_STATUS_SUCCESS)
+    be->gemm_ = std::make_unique<lc::LtGemm>();
+    if (!be->gemm_->init(be->stream_))
       return make_error(ErrorCode::kUnsupported, "cuBLASLt initialisation failed on cuda:{}", o.device);
     cudaDeviceProp prop{};
     cudaGetDeviceProperties(&prop, o.device);
@@ -158,19 +135,13 @@ class CudaBackend final : public Backend {
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
     be->capacity_ = static_cast<int64_t>(total_b);
-    be->lt_workspace_ = be->raw_alloc(kLtWorkspace);
-    if (cudaHostAlloc(&be->staging_, kArgArena, cudaHostAllocDefault) != cudaSuccess)
-      return make_error(ErrorCode::kOutOfMemory, "cannot allocate {} MiB of pinned host memory", kArgArena >> 20);
-    be->arg_arena_ = be->raw_alloc(kArgArena);
-    if (cudaHostAlloc(&be->g_staging_, kGraphArgs, cudaHostAllocDefault) != cudaSuccess)
-      return make_error(ErrorCode::kOutOfMemory, "cannot allocate {} MiB of pinned host memory", kGraphArgs >> 20);
-    be->g_args_ = be->raw_alloc(kGraphArgs);
-    cudaEventCreateWithFlags(&be->g_args_copied_, cudaEventDisableTiming);
+    be->args_ = std::make_unique<lc::HostArgs>();
+    if (const cudaError_t ae = be->args_->init(be->stream_); ae != cudaSuccess)
+      return make_error(ErrorCode::kOutOfMemory, "cuda:{}: cannot allocate the argument upload buffers ({})", o.device,
+                        cudaGetErrorString(ae));
     if (cudaHostAlloc(reinterpret_cast<void**>(&be->g_ids_host_), kMaxIdsHost * 4, cudaHostAllocDefault) != cudaSuccess)
       return make_error(ErrorCode::kOutOfMemory, "cannot allocate pinned host memory for sampled ids");
     be->tape_ = std::make_unique<lc::GraphTape>(be->stream_);
-    if (!be->lt_workspace_ || !be->arg_arena_ || !be->g_args_)
-      return make_error(ErrorCode::kOutOfMemory, "cuda:{}: cannot allocate the backend's workspaces", o.device);
     return std::unique_ptr<Backend>(std::move(be));
   }
 
@@ -183,32 +154,17 @@ class CudaBackend final : public Backend {
                  t.passes, t.replayed, t.captured, t.eager, t.capture_failures);
     }
     tape_.reset();
-    if (profile_) {
-      flush_profile();
-      fmt::print(stderr, "CUDA op profile (LRAGENT_CUDA_PROFILE=1; events around every op, so totals include gaps):\n");
-      double all = 0;
-      for (const auto& [name, t] : prof_totals_) all += t.second;
-      for (const auto& [name, t] : prof_totals_)
-        fmt::print(stderr, "  {:<24} {:>8} calls {:>10.3f} ms {:>5.1f}%  host {:>9.3f} ms\n", name, t.first, t.second,
-                   100 * t.second / all, prof_host_[name]);
-      for (cudaEvent_t e : prof_free_) cudaEventDestroy(e);
+    if (prof_.enabled()) {
+      prof_.flush();
+      prof_.print();
     }
     scratch_.clear();
-    free_async(lt_workspace_);
-    free_async(arg_arena_);
     free_async(attn_workspace_);
-    free_async(g_args_);
     free_async(act_arena_);
+    gemm_.reset();  // both free stream-ordered: before the stream goes
+    args_.reset();
     cudaStreamSynchronize(stream_);
-    if (staging_) cudaFreeHost(staging_);
-    if (g_staging_) cudaFreeHost(g_staging_);
     if (g_ids_host_) cudaFreeHost(g_ids_host_);
-    if (g_args_copied_) cudaEventDestroy(g_args_copied_);
-    for (auto& [k, v] : plans_) {
-      cublasLtMatmulDescDestroy(v.desc);
-      for (auto* l : {v.a, v.b, v.c}) cublasLtMatrixLayoutDestroy(l);
-    }
-    if (lt_) cublasLtDestroy(lt_);
     cudaStreamDestroy(stream_);
     g_stream = nullptr;
   }
@@ -276,7 +232,7 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     if (tape_->recording()) flush_tape();
     check(cudaStreamSynchronize(stream_));
-    if (profile_) flush_profile();
+    if (prof_.enabled()) prof_.flush();
   }
 
   MemoryStats memory_stats() const override {
@@ -311,10 +267,8 @@ class CudaBackend final : public Backend {
       }
     }
     // The previous pass's argument copy must have left the staging buffer before it is rewritten.
-    check(cudaEventSynchronize(g_args_copied_));
+    check(args_->begin_pass());
     act_off_ = 0;
-    g_off_ = 0;
-    g_memo_.clear();
     tape_->begin();
   }
   void end_pass() override {
@@ -620,11 +574,8 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  static constexpr size_t kLtWorkspace = 32u << 20;
-  static constexpr size_t kArgArena = 16u << 20;
   // Graphs: passes of at most this many rows are recorded (decode steps, agent batches).
   static constexpr int64_t kGraphMaxRows = lc::kGemvMaxRows;
-  static constexpr size_t kGraphArgs = 4u << 20;   // host arrays of one recorded pass
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
 
   // ---- op dispatch: run now, or append to the tape while a pass is recorded
@@ -639,7 +590,7 @@ class CudaBackend final : public Backend {
       tape_->push(std::forward<F>(f));
       return;
     }
-    Prof pr(this, name);
+    lc::OpProfiler::Scope pr(prof_, name, stream_);
     check(f());
   }
   void convert(const void* src, lc::Elem st, int64_t lds, void* dst, lc::Elem dt, int64_t ldd, int64_t rows,
@@ -650,10 +601,7 @@ class CudaBackend final : public Backend {
 
   // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
   void flush_tape() {
-    if (g_off_ > 0) {
-      check(cudaMemcpyAsync(g_args_, g_staging_, g_off_, cudaMemcpyHostToDevice, stream_));
-      check(cudaEventRecord(g_args_copied_, stream_));
-    }
+    check(args_->flush_pass());
     const cudaError_t e = tape_->run();
     if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", cudaGetErrorString(e)));
     for (void* p : overflow_) free_async(p);  // stream-ordered after the ops that used them
@@ -686,7 +634,7 @@ class CudaBackend final : public Backend {
   }
   int64_t sized_ctx(int64_t n) const { return tape_->recording() ? ctx_bucket(n) : n; }
 
-  CudaBackend() { profile_ = std::getenv("LRAGENT_CUDA_PROFILE") != nullptr; }
+  CudaBackend() = default;
 
   // ---- bf16 shadow of the last normalised / SwiGLU activation (bf16 mode): the next GEMMs read
   // it instead of converting the f32 matrix again (q, k, v share one; gate and up share one).
@@ -713,48 +661,6 @@ class CudaBackend final : public Backend {
       const uintptr_t s1 = s0 + static_cast<uintptr_t>(sh->rows * std::max<int64_t>(sh->cols, 1)) * 4;
       if (a < s1 && s0 < a + bytes) *sh = {};
     }
-  }
-
-  // ---- LRAGENT_CUDA_PROFILE=1: CUDA events around every op, summed per op at synchronize().
-  struct Prof {
-    CudaBackend* b;
-    const char* name;
-    cudaEvent_t start = nullptr;
-    std::chrono::steady_clock::time_point t0;
-    Prof(CudaBackend* be, const char* n) : b(be), name(n) {
-      if (!b->profile_) return;
-      t0 = std::chrono::steady_clock::now();
-      cudaEventRecord(start = b->event(), b->stream_);
-    }
-    ~Prof() {
-      if (!b->profile_) return;
-      cudaEvent_t end = b->event();
-      cudaEventRecord(end, b->stream_);
-      b->prof_pending_.push_back({name, start, end});
-      b->prof_host_[name] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    }
-  };
-  cudaEvent_t event() {
-    if (prof_free_.empty()) {
-      cudaEvent_t e;
-      cudaEventCreate(&e);
-      return e;
-    }
-    cudaEvent_t e = prof_free_.back();
-    prof_free_.pop_back();
-    return e;
-  }
-  void flush_profile() {
-    for (auto& [name, s, e] : prof_pending_) {
-      float ms = 0;
-      cudaEventElapsedTime(&ms, s, e);
-      auto& t = prof_totals_[name];
-      t.first += 1;
-      t.second += ms;
-      prof_free_.push_back(s);
-      prof_free_.push_back(e);
-    }
-    prof_pending_.clear();
   }
 
   [[noreturn]] static void fail(const std::string& what) {
@@ -794,60 +700,15 @@ class CudaBackend final : public Backend {
     return p;
   }
 
-  // ---- uploads of small host arrays, deduplicated by content
+  // ---- host arrays passed to ops (host_args.h): the recorded pass's region while recording,
+  // else the eager ring; `padded` zero-fills to a bucket's size (recorded passes only).
   const void* dev_bytes(const void* host, size_t bytes, size_t padded = 0) {
     if (tape_->recording()) {
-      if (const void* d = graph_bytes(host, bytes, std::max(bytes, padded))) return d;
+      if (const void* d = args_->recorded(host, bytes, padded)) return d;
       tape_->mark_not_graphable();  // the pass's argument region is full: upload through the ring
     }
-    if (padded > bytes) {
-      // Only recorded passes pad (grid sizes of a bucket); elsewhere callers pass exact sizes.
-      pad_buf_.assign(padded, 0);
-      std::memcpy(pad_buf_.data(), host, bytes);
-      return dev_bytes(pad_buf_.data(), padded);
-    }
-    if (bytes == 0) return arg_arena_;
-    const uint64_t key = content_hash(host, bytes);
-    auto it = memo_.find(key);
-    if (it != memo_.end() && it->second.bytes == bytes &&
-        std::memcmp(static_cast<char*>(staging_) + it->second.offset, host, bytes) == 0)
-      return static_cast<char*>(arg_arena_) + it->second.offset;
-    const size_t need = (bytes + 255) / 256 * 256;
-    if (need > kArgArena) fail(fmt::format("an op argument of {} bytes exceeds the upload arena", bytes));
-    if (arena_off_ + need > kArgArena) {
-      // Wrap: earlier copies out of the staging ring must have landed before it is rewritten.
-      check(cudaStreamSynchronize(stream_));
-      arena_off_ = 0;
-      memo_.clear();
-    }
-    const size_t off = arena_off_;
-    arena_off_ += need;
-    std::memcpy(static_cast<char*>(staging_) + off, host, bytes);
-    check(cudaMemcpyAsync(static_cast<char*>(arg_arena_) + off, static_cast<char*>(staging_) + off, bytes,
-                          cudaMemcpyHostToDevice, stream_));
-    memo_[key] = {off, bytes};
-    return static_cast<char*>(arg_arena_) + off;
-  }
-  // A recorded pass's host array: into the pass's argument region (copied up in one piece before
-  // the pass runs), zero-padded to `padded` bytes. Arrays of 64 bytes or more (block tables) are
-  // deduplicated by content within the pass. Null when the region is full.
-  const void* graph_bytes(const void* host, size_t bytes, size_t padded) {
-    uint64_t key = 0;
-    if (bytes >= 64) {
-      key = content_hash(host, bytes) ^ (padded * 0x9e3779b97f4a7c15ull);
-      auto it = g_memo_.find(key);
-      if (it != g_memo_.end() && it->second.bytes == bytes &&
-          std::memcmp(static_cast<char*>(g_staging_) + it->second.offset, host, bytes) == 0)
-        return static_cast<char*>(g_args_) + it->second.offset;
-    }
-    const size_t need = (std::max<size_t>(padded, 1) + 15) / 16 * 16;
-    if (g_off_ + need > kGraphArgs) return nullptr;
-    char* dst = static_cast<char*>(g_staging_) + g_off_;
-    if (bytes) std::memcpy(dst, host, bytes);
-    if (padded > bytes) std::memset(dst + bytes, 0, padded - bytes);
-    if (bytes >= 64) g_memo_[key] = {g_off_, bytes};
-    const void* d = static_cast<char*>(g_args_) + g_off_;
-    g_off_ += need;
+    const void* d = args_->eager(host, bytes, padded);
+    if (!d) fail(fmt::format("cannot upload an op argument of {} bytes to the device", std::max(bytes, padded)));
     return d;
   }
   const int32_t* dev_ints(const int32_t* host, int64_t n) {
@@ -972,61 +833,24 @@ class CudaBackend final : public Backend {
     launch("attention", [a] { return lc::attention(a); });
   }
 
-  // ---- cuBLASLt
-  struct Plan {
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-  };
-  using PlanKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, uint32_t>;
-
+  // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
   // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
   void gemm(const TensorView& w, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t n, int64_t in, int64_t out,
             float alpha, float beta) {
     const int64_t ldw = row_stride_of(w);
     const uint32_t al = std::min({alignment_of(w.data), alignment_of(x), alignment_of(y)});
-    const PlanKey key{n, in, out, ldw, ldx, ldy, static_cast<int>(w.dtype), al};
-    auto it = plans_.find(key);
-    if (it == plans_.end()) it = plans_.emplace(key, make_plan(w.dtype, n, in, out, ldw, ldx, ldy, al)).first;
-    const Plan* pl = &it->second;  // std::map: stable address
+    std::string err;
+    const lc::LtGemm::Plan* pl = gemm_->plan(w.dtype, n, in, out, ldw, ldx, ldy, al, &err);
+    if (!pl) fail(err);
     const void* wd = w.data;
     rec("gemm", pl, wd, x, y, alpha, beta);
     launch("matmul.gemm", [=, this] {
-      const cublasStatus_t st = cublasLtMatmul(lt_, pl->desc, &alpha, wd, pl->a, x, pl->b, &beta, y, pl->c, y, pl->c,
-                                               &pl->algo, lt_workspace_, kLtWorkspace, stream_);
+      const cublasStatus_t st = gemm_->run(pl, alpha, wd, x, beta, y);
       if (st != CUBLAS_STATUS_SUCCESS)
         fail(fmt::format("cublasLtMatmul [{}x{}]·[{}x{}]^T failed (status {})", n, in, out, in, static_cast<int>(st)));
       return cudaSuccess;
     });
-  }
-
-  Plan make_plan(DType wt, int64_t n, int64_t in, int64_t out, int64_t ldw, int64_t ldx, int64_t ldy, uint32_t al) {
-    Plan p;
-    const cudaDataType_t ab = cuda_type_of(wt);
-    cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-    const cublasOperation_t tr = CUBLAS_OP_T, nt = CUBLAS_OP_N;
-    cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &tr, sizeof(tr));
-    cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof(nt));
-    cublasLtMatrixLayoutCreate(&p.a, ab, static_cast<uint64_t>(in), static_cast<uint64_t>(out), ldw);
-    cublasLtMatrixLayoutCreate(&p.b, ab, static_cast<uint64_t>(in), static_cast<uint64_t>(n), ldx);
-    cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, static_cast<uint64_t>(out), static_cast<uint64_t>(n), ldy);
-    cublasLtMatmulPreference_t pref;
-    cublasLtMatmulPreferenceCreate(&pref);
-    const uint64_t ws = kLtWorkspace;
-    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-    for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                      CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-      cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof(al));
-    cublasLtMatmulHeuristicResult_t res{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-      fail(fmt::format("cuBLASLt has no algorithm for [{}x{}]·[{}x{}]^T ({}; alignment {})", n, in, out, in,
-                       dtype_name(wt), al));
-    p.algo = res.algo;
-    return p;
   }
 
   DType dtype_ = DType::kBF16;
@@ -1035,44 +859,25 @@ class CudaBackend final : public Backend {
   int64_t capacity_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaMemPool_t pool_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
-  void* lt_workspace_ = nullptr;
+  std::unique_ptr<lc::LtGemm> gemm_;
+  std::unique_ptr<lc::HostArgs> args_;
   void* attn_workspace_ = nullptr;
   size_t attn_ws_bytes_ = 0;
   std::map<int, Tensor> scratch_;
-  std::map<PlanKey, Plan> plans_;
-  // Upload arena: device buffer + pinned staging of the same size, bump-allocated in 256 B steps.
-  void* staging_ = nullptr;
-  void* arg_arena_ = nullptr;
-  size_t arena_off_ = 0;
-  struct Memo {
-    size_t offset = 0, bytes = 0;
-  };
-  std::unordered_map<uint64_t, Memo> memo_;
   Shadow shadow_;
   Shadow q_shadow_;  // bf16 copy of the last rope_pair's first tensor (q): rows = elements, cols = 0
-  // Graphs (graph_tape.h): the tape, the recorded pass's argument region (pinned staging +
-  // device copy, bump-allocated in 16 B steps), and its activation arena.
+  // Graphs (graph_tape.h): the tape and the recorded pass's activation arena (its host arrays
+  // live in args_).
   std::unique_ptr<lc::GraphTape> tape_;
   bool graphs_ = true;
-  void* g_staging_ = nullptr;
-  void* g_args_ = nullptr;
-  size_t g_off_ = 0;
-  cudaEvent_t g_args_copied_ = nullptr;
-  std::unordered_map<uint64_t, Memo> g_memo_;
   void* act_arena_ = nullptr;
   size_t act_bytes_ = 0, act_off_ = 0;
   size_t arena_want_ = kArenaMin;
   std::vector<void*> overflow_;
-  std::vector<unsigned char> pad_buf_;
   bool matmul_only_ = false;  // set_matmul_only_outputs
   static constexpr int64_t kMaxIdsHost = 1 << 16;
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows
-  bool profile_ = false;
-  std::vector<std::tuple<const char*, cudaEvent_t, cudaEvent_t>> prof_pending_;
-  std::map<std::string, std::pair<int64_t, double>> prof_totals_;  // GPU: calls, ms between the events
-  std::map<std::string, double> prof_host_;                          // host ms inside the op (enqueue cost)
-  std::vector<cudaEvent_t> prof_free_;
+  lc::OpProfiler prof_{std::getenv("LRAGENT_CUDA_PROFILE") != nullptr};
 };
 
 }  // namespace
