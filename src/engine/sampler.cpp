@@ -8,10 +8,12 @@
 namespace lragent {
 
 int32_t Sampler::argmax(const float* logits, int vocab) {
-  int32_t best = 0;
-  for (int i = 1; i < vocab; ++i)
-    if (logits[i] > logits[best]) best = i;
-  return best;
+  // The rule of Backend::argmax_rows (the device-side greedy pick): lowest id on ties, NaN never
+  // picked (an all-NaN row gives 0).
+  int32_t best = -1;
+  for (int i = 0; i < vocab; ++i)
+    if (logits[i] == logits[i] && (best < 0 || logits[i] > logits[best])) best = i;
+  return best < 0 ? 0 : best;
 }
 
 int32_t Sampler::sample(const float* logits, int vocab) {

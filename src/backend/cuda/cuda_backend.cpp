@@ -383,9 +383,9 @@ class CudaBackend final : public Backend {
       const MatmulOut& o = outs[static_cast<size_t>(i)];
       const int64_t ldy = row_stride_of(*o.y);
       wrote(o.y->data, static_cast<size_t>((n - 1) * ldy + o.w->dim(0)) * 4);
-      segs[static_cast<size_t>(i)] = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
-      rec("gemv_seg", segs[static_cast<size_t>(i)].w, segs[static_cast<size_t>(i)].ldw, segs[static_cast<size_t>(i)].y,
-          segs[static_cast<size_t>(i)].ldy, segs[static_cast<size_t>(i)].out);
+      lc::GemvSeg& sg = segs[static_cast<size_t>(i)];
+      sg = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
+      rec("gemv_seg", sg.w, sg.ldw, sg.y, sg.ldy, sg.out);
     }
     const float* xd = x.f32();
     rec("gemv_group", xd, ldx, n, in, n_segs);
@@ -503,23 +503,13 @@ class CudaBackend final : public Backend {
   }
 
   void store_rows(const TensorView& rows, const PagedView& dst, const int32_t* slots) override {
-    const int64_t n = rows.dim(0), width = rows.numel() / std::max<int64_t>(n, 1);
-    if (n == 0) return;
-    int64_t max_slot = 0;
-    for (int64_t i = 0; i < n; ++i) max_slot = std::max<int64_t>(max_slot, slots[i]);
-    const float* r = rows.f32();
-    const lc::PagedDev pd = paged(dst, max_slot + 1);
-    const int32_t* sl = dev_ints(slots, n);
-    if (tape_->recording()) {
-      rec("store_rows", r, n, width, sl);
-      sig_of(*tape_, pd);
-    }
-    launch("store_rows", [=, this] { return lc::store_rows(r, n, width, pd, sl, stream_); });
+    const StoreJob job{rows, dst, slots};
+    store_rows_multi(std::span<const StoreJob>(&job, 1));
   }
 
   void store_rows_multi(std::span<const StoreJob> jobs) override {
-    if (jobs.size() < 2 || jobs.size() > static_cast<size_t>(lc::kMaxStoreJobs)) {
-      Backend::store_rows_multi(jobs);
+    if (jobs.size() > static_cast<size_t>(lc::kMaxStoreJobs)) {
+      Backend::store_rows_multi(jobs);  // one launch per kMaxStoreJobs would do; no caller has more
       return;
     }
     std::array<lc::StoreJobDev, lc::kMaxStoreJobs> dj{};

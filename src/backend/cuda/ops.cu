@@ -289,14 +289,6 @@ __device__ __forceinline__ int64_t paged_row(const PagedDev& v, int64_t t) {
   return (static_cast<int64_t>(v.table[t / v.page_size]) * v.page_size + t % v.page_size) * v.row_stride;
 }
 
-__global__ void store_rows_kernel(const float* rows, int64_t n, int64_t width, PagedDev dst, const int32_t* slots) {
-  const int64_t total = n * width;
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t i = e / width, c = e % width;
-    store_elem(dst.data, dst.dtype, paged_row(dst, slots[i]) + c, rows[e]);
-  }
-}
-
 struct StoreMulti {
   StoreJobDev job[kMaxStoreJobs];
   int64_t end[kMaxStoreJobs];  // prefix sums of n · width
@@ -589,13 +581,6 @@ cudaError_t gather_rows(const void* src, int64_t row_bytes, const int32_t* rows,
     gather_bytes_kernel<<<blocks_for(n * row_bytes), kThreads, 0, s>>>(static_cast<const uint8_t*>(src), row_bytes,
                                                                         rows, n, static_cast<uint8_t*>(dst));
   }
-  return cudaGetLastError();
-}
-
-cudaError_t store_rows(const float* rows, int64_t n, int64_t width, const PagedDev& dst, const int32_t* slots,
-                       cudaStream_t s) {
-  if (n * width == 0) return cudaSuccess;
-  store_rows_kernel<<<blocks_for(n * width), kThreads, 0, s>>>(rows, n, width, dst, slots);
   return cudaGetLastError();
 }
 

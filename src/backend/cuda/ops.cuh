@@ -98,11 +98,8 @@ struct PagedDev {
   int64_t row_stride = 0;
 };
 
-// Writes rows [n, width] (f32) into dst at token slots[i] (slots on the device), converting.
-cudaError_t store_rows(const float* rows, int64_t n, int64_t width, const PagedDev& dst, const int32_t* slots,
-                       cudaStream_t s);
-
-// Up to kMaxStoreJobs store_rows in one launch (a layer's K and V, base and LR rows).
+// Writes rows [n, width] (f32) into a paged cache at token slots[i] (on the device), converting;
+// up to kMaxStoreJobs such stores in one launch (a layer's K and V, base and LR rows).
 constexpr int kMaxStoreJobs = 4;
 struct StoreJobDev {
   const float* rows = nullptr;  // [n, width] f32
