@@ -162,7 +162,8 @@ int main(int argc, char** argv) {
   }
   {
     auto adapters = make_preset_adapters(c, 16, true, 7);
-    for (auto& a : adapters) upload_adapter(*a, be);
+    for (auto& a : adapters)
+      if (Status st = upload_adapter(*a, be); !st.ok()) return fail(st.error());
     SharingOptions so;
     so.mode = ShareMode::kBaseLr;
     so.page_size = page;

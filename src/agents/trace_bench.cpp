@@ -73,7 +73,7 @@ Result<TraceCell> run_trace_cell(LlamaModel& model, const std::vector<std::strin
                                                     module_rank(adapters.front(), LoraTarget::kK),
                                                     module_rank(adapters.front(), LoraTarget::kV), n_rec, vb);
   const int64_t page = opts.page_size;
-  // Pools hold the whole trace; under a budget, at most what the budget pays for.
+  // Tokens the caches can hold: the whole trace, or under a budget what it pays for.
   int64_t max_tokens = (final_tokens + page - 1) / page * page;
   if (opts.kv_budget_bytes > 0) {
     const int64_t affordable = opts.kv_budget_bytes / (per_token * page) * page;
@@ -85,11 +85,13 @@ Result<TraceCell> run_trace_cell(LlamaModel& model, const std::vector<std::strin
     }
     max_tokens = std::min(max_tokens, affordable);
   }
-  c.kv_max_tokens = max_tokens;
-  c.kv_pool_bytes = per_token * max_tokens;
-
   ReplayOptions ro;
-  ro.sharing = sharing_for(mode, opts, max_tokens);
+  // Under a budget the trajectory's arena is the budget, shared by all its caches (memory moves
+  // between agents and components); without one it holds the whole trace in every pool.
+  ro.sharing = sharing_for(mode, opts, (final_tokens + page - 1) / page * page);
+  ro.sharing.arena_bytes = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : 0;
+  c.kv_max_tokens = max_tokens;
+  c.kv_pool_bytes = opts.kv_budget_bytes > 0 ? opts.kv_budget_bytes : per_token * max_tokens;
   be.synchronize();
   be.reset_peak_memory();
   auto session_r = AgentSession::create(model, nullptr, names, adapters, ro);

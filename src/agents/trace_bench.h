@@ -39,8 +39,8 @@ struct TraceCell {
   int64_t prefill_tokens = 0;         // catch-up tokens over all calls
   int64_t computed_tokens = 0;        // forward-pass tokens over all agents
   CacheBytes cache;                   // at the end of the trace (caches only grow: the peak)
-  int64_t kv_max_tokens = 0;          // tokens each KV pool was sized for
-  int64_t kv_pool_bytes = 0;          // bytes the pools reserve up front
+  int64_t kv_max_tokens = 0;          // tokens the KV memory holds at this mode's bytes per token
+  int64_t kv_pool_bytes = 0;          // bytes of KV memory reserved up front (the trajectory's arena)
   int64_t device_peak_bytes = 0;      // Backend::memory_stats().peak during the cell (0 on the CPU)
   int64_t device_capacity_bytes = 0;
 };

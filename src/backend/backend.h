@@ -20,15 +20,19 @@
 namespace lragent {
 
 // One layer of a paged cache: token t lives at
-//   data + (table[t / page_size] * page_size + t % page_size) * row_stride.
+//   data + table[t / page_size] * block_stride + (t % page_size) * row_stride
+// (block_stride 0 means page_size * row_stride: the layer's blocks are one contiguous
+// [n_blocks, page_size, row_stride] slice; a KvArena's blocks hold every layer, so their stride is larger).
 struct PagedView {
-  void* data = nullptr;            // [n_blocks, page_size, row_stride] (this layer's slice), backend memory
+  void* data = nullptr;            // block 0's rows of this layer, backend memory
   DType dtype = DType::kF32;       // element type of the cache
   const int32_t* table = nullptr;  // [ceil(n_tokens / page_size)] block ids (host)
   int page_size = 1;
   int64_t row_stride = 0;          // elements per token row
+  int64_t block_stride = 0;        // elements from block b to block b + 1 (0: page_size * row_stride)
+  int64_t block_step() const { return block_stride ? block_stride : static_cast<int64_t>(page_size) * row_stride; }
   int64_t row_offset(int64_t t) const {
-    return (static_cast<int64_t>(table[t / page_size]) * page_size + t % page_size) * row_stride;
+    return static_cast<int64_t>(table[t / page_size]) * block_step() + (t % page_size) * row_stride;
   }
   // Host-memory f32 caches only (the CPU backend).
   float* row(int64_t t) const {
@@ -99,6 +103,13 @@ class Backend {
   virtual void fill(TensorView& t, float value) = 0;
   // Waits for queued work (timing); a no-op on the CPU.
   virtual void synchronize() {}
+  // The first error an op met since the last call, then clears it. Ops return nothing (the CPU's
+  // cannot fail), so a GPU backend records its first failure (a failed launch or copy, out of
+  // device memory for scratch, a cuBLASLt error), skips the ops after it (their outputs are then
+  // unspecified) and reports it here; LlamaModel checks after every forward pass and returns it.
+  // After a sticky CUDA error (an illegal address) the device stays unusable: every later call
+  // reports the error again, and the process lives on to say so.
+  virtual Status take_error() { return Status::Ok(); }
   virtual MemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
 

@@ -229,7 +229,7 @@ int run_bench_trace(const BenchFlags& f) {
   std::vector<std::string> names;
   std::vector<const LoraAdapter*> ptrs;
   for (auto& a : adapters) {
-    upload_adapter(*a, backend);
+    if (Status st = upload_adapter(*a, backend); !st.ok()) return report(st.error());
     names.push_back(a->name);
     ptrs.push_back(a.get());
   }

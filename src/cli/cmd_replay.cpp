@@ -19,7 +19,7 @@ struct ReplayFlags {
 
 nlohmann::json cache_json(const CacheBytes& b) {
   return {{"base_bytes", b.base}, {"lr_bytes", b.lr}, {"full_bytes", b.full}, {"total_bytes", b.total()},
-          {"allocated_bytes", b.allocated}, {"page_overhead_bytes", b.page_overhead()}};
+          {"allocated_bytes", b.allocated}, {"page_overhead_bytes", b.page_overhead()}, {"reserved_bytes", b.reserved}};
 }
 
 int run_replay_cmd(const ReplayFlags& f) {

@@ -107,7 +107,8 @@ nlohmann::json report_json(const WorkflowReport& r, const HotpotQuestion& q, con
   const CacheBytes& b = r.cache;
   j["cache"] = {{"base_bytes", b.base},           {"lr_bytes", b.lr},
                 {"full_bytes", b.full},           {"total_bytes", b.total()},
-                {"allocated_bytes", b.allocated}, {"page_overhead_bytes", b.page_overhead()}};
+                {"allocated_bytes", b.allocated}, {"page_overhead_bytes", b.page_overhead()},
+                {"reserved_bytes", b.reserved}};
   j["trajectory_tokens"] = r.trajectory_tokens;
   j["steps"] = r.steps;
   j["stop_reason"] = r.stop_reason;

@@ -113,7 +113,7 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
       return make_error(ErrorCode::kInvalidArgument, "--adapter '{}': expected NAME=DIR", spec);
     const std::string name = spec.substr(0, eq), dir = spec.substr(eq + 1);
     LRA_ASSIGN_OR_RETURN(auto adapter, load_lora_adapter(name, dir, out.model->config()));
-    upload_adapter(*adapter, *out.backend);
+    LRA_RETURN_IF_ERROR(upload_adapter(*adapter, *out.backend));
     LRA_RETURN_IF_ERROR(out.adapters->add(std::move(adapter)));
   }
   if (!flags.adapters.empty()) fmt::print(stderr, "{}", out.adapters->describe_groups());

@@ -22,6 +22,13 @@ void SharingFlags::add_to(CLI::App* app, bool with_mode) {
                   "memory is reserved up front, so a larger value costs memory even when unused")
       ->default_val(4096)
       ->check(CLI::PositiveNumber);
+  app->add_option("--kv-memory", kv_memory_gb,
+                  "KV cache memory in GB, reserved up front as one pool that every cache of the trajectory draws "
+                  "from (shared base, low-rank rows, each agent's private caches): memory goes to whichever "
+                  "cache needs it, and running out is reported with what each cache holds. 0 (default): size "
+                  "it so that every cache holds --max-context tokens")
+      ->default_val(0)
+      ->check(CLI::NonNegativeNumber);
 }
 
 Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) const {
@@ -29,6 +36,7 @@ Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) c
   LRA_ASSIGN_OR_RETURN(o.mode, parse_share_mode(mode_name));
   o.page_size = page_size;
   o.max_tokens = max_context;
+  o.arena_bytes = static_cast<int64_t>(kv_memory_gb * 1e9);
   if (!recompute_layers.empty()) {
     auto ids = parse_id_list(recompute_layers);
     if (!ids.ok())

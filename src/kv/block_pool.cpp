@@ -1,9 +1,40 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
 #include <cstdlib>
-#include <new>
 
 namespace lragent {
+
+int64_t BlockPool::arena_bytes_for(int64_t block_bytes, int64_t n_blocks, int64_t slab_bytes) {
+  const int64_t per_block = (block_bytes + KvArena::kGranule - 1) / KvArena::kGranule * KvArena::kGranule;
+  const int64_t per_slab = std::max<int64_t>(slab_bytes / per_block, 1);
+  return (n_blocks + per_slab - 1) / per_slab * slab_bytes;
+}
+
+Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_layers, int page_size, int64_t width,
+                                                     KvArena* arena) {
+  if (!arena) return make_error(ErrorCode::kInvalidArgument, "KV pool '{}': no arena to draw blocks from", name);
+  if (n_layers <= 0 || page_size <= 0 || width <= 0)
+    return make_error(ErrorCode::kInvalidArgument, "KV pool '{}': invalid geometry (layers {}, page size {}, width {})",
+                      name, n_layers, page_size, width);
+  const int64_t bytes = block_bytes_for(n_layers, page_size, width, arena->dtype());
+  if (bytes > arena->slab_bytes())
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV pool '{}': a block of {} bytes ({} layers x {} tokens x {} values) does not fit the "
+                      "arena's {}-byte slabs; create the arena with KvArena::slab_for(block bytes)",
+                      name, bytes, n_layers, page_size, width, arena->slab_bytes());
+  std::unique_ptr<BlockPool> p(new BlockPool());
+  p->arena_ = arena;
+  p->name_ = std::move(name);
+  p->n_layers_ = n_layers;
+  p->page_size_ = page_size;
+  p->width_ = width;
+  p->granules_per_block_ = (bytes + KvArena::kGranule - 1) / KvArena::kGranule;
+  p->slab_granules_ = arena->slab_bytes() / KvArena::kGranule;
+  p->blocks_per_slab_ = p->slab_granules_ / p->granules_per_block_;
+  arena->attach(p.get());
+  return p;
+}
 
 Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_layers, int page_size, int64_t width,
                                                      int64_t n_blocks, Backend* backend) {
@@ -11,64 +42,93 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_lay
     return make_error(ErrorCode::kInvalidArgument,
                       "KV pool '{}': invalid geometry (layers {}, page size {}, width {}, blocks {})", name, n_layers,
                       page_size, width, n_blocks);
-  std::unique_ptr<BlockPool> p(new BlockPool());
-  p->name_ = std::move(name);
-  p->n_layers_ = n_layers;
-  p->page_size_ = page_size;
-  p->width_ = width;
-  p->n_blocks_ = n_blocks;
-  const std::vector<int64_t> shape = {n_layers, n_blocks, page_size, width};
   const DType dtype = backend ? backend->cache_dtype() : DType::kF32;
-  const double mib = static_cast<double>(n_layers) * static_cast<double>(n_blocks) * page_size * static_cast<double>(width) *
-                     static_cast<double>(dtype_size(dtype)) / (1 << 20);
-  if (backend) {
-    p->storage_ = backend->alloc(dtype, shape);
-  } else {
-    const size_t bytes = static_cast<size_t>(n_layers) * static_cast<size_t>(n_blocks) * page_size * width * 4;
-    void* mem = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (mem) p->storage_ = Tensor::adopt(TensorView(DType::kF32, shape, mem), &std::free);
-  }
-  if (!p->storage_.view().data)
-    return make_error(ErrorCode::kOutOfMemory,
-                      "KV pool '{}': cannot allocate {:.1f} MiB on {}; lower --max-context (or --kv-budget)", p->name_,
-                      mib, backend ? backend->name() : std::string("the host"));
-  p->refs_.assign(static_cast<size_t>(n_blocks), 0);
-  p->free_.reserve(static_cast<size_t>(n_blocks));
-  for (int64_t b = n_blocks; b-- > 0;) p->free_.push_back(static_cast<int32_t>(b));
-  return p;
+  const int64_t block = block_bytes_for(n_layers, page_size, width, dtype);
+  const int64_t slab = KvArena::slab_for(block, block * n_blocks, 1);
+  LRA_ASSIGN_OR_RETURN(auto arena, KvArena::create(arena_bytes_for(block, n_blocks, slab), backend, slab));
+  LRA_ASSIGN_OR_RETURN(auto pool, create(std::move(name), n_layers, page_size, width, arena.get()));
+  pool->own_arena_ = std::move(arena);
+  pool->set_max_blocks(n_blocks);
+  return pool;
+}
+
+BlockPool::~BlockPool() {
+  assert(used_ == 0 && "BlockPool destroyed while streams still hold blocks: destroy them first");
+  for (const auto& [slab, st] : slabs_) arena_->give_slab(slab);
+  slabs_.clear();
+  arena_->detach(this);
 }
 
 Result<int32_t> BlockPool::allocate() {
-  if (free_.empty())
+  if (max_blocks_ > 0 && used_ >= max_blocks_)
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache '{}' exhausted: all {} blocks of {} tokens are in use; raise the KV budget "
-                      "(--max-context, or --kv-budget in bench) or shorten the context",
-                      name_, n_blocks_, page_size_);
-  int32_t b = free_.back();
-  free_.pop_back();
-  refs_[static_cast<size_t>(b)] = 1;
-  return b;
+                      "(--max-context or --kv-memory, or --kv-budget in bench) or shorten the context",
+                      name_, max_blocks_, page_size_);
+  if (with_free_.empty()) {
+    LRA_ASSIGN_OR_RETURN(int64_t slab, arena_->take_slab(name_));
+    Slab& st = slabs_[slab];
+    st.refs.assign(static_cast<size_t>(blocks_per_slab_), 0);
+    st.free.reserve(static_cast<size_t>(blocks_per_slab_));
+    for (int64_t i = blocks_per_slab_; i-- > 0;) st.free.push_back(static_cast<int32_t>(i));  // slot 0 on top
+    with_free_.insert(slab);
+    free_in_slabs_ += blocks_per_slab_;
+  }
+  const int64_t slab = *with_free_.begin();
+  Slab& st = slabs_.at(slab);
+  const int32_t slot = st.free.back();
+  st.free.pop_back();
+  if (st.free.empty()) with_free_.erase(slab);
+  st.refs[static_cast<size_t>(slot)] = 1;
+  --free_in_slabs_;
+  ++used_;
+  return block_id(slab, slot);
+}
+
+int BlockPool::refcount(int32_t block) const {
+  const int64_t slab = slab_of(block);
+  const auto it = slabs_.find(slab);
+  return it == slabs_.end() ? 0 : it->second.refs[static_cast<size_t>(slot_of(block, slab))];
 }
 
 void BlockPool::retain(int32_t block) {
-  assert(refs_[static_cast<size_t>(block)] > 0 && "retain of a free block");
-  ++refs_[static_cast<size_t>(block)];
+  const int64_t slab = slab_of(block);
+  int32_t& r = slabs_.at(slab).refs[static_cast<size_t>(slot_of(block, slab))];
+  assert(r > 0 && "retain of a free block");
+  ++r;
 }
 
 void BlockPool::release(int32_t block) {
-  assert(refs_[static_cast<size_t>(block)] > 0 && "release of a free block (double free)");
-  if (--refs_[static_cast<size_t>(block)] == 0) free_.push_back(block);
+  const int64_t slab = slab_of(block);
+  Slab& st = slabs_.at(slab);
+  const int32_t slot = slot_of(block, slab);
+  int32_t& r = st.refs[static_cast<size_t>(slot)];
+  assert(r > 0 && "release of a free block (double free)");
+  if (--r > 0) return;
+  st.free.push_back(slot);
+  ++free_in_slabs_;
+  --used_;
+  if (static_cast<int64_t>(st.free.size()) < blocks_per_slab_) {
+    with_free_.insert(slab);
+    return;
+  }
+  // Every block of the slab is free: the memory goes back to the arena for any pool to use.
+  free_in_slabs_ -= blocks_per_slab_;
+  with_free_.erase(slab);
+  slabs_.erase(slab);
+  arena_->give_slab(slab);
 }
 
 PagedView BlockPool::layer_view(int layer, const int32_t* table) const {
   PagedView v;
-  const TensorView& st = storage_.view();
-  v.dtype = st.dtype;
-  v.data = static_cast<char*>(st.data) +
-           static_cast<size_t>(layer) * static_cast<size_t>(n_blocks_) * page_size_ * width_ * dtype_size(st.dtype);
+  v.dtype = arena_->dtype();
+  const int64_t es = static_cast<int64_t>(dtype_size(v.dtype));
+  // Block b starts at base + b · kGranule bytes; the layer's rows are a [page_size, width] slice of it.
+  v.data = arena_->base() + static_cast<int64_t>(layer) * page_size_ * width_ * es;
   v.table = table;
   v.page_size = page_size_;
   v.row_stride = width_;
+  v.block_stride = KvArena::kGranule / es;
   return v;
 }
 
@@ -90,9 +150,9 @@ Status PagedStream::reserve(int64_t n_tokens) {
   if (need - static_cast<int64_t>(table_.size()) > pool_->free_blocks())
     return make_error(ErrorCode::kOutOfMemory,
                       "KV cache '{}' exhausted: {} tokens need {} more blocks of {} tokens but only {} are free; "
-                      "raise the KV budget (--max-context, or --kv-budget in bench) or shorten the context",
+                      "raise the KV budget (--max-context or --kv-memory, or --kv-budget in bench) or shorten the context ({})",
                       pool_->name(), n_tokens, need - static_cast<int64_t>(table_.size()), pool_->page_size(),
-                      pool_->free_blocks());
+                      pool_->free_blocks(), pool_->arena().summary());
   while (static_cast<int64_t>(table_.size()) < need) {
     LRA_ASSIGN_OR_RETURN(int32_t b, pool_->allocate());
     table_.push_back(b);

@@ -1,29 +1,42 @@
-// Paged storage for per-token cache rows (K, V, low-rank rows, ...). A pool holds
-// n_blocks blocks; each block stores `page_size` token rows of `width` floats for every
-// layer. A sequence's rows live in a PagedStream: a block table into one pool. The storage
-// is host f32, or the memory of a backend in its cache_dtype() (bf16 on a GPU).
-// Blocks are reference-counted so streams can share prefixes (copy-on-write happens above).
+// Paged storage for per-token cache rows (K, V, low-rank rows, ...). A pool hands out blocks;
+// each block stores `page_size` token rows of `width` values for every layer of the pool
+// ([n_layers, page_size, width], contiguous). Blocks come from a KvArena (kv_arena.h), shared
+// by every pool of a trajectory or engine, in the arena's dtype (host f32, or a backend's
+// cache_dtype(), bf16 on a GPU). A sequence's rows live in a PagedStream: a block table into
+// one pool. Blocks are reference-counted so streams can share prefixes.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/result.h"
+#include "kv/kv_arena.h"
 
 namespace lragent {
 
 class BlockPool {
  public:
-  // Allocates n_blocks * n_layers * page_size * width values up front, as vLLM does, so
-  // running out is an explicit, reportable event rather than a failed malloc mid-step.
+  // A pool drawing from `arena` (which must outlive it). Its blocks must fit in one slab.
+  static Result<std::unique_ptr<BlockPool>> create(std::string name, int n_layers, int page_size, int64_t width,
+                                                   KvArena* arena);
+  // A pool with an arena of its own that holds exactly n_blocks blocks (single caches, tests).
   // backend null: host f32; else the backend's memory in its cache_dtype().
   static Result<std::unique_ptr<BlockPool>> create(std::string name, int n_layers, int page_size, int64_t width,
                                                    int64_t n_blocks, Backend* backend = nullptr);
+  // Bytes of one block of this geometry (all layers), and the arena bytes (slab_bytes slabs)
+  // that hold n_blocks of them.
+  static int64_t block_bytes_for(int n_layers, int page_size, int64_t width, DType dtype) {
+    return static_cast<int64_t>(n_layers) * page_size * width * static_cast<int64_t>(dtype_size(dtype));
+  }
+  static int64_t arena_bytes_for(int64_t block_bytes, int64_t n_blocks, int64_t slab_bytes);
 
-  ~BlockPool() { assert(used_blocks() == 0 && "BlockPool destroyed while streams still hold blocks: destroy them first"); }
+  ~BlockPool();
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
@@ -31,30 +44,55 @@ class BlockPool {
   int page_size() const { return page_size_; }
   int64_t width() const { return width_; }
   int n_layers() const { return n_layers_; }
-  int64_t n_blocks() const { return n_blocks_; }
-  int64_t free_blocks() const { return static_cast<int64_t>(free_.size()); }
-  int64_t used_blocks() const { return n_blocks_ - free_blocks(); }
-  DType dtype() const { return storage_.view().dtype; }
+  DType dtype() const { return arena_->dtype(); }
+  KvArena& arena() const { return *arena_; }
+  int64_t used_blocks() const { return used_; }
+  // Blocks this pool can still hand out: free ones in its slabs plus the arena's free slabs
+  // (which other pools of the arena may take first), within its cap.
+  int64_t free_blocks() const {
+    const int64_t avail = free_in_slabs_ + arena_->free_slabs() * blocks_per_slab_;
+    return max_blocks_ > 0 ? std::min(avail, max_blocks_ - used_) : avail;
+  }
+  // At most n blocks in use at once (0: no cap, the arena is the limit). A trajectory sized by
+  // --max-context caps each pool so that every cache holds exactly that many tokens.
+  void set_max_blocks(int64_t n) { max_blocks_ = n; }
+  int64_t max_blocks() const { return max_blocks_; }
+  int64_t held_slabs() const { return static_cast<int64_t>(slabs_.size()); }
   // Bytes of one block across all layers.
-  size_t block_bytes() const { return static_cast<size_t>(n_layers_) * page_size_ * width_ * dtype_size(dtype()); }
-  size_t total_bytes() const { return block_bytes() * static_cast<size_t>(n_blocks_); }
+  size_t block_bytes() const { return static_cast<size_t>(block_bytes_for(n_layers_, page_size_, width_, dtype())); }
 
-  Result<int32_t> allocate();  // refcount 1; kOutOfMemory when the pool is exhausted
+  Result<int32_t> allocate();  // refcount 1; kOutOfMemory when the arena is exhausted
   void retain(int32_t block);
-  void release(int32_t block);  // frees at refcount 0
-  int refcount(int32_t block) const { return refs_[static_cast<size_t>(block)]; }
+  void release(int32_t block);  // frees at refcount 0; an emptied slab goes back to the arena
+  int refcount(int32_t block) const;
 
   // View of `layer` through a block table.
   PagedView layer_view(int layer, const int32_t* table) const;
 
  private:
   BlockPool() = default;
+  struct Slab {
+    std::vector<int32_t> refs;  // [blocks_per_slab] reference counts
+    std::vector<int32_t> free;  // stack of free block slots (indices into refs)
+  };
+  int64_t slab_of(int32_t block) const { return static_cast<int64_t>(block) * KvArena::kGranule / arena_->slab_bytes(); }
+  int32_t slot_of(int32_t block, int64_t slab) const {
+    return static_cast<int32_t>((static_cast<int64_t>(block) - slab * slab_granules_) / granules_per_block_);
+  }
+  int32_t block_id(int64_t slab, int32_t slot) const {
+    return static_cast<int32_t>(slab * slab_granules_ + static_cast<int64_t>(slot) * granules_per_block_);
+  }
+
+  std::unique_ptr<KvArena> own_arena_;  // set by the n_blocks create(); destroyed last
+  KvArena* arena_ = nullptr;
   std::string name_;
   int n_layers_ = 0, page_size_ = 0;
-  int64_t width_ = 0, n_blocks_ = 0;
-  Tensor storage_;  // [n_layers, n_blocks, page_size, width] f32 (host) or cache dtype (backend)
-  std::vector<int32_t> refs_;      // [n_blocks]
-  std::vector<int32_t> free_;      // stack of free block ids
+  int64_t width_ = 0;
+  int64_t granules_per_block_ = 0, slab_granules_ = 0, blocks_per_slab_ = 0;
+  std::unordered_map<int64_t, Slab> slabs_;  // by arena slab index
+  std::set<int64_t> with_free_;              // held slabs with a free block (lowest first)
+  int64_t used_ = 0, free_in_slabs_ = 0;
+  int64_t max_blocks_ = 0;  // 0: no cap
 };
 
 // The backend a pool should allocate from: null (host f32) for the CPU backend.

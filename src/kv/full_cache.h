@@ -10,8 +10,10 @@
 
 namespace lragent {
 
-// K and V pools sized for a model ([page_size, n_kv_heads * head_dim] rows per block and layer).
+// K and V pools sized for a model ([page_size, n_kv_heads * head_dim] rows per block and layer),
+// drawing from one arena that holds n_blocks of each.
 struct KvPools {
+  std::unique_ptr<KvArena> arena;     // declared first: destroyed after the pools
   std::unique_ptr<BlockPool> k, v;
   static Result<KvPools> create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name,
                                 Backend* backend = nullptr);

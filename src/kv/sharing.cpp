@@ -203,10 +203,46 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
       return make_error(ErrorCode::kInvalidArgument,
                         "--recompute-layers: layer {} is out of range; the model has {} layers (0-{})", l, L, L - 1);
 
-  auto new_pool = [&](const std::string& name, int layers, int64_t w) -> Result<BlockPool*> {
-    LRA_ASSIGN_OR_RETURN(auto pool, BlockPool::create(name, layers, opts.page_size, w, blocks, opts.backend));
-    kv->pools_.push_back(std::move(pool));
-    return kv->pools_.back().get();
+  // The pools are planned first, then made in one arena: the shared one of opts.arena, or one of
+  // the trajectory's own that holds max_tokens in every pool (opts.arena_bytes to size it).
+  struct PoolPlan {
+    std::string name;
+    int layers;
+    int64_t width;
+    PagedStream* stream;
+  };
+  std::vector<PoolPlan> plans;
+  auto plan = [&](std::string name, int layers, int64_t w, PagedStream* stream) {
+    plans.push_back({std::move(name), layers, w, stream});
+  };
+  auto make_pools = [&]() -> Result<std::unique_ptr<TrajectoryKv>> {
+    KvArena* arena = opts.arena;
+    if (!arena) {
+      const DType dt = opts.backend ? opts.backend->cache_dtype() : DType::kF32;
+      int64_t largest = 0;
+      for (const PoolPlan& pp : plans)
+        largest = std::max(largest, BlockPool::block_bytes_for(pp.layers, opts.page_size, pp.width, dt));
+      int64_t exact = 0;  // bytes of max_tokens in every pool
+      for (const PoolPlan& pp : plans)
+        exact += blocks * BlockPool::block_bytes_for(pp.layers, opts.page_size, pp.width, dt);
+      int64_t bytes = opts.arena_bytes;
+      const int64_t slab = KvArena::slab_for(largest, bytes > 0 ? bytes : exact, static_cast<int>(plans.size()));
+      if (bytes <= 0)
+        for (const PoolPlan& pp : plans)
+          bytes += BlockPool::arena_bytes_for(BlockPool::block_bytes_for(pp.layers, opts.page_size, pp.width, dt),
+                                              blocks, slab);
+      LRA_ASSIGN_OR_RETURN(kv->own_arena_, KvArena::create(bytes, opts.backend, slab));
+      arena = kv->own_arena_.get();
+    }
+    // Sized from max_tokens: each cache holds exactly that many tokens, as --max-context says.
+    const bool capped = !opts.arena && opts.arena_bytes <= 0;
+    for (const PoolPlan& pp : plans) {
+      LRA_ASSIGN_OR_RETURN(auto pool, BlockPool::create(pp.name, pp.layers, opts.page_size, pp.width, arena));
+      if (capped) pool->set_max_blocks(blocks);
+      *pp.stream = PagedStream(pool.get());
+      kv->pools_.push_back(std::move(pool));
+    }
+    return std::move(kv);
   };
 
   const ShareMode m = opts.mode;
@@ -219,41 +255,29 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
       (priv ? kv->private_index_ : kv->shared_index_)[static_cast<size_t>(l)] = priv ? n_priv++ : n_shared++;
     }
     if (n_shared > 0) {
-      LRA_ASSIGN_OR_RETURN(BlockPool * pk, new_pool("full.k", n_shared, width));
-      LRA_ASSIGN_OR_RETURN(BlockPool * pv, new_pool("full.v", n_shared, width));
-      kv->shared_k_ = PagedStream(pk);
-      kv->shared_v_ = PagedStream(pv);
+      plan("full.k", n_shared, width, &kv->shared_k_);
+      plan("full.v", n_shared, width, &kv->shared_v_);
     }
     if (n_priv > 0) {
       for (size_t a = 0; a < n; ++a) {
-        LRA_ASSIGN_OR_RETURN(BlockPool * pk, new_pool(fmt::format("agent{}.full.k", a), n_priv, width));
-        LRA_ASSIGN_OR_RETURN(BlockPool * pv, new_pool(fmt::format("agent{}.full.v", a), n_priv, width));
-        kv->priv_k_[a] = PagedStream(pk);
-        kv->priv_v_[a] = PagedStream(pv);
+        plan(fmt::format("agent{}.full.k", a), n_priv, width, &kv->priv_k_[a]);
+        plan(fmt::format("agent{}.full.v", a), n_priv, width, &kv->priv_v_[a]);
       }
     }
-    return kv;
+    return make_pools();
   }
 
   // Base modes: one shared base cache.
-  LRA_ASSIGN_OR_RETURN(BlockPool * bk, new_pool("base.k", L, width));
-  LRA_ASSIGN_OR_RETURN(BlockPool * bv, new_pool("base.v", L, width));
-  kv->shared_k_ = PagedStream(bk);
-  kv->shared_v_ = PagedStream(bv);
+  plan("base.k", L, width, &kv->shared_k_);
+  plan("base.v", L, width, &kv->shared_v_);
   if (m == ShareMode::kBase) {
     for (size_t a = 0; a < n; ++a) {
       LRA_ASSIGN_OR_RETURN(int rk, uniform_rank(kv->adapters_[a], L, LoraTarget::kK));
       LRA_ASSIGN_OR_RETURN(int rv, uniform_rank(kv->adapters_[a], L, LoraTarget::kV));
-      if (rk > 0) {
-        LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool(fmt::format("agent{}.lr.k", a), L, rk));
-        kv->priv_k_[a] = PagedStream(p);
-      }
-      if (rv > 0) {
-        LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool(fmt::format("agent{}.lr.v", a), L, rv));
-        kv->priv_v_[a] = PagedStream(p);
-      }
+      if (rk > 0) plan(fmt::format("agent{}.lr.k", a), L, rk, &kv->priv_k_[a]);
+      if (rv > 0) plan(fmt::format("agent{}.lr.v", a), L, rv, &kv->priv_v_[a]);
     }
-    return kv;
+    return make_pools();
   }
   // base-lr: the LR cache is shared, so every agent must project with the same A.
   for (LoraTarget t : {LoraTarget::kK, LoraTarget::kV}) {
@@ -277,15 +301,9 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
   }
   LRA_ASSIGN_OR_RETURN(kv->rank_k_, uniform_rank(kv->adapters_[0], L, LoraTarget::kK));
   LRA_ASSIGN_OR_RETURN(kv->rank_v_, uniform_rank(kv->adapters_[0], L, LoraTarget::kV));
-  if (kv->rank_k_ > 0) {
-    LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool("lr.k", L, kv->rank_k_));
-    kv->shared_lrk_ = PagedStream(p);
-  }
-  if (kv->rank_v_ > 0) {
-    LRA_ASSIGN_OR_RETURN(BlockPool * p, new_pool("lr.v", L, kv->rank_v_));
-    kv->shared_lrv_ = PagedStream(p);
-  }
-  return kv;
+  if (kv->rank_k_ > 0) plan("lr.k", L, kv->rank_k_, &kv->shared_lrk_);
+  if (kv->rank_v_ > 0) plan("lr.v", L, kv->rank_v_, &kv->shared_lrv_);
+  return make_pools();
 }
 
 int64_t TrajectoryKv::catchup_start(int a) const {
@@ -327,8 +345,8 @@ CacheBytes TrajectoryKv::bytes() const {
       b.lr = shared_ * L * (rank_k_ + rank_v_) * vb;
       break;
   }
-  for (const auto& pool : pools_)
-    b.allocated += pool->used_blocks() * pool->n_layers() * pool->page_size() * pool->width() * vb;
+  for (const auto& pool : pools_) b.allocated += pool->used_blocks() * static_cast<int64_t>(pool->block_bytes());
+  if (!pools_.empty()) b.reserved = pools_.front()->arena().capacity_bytes();
   return b;
 }
 

@@ -37,6 +37,7 @@ inline constexpr ShareMode kAllShareModes[] = {ShareMode::kNone, ShareMode::kFul
 // Exact entry bytes by component; allocated = bytes of the pool blocks in use.
 struct CacheBytes {
   int64_t base = 0, lr = 0, full = 0, allocated = 0;
+  int64_t reserved = 0;  // the KV arena's bytes (reserved up front; shared arena: all of it)
   int64_t total() const { return base + lr + full; }
   int64_t page_overhead() const { return allocated - total(); }
 };
@@ -48,6 +49,8 @@ struct SharingOptions {
   std::vector<int> recompute_layers;   // droidspeak: layers kept private per agent
   int64_t value_bytes = 4;             // bytes per cached value (set from the backend's cache dtype)
   Backend* backend = nullptr;          // where the pools live (null: host f32)
+  KvArena* arena = nullptr;            // draw every pool from this shared arena (must outlive the trajectory)
+  int64_t arena_bytes = 0;             // without `arena`: the trajectory's own arena size (0: max_tokens in every pool)
 };
 
 // The cache state of one trajectory shared by agents 0..n-1 (agent i uses adapters[i],
@@ -85,7 +88,8 @@ class TrajectoryKv {
   std::vector<int> private_index_, shared_index_;  // [n_layers] -> layer slot in its pool, or -1
   int rank_k_ = 0, rank_v_ = 0;     // base-lr shared LR widths
 
-  std::vector<std::unique_ptr<BlockPool>> pools_;
+  std::unique_ptr<KvArena> own_arena_;             // when not drawing from SharingOptions::arena
+  std::vector<std::unique_ptr<BlockPool>> pools_;  // destroyed before own_arena_ (declared after it)
   // Shared streams (full modes: full K/V; base modes: base K/V; base-lr: LR too).
   PagedStream shared_k_, shared_v_, shared_lrk_, shared_lrv_;
   // Private streams per agent (none/droidspeak: full K/V; base: LR K/V).

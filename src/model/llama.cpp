@@ -59,7 +59,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& dir, Bac
   m->store_ = std::move(store);
   m->inv_freq_ = rope_inv_freq(m->cfg_);
   m->source_ = dir;
-  m->place_weights();
+  LRA_RETURN_IF_ERROR(m->place_weights());
   return m;
 }
 
@@ -71,16 +71,21 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::from_weights(ModelConfig cfg, Mo
   m->owned_ = std::move(owned);
   m->inv_freq_ = rope_inv_freq(m->cfg_);
   m->source_ = "<synthetic>";
-  m->place_weights();
+  LRA_RETURN_IF_ERROR(m->place_weights());
   return m;
 }
 
-void LlamaModel::place_weights() {
-  if (be_.device() == Device::kCpu) return;
+Status LlamaModel::place_weights() {
+  if (be_.device() == Device::kCpu) return Status::Ok();
   // Matrices go to the backend's weight dtype; norms and biases stay f32 (tiny, and exact).
+  int64_t missing = 0;  // bytes that found no device memory
   auto put = [&](TensorView& v, bool matrix) {
     if (!v.data || v.device == be_.device()) return;
     Tensor t = be_.upload(v, matrix ? be_.weight_dtype() : DType::kF32);
+    if (!t.view().data) {
+      missing += static_cast<int64_t>(v.nbytes());
+      return;
+    }
     v = t.view();
     owned_.push_back(std::move(t));
   };
@@ -92,9 +97,18 @@ void LlamaModel::place_weights() {
     for (TensorView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) put(*v, true);
     for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv}) put(*v, false);
   }
+  if (missing > 0) {
+    (void)be_.take_error();
+    return make_error(ErrorCode::kOutOfMemory,
+                      "{}: out of device memory for the model's weights ({:.2f} GiB did not fit); use a GPU with "
+                      "more memory or a smaller model",
+                      be_.name(), static_cast<double>(missing) / (1 << 30));
+  }
+  LRA_RETURN_IF_ERROR(be_.take_error());
   // The host copies (mmap or synthetic host tensors) are no longer read.
   store_.reset();
   std::erase_if(owned_, [&](const Tensor& t) { return t.view().device == Device::kCpu; });
+  return Status::Ok();
 }
 
 Status LlamaModel::validate_batch(const std::vector<SeqInput>& batch) const {

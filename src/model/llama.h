@@ -83,7 +83,7 @@ class LlamaModel {
   Result<Tensor> run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* argmax_out);
   Status validate_batch(const std::vector<SeqInput>& batch) const;
   // Copies host weights to a non-CPU backend (its weight dtype); a no-op on the CPU.
-  void place_weights();
+  Status place_weights();
 
   ModelConfig cfg_;
   Backend& be_;

@@ -14,12 +14,16 @@ const TensorView* opt(const TensorView& b) { return b.data ? &b : nullptr; }
 }  // namespace
 
 Result<Tensor> LlamaModel::forward(const std::vector<SeqInput>& batch, const AdapterRegistry* /*registry*/) {
-  return run_pass(batch, nullptr);
+  auto r = run_pass(batch, nullptr);
+  // A device op that failed mid-pass (ops cannot return errors; see Backend::take_error).
+  LRA_RETURN_IF_ERROR(be_.take_error());
+  return r;
 }
 
 Result<std::vector<int32_t>> LlamaModel::forward_argmax(const std::vector<SeqInput>& batch) {
   std::vector<int32_t> ids;
   auto r = run_pass(batch, &ids);
+  LRA_RETURN_IF_ERROR(be_.take_error());
   if (!r.ok()) return r.error();
   return ids;
 }

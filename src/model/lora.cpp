@@ -510,14 +510,20 @@ std::string AdapterRegistry::describe_groups() const {
   return out;
 }
 
-void upload_adapter(LoraAdapter& adapter, Backend& backend) {
-  if (backend.device() == Device::kCpu) return;
+Status upload_adapter(LoraAdapter& adapter, Backend& backend) {
+  if (backend.device() == Device::kCpu) return Status::Ok();
   for (auto& layer : adapter.layers)
     for (auto& m : layer) {
       if (!m) continue;
       m->a_dev = backend.upload(m->a.view(), backend.weight_dtype());
       m->b_dev = backend.upload(m->b.view(), backend.weight_dtype());
+      if (!m->a_dev.view().data || !m->b_dev.view().data) {
+        (void)backend.take_error();
+        return make_error(ErrorCode::kOutOfMemory, "adapter '{}': no {} memory left for its LoRA weights",
+                          adapter.name, backend.name());
+      }
     }
+  return backend.take_error();
 }
 
 }  // namespace lragent

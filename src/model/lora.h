@@ -54,8 +54,8 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, 
 
 class Backend;
 // Copies every module's A and B to `backend` (a no-op on the CPU backend). The host f32 copies
-// stay: shared-A detection compares them.
-void upload_adapter(LoraAdapter& adapter, Backend& backend);
+// stay: shared-A detection compares them. kOutOfMemory when the device has no room.
+Status upload_adapter(LoraAdapter& adapter, Backend& backend);
 
 // The adapters being served, by name, with their shared-A groups.
 class AdapterRegistry {

@@ -165,6 +165,18 @@ TEST(Cli, ReplayJsonAndBadScripts) {
               shell_quote(dir + "/s.json"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(error_line(r).find("layer 9"), std::string::npos) << r.err;
+  // --kv-memory: one KV arena of that size for every cache; too small is an OOM naming who holds it.
+  r = run_cli("replay " + model_arg() + adapters + " --kv-share base-lr --kv-memory 0.001 --json --script " +
+              shell_quote(dir + "/s.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const int64_t reserved = nlohmann::json::parse(r.out)["cache"]["reserved_bytes"].get<int64_t>();
+  EXPECT_LE(reserved, 1000000);
+  EXPECT_GE(reserved, 900000);
+  r = run_cli("replay " + model_arg() + adapters + " --kv-share base-lr --kv-memory 0.00001 --script " +
+              shell_quote(dir + "/s.json"));
+  EXPECT_EQ(r.code, 6) << r.err;  // out of memory
+  EXPECT_NE(error_line(r).find("exhausted"), std::string::npos) << r.err;
+  EXPECT_NE(error_line(r).find("free of"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -303,7 +303,7 @@ ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode, bool keep_
   for (const std::string& role : names) {
     auto a = load_lora_adapter(role, testing::adapters_dir() + "/" + set + "/" + role, (*model)->config());
     EXPECT_TRUE(a.ok()) << a.error().message;
-    upload_adapter(**a, be);
+    EXPECT_TRUE(upload_adapter(**a, be).ok());
     owned.push_back(std::move(*a));
     ads.push_back(owned.back().get());
   }

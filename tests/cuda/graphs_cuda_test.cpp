@@ -84,7 +84,7 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps) {
   std::vector<std::unique_ptr<FullKvCache>> caches;
   if (sc == Scenario::kLoraBaseLr) {
     adapters = make_synthetic_adapters(c, 16, 7);
-    for (auto& a : adapters) upload_adapter(*a, be);
+    for (auto& a : adapters) EXPECT_TRUE(upload_adapter(*a, be).ok());
     SharingOptions so;
     so.mode = ShareMode::kBaseLr;
     so.page_size = page;

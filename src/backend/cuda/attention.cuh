@@ -41,11 +41,15 @@ using bf16 = __nv_bfloat16;
 
 // One layer of a paged cache on the device.
 struct DevPagedView {
-  const bf16* data = nullptr;      // [n_blocks, page_size, row_stride]
+  const bf16* data = nullptr;      // block 0's rows of this layer ([n_blocks, page_size, row_stride] when contiguous)
   const int32_t* table = nullptr;  // [n_seqs, table_stride] block ids
   int64_t table_stride = 0;        // entries per sequence; 0: every sequence shares one table
   int page_size = 1;               // power of two
   int64_t row_stride = 0;          // elements per token row
+  int64_t block_stride = 0;        // elements from block b to b + 1 (0: page_size · row_stride)
+  LRAGENT_HD int64_t block_step() const {
+    return block_stride ? block_stride : static_cast<int64_t>(page_size) * row_stride;
+  }
 };
 
 // Low-rank adapter term (see LowRankTerm in backend.h).

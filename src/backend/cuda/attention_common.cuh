@@ -16,7 +16,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Element offset of token t's row in a paged view (sequence s).
 __device__ __forceinline__ int64_t paged_offset(const DevPagedView& v, int s, int t, int page_shift) {
   const int32_t blk = __ldg(v.table + static_cast<int64_t>(s) * v.table_stride + (t >> page_shift));
-  return (static_cast<int64_t>(blk) * v.page_size + (t & (v.page_size - 1))) * v.row_stride;
+  return static_cast<int64_t>(blk) * v.block_step() + static_cast<int64_t>(t & (v.page_size - 1)) * v.row_stride;
 }
 
 // Per-sequence query geometry.

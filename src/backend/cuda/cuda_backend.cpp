@@ -53,12 +53,16 @@ void arena_release(void*) { --g_arena_live; }
 
 // Appends the fields of the launch structs to a tape signature (field by field: padding bytes
 // are indeterminate and must never reach it).
-void sig_of(lc::GraphTape& t, const lc::PagedDev& d) { t.sig(d.data, d.dtype, d.table, d.page_size, d.row_stride); }
+void sig_of(lc::GraphTape& t, const lc::PagedDev& d) {
+  t.sig(d.data, d.dtype, d.table, d.page_size, d.row_stride, d.block_stride);
+}
 void sig_of(lc::GraphTape& t, const lc::LowRankDev& d) {
   sig_of(t, d.lr);
   t.sig(d.b, d.b_dtype, d.rank, d.scale);
 }
-void sig_of(lc::GraphTape& t, const lc::DevPagedView& d) { t.sig(d.data, d.table, d.table_stride, d.page_size, d.row_stride); }
+void sig_of(lc::GraphTape& t, const lc::DevPagedView& d) {
+  t.sig(d.data, d.table, d.table_stride, d.page_size, d.row_stride, d.block_stride);
+}
 void sig_of(lc::GraphTape& t, const lc::DevLowRank& d) {
   sig_of(t, d.lr);
   t.sig(d.b, d.b_agent_stride, d.rank, d.scale);
@@ -117,6 +121,12 @@ class CudaBackend final : public Backend {
     be->dtype_ = o.dtype;
     be->device_ = o.device;
     const char* env_graphs = std::getenv("LRAGENT_CUDA_GRAPHS");  // "0": eager, as --enforce-eager
+    if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
+      const std::string spec = f;
+      const size_t colon = spec.find(':');
+      be->inject_fault_ = spec.substr(0, colon);
+      be->inject_count_ = colon == std::string::npos ? 1 : std::max<int64_t>(std::atoll(spec.c_str() + colon + 1), 1);
+    }
     be->graphs_ = o.graphs && !be->prof_.enabled() && !(env_graphs && std::string(env_graphs) == "0");
     if (cudaSetDevice(o.device) != cudaSuccess || cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking) != cudaSuccess)
       return make_error(ErrorCode::kUnsupported, "--device cuda:{}: cannot create a CUDA stream", o.device);
@@ -198,6 +208,7 @@ class CudaBackend final : public Backend {
     const size_t esz = dtype_size(host.dtype), row_bytes = static_cast<size_t>(cols) * esz;
     // Raw bytes to the device (packed), then convert there.
     void* raw = host.dtype == dtype ? out.view().data : raw_alloc(static_cast<size_t>(rows) * row_bytes);
+    if (!raw) return Tensor();  // no room to stage the conversion: out of memory, as alloc()
     if (ld == cols) {
       check(cudaMemcpyAsync(raw, host.data, static_cast<size_t>(rows) * row_bytes, cudaMemcpyHostToDevice, stream_));
     } else {
@@ -210,6 +221,7 @@ class CudaBackend final : public Backend {
     }
     // The host buffer may be released (mmap closed) right after: finish before returning.
     check(cudaStreamSynchronize(stream_));
+    if (failed_) return Tensor();  // the error waits in take_error()
     return out;
   }
 
@@ -234,6 +246,19 @@ class CudaBackend final : public Backend {
     check(cudaStreamSynchronize(stream_));
     if (prof_.enabled()) prof_.flush();
   }
+  Status take_error() override {
+    if (!failed_) return Status::Ok();
+    Status e = error_;
+    // Our own failures (no memory for scratch, a full upload buffer) leave the device usable; a
+    // sticky CUDA error (an illegal address) does not, and is reported again on every call.
+    const cudaError_t st = cudaStreamSynchronize(stream_);
+    if (st == cudaSuccess) {
+      (void)cudaGetLastError();
+      failed_ = false;
+      error_ = Status::Ok();
+    }
+    return e;
+  }
 
   MemoryStats memory_stats() const override {
     MemoryStats m;
@@ -252,6 +277,7 @@ class CudaBackend final : public Backend {
 
   void begin_pass(int64_t n_rows) override {
     if (tape_->recording()) flush_tape();  // nested or unterminated pass: run what was recorded
+    if (failed_) return;  // ops are skipped until take_error(): nothing to record
     if (!graphs_ || n_rows > kGraphMaxRows || n_rows <= 0) return;
     if (g_arena_live != 0) return;  // a previous pass's activation is still alive: no reset
     if (arena_want_ > act_bytes_) {
@@ -304,6 +330,10 @@ class CudaBackend final : public Backend {
   Tensor to_host(const TensorView& src) override {
     if (tape_->recording()) flush_tape();
     Tensor out = Tensor::empty(src.dtype, src.shape);
+    if (failed_) {  // nothing valid to copy: zeros, and the error waits in take_error()
+      std::memset(out.view().data, 0, out.view().nbytes());
+      return out;
+    }
     check(cudaMemcpyAsync(out.view().data, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_));
     check(cudaStreamSynchronize(stream_));
     return out;
@@ -313,6 +343,10 @@ class CudaBackend final : public Backend {
     assert(x.rank() == 2 && x.dtype == DType::kF32 && "argmax_rows takes f32 [rows, cols]");
     const int64_t rows = x.dim(0), cols = x.dim(1), ldx = row_stride_of(x);
     if (rows == 0) return;
+    if (failed_) {  // see to_host
+      std::fill(out, out + rows, 0);
+      return;
+    }
     const float* xd = x.f32();
     auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;
     if (!ids) {  // no device memory for the ids (or a huge all-logits pass): pick on the host
@@ -322,6 +356,10 @@ class CudaBackend final : public Backend {
     rec("argmax_rows", xd, ldx, rows, cols, ids);
     launch("argmax", [=, this] { return lc::argmax_rows(xd, ldx, rows, cols, ids, stream_); });
     if (tape_->recording()) flush_tape();  // the ids are read now: run the recorded pass
+    if (failed_) {
+      std::fill(out, out + rows, 0);
+      return;
+    }
     check(cudaMemcpyAsync(g_ids_host_, ids, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToHost, stream_));
     check(cudaStreamSynchronize(stream_));
     std::memcpy(out, g_ids_host_, static_cast<size_t>(rows) * 4);
@@ -576,6 +614,12 @@ class CudaBackend final : public Backend {
   }
   template <class F>
   void launch(const char* name, F&& f) {
+    if (failed_) return;  // an earlier op failed: its outputs are garbage, run nothing more
+    if (!inject_fault_.empty() && inject_fault_ == name && --inject_count_ == 0) {  // tests of the error path
+      inject_fault_.clear();
+      fail(fmt::format("injected fault in op '{}' (LRAGENT_CUDA_INJECT_FAULT)", name));
+      return;
+    }
     if (tape_->recording()) {
       tape_->push(std::forward<F>(f));
       return;
@@ -591,6 +635,12 @@ class CudaBackend final : public Backend {
 
   // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
   void flush_tape() {
+    if (failed_) {  // an op of the pass failed while it was recorded: run none of it
+      tape_->discard();
+      for (void* p : overflow_) free_async(p);
+      overflow_.clear();
+      return;
+    }
     check(args_->flush_pass());
     const cudaError_t e = tape_->run();
     if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", cudaGetErrorString(e)));
@@ -653,13 +703,15 @@ class CudaBackend final : public Backend {
     }
   }
 
-  [[noreturn]] static void fail(const std::string& what) {
-    // A CUDA error mid-op leaves the context unusable (sticky errors); the ops have no error
-    // channel (matching the CPU backend, whose ops cannot fail), so this is fatal by design.
-    fmt::print(stderr, "error: CUDA backend: {}\n", what);
-    std::abort();
+  // Ops have no error channel (the CPU's cannot fail): the first failure is kept for
+  // take_error() and the ops after it are skipped (launch() runs nothing while failed_).
+  void fail(ErrorCode code, const std::string& what) {
+    if (failed_) return;
+    failed_ = true;
+    error_ = make_error(code, "CUDA backend (cuda:{}): {}", device_, what);
   }
-  static void check(cudaError_t e) {
+  void fail(const std::string& what) { fail(ErrorCode::kInternal, what); }
+  void check(cudaError_t e) {
     if (e != cudaSuccess) fail(cudaGetErrorString(e));
   }
 
@@ -686,7 +738,7 @@ class CudaBackend final : public Backend {
   }
   void* scratch(int slot, size_t bytes) {
     void* p = try_scratch(slot, bytes);
-    if (!p) fail(fmt::format("out of device memory for {} bytes of scratch", bytes));
+    if (!p) fail(ErrorCode::kOutOfMemory, fmt::format("out of device memory for {} bytes of scratch", bytes));
     return p;
   }
 
@@ -698,7 +750,9 @@ class CudaBackend final : public Backend {
       tape_->mark_not_graphable();  // the pass's argument region is full: upload through the ring
     }
     const void* d = args_->eager(host, bytes, padded);
-    if (!d) fail(fmt::format("cannot upload an op argument of {} bytes to the device", std::max(bytes, padded)));
+    if (!d)
+      fail(ErrorCode::kOutOfMemory,
+           fmt::format("cannot upload an op argument of {} bytes to the device", std::max(bytes, padded)));
     return d;
   }
   const int32_t* dev_ints(const int32_t* host, int64_t n) {
@@ -715,6 +769,7 @@ class CudaBackend final : public Backend {
     d.dtype = elem_of(v.dtype);
     d.page_size = v.page_size;
     d.row_stride = v.row_stride;
+    d.block_stride = v.block_step();
     d.table = dev_table(v, n_tokens);
     return d;
   }
@@ -740,12 +795,14 @@ class CudaBackend final : public Backend {
   static bool pow2(int x) { return x >= 1 && (x & (x - 1)) == 0; }
   static bool lr_fast_ok(const LowRankTerm& t) {
     return !t.active() || (t.b_dtype == DType::kBF16 && t.lr.dtype == DType::kBF16 && t.rank <= 64 && t.rank % 4 == 0 &&
-                           t.lr.row_stride % 4 == 0 && pow2(t.lr.page_size));
+                           t.lr.row_stride % 4 == 0 && t.lr.block_step() % 4 == 0 && pow2(t.lr.page_size));
   }
   bool fast_attention_ok(const AttentionParams& p) const {
     if (p.k.dtype != DType::kBF16 || p.v.dtype != DType::kBF16) return false;
     if (p.head_dim != 64 && p.head_dim != 128) return false;
-    if (!pow2(p.k.page_size) || !pow2(p.v.page_size) || p.k.row_stride % 8 || p.v.row_stride % 8) return false;
+    if (!pow2(p.k.page_size) || !pow2(p.v.page_size) || p.k.row_stride % 8 || p.v.row_stride % 8 ||
+        p.k.block_step() % 8 || p.v.block_step() % 8)
+      return false;
     if (!lr_fast_ok(p.k_lr) || !lr_fast_ok(p.v_lr)) return false;
     // The kernels place query i at n_ctx - n_q + i (a causal chunk at the end of the context).
     for (int i = 0; i < p.n_q; ++i)
@@ -760,6 +817,7 @@ class CudaBackend final : public Backend {
     d.table_stride = 0;
     d.page_size = v.page_size;
     d.row_stride = v.row_stride;
+    d.block_stride = v.block_step();
     return d;
   }
 
@@ -832,7 +890,10 @@ class CudaBackend final : public Backend {
     const uint32_t al = std::min({alignment_of(w.data), alignment_of(x), alignment_of(y)});
     std::string err;
     const lc::LtGemm::Plan* pl = gemm_->plan(w.dtype, n, in, out, ldw, ldx, ldy, al, &err);
-    if (!pl) fail(err);
+    if (!pl) {
+      fail(err);
+      return;
+    }
     const void* wd = w.data;
     rec("gemm", pl, wd, x, y, alpha, beta);
     launch("matmul.gemm", [=, this] {
@@ -845,6 +906,11 @@ class CudaBackend final : public Backend {
 
   DType dtype_ = DType::kBF16;
   int device_ = 0;
+  bool failed_ = false;  // an op failed: later ops are skipped until take_error()
+  // LRAGENT_CUDA_INJECT_FAULT=<op>[:N]: the Nth (default 1st) launch of that op fails (tests).
+  std::string inject_fault_;
+  int64_t inject_count_ = 0;
+  Status error_;         // the first failure, for take_error()
   std::string gpu_name_;
   int64_t capacity_ = 0;
   cudaStream_t stream_ = nullptr;

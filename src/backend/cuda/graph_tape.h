@@ -51,6 +51,12 @@ class GraphTape {
     ops_.clear();
     sig_.clear();
   }
+  // Stops recording and drops the recorded ops unrun (an op of the pass failed on the host side).
+  void discard() {
+    recording_ = false;
+    ops_.clear();
+    sig_.clear();
+  }
   // This pass cannot become a graph (e.g. an allocation fell outside the arena); it still runs.
   void mark_not_graphable() { graphable_ = false; }
 

@@ -286,7 +286,7 @@ __global__ void gather_bytes_kernel(const uint8_t* src, int64_t row_bytes, const
 }
 
 __device__ __forceinline__ int64_t paged_row(const PagedDev& v, int64_t t) {
-  return (static_cast<int64_t>(v.table[t / v.page_size]) * v.page_size + t % v.page_size) * v.row_stride;
+  return static_cast<int64_t>(v.table[t / v.page_size]) * v.block_stride + (t % v.page_size) * v.row_stride;
 }
 
 struct StoreMulti {

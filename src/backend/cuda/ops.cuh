@@ -91,11 +91,12 @@ cudaError_t argmax_rows(const float* x, int64_t ldx, int64_t rows, int64_t cols,
 
 // One layer of a paged cache on the device (table on the device).
 struct PagedDev {
-  void* data = nullptr;  // [n_blocks, page_size, row_stride]
+  void* data = nullptr;  // block 0's rows of this layer (see PagedView)
   Elem dtype = Elem::kF32;
   const int32_t* table = nullptr;
   int page_size = 1;
   int64_t row_stride = 0;
+  int64_t block_stride = 0;  // elements from block b to b + 1 (never 0 here: the backend resolves it)
 };
 
 // Writes rows [n, width] (f32) into a paged cache at token slots[i] (on the device), converting;

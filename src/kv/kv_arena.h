@@ -1,0 +1,83 @@
+// One memory pool for the KV caches of a trajectory, an engine or a server (vLLM's single
+// pre-allocated cache pool): every BlockPool (base K/V, low-rank rows, full caches, each agent's
+// private ones) draws its blocks from the same arena, so memory moves between components as
+// they grow and shrink instead of being split up front, and the arena accounts for every byte.
+//
+// Layout: one allocation of n_slabs · slab_bytes bytes, in the backend's cache dtype (host f32 for
+// the CPU). A slab is lent to one BlockPool at a time, which cuts it into blocks of its own
+// size; a slab whose blocks are all free goes back to the arena. Block ids count granules of
+// kGranule bytes from the arena's start, so a block's address is base + id · kGranule whatever
+// pool it belongs to (PagedView::block_stride = kGranule / element size).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/result.h"
+
+namespace lragent {
+
+class BlockPool;
+
+class KvArena {
+ public:
+  static constexpr int64_t kGranule = 256;               // bytes; block ids count these
+  static constexpr int64_t kDefaultSlabBytes = 2 << 20;  // 2 MiB
+
+  // An arena of `bytes` (rounded down to whole slabs; at least one slab). slab_bytes 0: the
+  // default; it must be a multiple of kGranule and at least the largest block of any pool that
+  // will draw from the arena. backend null: host f32, else the backend's memory in its cache_dtype().
+  static Result<std::unique_ptr<KvArena>> create(int64_t bytes, Backend* backend = nullptr, int64_t slab_bytes = 0);
+  // A slab size for an arena of about `arena_bytes` shared by `n_pools` pools whose largest block
+  // is `largest_block` bytes: a whole number of those blocks (no waste in the big pools), near
+  // kDefaultSlabBytes, but small enough that each pool's partly used last slab costs at most
+  // ~1/16 of its share of a small arena.
+  static int64_t slab_for(int64_t largest_block, int64_t arena_bytes, int n_pools);
+
+  ~KvArena();
+  KvArena(const KvArena&) = delete;
+  KvArena& operator=(const KvArena&) = delete;
+
+  DType dtype() const { return dtype_; }
+  char* base() const { return static_cast<char*>(storage_.view().data); }
+  int64_t slab_bytes() const { return slab_bytes_; }
+  int64_t n_slabs() const { return n_slabs_; }
+  int64_t free_slabs() const { return static_cast<int64_t>(free_.size()); }
+  int64_t capacity_bytes() const { return n_slabs_ * slab_bytes_; }
+  int64_t lent_bytes() const { return (n_slabs_ - free_slabs()) * slab_bytes_; }
+  int64_t free_bytes() const { return free_slabs() * slab_bytes_; }
+  std::string where() const { return where_; }  // "cuda:0 (bf16)", "host (f32)"
+
+  // Explicit byte accounting: one line per pool that draws from the arena.
+  struct PoolUsage {
+    std::string name;
+    int64_t blocks = 0;       // blocks in use
+    int64_t bytes = 0;        // blocks · the pool's block bytes
+    int64_t slab_bytes = 0;   // bytes of the slabs it holds (bytes + free blocks + slab tails)
+  };
+  std::vector<PoolUsage> usage() const;
+  // "base.k 1.2 GiB, lr.v 30 MiB, ... ; 0.4 GiB free of 2.0 GiB", for error messages and logs.
+  std::string summary() const;
+
+  // A free slab's index, or kOutOfMemory naming who holds the memory. Used by BlockPool.
+  Result<int64_t> take_slab(const std::string& for_pool);
+  void give_slab(int64_t slab);
+
+ private:
+  friend class BlockPool;
+  KvArena() = default;
+  void attach(const BlockPool* p) { pools_.push_back(p); }
+  void detach(const BlockPool* p);
+
+  DType dtype_ = DType::kF32;
+  int64_t slab_bytes_ = 0, n_slabs_ = 0;
+  std::string where_;
+  Tensor storage_;                       // [n_slabs * slab_bytes] bytes
+  std::vector<int64_t> free_;            // stack of free slab indices
+  std::vector<const BlockPool*> pools_;  // pools drawing from the arena (accounting only)
+};
+
+}  // namespace lragent

@@ -1,0 +1,165 @@
+// KvArena + BlockPool: pools of different geometries share one arena without overlapping,
+// memory moves between them as slabs empty, the cap of a --max-context-sized pool holds, the
+// accounting adds up, and exhaustion is an error that names who holds the memory.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "kv/block_pool.h"
+
+namespace lragent {
+namespace {
+
+// Marks every value of block b (all layers) of pool p with `tag`, through layer views.
+void fill_block(const BlockPool& p, int32_t b, float tag) {
+  const int32_t table[1] = {b};
+  for (int l = 0; l < p.n_layers(); ++l) {
+    const PagedView v = p.layer_view(l, table);
+    for (int t = 0; t < p.page_size(); ++t)
+      for (int64_t c = 0; c < p.width(); ++c) v.row(t)[c] = tag + static_cast<float>(l * 1000 + t * 10) + c * 1e-3f;
+  }
+}
+bool block_holds(const BlockPool& p, int32_t b, float tag) {
+  const int32_t table[1] = {b};
+  for (int l = 0; l < p.n_layers(); ++l) {
+    const PagedView v = p.layer_view(l, table);
+    for (int t = 0; t < p.page_size(); ++t)
+      for (int64_t c = 0; c < p.width(); ++c)
+        if (v.row(t)[c] != tag + static_cast<float>(l * 1000 + t * 10) + c * 1e-3f) return false;
+  }
+  return true;
+}
+
+TEST(KvArena, PoolsOfDifferentWidthsShareOneArenaWithoutOverlap) {
+  // 64 KiB slabs: a 4-layer, 16-token, 64-wide f32 block is 16 KiB (4 per slab); the 4-wide
+  // low-rank block is 1 KiB (64 per slab); a 3-layer, 5-wide one is 960 B (rounded to 1 KiB).
+  auto arena = KvArena::create(16 * 65536, nullptr, 65536);
+  ASSERT_TRUE(arena.ok()) << arena.error().message;
+  auto base = BlockPool::create("base.k", 4, 16, 64, arena->get());
+  auto lr = BlockPool::create("lr.k", 4, 16, 4, arena->get());
+  auto odd = BlockPool::create("agent0.full.k", 3, 16, 5, arena->get());
+  ASSERT_TRUE(base.ok() && lr.ok() && odd.ok());
+  std::map<std::pair<BlockPool*, int32_t>, float> tags;
+  float tag = 1.f;
+  for (int i = 0; i < 9; ++i)
+    for (BlockPool* p : {base->get(), lr->get(), odd->get()}) {
+      auto b = p->allocate();
+      ASSERT_TRUE(b.ok()) << b.error().message;
+      fill_block(*p, *b, tag);
+      tags[{p, *b}] = tag;
+      tag += 100000.f;
+    }
+  // Every block still holds what was written to it: no two blocks of any pools overlap.
+  for (const auto& [key, t] : tags) EXPECT_TRUE(block_holds(*key.first, key.second, t)) << key.first->name();
+  EXPECT_EQ((*base)->used_blocks(), 9);
+  EXPECT_EQ((*base)->held_slabs(), 3);  // 9 blocks at 4 per slab
+  EXPECT_EQ((*lr)->held_slabs(), 1);
+  EXPECT_EQ((*odd)->held_slabs(), 1);
+  EXPECT_EQ((*arena)->free_slabs(), 16 - 5);
+  for (const auto& [key, t] : tags) key.first->release(key.second);
+  EXPECT_EQ((*arena)->free_slabs(), 16);  // emptied slabs all went back
+}
+
+TEST(KvArena, MemoryMovesBetweenPoolsAndExhaustionNamesTheHolders) {
+  auto arena = KvArena::create(4 * 65536, nullptr, 65536);
+  ASSERT_TRUE(arena.ok());
+  auto a = BlockPool::create("agent0.full.k", 4, 16, 64, arena->get());  // 16 KiB blocks, 4 per slab
+  auto b = BlockPool::create("agent1.full.k", 4, 16, 64, arena->get());
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::vector<int32_t> held;
+  for (int i = 0; i < 16; ++i) {
+    auto x = (*a)->allocate();
+    ASSERT_TRUE(x.ok()) << i << ": " << x.error().message;
+    held.push_back(*x);
+  }
+  EXPECT_EQ((*a)->free_blocks(), 0);
+  EXPECT_EQ((*b)->free_blocks(), 0);
+  auto none = (*b)->allocate();
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_NE(none.error().message.find("agent1.full.k"), std::string::npos) << none.error().message;
+  EXPECT_NE(none.error().message.find("agent0.full.k 256.0 KiB"), std::string::npos) << none.error().message;
+  // Freeing three blocks of one slab keeps it with agent0; the fourth returns it to the arena.
+  for (int i = 0; i < 3; ++i) (*a)->release(held[static_cast<size_t>(i)]);
+  EXPECT_EQ((*b)->free_blocks(), 0);
+  EXPECT_EQ((*a)->free_blocks(), 3);
+  (*a)->release(held[3]);
+  EXPECT_EQ((*b)->free_blocks(), 4);
+  auto y = (*b)->allocate();
+  ASSERT_TRUE(y.ok()) << y.error().message;
+  EXPECT_EQ(*y, held[0]) << "agent1 reuses the memory agent0 gave back";
+  // Accounting: one line per pool; bytes are blocks in use, slab bytes what each holds.
+  const auto usage = (*arena)->usage();
+  ASSERT_EQ(usage.size(), 2u);
+  EXPECT_EQ(usage[0].blocks, 12);
+  EXPECT_EQ(usage[0].bytes, 12 * 16384);
+  EXPECT_EQ(usage[0].slab_bytes, 3 * 65536);
+  EXPECT_EQ(usage[1].blocks, 1);
+  EXPECT_EQ(usage[1].slab_bytes, 65536);
+  EXPECT_EQ((*arena)->lent_bytes(), 4 * 65536);
+  (*b)->release(*y);
+  for (size_t i = 4; i < held.size(); ++i) (*a)->release(held[i]);
+  EXPECT_EQ((*arena)->free_slabs(), 4);
+}
+
+TEST(KvArena, RefcountsAndCap) {
+  auto p = BlockPool::create("k", 2, 4, 8, 3);  // own arena, capped at 3 blocks
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  EXPECT_EQ((*p)->free_blocks(), 3);
+  auto x = (*p)->allocate();
+  ASSERT_TRUE(x.ok());
+  (*p)->retain(*x);
+  EXPECT_EQ((*p)->refcount(*x), 2);
+  (*p)->release(*x);
+  EXPECT_EQ((*p)->refcount(*x), 1);
+  EXPECT_EQ((*p)->used_blocks(), 1);
+  auto y = (*p)->allocate(), z = (*p)->allocate();
+  ASSERT_TRUE(y.ok() && z.ok());
+  std::set<int32_t> ids = {*x, *y, *z};
+  EXPECT_EQ(ids.size(), 3u);
+  auto over = (*p)->allocate();
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(over.error().message.find("all 3 blocks"), std::string::npos) << over.error().message;
+  for (int32_t b : ids) (*p)->release(b);
+  EXPECT_EQ((*p)->used_blocks(), 0);
+  EXPECT_EQ((*p)->refcount(*x), 0);
+}
+
+TEST(KvArena, StreamReserveFailureKeepsWhatIsStored) {
+  auto p = BlockPool::create("v", 1, 4, 2, 2);  // 2 blocks of 4 tokens
+  ASSERT_TRUE(p.ok());
+  PagedStream s(p->get());
+  ASSERT_TRUE(s.reserve(5).ok());
+  const std::vector<int32_t> table = s.table();
+  s.view(0).row(4)[1] = 42.f;
+  const Status st = s.reserve(9);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_NE(st.error().message.find("exhausted"), std::string::npos);
+  EXPECT_EQ(s.table(), table);
+  EXPECT_EQ(s.view(0).row(4)[1], 42.f);
+}
+
+TEST(KvArena, BadGeometryAndSlabErrors) {
+  auto arena = KvArena::create(65536, nullptr, 65536);
+  ASSERT_TRUE(arena.ok());
+  auto big = BlockPool::create("huge", 64, 16, 64, arena->get());  // 256 KiB block > 64 KiB slab
+  ASSERT_FALSE(big.ok());
+  EXPECT_NE(big.error().message.find("does not fit"), std::string::npos) << big.error().message;
+  EXPECT_FALSE(BlockPool::create("zero", 0, 16, 64, arena->get()).ok());
+  EXPECT_FALSE(BlockPool::create("none", 1, 16, 64, nullptr).ok());
+  EXPECT_FALSE(KvArena::create(65536, nullptr, 1000).ok());  // not a multiple of the granule
+  // Slabs are whole blocks: ~2 MiB for big arenas, one block when the block is bigger, and
+  // smaller for small arenas so a partly used last slab stays cheap.
+  EXPECT_EQ(KvArena::slab_for(100, int64_t{1} << 40, 4), KvArena::kDefaultSlabBytes);
+  EXPECT_EQ(KvArena::slab_for(3 << 20, int64_t{1} << 40, 4), 3 << 20);
+  EXPECT_EQ(KvArena::slab_for(1 << 20, int64_t{1} << 40, 4), 2 << 20);
+  EXPECT_EQ(KvArena::slab_for(3000, 64 * 3072, 1), 4 * 3072);  // 64 blocks: slabs of 4
+  EXPECT_EQ(KvArena::slab_for(3000, 8 * 3072, 1), 3072);
+  EXPECT_EQ(KvArena::slab_for(1024, 64 * 1024 * 16, 2), 32 * 1024);
+  EXPECT_EQ(BlockPool::arena_bytes_for(16384, 9, 65536), 3 * 65536);
+}
+
+}  // namespace
+}  // namespace lragent
