@@ -1,25 +1,44 @@
-// Backend factory pieces that do not depend on the device: the CUDA entry point of builds
-// without CUDA (the CUDA build defines it in cuda/cuda_backend.cpp).
+// Backend pieces that do not depend on the device: the host fallbacks of the row picks
+// (argmax_rows, sample_rows) and the CUDA entry point of builds without CUDA (the CUDA build
+// defines it in cuda/cuda_backend.cpp).
 #include "backend/backend.h"
 
-#include <algorithm>
 #include <cassert>
 
 namespace lragent {
 
+namespace {
+
+// x [rows, cols] f32 in host memory (a host copy for a device backend) and its row stride.
+struct HostRows {
+  Tensor copy;  // empty on the CPU
+  const float* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+};
+HostRows host_rows(Backend& be, const TensorView& x) {
+  HostRows h;
+  if (be.device() != Device::kCpu) h.copy = be.to_host(x);
+  const TensorView v = be.device() == Device::kCpu ? x : h.copy.view();
+  h.data = v.f32();
+  h.rows = v.dim(0);
+  h.cols = v.dim(1);
+  h.ld = v.strides.empty() ? h.cols : v.strides[0];
+  return h;
+}
+
+}  // namespace
+
 void Backend::argmax_rows(const TensorView& x, int32_t* out) {
   assert(x.rank() == 2 && x.dtype == DType::kF32 && "argmax_rows takes f32 [rows, cols]");
-  Tensor host = device() == Device::kCpu ? Tensor() : to_host(x);
-  const TensorView v = device() == Device::kCpu ? x : host.view();
-  const int64_t rows = v.dim(0), cols = v.dim(1);
-  const int64_t ld = v.strides.empty() ? cols : v.strides[0];
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = v.f32() + r * ld;
-    int64_t best = -1;
-    for (int64_t i = 0; i < cols; ++i)  // lowest index on ties (Sampler::argmax); NaN never picked
-      if (row[i] == row[i] && (best < 0 || row[i] > row[best])) best = i;
-    out[r] = static_cast<int32_t>(std::max<int64_t>(best, 0));
-  }
+  const HostRows h = host_rows(*this, x);
+  for (int64_t r = 0; r < h.rows; ++r) out[r] = argmax_row(h.data + r * h.ld, h.cols);
+}
+
+void Backend::sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out) {
+  assert(logits.rank() == 2 && logits.dtype == DType::kF32 && "sample_rows takes f32 [rows, vocab]");
+  assert(params.size() == static_cast<size_t>(logits.dim(0)) && "sample_rows takes one RowSampling per row");
+  const HostRows h = host_rows(*this, logits);
+  for (int64_t r = 0; r < h.rows; ++r) out[r] = sample_row(h.data + r * h.ld, h.cols, params[static_cast<size_t>(r)]);
 }
 
 #ifndef LRAGENT_HAVE_CUDA

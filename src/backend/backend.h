@@ -15,6 +15,7 @@
 
 #include "core/result.h"
 #include "backend/random.h"
+#include "backend/sampling_ref.h"
 #include "core/tensor.h"
 
 namespace lragent {
@@ -137,6 +138,11 @@ class Backend {
   // memory); ties go to the lowest index, NaNs are never picked (as Sampler::argmax). Greedy
   // sampling on the device: only rows ints come back instead of the logits.
   virtual void argmax_rows(const TensorView& x, int32_t* out);
+  // out[r] (host) = sample_row(row r of logits, params[r]) (backend/sampling_ref.h: temperature,
+  // top-k, top-p, the pick by params[r].u); logits [rows, vocab] f32 in this backend's memory,
+  // params.size() == rows. Sampling on the device: only rows ints come back. By default the
+  // logits are copied to the host and the reference runs there (the CPU backend's way).
+  virtual void sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out);
 
   // y[n, out] = alpha · x[n, in] · w[out, in]^T + beta · y (+ bias[out] when given).
   // w may be f32/f16/bf16 and may be strided along rows (a slice of a larger matrix).

@@ -71,33 +71,41 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       }
     }
     if (batch.empty()) break;
-    // Greedy everywhere and no logits wanted: pick on the device, only the ids come back.
-    bool device_greedy = true;
-    for (const Running* r : members) {
-      const GenerateRequest& req = reqs[r->index];
-      device_greedy = device_greedy && req.sampling.temperature <= 0.f &&
-                      !(req.keep_first_logits && results[r->index].output.empty());
+    // Unless some member wants this step's logits (keep_first_logits), the picks are made on the
+    // device and only the ids come back. The u of each row that samples is drawn here, on the
+    // host; rows of unfinished prompt chunks sample nothing (greedy, no draw, id discarded).
+    auto samples = [&](size_t b) {
+      return members[b]->processed + batch[b].n_tokens >= static_cast<int64_t>(members[b]->tokens.size());
+    };
+    bool want_logits = false;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      const size_t i = members[b]->index;
+      want_logits = want_logits || (samples(b) && reqs[i].keep_first_logits && results[i].output.empty());
     }
     Tensor logits;
-    std::vector<int32_t> picked;  // [batch] when device_greedy
-    if (device_greedy) {
-      LRA_ASSIGN_OR_RETURN(picked, model_.forward_argmax(batch));
+    std::vector<int32_t> picked;  // [batch] when !want_logits
+    if (!want_logits) {
+      std::vector<RowSampling> rows(batch.size());  // [batch] one per logits row
+      for (size_t b = 0; b < batch.size(); ++b)
+        if (samples(b)) rows[b] = members[b]->sampler.next_row();
+      LRA_ASSIGN_OR_RETURN(picked, model_.forward_sample(batch, rows));
     } else {
       LRA_ASSIGN_OR_RETURN(logits, model_.forward(batch));
     }
     for (size_t b = 0; b < batch.size(); ++b) {
       Running& r = *members[b];
+      const bool sampled = samples(b);
       r.processed += batch[b].n_tokens;
-      if (r.processed < static_cast<int64_t>(r.tokens.size())) continue;  // prompt chunk, no sample yet
+      if (!sampled) continue;  // prompt chunk, no sample yet
       GenerateResult& res = results[r.index];
       const GenerateRequest& req = reqs[r.index];
       int32_t tok = 0;
-      if (device_greedy) {
+      if (!want_logits) {
         tok = picked[b];
       } else {
         const float* row = logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size;
         if (req.keep_first_logits && res.output.empty()) res.first_logits.assign(row, row + cfg.vocab_size);
-        tok = r.sampler.sample(row, cfg.vocab_size);
+        tok = r.sampler.sample(row, cfg.vocab_size);  // the same rules as the device pick
       }
       res.output.push_back(tok);
       r.tokens.push_back(tok);

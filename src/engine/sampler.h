@@ -1,13 +1,18 @@
 // Next-token sampling: greedy, temperature, top-k, top-p (HF order: temperature, top-k, top-p).
+// The rules are those of sample_row (backend/sampling_ref.h), so a pick made on a backend's
+// device (Backend::sample_rows) and one made here from host logits agree; the Sampler owns the
+// seeded generator that draws each sampled row's u.
 #pragma once
 
 #include <cstdint>
 #include <random>
 
+#include "backend/sampling_ref.h"
+
 namespace lragent {
 
 struct SamplingParams {
-  float temperature = 0.f;  // 0: greedy
+  float temperature = 0.f;  // <= 0: greedy
   int top_k = 0;            // 0: off
   float top_p = 1.f;        // 1: off
   uint64_t seed = 0;
@@ -16,9 +21,14 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(SamplingParams p) : p_(p), rng_(p.seed) {}
-  // logits: [vocab]. Greedy ties go to the lowest id (torch.argmax does the same).
+  // The parameters of the next sampled row, with its u drawn from the seeded generator (one
+  // std::mt19937_64 draw per row; greedy rows draw nothing and get u = 0).
+  RowSampling next_row();
+  // next_row() applied to host logits [vocab]: sample_row(logits, vocab, next_row()).
   int32_t sample(const float* logits, int vocab);
-  static int32_t argmax(const float* logits, int vocab);
+  // Greedy: ties go to the lowest id (torch.argmax does the same), NaN never picked.
+  static int32_t argmax(const float* logits, int vocab) { return argmax_row(logits, vocab); }
+  bool greedy() const { return !(p_.temperature > 0.f); }
 
  private:
   SamplingParams p_;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -66,8 +67,12 @@ class LlamaModel {
   // token if all_logits else one row (its last token). Validates ids and positions first.
   // `registry` resolves shared-A groups (may be null).
   Result<Tensor> forward(const std::vector<SeqInput>& batch, const AdapterRegistry* registry = nullptr);
-  // The same pass, but greedy: the id of each logits row's largest value (ties: lowest id), picked
-  // on the backend's device, so only the ids come back (one per row forward() would return).
+  // The same pass, but each logits row is turned into a token id on the backend's device
+  // (Backend::sample_rows; rules in backend/sampling_ref.h), so only the ids come back, one per
+  // row forward() would return. `rows` gives each of those rows its parameters (its u drawn on
+  // the host); a size other than the row count is an error.
+  Result<std::vector<int32_t>> forward_sample(const std::vector<SeqInput>& batch, std::span<const RowSampling> rows);
+  // forward_sample, greedy on every row: the id of each row's largest value (ties: lowest id).
   Result<std::vector<int32_t>> forward_argmax(const std::vector<SeqInput>& batch);
 
   // Optional hook to capture per-layer hidden states (fidelity tools): called with the
@@ -79,8 +84,10 @@ class LlamaModel {
 
  private:
   LlamaModel(ModelConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
-  // forward() and forward_argmax(): logits (host) when argmax_out is null, else the ids in it.
-  Result<Tensor> run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* argmax_out);
+  // forward() and forward_sample(): logits (host) when picks is null, else the ids in it, picked
+  // with `rows` (empty: greedy).
+  Result<Tensor> run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
+                          std::span<const RowSampling> rows = {});
   Status validate_batch(const std::vector<SeqInput>& batch) const;
   // Copies host weights to a non-CPU backend (its weight dtype); a no-op on the CPU.
   Status place_weights();

@@ -1,5 +1,6 @@
 // The forward pass of LlamaModel: one batch of sequences, each with its own positions,
 // KV binding and adapter.
+#include <algorithm>
 #include <cmath>
 
 #include "model/llama.h"
@@ -28,7 +29,23 @@ Result<std::vector<int32_t>> LlamaModel::forward_argmax(const std::vector<SeqInp
   return ids;
 }
 
-Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* argmax_out) {
+Result<std::vector<int32_t>> LlamaModel::forward_sample(const std::vector<SeqInput>& batch,
+                                                        std::span<const RowSampling> rows) {
+  size_t n_out = 0;
+  for (const SeqInput& in : batch) n_out += in.all_logits ? static_cast<size_t>(std::max(in.n_tokens, 0)) : 1;
+  if (rows.size() != n_out)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "forward_sample: {} sampling rows given for a batch that yields {} logits rows", rows.size(),
+                      n_out);
+  std::vector<int32_t> ids;
+  auto r = run_pass(batch, &ids, rows);
+  LRA_RETURN_IF_ERROR(be_.take_error());
+  if (!r.ok()) return r.error();
+  return ids;
+}
+
+Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
+                                    std::span<const RowSampling> rows) {
   LRA_RETURN_IF_ERROR(validate_batch(batch));
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size, hd = c.head_dim;
@@ -191,9 +208,12 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
   Tensor logits = be_.alloc(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
   be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
-  if (argmax_out) {
-    argmax_out->resize(static_cast<size_t>(n_out));
-    be_.argmax_rows(logits.view(), argmax_out->data());
+  if (picks) {
+    picks->resize(static_cast<size_t>(n_out));
+    if (rows.empty())
+      be_.argmax_rows(logits.view(), picks->data());
+    else
+      be_.sample_rows(logits.view(), rows, picks->data());
     return Tensor();
   }
   if (be_.device() != Device::kCpu) return be_.to_host(logits.view());

@@ -159,7 +159,8 @@ TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
 }
 
 // Greedy sampling on the device: the same ids as the CPU backend (lowest index on ties, NaN
-// never picked) at awkward widths, up to a Llama-3 vocabulary.
+// never picked) at awkward widths, up to a Llama-3 vocabulary. sample_rows (temperature, top-k,
+// top-p) has its own file: sampling_cuda_test.cpp.
 TEST_P(CudaOps, ArgmaxRowsMatchesCpu) {
   REQUIRE_GPU();
   auto gpu = cuda_backend(GetParam());

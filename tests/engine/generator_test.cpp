@@ -90,6 +90,55 @@ TEST(Generator, ExhaustedKvPoolIsAnErrorNotACrash) {
   EXPECT_NE(res.error().message.find("exhausted"), std::string::npos);
 }
 
+// Sampled generation picks on the backend (forward_sample) unless the step's logits are wanted;
+// both paths follow the same rules with the same draws, so keep_first_logits (its first token
+// picked from host logits) changes nothing. Same seed, same text; another seed, another text.
+TEST(Generator, SampledPicksAreTheSameOnBothPathsAndSeeded) {
+  auto be = make_cpu_backend(2);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto run = [&](bool keep_logits, uint64_t seed, int64_t budget) {
+    auto reqs = make_requests();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].keep_first_logits = keep_logits;
+      reqs[i].sampling = {0.9f, i == 1 ? 0 : 40, i == 2 ? 1.f : 0.95f, seed + i};
+    }
+    reqs[3].sampling.temperature = 0.f;  // a greedy request in the same batches
+    EngineOptions opts;
+    opts.max_batch_tokens = budget;
+    Generator gen(**model, opts);
+    auto res = gen.run(reqs);
+    EXPECT_TRUE(res.ok()) << res.error().message;
+    std::vector<std::vector<int32_t>> out;
+    if (res.ok())
+      for (const auto& r : *res) out.push_back(r.output);
+    return out;
+  };
+  for (int64_t budget : {512, 7}) {
+    const auto device = run(false, 11, budget);
+    ASSERT_EQ(device.size(), 4u);
+    EXPECT_EQ(run(true, 11, budget), device) << "budget " << budget;
+    EXPECT_EQ(run(false, 11, budget), device) << "budget " << budget;
+    const auto other = run(false, 500, budget);
+    EXPECT_NE(other[0], device[0]);
+    EXPECT_EQ(other[3], device[3]) << "the greedy request draws nothing";
+  }
+}
+
+TEST(Generator, ForwardSampleWantsOneRowPerLogitsRow) {
+  auto be = make_cpu_backend(1);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok());
+  auto pools = KvPools::create((*model)->config(), 16, 4, "test", pool_backend(*be));
+  ASSERT_TRUE(pools.ok());
+  FullKvCache kv(pools->k.get(), pools->v.get());
+  const std::vector<int32_t> ids = {1, 50, 60};
+  const std::vector<RowSampling> two(2);
+  auto r = (*model)->forward_sample({SeqInput{ids.data(), 3, 0, &kv, nullptr, false}}, two);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("2 sampling rows"), std::string::npos) << r.error().message;
+}
+
 TEST(Sampler, GreedyTopKTopPAndSeed) {
   std::vector<float> logits = {0.f, 3.f, 1.f, 2.9f, -5.f};
   Sampler greedy({0.f, 0, 1.f, 0});

@@ -2,7 +2,8 @@
 //   memory   stream-ordered allocator (cudaMallocAsync on the backend's stream, pool kept
 //            cached), so the per-forward activations cost no cudaMalloc/cudaFree syncs;
 //   GEMM     cuBLASLt (lt_gemm.h) for prefill-sized products; the decode GEMV (gemv.cu) for <= 8 rows;
-//   ops      ops.cu (RMSNorm, RoPE, SwiGLU, embedding, paged stores, ...);
+//   ops      ops.cu (RMSNorm, RoPE, SwiGLU, embedding, paged stores, ...); the token pick
+//            (temperature, top-k, top-p) in sampling.cu;
 //   attention  the tuned kernels of attention.cuh for bf16 caches with head_dim 64/128, else
 //            the generic kernel of ops.cu (f32 caches, other head dims);
 //   host arrays passed to ops (ids, positions, slots, block tables, inv_freq): host_args.h.
@@ -32,6 +33,7 @@
 #include "backend/cuda/lt_gemm.h"
 #include "backend/cuda/op_profiler.h"
 #include "backend/cuda/ops.cuh"
+#include "backend/cuda/sampling.cuh"
 
 namespace lragent {
 namespace {
@@ -355,14 +357,39 @@ class CudaBackend final : public Backend {
     }
     rec("argmax_rows", xd, ldx, rows, cols, ids);
     launch("argmax", [=, this] { return lc::argmax_rows(xd, ldx, rows, cols, ids, stream_); });
-    if (tape_->recording()) flush_tape();  // the ids are read now: run the recorded pass
-    if (failed_) {
+    read_ids(ids, rows, out);
+  }
+
+  void sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out) override {
+    assert(logits.rank() == 2 && logits.dtype == DType::kF32 && "sample_rows takes f32 [rows, vocab]");
+    assert(params.size() == static_cast<size_t>(logits.dim(0)) && "sample_rows takes one RowSampling per row");
+    const int64_t rows = logits.dim(0);
+    if (rows == 0) return;
+    if (failed_) {  // see to_host
       std::fill(out, out + rows, 0);
       return;
     }
-    check(cudaMemcpyAsync(g_ids_host_, ids, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToHost, stream_));
-    check(cudaStreamSynchronize(stream_));
-    std::memcpy(out, g_ids_host_, static_cast<size_t>(rows) * 4);
+    if (std::all_of(params.begin(), params.end(), [](const RowSampling& r) { return !(r.temperature > 0.f); })) {
+      argmax_rows(logits, out);  // all greedy: the cheaper kernel, the same ids
+      return;
+    }
+    auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;
+    if (!ids) {  // as argmax_rows: no device memory for the ids, pick on the host
+      Backend::sample_rows(logits, params, out);
+      return;
+    }
+    lc::SampleRowsParams sp;
+    sp.logits = logits.f32();
+    sp.ld = row_stride_of(logits);
+    sp.rows = rows;
+    sp.vocab = logits.dim(1);
+    // u changes every step: through the upload path (a recorded pass's argument region), never
+    // by value into the signature, so a decode step's graph replays with each step's draws.
+    sp.params = static_cast<const RowSampling*>(dev_bytes(params.data(), params.size_bytes()));
+    sp.out = ids;
+    rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out);
+    launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
+    read_ids(ids, rows, out);
   }
 
   void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
@@ -605,6 +632,18 @@ class CudaBackend final : public Backend {
   // Graphs: passes of at most this many rows are recorded (decode steps, agent batches).
   static constexpr int64_t kGraphMaxRows = lc::kGemvMaxRows;
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
+
+  // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
+  void read_ids(const int32_t* ids, int64_t rows, int32_t* out) {
+    if (tape_->recording()) flush_tape();
+    if (failed_) {  // see to_host
+      std::fill(out, out + rows, 0);
+      return;
+    }
+    check(cudaMemcpyAsync(g_ids_host_, ids, static_cast<size_t>(rows) * 4, cudaMemcpyDeviceToHost, stream_));
+    check(cudaStreamSynchronize(stream_));
+    std::memcpy(out, g_ids_host_, static_cast<size_t>(rows) * 4);
+  }
 
   // ---- op dispatch: run now, or append to the tape while a pass is recorded
   // Signature values of the op about to be launched (only while recording).
@@ -932,7 +971,7 @@ class CudaBackend final : public Backend {
   std::vector<void*> overflow_;
   bool matmul_only_ = false;  // set_matmul_only_outputs
   static constexpr int64_t kMaxIdsHost = 1 << 16;
-  int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows
+  int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
   lc::OpProfiler prof_{std::getenv("LRAGENT_CUDA_PROFILE") != nullptr};
 };
 
