@@ -127,6 +127,7 @@ lc::DevPagedView view(const bf16* data, const int32_t* table, int64_t table_stri
   v.table_stride = table_stride;
   v.page_size = kPage;
   v.row_stride = row;
+  v.block_stride = kPage * row;
   return v;
 }
 

@@ -260,6 +260,7 @@ void run_case(const Case& cs, uint32_t seed) {
     pv.table_stride = max_pages;
     pv.page_size = cs.page;
     pv.row_stride = stride;
+    pv.block_stride = cs.page * stride;
     return pv;
   };
   lc::AttnParams p;

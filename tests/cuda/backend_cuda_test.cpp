@@ -224,8 +224,6 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
     Tensor lkh = random_host({c.n_ctx, std::max(c.rank, 1)}, 13), lvh = random_host({c.n_ctx, std::max(c.rank, 1)}, 14);
     Tensor bk = random_host({width, std::max(c.rank, 1)}, 15, 0.3f), bv = random_host({width, std::max(c.rank, 1)}, 16, 0.3f);
     Tensor q = random_host({c.n_q, c.heads, c.hd}, 17);
-    std::vector<int32_t> table(static_cast<size_t>(blocks));  // shuffled block ids
-    for (int64_t b = 0; b < blocks; ++b) table[static_cast<size_t>(b)] = static_cast<int32_t>((b * 5 + 3) % blocks);
     std::vector<int32_t> slots(static_cast<size_t>(c.n_ctx)), q_pos(static_cast<size_t>(c.n_q));
     for (int i = 0; i < c.n_ctx; ++i) slots[static_cast<size_t>(i)] = i;
     for (int i = 0; i < c.n_q; ++i) q_pos[static_cast<size_t>(i)] = c.n_ctx - c.n_q + i;
@@ -242,15 +240,35 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
       auto plk = BlockPool::create("lrk", 1, c.page, std::max(c.rank, 1), blocks, pb);
       auto plv = BlockPool::create("lrv", 1, c.page, std::max(c.rank, 1), blocks, pb);
       ASSERT_TRUE(pk.ok() && pv.ok() && plk.ok() && plv.ok());
+      // Each pool's blocks as allocated, in a shuffled order: [blocks] block ids per pool.
+      std::vector<int32_t> tables[4];
+      BlockPool* pools[4] = {pk->get(), pv->get(), plk->get(), plv->get()};
+      for (int i = 0; i < 4; ++i) {
+        std::vector<int32_t> ids;
+        for (int64_t b = 0; b < blocks; ++b) {
+          auto id = pools[i]->allocate();
+          ASSERT_TRUE(id.ok()) << id.error().message;
+          ids.push_back(*id);
+        }
+        for (int64_t b = 0; b < blocks; ++b) tables[i].push_back(ids[static_cast<size_t>((b * 5 + 3) % blocks)]);
+      }
+      struct Release {
+        BlockPool** pools;
+        std::vector<int32_t>* tables;
+        ~Release() {
+          for (int i = 0; i < 4; ++i)
+            for (int32_t b : tables[i]) pools[i]->release(b);
+        }
+      } release{pools, tables};
       auto dev = [&](const Tensor& t) { return side ? be.upload(t.view(), DType::kF32) : Tensor(); };
       auto view_of = [&](const Tensor& host, const Tensor& d) { return side ? d.view() : host.view(); };
       Tensor kd = dev(kh), vd = dev(vh), lkd = dev(lkh), lvd = dev(lvh), qd = dev(q);
       Tensor bkd = side ? be.upload(bk.view(), be.weight_dtype()) : Tensor();
       Tensor bvd = side ? be.upload(bv.view(), be.weight_dtype()) : Tensor();
-      be.store_rows(view_of(kh, kd), (*pk)->layer_view(0, table.data()), slots.data());
-      be.store_rows(view_of(vh, vd), (*pv)->layer_view(0, table.data()), slots.data());
-      be.store_rows(view_of(lkh, lkd), (*plk)->layer_view(0, table.data()), slots.data());
-      be.store_rows(view_of(lvh, lvd), (*plv)->layer_view(0, table.data()), slots.data());
+      be.store_rows(view_of(kh, kd), (*pk)->layer_view(0, tables[0].data()), slots.data());
+      be.store_rows(view_of(vh, vd), (*pv)->layer_view(0, tables[1].data()), slots.data());
+      be.store_rows(view_of(lkh, lkd), (*plk)->layer_view(0, tables[2].data()), slots.data());
+      be.store_rows(view_of(lvh, lvd), (*plv)->layer_view(0, tables[3].data()), slots.data());
       Tensor out = be.alloc(DType::kF32, {c.n_q, c.heads, c.hd});
       AttentionParams p;
       p.n_heads = c.heads;
@@ -261,12 +279,12 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
       p.q = view_of(q, qd).f32();
       p.q_pos = q_pos.data();
       p.n_ctx = c.n_ctx;
-      p.k = (*pk)->layer_view(0, table.data());
-      p.v = (*pv)->layer_view(0, table.data());
+      p.k = (*pk)->layer_view(0, tables[0].data());
+      p.v = (*pv)->layer_view(0, tables[1].data());
       const TensorView& bkv = side ? bkd.view() : bk.view();
       const TensorView& bvv = side ? bvd.view() : bv.view();
-      if (c.k_lr) p.k_lr = {(*plk)->layer_view(0, table.data()), bkv.data, c.rank, 0.7f, bkv.dtype};
-      if (c.v_lr) p.v_lr = {(*plv)->layer_view(0, table.data()), bvv.data, c.rank, 0.7f, bvv.dtype};
+      if (c.k_lr) p.k_lr = {(*plk)->layer_view(0, tables[2].data()), bkv.data, c.rank, 0.7f, bkv.dtype};
+      if (c.v_lr) p.v_lr = {(*plv)->layer_view(0, tables[3].data()), bvv.data, c.rank, 0.7f, bvv.dtype};
       p.inv_freq = inv_freq.data();
       p.out = out.f32();
       be.attention(p);

@@ -10,7 +10,8 @@ bool pow2(int x) { return x >= 1 && (x & (x - 1)) == 0; }
 
 bool view_ok(const DevPagedView& v, int64_t align_elems) {
   return v.data != nullptr && v.table != nullptr && pow2(v.page_size) && v.row_stride > 0 &&
-         v.row_stride % align_elems == 0 && v.block_step() % align_elems == 0 &&
+         v.row_stride % align_elems == 0 && v.block_stride > 0 && v.block_stride % align_elems == 0 &&
+         v.block_stride <= INT32_MAX && static_cast<int64_t>(v.page_size) * v.row_stride <= INT32_MAX &&
          reinterpret_cast<uintptr_t>(v.data) % (align_elems * 2) == 0;
 }
 

@@ -46,10 +46,9 @@ struct DevPagedView {
   int64_t table_stride = 0;        // entries per sequence; 0: every sequence shares one table
   int page_size = 1;               // power of two
   int64_t row_stride = 0;          // elements per token row
-  int64_t block_stride = 0;        // elements from block b to b + 1 (0: page_size · row_stride)
-  LRAGENT_HD int64_t block_step() const {
-    return block_stride ? block_stride : static_cast<int64_t>(page_size) * row_stride;
-  }
+  // Elements from block b to b + 1: page_size · row_stride for one contiguous layer slice, larger
+  // in a KvArena. Always set (no 0 default to resolve in the kernels' address arithmetic).
+  int64_t block_stride = 0;
 };
 
 // Low-rank adapter term (see LowRankTerm in backend.h).

@@ -13,10 +13,13 @@ namespace lragent::cuda::detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Element offset of token t's row in a paged view (sequence s).
+// Element offset of token t's row in a paged view (sequence s). block_stride and
+// page_size · row_stride fit in 32 bits (the launcher checks), so this is one wide multiply-add
+// and one 32-bit one: it sits on the path of every K/V tile load.
 __device__ __forceinline__ int64_t paged_offset(const DevPagedView& v, int s, int t, int page_shift) {
   const int32_t blk = __ldg(v.table + static_cast<int64_t>(s) * v.table_stride + (t >> page_shift));
-  return static_cast<int64_t>(blk) * v.block_step() + static_cast<int64_t>(t & (v.page_size - 1)) * v.row_stride;
+  const int32_t in_block = (t & (v.page_size - 1)) * static_cast<int32_t>(v.row_stride);
+  return static_cast<int64_t>(blk) * static_cast<int32_t>(v.block_stride) + in_block;
 }
 
 // Per-sequence query geometry.
