@@ -1,0 +1,302 @@
+// Internal: the CUDA backend class, shared by its .cpp files (not part of the public API).
+// The CUDA backend: the Backend interface on one NVIDIA GPU.
+//   memory   stream-ordered allocator (cudaMallocAsync on the backend's stream, pool kept
+//            cached), so the per-forward activations cost no cudaMalloc/cudaFree syncs;
+//   GEMM     cuBLASLt (lt_gemm.h) for prefill-sized products; the decode GEMV (gemv.cu) for <= 8 rows;
+//   ops      ops.cu (RMSNorm, RoPE, SwiGLU, embedding, paged stores, ...); the token pick
+//            (temperature, top-k, top-p) in sampling.cu;
+//   attention  the tuned kernels of attention.cuh for bf16 caches with head_dim 64/128, else
+//            the generic kernel of ops.cu (f32 caches, other head dims);
+//   host arrays passed to ops (ids, positions, slots, block tables, inv_freq): host_args.h.
+//   graphs   passes of at most kGraphMaxRows rows (decode steps) are recorded on a GraphTape and
+//            replayed as CUDA graphs (graph_tape.h); --enforce-eager / options.graphs=false
+//            turns this off.
+// Host C++ (compiled by the host compiler, not nvcc): only launchers from the .cu files.
+// Files: this header (the class, its state, the recording/dispatch helpers every op uses);
+// cuda_backend.cpp (creation, memory, passes and graphs, host transfers, the token pick);
+// cuda_backend_ops.cpp (GEMM/GEMV, norms, RoPE, SwiGLU, embedding);
+// cuda_backend_attention.cpp (paged stores and attention: the tuned kernels or the generic one).
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/attention.cuh"
+#include "backend/cuda/graph_tape.h"
+#include "backend/cuda/host_args.h"
+#include "backend/cuda/lt_gemm.h"
+#include "backend/cuda/op_profiler.h"
+#include "backend/cuda/ops.cuh"
+#include "backend/cuda/sampling.cuh"
+
+namespace lragent::cuda_impl {
+
+namespace lc = lragent::cuda;
+
+// The stream every op and allocation of the (single) CUDA backend is ordered on; Tensor's free
+// function is a plain function pointer, so it reaches the stream through this global.
+inline cudaStream_t g_stream = nullptr;
+
+inline void free_async(void* p) {
+  if (p) cudaFreeAsync(p, g_stream);
+}
+
+// Tensors handed out from the per-pass activation arena: nothing to free, but the count of live
+// ones tells whether the arena may be reset (a tensor kept past its pass would be overwritten).
+inline int64_t g_arena_live = 0;
+inline void arena_release(void*) { --g_arena_live; }
+
+inline lc::Elem elem_of(DType t) {
+  switch (t) {
+    case DType::kF32: return lc::Elem::kF32;
+    case DType::kBF16: return lc::Elem::kBF16;
+    case DType::kF16: return lc::Elem::kF16;
+    default: assert(false && "CUDA backend ops take f32/bf16/f16 tensors"); return lc::Elem::kF32;
+  }
+}
+
+inline int64_t row_stride_of(const TensorView& t) { return t.strides.empty() ? t.dim(1) : t.strides[0]; }
+
+inline uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al >>= 1;
+  return al;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<Backend>> create(const CudaBackendOptions& o);
+
+  ~CudaBackend() override;
+
+  std::string name() const override { return fmt::format("cuda:{} ({}, {})", device_, gpu_name_, dtype_name(dtype_)); }
+  Device device() const override { return Device::kCuda; }
+  DType weight_dtype() const override { return dtype_; }
+  DType cache_dtype() const override { return dtype_; }
+
+  Tensor alloc(DType t, std::vector<int64_t> shape) override;
+
+  Tensor upload(const TensorView& host, DType dtype) override;
+
+  void fill_random(TensorView& t, uint64_t seed, float stddev) override;
+  void fill(TensorView& t, float value) override;
+  void synchronize() override;
+  Status take_error() override;
+
+  MemoryStats memory_stats() const override;
+  void reset_peak_memory() override;
+
+  void begin_pass(int64_t n_rows) override;
+  void end_pass() override {
+    if (tape_->recording()) flush_tape();
+  }
+  void set_matmul_only_outputs(bool on) override { matmul_only_ = on; }
+  GraphStats graph_stats() const override {
+    const lc::TapeStats& t = tape_->stats();
+    return {t.passes, t.replayed, t.captured, t.eager};
+  }
+
+  void copy(const TensorView& src, TensorView& dst) override;
+
+  void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) override;
+
+  Tensor to_host(const TensorView& src) override;
+
+  void argmax_rows(const TensorView& x, int32_t* out) override;
+
+  void sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out) override;
+
+  void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
+              float beta) override;
+
+  void matmul_group(const TensorView& x, std::span<const MatmulOut> outs) override;
+
+  void add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out);
+
+  void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) override;
+
+  void add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) override;
+
+  void rope(TensorView& x, const int32_t* positions, const float* inv_freq) override;
+
+  void rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) override;
+
+  void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override;
+
+  void add(TensorView& y, const TensorView& x) override;
+
+  void embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) override;
+
+  void store_rows(const TensorView& rows, const PagedView& dst, const int32_t* slots) override;
+
+  void store_rows_multi(std::span<const StoreJob> jobs) override;
+
+  void attention(const AttentionParams& p) override;
+
+ private:
+  // Graphs: passes of at most this many rows are recorded (decode steps, agent batches).
+  static constexpr int64_t kGraphMaxRows = lc::kGemvMaxRows;
+  static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
+  // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
+  // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
+  void read_ids(const int32_t* ids, int64_t rows, int32_t* out);
+
+  // ---- op dispatch: run now, or append to the tape while a pass is recorded
+  // Signature values of the op about to be launched (only while recording).
+  template <class... T>
+  void rec(const char* op, const T&... v) {
+    if (tape_->recording()) tape_->sig(static_cast<const void*>(op), v...);
+  }
+  template <class F>
+  void launch(const char* name, F&& f) {
+    if (failed_) return;  // an earlier op failed: its outputs are garbage, run nothing more
+    if (!inject_fault_.empty() && inject_fault_ == name && --inject_count_ == 0) {  // tests of the error path
+      inject_fault_.clear();
+      fail(fmt::format("injected fault in op '{}' (LRAGENT_CUDA_INJECT_FAULT)", name));
+      return;
+    }
+    if (tape_->recording()) {
+      tape_->push(std::forward<F>(f));
+      return;
+    }
+    lc::OpProfiler::Scope pr(prof_, name, stream_);
+    check(f());
+  }
+  void convert(const void* src, lc::Elem st, int64_t lds, void* dst, lc::Elem dt, int64_t ldd, int64_t rows,
+               int64_t cols);
+  // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
+  // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
+  void flush_tape();
+  // Memory for one recorded pass: bump-allocated from the arena (the same addresses every time
+  // the same pass is recorded), else a plain allocation that makes the pass ungraphable.
+  void* pass_alloc(size_t bytes);
+  // Context length the kernels of a recorded pass are sized for: rounded up to a quarter of its
+  // power of two (>= 256), so consecutive decode steps share one graph; the true length is read
+  // on the device.
+  static int64_t ctx_bucket(int64_t n) {
+    int64_t p2 = 256;
+    while (p2 < n) p2 <<= 1;
+    const int64_t step = std::max<int64_t>(256, p2 / 4);
+    return (n + step - 1) / step * step;
+  }
+  int64_t sized_ctx(int64_t n) const { return tape_->recording() ? ctx_bucket(n) : n; }
+
+  CudaBackend() = default;
+
+  // ---- bf16 shadow of the last normalised / SwiGLU activation (bf16 mode): the next GEMMs read
+  // it instead of converting the f32 matrix again (q, k, v share one; gate and up share one).
+  struct Shadow {
+    const void* f32 = nullptr;
+    int64_t rows = 0, cols = 0;
+    void* bf16 = nullptr;
+  };
+  void* make_shadow(const TensorView& y, int64_t rows, int64_t cols);
+  // An op is about to write [p, p + bytes): a shadow of that memory is stale from here on.
+  void wrote(const void* p, size_t bytes) {
+    if (!p) return;
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    for (Shadow* sh : {&shadow_, &q_shadow_}) {
+      if (!sh->f32) continue;
+      const auto s0 = reinterpret_cast<uintptr_t>(sh->f32);
+      const uintptr_t s1 = s0 + static_cast<uintptr_t>(sh->rows * std::max<int64_t>(sh->cols, 1)) * 4;
+      if (a < s1 && s0 < a + bytes) *sh = {};
+    }
+  }
+
+  // Ops have no error channel (the CPU's cannot fail): the first failure is kept for
+  // take_error() and the ops after it are skipped (launch() runs nothing while failed_).
+  void fail(ErrorCode code, const std::string& what) {
+    if (failed_) return;
+    failed_ = true;
+    error_ = make_error(code, "CUDA backend (cuda:{}): {}", device_, what);
+  }
+  void fail(const std::string& what) { fail(ErrorCode::kInternal, what); }
+  void check(cudaError_t e) {
+    if (e != cudaSuccess) fail(cudaGetErrorString(e));
+  }
+
+  void* raw_alloc(size_t bytes);
+  // Reusable scratch buffer `slot`, grown on demand (stream order makes reuse safe); null when
+  // the device is out of memory.
+  // the device is out of memory.
+  void* try_scratch(int slot, size_t bytes);
+  void* scratch(int slot, size_t bytes);
+  // ---- host arrays passed to ops (host_args.h): the recorded pass's region while recording,
+  // else the eager ring; `padded` zero-fills to a bucket's size (recorded passes only).
+  // else the eager ring; `padded` zero-fills to a bucket's size (recorded passes only).
+  const void* dev_bytes(const void* host, size_t bytes, size_t padded = 0);
+  const int32_t* dev_ints(const int32_t* host, int64_t n) {
+    return static_cast<const int32_t*>(dev_bytes(host, static_cast<size_t>(n) * 4));
+  }
+  const float* dev_floats(const float* host, int64_t n) {
+    return static_cast<const float*>(dev_bytes(host, static_cast<size_t>(n) * 4));
+  }
+  // A device view of a paged cache layer holding `n_tokens` tokens.
+  // A device view of a paged cache layer holding `n_tokens` tokens.
+  lc::PagedDev paged(const PagedView& v, int64_t n_tokens);
+  // The block table of a cache holding n_tokens, padded to the bucket while recording.
+  const int32_t* dev_table(const PagedView& v, int64_t n_tokens);
+  lc::LowRankDev low_rank(const LowRankTerm& t, int64_t n_tokens);
+
+  // ---- tuned attention (attention.cuh): bf16 caches, head_dim 64/128, the shapes it supports
+  static bool pow2(int x) { return x >= 1 && (x & (x - 1)) == 0; }
+  static bool lr_fast_ok(const LowRankTerm& t);
+  bool fast_attention_ok(const AttentionParams& p) const;
+
+  lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens);
+
+  void run_fast_attention(const AttentionParams& p);
+  // ---- cuBLASLt (lt_gemm.h)
+  // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
+  // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
+  // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
+  void gemm(const TensorView& w, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t n, int64_t in, int64_t out,
+            float alpha, float beta);
+
+  DType dtype_ = DType::kBF16;
+  int device_ = 0;
+  bool failed_ = false;  // an op failed: later ops are skipped until take_error()
+  // LRAGENT_CUDA_INJECT_FAULT=<op>[:N]: the Nth (default 1st) launch of that op fails (tests).
+  std::string inject_fault_;
+  int64_t inject_count_ = 0;
+  Status error_;         // the first failure, for take_error()
+  std::string gpu_name_;
+  int64_t capacity_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  std::unique_ptr<lc::LtGemm> gemm_;
+  std::unique_ptr<lc::HostArgs> args_;
+  void* attn_workspace_ = nullptr;
+  size_t attn_ws_bytes_ = 0;
+  std::map<int, Tensor> scratch_;
+  Shadow shadow_;
+  Shadow q_shadow_;  // bf16 copy of the last rope_pair's first tensor (q): rows = elements, cols = 0
+  // Graphs (graph_tape.h): the tape and the recorded pass's activation arena (its host arrays
+  // live in args_).
+  std::unique_ptr<lc::GraphTape> tape_;
+  bool graphs_ = true;
+  void* act_arena_ = nullptr;
+  size_t act_bytes_ = 0, act_off_ = 0;
+  size_t arena_want_ = kArenaMin;
+  std::vector<void*> overflow_;
+  bool matmul_only_ = false;  // set_matmul_only_outputs
+  static constexpr int64_t kMaxIdsHost = 1 << 16;
+  int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
+  lc::OpProfiler prof_{std::getenv("LRAGENT_CUDA_PROFILE") != nullptr};
+};
+
+}  // namespace lragent::cuda_impl

@@ -1,0 +1,230 @@
+// The CUDA backend's dense ops: GEMM (cuBLASLt) and the decode GEMV, norms, RoPE, SwiGLU,
+// residual add, embedding; the bf16 shadows the GEMMs read. The class: cuda_backend_impl.h.
+#include "backend/cuda/cuda_backend_impl.h"
+
+namespace lragent::cuda_impl {
+
+void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
+            float beta) {
+  assert(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && "matmul takes 2-D tensors");
+  const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+  assert(w.dim(1) == in && y.dim(0) == n && y.dim(1) == out && "matmul shape mismatch");
+  assert(x.dtype == DType::kF32 && y.dtype == DType::kF32 && "activations are f32");
+  if (n == 0 || out == 0) return;
+  const void* xb = x.data;
+  int64_t ldx = row_stride_of(x);
+  const int64_t ldy = row_stride_of(y);
+  wrote(y.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
+  if (w.dtype == DType::kBF16 && lc::gemv_bf16_ok(w.data, row_stride_of(w), x.f32(), ldx, n, in)) {
+    // Decode-sized: a bandwidth-bound GEMV on the f32 activations beats cuBLASLt's GEMM here.
+    const void* wd = w.data;
+    const int64_t ldw = row_stride_of(w);
+    const float* xd = x.f32();
+    float* yd = y.f32();
+    rec("gemv", wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta);
+    launch("matmul.gemv", [=, this] { return lc::gemv_bf16(wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta, stream_); });
+    add_bias_if(bias, y, n, out);
+    return;
+  }
+  if (w.dtype != DType::kF32) {
+    // Tensor cores take both operands in the weight's 16-bit type: use the bf16 shadow the
+    // producing op left (RMSNorm, SwiGLU) or convert x once into scratch.
+    if (w.dtype == DType::kBF16 && shadow_.f32 == x.data && shadow_.rows == n && shadow_.cols == in && ldx == in) {
+      xb = shadow_.bf16;
+    } else {
+      void* xs = scratch(0, static_cast<size_t>(n * in) * 2);
+      convert(x.data, lc::Elem::kF32, ldx, xs, elem_of(w.dtype), in, n, in);
+      xb = xs;
+    }
+    ldx = in;
+  }
+  gemm(w, xb, ldx, y.data, ldy, n, in, out, alpha, beta);
+  add_bias_if(bias, y, n, out);
+}
+
+
+void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> outs) {
+  // Decode-sized bf16 projections that read the same x: one grouped GEMV launch.
+  const int64_t n = x.dim(0), in = x.dim(1);
+  const int64_t ldx = row_stride_of(x);
+  bool grouped = outs.size() >= 2 && outs.size() <= static_cast<size_t>(lc::kMaxGemvSegs) && n > 0;
+  for (const MatmulOut& o : outs)
+    grouped = grouped && o.w->dtype == DType::kBF16 && o.w->dim(1) == in &&
+              lc::gemv_bf16_ok(o.w->data, row_stride_of(*o.w), x.f32(), ldx, n, in);
+  if (!grouped) {
+    Backend::matmul_group(x, outs);
+    return;
+  }
+  std::array<lc::GemvSeg, lc::kMaxGemvSegs> segs{};
+  const int n_segs = static_cast<int>(outs.size());
+  for (int i = 0; i < n_segs; ++i) {
+    const MatmulOut& o = outs[static_cast<size_t>(i)];
+    const int64_t ldy = row_stride_of(*o.y);
+    wrote(o.y->data, static_cast<size_t>((n - 1) * ldy + o.w->dim(0)) * 4);
+    lc::GemvSeg& sg = segs[static_cast<size_t>(i)];
+    sg = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
+    rec("gemv_seg", sg.w, sg.ldw, sg.y, sg.ldy, sg.out);
+  }
+  const float* xd = x.f32();
+  rec("gemv_group", xd, ldx, n, in, n_segs);
+  launch("matmul.gemv", [=, this] { return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_); });
+  for (const MatmulOut& o : outs) add_bias_if(o.bias, *o.y, n, o.w->dim(0));
+}
+
+
+void CudaBackend::add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out) {
+  if (!bias) return;
+  assert(bias->dtype == DType::kF32 && "biases are uploaded as f32");
+  float* yd = y.f32();
+  const int64_t ldy = row_stride_of(y);
+  const float* b = bias->f32();
+  rec("add_bias", yd, ldy, b, n, out);
+  launch("add_bias", [=, this] { return lc::add_bias(yd, ldy, b, n, out, stream_); });
+}
+
+
+void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
+  const int64_t n = x.dim(0), d = x.dim(1);
+  wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
+  void* y16 = make_shadow(y, n, d);
+  const float* xd = x.f32();
+  const int64_t ldx = row_stride_of(x), ldy = row_stride_of(y);
+  const void* wd = weight.data;
+  const auto wt = elem_of(weight.dtype);
+  float* yd = matmul_only_ && y16 ? nullptr : y.f32();  // only the GEMMs read it: the bf16 copy does
+  rec("rms_norm", xd, ldx, wd, wt, eps, yd, ldy, n, d, y16);
+  launch("rms_norm", [=, this] { return lc::rms_norm(xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
+}
+
+
+void CudaBackend::add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
+  const int64_t n = h.dim(0), d = h.dim(1);
+  if (d > 16384 || x.dim(0) != n || x.dim(1) != d) {
+    Backend::add_rms_norm(h, x, weight, eps, y);
+    return;
+  }
+  wrote(h.data, static_cast<size_t>((n - 1) * row_stride_of(h) + d) * 4);
+  wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
+  void* y16 = make_shadow(y, n, d);
+  float* hd = h.f32();
+  const float* xd = x.f32();
+  const int64_t ldh = row_stride_of(h), ldx = row_stride_of(x), ldy = row_stride_of(y);
+  const void* wd = weight.data;
+  const auto wt = elem_of(weight.dtype);
+  float* yd = matmul_only_ && y16 ? nullptr : y.f32();
+  rec("add_rms_norm", hd, ldh, xd, ldx, wd, wt, eps, yd, ldy, n, d, y16);
+  launch("add_rms_norm",
+         [=, this] { return lc::add_rms_norm(hd, ldh, xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
+}
+
+
+void CudaBackend::rope(TensorView& x, const int32_t* positions, const float* inv_freq) {
+  assert(x.rank() == 3 && x.is_contiguous() && "rope takes contiguous [n, heads, head_dim]");
+  const int64_t n = x.dim(0);
+  const int hd = static_cast<int>(x.dim(2));
+  wrote(x.data, x.nbytes());
+  float* xd = x.f32();
+  const int heads = static_cast<int>(x.dim(1));
+  const int32_t* pos = dev_ints(positions, n);
+  const float* inv = dev_floats(inv_freq, hd / 2);
+  rec("rope", xd, n, heads, hd, pos, inv);
+  launch("rope", [=, this] { return lc::rope(xd, n, heads, hd, pos, inv, stream_); });
+}
+
+
+void CudaBackend::rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) {
+  assert(a.rank() == 3 && b.rank() == 3 && a.is_contiguous() && b.is_contiguous() && a.dim(0) == b.dim(0) &&
+         a.dim(2) == b.dim(2) && "rope_pair takes contiguous [n, heads, head_dim] of the same tokens");
+  const int64_t n = a.dim(0);
+  const int hd = static_cast<int>(a.dim(2));
+  wrote(a.data, a.nbytes());
+  wrote(b.data, b.nbytes());
+  float *xa = a.f32(), *xb = b.f32();
+  const int ha = static_cast<int>(a.dim(1)), hb = static_cast<int>(b.dim(1));
+  const int32_t* pos = dev_ints(positions, n);
+  const float* inv = dev_floats(inv_freq, hd / 2);
+  // bf16 caches: the tuned attention takes q in bf16; write that copy here instead of converting
+  // q again before attention (q_shadow_, found by address in run_fast_attention).
+  void* a16 = nullptr;
+  q_shadow_ = {};
+  if (dtype_ == DType::kBF16 && (hd == 64 || hd == 128)) {
+    a16 = try_scratch(3, static_cast<size_t>(a.numel()) * 2);
+    if (a16) q_shadow_ = {a.data, a.numel(), 0, a16};
+  }
+  rec("rope_pair", xa, ha, xb, hb, n, hd, pos, inv, a16);
+  launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, a16, stream_); });
+}
+
+
+void CudaBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) {
+  wrote(out.data, out.nbytes());
+  void* o16 = out.rank() == 2 && out.is_contiguous() ? make_shadow(out, out.dim(0), out.dim(1)) : nullptr;
+  const float *g = gate.f32(), *u = up.f32();
+  float* o = matmul_only_ && o16 ? nullptr : out.f32();
+  const int64_t n = gate.numel();
+  rec("silu_mul", g, u, o, n, o16);
+  launch("silu_mul", [=, this] { return lc::silu_mul(g, u, o, n, o16, stream_); });
+}
+
+
+void CudaBackend::add(TensorView& y, const TensorView& x) {
+  wrote(y.data, y.nbytes());
+  float* yd = y.f32();
+  const float* xd = x.f32();
+  const int64_t n = y.numel();
+  rec("add", yd, xd, n);
+  launch("add", [=, this] { return lc::add(yd, xd, n, stream_); });
+}
+
+
+void CudaBackend::embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) {
+  wrote(out.data, out.nbytes());
+  const void* t = table.data;
+  const auto et = elem_of(table.dtype);
+  const int64_t d = table.dim(1);
+  const int32_t* di = dev_ints(ids, n);
+  float* o = out.f32();
+  rec("embedding", t, et, d, di, n, o);
+  launch("embedding", [=, this] { return lc::embedding(t, et, d, di, n, o, stream_); });
+}
+
+void CudaBackend::convert(const void* src, lc::Elem st, int64_t lds, void* dst, lc::Elem dt, int64_t ldd, int64_t rows,
+             int64_t cols) {
+  rec("convert", src, st, lds, dst, dt, ldd, rows, cols);
+  launch("convert", [=, this] { return lc::convert_rows(src, st, lds, dst, dt, ldd, rows, cols, stream_); });
+}
+
+void* CudaBackend::make_shadow(const TensorView& y, int64_t rows, int64_t cols) {
+  shadow_ = {};
+  if (dtype_ != DType::kBF16 || row_stride_of(y) != cols || rows <= lc::kGemvMaxRows) return nullptr;
+  // Optional: without memory for it the GEMMs convert instead.
+  void* b = try_scratch(2, static_cast<size_t>(rows * cols) * 2);
+  if (b) shadow_ = {y.data, rows, cols, b};
+  return b;
+}
+
+// ---- cuBLASLt (lt_gemm.h)
+// y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
+// Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
+// Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
+void CudaBackend::gemm(const TensorView& w, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t n, int64_t in, int64_t out,
+          float alpha, float beta) {
+  const int64_t ldw = row_stride_of(w);
+  const uint32_t al = std::min({alignment_of(w.data), alignment_of(x), alignment_of(y)});
+  std::string err;
+  const lc::LtGemm::Plan* pl = gemm_->plan(w.dtype, n, in, out, ldw, ldx, ldy, al, &err);
+  if (!pl) {
+    fail(err);
+    return;
+  }
+  const void* wd = w.data;
+  rec("gemm", pl, wd, x, y, alpha, beta);
+  launch("matmul.gemm", [=, this] {
+    const cublasStatus_t st = gemm_->run(pl, alpha, wd, x, beta, y);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      fail(fmt::format("cublasLtMatmul [{}x{}]·[{}x{}]^T failed (status {})", n, in, out, in, static_cast<int>(st)));
+    return cudaSuccess;
+  });
+}
+
+}  // namespace lragent::cuda_impl
