@@ -5,9 +5,8 @@
 
 namespace lragent {
 
-int64_t BlockPool::arena_bytes_for(int64_t block_bytes, int64_t n_blocks, int64_t slab_bytes) {
-  const int64_t per_block = (block_bytes + KvArena::kGranule - 1) / KvArena::kGranule * KvArena::kGranule;
-  const int64_t per_slab = std::max<int64_t>(slab_bytes / per_block, 1);
+int64_t BlockPool::arena_bytes_for(int n_layers, int64_t footprint, int64_t n_blocks, int64_t slab_bytes) {
+  const int64_t per_slab = std::max<int64_t>(blocks_per_slab(n_layers, footprint, slab_bytes), 1);
   return (n_blocks + per_slab - 1) / per_slab * slab_bytes;
 }
 
@@ -17,21 +16,22 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_lay
   if (n_layers <= 0 || page_size <= 0 || width <= 0)
     return make_error(ErrorCode::kInvalidArgument, "KV pool '{}': invalid geometry (layers {}, page size {}, width {})",
                       name, n_layers, page_size, width);
-  const int64_t bytes = block_bytes_for(n_layers, page_size, width, arena->dtype());
-  if (bytes > arena->slab_bytes())
+  const int64_t footprint = footprint_for(n_layers, page_size, width, arena->dtype());
+  if (blocks_per_slab(n_layers, footprint, arena->slab_bytes()) < 1)
     return make_error(ErrorCode::kInvalidArgument,
                       "KV pool '{}': a block of {} bytes ({} layers x {} tokens x {} values) does not fit the "
-                      "arena's {}-byte slabs; create the arena with KvArena::slab_for(block bytes)",
-                      name, bytes, n_layers, page_size, width, arena->slab_bytes());
+                      "arena's {}-byte slabs; create the arena with KvArena::slab_for(block footprint)",
+                      name, footprint, n_layers, page_size, width, arena->slab_bytes());
   std::unique_ptr<BlockPool> p(new BlockPool());
   p->arena_ = arena;
   p->name_ = std::move(name);
   p->n_layers_ = n_layers;
   p->page_size_ = page_size;
   p->width_ = width;
-  p->granules_per_block_ = (bytes + KvArena::kGranule - 1) / KvArena::kGranule;
+  p->granules_per_block_ = footprint / n_layers / KvArena::kGranule;
   p->slab_granules_ = arena->slab_bytes() / KvArena::kGranule;
-  p->blocks_per_slab_ = p->slab_granules_ / p->granules_per_block_;
+  p->plane_bytes_ = arena->slab_bytes() / n_layers / KvArena::kGranule * KvArena::kGranule;
+  p->blocks_per_slab_ = blocks_per_slab(n_layers, footprint, arena->slab_bytes());
   arena->attach(p.get());
   return p;
 }
@@ -43,9 +43,9 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_lay
                       "KV pool '{}': invalid geometry (layers {}, page size {}, width {}, blocks {})", name, n_layers,
                       page_size, width, n_blocks);
   const DType dtype = backend ? backend->cache_dtype() : DType::kF32;
-  const int64_t block = block_bytes_for(n_layers, page_size, width, dtype);
-  const int64_t slab = KvArena::slab_for(block, block * n_blocks, 1);
-  LRA_ASSIGN_OR_RETURN(auto arena, KvArena::create(arena_bytes_for(block, n_blocks, slab), backend, slab));
+  const int64_t fp = footprint_for(n_layers, page_size, width, dtype);
+  const int64_t slab = KvArena::slab_for(fp, fp * n_blocks, 1);
+  LRA_ASSIGN_OR_RETURN(auto arena, KvArena::create(arena_bytes_for(n_layers, fp, n_blocks, slab), backend, slab));
   LRA_ASSIGN_OR_RETURN(auto pool, create(std::move(name), n_layers, page_size, width, arena.get()));
   pool->own_arena_ = std::move(arena);
   pool->set_max_blocks(n_blocks);
@@ -123,8 +123,8 @@ PagedView BlockPool::layer_view(int layer, const int32_t* table) const {
   PagedView v;
   v.dtype = arena_->dtype();
   const int64_t es = static_cast<int64_t>(dtype_size(v.dtype));
-  // Block b starts at base + b · kGranule bytes; the layer's rows are a [page_size, width] slice of it.
-  v.data = arena_->base() + static_cast<int64_t>(layer) * page_size_ * width_ * es;
+  // Block b's layer-0 rows start at base + b · kGranule bytes; layer l's are plane_bytes_ further.
+  v.data = arena_->base() + static_cast<int64_t>(layer) * plane_bytes_;
   v.table = table;
   v.page_size = page_size_;
   v.row_stride = width_;

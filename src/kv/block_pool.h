@@ -1,9 +1,15 @@
 // Paged storage for per-token cache rows (K, V, low-rank rows, ...). A pool hands out blocks;
-// each block stores `page_size` token rows of `width` values for every layer of the pool
-// ([n_layers, page_size, width], contiguous). Blocks come from a KvArena (kv_arena.h), shared
-// by every pool of a trajectory or engine, in the arena's dtype (host f32, or a backend's
-// cache_dtype(), bf16 on a GPU). A sequence's rows live in a PagedStream: a block table into
-// one pool. Blocks are reference-counted so streams can share prefixes.
+// each block stores `page_size` token rows of `width` values for every layer of the pool. Blocks
+// come from a KvArena (kv_arena.h), shared by every pool of a trajectory or engine, in the
+// arena's dtype (host f32, or a backend's cache_dtype(), bf16 on a GPU). A sequence's rows live
+// in a PagedStream: a block table into one pool. Blocks are reference-counted so streams can
+// share prefixes.
+//
+// Layout inside a slab the pool holds: one plane per layer, [n_layers][blocks_per_slab][page_size,
+// width] (each block's layer rows rounded up to KvArena::kGranule). A layer's rows of the blocks
+// of one slab are contiguous, so reading one layer of a long context touches few memory pages
+// (the GPU's TLB) instead of a sliver of every block. Block b's rows of layer l start at
+// base + l · plane_bytes + b · kGranule, the same plane offset for every slab of the pool.
 #pragma once
 
 #include <algorithm>
@@ -29,12 +35,21 @@ class BlockPool {
   // backend null: host f32; else the backend's memory in its cache_dtype().
   static Result<std::unique_ptr<BlockPool>> create(std::string name, int n_layers, int page_size, int64_t width,
                                                    int64_t n_blocks, Backend* backend = nullptr);
-  // Bytes of one block of this geometry (all layers), and the arena bytes (slab_bytes slabs)
-  // that hold n_blocks of them.
+  // Bytes of one block of this geometry (all layers: what its rows hold).
   static int64_t block_bytes_for(int n_layers, int page_size, int64_t width, DType dtype) {
     return static_cast<int64_t>(n_layers) * page_size * width * static_cast<int64_t>(dtype_size(dtype));
   }
-  static int64_t arena_bytes_for(int64_t block_bytes, int64_t n_blocks, int64_t slab_bytes);
+  // Slab bytes one block takes (its layer rows rounded up to the granule): the smallest slab.
+  static int64_t footprint_for(int n_layers, int page_size, int64_t width, DType dtype) {
+    const int64_t layer = static_cast<int64_t>(page_size) * width * static_cast<int64_t>(dtype_size(dtype));
+    return n_layers * ((layer + KvArena::kGranule - 1) / KvArena::kGranule * KvArena::kGranule);
+  }
+  // Blocks of this footprint one slab holds, and the arena bytes (whole slabs) for n_blocks.
+  static int64_t blocks_per_slab(int n_layers, int64_t footprint, int64_t slab_bytes) {
+    const int64_t plane = slab_bytes / n_layers / KvArena::kGranule * KvArena::kGranule;
+    return plane / (footprint / n_layers);
+  }
+  static int64_t arena_bytes_for(int n_layers, int64_t footprint, int64_t n_blocks, int64_t slab_bytes);
 
   ~BlockPool();
   BlockPool(const BlockPool&) = delete;
@@ -88,7 +103,9 @@ class BlockPool {
   std::string name_;
   int n_layers_ = 0, page_size_ = 0;
   int64_t width_ = 0;
-  int64_t granules_per_block_ = 0, slab_granules_ = 0, blocks_per_slab_ = 0;
+  int64_t granules_per_block_ = 0;  // of one layer's rows of a block
+  int64_t slab_granules_ = 0, blocks_per_slab_ = 0;
+  int64_t plane_bytes_ = 0;         // offset from layer l's rows to layer l + 1's, in every slab
   std::unordered_map<int64_t, Slab> slabs_;  // by arena slab index
   std::set<int64_t> with_free_;              // held slabs with a free block (lowest first)
   int64_t used_ = 0, free_in_slabs_ = 0;

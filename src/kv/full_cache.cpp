@@ -9,11 +9,12 @@ Result<KvPools> KvPools::create(const ModelConfig& cfg, int page_size, int64_t n
   const int64_t width = static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim;
   if (n_blocks <= 0)
     return make_error(ErrorCode::kInvalidArgument, "KV pools '{}': {} blocks requested; need at least 1", name, n_blocks);
-  const int64_t block =
-      BlockPool::block_bytes_for(cfg.num_layers, page_size, width, backend ? backend->cache_dtype() : DType::kF32);
-  const int64_t slab = KvArena::slab_for(block, 2 * block * n_blocks, 2);
+  const int64_t fp =
+      BlockPool::footprint_for(cfg.num_layers, page_size, width, backend ? backend->cache_dtype() : DType::kF32);
+  const int64_t slab = KvArena::slab_for(fp, 2 * fp * n_blocks, 2);
   KvPools p;
-  LRA_ASSIGN_OR_RETURN(p.arena, KvArena::create(2 * BlockPool::arena_bytes_for(block, n_blocks, slab), backend, slab));
+  LRA_ASSIGN_OR_RETURN(p.arena,
+                       KvArena::create(2 * BlockPool::arena_bytes_for(cfg.num_layers, fp, n_blocks, slab), backend, slab));
   LRA_ASSIGN_OR_RETURN(p.k, BlockPool::create(name + ".k", cfg.num_layers, page_size, width, p.arena.get()));
   LRA_ASSIGN_OR_RETURN(p.v, BlockPool::create(name + ".v", cfg.num_layers, page_size, width, p.arena.get()));
   p.k->set_max_blocks(n_blocks);  // each holds exactly n_blocks, as asked

@@ -4,10 +4,11 @@
 // they grow and shrink instead of being split up front, and the arena accounts for every byte.
 //
 // Layout: one allocation of n_slabs · slab_bytes bytes, in the backend's cache dtype (host f32 for
-// the CPU). A slab is lent to one BlockPool at a time, which cuts it into blocks of its own
-// size; a slab whose blocks are all free goes back to the arena. Block ids count granules of
-// kGranule bytes from the arena's start, so a block's address is base + id · kGranule whatever
-// pool it belongs to (PagedView::block_stride = kGranule / element size).
+// the CPU). A slab is lent to one BlockPool at a time, which cuts it into one plane per layer and
+// each plane into its blocks' rows (block_pool.h); a slab whose blocks are all free goes back to
+// the arena. Block ids count granules of kGranule bytes from the arena's start, so a block's
+// layer-0 rows are at base + id · kGranule whatever pool it belongs to (PagedView::block_stride =
+// kGranule / element size), and layer l's a fixed plane offset further.
 #pragma once
 
 #include <cstdint>
@@ -25,16 +26,16 @@ class BlockPool;
 class KvArena {
  public:
   static constexpr int64_t kGranule = 256;               // bytes; block ids count these
-  static constexpr int64_t kDefaultSlabBytes = 2 << 20;  // 2 MiB
+  static constexpr int64_t kDefaultSlabBytes = 32 << 20;  // 32 MiB: 1 MiB per layer plane at 32 layers
 
   // An arena of `bytes` (rounded down to whole slabs; at least one slab). slab_bytes 0: the
   // default; it must be a multiple of kGranule and at least the largest block of any pool that
   // will draw from the arena. backend null: host f32, else the backend's memory in its cache_dtype().
   static Result<std::unique_ptr<KvArena>> create(int64_t bytes, Backend* backend = nullptr, int64_t slab_bytes = 0);
   // A slab size for an arena of about `arena_bytes` shared by `n_pools` pools whose largest block
-  // is `largest_block` bytes: a whole number of those blocks (no waste in the big pools), near
-  // kDefaultSlabBytes, but small enough that each pool's partly used last slab costs at most
-  // ~1/16 of its share of a small arena.
+  // takes `largest_block` slab bytes (BlockPool::footprint_for): a whole number of those blocks
+  // (no waste in the big pools), near kDefaultSlabBytes, but small enough that each pool's partly
+  // used last slab costs at most ~1/16 of its share of a small arena.
   static int64_t slab_for(int64_t largest_block, int64_t arena_bytes, int n_pools);
 
   ~KvArena();

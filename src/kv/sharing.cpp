@@ -221,15 +221,15 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
       const DType dt = opts.backend ? opts.backend->cache_dtype() : DType::kF32;
       int64_t largest = 0;
       for (const PoolPlan& pp : plans)
-        largest = std::max(largest, BlockPool::block_bytes_for(pp.layers, opts.page_size, pp.width, dt));
+        largest = std::max(largest, BlockPool::footprint_for(pp.layers, opts.page_size, pp.width, dt));
       int64_t exact = 0;  // bytes of max_tokens in every pool
       for (const PoolPlan& pp : plans)
-        exact += blocks * BlockPool::block_bytes_for(pp.layers, opts.page_size, pp.width, dt);
+        exact += blocks * BlockPool::footprint_for(pp.layers, opts.page_size, pp.width, dt);
       int64_t bytes = opts.arena_bytes;
       const int64_t slab = KvArena::slab_for(largest, bytes > 0 ? bytes : exact, static_cast<int>(plans.size()));
       if (bytes <= 0)
         for (const PoolPlan& pp : plans)
-          bytes += BlockPool::arena_bytes_for(BlockPool::block_bytes_for(pp.layers, opts.page_size, pp.width, dt),
+          bytes += BlockPool::arena_bytes_for(pp.layers, BlockPool::footprint_for(pp.layers, opts.page_size, pp.width, dt),
                                               blocks, slab);
       LRA_ASSIGN_OR_RETURN(kv->own_arena_, KvArena::create(bytes, opts.backend, slab));
       arena = kv->own_arena_.get();

@@ -115,7 +115,7 @@ TEST(CudaErrors, KvArenaTooLargeIsAnErrorAndTheBackendStaysUsable) {
   EXPECT_EQ(arena.error().code, ErrorCode::kOutOfMemory);
   EXPECT_NE(arena.error().message.find("cannot allocate"), std::string::npos) << arena.error().message;
   EXPECT_TRUE((*be)->take_error().ok());
-  auto small = KvArena::create(4 << 20, be->get());
+  auto small = KvArena::create(4 << 20, be->get(), 1 << 20);  // four 1 MiB slabs
   ASSERT_TRUE(small.ok()) << small.error().message;
   EXPECT_EQ((*small)->capacity_bytes(), 4 << 20);
 }

@@ -1,4 +1,5 @@
-// KvArena + BlockPool: pools of different geometries share one arena without overlapping,
+// KvArena + BlockPool: pools of different geometries share one arena without overlapping (every
+// layer plane of every block checked),
 // memory moves between them as slabs empty, the cap of a --max-context-sized pool holds, the
 // accounting adds up, and exhaustion is an error that names who holds the memory.
 #include <gtest/gtest.h>
@@ -57,6 +58,17 @@ TEST(KvArena, PoolsOfDifferentWidthsShareOneArenaWithoutOverlap) {
   EXPECT_EQ((*lr)->held_slabs(), 1);
   EXPECT_EQ((*odd)->held_slabs(), 1);
   EXPECT_EQ((*arena)->free_slabs(), 16 - 5);
+  // Layer planes: within a slab, one layer's rows of consecutive blocks are contiguous.
+  {
+    auto b0 = (*base)->allocate(), b1 = (*base)->allocate();
+    ASSERT_TRUE(b0.ok() && b1.ok());
+    const int32_t t0[1] = {*b0}, t1[1] = {*b1};
+    if (*b1 / (65536 / KvArena::kGranule) == *b0 / (65536 / KvArena::kGranule))  // same slab
+      for (int l = 0; l < 4; ++l)
+        EXPECT_EQ((*base)->layer_view(l, t0).row(0) + 16 * 64, (*base)->layer_view(l, t1).row(0)) << "layer " << l;
+    (*base)->release(*b0);
+    (*base)->release(*b1);
+  }
   for (const auto& [key, t] : tags) key.first->release(key.second);
   EXPECT_EQ((*arena)->free_slabs(), 16);  // emptied slabs all went back
 }
@@ -153,12 +165,15 @@ TEST(KvArena, BadGeometryAndSlabErrors) {
   // Slabs are whole blocks: ~2 MiB for big arenas, one block when the block is bigger, and
   // smaller for small arenas so a partly used last slab stays cheap.
   EXPECT_EQ(KvArena::slab_for(100, int64_t{1} << 40, 4), KvArena::kDefaultSlabBytes);
-  EXPECT_EQ(KvArena::slab_for(3 << 20, int64_t{1} << 40, 4), 3 << 20);
-  EXPECT_EQ(KvArena::slab_for(1 << 20, int64_t{1} << 40, 4), 2 << 20);
+  EXPECT_EQ(KvArena::slab_for(3 << 20, int64_t{1} << 40, 4), 30 << 20);
+  EXPECT_EQ(KvArena::slab_for(1 << 20, int64_t{1} << 40, 4), 32 << 20);
+  EXPECT_EQ(KvArena::slab_for(40 << 20, int64_t{1} << 40, 4), 40 << 20);
   EXPECT_EQ(KvArena::slab_for(3000, 64 * 3072, 1), 4 * 3072);  // 64 blocks: slabs of 4
   EXPECT_EQ(KvArena::slab_for(3000, 8 * 3072, 1), 3072);
   EXPECT_EQ(KvArena::slab_for(1024, 64 * 1024 * 16, 2), 32 * 1024);
-  EXPECT_EQ(BlockPool::arena_bytes_for(16384, 9, 65536), 3 * 65536);
+  EXPECT_EQ(BlockPool::arena_bytes_for(4, 16384, 9, 65536), 3 * 65536);  // 4 blocks of 4 x 4 KiB per slab
+  EXPECT_EQ(BlockPool::footprint_for(3, 16, 5, DType::kF32), 3 * 512);     // 320-byte layer rows -> 512
+  EXPECT_EQ(BlockPool::blocks_per_slab(3, 3 * 512, 65536), 42);             // planes of 21760 bytes
 }
 
 }  // namespace
