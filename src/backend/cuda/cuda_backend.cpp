@@ -21,6 +21,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   be->dtype_ = o.dtype;
   be->device_ = o.device;
   const char* env_graphs = std::getenv("LRAGENT_CUDA_GRAPHS");  // "0": eager, as --enforce-eager
+  const char* env_sampling = std::getenv("LRAGENT_CUDA_DEVICE_SAMPLING");  // "0": pick on the host
+  be->device_sampling_ = !(env_sampling && std::string(env_sampling) == "0");
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
     const std::string spec = f;
     const size_t colon = spec.find(':');
@@ -271,6 +273,11 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
   }
   if (std::all_of(params.begin(), params.end(), [](const RowSampling& r) { return !(r.temperature > 0.f); })) {
     argmax_rows(logits, out);  // all greedy: the cheaper kernel, the same ids
+    return;
+  }
+  if (!device_sampling_) {  // LRAGENT_CUDA_DEVICE_SAMPLING=0: logits to the host, the reference there
+    if (tape_->recording()) flush_tape();
+    Backend::sample_rows(logits, params, out);
     return;
   }
   auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;

@@ -270,6 +270,7 @@ class CudaBackend final : public Backend {
   DType dtype_ = DType::kBF16;
   int device_ = 0;
   bool failed_ = false;  // an op failed: later ops are skipped until take_error()
+  bool device_sampling_ = true;  // non-greedy picks on the device (LRAGENT_CUDA_DEVICE_SAMPLING=0: host)
   // LRAGENT_CUDA_INJECT_FAULT=<op>[:N]: the Nth (default 1st) launch of that op fails (tests).
   std::string inject_fault_;
   int64_t inject_count_ = 0;
