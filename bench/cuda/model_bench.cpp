@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,6 +21,7 @@
 #include <fmt/core.h>
 
 #include "backend/backend.h"
+#include "engine/sampler.h"
 #include "kv/full_cache.h"
 #include "kv/sharing.h"
 #include "model/llama.h"
@@ -165,10 +165,10 @@ int main(int argc, char** argv) {
     // As many steps again, continuing the sequence (decode appends at the end: re-running earlier
     // positions would leave the tuned attention kernels), with a sampled pick on the device
     // (temperature 0.8, top-p 0.95, one host draw per step): what such sampling adds to a step.
-    std::mt19937_64 rng(11);
+    Sampler sampler({0.8f, 0, 0.95f, 11});
     std::vector<double> ms_s;
     for (int s = 0; s < steps + 2; ++s) {
-      const RowSampling rs{0.8f, 0, 0.95f, static_cast<float>(rng() >> 40) * 0x1.0p-24f};
+      const RowSampling rs = sampler.next_row();
       be.synchronize();
       const double t0 = now_ms();
       SeqInput d{&tok, 1, ctx + steps + 2 + s, &kv, nullptr, false};

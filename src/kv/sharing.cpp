@@ -210,27 +210,25 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
     int layers;
     int64_t width;
     PagedStream* stream;
+    int64_t footprint;  // slab bytes of one block (BlockPool::footprint_for)
   };
   std::vector<PoolPlan> plans;
+  const DType dt = opts.backend ? opts.backend->cache_dtype() : DType::kF32;
   auto plan = [&](std::string name, int layers, int64_t w, PagedStream* stream) {
-    plans.push_back({std::move(name), layers, w, stream});
+    plans.push_back({std::move(name), layers, w, stream, BlockPool::footprint_for(layers, opts.page_size, w, dt)});
   };
   auto make_pools = [&]() -> Result<std::unique_ptr<TrajectoryKv>> {
     KvArena* arena = opts.arena;
     if (!arena) {
-      const DType dt = opts.backend ? opts.backend->cache_dtype() : DType::kF32;
-      int64_t largest = 0;
-      for (const PoolPlan& pp : plans)
-        largest = std::max(largest, BlockPool::footprint_for(pp.layers, opts.page_size, pp.width, dt));
-      int64_t exact = 0;  // bytes of max_tokens in every pool
-      for (const PoolPlan& pp : plans)
-        exact += blocks * BlockPool::footprint_for(pp.layers, opts.page_size, pp.width, dt);
+      int64_t largest = 0, exact = 0;  // exact: bytes of max_tokens in every pool
+      for (const PoolPlan& pp : plans) {
+        largest = std::max(largest, pp.footprint);
+        exact += blocks * pp.footprint;
+      }
       int64_t bytes = opts.arena_bytes;
       const int64_t slab = KvArena::slab_for(largest, bytes > 0 ? bytes : exact, static_cast<int>(plans.size()));
       if (bytes <= 0)
-        for (const PoolPlan& pp : plans)
-          bytes += BlockPool::arena_bytes_for(pp.layers, BlockPool::footprint_for(pp.layers, opts.page_size, pp.width, dt),
-                                              blocks, slab);
+        for (const PoolPlan& pp : plans) bytes += BlockPool::arena_bytes_for(pp.layers, pp.footprint, blocks, slab);
       LRA_ASSIGN_OR_RETURN(kv->own_arena_, KvArena::create(bytes, opts.backend, slab));
       arena = kv->own_arena_.get();
     }

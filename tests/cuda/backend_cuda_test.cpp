@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/cuda_test_util.h"
 #include "agents/replay.h"
 #include "backend/backend.h"
 #include "kv/block_pool.h"
@@ -26,10 +27,7 @@
 namespace lragent {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using testing::have_gpu;
 
 #define REQUIRE_GPU()                                                       \
   if (!have_gpu()) {                                                        \

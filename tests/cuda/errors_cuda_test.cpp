@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "cuda/cuda_test_util.h"
 #include "backend/backend.h"
 #include "kv/full_cache.h"
 #include "kv/kv_arena.h"
@@ -19,10 +20,7 @@
 namespace lragent {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using testing::have_gpu;
 
 SyntheticSpec spec() {
   SyntheticSpec s;

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "cuda/cuda_test_util.h"
 #include "backend/backend.h"
 #include "kv/full_cache.h"
 #include "kv/sharing.h"
@@ -25,10 +26,7 @@
 namespace lragent {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using testing::have_gpu;
 
 double rel_l2(const float* a, const float* b, int64_t n) {
   double num = 0, den = 0;

@@ -24,6 +24,7 @@
 #include <set>
 #include <vector>
 
+#include "cuda/cuda_test_util.h"
 #include "backend/backend.h"
 #include "backend/sampling_ref.h"
 #include "engine/generator.h"
@@ -35,10 +36,7 @@
 namespace lragent {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using testing::have_gpu;
 
 #define REQUIRE_GPU()                                                   \
   if (!have_gpu()) {                                                    \

@@ -57,7 +57,6 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   return std::unique_ptr<Backend>(std::move(be));
 }
 
-
 CudaBackend::~CudaBackend() {
   if (tape_ && tape_->recording()) end_pass();
   cudaStreamSynchronize(stream_);
@@ -82,7 +81,6 @@ CudaBackend::~CudaBackend() {
   g_stream = nullptr;
 }
 
-
 Tensor CudaBackend::alloc(DType t, std::vector<int64_t> shape) {
   TensorView v(t, std::move(shape), nullptr, Device::kCuda);
   if (tape_->recording()) {
@@ -97,7 +95,6 @@ Tensor CudaBackend::alloc(DType t, std::vector<int64_t> shape) {
   if (!v.data && v.nbytes() > 0) return Tensor();  // exhausted: callers check data
   return Tensor::adopt(std::move(v), &free_async);
 }
-
 
 Tensor CudaBackend::upload(const TensorView& host, DType dtype) {
   assert(host.device == Device::kCpu && "upload takes a host tensor");
@@ -124,7 +121,6 @@ Tensor CudaBackend::upload(const TensorView& host, DType dtype) {
   if (failed_) return Tensor();  // the error waits in take_error()
   return out;
 }
-
 
 void CudaBackend::fill_random(TensorView& t, uint64_t seed, float stddev) {
   wrote(t.data, t.nbytes());
@@ -164,7 +160,6 @@ Status CudaBackend::take_error() {
   return e;
 }
 
-
 MemoryStats CudaBackend::memory_stats() const {
   MemoryStats m;
   uint64_t cur = 0, high = 0;
@@ -180,7 +175,6 @@ void CudaBackend::reset_peak_memory() {
   uint64_t zero = 0;
   cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero);
 }
-
 
 void CudaBackend::begin_pass(int64_t n_rows) {
   if (tape_->recording()) flush_tape();  // nested or unterminated pass: run what was recorded
@@ -205,7 +199,6 @@ void CudaBackend::begin_pass(int64_t n_rows) {
   tape_->begin();
 }
 
-
 void CudaBackend::copy(const TensorView& src, TensorView& dst) {
   assert(src.is_contiguous() && dst.is_contiguous() && src.nbytes() == dst.nbytes() && "copy: shapes differ");
   wrote(dst.data, dst.nbytes());
@@ -215,7 +208,6 @@ void CudaBackend::copy(const TensorView& src, TensorView& dst) {
   rec("copy", d, sp, bytes);
   launch("copy", [=, this] { return cudaMemcpyAsync(d, sp, bytes, cudaMemcpyDeviceToDevice, stream_); });
 }
-
 
 void CudaBackend::gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) {
   const int64_t row_bytes =
@@ -227,7 +219,6 @@ void CudaBackend::gather_rows(const TensorView& src, const int32_t* rows, int64_
   rec("gather_rows", sp, row_bytes, r, n, d);
   launch("gather_rows", [=, this] { return lc::gather_rows(sp, row_bytes, r, n, d, stream_); });
 }
-
 
 Tensor CudaBackend::to_host(const TensorView& src) {
   if (tape_->recording()) flush_tape();
@@ -241,15 +232,11 @@ Tensor CudaBackend::to_host(const TensorView& src) {
   return out;
 }
 
-
 void CudaBackend::argmax_rows(const TensorView& x, int32_t* out) {
   assert(x.rank() == 2 && x.dtype == DType::kF32 && "argmax_rows takes f32 [rows, cols]");
   const int64_t rows = x.dim(0), cols = x.dim(1), ldx = row_stride_of(x);
   if (rows == 0) return;
-  if (failed_) {  // see to_host
-    std::fill(out, out + rows, 0);
-    return;
-  }
+  // After a failed op, launch() runs nothing and read_ids / to_host hand back zeros.
   const float* xd = x.f32();
   auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;
   if (!ids) {  // no device memory for the ids (or a huge all-logits pass): pick on the host
@@ -261,22 +248,16 @@ void CudaBackend::argmax_rows(const TensorView& x, int32_t* out) {
   read_ids(ids, rows, out);
 }
 
-
 void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out) {
   assert(logits.rank() == 2 && logits.dtype == DType::kF32 && "sample_rows takes f32 [rows, vocab]");
   assert(params.size() == static_cast<size_t>(logits.dim(0)) && "sample_rows takes one RowSampling per row");
   const int64_t rows = logits.dim(0);
   if (rows == 0) return;
-  if (failed_) {  // see to_host
-    std::fill(out, out + rows, 0);
-    return;
-  }
   if (std::all_of(params.begin(), params.end(), [](const RowSampling& r) { return !(r.temperature > 0.f); })) {
     argmax_rows(logits, out);  // all greedy: the cheaper kernel, the same ids
     return;
   }
-  if (!device_sampling_) {  // LRAGENT_CUDA_DEVICE_SAMPLING=0: logits to the host, the reference there
-    if (tape_->recording()) flush_tape();
+  if (!device_sampling_) {  // LRAGENT_CUDA_DEVICE_SAMPLING=0: logits to the host (to_host runs the pass)
     Backend::sample_rows(logits, params, out);
     return;
   }
@@ -299,8 +280,6 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
   read_ids(ids, rows, out);
 }
 
-// ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
-// ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
 void CudaBackend::read_ids(const int32_t* ids, int64_t rows, int32_t* out) {
   if (tape_->recording()) flush_tape();
   if (failed_) {  // see to_host
@@ -312,8 +291,6 @@ void CudaBackend::read_ids(const int32_t* ids, int64_t rows, int32_t* out) {
   std::memcpy(out, g_ids_host_, static_cast<size_t>(rows) * 4);
 }
 
-// Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
-// Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
 void CudaBackend::flush_tape() {
   if (failed_) {  // an op of the pass failed while it was recorded: run none of it
     tape_->discard();
@@ -328,8 +305,6 @@ void CudaBackend::flush_tape() {
   overflow_.clear();
 }
 
-// Memory for one recorded pass: bump-allocated from the arena (the same addresses every time
-// the same pass is recorded), else a plain allocation that makes the pass ungraphable.
 void* CudaBackend::pass_alloc(size_t bytes) {
   const size_t need = (bytes + 255) / 256 * 256;
   if (need == 0) return nullptr;
@@ -345,7 +320,6 @@ void* CudaBackend::pass_alloc(size_t bytes) {
   return p;
 }
 
-
 void* CudaBackend::raw_alloc(size_t bytes) {
   if (bytes == 0) return nullptr;
   void* p = nullptr;
@@ -356,9 +330,6 @@ void* CudaBackend::raw_alloc(size_t bytes) {
   return p;
 }
 
-// Reusable scratch buffer `slot`, grown on demand (stream order makes reuse safe); null when
-// the device is out of memory.
-// the device is out of memory.
 void* CudaBackend::try_scratch(int slot, size_t bytes) {
   if (tape_->recording()) return pass_alloc(bytes);
   auto& s = scratch_[slot];
@@ -375,9 +346,6 @@ void* CudaBackend::scratch(int slot, size_t bytes) {
   return p;
 }
 
-// ---- host arrays passed to ops (host_args.h): the recorded pass's region while recording,
-// else the eager ring; `padded` zero-fills to a bucket's size (recorded passes only).
-// else the eager ring; `padded` zero-fills to a bucket's size (recorded passes only).
 const void* CudaBackend::dev_bytes(const void* host, size_t bytes, size_t padded) {
   if (tape_->recording()) {
     if (const void* d = args_->recorded(host, bytes, padded)) return d;

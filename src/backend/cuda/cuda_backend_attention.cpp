@@ -46,7 +46,6 @@ void CudaBackend::store_rows(const TensorView& rows, const PagedView& dst, const
   store_rows_multi(std::span<const StoreJob>(&job, 1));
 }
 
-
 void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
   if (jobs.size() > static_cast<size_t>(lc::kMaxStoreJobs)) {
     Backend::store_rows_multi(jobs);  // one launch per kMaxStoreJobs would do; no caller has more
@@ -74,7 +73,6 @@ void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
   rec("store_rows_multi", nj);
   launch("store_rows", [=, this] { return lc::store_rows_multi(dj.data(), nj, stream_); });
 }
-
 
 void CudaBackend::attention(const AttentionParams& p) {
   if (p.n_q == 0) return;
@@ -104,8 +102,6 @@ void CudaBackend::attention(const AttentionParams& p) {
   launch("attention", [=, this] { return lc::attention_generic(g, stream_); });
 }
 
-// A device view of a paged cache layer holding `n_tokens` tokens.
-// A device view of a paged cache layer holding `n_tokens` tokens.
 lc::PagedDev CudaBackend::paged(const PagedView& v, int64_t n_tokens) {
   lc::PagedDev d;
   d.data = v.data;
@@ -117,7 +113,6 @@ lc::PagedDev CudaBackend::paged(const PagedView& v, int64_t n_tokens) {
   return d;
 }
 
-// The block table of a cache holding n_tokens, padded to the bucket while recording.
 const int32_t* CudaBackend::dev_table(const PagedView& v, int64_t n_tokens) {
   const int64_t pages = (n_tokens + v.page_size - 1) / v.page_size;
   const int64_t padded = (sized_ctx(n_tokens) + v.page_size - 1) / v.page_size;
@@ -154,7 +149,6 @@ bool CudaBackend::fast_attention_ok(const AttentionParams& p) const {
   return true;
 }
 
-
 lc::DevPagedView CudaBackend::dev_view(const PagedView& v, int64_t n_tokens) {
   lc::DevPagedView d;
   d.data = static_cast<const lc::bf16*>(v.data);
@@ -165,7 +159,6 @@ lc::DevPagedView CudaBackend::dev_view(const PagedView& v, int64_t n_tokens) {
   d.block_stride = v.block_step();
   return d;
 }
-
 
 void CudaBackend::run_fast_attention(const AttentionParams& p) {
   const int64_t q_elems = static_cast<int64_t>(p.n_q) * p.n_heads * p.head_dim;

@@ -152,7 +152,6 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kGraphMaxRows = lc::kGemvMaxRows;
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
   // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
-  // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
   void read_ids(const int32_t* ids, int64_t rows, int32_t* out);
 
   // ---- op dispatch: run now, or append to the tape while a pass is recorded
@@ -178,7 +177,6 @@ class CudaBackend final : public Backend {
   }
   void convert(const void* src, lc::Elem st, int64_t lds, void* dst, lc::Elem dt, int64_t ldd, int64_t rows,
                int64_t cols);
-  // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
   // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).
   void flush_tape();
   // Memory for one recorded pass: bump-allocated from the arena (the same addresses every time
@@ -232,11 +230,9 @@ class CudaBackend final : public Backend {
   void* raw_alloc(size_t bytes);
   // Reusable scratch buffer `slot`, grown on demand (stream order makes reuse safe); null when
   // the device is out of memory.
-  // the device is out of memory.
   void* try_scratch(int slot, size_t bytes);
   void* scratch(int slot, size_t bytes);
   // ---- host arrays passed to ops (host_args.h): the recorded pass's region while recording,
-  // else the eager ring; `padded` zero-fills to a bucket's size (recorded passes only).
   // else the eager ring; `padded` zero-fills to a bucket's size (recorded passes only).
   const void* dev_bytes(const void* host, size_t bytes, size_t padded = 0);
   const int32_t* dev_ints(const int32_t* host, int64_t n) {
@@ -245,7 +241,6 @@ class CudaBackend final : public Backend {
   const float* dev_floats(const float* host, int64_t n) {
     return static_cast<const float*>(dev_bytes(host, static_cast<size_t>(n) * 4));
   }
-  // A device view of a paged cache layer holding `n_tokens` tokens.
   // A device view of a paged cache layer holding `n_tokens` tokens.
   lc::PagedDev paged(const PagedView& v, int64_t n_tokens);
   // The block table of a cache holding n_tokens, padded to the bucket while recording.
@@ -262,7 +257,6 @@ class CudaBackend final : public Backend {
   void run_fast_attention(const AttentionParams& p);
   // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
-  // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
   // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
   void gemm(const TensorView& w, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t n, int64_t in, int64_t out,
             float alpha, float beta);

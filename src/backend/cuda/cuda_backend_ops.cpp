@@ -42,7 +42,6 @@ void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorV
   add_bias_if(bias, y, n, out);
 }
 
-
 void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> outs) {
   // Decode-sized bf16 projections that read the same x: one grouped GEMV launch.
   const int64_t n = x.dim(0), in = x.dim(1);
@@ -71,7 +70,6 @@ void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> o
   for (const MatmulOut& o : outs) add_bias_if(o.bias, *o.y, n, o.w->dim(0));
 }
 
-
 void CudaBackend::add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out) {
   if (!bias) return;
   assert(bias->dtype == DType::kF32 && "biases are uploaded as f32");
@@ -81,7 +79,6 @@ void CudaBackend::add_bias_if(const TensorView* bias, TensorView& y, int64_t n, 
   rec("add_bias", yd, ldy, b, n, out);
   launch("add_bias", [=, this] { return lc::add_bias(yd, ldy, b, n, out, stream_); });
 }
-
 
 void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
   const int64_t n = x.dim(0), d = x.dim(1);
@@ -95,7 +92,6 @@ void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float 
   rec("rms_norm", xd, ldx, wd, wt, eps, yd, ldy, n, d, y16);
   launch("rms_norm", [=, this] { return lc::rms_norm(xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
 }
-
 
 void CudaBackend::add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
   const int64_t n = h.dim(0), d = h.dim(1);
@@ -117,7 +113,6 @@ void CudaBackend::add_rms_norm(TensorView& h, const TensorView& x, const TensorV
          [=, this] { return lc::add_rms_norm(hd, ldh, xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
 }
 
-
 void CudaBackend::rope(TensorView& x, const int32_t* positions, const float* inv_freq) {
   assert(x.rank() == 3 && x.is_contiguous() && "rope takes contiguous [n, heads, head_dim]");
   const int64_t n = x.dim(0);
@@ -130,7 +125,6 @@ void CudaBackend::rope(TensorView& x, const int32_t* positions, const float* inv
   rec("rope", xd, n, heads, hd, pos, inv);
   launch("rope", [=, this] { return lc::rope(xd, n, heads, hd, pos, inv, stream_); });
 }
-
 
 void CudaBackend::rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) {
   assert(a.rank() == 3 && b.rank() == 3 && a.is_contiguous() && b.is_contiguous() && a.dim(0) == b.dim(0) &&
@@ -155,7 +149,6 @@ void CudaBackend::rope_pair(TensorView& a, TensorView& b, const int32_t* positio
   launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, a16, stream_); });
 }
 
-
 void CudaBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) {
   wrote(out.data, out.nbytes());
   void* o16 = out.rank() == 2 && out.is_contiguous() ? make_shadow(out, out.dim(0), out.dim(1)) : nullptr;
@@ -166,7 +159,6 @@ void CudaBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorV
   launch("silu_mul", [=, this] { return lc::silu_mul(g, u, o, n, o16, stream_); });
 }
 
-
 void CudaBackend::add(TensorView& y, const TensorView& x) {
   wrote(y.data, y.nbytes());
   float* yd = y.f32();
@@ -175,7 +167,6 @@ void CudaBackend::add(TensorView& y, const TensorView& x) {
   rec("add", yd, xd, n);
   launch("add", [=, this] { return lc::add(yd, xd, n, stream_); });
 }
-
 
 void CudaBackend::embedding(const TensorView& table, const int32_t* ids, int n, TensorView& out) {
   wrote(out.data, out.nbytes());
@@ -203,10 +194,6 @@ void* CudaBackend::make_shadow(const TensorView& y, int64_t rows, int64_t cols) 
   return b;
 }
 
-// ---- cuBLASLt (lt_gemm.h)
-// y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
-// Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
-// Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
 void CudaBackend::gemm(const TensorView& w, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t n, int64_t in, int64_t out,
           float alpha, float beta) {
   const int64_t ldw = row_stride_of(w);
