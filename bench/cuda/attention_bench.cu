@@ -3,7 +3,8 @@
 //   prefill: a causal chunk of 1024 queries at the end of 8k / 32k / 64k contexts:
 //            plain, Flash-LoRA (r=16, V side), Flash-LoRA + K residual (r=16),
 //            materialise-then-attend (V_full = V + s·LRv·B^T written to HBM, then plain)
-//   decode:  8 sequences x 32k private paged caches, one launch (split-K): plain, FLA, FLA+K
+//   decode:  8 sequences x 32k private paged caches, one launch (split-K): plain, FLA, FLA+K;
+//            and one sequence over 4k (a batch-1 decode step's attention per layer): plain, FLA
 //   agents:  8 agents x one query over ONE shared 32k base (+LR) cache, own B_k/B_v each,
 //            vs the 8 private-cache decodes above
 // Timing: CUDA events per repetition, warm-up, median of >= 20 repetitions, inputs rotated
@@ -118,7 +119,9 @@ struct Pools {
   bf16 *k = nullptr, *v = nullptr, *vfull = nullptr, *lrk = nullptr, *lrv = nullptr;
   bf16 *bk = nullptr, *bv = nullptr;  // [8 adapters, 1024, 16]
   float* inv_freq = nullptr;
+  unsigned int* counters = nullptr;  // [kCounters] v4 decode's split-K counters, zero at rest
 };
+constexpr int64_t kCounters = 4096;
 
 lc::DevPagedView view(const bf16* data, const int32_t* table, int64_t table_stride, int64_t row) {
   lc::DevPagedView v;
@@ -166,6 +169,8 @@ lc::AttnParams make_params(const Pools& P, const int32_t* table, int64_t table_s
   p.out = out;
   p.workspace = ws;
   p.workspace_bytes = ws_bytes;
+  p.split_counters = P.counters;
+  p.split_counters_capacity = kCounters;
   return p;
 }
 
@@ -242,6 +247,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < kD / 2; ++i) f[i] = std::pow(500000.f, -2.f * i / kD);
     P.inv_freq = dupload(f);
   }
+  P.counters = dalloc<unsigned int>(kCounters);
+  CK(cudaMemset(P.counters, 0, kCounters * sizeof(unsigned int)));
   // A shuffled permutation of all blocks; tables are slices of it (disjoint page sets).
   std::vector<int32_t> perm(static_cast<size_t>(P.n_blocks));
   std::iota(perm.begin(), perm.end(), 0);
@@ -405,7 +412,7 @@ int main(int argc, char** argv) {
                        warmup, reps);
         report(r1);
       }
-      // the default (decode runs v1 through v3 -> v2; split-K) vs v0 oracle at full size.
+      // the default (decode: v4's kernel; split-K) vs v0 oracle at full size.
       lc::AttnParams p = params(0, var.vlr, var.klr);
       CK(lc::attention(p));
       p.out = out2;
@@ -438,6 +445,49 @@ int main(int argc, char** argv) {
       r.flops = flops;
       r.bytes = kv_bytes + lr_bytes + 2.0 * kSeqs * dctx * kWidth * 2;  // + V_full written and read
       report(r);
+    }
+    CK(cudaFree(d_qs));
+    CK(cudaFree(d_cl));
+  }
+
+  // ---- decode: one sequence over 4k (an 8B model's batch-1 decode step, per layer) ----
+  // The default (v4's decode kernel) against v1, which ran this shape before v4. Each repetition
+  // reads another 32k slice of the pool, so the 16.8 MB of K/V are not L2-resident.
+  {
+    const int ctx1 = 4096, slice = kDecodeCtx / kPage;
+    int32_t* d_qs = dupload(std::vector<int32_t>{0, 1});
+    int32_t* d_cl = dupload(std::vector<int32_t>{ctx1});
+    auto params = [&](int rep, bool vlr) {
+      return make_params(P, d_perm + static_cast<size_t>(rep % kSeqs) * slice, slice, d_qs, d_cl, 1, 1, ctx1,
+                         qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, out, vlr, false, ws,
+                         ws_bytes);
+    };
+    for (bool vlr : {false, true}) {
+      for (lc::AttnKernel kern : {lc::AttnKernel::kV4Decode, lc::AttnKernel::kV1Mma}) {
+        Result r;
+        r.group = "decode1";
+        r.name = std::string(kern == lc::AttnKernel::kV1Mma ? "v1_" : "") + (vlr ? "flash_lora_v_r16" : "plain");
+        r.ctx = ctx1;
+        r.n_q = 1;
+        r.seqs = 1;
+        r.splits = lc::attention_num_splits(params(0, vlr), kern);
+        r.t = time_it([&](int rep) { CK(lc::attention(params(rep, vlr), kern)); }, warmup, reps);
+        r.flops = 4.0 * kD * kHeads * ctx1;
+        r.bytes = 2.0 * ctx1 * kWidth * 2 + (vlr ? static_cast<double>(ctx1) * kRank * 2 : 0);
+        report(r);
+      }
+      lc::AttnParams p = params(0, vlr);
+      CK(lc::attention(p));
+      p.out = out2;
+      CK(lc::attention(p, lc::AttnKernel::kV0Naive));
+      CK(cudaDeviceSynchronize());
+      Result c;
+      c.group = "check";
+      c.name = std::string("decode1_v4_vs_v0_rel_l2_") + (vlr ? "flash_lora_v_r16" : "plain");
+      c.ctx = ctx1;
+      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kHeads) * kD));
+      std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
+      results.push_back(c);
     }
     CK(cudaFree(d_qs));
     CK(cudaFree(d_cl));

@@ -1,4 +1,5 @@
-// CUDA attention kernels (v0 naive oracle, v1 mma, v2 mma 128-row, v3 mma 4x32-row) against the CPU reference cpu_attention:
+// CUDA attention kernels (v0 naive oracle, v1 mma, v2 mma 128-row, v3 mma 4x32-row, v4 decode) against the CPU
+// reference cpu_attention:
 // random bf16-rounded inputs (never zeros), shuffled block tables, poisoned outputs (NaN bit
 // patterns, so an unwritten element fails), relative L2 error <= 1e-2 on both the bf16 and the
 // f32 output. Prefill chunks, batched decode with split-K, Flash-LoRA V term, K residual with
@@ -300,6 +301,12 @@ void run_case(const Case& cs, uint32_t seed) {
   ASSERT_TRUE(d_ws.p != nullptr);
   p.workspace = d_ws.p;
   p.workspace_bytes = ws_bytes;
+  constexpr int64_t kCounters = 256;  // v4 decode's split-K counters: zero before and after
+  DevBuf d_ctr(kCounters * 4);
+  ASSERT_TRUE(d_ctr.p != nullptr);
+  CUDA_OK(cudaMemset(d_ctr.p, 0, kCounters * 4));
+  p.split_counters = d_ctr.as<unsigned int>();
+  p.split_counters_capacity = kCounters;
 
   auto check = [&](const char* what, const lc::AttnParams& pp, lc::AttnKernel kern) {
     CUDA_OK(cudaMemset(d_out.p, 0xff, n_out * 2));    // bf16 NaN
@@ -311,12 +318,17 @@ void run_case(const Case& cs, uint32_t seed) {
     CUDA_OK(cudaMemcpy(ob.data(), d_out.p, n_out * 2, cudaMemcpyDeviceToHost));
     CUDA_OK(cudaMemcpy(of.data(), d_out32.p, n_out * 4, cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n_out; ++i) obf[i] = bf16_to_f32(ob[i]);
+    std::vector<unsigned int> ctr(kCounters);
+    CUDA_OK(cudaMemcpy(ctr.data(), d_ctr.p, kCounters * 4, cudaMemcpyDeviceToHost));
+    EXPECT_TRUE(std::all_of(ctr.begin(), ctr.end(), [](unsigned int c) { return c == 0; }))
+        << what << ": split-K counters not back at zero";
     const ErrStat eb = compare(obf, ref), ef = compare(of, ref);
     std::printf("  %-4s %-28s splits=%-3d rel_l2 bf16=%.2e f32=%.2e%s\n",
                 kern == lc::AttnKernel::kV0Naive ? "v0"
                 : kern == lc::AttnKernel::kV1Mma ? "v1"
                 : kern == lc::AttnKernel::kV2Mma ? "v2"
-                                                 : "v3",
+                : kern == lc::AttnKernel::kV3Mma ? "v3"
+                                                 : "v4",
                 what,
                 lc::attention_num_splits(pp, kern), eb.rel, ef.rel,
                 (eb.nan || ef.nan) ? " NaN!" : "");
@@ -330,6 +342,7 @@ void run_case(const Case& cs, uint32_t seed) {
   check("fused", p, lc::AttnKernel::kV1Mma);
   check("fused", p, lc::AttnKernel::kV2Mma);
   check("fused", p, lc::AttnKernel::kV3Mma);
+  check("fused", p, lc::AttnKernel::kV4Decode);
   if (cs.materialize && cs.rank_v && !cs.agents) {
     // Materialise-then-attend: V_full in HBM, then plain attention over it.
     CUDA_OK(cudaMemset(d_vfull.p, 0xff, slots * width * 2));
@@ -340,6 +353,7 @@ void run_case(const Case& cs, uint32_t seed) {
     check("materialise+attend", pm, lc::AttnKernel::kV1Mma);
     check("materialise+attend", pm, lc::AttnKernel::kV2Mma);
     check("materialise+attend", pm, lc::AttnKernel::kV3Mma);
+    check("materialise+attend", pm, lc::AttnKernel::kV4Decode);
   }
 }
 
@@ -455,6 +469,27 @@ TEST(CudaAttention, DecodeBatch) {
           c.splits = splits;
           run_case(c, seed++);
         }
+}
+
+// v4's decode kernel at its edges: G = 16 (all 16 rows of its m16 tile), V ranks 8 and 12 (the
+// zero-filled columns of its LRv tile), one split, 128 splits (its merge's limit) and a split
+// count that leaves the last split short; a 1-token sequence beside long ones (blocks past a
+// sequence's end merge empty partials); 8 kv heads x 8 sequences of counters.
+TEST(CudaAttention, DecodeV4Edges) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 550;
+  const std::vector<int> ctx = {8191, 1, 4097, 65};
+  const std::vector<int> ones(ctx.size(), 1);
+  for (int d : {64, 128})
+    for (int rv : {0, 8, 12})
+      for (int splits : {1, 13, 128}) {
+        Case c = make(d, 16, 16, ctx, ones, 0, rv);
+        c.splits = splits;
+        run_case(c, seed++);
+      }
+  Case many = make(128, 4, 1, {300, 17, 4097, 1, 2048, 97, 64, 5000}, std::vector<int>(8, 1), 0, 16);
+  many.n_kv = 8;
+  run_case(many, seed++);
 }
 
 TEST(CudaAttention, SharedBaseMultiAgentDecode) {

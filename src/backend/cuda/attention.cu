@@ -29,6 +29,7 @@ bool params_ok(const AttnParams& p) {
   if (!view_ok(p.k, 8) || !view_ok(p.v, 8)) return false;
   if (!lowrank_ok(p.k_lr) || !lowrank_ok(p.v_lr)) return false;
   if (p.k_lr.active() && !p.inv_freq) return false;
+  if (p.split_counters_capacity < 0 || (p.split_counters_capacity > 0 && !p.split_counters)) return false;
   return true;
 }
 
@@ -84,6 +85,8 @@ cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
       return attention_v2(p);
     case AttnKernel::kV3Mma:
       return attention_v3(p);
+    case AttnKernel::kV4Decode:
+      return attention_v4(p);
   }
   return cudaErrorInvalidValue;
 }
@@ -102,6 +105,8 @@ int attention_num_splits(const AttnParams& p, AttnKernel kernel) {
       return attention_v2_num_splits(p);
     case AttnKernel::kV3Mma:
       return attention_v3_num_splits(p);
+    case AttnKernel::kV4Decode:
+      return attention_v4_num_splits(p);
   }
   return 1;
 }

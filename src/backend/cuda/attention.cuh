@@ -80,6 +80,10 @@ struct AttnParams {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   int num_splits = 0;  // 0: heuristic; >0: force (clamped to what fits)
+  // v4 decode's split-K merge: [split_counters_capacity] counters, zero at rest (the kernel sets
+  // each back to zero after use), one per (sequence, kv head). Null: decode runs v3's path.
+  unsigned int* split_counters = nullptr;
+  int64_t split_counters_capacity = 0;
   cudaStream_t stream = nullptr;
 };
 
@@ -94,17 +98,20 @@ enum class AttnKernel {
   kV3Mma = 3,    // FA2's d=128 layout for prefill: 4 warps x 32 rows (two m16 tiles per warp, each
                  // K/V smem fragment feeds two mmas), 2 blocks/SM, 2-stage ring. Plain and Flash-LoRA
                  // V (rank <= 16) at d=128; everything else (K term, agents, d=64, rank > 16) runs v2,
-                 // which sends decode to v1. The default.
+                 // which sends decode to v1.
+  kV4Decode = 4,  // v3 plus a decode kernel (one query per sequence, no K term, V rank <= 16, no
+                  // agents): the four warps split each key tile, split-K merged by the last block
+                  // of each kv head (needs split_counters). The default.
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.
-cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV3Mma);
+cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV4Decode);
 
 // Workspace bytes that let `attention` use up to `max_splits` splits for these shapes (any version).
 size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);
 
 // The split count `kernel` would use for p (after clamping to the workspace).
-int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV3Mma);
+int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV4Decode);
 
 // Materialise-then-attend baseline, step 1: writes V_full = V_base + s_v·LRv·B_v^T for tokens
 // 0..ctx_len[s]-1 of every sequence into `v_full`, a paged buffer with p.v's layout (same

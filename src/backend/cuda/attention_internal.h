@@ -14,5 +14,7 @@ cudaError_t attention_v2(const AttnParams& p);
 int attention_v2_num_splits(const AttnParams& p);
 cudaError_t attention_v3(const AttnParams& p);
 int attention_v3_num_splits(const AttnParams& p);
+cudaError_t attention_v4(const AttnParams& p);
+int attention_v4_num_splits(const AttnParams& p);
 
 }  // namespace lragent::cuda

@@ -53,6 +53,12 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
                       cudaGetErrorString(ae));
   if (cudaHostAlloc(reinterpret_cast<void**>(&be->g_ids_host_), kMaxIdsHost * 4, cudaHostAllocDefault) != cudaSuccess)
     return make_error(ErrorCode::kOutOfMemory, "cannot allocate pinned host memory for sampled ids");
+  if (cudaMalloc(reinterpret_cast<void**>(&be->split_counters_), kSplitCounters * sizeof(unsigned int)) != cudaSuccess ||
+      cudaMemset(be->split_counters_, 0, kSplitCounters * sizeof(unsigned int)) != cudaSuccess) {
+    cudaFree(be->split_counters_);  // no counters: decode attention runs v1 (slower, same result)
+    be->split_counters_ = nullptr;
+    cudaGetLastError();
+  }
   be->tape_ = std::make_unique<lc::GraphTape>(be->stream_);
   return std::unique_ptr<Backend>(std::move(be));
 }
@@ -77,6 +83,7 @@ CudaBackend::~CudaBackend() {
   args_.reset();
   cudaStreamSynchronize(stream_);
   if (g_ids_host_) cudaFreeHost(g_ids_host_);
+  if (split_counters_) cudaFree(split_counters_);
   cudaStreamDestroy(stream_);
   g_stream = nullptr;
 }

@@ -25,7 +25,8 @@ void sig_of(lc::GraphTape& t, const lc::DevLowRank& d) {
 }
 void sig_of(lc::GraphTape& t, const lc::AttnParams& a) {
   t.sig(a.n_heads, a.n_kv_heads, a.head_dim, a.softmax_scale, a.n_seqs, a.q_start, a.ctx_len, a.max_q, a.max_ctx,
-        a.agents, a.q, a.inv_freq, a.out, a.out_f32, a.workspace, a.workspace_bytes, a.num_splits);
+        a.agents, a.q, a.inv_freq, a.out, a.out_f32, a.workspace, a.workspace_bytes, a.num_splits,
+        a.split_counters, a.split_counters_capacity);
   sig_of(t, a.k);
   sig_of(t, a.v);
   sig_of(t, a.k_lr);
@@ -196,6 +197,8 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   if (p.k_lr.active()) a.inv_freq = dev_floats(p.inv_freq, p.head_dim / 2);
   a.out_f32 = p.out;
   a.stream = stream_;
+  a.split_counters = split_counters_;
+  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
   // Workspace for the split count the kernel will pick (a prefill chunk runs unsplit; sizing
   // for the maximum splits x queries would ask for gigabytes).
   a.workspace = &attn_ws_bytes_;  // any non-null pointer: "unlimited" for the query below

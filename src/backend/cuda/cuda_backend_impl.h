@@ -277,6 +277,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<lc::HostArgs> args_;
   void* attn_workspace_ = nullptr;
   size_t attn_ws_bytes_ = 0;
+  // [kSplitCounters] the v4 decode kernel's split-K counters (attention.cuh), zeroed once here;
+  // the kernel leaves them at zero. Null (allocation failed): decode runs the older kernels.
+  static constexpr int64_t kSplitCounters = 1 << 14;
+  unsigned int* split_counters_ = nullptr;
   std::map<int, Tensor> scratch_;
   Shadow shadow_;
   Shadow q_shadow_;  // bf16 copy of the last rope_pair's first tensor (q): rows = elements, cols = 0

@@ -1,0 +1,488 @@
+// v4: a decode kernel (one query per sequence) in front of v3, which keeps every other shape.
+//
+// Why: in a batch-1 decode step the earlier versions ran v1, whose blocks own 64 GQA-packed rows
+// and a range of keys. A decode query of one kv head has only G (4 for Llama-3) rows, so three of
+// v1's four warps idled and the fourth walked every 64-key tile alone; over a 4k context (8 kv
+// heads, 22 splits of 3 tiles) the kernel took 17.5 us per layer on an H100 for 16.8 MB of K/V
+// (0.32 of copy bandwidth), and its split-K combine, a second kernel of 32 blocks, 6.3 us more
+// (ncu, isolated launches): 0.76 ms of a 6.5 ms 8B decode step.
+//
+// What v4 does instead:
+//   * The rows of one (sequence, kv head) are one m16 tile (G <= 16) shared by the four warps,
+//     and the warps split every 64-key tile: warp w takes keys 16w..16w+15 (QK^T: two n8 tiles,
+//     P·V: one k16 step), so all four compute and no key is walked serially by one warp.
+//   * Each warp keeps its own online-softmax state; at the end of its key range the block merges
+//     the four states in shared memory, adds the Flash-LoRA term once ((s_v·O_lr)·B_v^T with
+//     f32 FMAs: G rows x D x rank), and normalises.
+//   * Split-K without a second kernel: every block of a (sequence, kv head) writes its normalised
+//     partial and log2-sum-exp, then counts itself in `split_counters`; the block that arrives
+//     last merges all partials into the output and sets the counter back to zero, so the buffer
+//     is zero again after every launch (CUDA graph replays reuse it).
+//   * Grid (splits, kv heads, sequences) sized for two resident blocks per SM (80 KB of shared
+//     memory at D = 128: Q tile + a 2-stage K/V/LRv ring); pdl_release() first thing, so the
+//     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
+// Shapes: no agents mode, no K-side term, V-side rank <= 16, one query per sequence (max_q 1),
+// G <= 16, D in {64, 128}, split_counters present with room for n_seqs x n_kv_heads. Everything
+// else runs v3 (which sends decode without those conditions on to v2 and v1).
+// Template: D = head_dim, R = rank capacity (0: no LR term, 16).
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_internal.h"
+#include "backend/cuda/pdl.cuh"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace lragent::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kBN = 64;             // keys per tile (16 per warp)
+constexpr int kRows = 16;           // one m16 tile: the G query heads of a kv head
+constexpr int kMaxSplits = 128;     // splits of one kv head (the merge's weights: [kMaxSplits, kRows] f32)
+constexpr int kStages = 2;
+
+template <int D, int R>
+struct Smem {
+  static constexpr int KS = D + 8;  // padded row (elements): conflict-free ldmatrix
+  static constexpr int RS = R + 8;
+  static constexpr int kQ = 0;                              // [kRows, KS]
+  static constexpr int kK = kQ + kRows * KS;                // [kStages, kBN, KS]
+  static constexpr int kV = kK + kStages * kBN * KS;        // [kStages, kBN, KS]
+  static constexpr int kLv = kV + kStages * kBN * KS;       // [kStages, kBN, RS] (R > 0)
+  static constexpr int kEnd = kLv + (R > 0 ? kStages * kBN * RS : 0);
+  static constexpr size_t bytes = static_cast<size_t>(kEnd) * sizeof(bf16);
+  // The merge reuses the K/V ring as f32: [kWarps, kRows, D] O + [kWarps, kRows, 16] O_lr.
+  static_assert((kWarps * kRows * (D + 4 + 16)) * sizeof(float) <= 2 * kStages * kBN * KS * sizeof(bf16),
+                "the warp merge fits in the K/V ring");
+  static_assert(kMaxSplits * kRows * sizeof(float) <= kStages * kBN * KS * sizeof(bf16),
+                "the split merge's weights fit in the K ring");
+};
+
+struct V4Launch {
+  int n_splits = 1, tiles_per_split = 1;
+  int kshift = 0, vshift = 0, lvshift = 0;
+  float* part_o = nullptr;    // [n_splits, n_seqs, n_heads, D] normalised partials
+  float* part_lse = nullptr;  // [n_splits, n_seqs, n_heads] log2-sum-exp
+};
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <int D, int R>
+__global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
+  using L = Smem<D, R>;
+  constexpr int KS = L::KS, RS = L::RS;
+  constexpr int KT_D = D / 16;  // k-steps of QK^T over head_dim
+  constexpr int NT_D = D / 8;   // n-tiles of P·V over head_dim
+  constexpr int CPR = D / 8;    // 16-byte chunks per K/V row
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* const sm = reinterpret_cast<bf16*>(smem_raw);
+  __shared__ float m_s[kWarps][kRows], l_s[kWarps][kRows];  // per-warp softmax state
+  __shared__ float olr_s[kRows][16];                          // merged P·LRv (R > 0)
+  __shared__ bool last_s;
+  pdl_release();  // the PDL-launched o-projection may be scheduled; it waits for our completion
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int split = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
+  const int G = p.n_heads / p.n_kv_heads;
+  const SeqInfo si = seq_info(p, s);
+  if (si.n_q == 0) return;  // whole grid of this sequence: the counter is never touched
+  const int kb = split * x.tiles_per_split * kBN;
+  const int ke = min(si.ctx, kb + x.tiles_per_split * kBN);  // decode: every key < ctx is visible
+  const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  // Tile loads: every address (page-table lookup) first, then the copies, so a thread's lookups
+  // are in flight together instead of one dependent round trip per copy. Consecutive threads
+  // copy consecutive 16-byte chunks of a row (a warp covers two whole rows per instruction:
+  // whole DRAM bursts; a thread-per-half-row loader was 25% slower over 8 x 8k private caches).
+  constexpr int LPT = kBN * CPR / kThreads;  // K (and V) chunks per thread per tile
+  constexpr int RPI = kThreads / CPR;        // rows covered per loader step
+  constexpr int LR_CH = R / 4;               // 8-byte chunks per LRv row (rank <= 16)
+  constexpr int LR_PT = R > 0 ? kBN * LR_CH / kThreads : 0;
+  const int ld_row = tid / CPR, ld_ch = tid % CPR;
+  auto load_tile = [&](int t) {
+    const int st = t % kStages, key0 = kb + t * kBN;
+    const bf16* srck[LPT];
+    const bf16* srcv[LPT];
+#pragma unroll
+    for (int i = 0; i < LPT; ++i) {
+      const int key = key0 + ld_row + i * RPI;
+      const bool ok = key < ke;
+      srck[i] = ok ? p.k.data + paged_offset(p.k, s, key, x.kshift) + g * D + ld_ch * 8 : nullptr;
+      srcv[i] = ok ? p.v.data + paged_offset(p.v, s, key, x.vshift) + g * D + ld_ch * 8 : nullptr;
+    }
+#pragma unroll
+    for (int i = 0; i < LPT; ++i) {
+      const int row = st * kBN + ld_row + i * RPI;
+      cp_async16(sm + L::kK + row * KS + ld_ch * 8, srck[i] ? srck[i] : p.k.data, srck[i] ? 16 : 0);
+      cp_async16(sm + L::kV + row * KS + ld_ch * 8, srcv[i] ? srcv[i] : p.v.data, srcv[i] ? 16 : 0);
+    }
+    if constexpr (R > 0) {
+      // Columns past the rank are zero-filled: the P·LRv mma reads zeros there.
+      const bf16* srcl[LR_PT > 0 ? LR_PT : 1];
+#pragma unroll
+      for (int i = 0; i < LR_PT; ++i) {
+        const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
+        const bool ok = key < ke && ch * 4 < p.v_lr.rank;
+        srcl[i] = ok ? p.v_lr.lr.data + paged_offset(p.v_lr.lr, s, key, x.lvshift) + ch * 4 : nullptr;
+      }
+#pragma unroll
+      for (int i = 0; i < LR_PT; ++i) {
+        const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH;
+        cp_async8(sm + L::kLv + (st * kBN + kr) * RS + ch * 4, srcl[i] ? srcl[i] : p.v_lr.lr.data, srcl[i] ? 8 : 0);
+      }
+    }
+  };
+
+  float o[NT_D][4];  // this warp's O for rows gq, gq + 8 (unnormalised)
+#pragma unroll
+  for (int n = 0; n < NT_D; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float olr[2][4] = {};  // this warp's P·LRv, ranks 0..15
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // log2 units; l: this lane's part
+
+  if (n_tiles > 0) {
+    // Q rows 0..G-1 (heads g·G ..), the rest zero; one group with tile 0.
+    for (int c = tid; c < kRows * CPR; c += kThreads) {
+      const int r = c / CPR, ch = c % CPR;
+      const bool ok = r < G;
+      const bf16* src = ok ? p.q + (static_cast<int64_t>(si.q0) * p.n_heads + g * G + r) * D + ch * 8 : p.q;
+      cp_async16(sm + L::kQ + r * KS + ch * 8, src, ok ? 16 : 0);
+    }
+    load_tile(0);
+    cp_async_commit();
+    uint32_t qf[KT_D][4];
+    for (int t = 0; t < n_tiles; ++t) {
+      if (t + 1 < n_tiles) {  // stage (t+1) % 2 was freed by the barrier that ended tile t-1
+        load_tile(t + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      if (t == 0) {
+#pragma unroll
+        for (int kk = 0; kk < KT_D; ++kk)
+          ldmatrix_x4(qf[kk], sm + L::kQ + (lane & 15) * KS + kk * 16 + (lane >> 4) * 8);
+      }
+      const int st = t % kStages;
+      const int key0 = kb + t * kBN + warp * 16;  // this warp's first key
+      const bf16* cK = sm + L::kK + (st * kBN + warp * 16) * KS;
+      const bf16* cV = sm + L::kV + (st * kBN + warp * 16) * KS;
+
+      // S = Q·K^T over this warp's 16 keys (n8 tiles: keys 0..7, 8..15).
+      float sc[2][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < KT_D; ++kk) {
+        uint32_t b[4];
+        ldmatrix_x4(b, cK + ((lane >> 4) * 8 + (lane & 7)) * KS + kk * 16 + ((lane >> 3) & 1) * 8);
+        mma_bf16(sc[0], qf[kk], b[0], b[1]);
+        mma_bf16(sc[1], qf[kk], b[2], b[3]);
+      }
+      // Mask keys past the split's end (zero-filled rows), online softmax on raw scores.
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = key0 + n * 8 + 2 * tq + (e & 1);
+          if (key >= ke) sc[n][e] = -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], sc[n][e]);
+        }
+      float alpha[2], mneg[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
+        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
+        const float m_new = fmaxf(m_run[hh], mx[hh] * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[hh] = fast_exp2(m_run[hh] - m_use);
+        m_run[hh] = m_new;
+        mneg[hh] = -m_use;
+      }
+      float rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float pv = fast_exp2(fmaf(sc[n][e], scale_log2, mneg[e >> 1]));
+          sc[n][e] = pv;
+          rs[e >> 1] += pv;
+        }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) l_run[hh] = l_run[hh] * alpha[hh] + rs[hh];
+#pragma unroll
+      for (int n = 0; n < NT_D; ++n) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+      // O += P·V, O_lr += P·LRv (P from the score accumulators as the A operand, k = 16 keys).
+      uint32_t pa[4];
+      pa[0] = pack_bf16(sc[0][0], sc[0][1]);
+      pa[1] = pack_bf16(sc[0][2], sc[0][3]);
+      pa[2] = pack_bf16(sc[1][0], sc[1][1]);
+      pa[3] = pack_bf16(sc[1][2], sc[1][3]);
+      const int voff = (((lane >> 3) & 1) * 8 + (lane & 7)) * KS + (lane >> 4) * 8;
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, cV + voff + dp * 16);
+        mma_bf16(o[2 * dp], pa, b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
+      }
+      if constexpr (R > 0) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          olr[n][0] *= alpha[0];
+          olr[n][1] *= alpha[0];
+          olr[n][2] *= alpha[1];
+          olr[n][3] *= alpha[1];
+        }
+        const bf16* cLv = sm + L::kLv + (st * kBN + warp * 16) * RS;
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, cLv + (((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8);
+        mma_bf16(olr[0], pa, b[0], b[1]);
+        mma_bf16(olr[1], pa, b[2], b[3]);
+      }
+      __syncthreads();  // every warp is done with stage t % 2 before tile t + 2 refills it
+    }
+  }
+
+  // ---- merge the four warps: O = Σ_w 2^(m_w - M) O_w, l = Σ_w 2^(m_w - M) l_w ----
+  // Only the G real rows are written (rows gq and gq + 8 of each warp), at a padded stride.
+  constexpr int DP = D + 4;  // f32 row stride: rows gq land on different banks
+  float* const oacc = reinterpret_cast<float*>(sm + L::kK);  // [kWarps, kRows, DP]
+  float* const lacc = oacc + kWarps * kRows * DP;            // [kWarps, kRows, 16] (R > 0)
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = l_run[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if (tq == 0) {
+      m_s[warp][gq + hh * 8] = m_run[hh];
+      l_s[warp][gq + hh * 8] = l;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = gq + hh * 8;
+    if (r >= G) continue;
+    float mm = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][r]);
+    const float f = m_run[hh] == -INFINITY ? 0.f : fast_exp2(m_run[hh] - mm);
+    float* row = oacc + (warp * kRows + r) * DP + 2 * tq;
+#pragma unroll
+    for (int n = 0; n < NT_D; ++n)
+      *reinterpret_cast<float2*>(row + n * 8) = make_float2(o[n][hh * 2] * f, o[n][hh * 2 + 1] * f);
+    if constexpr (R > 0) {
+      float* lrow = lacc + (warp * kRows + r) * 16 + 2 * tq;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+        *reinterpret_cast<float2*>(lrow + n * 8) = make_float2(olr[n][hh * 2] * f, olr[n][hh * 2 + 1] * f);
+    }
+  }
+  // Row scalars once: 1/l and the log2-sum-exp of the block's partial.
+  __shared__ float inv_l_s[kRows], lse_s[kRows];
+  if (tid < G) {
+    float mm = -INFINITY, l = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][tid]);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) l += m_s[w][tid] == -INFINITY ? 0.f : fast_exp2(m_s[w][tid] - mm) * l_s[w][tid];
+    inv_l_s[tid] = l > 0.f ? 1.f / l : 0.f;
+    lse_s[tid] = l > 0.f ? mm + log2f(l) : -INFINITY;
+  }
+  __syncthreads();
+  if constexpr (R > 0) {
+    for (int e = tid; e < G * 16; e += kThreads) {
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) v += lacc[(w * kRows + e / 16) * 16 + e % 16];
+      olr_s[e / 16][e % 16] = v * p.v_lr.scale;
+    }
+    __syncthreads();
+  }
+
+  // Thread per (row, dimension) of the G real rows: sum the warps, add the LR expansion, normalise.
+  const bool split_out = x.n_splits > 1;
+  for (int e = tid; e < G * D; e += kThreads) {
+    const int r = e / D, d = e % D;
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += oacc[(w * kRows + r) * DP + d];
+    if constexpr (R > 0) {
+      const int rank = p.v_lr.rank;
+      const bf16* brow = p.v_lr.b + (static_cast<int64_t>(g) * D + d) * rank;
+      for (int k = 0; k < rank; ++k) v += olr_s[r][k] * __bfloat162float(brow[k]);
+    }
+    const float out = v * inv_l_s[r];
+    const int h = g * G + r;
+    if (split_out) {
+      const int64_t prow = (static_cast<int64_t>(split) * p.n_seqs + s) * p.n_heads + h;
+      x.part_o[prow * D + d] = out;
+      if (d == 0) x.part_lse[prow] = lse_s[r];
+    } else {
+      const int64_t off = (static_cast<int64_t>(si.q0) * p.n_heads + h) * D + d;
+      if (p.out) p.out[off] = __float2bfloat16(out);
+      if (p.out_f32) p.out_f32[off] = out;
+    }
+  }
+  if (!split_out) return;
+
+  // ---- split-K: the last block of this (sequence, kv head) merges every split's partial ----
+  __threadfence();  // our partial is visible device-wide before we are counted
+  __syncthreads();
+  if (tid == 0) {
+    unsigned int* ctr = p.split_counters + static_cast<int64_t>(s) * p.n_kv_heads + g;
+    last_s = atomicAdd(ctr, 1u) == static_cast<unsigned>(x.n_splits - 1);
+    if (last_s) *ctr = 0u;  // every block of this launch has counted: ready for the next one
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  // Every row at once (a row at a time was four serial chains of L2 round trips): the weights
+  // 2^(lse - max) / Σ of all (split, row) pairs in shared memory, a warp per row; then one
+  // thread per 4 dimensions of a row sums the splits with 16-byte loads.
+  float* const wts = reinterpret_cast<float*>(sm + L::kK);  // [n_splits, G]
+  const int64_t stride = static_cast<int64_t>(p.n_seqs) * p.n_heads;  // between splits' partials
+  const int64_t base = static_cast<int64_t>(s) * p.n_heads + g * G;    // row 0's partial
+  for (int e = tid; e < x.n_splits * G; e += kThreads)
+    wts[e] = __ldcg(x.part_lse + (e / G) * stride + base + e % G);
+  __syncthreads();
+  for (int r = warp; r < G; r += kWarps) {
+    float mx = -INFINITY;
+    for (int sp = lane; sp < x.n_splits; sp += 32) mx = fmaxf(mx, wts[sp * G + r]);
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    float den = 0.f;
+    for (int sp = lane; sp < x.n_splits; sp += 32) {
+      const float l = wts[sp * G + r];
+      const float w = l == -INFINITY ? 0.f : exp2f(l - mx);
+      wts[sp * G + r] = w;
+      den += w;
+    }
+    for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+    const float inv = den > 0.f ? 1.f / den : 0.f;
+    __syncwarp();
+    for (int sp = lane; sp < x.n_splits; sp += 32) wts[sp * G + r] *= inv;
+  }
+  __syncthreads();
+  for (int e = tid; e < G * (D / 4); e += kThreads) {
+    const int r = e / (D / 4), c4 = e % (D / 4);
+    const float4* src = reinterpret_cast<const float4*>(x.part_o + (base + r) * D) + c4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+    for (int sp = 0; sp < x.n_splits; ++sp) {
+      const float w = wts[sp * G + r];
+      const float4 v = __ldcg(src + sp * stride * (D / 4));
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+    const int64_t off = (static_cast<int64_t>(si.q0) * p.n_heads + g * G + r) * D + 4 * c4;
+    if (p.out) {
+      *reinterpret_cast<__nv_bfloat162*>(p.out + off) = __floats2bfloat162_rn(acc.x, acc.y);
+      *reinterpret_cast<__nv_bfloat162*>(p.out + off + 2) = __floats2bfloat162_rn(acc.z, acc.w);
+    }
+    if (p.out_f32) *reinterpret_cast<float4*>(p.out_f32 + off) = acc;
+  }
+}
+
+int num_sms() {
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+    return n > 0 ? n : 132;
+  }();
+  return sms;
+}
+
+// LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for (default 2; a tuning knob read
+// once, for measuring alternatives on the device without rebuilding).
+double split_waves() {
+  static const double w = [] {
+    const char* v = std::getenv("LRAGENT_ATTN_V4_WAVES");
+    const double d = v ? std::atof(v) : 2.0;
+    return d > 0 ? d : 2.0;
+  }();
+  return w;
+}
+
+bool use_v4(const AttnParams& p) {
+  const int G = p.n_heads / p.n_kv_heads;
+  return !p.agents && !p.k_lr.active() && (!p.v_lr.active() || p.v_lr.rank <= 16) && p.max_q == 1 &&
+         G <= kRows && p.split_counters != nullptr &&
+         p.split_counters_capacity >= static_cast<int64_t>(p.n_seqs) * p.n_kv_heads &&
+         // the merge's 16-byte loads and stores
+         reinterpret_cast<uintptr_t>(p.out_f32) % 16 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(p.workspace) % 16 == 0;
+}
+
+size_t split_bytes(const AttnParams& p, int n_splits) {
+  const size_t rows = static_cast<size_t>(n_splits) * p.n_seqs * p.n_heads;
+  return rows * p.head_dim * sizeof(float) + rows * sizeof(float) + 256;
+}
+
+// About two resident blocks per SM over the whole grid, at least one tile per split; every split
+// gets the same whole number of tiles.
+int choose_splits(const AttnParams& p) {
+  const int tiles = (p.max_ctx + kBN - 1) / kBN;
+  int n = p.num_splits;
+  if (n <= 0) n = std::max(1, static_cast<int>(split_waves() * num_sms()) / (p.n_kv_heads * p.n_seqs));
+  n = std::max(1, std::min({n, tiles, kMaxSplits}));
+  if (!p.workspace) return 1;
+  while (n > 1 && split_bytes(p, n) > p.workspace_bytes) --n;
+  const int tps = (tiles + n - 1) / n;
+  return (tiles + tps - 1) / tps;
+}
+
+template <int D, int R>
+cudaError_t launch(const AttnParams& p, const V4Launch& x) {
+  using L = Smem<D, R>;
+  static const bool configured = [] {
+    return cudaFuncSetAttribute(attn_v4_decode_kernel<D, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(L::bytes)) == cudaSuccess;
+  }();
+  if (!configured) return cudaErrorInvalidConfiguration;
+  const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
+  attn_v4_decode_kernel<D, R><<<grid, kThreads, L::bytes, p.stream>>>(p, x);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int attention_v4_num_splits(const AttnParams& p) { return use_v4(p) ? choose_splits(p) : attention_v3_num_splits(p); }
+
+cudaError_t attention_v4(const AttnParams& p) {
+  if (!use_v4(p)) return attention_v3(p);
+  V4Launch x;
+  x.n_splits = choose_splits(p);
+  const int tiles = (p.max_ctx + kBN - 1) / kBN;
+  x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
+  x.kshift = ilog2(p.k.page_size);
+  x.vshift = ilog2(p.v.page_size);
+  if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
+  if (x.n_splits > 1) {
+    const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.n_heads;
+    x.part_o = static_cast<float*>(p.workspace);
+    x.part_lse = x.part_o + rows * p.head_dim;
+  }
+  const bool lr = p.v_lr.active();
+  if (p.head_dim == 64) return lr ? launch<64, 16>(p, x) : launch<64, 0>(p, x);
+  return lr ? launch<128, 16>(p, x) : launch<128, 0>(p, x);
+}
+
+}  // namespace lragent::cuda
