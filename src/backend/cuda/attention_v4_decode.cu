@@ -108,39 +108,54 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   constexpr int LR_CH = R / 4;               // 8-byte chunks per LRv row (rank <= 16)
   constexpr int LR_PT = R > 0 ? kBN * LR_CH / kThreads : 0;
   const int ld_row = tid / CPR, ld_ch = tid % CPR;
-  auto load_tile = [&](int t) {
-    const int st = t % kStages, key0 = kb + t * kBN;
-    const bf16* srck[LPT];
-    const bf16* srcv[LPT];
+  struct TileAddr {  // global sources of one tile's copies (null: past the split's end)
+    const bf16* k[LPT];
+    const bf16* v[LPT];
+    const bf16* l[LR_PT > 0 ? LR_PT : 1];
+  };
+  auto tile_addr = [&](int t, TileAddr& a) {
+    const int key0 = kb + t * kBN;
 #pragma unroll
     for (int i = 0; i < LPT; ++i) {
       const int key = key0 + ld_row + i * RPI;
       const bool ok = key < ke;
-      srck[i] = ok ? p.k.data + paged_offset(p.k, s, key, x.kshift) + g * D + ld_ch * 8 : nullptr;
-      srcv[i] = ok ? p.v.data + paged_offset(p.v, s, key, x.vshift) + g * D + ld_ch * 8 : nullptr;
+      a.k[i] = ok ? p.k.data + paged_offset(p.k, s, key, x.kshift) + g * D + ld_ch * 8 : nullptr;
+      a.v[i] = ok ? p.v.data + paged_offset(p.v, s, key, x.vshift) + g * D + ld_ch * 8 : nullptr;
     }
+#pragma unroll
+    for (int i = 0; i < LR_PT; ++i) {
+      const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
+      const bool ok = key < ke && ch * 4 < p.v_lr.rank;
+      a.l[i] = ok ? p.v_lr.lr.data + paged_offset(p.v_lr.lr, s, key, x.lvshift) + ch * 4 : nullptr;
+    }
+  };
+  auto tile_issue = [&](int t, const TileAddr& a) {
+    const int st = t % kStages;
 #pragma unroll
     for (int i = 0; i < LPT; ++i) {
       const int row = st * kBN + ld_row + i * RPI;
-      cp_async16(sm + L::kK + row * KS + ld_ch * 8, srck[i] ? srck[i] : p.k.data, srck[i] ? 16 : 0);
-      cp_async16(sm + L::kV + row * KS + ld_ch * 8, srcv[i] ? srcv[i] : p.v.data, srcv[i] ? 16 : 0);
+      cp_async16(sm + L::kK + row * KS + ld_ch * 8, a.k[i] ? a.k[i] : p.k.data, a.k[i] ? 16 : 0);
+      cp_async16(sm + L::kV + row * KS + ld_ch * 8, a.v[i] ? a.v[i] : p.v.data, a.v[i] ? 16 : 0);
     }
-    if constexpr (R > 0) {
-      // Columns past the rank are zero-filled: the P·LRv mma reads zeros there.
-      const bf16* srcl[LR_PT > 0 ? LR_PT : 1];
+    // LRv columns past the rank are zero-filled: the P·LRv mma reads zeros there.
 #pragma unroll
-      for (int i = 0; i < LR_PT; ++i) {
-        const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
-        const bool ok = key < ke && ch * 4 < p.v_lr.rank;
-        srcl[i] = ok ? p.v_lr.lr.data + paged_offset(p.v_lr.lr, s, key, x.lvshift) + ch * 4 : nullptr;
-      }
-#pragma unroll
-      for (int i = 0; i < LR_PT; ++i) {
-        const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH;
-        cp_async8(sm + L::kLv + (st * kBN + kr) * RS + ch * 4, srcl[i] ? srcl[i] : p.v_lr.lr.data, srcl[i] ? 8 : 0);
-      }
+    for (int i = 0; i < LR_PT; ++i) {
+      const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH;
+      cp_async8(sm + L::kLv + (st * kBN + kr) * RS + ch * 4, a.l[i] ? a.l[i] : p.v_lr.lr.data, a.l[i] ? 8 : 0);
     }
   };
+  auto load_tile = [&](int t) {
+    TileAddr a;
+    tile_addr(t, a);
+    tile_issue(t, a);
+  };
+
+  // Launched with PDL: the page-table lookups of the first tile (the table and the sequence
+  // geometry come from the host) overlap the previous kernel, which stores this step's K/V rows;
+  // everything it wrote (K, V, LRv rows) is read after the wait, and nothing is written before.
+  TileAddr a0;
+  if (n_tiles > 0) tile_addr(0, a0);
+  pdl_wait();
 
   float o[NT_D][4];  // this warp's O for rows gq, gq + 8 (unnormalised)
 #pragma unroll
@@ -156,7 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
       const bf16* src = ok ? p.q + (static_cast<int64_t>(si.q0) * p.n_heads + g * G + r) * D + ch * 8 : p.q;
       cp_async16(sm + L::kQ + r * KS + ch * 8, src, ok ? 16 : 0);
     }
-    load_tile(0);
+    tile_issue(0, a0);
     cp_async_commit();
     uint32_t qf[KT_D][4];
     for (int t = 0; t < n_tiles; ++t) {
@@ -458,8 +473,7 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   }();
   if (!configured) return cudaErrorInvalidConfiguration;
   const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
-  attn_v4_decode_kernel<D, R><<<grid, kThreads, L::bytes, p.stream>>>(p, x);
-  return cudaGetLastError();
+  return launch_pdl(attn_v4_decode_kernel<D, R>, grid, dim3(kThreads), L::bytes, p.stream, p, x);
 }
 
 }  // namespace

@@ -295,6 +295,7 @@ struct StoreMulti {
   int n_jobs;
 };
 __global__ void store_rows_multi_kernel(const StoreMulti m) {
+  pdl_release();  // the PDL-launched decode attention may start its page-table lookups now
   const int64_t total = m.end[m.n_jobs - 1];
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     int j = 0;

@@ -3,7 +3,9 @@
 // completion and memory) at griddepcontrol.wait. Captured into CUDA graphs as programmatic edges.
 // Used by the decode GEMV (gemv.cu), whose first weight loads do not depend on the previous
 // kernel: an 8B decode step went from 6.96 to 6.74 ms on an H100. The kernels that precede the
-// GEMVs (norm, SwiGLU, attention combine) call pdl_release() first thing. Launching the small
+// GEMVs (norm, SwiGLU, attention combine) call pdl_release() first thing. The v4 decode
+// attention is PDL-launched too (its first page-table lookups overlap the K/V store before it,
+// which releases it), and so are the sampling kernels. Launching the small
 // kernels themselves with PDL (wait as their first instruction) measured no gain (6.61 vs 6.56 ms).
 //
 // Rules for a kernel launched with launch_pdl: pdl_wait() comes before it reads anything an
