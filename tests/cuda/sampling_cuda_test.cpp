@@ -4,10 +4,14 @@
 //                    1e-5 nudge of u and of top_p (the decision is not at a rounding boundary)
 //                    must get the identical id; at most 5% of sampled rows may be that close;
 //   ties, near ties  quantised logits, adjacent floats, NaN and +-inf: >= 99% identical ids
-//                    (expf may differ from the host's by an ulp; sums are f64 in another order);
+//                    (expf may differ from the host's by an ulp; sums are fixed point on the device);
+//   split rows       128k rows (several blocks each) over top-k 1..100000 and top-p 0.01..0.999,
+//                    boundary ties in every block's chunk, all mass in the last chunk, full ties
+//                    (exact), 256 short rows; a row alone and in a batch (other block counts)
+//                    picks the same id;
 //   recorded passes  the op inside begin_pass/end_pass with CUDA graphs on, a fresh u every
 //                    step: the graph must replay (not be re-captured) and pick what the eager
-//                    backend and the CPU pick for each step's u;
+//                    backend and the CPU pick for each step's u (also over split 128k rows);
 //   decode           a synthetic model sampling 2 sequences for 120 steps with forward_sample:
 //                    graphs on gives the eager tokens (f32 logits are bit-identical there); the
 //                    engine's Generator picks the same tokens on the device as from host logits.

@@ -1,5 +1,5 @@
 // Device-side token pick (sampling.cuh): the rules of backend/sampling_ref.h, no sorting, each
-// logits row split over `blocks` blocks (blocks_per_row below: about two blocks per SM in all, a
+// logits row split over `blocks` blocks (layout_of below: about two blocks per SM in all, a
 // share of at least kMinChunk ids each) so that one row does not wait on one SM. Every call
 // launches the same 8 kernels (programmatic dependent launches, so each is scheduled while the
 // previous one drains); a kernel whose step a row does not need returns at once for that row:
@@ -28,6 +28,8 @@
 // Comparisons against top_p · W and u · W' convert the integer sums to f64, so the error is one
 // unit in 2^-F per id plus f64 rounding: rounding-boundary differences from the reference only.
 // Logits are compared as floats (the keys only order them; -0 is keyed as +0).
+// Workspace (caller-provided, layout_of): [rows, blocks] stats and pick partials, [rows] states,
+// and for rows split over several blocks a [rows, 2048] u64 histogram and an arrival counter.
 #include "backend/cuda/sampling.cuh"
 
 #include <algorithm>
@@ -476,11 +478,14 @@ __global__ void __launch_bounds__(kThreads) pick_kernel(const Pass p) {
   if (threadIdx.x == 0) p.out[k.row] = static_cast<int32_t>(id);
 }
 
-int multiprocessors() {
-  int dev = 0, n = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    n = 0;
-  return n > 0 ? n : 132;
+int multiprocessors() {  // of the first device asked (as gemv.cu's sm_count)
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      v = 0;
+    return v > 0 ? v : 132;
+  }();
+  return n;
 }
 
 // How a call splits its rows and lays out its workspace (256-byte aligned arrays).
