@@ -22,8 +22,11 @@
 //              (f64), the smallest id with w_i > 0 whose inclusive prefix sum of kept weights in
 //              id order (f64) exceeds u · W'; if rounding leaves none, the last kept id with
 //              w_i > 0. Zero-weight ids are never picked.
-// A device implementation may add in another order (f64, so only at rounding boundaries) and
-// its expf may differ from the host's by an ulp or two; everything else is exact.
+// A device implementation may add in another order (f64), or add exactly in fixed point with at
+// least 44 fractional bits (the CUDA pick: each weight rounded up to a multiple of 2^-F, so that
+// w_i > 0 keeps a positive mass, and the sums compared with top_p · W and u · W' in f64), so
+// results differ only at rounding boundaries; its expf may differ from the host's by an ulp or
+// two; everything else is exact.
 #pragma once
 
 #include <cstdint>

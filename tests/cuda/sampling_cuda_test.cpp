@@ -4,10 +4,14 @@
 //                    1e-5 nudge of u and of top_p (the decision is not at a rounding boundary)
 //                    must get the identical id; at most 5% of sampled rows may be that close;
 //   ties, near ties  quantised logits, adjacent floats, NaN and +-inf: >= 99% identical ids
-//                    (expf may differ from the host's by an ulp; sums are f64 in another order);
+//                    (expf may differ from the host's by an ulp; sums are fixed point on the device);
+//   split rows       128k rows (several blocks each) over top-k 1..100000 and top-p 0.01..0.999,
+//                    boundary ties in every block's chunk, all mass in the last chunk, full ties
+//                    (exact), 256 short rows; a row alone and in a batch (other block counts)
+//                    picks the same id;
 //   recorded passes  the op inside begin_pass/end_pass with CUDA graphs on, a fresh u every
 //                    step: the graph must replay (not be re-captured) and pick what the eager
-//                    backend and the CPU pick for each step's u;
+//                    backend and the CPU pick for each step's u (also over split 128k rows);
 //   decode           a synthetic model sampling 2 sequences for 120 steps with forward_sample:
 //                    graphs on gives the eager tokens (f32 logits are bit-identical there); the
 //                    engine's Generator picks the same tokens on the device as from host logits.
@@ -254,6 +258,161 @@ TEST(CudaSampling, TiesAndNearTiesAgreeOnMostRows) {
   EXPECT_GE(same * 100, rows_total * 99);
 }
 
+// ---------------------------------------------------------------- rows split over several blocks
+// A 128,256 vocab is split over many blocks per row (fewer when many rows share the GPU), so the
+// cases below reach the multi-block steps: the radix selects' shared histograms, the boundary
+// ties spread over several blocks' chunks, and the pick's prefix across blocks.
+
+// Device picks against the CPU's: identical ids, except for rows whose CPU pick moves under a
+// 1e-5 nudge of u or top_p (a rounding boundary: the device sums in fixed point), of which at
+// most max_boundary. Every pick must be a finite logit in range. Returns the boundary count.
+int64_t expect_cpu_picks(const std::vector<std::vector<float>>& rows, const std::vector<RowSampling>& ps,
+                         const std::vector<int32_t>& got, int64_t max_boundary, const char* what) {
+  int64_t boundary = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const auto& l = rows[r];
+    const int64_t vocab = static_cast<int64_t>(l.size());
+    const RowSampling& p = ps[r];
+    EXPECT_TRUE(got[r] >= 0 && got[r] < vocab) << what << " row " << r << ": id " << got[r];
+    if (got[r] < 0 || got[r] >= vocab) continue;
+    const bool some_finite = std::any_of(l.begin(), l.end(), [](float v) { return std::isfinite(v); });
+    if (p.temperature > 0.f && some_finite) {
+      EXPECT_TRUE(std::isfinite(l[static_cast<size_t>(got[r])])) << what << " row " << r << ": a non-finite logit";
+    }
+    const int32_t want = sample_row(l.data(), vocab, p);
+    if (got[r] == want) continue;
+    if (!stable_pick(l.data(), vocab, p)) {
+      ++boundary;
+      continue;
+    }
+    ADD_FAILURE() << what << " row " << r << ": got " << got[r] << ", the CPU picks " << want << " (T " << p.temperature
+                  << " top_k " << p.top_k << " top_p " << p.top_p << " u " << p.u << ")";
+  }
+  EXPECT_LE(boundary, max_boundary) << what << ": too many rows at a rounding boundary";
+  return boundary;
+}
+
+std::vector<int32_t> device_picks(Backend& gpu, const std::vector<std::vector<float>>& rows,
+                                  const std::vector<RowSampling>& ps) {
+  const DeviceRows d = upload_rows(gpu, rows, static_cast<int64_t>(rows[0].size()));
+  std::vector<int32_t> got(rows.size());
+  gpu.sample_rows(d.view, ps, got.data());
+  return got;
+}
+
+// A 128k row like a model's: most logits around -2, a tail up to ~12, a few NaN / +-inf.
+std::vector<float> model_like_row(int64_t vocab, std::mt19937& rng) {
+  std::normal_distribution<float> nd(-2.f, 2.5f);
+  std::exponential_distribution<float> tail(0.6f);
+  std::uniform_int_distribution<int64_t> any(0, vocab - 1);
+  std::vector<float> l(static_cast<size_t>(vocab));
+  for (float& v : l) v = nd(rng);
+  for (int j = 0; j < 400; ++j) l[static_cast<size_t>(any(rng))] = 4.f + tail(rng);
+  l[static_cast<size_t>(any(rng))] = std::nanf("");
+  l[static_cast<size_t>(any(rng))] = kInf;
+  l[static_cast<size_t>(any(rng))] = -kInf;
+  return l;
+}
+
+TEST(CudaSampling, SplitRowsMatchCpuOverTopKAndTopP) {
+  REQUIRE_GPU();
+  auto gpu = cuda_backend();
+  ASSERT_TRUE(gpu);
+  std::mt19937 rng(80);
+  const int64_t vocab = 128256, n_rows = 64;
+  const int top_ks[] = {0, 1, 2, 50, 1000, 100000};
+  const float top_ps[] = {1.f, 0.01f, 0.5f, 0.9f, 0.999f};
+  const float temps[] = {0.7f, 1.f, 1.5f};
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  int64_t boundary = 0;
+  for (int batch = 0; batch < 2; ++batch) {  // the 30 (top_k, top_p) pairs over 128 rows, random u
+    std::vector<std::vector<float>> rows;
+    std::vector<RowSampling> ps;
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const int64_t c = batch * n_rows + r;
+      rows.push_back(model_like_row(vocab, rng));
+      ps.push_back({temps[c % 3], top_ks[(c / 5) % 6], top_ps[c % 5], uni(rng)});
+    }
+    boundary += expect_cpu_picks(rows, ps, device_picks(*gpu, rows, ps), n_rows / 10, "128k batch");
+  }
+  std::printf("  split rows: %lld of %lld at a rounding boundary\n", static_cast<long long>(boundary),
+              static_cast<long long>(2 * n_rows));
+}
+
+// Rows built so that the interesting part lands across or at the end of the blocks' chunks.
+TEST(CudaSampling, SplitRowsBoundaryTiesAndTails) {
+  REQUIRE_GPU();
+  auto gpu = cuda_backend();
+  ASSERT_TRUE(gpu);
+  const int64_t vocab = 128256;
+  std::mt19937 rng(81);
+  std::normal_distribution<float> nd(-12.f, 1.f);
+  std::vector<std::vector<float>> rows;
+  std::vector<RowSampling> ps;
+  auto add = [&](std::vector<float> l, RowSampling p) {
+    rows.push_back(std::move(l));
+    ps.push_back(p);
+  };
+  // The top-k / top-p boundary is a value held by 129 ids, one every 997 ids (so in every
+  // block's chunk), above a noise floor, with 10 larger logits at the front.
+  std::vector<float> ties(static_cast<size_t>(vocab));
+  for (float& v : ties) v = nd(rng);
+  for (int64_t i = 0; i < vocab; i += 997) ties[static_cast<size_t>(i)] = 2.f;
+  for (int64_t i = 0; i < 10; ++i) ties[static_cast<size_t>(13 + i * 3)] = 4.f + 0.25f * static_cast<float>(i);
+  for (float u : {0.f, 0.3f, 0.6f, 0.97f, 0.9999f}) {
+    add(ties, {1.f, 20, 1.f, u});    // the k-th largest is 2: all 129 ties stay
+    add(ties, {1.f, 11, 1.f, u});    // the 11th largest is the first tie
+    add(ties, {1.f, 0, 0.9f, u});    // top-p ends inside the tie group: all of it stays
+    add(ties, {0.8f, 140, 0.99f, u});
+  }
+  // All the mass in the last block's chunk: the rest underflows to weight 0 (kept by top-k
+  // 100000 but never picked) or is -inf.
+  std::vector<float> tail(static_cast<size_t>(vocab), -300.f);
+  for (int64_t i = 0; i < 5000; ++i) tail[static_cast<size_t>(i * 7)] = -kInf;
+  for (int64_t i = vocab - 40; i < vocab; ++i) tail[static_cast<size_t>(i)] = static_cast<float>(i % 7) * 0.5f;
+  for (float u : {0.f, 0.5f, 0.999f}) {
+    add(tail, {1.f, 0, 1.f, u});
+    add(tail, {1.f, 100000, 1.f, u});
+    add(tail, {1.f, 0, 0.5f, u});
+  }
+  // Only the very last id is finite; only the first.
+  std::vector<float> last_only(static_cast<size_t>(vocab), -kInf), first_only(static_cast<size_t>(vocab), std::nanf(""));
+  last_only.back() = 1.f;
+  first_only.front() = -3.f;
+  add(last_only, {1.f, 5, 0.5f, 0.7f});
+  add(first_only, {1.f, 0, 1.f, 0.9f});
+  // Full ties: every weight is exactly 1 on both sides, so the pick is exact: floor(u * vocab).
+  const std::vector<float> flat(static_cast<size_t>(vocab), 0.25f);
+  for (float u : {0.f, 0.5f, 0.75f, 0.999f})
+    for (const RowSampling& p : {RowSampling{1.f, 0, 1.f, u}, RowSampling{1.f, 50, 1.f, u}, RowSampling{0.5f, 1, 0.01f, u}})
+      add(flat, p);
+  const std::vector<int32_t> got = device_picks(*gpu, rows, ps);
+  expect_cpu_picks(rows, ps, got, 0, "boundary rows");
+  // The same rows one at a time (each split over many more blocks): the same ids, bit for bit.
+  for (size_t r = 0; r < rows.size(); r += 3) {
+    const std::vector<int32_t> one = device_picks(*gpu, {rows[r]}, {ps[r]});
+    EXPECT_EQ(one[0], got[r]) << "row " << r << " alone picks another id than in the batch";
+  }
+}
+
+// Many short rows (one block each) next to each other: the random mix of the tests above.
+TEST(CudaSampling, ManyShortRowsMatchCpu) {
+  REQUIRE_GPU();
+  auto gpu = cuda_backend();
+  ASSERT_TRUE(gpu);
+  std::mt19937 rng(82);
+  const int64_t vocab = 4097, n_rows = 256;
+  std::vector<std::vector<float>> rows;
+  std::vector<RowSampling> ps;
+  for (int64_t r = 0; r < n_rows; ++r) {
+    rows.push_back(r % 2 ? separated_row(vocab, rng) : tied_row(vocab, rng));
+    ps.push_back(random_params(vocab, rng));
+  }
+  const std::vector<int32_t> got = device_picks(*gpu, rows, ps);
+  expect_cpu_picks(rows, ps, got, n_rows / 20, "256 rows");
+  EXPECT_EQ(device_picks(*gpu, rows, ps), got) << "the same rows and draws must pick the same ids";
+}
+
 // The op in a recorded pass: with graphs on, each step's u goes up through the pass's argument
 // region, so the captured graph replays with fresh draws. Every step must pick what the eager
 // backend and the CPU pick for that step's u.
@@ -310,6 +469,44 @@ TEST(CudaSampling, RecordedPassesReplayWithFreshDraws) {
   EXPECT_GE(gs.recorded, steps);
   EXPECT_GE(gs.replayed, steps - 2) << "one eager pass, one capture, then replays: u must not enter the signature";
   EXPECT_GE(distinct.size(), 4u) << "fresh draws must reach the replayed graph";
+}
+
+// Recorded passes over split rows: the multi-block steps (their counters and histograms live in
+// the pass's scratch, which the kernels initialise) replay with fresh draws and pick the eager ids.
+TEST(CudaSampling, SplitRowsReplayInGraphs) {
+  REQUIRE_GPU();
+  const int64_t vocab = 128256, n_rows = 2;
+  const int steps = 10;
+  std::mt19937 rng(83);
+  std::vector<std::vector<float>> rows;
+  for (int64_t r = 0; r < n_rows; ++r) rows.push_back(model_like_row(vocab, rng));
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  std::vector<std::vector<RowSampling>> params(steps);  // [steps][rows]
+  for (auto& st : params) st = {{1.f, 1000, 0.95f, uni(rng)}, {0.8f, 0, 0.9f, uni(rng)}};
+  auto run = [&](bool graphs, GraphStats* stats) {
+    std::vector<std::vector<int32_t>> picks;  // [steps][rows]
+    auto gpu = cuda_backend(graphs);
+    if (!gpu) return picks;
+    const DeviceRows d = upload_rows(*gpu, rows, vocab);
+    for (const auto& st : params) {
+      std::vector<int32_t> got(static_cast<size_t>(n_rows));
+      {
+        PassScope pass(*gpu, n_rows);
+        gpu->sample_rows(d.view, st, got.data());
+      }
+      picks.push_back(got);
+    }
+    *stats = gpu->graph_stats();
+    return picks;
+  };
+  GraphStats gs, es;
+  const auto graph = run(true, &gs);
+  const auto eager = run(false, &es);
+  ASSERT_EQ(graph.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(eager.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(graph, eager);
+  for (int s = 0; s < steps; ++s) expect_cpu_picks(rows, params[static_cast<size_t>(s)], graph[static_cast<size_t>(s)], 1, "replayed step");
+  EXPECT_GE(gs.replayed, steps - 2);
 }
 
 // ---------------------------------------------------------------- the model and the engine

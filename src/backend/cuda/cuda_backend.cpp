@@ -273,16 +273,25 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
     Backend::sample_rows(logits, params, out);
     return;
   }
+  const int64_t vocab = logits.dim(1);
+  const size_t ws_bytes = lc::sample_rows_workspace_bytes(rows, vocab);
+  void* ws = try_scratch(5, ws_bytes);
+  if (!ws) {  // as the ids: no device memory for the kernels' scratch, pick on the host
+    Backend::sample_rows(logits, params, out);
+    return;
+  }
   lc::SampleRowsParams sp;
   sp.logits = logits.f32();
   sp.ld = row_stride_of(logits);
   sp.rows = rows;
-  sp.vocab = logits.dim(1);
+  sp.vocab = vocab;
+  sp.workspace = ws;
+  sp.workspace_bytes = ws_bytes;
   // u changes every step: through the upload path (a recorded pass's argument region), never
   // by value into the signature, so a decode step's graph replays with each step's draws.
   sp.params = static_cast<const RowSampling*>(dev_bytes(params.data(), params.size_bytes()));
   sp.out = ids;
-  rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out);
+  rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out, sp.workspace, sp.workspace_bytes);
   launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
   read_ids(ids, rows, out);
 }
