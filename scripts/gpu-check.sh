@@ -15,7 +15,7 @@
 # reference cpu_attention.cpp + thread_pool.cpp, the test with real GTest if present, else
 # tests/cuda/mini_gtest.h; tests/cuda/compat/fmt when fmt headers are missing).
 #
-# Env: OUT (copy results there), LRAGENT_COMMIT (commit id when there is no .git),
+# Env: OUT (copy results there), LRAGENT_COMMIT (commit id to report; else the checkout's HEAD),
 #      JOBS (default 16), QUICK=1 (bench only 8k shapes; for smoke runs),
 #      FORCE_DIRECT=1 (use the direct nvcc build even when CMake works).
 set -u
@@ -35,7 +35,7 @@ SLUG=$(echo "$GPU" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-
 DATE=$(date -u +%Y%m%d)
 COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true)
 if [ -n "$COMMIT" ] && [ -n "$(git status --porcelain 2>/dev/null | head -1)" ]; then COMMIT="$COMMIT-dirty"; fi
-COMMIT=${COMMIT:-${LRAGENT_COMMIT:-unknown}}
+COMMIT=${LRAGENT_COMMIT:-${COMMIT:-unknown}}  # LRAGENT_COMMIT wins: the device copy's .git may be stale
 RES=bench/results
 LOGS=build-gpu-logs  # logs stay out of the tree (ignored); only the report goes to bench/results
 rm -rf "$LOGS"

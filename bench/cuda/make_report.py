@@ -102,6 +102,15 @@ def main():
                  f"{fmt(ratios['decode']['fraction_of_copy'])} of copy ceiling "
                  f"({fmt(copy_gbps, '.0f')} GB/s); FLA {fmt(ratios['decode']['fla_fraction_of_copy'])}; "
                  f"materialise/FLA {fmt(ratios['decode']['materialise_over_fla_time'])}"))
+    d1 = {n: find(R, "decode1", n) for n in ("plain", "v1_plain", "flash_lora_v_r16", "v1_flash_lora_v_r16")}
+    if d1["plain"]:
+        ratios["decode1"] = {n: ms(r) for n, r in d1.items()}
+        ratios["decode1"]["fraction_of_copy"] = ratio(d1["plain"].get("gbps"), copy_gbps)
+        rows.append((f"decode 1x{d1['plain'].get('ctx', 0) // 1024}k (a batch-1 step's attention, one layer)",
+                     f"v4 {fmt(1e3 * (ms(d1['plain']) or 0), '.1f')} us vs v1 {fmt(1e3 * (ms(d1['v1_plain']) or 0), '.1f')} us "
+                     f"({fmt(ratios['decode1']['fraction_of_copy'])} of copy); FLA v4 "
+                     f"{fmt(1e3 * (ms(d1['flash_lora_v_r16']) or 0), '.1f')} us vs v1 "
+                     f"{fmt(1e3 * (ms(d1['v1_flash_lora_v_r16']) or 0), '.1f')} us"))
     sh = {n: find(R, "agents", n) for n in ("shared_plain", "shared_flash_lora_v_r16", "shared_flash_lora_kv_r16")}
     # Like for like: shared variant X vs the private decodes of the same variant X (the first
     # report, fc7ae7f, divided every shared variant by private *plain*; kept as *_vs_private_plain).
@@ -130,6 +139,7 @@ def main():
             "decode_ctx": dec.get("ctx"), "decode_ms": dec.get("median_ms"), "decode_ideal_ms": ideal_ms,
             "decode_over_ideal": ratio(dec.get("median_ms"), ideal_ms),
             "decode_lora_base_lr_ms": model.get("decode_lora_base_lr", {}).get("median_ms"),
+            "decode_sampled_ms": model.get("decode_sampled", {}).get("median_ms"),
             "peak_device_bytes": model.get("peak_device_bytes"),
         }
         eager = load(args.model_eager) if args.model_eager and os.path.exists(args.model_eager) else {}
@@ -143,7 +153,8 @@ def main():
                      f"{fmt(m['prefill_fraction_of_gemm_ceiling'])} of the GEMM ceiling"))
         rows.append((f"model {m['preset']} decode batch 1 at {m['decode_ctx']} ctx",
                      f"{fmt(m['decode_ms'], '.3f')} ms/step = {fmt(m['decode_over_ideal'])}x of (weights + KV) / copy BW "
-                     f"({fmt(ideal_ms, '.3f')} ms); with LoRA r16 base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms; "
+                     f"({fmt(ideal_ms, '.3f')} ms); sampled on the device (T 0.8, top-p 0.95) "
+                     f"{fmt(m['decode_sampled_ms'], '.3f')} ms; with LoRA r16 base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms; "
                      f"launched op by op (--enforce-eager) {fmt(m.get('decode_eager_ms'), '.3f')} ms"))
     gemv = load(args.gemv) if args.gemv and os.path.exists(args.gemv) else {}
     if gemv.get("results"):
