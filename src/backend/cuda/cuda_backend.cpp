@@ -68,8 +68,10 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   if (tape_ && std::getenv("LRAGENT_CUDA_GRAPH_STATS")) {
     const lc::TapeStats& t = tape_->stats();
-    fmt::print(stderr, "CUDA graphs: {} recorded passes: {} replayed, {} captured, {} eager, {} capture failures\n",
-               t.passes, t.replayed, t.captured, t.eager, t.capture_failures);
+    fmt::print(stderr,
+               "CUDA graphs: {} recorded passes: {} replayed, {} captured, {} updated, {} eager, {} capture "
+               "failures; {:.1f} ms building graphs\n",
+               t.passes, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms);
   }
   tape_.reset();
   if (prof_.enabled()) {

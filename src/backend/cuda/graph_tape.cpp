@@ -1,6 +1,16 @@
 #include "backend/cuda/graph_tape.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <string_view>
+
 namespace lragent::cuda {
+
+GraphTape::GraphTape(cudaStream_t stream) : stream_(stream) {
+  const char* u = std::getenv("LRAGENT_CUDA_GRAPH_UPDATE");
+  update_ = !(u && std::string_view(u) == "0");
+  if (const char* n = std::getenv("LRAGENT_CUDA_GRAPHS_PER_SHAPE"); n && std::atoi(n) > 0) execs_per_shape_ = std::atoi(n);
+}
 
 GraphTape::~GraphTape() { clear_graphs(); }
 
@@ -8,6 +18,7 @@ void GraphTape::clear_graphs() {
   for (auto& [k, e] : cache_)
     if (e.exec) cudaGraphExecDestroy(e.exec);
   cache_.clear();
+  by_shape_.clear();
 }
 
 cudaError_t GraphTape::run_eager() {
@@ -17,6 +28,19 @@ cudaError_t GraphTape::run_eager() {
     if (e != cudaSuccess && first == cudaSuccess) first = e;
   }
   return first;
+}
+
+cudaGraph_t GraphTape::capture() {
+  cudaGraph_t graph = nullptr;
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return nullptr;
+  const cudaError_t launch_err = run_eager();
+  const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
+  if (err != cudaSuccess || launch_err != cudaSuccess) {
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    return nullptr;
+  }
+  return graph;
 }
 
 cudaError_t GraphTape::run() {
@@ -34,29 +58,56 @@ cudaError_t GraphTape::run() {
   }
   Entry& e = it->second;
   ++e.seen;
+  e.last = stats_.passes;
   if (e.exec) {
     ++stats_.replayed;
     return cudaGraphLaunch(e.exec, stream_);
   }
-  // First sight, or capture failed before: run op by op. The first eager run also performs the
-  // one-time work (module loads, kernel attributes, cuBLASLt internals) that must not happen
-  // inside a capture.
-  if (e.seen < 2 || e.failed) {
+  if (e.failed) {
     ++stats_.eager;
     return run_eager();
   }
-  cudaGraph_t graph = nullptr;
-  cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
-  cudaError_t launch_err = cudaSuccess;
-  if (err == cudaSuccess) {
-    launch_err = run_eager();
-    err = cudaStreamEndCapture(stream_, &graph);
+  std::vector<std::string>& same = by_shape_[shape_];
+  // First sight of a shape: run op by op. The first eager run also performs the one-time work
+  // (module loads, kernel attributes, cuBLASLt internals) that must not happen inside a capture.
+  if (e.seen < 2 && (!update_ || same.empty())) {
+    ++stats_.eager;
+    return run_eager();
   }
-  if (err == cudaSuccess && launch_err == cudaSuccess && graph)
-    err = cudaGraphInstantiate(&e.exec, graph, 0);
-  if (graph) cudaGraphDestroy(graph);
-  if (err != cudaSuccess || launch_err != cudaSuccess || !e.exec) {
-    // Not capturable (an op did something a capture forbids): remember, run eagerly.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto built = [&] {
+    stats_.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  };
+  cudaGraph_t graph = capture();
+  if (!graph) {  // not capturable (an op did something a capture forbids): remember, run eagerly
+    e.failed = true;
+    ++stats_.capture_failures;
+    ++stats_.eager;
+    built();
+    return run_eager();
+  }
+  // A full set of graphs of this shape: take over the least recently launched one's graph.
+  if (update_ && static_cast<int>(same.size()) >= execs_per_shape_) {
+    size_t victim = 0;
+    for (size_t i = 1; i < same.size(); ++i)
+      if (cache_[same[i]].last < cache_[same[victim]].last) victim = i;
+    Entry& old = cache_[same[victim]];
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(old.exec, graph, &info) == cudaSuccess) {
+      e.exec = old.exec;
+      old.exec = nullptr;
+      same[victim] = sig_;
+      cudaGraphDestroy(graph);
+      ++stats_.updated;
+      built();
+      return cudaGraphLaunch(e.exec, stream_);
+    }
+    cudaGetLastError();  // topology differs after all: instantiate a graph of its own below
+  }
+  const cudaError_t err = cudaGraphInstantiate(&e.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  built();
+  if (err != cudaSuccess || !e.exec) {
     cudaGetLastError();
     e.exec = nullptr;
     e.failed = true;
@@ -64,6 +115,7 @@ cudaError_t GraphTape::run() {
     ++stats_.eager;
     return run_eager();
   }
+  if (static_cast<int>(same.size()) < execs_per_shape_) same.push_back(sig_);
   ++stats_.captured;
   return cudaGraphLaunch(e.exec, stream_);
 }
