@@ -21,6 +21,7 @@
 // Template: D = head_dim (64, 128), R = padded rank capacity (0: no LR term, 16, 64).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/device_props.h"
 
 #include <algorithm>
 
@@ -498,16 +499,6 @@ __global__ void attn_v2_combine_kernel(const AttnParams p, const V2Launch x) {
   }
 }
 
-int num_sms() {
-  static int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 132;
-  }();
-  return sms;
-}
-
 int rank_capacity(const AttnParams& p) {
   int r = 0;
   if (p.k_lr.active()) r = std::max(r, p.k_lr.rank);
@@ -537,7 +528,7 @@ int choose_splits(const AttnParams& p) {
   int n = p.num_splits;
   if (n <= 0) {
     const int blocks = row_tiles(p) * p.n_kv_heads * p.n_seqs;
-    const int target = 2 * num_sms();
+    const int target = 2 * sm_count();
     n = std::max(1, target / blocks);
     n = std::min(n, std::max(1, tiles / 8));
     n = std::min(n, 128);

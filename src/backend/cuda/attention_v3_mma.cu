@@ -18,6 +18,7 @@
 // the LR term compile-time on; ranks 4/12 keep the generic loader (kFastLr = false).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/device_props.h"
 
 #include <algorithm>
 
@@ -440,16 +441,6 @@ __global__ void attn_v3_combine_kernel(const AttnParams p, const V3Launch x) {
   }
 }
 
-int num_sms() {
-  static int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 132;
-  }();
-  return sms;
-}
-
 int row_tiles(const AttnParams& p) {
   const int G = p.n_heads / p.n_kv_heads;
   return (p.max_q * G + kBM - 1) / kBM;
@@ -474,7 +465,7 @@ int choose_splits(const AttnParams& p) {
   int n = p.num_splits;
   if (n <= 0) {
     const int blocks = row_tiles(p) * p.n_kv_heads * p.n_seqs;
-    const int target = 2 * num_sms();
+    const int target = 2 * sm_count();
     n = std::max(1, target / blocks);
     n = std::min(n, std::max(1, tiles / 8));
     n = std::min(n, 128);

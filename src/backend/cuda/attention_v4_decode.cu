@@ -27,6 +27,7 @@
 // Template: D = head_dim, R = rank capacity (0: no LR term, 16).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/device_props.h"
 #include "backend/cuda/pdl.cuh"
 
 #include <algorithm>
@@ -415,16 +416,6 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   }
 }
 
-int num_sms() {
-  static const int sms = [] {
-    int dev = 0, n = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    return n > 0 ? n : 132;
-  }();
-  return sms;
-}
-
 // LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for (default 2; a tuning knob read
 // once, for measuring alternatives on the device without rebuilding).
 double split_waves() {
@@ -456,7 +447,7 @@ size_t split_bytes(const AttnParams& p, int n_splits) {
 int choose_splits(const AttnParams& p) {
   const int tiles = (p.max_ctx + kBN - 1) / kBN;
   int n = p.num_splits;
-  if (n <= 0) n = std::max(1, static_cast<int>(split_waves() * num_sms()) / (p.n_kv_heads * p.n_seqs));
+  if (n <= 0) n = std::max(1, static_cast<int>(split_waves() * sm_count()) / (p.n_kv_heads * p.n_seqs));
   n = std::max(1, std::min({n, tiles, kMaxSplits}));
   if (!p.workspace) return 1;
   while (n > 1 && split_bytes(p, n) > p.workspace_bytes) --n;

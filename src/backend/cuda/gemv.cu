@@ -18,6 +18,7 @@
 
 #include <cstdlib>
 
+#include "backend/cuda/device_props.h"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -121,16 +122,6 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) 
     float* yo = a.y[seg] + lane * a.ldy[seg] + o;
     *yo = a.beta == 0.f ? a.alpha * v : a.alpha * v + a.beta * *yo;
   }
-}
-
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
-    return v > 0 ? v : 132;
-  }();
-  return n;
 }
 
 // Tuning knobs, read once (for measuring alternatives on the device without rebuilding):

@@ -37,6 +37,7 @@
 #include <climits>
 #include <cmath>
 
+#include "backend/cuda/device_props.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace lragent::cuda {
@@ -478,16 +479,6 @@ __global__ void __launch_bounds__(kThreads) pick_kernel(const Pass p) {
   if (threadIdx.x == 0) p.out[k.row] = static_cast<int32_t>(id);
 }
 
-int multiprocessors() {  // of the first device asked (as gemv.cu's sm_count)
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-      v = 0;
-    return v > 0 ? v : 132;
-  }();
-  return n;
-}
-
 // How a call splits its rows and lays out its workspace (256-byte aligned arrays).
 struct Layout {
   int blocks = 1;
@@ -496,7 +487,7 @@ struct Layout {
 };
 Layout layout_of(int64_t rows, int64_t vocab) {
   Layout l;
-  const int64_t fill = std::max<int64_t>(1, 2 * multiprocessors() / std::max<int64_t>(rows, 1));
+  const int64_t fill = std::max<int64_t>(1, 2 * sm_count() / std::max<int64_t>(rows, 1));
   const int64_t blocks = std::min({std::max<int64_t>(1, vocab / kMinChunk), fill, int64_t{kMaxBlocksPerRow}});
   l.chunk = ((vocab + blocks - 1) / blocks + 3) / 4 * 4;
   l.blocks = static_cast<int>((vocab + l.chunk - 1) / l.chunk);
