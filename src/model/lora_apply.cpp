@@ -41,16 +41,24 @@ void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, 
         rows += segs[u].n_rows;
       }
     }
-    // Gather the group's rows so x·A is one GEMM for the whole group.
+    if (rows == 0) continue;
+    // The group's rows as one matrix so x·A is one GEMM for the whole group: a row range of x
+    // when they are consecutive (one segment, or neighbours: a decode step's usual case, where a
+    // gather was one more kernel per adapted projection), else gathered.
     std::vector<int32_t> row_ids;  // [rows] batch rows of the group's members
     for (size_t u : members)
       for (int64_t r = 0; r < segs[u].n_rows; ++r) row_ids.push_back(static_cast<int32_t>(segs[u].row_begin + r));
-    Tensor xg = be.alloc(DType::kF32, {rows, in});  // [rows, in]
-    be.gather_rows(x, row_ids.data(), rows, xg.view());
+    const bool consecutive = row_ids.back() - row_ids.front() + 1 == rows;
+    Tensor xg;  // [rows, in] when gathered
+    if (!consecutive) {
+      xg = be.alloc(DType::kF32, {rows, in});
+      be.gather_rows(x, row_ids.data(), rows, xg.view());
+    }
+    const TensorView xs = consecutive ? x.rows(row_ids.front(), row_ids.front() + rows) : xg.view();
     int64_t off = 0;
     Tensor xa = be.alloc(DType::kF32, {rows, lead->rank});  // [rows, rank]
     assert((be.device() == Device::kCpu || lead->a_dev.view().data) && "adapter not uploaded: call upload_adapter");
-    be.matmul(xg.view(), lead->a_use(), nullptr, xa.view());
+    be.matmul(xs, lead->a_use(), nullptr, xa.view());
     stats.lora_shrink_calls += 1;
     stats.lora_shrink_rows += rows;
     for (size_t u : members) {
@@ -60,7 +68,9 @@ void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, 
         TensorView y_seg = y->rows(segs[u].row_begin, segs[u].row_begin + segs[u].n_rows);
         be.matmul(xa_seg, m->b_use(), nullptr, y_seg, m->scale, 1.0f);
       }
-      if (lr_out) {
+      if (lr_out && members.size() == 1) {
+        (*lr_out)[u] = std::move(xa);  // the whole of x·A is this segment's: no copy (last use of xa)
+      } else if (lr_out) {
         Tensor keep = be.alloc(DType::kF32, {segs[u].n_rows, m->rank});
         be.copy(xa_seg, keep.view());
         (*lr_out)[u] = std::move(keep);
