@@ -265,6 +265,21 @@ int main(int argc, char** argv) {
   CK(cudaDeviceSynchronize());
 
   std::vector<Result> results;
+  // Full-size consistency check: the default kernel vs the v0 oracle on the same inputs
+  // (out vs out2, the first n output elements).
+  auto check_vs_v0 = [&](lc::AttnParams p, const std::string& name, int ctx, size_t n) {
+    CK(lc::attention(p));
+    p.out = out2;
+    CK(lc::attention(p, lc::AttnKernel::kV0Naive));
+    CK(cudaDeviceSynchronize());
+    Result c;
+    c.group = "check";
+    c.name = name;
+    c.ctx = ctx;
+    c.note = std::to_string(rel_l2(out, out2, n));
+    std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
+    results.push_back(c);
+  };
   auto report = [&](const Result& r) {
     const double tflops = r.flops / (r.t.median_ms * 1e-3) / 1e12;
     const double gbs = r.bytes / (r.t.median_ms * 1e-3) / 1e9;
@@ -413,18 +428,8 @@ int main(int argc, char** argv) {
         report(r1);
       }
       // the default (decode: v4's kernel; split-K) vs v0 oracle at full size.
-      lc::AttnParams p = params(0, var.vlr, var.klr);
-      CK(lc::attention(p));
-      p.out = out2;
-      CK(lc::attention(p, lc::AttnKernel::kV0Naive));
-      CK(cudaDeviceSynchronize());
-      Result c;
-      c.group = "check";
-      c.name = std::string("decode_v2_vs_v0_rel_l2_") + var.name;
-      c.ctx = dctx;
-      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kSeqs) * kHeads * kD));
-      std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
-      results.push_back(c);
+      check_vs_v0(params(0, var.vlr, var.klr), std::string("decode_default_vs_v0_rel_l2_") + var.name, dctx,
+                  static_cast<size_t>(kSeqs) * kHeads * kD);
     }
     {  // materialise-then-attend for decode: V_full written to HBM, then plain decode over it
       Result r;
@@ -476,18 +481,8 @@ int main(int argc, char** argv) {
         r.bytes = 2.0 * ctx1 * kWidth * 2 + (vlr ? static_cast<double>(ctx1) * kRank * 2 : 0);
         report(r);
       }
-      lc::AttnParams p = params(0, vlr);
-      CK(lc::attention(p));
-      p.out = out2;
-      CK(lc::attention(p, lc::AttnKernel::kV0Naive));
-      CK(cudaDeviceSynchronize());
-      Result c;
-      c.group = "check";
-      c.name = std::string("decode1_v4_vs_v0_rel_l2_") + (vlr ? "flash_lora_v_r16" : "plain");
-      c.ctx = ctx1;
-      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kHeads) * kD));
-      std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
-      results.push_back(c);
+      check_vs_v0(params(0, vlr), std::string("decode1_v4_vs_v0_rel_l2_") + (vlr ? "flash_lora_v_r16" : "plain"), ctx1,
+                  static_cast<size_t>(kHeads) * kD);
     }
     CK(cudaFree(d_qs));
     CK(cudaFree(d_cl));
@@ -535,18 +530,8 @@ int main(int argc, char** argv) {
                        warmup, reps);
         report(r1);
       }
-      lc::AttnParams p = params(0, var.vlr, var.klr);
-      CK(lc::attention(p));
-      p.out = out2;
-      CK(lc::attention(p, lc::AttnKernel::kV0Naive));
-      CK(cudaDeviceSynchronize());
-      Result c;
-      c.group = "check";
-      c.name = std::string("agents_v2_vs_v0_rel_l2_") + var.name;
-      c.ctx = dctx;
-      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(kSeqs) * kHeads * kD));
-      std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
-      results.push_back(c);
+      check_vs_v0(params(0, var.vlr, var.klr), std::string("agents_default_vs_v0_rel_l2_") + var.name, dctx,
+                  static_cast<size_t>(kSeqs) * kHeads * kD);
     }
   }
 

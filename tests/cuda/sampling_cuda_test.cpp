@@ -413,6 +413,29 @@ TEST(CudaSampling, ManyShortRowsMatchCpu) {
   EXPECT_EQ(device_picks(*gpu, rows, ps), got) << "the same rows and draws must pick the same ids";
 }
 
+// Each step's params through sample_rows inside a recorded pass (PassScope, what
+// LlamaModel::forward does around a decode step) on a fresh backend, graphs on or off: the ids
+// per step ([steps][rows]), and the backend's graph counts in *stats.
+std::vector<std::vector<int32_t>> recorded_picks(const std::vector<std::vector<float>>& rows, int64_t vocab,
+                                                 const std::vector<std::vector<RowSampling>>& params, bool graphs,
+                                                 GraphStats* stats) {
+  std::vector<std::vector<int32_t>> picks;
+  auto gpu = cuda_backend(graphs);
+  if (!gpu) return picks;
+  const int64_t n_rows = static_cast<int64_t>(rows.size());
+  const DeviceRows d = upload_rows(*gpu, rows, vocab);
+  for (const auto& st : params) {
+    std::vector<int32_t> got(static_cast<size_t>(n_rows));
+    {
+      PassScope pass(*gpu, n_rows);
+      gpu->sample_rows(d.view, st, got.data());
+    }
+    picks.push_back(got);
+  }
+  *stats = gpu->graph_stats();
+  return picks;
+}
+
 // The op in a recorded pass: with graphs on, each step's u goes up through the pass's argument
 // region, so the captured graph replays with fresh draws. Every step must pick what the eager
 // backend and the CPU pick for that step's u.
@@ -431,25 +454,9 @@ TEST(CudaSampling, RecordedPassesReplayWithFreshDraws) {
       st.push_back(base[r]);
       st.back().u = uni(rng);
     }
-  auto run = [&](bool graphs, GraphStats* stats) {
-    std::vector<std::vector<int32_t>> picks;  // [steps][rows]
-    auto gpu = cuda_backend(graphs);
-    if (!gpu) return picks;
-    const DeviceRows d = upload_rows(*gpu, rows, vocab);
-    for (const auto& st : params) {
-      std::vector<int32_t> got(static_cast<size_t>(n_rows));
-      {
-        PassScope pass(*gpu, n_rows);  // what LlamaModel::forward does around a decode step
-        gpu->sample_rows(d.view, st, got.data());
-      }
-      picks.push_back(got);
-    }
-    *stats = gpu->graph_stats();
-    return picks;
-  };
   GraphStats gs, es;
-  const auto graph = run(true, &gs);
-  const auto eager = run(false, &es);
+  const auto graph = recorded_picks(rows, vocab, params, true, &gs);
+  const auto eager = recorded_picks(rows, vocab, params, false, &es);
   ASSERT_EQ(graph.size(), static_cast<size_t>(steps));
   ASSERT_EQ(eager.size(), static_cast<size_t>(steps));
   std::set<int32_t> distinct;
@@ -483,25 +490,9 @@ TEST(CudaSampling, SplitRowsReplayInGraphs) {
   std::uniform_real_distribution<float> uni(0.f, 1.f);
   std::vector<std::vector<RowSampling>> params(steps);  // [steps][rows]
   for (auto& st : params) st = {{1.f, 1000, 0.95f, uni(rng)}, {0.8f, 0, 0.9f, uni(rng)}};
-  auto run = [&](bool graphs, GraphStats* stats) {
-    std::vector<std::vector<int32_t>> picks;  // [steps][rows]
-    auto gpu = cuda_backend(graphs);
-    if (!gpu) return picks;
-    const DeviceRows d = upload_rows(*gpu, rows, vocab);
-    for (const auto& st : params) {
-      std::vector<int32_t> got(static_cast<size_t>(n_rows));
-      {
-        PassScope pass(*gpu, n_rows);
-        gpu->sample_rows(d.view, st, got.data());
-      }
-      picks.push_back(got);
-    }
-    *stats = gpu->graph_stats();
-    return picks;
-  };
   GraphStats gs, es;
-  const auto graph = run(true, &gs);
-  const auto eager = run(false, &es);
+  const auto graph = recorded_picks(rows, vocab, params, true, &gs);
+  const auto eager = recorded_picks(rows, vocab, params, false, &es);
   ASSERT_EQ(graph.size(), static_cast<size_t>(steps));
   ASSERT_EQ(eager.size(), static_cast<size_t>(steps));
   EXPECT_EQ(graph, eager);

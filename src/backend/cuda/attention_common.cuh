@@ -91,4 +91,17 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// ex2.approx: one MUFU op (exp2f adds the denormal-range fix-up instructions); the softmax
+// arguments are <= 0 after subtracting the running maximum.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two bf16 of a lora_B row as one mma operand register, zero past the rank.
+__device__ __forceinline__ uint32_t ld_b32_guard(const bf16* p, bool ok) {
+  return ok ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
+}
+
 }  // namespace lragent::cuda::detail

@@ -50,10 +50,6 @@ struct V1Launch {
   float* part_lse = nullptr;       // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
 };
 
-__device__ __forceinline__ uint32_t ld_b32_guard(const bf16* p, bool ok) {
-  return ok ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
-}
-
 // Async copy of one LR tile (BN rows x rank) into smem rows of RS elements.
 template <int R>
 __device__ __forceinline__ void load_lr_tile(bf16* dst, const DevLowRank& t, int s, int key0, int ke, int shift,

@@ -61,16 +61,6 @@ struct V2Launch {
   float* part_lse = nullptr;
 };
 
-__device__ __forceinline__ uint32_t ld_b32_guard(const bf16* p, bool ok) {
-  return ok ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // sin/cos of an f32 angle up to ~1e5 rad: x - k·2π with a two-term FMA Cody-Waite reduction
 // (error ~ulp(π)), then the MUFU approximations (abs. error ~2^-21 on [-π, π]).
 __device__ __forceinline__ void rope_sincos(float x, float* sn, float* cs) {

@@ -55,16 +55,6 @@ struct V3Launch {
   float* part_lse = nullptr;
 };
 
-__device__ __forceinline__ uint32_t ld_b32_guard(const bf16* p, bool ok) {
-  return ok ? __ldg(reinterpret_cast<const unsigned int*>(p)) : 0u;
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // v3.1 fast LRv tile load (R = 16, rank 8 or 16 with 16-byte aligned rows): one 16-byte chunk
 // per thread (64 keys x 2 chunks = 128 threads), straight-line, no runtime division, so its page
 // table lookup issues together with K/V's instead of adding a second exposed latency per tile.

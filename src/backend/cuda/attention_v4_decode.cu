@@ -69,12 +69,6 @@ struct V4Launch {
   float* part_lse = nullptr;  // [n_splits, n_seqs, n_heads] log2-sum-exp
 };
 
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 template <int D, int R>
 __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
   using L = Smem<D, R>;
