@@ -338,12 +338,12 @@ int main(int argc, char** argv) {
       r.flops = flops;
       r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
       report(r);
-      {  // the same shape on v2 (the previous prefill default), to see the change
+      // The same shape on v3 (mma.sync, the previous prefill default) and v2, to see the change.
+      for (const auto& [kern, prefix] : {std::pair{lc::AttnKernel::kV3Mma, "v3_"}, std::pair{lc::AttnKernel::kV2Mma, "v2_"}}) {
         Result r2 = r;
-        r2.name = std::string("v2_") + var.name;
-        r2.splits = lc::attention_num_splits(params(0, var.vlr, var.klr), lc::AttnKernel::kV2Mma);
-        r2.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr), lc::AttnKernel::kV2Mma)); },
-                       warmup, reps);
+        r2.name = std::string(prefix) + var.name;
+        r2.splits = lc::attention_num_splits(params(0, var.vlr, var.klr), kern);
+        r2.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr), kern)); }, warmup, reps);
         report(r2);
       }
     }

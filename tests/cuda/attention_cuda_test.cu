@@ -328,7 +328,8 @@ void run_case(const Case& cs, uint32_t seed) {
                 : kern == lc::AttnKernel::kV1Mma ? "v1"
                 : kern == lc::AttnKernel::kV2Mma ? "v2"
                 : kern == lc::AttnKernel::kV3Mma ? "v3"
-                                                 : "v4",
+                : kern == lc::AttnKernel::kV4Decode ? "v4"
+                                                    : "v5",
                 what,
                 lc::attention_num_splits(pp, kern), eb.rel, ef.rel,
                 (eb.nan || ef.nan) ? " NaN!" : "");
@@ -343,6 +344,7 @@ void run_case(const Case& cs, uint32_t seed) {
   check("fused", p, lc::AttnKernel::kV2Mma);
   check("fused", p, lc::AttnKernel::kV3Mma);
   check("fused", p, lc::AttnKernel::kV4Decode);
+  check("fused", p, lc::AttnKernel::kV5Wgmma);
   if (cs.materialize && cs.rank_v && !cs.agents) {
     // Materialise-then-attend: V_full in HBM, then plain attention over it.
     CUDA_OK(cudaMemset(d_vfull.p, 0xff, slots * width * 2));
@@ -354,6 +356,7 @@ void run_case(const Case& cs, uint32_t seed) {
     check("materialise+attend", pm, lc::AttnKernel::kV2Mma);
     check("materialise+attend", pm, lc::AttnKernel::kV3Mma);
     check("materialise+attend", pm, lc::AttnKernel::kV4Decode);
+    check("materialise+attend", pm, lc::AttnKernel::kV5Wgmma);
   }
 }
 

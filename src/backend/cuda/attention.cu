@@ -87,6 +87,8 @@ cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
       return attention_v3(p);
     case AttnKernel::kV4Decode:
       return attention_v4(p);
+    case AttnKernel::kV5Wgmma:
+      return attention_v5(p);
   }
   return cudaErrorInvalidValue;
 }
@@ -107,6 +109,8 @@ int attention_num_splits(const AttnParams& p, AttnKernel kernel) {
       return attention_v3_num_splits(p);
     case AttnKernel::kV4Decode:
       return attention_v4_num_splits(p);
+    case AttnKernel::kV5Wgmma:
+      return attention_v5_num_splits(p);
   }
   return 1;
 }

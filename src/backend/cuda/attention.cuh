@@ -101,17 +101,20 @@ enum class AttnKernel {
                  // which sends decode to v1.
   kV4Decode = 4,  // v3 plus a decode kernel (one query per sequence, no K term, V rank <= 16, no
                   // agents): the four warps split each key tile, split-K merged by the last block
-                  // of each kv head (needs split_counters). The default.
+                  // of each kv head (needs split_counters).
+  kV5Wgmma = 5,   // v4 plus a Hopper wgmma prefill kernel (2 warpgroups x 64 rows, Q/K/V read by
+                  // wgmma from swizzled shared memory, P from registers) for v3's scope with V
+                  // rank 8/16; on other GPUs and shapes it is v4. The default.
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.
-cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV4Decode);
+cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV5Wgmma);
 
 // Workspace bytes that let `attention` use up to `max_splits` splits for these shapes (any version).
 size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);
 
 // The split count `kernel` would use for p (after clamping to the workspace).
-int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV4Decode);
+int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV5Wgmma);
 
 // Materialise-then-attend baseline, step 1: writes V_full = V_base + s_v·LRv·B_v^T for tokens
 // 0..ctx_len[s]-1 of every sequence into `v_full`, a paged buffer with p.v's layout (same

@@ -16,5 +16,11 @@ cudaError_t attention_v3(const AttnParams& p);
 int attention_v3_num_splits(const AttnParams& p);
 cudaError_t attention_v4(const AttnParams& p);
 int attention_v4_num_splits(const AttnParams& p);
+cudaError_t attention_v5(const AttnParams& p);
+int attention_v5_num_splits(const AttnParams& p);
+
+// v3's split-K combine (partials [n_splits, n_seqs, max_q, n_heads, head_dim] f32 normalised per
+// split, log2-sum-exp [n_splits, n_seqs, max_q, n_heads]), shared with v5 (same partial format).
+cudaError_t attention_split_combine(const AttnParams& p, float* part_o, float* part_lse, int n_splits);
 
 }  // namespace lragent::cuda

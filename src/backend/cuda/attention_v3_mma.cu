@@ -486,6 +486,16 @@ int lr_chunk(const DevLowRank& t) {
 
 }  // namespace
 
+cudaError_t attention_split_combine(const AttnParams& p, float* part_o, float* part_lse, int n_splits) {
+  V3Launch x;
+  x.n_splits = n_splits;
+  x.part_o = part_o;
+  x.part_lse = part_lse;
+  const dim3 grid(p.max_q, p.n_heads, p.n_seqs);
+  attn_v3_combine_kernel<<<grid, p.head_dim, 0, p.stream>>>(p, x);
+  return cudaGetLastError();
+}
+
 int attention_v3_num_splits(const AttnParams& p) {
   return use_v3(p) ? choose_splits(p) : attention_v2_num_splits(p);
 }
@@ -515,9 +525,7 @@ cudaError_t attention_v3(const AttnParams& p) {
   else
     err = launch<16>(p, x);
   if (err != cudaSuccess || x.n_splits == 1) return err;
-  const dim3 grid(p.max_q, p.n_heads, p.n_seqs);
-  attn_v3_combine_kernel<<<grid, p.head_dim, 0, p.stream>>>(p, x);
-  return cudaGetLastError();
+  return attention_split_combine(p, x.part_o, x.part_lse, x.n_splits);
 }
 
 }  // namespace lragent::cuda

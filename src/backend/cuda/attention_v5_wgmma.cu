@@ -1,0 +1,430 @@
+// v5: prefill on Hopper's warpgroup MMA (wgmma.mma_async, sm_90a).
+//
+// Why: v3 (mma.sync, 4 warps x 32 rows, 2 blocks/SM) tops out near 300 TFLOP/s at the 8B prefill
+// shapes, and the Flash-LoRA term's extra 16 mma per 256 (plus their ldmatrix) cost it 8-13%.
+// wgmma reads Q, K and V straight from swizzled shared memory (no ldmatrix), one instruction
+// covers 64 x N x 16 for a warpgroup, and it runs asynchronously.
+//
+// Shape: 2 warpgroups x 64 GQA-packed rows = 128 rows per block (v3's grid), 64-key tiles, 3-stage
+// cp.async ring (paged K/V: each key row's page is looked up; TMA cannot gather pages of 1 token),
+// one barrier per tile, 1 block per SM (133 KB of shared memory; 157 KB with the LR term).
+//   S = Q·K^T:             8 x wgmma m64n64k16, Q and K from shared memory (K-major, 128-byte
+//                          swizzle).
+//   [O | O_lr] += P·[V | LRv]: 4 x wgmma m64n128k16 (plain) or m64n144k16 (Flash-LoRA V, rank 8
+//                          or 16), P from registers (the S accumulators packed to bf16: wgmma's
+//                          accumulator layout is mma.sync's, so they are A fragments as they
+//                          stand), V and LRv from shared memory MN-major (transposed B). LRv is a
+//                          third 64-column block after V's two, of which 16 columns are used: the
+//                          LoRA term is 16 more output columns of the same instruction, so it costs
+//                          12.5% of P·V's MMA time and no extra instructions (a separate m64n16
+//                          wgmma or mma.sync per warp cost 15-30%: small-N products are inefficient).
+//   O += (s·O_lr)·B_v^T:   once per block after the loop (mma.sync per warp, B from global).
+// Issue is the limit at this size, not the tensor cores: the loop was ~900 instructions per warp
+// and tile at first (address arithmetic; descriptors moved from regular to uniform registers per
+// wgmma); building descriptors once from a warp-uniform warpgroup index, one page lookup per key
+// row for K and V, and precomputed row positions took it to ~750 and +10% speed.
+// Pipelining: tile t+1's copies are issued right after the barrier of tile t; P·V(t) stays in
+// flight across the next barrier and is waited for together with S(t+1) (the stage it reads is
+// refilled two tiles later). Tried and dropped (slower): issuing S(t+1) before softmax(t) so
+// softmax overlaps P·V (FA3's intra-warpgroup overlap; the extra copies of S cost more than the
+// overlap won at this instruction count), and replacing the barrier by per-stage mbarriers so
+// the warpgroups drift apart.
+// Scope: head_dim 128, no K term, no agents mode, V rank 8 or 16 with 16-byte LR rows (or none),
+// more than 64 rows per sequence (prefill), an sm_90 device. Everything else runs v4 (decode) /
+// v3 / v2 / v1.
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_internal.h"
+#include "backend/cuda/device_props.h"
+#include "backend/cuda/wgmma.cuh"
+
+#include <algorithm>
+
+namespace lragent::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kD = 128;
+constexpr int kBM = 128;  // rows per block (2 warpgroups x 64)
+constexpr int kBN = 64;   // keys per tile
+constexpr int kThreads = 256;
+constexpr int kStages = 3;
+
+// Shared memory, byte offsets from a 1024-aligned base (the swizzle pattern's period).
+// Q [2 column blocks][128 rows][128 B]; per stage K, V [2 column blocks][64 keys][128 B] and, with
+// the Flash-LoRA term, LRv [64 keys][128 B] right after V (a third column block of the P·[V | LRv]
+// operand; only its first 32 bytes per row, the 16 rank columns, are written and read). A
+// 128-byte row holds 64 bf16; its 16-byte chunk c sits at chunk c ^ (row % 8) (128-byte swizzle).
+constexpr int kQBytes = kBM * kD * 2;   // 32768
+constexpr int kKVBytes = kBN * kD * 2;  // 16384 (one K or V tile)
+constexpr int kLrBytes = kBN * 128;     // 8192
+template <bool kLr>
+struct Smem {
+  static constexpr int kStage = 2 * kKVBytes + (kLr ? kLrBytes : 0);  // 32768 / 40960
+  static constexpr int kBytes = kQBytes + kStages * kStage + 1024;     // + alignment slack
+  static_assert(kStage % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the 1024-byte swizzle period");
+};
+
+struct V5Launch {
+  int n_splits = 1, tiles_per_split = 1;
+  int kshift = 0, vshift = 0, lvshift = 0;
+  bool kv_same = false;  // K and V views share table, page size and strides: one address per row
+  float* part_o = nullptr;
+  float* part_lse = nullptr;
+};
+
+// Byte offset of 16-byte chunk `ch` (0..15 over head_dim 128) of row `row` in a [2][rows][128 B]
+// swizzled tile.
+__device__ __forceinline__ uint32_t sw128(int row, int ch, int rows) {
+  return static_cast<uint32_t>((ch >> 3) * rows * 128 + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+}
+
+// kLr: the Flash-LoRA V term (rank 8 or 16) rides in the P·V product as 16 more B columns.
+template <bool kLr>
+__global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p, const V5Launch x) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStage = Smem<kLr>::kStage;
+  constexpr int kNo = kLr ? 72 : 64;  // accumulator registers: O (64) then O_lr (8)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  unsigned char* const sm = smem_raw + (base - raw_addr);
+
+  // wg through a shuffle: provably warp-uniform, so the descriptors built from it stay in uniform
+  // registers (each wgmma takes them from there).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), lane = tid & 31, wq = (tid >> 5) & 3;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int s = blockIdx.z / x.n_splits, split = blockIdx.z % x.n_splits;
+  const int g = blockIdx.y;
+  const int G = p.n_heads / p.n_kv_heads;
+  const SeqInfo si = seq_info(p, s);
+  const int n_rows = si.n_q * G;
+  const int row0 = blockIdx.x * kBM;
+  if (row0 >= n_rows) return;
+
+  const int i_last = (min(row0 + kBM, n_rows) - 1) / G;
+  const int kb = split * x.tiles_per_split * kBN;
+  const int ke = min(min(si.ctx, query_pos(p, si, i_last) + 1), kb + x.tiles_per_split * kBN);
+  const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
+
+  // This warpgroup's 64 rows: row0 + 64·wg ...; this thread's two rows (hh = 0, 1).
+  const int wr0 = row0 + wg * 64;
+  const bool wg_active = wr0 < n_rows;
+  const int wg_first_pos = wg_active ? query_pos(p, si, wr0 / G) : -1;
+  const int wg_last_pos = wg_active ? query_pos(p, si, (min(wr0 + 64, n_rows) - 1) / G) : -1;
+  auto row_pos = [&](int hh) {
+    const int r = wr0 + wq * 16 + gq + hh * 8;
+    return r < n_rows ? query_pos(p, si, r / G) : -1;
+  };
+  const int rpos[2] = {row_pos(0), row_pos(1)};  // this thread's two rows' positions (-1: none)
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  // [kNo / 4 column tiles of 8][4]: this thread's part of the warpgroup's 64 x 128 O, then (kLr)
+  // of its 64 x 16 O_lr = P·LRv.
+  float o[kNo];
+#pragma unroll
+  for (int i = 0; i < kNo; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // scaled log2 units
+  float l_run[2] = {0.f, 0.f};
+
+  if (n_tiles > 0) {
+    // ---- prologue: Q (8 chunks per thread) + tile 0 ----
+    const int ld_row = tid >> 4, ld_ch = tid & 15;
+#pragma unroll
+    for (int i = 0; i < kBM / 16; ++i) {
+      const int rr = ld_row + 16 * i, r = row0 + rr;
+      const bool ok = r < n_rows;
+      const bf16* src =
+          ok ? p.q + (static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G) * kD + ld_ch * 8 : p.q;
+      cp_async16(sm + sw128(rr, ld_ch, kBM), src, ok ? 16 : 0);
+    }
+    // Tile t into `stage`: thread (ld_row, ld_ch) copies chunk ld_ch of keys ld_row + 16·i of K and
+    // V; with the LR term the first 128 threads copy one LRv chunk each (key tid / 2, chunk tid % 2;
+    // chunk 1 of a rank-8 row is zero-filled: the product reads all 16 columns).
+    auto load_tile = [&](int t, int stage) {
+      if (t >= n_tiles) return;
+      unsigned char* st = sm + kQBytes + stage * kStage;
+      const int key0 = kb + t * kBN;
+      const bf16* gK = p.k.data + g * kD + ld_ch * 8;
+      const bf16* gV = p.v.data + g * kD + ld_ch * 8;
+#pragma unroll
+      for (int i = 0; i < kBN / 16; ++i) {
+        const int kr = ld_row + 16 * i, key = key0 + kr;
+        const bool ok = key < ke;
+        const int64_t offk = ok ? paged_offset(p.k, s, key, x.kshift) : 0;
+        const int64_t offv = !ok ? 0 : x.kv_same ? offk : paged_offset(p.v, s, key, x.vshift);
+        const uint32_t off = sw128(kr, ld_ch, kBN);
+        cp_async16(st + off, ok ? gK + offk : p.k.data, ok ? 16 : 0);
+        cp_async16(st + kKVBytes + off, ok ? gV + offv : p.v.data, ok ? 16 : 0);
+      }
+      if constexpr (kLr) {
+        if (tid < 2 * kBN) {  // warp-uniform: warps 0..3
+          const int kr = tid >> 1, ch = tid & 1, key = key0 + kr;
+          const DevPagedView& lv = p.v_lr.lr;
+          const bool ok = key < ke && ch * 8 < p.v_lr.rank;
+          const bf16* src = ok ? lv.data + paged_offset(lv, s, key, x.lvshift) + ch * 8 : lv.data;
+          cp_async16(st + 2 * kKVBytes + kr * 128 + ((ch ^ (kr & 7)) << 4), src, ok ? 16 : 0);
+        }
+      }
+    };
+    load_tile(0, 0);
+    cp_async_commit();
+
+    // Descriptor bases (encoded: the start address field counts 16-byte units, so an offset of b
+    // bytes adds b >> 4; addresses stay below 2^18, no carry out of the field).
+    // Q (A, K-major): this warpgroup's rows start 64 rows in; a k-step of 16 dims advances 32
+    // bytes inside the 128-byte row; dims 64..127 are the next column block. K (B, K-major) alike.
+    // V (B, MN-major): 16 keys = two 8-row groups (sbo 1024 B); column blocks (dims 64..127, then
+    // LRv) lbo = kKVBytes / 2 apart.
+    const uint64_t dq0 = wgmma_desc_sw128(base + wg * 64 * 128, 16, 1024);
+    const uint64_t dk0 = wgmma_desc_sw128(base + kQBytes, 16, 1024);
+    const uint64_t dv0 = wgmma_desc_sw128(base + kQBytes + kKVBytes, kBN * 128, 1024);
+
+    int stage = 0, next_stage = 1;  // t % kStages, (t + 1) % kStages
+    for (int t = 0; t < n_tiles; ++t, stage = next_stage, next_stage = next_stage + 1 == kStages ? 0 : next_stage + 1) {
+      cp_async_wait<0>();   // tile t landed (this thread's copies) ...
+      fence_proxy_async();  // ... visible to wgmma's async proxy ...
+      __syncthreads();      // ... and everyone's; the stage of tile t-2 is free (its P·V waited)
+      load_tile(t + 1, next_stage);
+      cp_async_commit();
+
+      const int key0 = kb + t * kBN;
+      if (!wg_active || key0 > wg_last_pos) {  // causal tail: nothing for this warpgroup
+        wgmma_wait<0>();                       // P·V(t-1) must finish before its stage is refilled
+        continue;
+      }
+      const uint32_t st_enc = (stage * kStage) >> 4;
+
+      // ---- S = Q·K^T (64 x 64 per warpgroup) ----
+      float sc[32];
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t col = (kk >> 2), in_row = (kk & 3) * 32;
+        const uint64_t da = dq0 + ((col * kBM * 128 + in_row) >> 4);
+        const uint64_t db = dk0 + st_enc + ((col * kBN * 128 + in_row) >> 4);
+        wgmma_m64n64k16_ss(sc, da, db, kk > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();  // S(t), and P·V(t-1) into O
+
+      // ---- mask + online softmax on raw scores (scale > 0 keeps the order) ----
+      const bool need_mask = key0 + kBN > ke || key0 + kBN - 1 > wg_first_pos;
+      float mx[2] = {-INFINITY, -INFINITY};
+      if (need_mask) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int hh = e >> 1;
+            const int key = key0 + n * 8 + 2 * tq + (e & 1);
+            const bool ok = key < ke && key <= rpos[hh];
+            const float v = ok ? sc[4 * n + e] : -INFINITY;
+            sc[4 * n + e] = v;
+            mx[hh] = fmaxf(mx[hh], v);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
+      }
+      float alpha[2], mneg[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
+        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
+        const float m_new = fmaxf(m_run[hh], mx[hh] * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[hh] = fast_exp2(m_run[hh] - m_use);
+        m_run[hh] = m_new;
+        mneg[hh] = -m_use;
+      }
+      float rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const float pv = fast_exp2(fmaf(sc[i], scale_log2, mneg[(i >> 1) & 1]));
+        sc[i] = pv;
+        rs[(i >> 1) & 1] += pv;
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) l_run[hh] = l_run[hh] * alpha[hh] + rs[hh];
+#pragma unroll
+      for (int i = 0; i < kNo; ++i) o[i] *= alpha[(i >> 1) & 1];
+
+      // ---- [O | O_lr] += P·[V | LRv] (async; waited with the next tile's S) ----
+      uint32_t pa[kBN / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t db = dv0 + st_enc + ((kk * 16 * 128) >> 4);
+        if constexpr (kLr)
+          wgmma_m64n144k16_rs_tb(o, pa[kk], db, 1);
+        else
+          wgmma_m64n128k16_rs_tb(o, pa[kk], db, 1);
+      }
+      wgmma_commit();
+    }
+    wgmma_wait<0>();
+    cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+
+    // ---- Flash-LoRA expansion: O += (s_v · O_lr) · B_v^T, once per block (mma.sync per warp) ----
+    if constexpr (kLr) {
+      if (wg_active) {
+        const int rank = p.v_lr.rank;
+        const bf16* bv = p.v_lr.b + static_cast<int64_t>(g) * kD * rank;
+        const float sv = p.v_lr.scale;
+        uint32_t a[4];
+        a[0] = pack_bf16(o[64] * sv, o[65] * sv);
+        a[1] = pack_bf16(o[66] * sv, o[67] * sv);
+        a[2] = pack_bf16(o[68] * sv, o[69] * sv);
+        a[3] = pack_bf16(o[70] * sv, o[71] * sv);
+        const int k0 = 2 * tq;
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          const bf16* brow = bv + (n * 8 + gq) * rank;
+          const uint32_t b0 = ld_b32_guard(brow + k0, k0 < rank), b1 = ld_b32_guard(brow + k0 + 8, k0 + 8 < rank);
+          float acc[4] = {o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]};
+          mma_bf16(acc, a, b0, b1);
+          o[4 * n] = acc[0];
+          o[4 * n + 1] = acc[1];
+          o[4 * n + 2] = acc[2];
+          o[4 * n + 3] = acc[3];
+        }
+      }
+    }
+  }
+
+  // ---- epilogue ----
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = l_run[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = wr0 + wq * 16 + gq + hh * 8;
+    if (r >= n_rows) continue;
+    const int ri = r / G, rh = g * G + r % G;
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    if (x.n_splits == 1) {
+      const int64_t off = (static_cast<int64_t>(si.q0 + ri) * p.n_heads + rh) * kD;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        const int d = n * 8 + 2 * tq;
+        const float v0 = o[4 * n + hh * 2] * inv_l, v1 = o[4 * n + hh * 2 + 1] * inv_l;
+        if (p.out) *reinterpret_cast<__nv_bfloat162*>(p.out + off + d) = __floats2bfloat162_rn(v0, v1);
+        if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + off + d) = make_float2(v0, v1);
+      }
+    } else {
+      const int64_t prow = ((static_cast<int64_t>(split) * p.n_seqs + s) * p.max_q + ri) * p.n_heads + rh;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        const int d = n * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(x.part_o + prow * kD + d) =
+            make_float2(o[4 * n + hh * 2] * inv_l, o[4 * n + hh * 2 + 1] * inv_l);
+      }
+      if (tq == 0) x.part_lse[prow] = l > 0.f ? m_run[hh] + log2f(l) : -INFINITY;
+    }
+  }
+#else
+  __trap();  // built without sm_90a: the host side never launches v5 then (use_v5)
+#endif
+}
+
+int row_tiles(const AttnParams& p) {
+  const int G = p.n_heads / p.n_kv_heads;
+  return (p.max_q * G + kBM - 1) / kBM;
+}
+
+size_t split_bytes(const AttnParams& p, int n_splits) {
+  const size_t rows = static_cast<size_t>(n_splits) * p.n_seqs * p.max_q * p.n_heads;
+  return rows * p.head_dim * sizeof(float) + rows * sizeof(float) + 256;
+}
+
+bool lr_rows_16b(const DevLowRank& t) {
+  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0;
+}
+
+// True when this process's device is a Hopper (sm_90) GPU: the wgmma instructions exist only there.
+bool device_is_sm90() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+}
+
+bool use_v5(const AttnParams& p) {
+  const int G = p.n_heads / p.n_kv_heads;
+  if (p.head_dim != kD || p.agents || p.k_lr.active()) return false;
+  if (p.v_lr.active() && !lr_rows_16b(p.v_lr)) return false;
+  if (p.max_q * G <= 64) return false;  // decode shapes: v4
+  return device_is_sm90();
+}
+
+// One block per SM: about two waves of blocks, at least 8 tiles per split.
+int choose_splits(const AttnParams& p) {
+  const int tiles = (p.max_ctx + kBN - 1) / kBN;
+  int n = p.num_splits;
+  if (n <= 0) {
+    const int blocks = row_tiles(p) * p.n_kv_heads * p.n_seqs;
+    const int target = 2 * sm_count();
+    n = std::max(1, target / blocks);
+    n = std::min(n, std::max(1, tiles / 8));
+    n = std::min(n, 128);
+  }
+  n = std::max(1, std::min(n, tiles));
+  if (!p.workspace) return 1;
+  while (n > 1 && split_bytes(p, n) > p.workspace_bytes) --n;
+  const int tps = (tiles + n - 1) / n;
+  return (tiles + tps - 1) / tps;
+}
+
+template <bool kLr>
+cudaError_t launch(const AttnParams& p, const V5Launch& x) {
+  static bool configured = [] {
+    return cudaFuncSetAttribute(attn_v5_kernel<kLr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Smem<kLr>::kBytes) == cudaSuccess;
+  }();
+  if (!configured) return cudaErrorInvalidConfiguration;
+  const dim3 grid(row_tiles(p), p.n_kv_heads, p.n_seqs * x.n_splits);
+  attn_v5_kernel<kLr><<<grid, kThreads, Smem<kLr>::kBytes, p.stream>>>(p, x);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int attention_v5_num_splits(const AttnParams& p) {
+  return use_v5(p) ? choose_splits(p) : attention_v4_num_splits(p);
+}
+
+cudaError_t attention_v5(const AttnParams& p) {
+  if (!use_v5(p)) return attention_v4(p);
+  V5Launch x;
+  x.n_splits = choose_splits(p);
+  const int tiles = (p.max_ctx + kBN - 1) / kBN;
+  x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
+  x.kshift = ilog2(p.k.page_size);
+  x.vshift = ilog2(p.v.page_size);
+  x.kv_same = p.k.table == p.v.table && p.k.table_stride == p.v.table_stride && p.k.page_size == p.v.page_size &&
+              p.k.row_stride == p.v.row_stride && p.k.block_stride == p.v.block_stride;
+  if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
+  if (x.n_splits > 1) {
+    const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
+    x.part_o = static_cast<float*>(p.workspace);
+    x.part_lse = x.part_o + rows * p.head_dim;
+  }
+  const cudaError_t err = p.v_lr.active() ? launch<true>(p, x) : launch<false>(p, x);
+  if (err != cudaSuccess || x.n_splits == 1) return err;
+  return attention_split_combine(p, x.part_o, x.part_lse, x.n_splits);
+}
+
+}  // namespace lragent::cuda
