@@ -154,7 +154,7 @@ if [ -n "$TEST_BIN" ]; then
   fi
   grep -E "Failure|FAILED|NaN!|error" "$LOGS/test.log" | head -30
   # Worst errors seen per kernel version.
-  for v in v0 v1 v2 v3 v4; do
+  for v in v0 v1 v2 v3 v4 v5; do
     grep -E "^([0-9]+: )?  $v " "$LOGS/test.log" | awk -v v=$v '{for(i=1;i<=NF;i++){if($i ~ /^bf16=/){split($i,a,"=");b=a[2]+0; if(b>mb)mb=b} if($i ~ /^f32=/){split($i,a,"=");f=a[2]+0; if(f>mf)mf=f}} n++}
       END {printf "  %s: %d checks, worst rel_l2 bf16=%.2e f32=%.2e\n", v, n, mb, mf}'
   done | tee "$LOGS/test-worst.txt"
