@@ -73,6 +73,24 @@ struct V5Launch {
   float* part_lse = nullptr;
 };
 
+// One sequence's rows of a paged view: element offset of token t = block(t) · block_stride +
+// (t mod page_size) · row_stride.
+struct PagedRows {
+  const int32_t* table;  // this sequence's block ids
+  uint32_t block_stride, row_stride, page_mask;
+  int shift;
+  __device__ __forceinline__ PagedRows(const DevPagedView& v, int s, int page_shift)
+      : table(v.table + static_cast<int64_t>(s) * v.table_stride),
+        block_stride(static_cast<uint32_t>(v.block_stride)),
+        row_stride(static_cast<uint32_t>(v.row_stride)),
+        page_mask(static_cast<uint32_t>(v.page_size - 1)),
+        shift(page_shift) {}
+  __device__ __forceinline__ uint64_t offset(int t) const {
+    const uint32_t blk = static_cast<uint32_t>(__ldg(table + (t >> shift)));
+    return static_cast<uint64_t>(blk) * block_stride + (static_cast<uint32_t>(t) & page_mask) * row_stride;
+  }
+};
+
 // Byte offset of 16-byte chunk `ch` (0..15 over head_dim 128) of row `row` in a [2][rows][128 B]
 // swizzled tile.
 __device__ __forceinline__ uint32_t sw128(int row, int ch, int rows) {
@@ -141,18 +159,22 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
     // Tile t into `stage`: thread (ld_row, ld_ch) copies chunk ld_ch of keys ld_row + 16·i of K and
     // V; with the LR term the first 128 threads copy one LRv chunk each (key tid / 2, chunk tid % 2;
     // chunk 1 of a rank-8 row is zero-filled: the product reads all 16 columns).
+    // Row addressing is on the path of every copy: this sequence's page tables and the views'
+    // strides are hoisted, and offsets are unsigned 32 x 32 -> 64-bit products (block ids and
+    // strides are non-negative and below 2^31, page_size · row_stride too; the launcher checks).
+    const PagedRows kv_rows(p.k, s, x.kshift), v_rows(p.v, s, x.vshift);
+    const bf16* const gK = p.k.data + g * kD + ld_ch * 8;
+    const bf16* const gV = p.v.data + g * kD + ld_ch * 8;
     auto load_tile = [&](int t, int stage) {
       if (t >= n_tiles) return;
       unsigned char* st = sm + kQBytes + stage * kStage;
       const int key0 = kb + t * kBN;
-      const bf16* gK = p.k.data + g * kD + ld_ch * 8;
-      const bf16* gV = p.v.data + g * kD + ld_ch * 8;
 #pragma unroll
       for (int i = 0; i < kBN / 16; ++i) {
         const int kr = ld_row + 16 * i, key = key0 + kr;
         const bool ok = key < ke;
-        const int64_t offk = ok ? paged_offset(p.k, s, key, x.kshift) : 0;
-        const int64_t offv = !ok ? 0 : x.kv_same ? offk : paged_offset(p.v, s, key, x.vshift);
+        const uint64_t offk = ok ? kv_rows.offset(key) : 0;
+        const uint64_t offv = !ok ? 0 : x.kv_same ? offk : v_rows.offset(key);
         const uint32_t off = sw128(kr, ld_ch, kBN);
         cp_async16(st + off, ok ? gK + offk : p.k.data, ok ? 16 : 0);
         cp_async16(st + kKVBytes + off, ok ? gV + offv : p.v.data, ok ? 16 : 0);
@@ -160,9 +182,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
       if constexpr (kLr) {
         if (tid < 2 * kBN) {  // warp-uniform: warps 0..3
           const int kr = tid >> 1, ch = tid & 1, key = key0 + kr;
-          const DevPagedView& lv = p.v_lr.lr;
+          const PagedRows lr_rows(p.v_lr.lr, s, x.lvshift);
           const bool ok = key < ke && ch * 8 < p.v_lr.rank;
-          const bf16* src = ok ? lv.data + paged_offset(lv, s, key, x.lvshift) + ch * 8 : lv.data;
+          const bf16* src = ok ? p.v_lr.lr.data + lr_rows.offset(key) + ch * 8 : p.v_lr.lr.data;
           cp_async16(st + 2 * kKVBytes + kr * 128 + ((ch ^ (kr & 7)) << 4), src, ok ? 16 : 0);
         }
       }
