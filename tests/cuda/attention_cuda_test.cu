@@ -431,6 +431,24 @@ TEST(CudaAttention, PrefillKResidualDeferredRope) {
         }
 }
 
+// The K residual with V ranks v5 takes (8 or 16, K and V together): head_dim 128 only.
+TEST(CudaAttention, PrefillKResidualRank8And16) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 250;
+  const int ranks[][2] = {{16, 16}, {8, 16}, {16, 8}, {8, 0}};
+  int n = 0;
+  for (int group : {1, 4, 8})
+    for (int page : {1, 16})
+      for (int ctx : {97, 4097}) {
+        const auto& r = ranks[n++ % 4];
+        Case c = make(128, group, page, {ctx}, {chunk_for(ctx)}, r[0], r[1]);
+        c.materialize = r[1] > 0;
+        run_case(c, seed++);
+      }
+  Case ragged = make(128, 4, 16, {97, 4097, 17, 1, 130}, {30, 70, 17, 1, 64}, 16, 16);
+  run_case(ragged, seed++);
+}
+
 TEST(CudaAttention, PrefillSplitK) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 300;

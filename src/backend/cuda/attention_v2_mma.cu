@@ -61,15 +61,6 @@ struct V2Launch {
   float* part_lse = nullptr;
 };
 
-// sin/cos of an f32 angle up to ~1e5 rad: x - k·2π with a two-term FMA Cody-Waite reduction
-// (error ~ulp(π)), then the MUFU approximations (abs. error ~2^-21 on [-π, π]).
-__device__ __forceinline__ void rope_sincos(float x, float* sn, float* cs) {
-  const float k = rintf(x * 0.15915494309189535f);
-  float r = fmaf(-k, 6.28318548202514648f, x);
-  r = fmaf(-k, -1.7484555314695172e-07f, r);
-  __sincosf(r, sn, cs);
-}
-
 template <int R>
 __device__ __forceinline__ void load_lr_tile(bf16* dst, const DevLowRank& t, int s, int key0, int ke, int shift,
                                              int chunk) {

@@ -58,16 +58,19 @@ constexpr int kStages = 3;
 constexpr int kQBytes = kBM * kD * 2;   // 32768
 constexpr int kKVBytes = kBN * kD * 2;  // 16384 (one K or V tile)
 constexpr int kLrBytes = kBN * 128;     // 8192
-template <bool kLr>
+constexpr int kLkRS = 24;               // LRk tile row stride (elements): 16 + 8, conflict-free ldmatrix
+constexpr int kLkBytes = 4096;          // LRk [64 keys][kLkRS] = 3072 B, padded to keep 1024-byte stages
+template <bool kLr, bool kK>
 struct Smem {
-  static constexpr int kStage = 2 * kKVBytes + (kLr ? kLrBytes : 0);  // 32768 / 40960
-  static constexpr int kBytes = kQBytes + kStages * kStage + 1024;     // + alignment slack
+  static constexpr int kLk = 2 * kKVBytes + (kLr ? kLrBytes : 0);  // LRk tile offset in a stage
+  static constexpr int kStage = kLk + (kK ? kLkBytes : 0);         // 32768 / 40960 (+ 4096)
+  static constexpr int kBytes = kQBytes + kStages * kStage + 1024;  // + alignment slack
   static_assert(kStage % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the 1024-byte swizzle period");
 };
 
 struct V5Launch {
   int n_splits = 1, tiles_per_split = 1;
-  int kshift = 0, vshift = 0, lvshift = 0;
+  int kshift = 0, vshift = 0, lvshift = 0, lkshift = 0;
   bool kv_same = false;  // K and V views share table, page size and strides: one address per row
   float* part_o = nullptr;
   float* part_lse = nullptr;
@@ -98,10 +101,12 @@ __device__ __forceinline__ uint32_t sw128(int row, int ch, int rows) {
 }
 
 // kLr: the Flash-LoRA V term (rank 8 or 16) rides in the P·V product as 16 more B columns.
-template <bool kLr>
+// kK: the K-side residual (rank 8 or 16): each tile's keys are rebuilt in place in shared memory,
+// K_j = K_base_j + RoPE_j(s_k · LRk_j · B_k^T), before S = Q·K^T reads them.
+template <bool kLr, bool kK>
 __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p, const V5Launch x) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStage = Smem<kLr>::kStage;
+  constexpr int kStage = Smem<kLr, kK>::kStage;
   constexpr int kNo = kLr ? 72 : 64;  // accumulator registers: O (64) then O_lr (8)
   extern __shared__ unsigned char smem_raw[];
   const uint32_t raw_addr = smem_u32(smem_raw);
@@ -188,6 +193,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
           cp_async16(st + 2 * kKVBytes + kr * 128 + ((ch ^ (kr & 7)) << 4), src, ok ? 16 : 0);
         }
       }
+      if constexpr (kK) {
+        if (tid >= 2 * kBN) {  // warps 4..7: one LRk chunk each, rows padded for ldmatrix
+          const int kr = (tid - 2 * kBN) >> 1, ch = tid & 1, key = key0 + kr;
+          const PagedRows lr_rows(p.k_lr.lr, s, x.lkshift);
+          const bool ok = key < ke && ch * 8 < p.k_lr.rank;
+          const bf16* src = ok ? p.k_lr.lr.data + lr_rows.offset(key) + ch * 8 : p.k_lr.lr.data;
+          cp_async16(st + Smem<kLr, kK>::kLk + (kr * kLkRS + ch * 8) * 2, src, ok ? 16 : 0);
+        }
+      }
     };
     load_tile(0, 0);
     cp_async_commit();
@@ -202,6 +216,29 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
     const uint64_t dk0 = wgmma_desc_sw128(base + kQBytes, 16, 1024);
     const uint64_t dv0 = wgmma_desc_sw128(base + kQBytes + kKVBytes, kBN * 128, 1024);
 
+    // K residual: warp w rebuilds keys 16·(w % 4) .. +15 for rotation pairs (i, i + 64), i in
+    // groups of 8 starting at 32·(w / 4) (v2's split). Its B_k fragments and inv_freq values are
+    // the same for every tile: loaded once.
+    [[maybe_unused]] uint32_t bk[4][4];
+    [[maybe_unused]] float invf[4][2];
+    [[maybe_unused]] const int warp = tid >> 5, kw = warp & 3, pr0 = (warp >> 2) * 4;
+    if constexpr (kK) {
+      const int rank = p.k_lr.rank;
+      const bf16* bkg = p.k_lr.b + static_cast<int64_t>(g) * kD * rank;
+      const int k0 = 2 * tq;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bf16* b1row = bkg + ((pr0 + j) * 8 + gq) * rank;
+        const bf16* b2row = bkg + (kD / 2 + (pr0 + j) * 8 + gq) * rank;
+        bk[j][0] = ld_b32_guard(b1row + k0, k0 < rank);
+        bk[j][1] = ld_b32_guard(b1row + k0 + 8, k0 + 8 < rank);
+        bk[j][2] = ld_b32_guard(b2row + k0, k0 < rank);
+        bk[j][3] = ld_b32_guard(b2row + k0 + 8, k0 + 8 < rank);
+        invf[j][0] = __ldg(p.inv_freq + (pr0 + j) * 8 + 2 * tq);
+        invf[j][1] = __ldg(p.inv_freq + (pr0 + j) * 8 + 2 * tq + 1);
+      }
+    }
+
     int stage = 0, next_stage = 1;  // t % kStages, (t + 1) % kStages
     for (int t = 0; t < n_tiles; ++t, stage = next_stage, next_stage = next_stage + 1 == kStages ? 0 : next_stage + 1) {
       cp_async_wait<0>();   // tile t landed (this thread's copies) ...
@@ -211,6 +248,43 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
       cp_async_commit();
 
       const int key0 = kb + t * kBN;
+      if constexpr (kK) {
+        // Rebuild this tile's keys in place (every warp, whatever its rows: both warpgroups read
+        // them), then publish them to wgmma's async proxy and to the other warps.
+        unsigned char* kt = sm + kQBytes + stage * kStage;
+        const bf16* lk = reinterpret_cast<const bf16*>(kt + Smem<kLr, kK>::kLk);
+        uint32_t la[4];
+        ldmatrix_x4(la, lk + (kw * 16 + (lane & 15)) * kLkRS + (lane >> 4) * 8);
+        const float sk = p.k_lr.scale;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_bf16(c1, la, bk[j][0], bk[j][1]);
+          mma_bf16(c2, la, bk[j][2], bk[j][3]);
+          const int d0 = (pr0 + j) * 8 + 2 * tq;  // dims d0, d0 + 1 and their partners + 64
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int kl = kw * 16 + gq + hh * 8;
+            float y1[2], y2[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float sn, cs;
+              rope_sincos(static_cast<float>(key0 + kl) * invf[j][e], &sn, &cs);
+              const float x1 = c1[hh * 2 + e] * sk, x2 = c2[hh * 2 + e] * sk;
+              y1[e] = x1 * cs - x2 * sn;
+              y2[e] = x2 * cs + x1 * sn;
+            }
+            // d0 and d0 + 64 sit at the same place of the two 64-column blocks.
+            __nv_bfloat162* k1 = reinterpret_cast<__nv_bfloat162*>(kt + sw128(kl, d0 >> 3, kBN) + (d0 & 7) * 2);
+            __nv_bfloat162* k2 = reinterpret_cast<__nv_bfloat162*>(reinterpret_cast<unsigned char*>(k1) + kBN * 128);
+            const __nv_bfloat162 b1 = *k1, b2 = *k2;
+            *k1 = __floats2bfloat162_rn(__low2float(b1) + y1[0], __high2float(b1) + y1[1]);
+            *k2 = __floats2bfloat162_rn(__low2float(b2) + y2[0], __high2float(b2) + y2[1]);
+          }
+        }
+        fence_proxy_async();
+        __syncthreads();
+      }
       if (!wg_active || key0 > wg_last_pos) {  // causal tail: nothing for this warpgroup
         wgmma_wait<0>();                       // P·V(t-1) must finish before its stage is refilled
         continue;
@@ -386,8 +460,9 @@ bool device_is_sm90() {
 
 bool use_v5(const AttnParams& p) {
   const int G = p.n_heads / p.n_kv_heads;
-  if (p.head_dim != kD || p.agents || p.k_lr.active()) return false;
+  if (p.head_dim != kD || p.agents) return false;
   if (p.v_lr.active() && !lr_rows_16b(p.v_lr)) return false;
+  if (p.k_lr.active() && (!lr_rows_16b(p.k_lr) || !p.inv_freq)) return false;
   if (p.max_q * G <= 64) return false;  // decode shapes: v4
   return device_is_sm90();
 }
@@ -410,15 +485,15 @@ int choose_splits(const AttnParams& p) {
   return (tiles + tps - 1) / tps;
 }
 
-template <bool kLr>
+template <bool kLr, bool kK>
 cudaError_t launch(const AttnParams& p, const V5Launch& x) {
   static bool configured = [] {
-    return cudaFuncSetAttribute(attn_v5_kernel<kLr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                Smem<kLr>::kBytes) == cudaSuccess;
+    return cudaFuncSetAttribute(attn_v5_kernel<kLr, kK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                Smem<kLr, kK>::kBytes) == cudaSuccess;
   }();
   if (!configured) return cudaErrorInvalidConfiguration;
   const dim3 grid(row_tiles(p), p.n_kv_heads, p.n_seqs * x.n_splits);
-  attn_v5_kernel<kLr><<<grid, kThreads, Smem<kLr>::kBytes, p.stream>>>(p, x);
+  attn_v5_kernel<kLr, kK><<<grid, kThreads, Smem<kLr, kK>::kBytes, p.stream>>>(p, x);
   return cudaGetLastError();
 }
 
@@ -444,7 +519,10 @@ cudaError_t attention_v5(const AttnParams& p) {
     x.part_o = static_cast<float*>(p.workspace);
     x.part_lse = x.part_o + rows * p.head_dim;
   }
-  const cudaError_t err = p.v_lr.active() ? launch<true>(p, x) : launch<false>(p, x);
+  if (p.k_lr.active()) x.lkshift = ilog2(p.k_lr.lr.page_size);
+  const bool vlr = p.v_lr.active(), klr = p.k_lr.active();
+  const cudaError_t err = vlr ? (klr ? launch<true, true>(p, x) : launch<true, false>(p, x))
+                              : (klr ? launch<false, true>(p, x) : launch<false, false>(p, x));
   if (err != cudaSuccess || x.n_splits == 1) return err;
   return attention_split_combine(p, x.part_o, x.part_lse, x.n_splits);
 }
