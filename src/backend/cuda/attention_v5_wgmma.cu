@@ -7,7 +7,8 @@
 //
 // Shape: 2 warpgroups x 64 GQA-packed rows = 128 rows per block (v3's grid), 64-key tiles, 3-stage
 // cp.async ring (paged K/V: each key row's page is looked up; TMA cannot gather pages of 1 token),
-// one barrier per tile, 1 block per SM (133 KB of shared memory; 157 KB with the LR term).
+// one barrier per tile (two with the K term), 1 block per SM (133 KB of shared memory; 169 KB
+// with both LoRA terms).
 //   S = Q·K^T:             8 x wgmma m64n64k16, Q and K from shared memory (K-major, 128-byte
 //                          swizzle).
 //   [O | O_lr] += P·[V | LRv]: 4 x wgmma m64n128k16 (plain) or m64n144k16 (Flash-LoRA V, rank 8
@@ -19,6 +20,9 @@
 //                          12.5% of P·V's MMA time and no extra instructions (a separate m64n16
 //                          wgmma or mma.sync per warp cost 15-30%: small-N products are inefficient).
 //   O += (s·O_lr)·B_v^T:   once per block after the loop (mma.sync per warp, B from global).
+//   K residual (ForkKV's deferred RoPE, rank 8 or 16): each tile's keys are rebuilt in place in
+//                          the swizzled K tile, K_base + RoPE(s·LRk·B_k^T) (mma.sync per warp,
+//                          v2's split), then published to wgmma by a proxy fence and a barrier.
 // Issue is the limit at this size, not the tensor cores: the loop was ~900 instructions per warp
 // and tile at first (address arithmetic; descriptors moved from regular to uniform registers per
 // wgmma); building descriptors once from a warp-uniform warpgroup index, one page lookup per key
@@ -29,7 +33,7 @@
 // softmax overlaps P·V (FA3's intra-warpgroup overlap; the extra copies of S cost more than the
 // overlap won at this instruction count), and replacing the barrier by per-stage mbarriers so
 // the warpgroups drift apart.
-// Scope: head_dim 128, no K term, no agents mode, V rank 8 or 16 with 16-byte LR rows (or none),
+// Scope: head_dim 128, no agents mode, K and V ranks 8 or 16 with 16-byte LR rows (or none),
 // more than 64 rows per sequence (prefill), an sm_90 device. Everything else runs v4 (decode) /
 // v3 / v2 / v1.
 #include "backend/cuda/attention_common.cuh"
