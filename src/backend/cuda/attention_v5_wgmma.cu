@@ -57,8 +57,9 @@ constexpr int kStages = 3;
 // Shared memory, byte offsets from a 1024-aligned base (the swizzle pattern's period).
 // Q [2 column blocks][128 rows][128 B]; per stage K, V [2 column blocks][64 keys][128 B] and, with
 // the Flash-LoRA term, LRv [64 keys][128 B] right after V (a third column block of the P·[V | LRv]
-// operand; only its first 32 bytes per row, the 16 rank columns, are written and read). A
-// 128-byte row holds 64 bf16; its 16-byte chunk c sits at chunk c ^ (row % 8) (128-byte swizzle).
+// operand; only its first 32 bytes per row, the 16 rank columns, are written and read), then with
+// the K term LRk [64 keys][24] (unswizzled, rows padded for ldmatrix). A 128-byte row holds 64
+// bf16; its 16-byte chunk c sits at chunk c ^ (row % 8) (128-byte swizzle).
 constexpr int kQBytes = kBM * kD * 2;   // 32768
 constexpr int kKVBytes = kBN * kD * 2;  // 16384 (one K or V tile)
 constexpr int kLrBytes = kBN * 128;     // 8192
@@ -447,7 +448,8 @@ size_t split_bytes(const AttnParams& p, int n_splits) {
 }
 
 bool lr_rows_16b(const DevLowRank& t) {
-  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0;
+  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0;
 }
 
 // True when this process's device is a Hopper (sm_90) GPU: the wgmma instructions exist only there.

@@ -33,7 +33,8 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_
 }
 
 // D[64 x 64] (+)= A[64 x 16] · B[16 x 64], A and B in shared memory; scale_d = 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+__device__ __forceinline__ void wgmma_m64n64k16_ss(
+    float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %34, 0;\n"
@@ -50,7 +51,8 @@ __device__ __forceinline__ void wgmma_m64n64k16_ss(float (&d)[32], uint64_t desc
 }
 
 // D[64 x 128] (+)= A[64 x 16] · B[16 x 128], A from registers (bf16x2), B in shared memory (MN-major).
-__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+__device__ __forceinline__ void wgmma_m64n128k16_rs_tb(
+    float (&d)[64], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %69, 0;\n"
@@ -73,7 +75,8 @@ __device__ __forceinline__ void wgmma_m64n128k16_rs_tb(float (&d)[64], const uin
 }
 
 // D[64 x 144] (+)= A[64 x 16] · B[16 x 144], A from registers (bf16x2), B in shared memory (MN-major).
-__device__ __forceinline__ void wgmma_m64n144k16_rs_tb(float (&d)[72], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+__device__ __forceinline__ void wgmma_m64n144k16_rs_tb(
+    float (&d)[72], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
   asm volatile(
       "{\n.reg .pred p;\n"
       "setp.ne.b32 p, %77, 0;\n"
