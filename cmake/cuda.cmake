@@ -31,6 +31,10 @@ add_library(lragent_cuda STATIC ${LRAGENT_CUDA_SOURCES})
 target_include_directories(lragent_cuda PUBLIC ${PROJECT_SOURCE_DIR}/src)
 target_link_libraries(lragent_cuda PUBLIC CUDA::cudart)
 target_compile_options(lragent_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
+if(LRAGENT_CUDA_ARCH MATCHES "90a")
+  # The wgmma kernels (attention v5) exist only in sm_90a code; without it they are never launched.
+  target_compile_definitions(lragent_cuda PRIVATE LRAGENT_CUDA_SM90A)
+endif()
 set_target_properties(lragent_cuda PROPERTIES POSITION_INDEPENDENT_CODE ON CUDA_SEPARABLE_COMPILATION OFF)
 # The backend (host C++ calling the launchers) joins the library; make_cuda_backend then works.
 target_sources(lragent_lib PRIVATE ${LRAGENT_CUDA_HOST_SOURCES})

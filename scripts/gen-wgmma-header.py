@@ -29,6 +29,14 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(N) : "memory");
 }
+// Pins accumulator registers at this point of the program (CUTLASS's warpgroup_fence_operand):
+// a wgmma in flight reads and writes them behind the compiler's back, so register work on them
+// must not be moved across the issue or the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operand(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 // Makes this thread's generic-proxy writes to shared memory (cp.async, st.shared) visible to the
 // async proxy that wgmma reads shared memory through; then a barrier publishes them.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }

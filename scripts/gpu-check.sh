@@ -88,7 +88,7 @@ else
   tail -15 "$LOGS/build.log"
   B=build-gpu-direct
   mkdir -p $B
-  FL=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Isrc)
+  FL=(-std=c++20 -O3 -gencode=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -lineinfo -Isrc -DLRAGENT_CUDA_SM90A)
   {
     set -x
     pids=()

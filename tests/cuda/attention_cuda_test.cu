@@ -108,6 +108,7 @@ struct Case {
   bool agents = false;       // one sequence, nq[0] agents at ctx-1, adapter per agent
   int splits = 0;            // force split count (0: heuristic)
   bool materialize = false;  // also check materialise-then-attend
+  bool own_v_table = false;  // V's view gets its own copy of the block table (K/V addressed apart)
   std::string name() const {
     std::string s = "d=" + std::to_string(d) + " G=" + std::to_string(group) + " page=" + std::to_string(page) +
                     " rk=" + std::to_string(rank_k) + " rv=" + std::to_string(rank_v) + (agents ? " agents" : "") +
@@ -243,6 +244,7 @@ void run_case(const Case& cs, uint32_t seed) {
 
   // ---- device ----
   auto d_table = upload(table);
+  auto d_table_v = upload(table);  // same blocks, another pointer: kernels cannot share K's lookups
   auto d_qs = upload(q_start);
   auto d_ctx = upload(cs.ctx);
   auto d_k = upload(k.bits), d_v = upload(v.bits), d_q = upload(q.bits);
@@ -278,6 +280,7 @@ void run_case(const Case& cs, uint32_t seed) {
   p.q = d_q->as<lc::bf16>();
   p.k = dview(*d_k, width);
   p.v = dview(*d_v, width);
+  if (cs.own_v_table) p.v.table = d_table_v->as<int32_t>();
   if (cs.rank_k) {
     p.k_lr.lr = dview(*d_lrk, cs.rank_k);
     p.k_lr.b = d_bk->as<lc::bf16>();
@@ -447,6 +450,14 @@ TEST(CudaAttention, PrefillKResidualRank8And16) {
       }
   Case ragged = make(128, 4, 16, {97, 4097, 17, 1, 130}, {30, 70, 17, 1, 64}, 16, 16);
   run_case(ragged, seed++);
+  // K and V through separate tables, split-K with rank 8 on both sides, a GQA group of 3.
+  Case apart = make(128, 4, 16, {4097}, {150}, 8, 8);
+  apart.own_v_table = true;
+  apart.splits = 5;
+  run_case(apart, seed++);
+  Case g3 = make(128, 3, 1, {4097, 97}, {70, 97}, 16, 16);
+  g3.own_v_table = true;
+  run_case(g3, seed++);
 }
 
 TEST(CudaAttention, PrefillSplitK) {

@@ -103,8 +103,9 @@ enum class AttnKernel {
                   // agents): the four warps split each key tile, split-K merged by the last block
                   // of each kv head (needs split_counters).
   kV5Wgmma = 5,   // v4 plus a Hopper wgmma prefill kernel (2 warpgroups x 64 rows, Q/K/V read by
-                  // wgmma from swizzled shared memory, P from registers) for v3's scope with V
-                  // rank 8/16; on other GPUs and shapes it is v4. The default.
+                  // wgmma from swizzled shared memory, P from registers) at d=128 with K and V
+                  // ranks 8/16 (or none), no agents; elsewhere (and without an sm_90a build or
+                  // device) it is v4. The default.
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.

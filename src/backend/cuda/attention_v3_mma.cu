@@ -481,7 +481,10 @@ cudaError_t launch(const AttnParams& p, const V3Launch& x) {
 }
 
 int lr_chunk(const DevLowRank& t) {
-  return (t.rank % 8 == 0 && t.lr.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0) ? 8 : 4;
+  return (t.rank % 8 == 0 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 &&
+          reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0)
+             ? 8
+             : 4;
 }
 
 }  // namespace

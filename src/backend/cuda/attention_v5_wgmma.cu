@@ -7,7 +7,7 @@
 //
 // Shape: 2 warpgroups x 64 GQA-packed rows = 128 rows per block (v3's grid), 64-key tiles, 3-stage
 // cp.async ring (paged K/V: each key row's page is looked up; TMA cannot gather pages of 1 token),
-// one barrier per tile (two with the K term), 1 block per SM (133 KB of shared memory; 169 KB
+// one barrier per tile (two with the K term), 1 block per SM (132 KB of shared memory; 169 KB
 // with both LoRA terms).
 //   S = Q·K^T:             8 x wgmma m64n64k16, Q and K from shared memory (K-major, 128-byte
 //                          swizzle).
@@ -77,8 +77,8 @@ struct V5Launch {
   int n_splits = 1, tiles_per_split = 1;
   int kshift = 0, vshift = 0, lvshift = 0, lkshift = 0;
   bool kv_same = false;  // K and V views share table, page size and strides: one address per row
-  float* part_o = nullptr;
-  float* part_lse = nullptr;
+  float* part_o = nullptr;    // f32 [n_splits, n_seqs, max_q, n_heads, 128], normalised per split
+  float* part_lse = nullptr;  // f32 [n_splits, n_seqs, max_q, n_heads], log2-sum-exp
 };
 
 // One sequence's rows of a paged view: element offset of token t = block(t) · block_stride +
@@ -224,8 +224,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
     // K residual: warp w rebuilds keys 16·(w % 4) .. +15 for rotation pairs (i, i + 64), i in
     // groups of 8 starting at 32·(w / 4) (v2's split). Its B_k fragments and inv_freq values are
     // the same for every tile: loaded once.
-    [[maybe_unused]] uint32_t bk[4][4];
-    [[maybe_unused]] float invf[4][2];
+    [[maybe_unused]] uint32_t bk[4][4];  // [pair group j][b0, b1 of dims d; b0, b1 of dims d + 64] bf16x2
+    [[maybe_unused]] float invf[4][2];   // [pair group j][dim d0, d0 + 1]
     [[maybe_unused]] const int warp = tid >> 5, kw = warp & 3, pr0 = (warp >> 2) * 4;
     if constexpr (kK) {
       const int rank = p.k_lr.rank;
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
         // them), then publish them to wgmma's async proxy and to the other warps.
         unsigned char* kt = sm + kQBytes + stage * kStage;
         const bf16* lk = reinterpret_cast<const bf16*>(kt + Smem<kLr, kK>::kLk);
-        uint32_t la[4];
+        uint32_t la[4];  // A fragment: LRk of this warp's 16 keys x 16 ranks
         ldmatrix_x4(la, lk + (kw * 16 + (lane & 15)) * kLkRS + (lane >> 4) * 8);
         const float sk = p.k_lr.scale;
 #pragma unroll
@@ -292,12 +292,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
       }
       if (!wg_active || key0 > wg_last_pos) {  // causal tail: nothing for this warpgroup
         wgmma_wait<0>();                       // P·V(t-1) must finish before its stage is refilled
+        wgmma_fence_operand(o);
         continue;
       }
       const uint32_t st_enc = (stage * kStage) >> 4;
 
       // ---- S = Q·K^T (64 x 64 per warpgroup) ----
-      float sc[32];
+      float sc[32];  // S, then P in f32: [8 column tiles of 8 keys][4], this thread's part of 64 x 64
+      wgmma_fence_operand(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
@@ -308,6 +310,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
       }
       wgmma_commit();
       wgmma_wait<0>();  // S(t), and P·V(t-1) into O
+      wgmma_fence_operand(sc);
+      wgmma_fence_operand(o);
 
       // ---- mask + online softmax on raw scores (scale > 0 keeps the order) ----
       const bool need_mask = key0 + kBN > ke || key0 + kBN - 1 > wg_first_pos;
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
       for (int i = 0; i < kNo; ++i) o[i] *= alpha[(i >> 1) & 1];
 
       // ---- [O | O_lr] += P·[V | LRv] (async; waited with the next tile's S) ----
-      uint32_t pa[kBN / 16][4];
+      uint32_t pa[kBN / 16][4];  // P as bf16x2 A fragments: [16-key step][4]
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
         pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
@@ -361,6 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
         pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
         pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
       }
+      wgmma_fence_operand(o);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < kBN / 16; ++kk) {
@@ -373,6 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
       wgmma_commit();
     }
     wgmma_wait<0>();
+    wgmma_fence_operand(o);
     cp_async_wait<0>();  // no copy may still target shared memory when the block exits
 
     // ---- Flash-LoRA expansion: O += (s_v · O_lr) · B_v^T, once per block (mma.sync per warp) ----
@@ -433,7 +439,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
     }
   }
 #else
-  __trap();  // built without sm_90a: the host side never launches v5 then (use_v5)
+  __trap();  // built without sm_90a: use_v5 is false then (LRAGENT_CUDA_SM90A), v5 is never launched
 #endif
 }
 
@@ -447,8 +453,9 @@ size_t split_bytes(const AttnParams& p, int n_splits) {
   return rows * p.head_dim * sizeof(float) + rows * sizeof(float) + 256;
 }
 
+// LR rows copied as 16-byte chunks: rank 8 or 16, rows and blocks 16-byte aligned.
 bool lr_rows_16b(const DevLowRank& t) {
-  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 &&
+  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 &&
          reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0;
 }
 
@@ -470,7 +477,11 @@ bool use_v5(const AttnParams& p) {
   if (p.v_lr.active() && !lr_rows_16b(p.v_lr)) return false;
   if (p.k_lr.active() && (!lr_rows_16b(p.k_lr) || !p.inv_freq)) return false;
   if (p.max_q * G <= 64) return false;  // decode shapes: v4
+#if defined(LRAGENT_CUDA_SM90A)
   return device_is_sm90();
+#else
+  return false;  // the library was not built for sm_90a: the kernel body is a trap
+#endif
 }
 
 // One block per SM: about two waves of blocks, at least 8 tiles per split.
@@ -493,11 +504,16 @@ int choose_splits(const AttnParams& p) {
 
 template <bool kLr, bool kK>
 cudaError_t launch(const AttnParams& p, const V5Launch& x) {
-  static bool configured = [] {
-    return cudaFuncSetAttribute(attn_v5_kernel<kLr, kK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                Smem<kLr, kK>::kBytes) == cudaSuccess;
+  // Once per process (one device per process in the engine). If the shared memory cannot be
+  // granted, clear the error and let the caller run v4 instead.
+  static const bool configured = [] {
+    if (cudaFuncSetAttribute(attn_v5_kernel<kLr, kK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Smem<kLr, kK>::kBytes) == cudaSuccess)
+      return true;
+    (void)cudaGetLastError();
+    return false;
   }();
-  if (!configured) return cudaErrorInvalidConfiguration;
+  if (!configured) return cudaErrorNotSupported;
   const dim3 grid(row_tiles(p), p.n_kv_heads, p.n_seqs * x.n_splits);
   attn_v5_kernel<kLr, kK><<<grid, kThreads, Smem<kLr, kK>::kBytes, p.stream>>>(p, x);
   return cudaGetLastError();
@@ -520,15 +536,16 @@ cudaError_t attention_v5(const AttnParams& p) {
   x.kv_same = p.k.table == p.v.table && p.k.table_stride == p.v.table_stride && p.k.page_size == p.v.page_size &&
               p.k.row_stride == p.v.row_stride && p.k.block_stride == p.v.block_stride;
   if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
+  if (p.k_lr.active()) x.lkshift = ilog2(p.k_lr.lr.page_size);
   if (x.n_splits > 1) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
     x.part_o = static_cast<float*>(p.workspace);
     x.part_lse = x.part_o + rows * p.head_dim;
   }
-  if (p.k_lr.active()) x.lkshift = ilog2(p.k_lr.lr.page_size);
   const bool vlr = p.v_lr.active(), klr = p.k_lr.active();
   const cudaError_t err = vlr ? (klr ? launch<true, true>(p, x) : launch<true, false>(p, x))
                               : (klr ? launch<false, true>(p, x) : launch<false, false>(p, x));
+  if (err == cudaErrorNotSupported) return attention_v4(p);  // no 1-block-per-SM shared memory
   if (err != cudaSuccess || x.n_splits == 1) return err;
   return attention_split_combine(p, x.part_o, x.part_lse, x.n_splits);
 }
