@@ -550,6 +550,38 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   lc::AttnParams p;
   p.head_dim = 96;
   EXPECT_EQ(lc::attention(p), cudaErrorInvalidValue);
+  // A valid decode shape but for one field at a time (no memory is touched: validation comes
+  // first, so dummy aligned pointers are enough).
+  static int32_t dummy_i[64];
+  alignas(16) static uint16_t dummy_h[64];
+  lc::AttnParams ok;
+  ok.n_heads = 4;
+  ok.n_kv_heads = 2;
+  ok.head_dim = 64;
+  ok.softmax_scale = 0.125f;
+  ok.n_seqs = 1;
+  ok.q_start = dummy_i;
+  ok.ctx_len = dummy_i;
+  ok.max_q = 1;
+  ok.max_ctx = 16;
+  ok.q = reinterpret_cast<const lc::bf16*>(dummy_h);
+  ok.out_f32 = reinterpret_cast<float*>(dummy_h);
+  for (lc::DevPagedView* v : {&ok.k, &ok.v}) {
+    v->data = reinterpret_cast<const lc::bf16*>(dummy_h);
+    v->table = dummy_i;
+    v->page_size = 16;
+    v->row_stride = 128;
+    v->block_stride = 16 * 128;
+  }
+  lc::AttnParams bad = ok;
+  bad.softmax_scale = 0.f;  // the kernels' raw-score maximum needs a positive scale
+  EXPECT_EQ(lc::attention(bad), cudaErrorInvalidValue);
+  bad = ok;
+  bad.n_seqs = 70000;  // more sequences than a grid dimension holds
+  EXPECT_EQ(lc::attention(bad), cudaErrorInvalidValue);
+  bad = ok;
+  bad.k.page_size = 12;  // not a power of two
+  EXPECT_EQ(lc::attention(bad), cudaErrorInvalidValue);
 }
 
 }  // namespace

@@ -24,7 +24,9 @@ bool lowrank_ok(const DevLowRank& t) {
 bool params_ok(const AttnParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0) return false;
-  if (p.n_seqs <= 0 || p.max_q <= 0 || p.max_ctx <= 0) return false;
+  if (p.n_seqs <= 0 || p.n_seqs > 65535 || p.max_q <= 0 || p.max_ctx <= 0) return false;  // grid.z holds seqs
+  // Every kernel takes the row maximum on raw scores: a positive scale keeps their order.
+  if (!(p.softmax_scale > 0.f)) return false;
   if (!p.q || !p.q_start || !p.ctx_len || (!p.out && !p.out_f32)) return false;
   if (!view_ok(p.k, 8) || !view_ok(p.v, 8)) return false;
   if (!lowrank_ok(p.k_lr) || !lowrank_ok(p.v_lr)) return false;

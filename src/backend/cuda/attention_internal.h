@@ -4,7 +4,12 @@
 
 #include "backend/cuda/attention.cuh"
 
+#include <algorithm>
+
 namespace lragent::cuda {
+
+// Split-K grids put n_seqs x n_splits blocks in grid.z, which holds at most 65535.
+inline int max_grid_splits(const AttnParams& p) { return std::max(1, 65535 / std::max(1, p.n_seqs)); }
 
 cudaError_t attention_v0(const AttnParams& p);
 cudaError_t attention_v1(const AttnParams& p);

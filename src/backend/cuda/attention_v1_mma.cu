@@ -517,7 +517,7 @@ int choose_splits(const AttnParams& p) {
     n = std::min(n, std::max(1, tiles / 2));
     n = std::min(n, kMaxSplits);
   }
-  n = std::max(1, std::min({n, tiles, kMaxSplits}));
+  n = std::max(1, std::min({n, tiles, kMaxSplits, max_grid_splits(p)}));
   if (!p.workspace) return 1;
   while (n > 1 && split_bytes(p, n) > p.workspace_bytes) --n;
   // Even out: every split gets the same whole number of tiles.

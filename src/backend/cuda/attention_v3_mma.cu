@@ -460,7 +460,7 @@ int choose_splits(const AttnParams& p) {
     n = std::min(n, std::max(1, tiles / 8));
     n = std::min(n, 128);
   }
-  n = std::max(1, std::min(n, tiles));
+  n = std::max(1, std::min({n, tiles, max_grid_splits(p)}));
   if (!p.workspace) return 1;
   while (n > 1 && split_bytes(p, n) > p.workspace_bytes) --n;
   const int tps = (tiles + n - 1) / n;
