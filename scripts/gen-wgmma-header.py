@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Writes src/backend/cuda/wgmma.cuh: inline-PTX wrappers for the few wgmma shapes the attention
-kernels use. A wgmma names every accumulator register as an operand (32 or 64 of them), which is
-unreadable and error-prone by hand, hence this generator. Run it after editing SHAPES."""
+kernels use. A wgmma names every accumulator register as an operand (32 to 72 of them), which is
+unreadable and error-prone by hand, hence this generator. Run it after editing SHAPES.
+--check: write nothing, exit 1 if the committed header differs from what this script makes (ctest
+runs that, so the header cannot drift from its generator)."""
 import pathlib
+import sys
 
 # (function name, N, A operand: "ss" = both from shared memory, "rs" = A from registers,
 #  transpose-B immediate: 0 = B K-major, 1 = B MN-major)
@@ -100,5 +103,11 @@ def gen(name, n, kind, tb):
 
 out = HEAD + "\n" + "\n\n".join(gen(*s) for s in SHAPES) + "\n\n}  // namespace lragent::cuda::detail\n"
 path = pathlib.Path(__file__).resolve().parent.parent / "src/backend/cuda/wgmma.cuh"
-path.write_text(out)
-print(f"wrote {path}")
+if "--check" in sys.argv[1:]:
+    if not path.exists() or path.read_text() != out:
+        print(f"{path} differs from scripts/gen-wgmma-header.py's output: rerun the script", file=sys.stderr)
+        sys.exit(1)
+    print(f"{path} is up to date")
+else:
+    path.write_text(out)
+    print(f"wrote {path}")
