@@ -28,4 +28,10 @@ int attention_v5_num_splits(const AttnParams& p);
 // split, log2-sum-exp [n_splits, n_seqs, max_q, n_heads]), shared with v5 (same partial format).
 cudaError_t attention_split_combine(const AttnParams& p, float* part_o, float* part_lse, int n_splits);
 
+// The split plan of v3's prefill grid (128 GQA-packed rows x 64-key tiles per block, about two
+// waves of blocks, >= 8 tiles per split, clamped to the workspace), which v5 shares: its row
+// tiles and the split count.
+int attention_prefill_row_tiles(const AttnParams& p);
+int attention_prefill_splits(const AttnParams& p);
+
 }  // namespace lragent::cuda

@@ -499,6 +499,9 @@ cudaError_t attention_split_combine(const AttnParams& p, float* part_o, float* p
   return cudaGetLastError();
 }
 
+int attention_prefill_row_tiles(const AttnParams& p) { return row_tiles(p); }
+int attention_prefill_splits(const AttnParams& p) { return choose_splits(p); }
+
 int attention_v3_num_splits(const AttnParams& p) {
   return use_v3(p) ? choose_splits(p) : attention_v2_num_splits(p);
 }

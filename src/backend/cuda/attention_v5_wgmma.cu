@@ -38,10 +38,7 @@
 // v3 / v2 / v1.
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
-#include "backend/cuda/device_props.h"
 #include "backend/cuda/wgmma.cuh"
-
-#include <algorithm>
 
 namespace lragent::cuda {
 namespace {
@@ -443,16 +440,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
 #endif
 }
 
-int row_tiles(const AttnParams& p) {
-  const int G = p.n_heads / p.n_kv_heads;
-  return (p.max_q * G + kBM - 1) / kBM;
-}
-
-size_t split_bytes(const AttnParams& p, int n_splits) {
-  const size_t rows = static_cast<size_t>(n_splits) * p.n_seqs * p.max_q * p.n_heads;
-  return rows * p.head_dim * sizeof(float) + rows * sizeof(float) + 256;
-}
-
 // LR rows copied as 16-byte chunks: rank 8 or 16, rows and blocks 16-byte aligned.
 bool lr_rows_16b(const DevLowRank& t) {
   return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 &&
@@ -484,24 +471,6 @@ bool use_v5(const AttnParams& p) {
 #endif
 }
 
-// One block per SM: about two waves of blocks, at least 8 tiles per split.
-int choose_splits(const AttnParams& p) {
-  const int tiles = (p.max_ctx + kBN - 1) / kBN;
-  int n = p.num_splits;
-  if (n <= 0) {
-    const int blocks = row_tiles(p) * p.n_kv_heads * p.n_seqs;
-    const int target = 2 * sm_count();
-    n = std::max(1, target / blocks);
-    n = std::min(n, std::max(1, tiles / 8));
-    n = std::min(n, 128);
-  }
-  n = std::max(1, std::min({n, tiles, max_grid_splits(p)}));
-  if (!p.workspace) return 1;
-  while (n > 1 && split_bytes(p, n) > p.workspace_bytes) --n;
-  const int tps = (tiles + n - 1) / n;
-  return (tiles + tps - 1) / tps;
-}
-
 template <bool kLr, bool kK>
 cudaError_t launch(const AttnParams& p, const V5Launch& x) {
   // Once per process (one device per process in the engine). If the shared memory cannot be
@@ -514,7 +483,7 @@ cudaError_t launch(const AttnParams& p, const V5Launch& x) {
     return false;
   }();
   if (!configured) return cudaErrorNotSupported;
-  const dim3 grid(row_tiles(p), p.n_kv_heads, p.n_seqs * x.n_splits);
+  const dim3 grid(attention_prefill_row_tiles(p), p.n_kv_heads, p.n_seqs * x.n_splits);
   attn_v5_kernel<kLr, kK><<<grid, kThreads, Smem<kLr, kK>::kBytes, p.stream>>>(p, x);
   return cudaGetLastError();
 }
@@ -522,13 +491,13 @@ cudaError_t launch(const AttnParams& p, const V5Launch& x) {
 }  // namespace
 
 int attention_v5_num_splits(const AttnParams& p) {
-  return use_v5(p) ? choose_splits(p) : attention_v4_num_splits(p);
+  return use_v5(p) ? attention_prefill_splits(p) : attention_v4_num_splits(p);
 }
 
 cudaError_t attention_v5(const AttnParams& p) {
   if (!use_v5(p)) return attention_v4(p);
   V5Launch x;
-  x.n_splits = choose_splits(p);
+  x.n_splits = attention_prefill_splits(p);  // v3's grid and partial format
   const int tiles = (p.max_ctx + kBN - 1) / kBN;
   x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
   x.kshift = ilog2(p.k.page_size);
