@@ -332,10 +332,27 @@ void run_case(const Case& cs, uint32_t seed) {
                 : kern == lc::AttnKernel::kV2Mma ? "v2"
                 : kern == lc::AttnKernel::kV3Mma ? "v3"
                 : kern == lc::AttnKernel::kV4Decode ? "v4"
-                                                    : "v5",
+                : kern == lc::AttnKernel::kV5Wgmma  ? "v5"
+                                                    : "v6",
                 what,
                 lc::attention_num_splits(pp, kern), eb.rel, ef.rel,
                 (eb.nan || ef.nan) ? " NaN!" : "");
+    if (eb.rel > 1e-2) {  // where it went wrong: the (query row, head) pairs off by > 1e-2
+      int bad = 0;
+      std::string first;
+      for (size_t r = 0; r * D < n_out; ++r) {
+        double num = 0, den = 0;
+        for (int i = 0; i < D; ++i) {
+          const double dl = obf[r * D + i] - ref[r * D + i];
+          num += dl * dl;
+          den += static_cast<double>(ref[r * D + i]) * ref[r * D + i];
+        }
+        if (num > 1e-4 * std::max(den, 1e-30)) {
+          if (bad++ < 8) first += " (q" + std::to_string(r / n_heads) + ",h" + std::to_string(r % n_heads) + ")";
+        }
+      }
+      std::printf("    %d of %zu (query, head) rows off:%s\n", bad, n_out / D, first.c_str());
+    }
     EXPECT_FALSE(eb.nan) << what << " bf16 output has NaN/unwritten elements";
     EXPECT_FALSE(ef.nan) << what << " f32 output has NaN/unwritten elements";
     EXPECT_LE(eb.rel, 1e-2) << what << " bf16 " << cs.name();
@@ -348,6 +365,7 @@ void run_case(const Case& cs, uint32_t seed) {
   check("fused", p, lc::AttnKernel::kV3Mma);
   check("fused", p, lc::AttnKernel::kV4Decode);
   check("fused", p, lc::AttnKernel::kV5Wgmma);
+  check("fused", p, lc::AttnKernel::kV6WgmmaWs);
   if (cs.materialize && cs.rank_v && !cs.agents) {
     // Materialise-then-attend: V_full in HBM, then plain attention over it.
     CUDA_OK(cudaMemset(d_vfull.p, 0xff, slots * width * 2));
@@ -360,6 +378,7 @@ void run_case(const Case& cs, uint32_t seed) {
     check("materialise+attend", pm, lc::AttnKernel::kV3Mma);
     check("materialise+attend", pm, lc::AttnKernel::kV4Decode);
     check("materialise+attend", pm, lc::AttnKernel::kV5Wgmma);
+    check("materialise+attend", pm, lc::AttnKernel::kV6WgmmaWs);
   }
 }
 

@@ -91,6 +91,8 @@ cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
       return attention_v4(p);
     case AttnKernel::kV5Wgmma:
       return attention_v5(p);
+    case AttnKernel::kV6WgmmaWs:
+      return attention_v6(p);
   }
   return cudaErrorInvalidValue;
 }
@@ -113,6 +115,8 @@ int attention_num_splits(const AttnParams& p, AttnKernel kernel) {
       return attention_v4_num_splits(p);
     case AttnKernel::kV5Wgmma:
       return attention_v5_num_splits(p);
+    case AttnKernel::kV6WgmmaWs:
+      return attention_v6_num_splits(p);
   }
   return 1;
 }

@@ -106,6 +106,9 @@ enum class AttnKernel {
                   // wgmma from swizzled shared memory, P from registers) at d=128 with K and V
                   // ranks 8/16 (or none), no agents; elsewhere (and without an sm_90a build or
                   // device) it is v4. The default.
+  kV6WgmmaWs = 6,  // v5 warp-specialised: a producer warpgroup fills a 4-stage ring (cp.async +
+                   // mbarriers), two consumer warpgroups take turns at the tensor cores. Plain
+                   // and Flash-LoRA V prefill at d=128; everything else is v5.
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.

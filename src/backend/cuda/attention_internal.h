@@ -23,6 +23,13 @@ cudaError_t attention_v4(const AttnParams& p);
 int attention_v4_num_splits(const AttnParams& p);
 cudaError_t attention_v5(const AttnParams& p);
 int attention_v5_num_splits(const AttnParams& p);
+cudaError_t attention_v6(const AttnParams& p);
+int attention_v6_num_splits(const AttnParams& p);
+
+// Shared by the wgmma kernels (v5, v6): LR rows that copy as 16-byte chunks (rank 8 or 16, rows
+// and blocks 16-byte aligned), and whether this process's device is an sm_90 GPU.
+bool attention_lr_rows_16b(const DevLowRank& t);
+bool attention_device_is_sm90();
 
 // v3's split-K combine (partials [n_splits, n_seqs, max_q, n_heads, head_dim] f32 normalised per
 // split, log2-sum-exp [n_splits, n_seqs, max_q, n_heads]), shared with v5 (same partial format).

@@ -41,6 +41,25 @@
 #include "backend/cuda/wgmma.cuh"
 
 namespace lragent::cuda {
+
+// LR rows copied as 16-byte chunks: rank 8 or 16, rows and blocks 16-byte aligned.
+bool attention_lr_rows_16b(const DevLowRank& t) {
+  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0;
+}
+
+// True when this process's device is a Hopper (sm_90) GPU: the wgmma instructions exist only there.
+bool attention_device_is_sm90() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
+    return major == 9 && minor == 0;
+  }();
+  return ok;
+}
+
 namespace {
 
 using namespace detail;
@@ -440,32 +459,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
 #endif
 }
 
-// LR rows copied as 16-byte chunks: rank 8 or 16, rows and blocks 16-byte aligned.
-bool lr_rows_16b(const DevLowRank& t) {
-  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0;
-}
-
-// True when this process's device is a Hopper (sm_90) GPU: the wgmma instructions exist only there.
-bool device_is_sm90() {
-  static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
-    if (cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) return false;
-    return major == 9 && minor == 0;
-  }();
-  return ok;
-}
-
 bool use_v5(const AttnParams& p) {
   const int G = p.n_heads / p.n_kv_heads;
   if (p.head_dim != kD || p.agents) return false;
-  if (p.v_lr.active() && !lr_rows_16b(p.v_lr)) return false;
-  if (p.k_lr.active() && (!lr_rows_16b(p.k_lr) || !p.inv_freq)) return false;
+  if (p.v_lr.active() && !attention_lr_rows_16b(p.v_lr)) return false;
+  if (p.k_lr.active() && (!attention_lr_rows_16b(p.k_lr) || !p.inv_freq)) return false;
   if (p.max_q * G <= 64) return false;  // decode shapes: v4
 #if defined(LRAGENT_CUDA_SM90A)
-  return device_is_sm90();
+  return attention_device_is_sm90();
 #else
   return false;  // the library was not built for sm_90a: the kernel body is a trap
 #endif

@@ -1,0 +1,471 @@
+// v6: v5's wgmma prefill, warp-specialised: a producer warpgroup fills a ring of K/V(/LRv) tiles
+// with cp.async and per-stage mbarriers, and two consumer warpgroups (64 GQA-packed rows each)
+// only compute, taking turns at the tensor cores (FA3's ping-pong).
+//
+// Why: v5 is latency-bound, not tensor-bound (ncu: tensor pipe ~33%). Both of its warpgroups
+// meet at a block barrier every tile, so they issue S = Q·K^T together, wait together and run
+// their softmax together while the tensor cores idle; its copies and their address arithmetic
+// also sit in the same warps as the math. Here no block-wide barrier remains in the loop:
+//   - the producer warpgroup (registers cut to 40 by setmaxnreg) copies tile t into stage
+//     t % kStages once the consumers have released that stage (the `empty` mbarrier), and each
+//     producer thread's copies arrive on the stage's `full` mbarrier when they land
+//     (cp.async.mbarrier.arrive.noinc);
+//   - a consumer warpgroup waits on `full`, issues S(t) only in its turn (two named barriers:
+//     warpgroup 0 issues, signals warpgroup 1, which issues and signals back), so while one
+//     warpgroup runs its softmax the other's products run; P·V(t) is issued after the softmax
+//     and waited together with S(t+1), after which the stage of tile t is released.
+// The math (S = Q·K^T as 8 m64n64k16, P from registers, [O | O_lr] += P·[V | LRv] as 4
+// m64n128k16 or m64n144k16, the Flash-LoRA expansion after the loop, the epilogue and v3's split
+// plan) is v5's. Scope: v5's without the K residual (its in-place key rebuild needs every warp
+// between the copy and the product): head_dim 128, V rank 8/16 with 16-byte rows (or none), no
+// K term, no agents, prefill (> 64 rows per sequence), an sm_90a build on an sm_90 device.
+// Everything else runs v5 (and from there v4 / v3 / ...).
+#include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/attention_internal.h"
+#include "backend/cuda/wgmma.cuh"
+
+namespace lragent::cuda {
+namespace {
+
+using namespace detail;
+
+constexpr int kD = 128;
+constexpr int kBM = 128;  // rows per block (2 consumer warpgroups x 64)
+constexpr int kBN = 64;   // keys per tile
+constexpr int kThreads = 384;  // warpgroup 0: producer; 1, 2: consumers
+constexpr int kStages = 4;
+constexpr float kLazyLog2 = 8.f;  // lazy-rescale headroom (log2 units): P <= 256
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128·40 + 256·232 <= 65536
+// Named barriers (0 is __syncthreads): the consumers' turns, then each consumer's Q barrier.
+constexpr int kTurnBar = 1, kQBar = 3;
+
+// Shared memory, byte offsets from a 1024-aligned base: Q [2 column blocks][128 rows][128 B],
+// then per stage K, V [2 column blocks][64 keys][128 B] and (kLr) LRv [64 keys][128 B] (v5's
+// layout: the third column block of the P·[V | LRv] operand, 16 rank columns used), then the
+// mbarriers full[kStages], empty[kStages] (8 bytes each).
+constexpr int kQBytes = kBM * kD * 2;   // 32768
+constexpr int kKVBytes = kBN * kD * 2;  // 16384
+constexpr int kLrBytes = kBN * 128;     // 8192
+template <bool kLr>
+struct Smem {
+  static constexpr int kStage = 2 * kKVBytes + (kLr ? kLrBytes : 0);  // 32768 / 40960
+  static constexpr int kBars = kQBytes + kStages * kStage;
+  static constexpr int kBytes = kBars + 2 * kStages * 8 + 1024;  // + alignment slack
+  static_assert(kStage % 1024 == 0, "stages must keep the 1024-byte swizzle period");
+};
+
+struct V6Launch {
+  int n_splits = 1, tiles_per_split = 1;
+  int kshift = 0, vshift = 0, lvshift = 0;
+  bool kv_same = false;       // K and V views share table, page size and strides
+  float* part_o = nullptr;    // f32 [n_splits, n_seqs, max_q, n_heads, 128], normalised per split
+  float* part_lse = nullptr;  // f32 [n_splits, n_seqs, max_q, n_heads], log2-sum-exp
+};
+
+// ---- mbarrier, named barrier and register-count wrappers (sm_90) ----
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives on `bar` once all of this thread's earlier cp.async copies have landed; `noinc`: the
+// arrival is one of the count given at init.
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+__device__ __forceinline__ void named_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void regs_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void regs_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// One sequence's rows of a paged view (v5's): element offset of token t.
+struct PagedRows {
+  const int32_t* table;  // this sequence's block ids
+  uint32_t block_stride, row_stride, page_mask;
+  int shift;
+  __device__ __forceinline__ PagedRows(const DevPagedView& v, int s, int page_shift)
+      : table(v.table + static_cast<int64_t>(s) * v.table_stride),
+        block_stride(static_cast<uint32_t>(v.block_stride)),
+        row_stride(static_cast<uint32_t>(v.row_stride)),
+        page_mask(static_cast<uint32_t>(v.page_size - 1)),
+        shift(page_shift) {}
+  __device__ __forceinline__ uint64_t offset(int t) const {
+    const uint32_t blk = static_cast<uint32_t>(__ldg(table + (t >> shift)));
+    return static_cast<uint64_t>(blk) * block_stride + (static_cast<uint32_t>(t) & page_mask) * row_stride;
+  }
+};
+
+// Byte offset of 16-byte chunk `ch` (0..15 over head_dim 128) of row `row` in a [2][rows][128 B]
+// 128-byte-swizzled tile.
+__device__ __forceinline__ uint32_t sw128(int row, int ch, int rows) {
+  return static_cast<uint32_t>((ch >> 3) * rows * 128 + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+}
+
+template <bool kLr>
+__global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p, const V6Launch x) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStage = Smem<kLr>::kStage;
+  constexpr int kNo = kLr ? 72 : 64;  // accumulator registers: O (64) then O_lr (8)
+  extern __shared__ unsigned char smem_raw[];
+  const uint32_t raw_addr = smem_u32(smem_raw);
+  const uint32_t base = (raw_addr + 1023u) & ~1023u;
+  unsigned char* const sm = smem_raw + (base - raw_addr);
+  const uint32_t full_bar = base + Smem<kLr>::kBars, empty_bar = full_bar + kStages * 8;
+
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0);
+  const int s = blockIdx.z / x.n_splits, split = blockIdx.z % x.n_splits;
+  const int g = blockIdx.y;
+  const int G = p.n_heads / p.n_kv_heads;
+  const SeqInfo si = seq_info(p, s);
+  const int n_rows = si.n_q * G;
+  const int row0 = blockIdx.x * kBM;
+  if (row0 >= n_rows) return;  // the whole block
+
+  const int i_last = (min(row0 + kBM, n_rows) - 1) / G;
+  const int kb = split * x.tiles_per_split * kBN;
+  const int ke = min(min(si.ctx, query_pos(p, si, i_last) + 1), kb + x.tiles_per_split * kBN);
+  const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(full_bar + 8 * i, 128);  // one cp.async arrival per producer thread
+      mbar_init(empty_bar + 8 * i, 8);   // one arrival per consumer warp
+    }
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    regs_dec<kProducerRegs>();
+    // Thread (ld_row, ld_ch) copies chunk ld_ch of keys ld_row + 8·i of K and V, and one LRv
+    // chunk (key tid / 2, chunk tid % 2; chunk 1 of a rank-8 row is zero-filled).
+    const int ld_row = tid >> 4, ld_ch = tid & 15;
+    const PagedRows kv_rows(p.k, s, x.kshift), v_rows(p.v, s, x.vshift);
+    const bf16* const gK = p.k.data + g * kD + ld_ch * 8;
+    const bf16* const gV = p.v.data + g * kD + ld_ch * 8;
+    for (int t = 0; t < n_tiles; ++t) {
+      const int stage = t % kStages, round = t / kStages;
+      if (round > 0) mbar_wait(empty_bar + 8 * stage, (round - 1) & 1);
+      unsigned char* st = sm + kQBytes + stage * kStage;
+      const int key0 = kb + t * kBN;
+#pragma unroll
+      for (int i = 0; i < kBN / 8; ++i) {
+        const int kr = ld_row + 8 * i, key = key0 + kr;
+        const bool ok = key < ke;
+        const uint64_t offk = ok ? kv_rows.offset(key) : 0;
+        const uint64_t offv = !ok ? 0 : x.kv_same ? offk : v_rows.offset(key);
+        const uint32_t off = sw128(kr, ld_ch, kBN);
+        cp_async16(st + off, ok ? gK + offk : p.k.data, ok ? 16 : 0);
+        cp_async16(st + kKVBytes + off, ok ? gV + offv : p.v.data, ok ? 16 : 0);
+      }
+      if constexpr (kLr) {
+        const int kr = tid >> 1, ch = tid & 1, key = key0 + kr;
+        const PagedRows lr_rows(p.v_lr.lr, s, x.lvshift);
+        const bool ok = key < ke && ch * 8 < p.v_lr.rank;
+        const bf16* src = ok ? p.v_lr.lr.data + lr_rows.offset(key) + ch * 8 : p.v_lr.lr.data;
+        cp_async16(st + 2 * kKVBytes + kr * 128 + ((ch ^ (kr & 7)) << 4), src, ok ? 16 : 0);
+      }
+      mbar_arrive_cp_async(full_bar + 8 * stage);
+    }
+    cp_async_wait<0>();  // nothing may still target shared memory when these threads leave
+    return;
+  }
+
+  // ---------------- consumers ----------------
+  regs_inc<kConsumerRegs>();
+  const int c = wg - 1, wtid = tid & 127, lane = tid & 31, wq = (tid >> 5) & 3;
+  const int gq = lane >> 2, tq = lane & 3;
+  const int wr0 = row0 + c * 64;
+  const bool wg_active = wr0 < n_rows;
+  const int wg_first_pos = wg_active ? query_pos(p, si, wr0 / G) : -1;
+  const int wg_last_pos = wg_active ? query_pos(p, si, (min(wr0 + 64, n_rows) - 1) / G) : -1;
+  auto row_pos = [&](int hh) {
+    const int r = wr0 + wq * 16 + gq + hh * 8;
+    return r < n_rows ? query_pos(p, si, r / G) : -1;
+  };
+  const int rpos[2] = {row_pos(0), row_pos(1)};  // this thread's two rows' positions (-1: none)
+  const float scale_log2 = p.softmax_scale * kLog2e;
+
+  // [kNo / 4 column tiles of 8][4]: this thread's part of the warpgroup's 64 x 128 O, then (kLr)
+  // of its 64 x 16 O_lr = P·LRv.
+  float o[kNo];
+#pragma unroll
+  for (int i = 0; i < kNo; ++i) o[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // scaled log2 units
+  float l_run[2] = {0.f, 0.f};
+
+  if (n_tiles > 0) {
+    // This warpgroup's 64 Q rows (8 chunks per thread), published to wgmma.
+    {
+      const int ld_row = wtid >> 4, ld_ch = wtid & 15;  // this warpgroup's thread
+#pragma unroll
+      for (int i = 0; i < 64 / 8; ++i) {
+        const int rr = c * 64 + ld_row + 8 * i, r = row0 + rr;
+        const bool ok = r < n_rows;
+        const bf16* src =
+            ok ? p.q + (static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G) * kD + ld_ch * 8 : p.q;
+        cp_async16(sm + sw128(rr, ld_ch, kBM), src, ok ? 16 : 0);
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async();
+      named_sync(kQBar + c, 128);
+    }
+    // Descriptor bases (v5's): Q and K K-major, V MN-major with LRv as its third column block.
+    const uint64_t dq0 = wgmma_desc_sw128(base + c * 64 * 128, 16, 1024);
+    const uint64_t dk0 = wgmma_desc_sw128(base + kQBytes, 16, 1024);
+    const uint64_t dv0 = wgmma_desc_sw128(base + kQBytes + kKVBytes, kBN * 128, 1024);
+
+    // Turns: warpgroup 0 goes first; each issues S in its turn and then hands the turn over.
+    if (c == 1) named_arrive(kTurnBar + 0, 256);
+    int pending = -1;  // the stage whose P·V may still be in flight (released after the next wait)
+    for (int t = 0; t < n_tiles; ++t) {
+      const int stage = t % kStages;
+      mbar_wait(full_bar + 8 * stage, (t / kStages) & 1);
+      fence_proxy_async();  // the producers' copies, now visible here, to wgmma's async proxy
+      const int key0 = kb + t * kBN;
+      const bool skip = !wg_active || key0 > wg_last_pos;  // causal tail: nothing for these rows
+      const uint32_t st_enc = (stage * kStage) >> 4;
+
+      float sc[32];  // S, then P in f32: [8 column tiles of 8 keys][4], this thread's part of 64 x 64
+      named_sync(kTurnBar + c, 256);
+      if (!skip) {
+        wgmma_fence_operand(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kD / 16; ++kk) {
+          const uint32_t col = (kk >> 2), in_row = (kk & 3) * 32;
+          const uint64_t da = dq0 + ((col * kBM * 128 + in_row) >> 4);
+          const uint64_t db = dk0 + st_enc + ((col * kBN * 128 + in_row) >> 4);
+          wgmma_m64n64k16_ss(sc, da, db, kk > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+      }
+      if (c == 0 || t + 1 < n_tiles) named_arrive(kTurnBar + (1 - c), 256);
+      wgmma_wait<0>();  // S(t), and P·V(t-1) into O
+      wgmma_fence_operand(o);
+      if (pending >= 0 && lane == 0) mbar_arrive(empty_bar + 8 * pending);
+      pending = -1;
+      if (skip) {
+        if (lane == 0) mbar_arrive(empty_bar + 8 * stage);
+        continue;
+      }
+      wgmma_fence_operand(sc);
+
+      // ---- mask + online softmax on raw scores (scale > 0 keeps the order) ----
+      const bool need_mask = key0 + kBN > ke || key0 + kBN - 1 > wg_first_pos;
+      float mx[2] = {-INFINITY, -INFINITY};
+      if (need_mask) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int hh = e >> 1;
+            const int key = key0 + n * 8 + 2 * tq + (e & 1);
+            const bool ok = key < ke && key <= rpos[hh];
+            const float v = ok ? sc[4 * n + e] : -INFINITY;
+            sc[4 * n + e] = v;
+            mx[hh] = fmaxf(mx[hh], v);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
+      }
+      // Lazy rescale: a row's running max moves only when its tile max exceeds it by more than
+      // kLazyLog2 (so P <= 2^kLazyLog2: exact in f32, in bf16's range; O and l keep the same
+      // stale max, so the quotient is unchanged). One vote per warp: once the maxima settle,
+      // whole warps skip the O rescale and its dependency on the new max.
+      bool move = false;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 1));
+        mx[hh] = fmaxf(mx[hh], __shfl_xor_sync(0xffffffffu, mx[hh], 2));
+        move = move || mx[hh] * scale_log2 > m_run[hh] + kLazyLog2;
+      }
+      if (__any_sync(0xffffffffu, move)) {
+        float alpha[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float m_new = fmaxf(m_run[hh], mx[hh] * scale_log2);
+          alpha[hh] = fast_exp2(m_run[hh] - (m_new == -INFINITY ? 0.f : m_new));
+          m_run[hh] = m_new;
+          l_run[hh] *= alpha[hh];
+        }
+#pragma unroll
+        for (int i = 0; i < kNo; ++i) o[i] *= alpha[(i >> 1) & 1];
+      }
+      float mneg[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) mneg[hh] = m_run[hh] == -INFINITY ? 0.f : -m_run[hh];
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const float pv = fast_exp2(fmaf(sc[i], scale_log2, mneg[(i >> 1) & 1]));
+        sc[i] = pv;
+        rs[(i >> 1) & 1] += pv;
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) l_run[hh] += rs[hh];
+
+      // ---- [O | O_lr] += P·[V | LRv] (async; waited with the next tile's S) ----
+      uint32_t pa[kBN / 16][4];  // P as bf16x2 A fragments: [16-key step][4]
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
+        pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
+        pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
+        pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
+      }
+      wgmma_fence_operand(o);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBN / 16; ++kk) {
+        const uint64_t db = dv0 + st_enc + ((kk * 16 * 128) >> 4);
+        if constexpr (kLr)
+          wgmma_m64n144k16_rs_tb(o, pa[kk], db, 1);
+        else
+          wgmma_m64n128k16_rs_tb(o, pa[kk], db, 1);
+      }
+      wgmma_commit();
+      pending = stage;
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operand(o);
+
+    // ---- Flash-LoRA expansion: O += (s_v · O_lr) · B_v^T, once per block (mma.sync per warp) ----
+    if constexpr (kLr) {
+      if (wg_active) {
+        const int rank = p.v_lr.rank;
+        const bf16* bv = p.v_lr.b + static_cast<int64_t>(g) * kD * rank;
+        const float sv = p.v_lr.scale;
+        uint32_t a[4];
+        a[0] = pack_bf16(o[64] * sv, o[65] * sv);
+        a[1] = pack_bf16(o[66] * sv, o[67] * sv);
+        a[2] = pack_bf16(o[68] * sv, o[69] * sv);
+        a[3] = pack_bf16(o[70] * sv, o[71] * sv);
+        const int k0 = 2 * tq;
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          const bf16* brow = bv + (n * 8 + gq) * rank;
+          const uint32_t b0 = ld_b32_guard(brow + k0, k0 < rank), b1 = ld_b32_guard(brow + k0 + 8, k0 + 8 < rank);
+          float acc[4] = {o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]};
+          mma_bf16(acc, a, b0, b1);
+          o[4 * n] = acc[0];
+          o[4 * n + 1] = acc[1];
+          o[4 * n + 2] = acc[2];
+          o[4 * n + 3] = acc[3];
+        }
+      }
+    }
+  }
+
+  // ---- epilogue (v5's) ----
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float l = l_run[hh];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int r = wr0 + wq * 16 + gq + hh * 8;
+    if (r >= n_rows) continue;
+    const int ri = r / G, rh = g * G + r % G;
+    const float inv_l = l > 0.f ? 1.f / l : 0.f;
+    if (x.n_splits == 1) {
+      const int64_t off = (static_cast<int64_t>(si.q0 + ri) * p.n_heads + rh) * kD;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        const int d = n * 8 + 2 * tq;
+        const float v0 = o[4 * n + hh * 2] * inv_l, v1 = o[4 * n + hh * 2 + 1] * inv_l;
+        if (p.out) *reinterpret_cast<__nv_bfloat162*>(p.out + off + d) = __floats2bfloat162_rn(v0, v1);
+        if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + off + d) = make_float2(v0, v1);
+      }
+    } else {
+      const int64_t prow = ((static_cast<int64_t>(split) * p.n_seqs + s) * p.max_q + ri) * p.n_heads + rh;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        const int d = n * 8 + 2 * tq;
+        *reinterpret_cast<float2*>(x.part_o + prow * kD + d) =
+            make_float2(o[4 * n + hh * 2] * inv_l, o[4 * n + hh * 2 + 1] * inv_l);
+      }
+      if (tq == 0) x.part_lse[prow] = l > 0.f ? m_run[hh] + log2f(l) : -INFINITY;
+    }
+  }
+#else
+  __trap();  // built without sm_90a: use_v6 is false then (LRAGENT_CUDA_SM90A), v6 is never launched
+#endif
+}
+
+bool use_v6(const AttnParams& p) {
+  const int G = p.n_heads / p.n_kv_heads;
+  if (p.head_dim != kD || p.agents || p.k_lr.active()) return false;
+  if (p.v_lr.active() && !attention_lr_rows_16b(p.v_lr)) return false;
+  if (p.max_q * G <= 64) return false;  // decode shapes
+#if defined(LRAGENT_CUDA_SM90A)
+  return attention_device_is_sm90();
+#else
+  return false;  // the library was not built for sm_90a: the kernel body is a trap
+#endif
+}
+
+template <bool kLr>
+cudaError_t launch(const AttnParams& p, const V6Launch& x) {
+  // Once per process. If the shared memory cannot be granted, clear the error; the caller runs v5.
+  static const bool configured = [] {
+    if (cudaFuncSetAttribute(attn_v6_kernel<kLr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kLr>::kBytes) ==
+        cudaSuccess)
+      return true;
+    (void)cudaGetLastError();
+    return false;
+  }();
+  if (!configured) return cudaErrorNotSupported;
+  const dim3 grid(attention_prefill_row_tiles(p), p.n_kv_heads, p.n_seqs * x.n_splits);
+  attn_v6_kernel<kLr><<<grid, kThreads, Smem<kLr>::kBytes, p.stream>>>(p, x);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int attention_v6_num_splits(const AttnParams& p) {
+  return use_v6(p) ? attention_prefill_splits(p) : attention_v5_num_splits(p);
+}
+
+cudaError_t attention_v6(const AttnParams& p) {
+  if (!use_v6(p)) return attention_v5(p);
+  V6Launch x;
+  x.n_splits = attention_prefill_splits(p);  // v3's grid and partial format
+  const int tiles = (p.max_ctx + kBN - 1) / kBN;
+  x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
+  x.kshift = ilog2(p.k.page_size);
+  x.vshift = ilog2(p.v.page_size);
+  x.kv_same = p.k.table == p.v.table && p.k.table_stride == p.v.table_stride && p.k.page_size == p.v.page_size &&
+              p.k.row_stride == p.v.row_stride && p.k.block_stride == p.v.block_stride;
+  if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
+  if (x.n_splits > 1) {
+    const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
+    x.part_o = static_cast<float*>(p.workspace);
+    x.part_lse = x.part_o + rows * p.head_dim;
+  }
+  const cudaError_t err = p.v_lr.active() ? launch<true>(p, x) : launch<false>(p, x);
+  if (err == cudaErrorNotSupported) return attention_v5(p);  // no shared memory for the ring
+  if (err != cudaSuccess || x.n_splits == 1) return err;
+  return attention_split_combine(p, x.part_o, x.part_lse, x.n_splits);
+}
+
+}  // namespace lragent::cuda
