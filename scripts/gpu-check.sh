@@ -154,7 +154,7 @@ if [ -n "$TEST_BIN" ]; then
   fi
   grep -E "Failure|FAILED|NaN!|error" "$LOGS/test.log" | head -30
   # Worst errors seen per kernel version.
-  for v in v0 v1 v2 v3 v4 v5; do
+  for v in v0 v1 v2 v3 v4 v5 v6; do
     grep -E "^([0-9]+: )?  $v " "$LOGS/test.log" | awk -v v=$v '{for(i=1;i<=NF;i++){if($i ~ /^bf16=/){split($i,a,"=");b=a[2]+0; if(b>mb)mb=b} if($i ~ /^f32=/){split($i,a,"=");f=a[2]+0; if(f>mf)mf=f}} n++}
       END {printf "  %s: %d checks, worst rel_l2 bf16=%.2e f32=%.2e\n", v, n, mb, mf}'
   done | tee "$LOGS/test-worst.txt"
@@ -180,6 +180,10 @@ if [ -n "$MODEL_BIN" ]; then
   echo "== model bench, decode launched op by op (--eager) ($(elapsed))"
   timeout 120 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 0 --eager --out "$LOGS/model_bench_eager.json" \
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
+  # Prefill on attention v6 (not the default yet, docs/cuda.md): the same model, in model.log.
+  echo "== model bench, prefill on attention v6 (LRAGENT_CUDA_PREFILL_KERNEL=v6) ($(elapsed))"
+  LRAGENT_CUDA_PREFILL_KERNEL=v6 timeout 180 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 \
+    --out "$LOGS/model_bench_v6.json" "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
 fi
 GEMV_BIN=${MODEL_BIN:+$(dirname "$MODEL_BIN")/lragent_gemv_bench}
 if [ -n "$GEMV_BIN" ] && [ -x "$GEMV_BIN" ]; then

@@ -364,16 +364,27 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, 
     return make_error(ErrorCode::kNotFound, "adapter '{}': no adapter_config.json in {} (is it a PEFT adapter directory?)",
                       name, dir);
   LRA_ASSIGN_OR_RETURN(std::string text, read_model_text_file(cfg_path));
-  LRA_ASSIGN_OR_RETURN(ojson j, parse_ordered_json(text, cfg_path));
-  LRA_ASSIGN_OR_RETURN(AdapterSettings s, parse_adapter_config(j, cfg, cfg_path));
-
   if (!fs::exists(st_path, ec)) {
+    // The config's own errors first: they say more than a missing weights file.
+    LRA_ASSIGN_OR_RETURN(ojson j, parse_ordered_json(text, cfg_path));
+    if (auto settings = parse_adapter_config(j, cfg, cfg_path); !settings.ok()) return settings.error();
     if (fs::exists(fs::path(dir) / "adapter_model.bin", ec))
       return make_error(ErrorCode::kUnsupported, "adapter '{}': {} has only adapter_model.bin; re-save it as safetensors",
                         name, dir);
     return make_error(ErrorCode::kNotFound, "adapter '{}': no adapter_model.safetensors in {}", name, dir);
   }
   LRA_ASSIGN_OR_RETURN(auto file, SafetensorsFile::open(st_path));
+  LRA_ASSIGN_OR_RETURN(auto adapter, parse_lora_adapter(name, text, cfg_path, *file, st_path, cfg));
+  adapter->dir = dir;
+  return adapter;
+}
+
+Result<std::unique_ptr<LoraAdapter>> parse_lora_adapter(const std::string& name, const std::string& config_json,
+                                                        const std::string& cfg_path, const SafetensorsFile& file_ref,
+                                                        const std::string& st_path, const ModelConfig& cfg) {
+  LRA_ASSIGN_OR_RETURN(ojson j, parse_ordered_json(config_json, cfg_path));
+  LRA_ASSIGN_OR_RETURN(AdapterSettings s, parse_adapter_config(j, cfg, cfg_path));
+  const SafetensorsFile* file = &file_ref;
 
   // Which (layer, target) the config selects: [num_layers][target].
   std::vector<std::array<bool, kNumLoraTargets>> selected(static_cast<size_t>(cfg.num_layers));
@@ -410,7 +421,6 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, 
 
   auto adapter = std::make_unique<LoraAdapter>();
   adapter->name = name;
-  adapter->dir = dir;
   adapter->default_rank = s.r;
   adapter->lora_alpha = static_cast<float>(s.alpha);
   adapter->use_rslora = s.use_rslora;
@@ -433,7 +443,7 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, 
       ++adapted;
     }
   if (adapted == 0)
-    return make_error(ErrorCode::kCorrupt, "adapter '{}': {} adapts no module of this model", name, dir);
+    return make_error(ErrorCode::kCorrupt, "adapter '{}': {} adapts no module of this model", name, st_path);
   return adapter;
 }
 

@@ -52,6 +52,13 @@ struct LoraAdapter {
 Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, const std::string& dir,
                                                        const ModelConfig& cfg);
 
+class SafetensorsFile;
+// The same from memory: adapter_config.json's text and the opened adapter_model.safetensors
+// (the sources name them in errors). `dir` of the result is left empty.
+Result<std::unique_ptr<LoraAdapter>> parse_lora_adapter(const std::string& name, const std::string& config_json,
+                                                        const std::string& config_source, const SafetensorsFile& file,
+                                                        const std::string& tensors_source, const ModelConfig& cfg);
+
 class Backend;
 // Copies every module's A and B to `backend` (a no-op on the CPU backend). The host f32 copies
 // stay: shared-A detection compares them. kOutOfMemory when the device has no room.

@@ -23,6 +23,13 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   const char* env_graphs = std::getenv("LRAGENT_CUDA_GRAPHS");  // "0": eager, as --enforce-eager
   const char* env_sampling = std::getenv("LRAGENT_CUDA_DEVICE_SAMPLING");  // "0": pick on the host
   be->device_sampling_ = !(env_sampling && std::string(env_sampling) == "0");
+  if (const char* k = std::getenv("LRAGENT_CUDA_PREFILL_KERNEL")) {
+    const std::string v = k;
+    if (v == "v6")
+      be->attn_kernel_ = lragent::cuda::AttnKernel::kV6WgmmaWs;
+    else if (v != "v5" && !v.empty())
+      return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v5 (the default) or v6", v);
+  }
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
     const std::string spec = f;
     const size_t colon = spec.find(':');

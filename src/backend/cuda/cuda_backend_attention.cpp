@@ -203,14 +203,15 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   // for the maximum splits x queries would ask for gigabytes).
   a.workspace = &attn_ws_bytes_;  // any non-null pointer: "unlimited" for the query below
   a.workspace_bytes = SIZE_MAX;
-  const int splits = lc::attention_num_splits(a);
+  const lc::AttnKernel kernel = attn_kernel_;
+  const int splits = lc::attention_num_splits(a, kernel);
   const size_t ws = splits > 1 ? lc::attention_workspace_bytes(a, splits) : 0;
   if (tape_->recording()) {
     a.workspace = ws > 0 ? pass_alloc(ws) : nullptr;
     a.workspace_bytes = a.workspace ? ws : 0;
     rec("attention");
     sig_of(*tape_, a);
-    launch("attention", [a] { return lc::attention(a); });
+    launch("attention", [a, kernel] { return lc::attention(a, kernel); });
     return;
   }
   if (ws > attn_ws_bytes_) {
@@ -220,7 +221,7 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   }
   a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
   a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
-  launch("attention", [a] { return lc::attention(a); });
+  launch("attention", [a, kernel] { return lc::attention(a, kernel); });
 }
 
 }  // namespace lragent::cuda_impl
