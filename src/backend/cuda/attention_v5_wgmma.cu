@@ -38,6 +38,7 @@
 // v3 / v2 / v1.
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/attention_wgmma_common.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace lragent::cuda {
@@ -63,10 +64,8 @@ bool attention_device_is_sm90() {
 namespace {
 
 using namespace detail;
+using namespace wg;
 
-constexpr int kD = 128;
-constexpr int kBM = 128;  // rows per block (2 warpgroups x 64)
-constexpr int kBN = 64;   // keys per tile
 constexpr int kThreads = 256;
 constexpr int kStages = 3;
 
@@ -76,9 +75,6 @@ constexpr int kStages = 3;
 // operand; only its first 32 bytes per row, the 16 rank columns, are written and read), then with
 // the K term LRk [64 keys][24] (unswizzled, rows padded for ldmatrix). A 128-byte row holds 64
 // bf16; its 16-byte chunk c sits at chunk c ^ (row % 8) (128-byte swizzle).
-constexpr int kQBytes = kBM * kD * 2;   // 32768
-constexpr int kKVBytes = kBN * kD * 2;  // 16384 (one K or V tile)
-constexpr int kLrBytes = kBN * 128;     // 8192
 constexpr int kLkRS = 24;               // LRk tile row stride (elements): 16 + 8, conflict-free ldmatrix
 constexpr int kLkBytes = 4096;          // LRk [64 keys][kLkRS] = 3072 B, padded to keep 1024-byte stages
 template <bool kLr, bool kK>
@@ -89,43 +85,11 @@ struct Smem {
   static_assert(kStage % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the 1024-byte swizzle period");
 };
 
-struct V5Launch {
-  int n_splits = 1, tiles_per_split = 1;
-  int kshift = 0, vshift = 0, lvshift = 0, lkshift = 0;
-  bool kv_same = false;  // K and V views share table, page size and strides: one address per row
-  float* part_o = nullptr;    // f32 [n_splits, n_seqs, max_q, n_heads, 128], normalised per split
-  float* part_lse = nullptr;  // f32 [n_splits, n_seqs, max_q, n_heads], log2-sum-exp
-};
-
-// One sequence's rows of a paged view: element offset of token t = block(t) · block_stride +
-// (t mod page_size) · row_stride.
-struct PagedRows {
-  const int32_t* table;  // this sequence's block ids
-  uint32_t block_stride, row_stride, page_mask;
-  int shift;
-  __device__ __forceinline__ PagedRows(const DevPagedView& v, int s, int page_shift)
-      : table(v.table + static_cast<int64_t>(s) * v.table_stride),
-        block_stride(static_cast<uint32_t>(v.block_stride)),
-        row_stride(static_cast<uint32_t>(v.row_stride)),
-        page_mask(static_cast<uint32_t>(v.page_size - 1)),
-        shift(page_shift) {}
-  __device__ __forceinline__ uint64_t offset(int t) const {
-    const uint32_t blk = static_cast<uint32_t>(__ldg(table + (t >> shift)));
-    return static_cast<uint64_t>(blk) * block_stride + (static_cast<uint32_t>(t) & page_mask) * row_stride;
-  }
-};
-
-// Byte offset of 16-byte chunk `ch` (0..15 over head_dim 128) of row `row` in a [2][rows][128 B]
-// swizzled tile.
-__device__ __forceinline__ uint32_t sw128(int row, int ch, int rows) {
-  return static_cast<uint32_t>((ch >> 3) * rows * 128 + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
-}
-
 // kLr: the Flash-LoRA V term (rank 8 or 16) rides in the P·V product as 16 more B columns.
 // kK: the K-side residual (rank 8 or 16): each tile's keys are rebuilt in place in shared memory,
 // K_j = K_base_j + RoPE_j(s_k · LRk_j · B_k^T), before S = Q·K^T reads them.
 template <bool kLr, bool kK>
-__global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p, const V5Launch x) {
+__global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p, const Launch x) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStage = Smem<kLr, kK>::kStage;
   constexpr int kNo = kLr ? 72 : 64;  // accumulator registers: O (64) then O_lr (8)
@@ -151,16 +115,11 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
   const int ke = min(min(si.ctx, query_pos(p, si, i_last) + 1), kb + x.tiles_per_split * kBN);
   const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
 
-  // This warpgroup's 64 rows: row0 + 64·wg ...; this thread's two rows (hh = 0, 1).
-  const int wr0 = row0 + wg * 64;
-  const bool wg_active = wr0 < n_rows;
-  const int wg_first_pos = wg_active ? query_pos(p, si, wr0 / G) : -1;
-  const int wg_last_pos = wg_active ? query_pos(p, si, (min(wr0 + 64, n_rows) - 1) / G) : -1;
-  auto row_pos = [&](int hh) {
-    const int r = wr0 + wq * 16 + gq + hh * 8;
-    return r < n_rows ? query_pos(p, si, r / G) : -1;
-  };
-  const int rpos[2] = {row_pos(0), row_pos(1)};  // this thread's two rows' positions (-1: none)
+  // This warpgroup's 64 rows and this thread's two (hh = 0, 1).
+  const WgRows w = wg_rows(p, si, row0, wg, n_rows, G);
+  const int wr0 = w.wr0, wg_first_pos = w.first_pos, wg_last_pos = w.last_pos;
+  const bool wg_active = w.active;
+  const int rpos[2] = {thread_row_pos(p, si, wr0, wq, gq, 0, n_rows, G), thread_row_pos(p, si, wr0, wq, gq, 1, n_rows, G)};
   const float scale_log2 = p.softmax_scale * kLog2e;
 
   // [kNo / 4 column tiles of 8][4]: this thread's part of the warpgroup's 64 x 128 O, then (kLr)
@@ -330,25 +289,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
       wgmma_fence_operand(o);
 
       // ---- mask + online softmax on raw scores (scale > 0 keeps the order) ----
-      const bool need_mask = key0 + kBN > ke || key0 + kBN - 1 > wg_first_pos;
-      float mx[2] = {-INFINITY, -INFINITY};
-      if (need_mask) {
-#pragma unroll
-        for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int hh = e >> 1;
-            const int key = key0 + n * 8 + 2 * tq + (e & 1);
-            const bool ok = key < ke && key <= rpos[hh];
-            const float v = ok ? sc[4 * n + e] : -INFINITY;
-            sc[4 * n + e] = v;
-            mx[hh] = fmaxf(mx[hh], v);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
-      }
+      float mx[2];
+      mask_and_row_max(sc, mx, key0, ke, wg_first_pos, rpos, tq);
       float alpha[2], mneg[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
@@ -360,13 +302,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
         m_run[hh] = m_new;
         mneg[hh] = -m_use;
       }
-      float rs[2] = {0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const float pv = fast_exp2(fmaf(sc[i], scale_log2, mneg[(i >> 1) & 1]));
-        sc[i] = pv;
-        rs[(i >> 1) & 1] += pv;
-      }
+      float rs[2];
+      exp_rows(sc, mneg, scale_log2, rs);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) l_run[hh] = l_run[hh] * alpha[hh] + rs[hh];
 #pragma unroll
@@ -374,13 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
 
       // ---- [O | O_lr] += P·[V | LRv] (async; waited with the next tile's S) ----
       uint32_t pa[kBN / 16][4];  // P as bf16x2 A fragments: [16-key step][4]
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-      }
+      pack_p(pa, sc);
       wgmma_fence_operand(o);
       wgmma_fence();
 #pragma unroll
@@ -399,61 +330,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
 
     // ---- Flash-LoRA expansion: O += (s_v · O_lr) · B_v^T, once per block (mma.sync per warp) ----
     if constexpr (kLr) {
-      if (wg_active) {
-        const int rank = p.v_lr.rank;
-        const bf16* bv = p.v_lr.b + static_cast<int64_t>(g) * kD * rank;
-        const float sv = p.v_lr.scale;
-        uint32_t a[4];
-        a[0] = pack_bf16(o[64] * sv, o[65] * sv);
-        a[1] = pack_bf16(o[66] * sv, o[67] * sv);
-        a[2] = pack_bf16(o[68] * sv, o[69] * sv);
-        a[3] = pack_bf16(o[70] * sv, o[71] * sv);
-        const int k0 = 2 * tq;
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          const bf16* brow = bv + (n * 8 + gq) * rank;
-          const uint32_t b0 = ld_b32_guard(brow + k0, k0 < rank), b1 = ld_b32_guard(brow + k0 + 8, k0 + 8 < rank);
-          float acc[4] = {o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]};
-          mma_bf16(acc, a, b0, b1);
-          o[4 * n] = acc[0];
-          o[4 * n + 1] = acc[1];
-          o[4 * n + 2] = acc[2];
-          o[4 * n + 3] = acc[3];
-        }
-      }
+      if (wg_active) flash_lora_expand(o, p, g, gq, tq);
     }
   }
 
   // ---- epilogue ----
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = l_run[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = wr0 + wq * 16 + gq + hh * 8;
-    if (r >= n_rows) continue;
-    const int ri = r / G, rh = g * G + r % G;
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    if (x.n_splits == 1) {
-      const int64_t off = (static_cast<int64_t>(si.q0 + ri) * p.n_heads + rh) * kD;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        const int d = n * 8 + 2 * tq;
-        const float v0 = o[4 * n + hh * 2] * inv_l, v1 = o[4 * n + hh * 2 + 1] * inv_l;
-        if (p.out) *reinterpret_cast<__nv_bfloat162*>(p.out + off + d) = __floats2bfloat162_rn(v0, v1);
-        if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + off + d) = make_float2(v0, v1);
-      }
-    } else {
-      const int64_t prow = ((static_cast<int64_t>(split) * p.n_seqs + s) * p.max_q + ri) * p.n_heads + rh;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        const int d = n * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(x.part_o + prow * kD + d) =
-            make_float2(o[4 * n + hh * 2] * inv_l, o[4 * n + hh * 2 + 1] * inv_l);
-      }
-      if (tq == 0) x.part_lse[prow] = l > 0.f ? m_run[hh] + log2f(l) : -INFINITY;
-    }
-  }
+  store_rows(p, x, si, RowsOut{s, split, g, G, n_rows, wr0, wq, gq, tq}, o, l_run, m_run);
 #else
   __trap();  // built without sm_90a: use_v5 is false then (LRAGENT_CUDA_SM90A), v5 is never launched
 #endif
@@ -473,7 +355,7 @@ bool use_v5(const AttnParams& p) {
 }
 
 template <bool kLr, bool kK>
-cudaError_t launch(const AttnParams& p, const V5Launch& x) {
+cudaError_t launch(const AttnParams& p, const Launch& x) {
   // Once per process (one device per process in the engine). If the shared memory cannot be
   // granted, clear the error and let the caller run v4 instead.
   static const bool configured = [] {
@@ -497,21 +379,7 @@ int attention_v5_num_splits(const AttnParams& p) {
 
 cudaError_t attention_v5(const AttnParams& p) {
   if (!use_v5(p)) return attention_v4(p);
-  V5Launch x;
-  x.n_splits = attention_prefill_splits(p);  // v3's grid and partial format
-  const int tiles = (p.max_ctx + kBN - 1) / kBN;
-  x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
-  x.kshift = ilog2(p.k.page_size);
-  x.vshift = ilog2(p.v.page_size);
-  x.kv_same = p.k.table == p.v.table && p.k.table_stride == p.v.table_stride && p.k.page_size == p.v.page_size &&
-              p.k.row_stride == p.v.row_stride && p.k.block_stride == p.v.block_stride;
-  if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
-  if (p.k_lr.active()) x.lkshift = ilog2(p.k_lr.lr.page_size);
-  if (x.n_splits > 1) {
-    const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
-    x.part_o = static_cast<float*>(p.workspace);
-    x.part_lse = x.part_o + rows * p.head_dim;
-  }
+  const Launch x = plan_launch(p);  // v3's grid and partial format
   const bool vlr = p.v_lr.active(), klr = p.k_lr.active();
   const cudaError_t err = vlr ? (klr ? launch<true, true>(p, x) : launch<true, false>(p, x))
                               : (klr ? launch<false, true>(p, x) : launch<false, false>(p, x));

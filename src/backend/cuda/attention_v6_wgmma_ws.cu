@@ -22,16 +22,15 @@
 // Everything else runs v5 (and from there v4 / v3 / ...).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/attention_wgmma_common.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace lragent::cuda {
 namespace {
 
 using namespace detail;
+using namespace wg;
 
-constexpr int kD = 128;
-constexpr int kBM = 128;  // rows per block (2 consumer warpgroups x 64)
-constexpr int kBN = 64;   // keys per tile
 constexpr int kThreads = 384;  // warpgroup 0: producer; 1, 2: consumers
 constexpr int kStages = 4;
 constexpr float kLazyLog2 = 8.f;  // lazy-rescale headroom (log2 units): P <= 256
@@ -43,23 +42,12 @@ constexpr int kTurnBar = 1, kQBar = 3;
 // then per stage K, V [2 column blocks][64 keys][128 B] and (kLr) LRv [64 keys][128 B] (v5's
 // layout: the third column block of the P·[V | LRv] operand, 16 rank columns used), then the
 // mbarriers full[kStages], empty[kStages] (8 bytes each).
-constexpr int kQBytes = kBM * kD * 2;   // 32768
-constexpr int kKVBytes = kBN * kD * 2;  // 16384
-constexpr int kLrBytes = kBN * 128;     // 8192
 template <bool kLr>
 struct Smem {
   static constexpr int kStage = 2 * kKVBytes + (kLr ? kLrBytes : 0);  // 32768 / 40960
   static constexpr int kBars = kQBytes + kStages * kStage;
   static constexpr int kBytes = kBars + 2 * kStages * 8 + 1024;  // + alignment slack
   static_assert(kStage % 1024 == 0, "stages must keep the 1024-byte swizzle period");
-};
-
-struct V6Launch {
-  int n_splits = 1, tiles_per_split = 1;
-  int kshift = 0, vshift = 0, lvshift = 0;
-  bool kv_same = false;       // K and V views share table, page size and strides
-  float* part_o = nullptr;    // f32 [n_splits, n_seqs, max_q, n_heads, 128], normalised per split
-  float* part_lse = nullptr;  // f32 [n_splits, n_seqs, max_q, n_heads], log2-sum-exp
 };
 
 // ---- mbarrier, named barrier and register-count wrappers (sm_90) ----
@@ -95,31 +83,8 @@ __device__ __forceinline__ void regs_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// One sequence's rows of a paged view (v5's): element offset of token t.
-struct PagedRows {
-  const int32_t* table;  // this sequence's block ids
-  uint32_t block_stride, row_stride, page_mask;
-  int shift;
-  __device__ __forceinline__ PagedRows(const DevPagedView& v, int s, int page_shift)
-      : table(v.table + static_cast<int64_t>(s) * v.table_stride),
-        block_stride(static_cast<uint32_t>(v.block_stride)),
-        row_stride(static_cast<uint32_t>(v.row_stride)),
-        page_mask(static_cast<uint32_t>(v.page_size - 1)),
-        shift(page_shift) {}
-  __device__ __forceinline__ uint64_t offset(int t) const {
-    const uint32_t blk = static_cast<uint32_t>(__ldg(table + (t >> shift)));
-    return static_cast<uint64_t>(blk) * block_stride + (static_cast<uint32_t>(t) & page_mask) * row_stride;
-  }
-};
-
-// Byte offset of 16-byte chunk `ch` (0..15 over head_dim 128) of row `row` in a [2][rows][128 B]
-// 128-byte-swizzled tile.
-__device__ __forceinline__ uint32_t sw128(int row, int ch, int rows) {
-  return static_cast<uint32_t>((ch >> 3) * rows * 128 + row * 128 + (((ch & 7) ^ (row & 7)) << 4));
-}
-
 template <bool kLr>
-__global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p, const V6Launch x) {
+__global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p, const Launch x) {
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStage = Smem<kLr>::kStage;
   constexpr int kNo = kLr ? 72 : 64;  // accumulator registers: O (64) then O_lr (8)
@@ -271,25 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       wgmma_fence_operand(sc);
 
       // ---- mask + online softmax on raw scores (scale > 0 keeps the order) ----
-      const bool need_mask = key0 + kBN > ke || key0 + kBN - 1 > wg_first_pos;
-      float mx[2] = {-INFINITY, -INFINITY};
-      if (need_mask) {
-#pragma unroll
-        for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int hh = e >> 1;
-            const int key = key0 + n * 8 + 2 * tq + (e & 1);
-            const bool ok = key < ke && key <= rpos[hh];
-            const float v = ok ? sc[4 * n + e] : -INFINITY;
-            sc[4 * n + e] = v;
-            mx[hh] = fmaxf(mx[hh], v);
-          }
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 32; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
-      }
+      float mx[2];
+      mask_and_row_max(sc, mx, key0, ke, wg_first_pos, rpos, tq);
       // Lazy rescale: a row's running max moves only when its tile max exceeds it by more than
       // kLazyLog2 (so P <= 2^kLazyLog2: exact in f32, in bf16's range; O and l keep the same
       // stale max, so the quotient is unchanged). One vote per warp: once the maxima settle,
@@ -313,27 +261,16 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
 #pragma unroll
         for (int i = 0; i < kNo; ++i) o[i] *= alpha[(i >> 1) & 1];
       }
-      float mneg[2], rs[2] = {0.f, 0.f};
+      float mneg[2], rs[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) mneg[hh] = m_run[hh] == -INFINITY ? 0.f : -m_run[hh];
-#pragma unroll
-      for (int i = 0; i < 32; ++i) {
-        const float pv = fast_exp2(fmaf(sc[i], scale_log2, mneg[(i >> 1) & 1]));
-        sc[i] = pv;
-        rs[(i >> 1) & 1] += pv;
-      }
+      exp_rows(sc, mneg, scale_log2, rs);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) l_run[hh] += rs[hh];
 
       // ---- [O | O_lr] += P·[V | LRv] (async; waited with the next tile's S) ----
       uint32_t pa[kBN / 16][4];  // P as bf16x2 A fragments: [16-key step][4]
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        pa[kk][0] = pack_bf16(sc[8 * kk + 0], sc[8 * kk + 1]);
-        pa[kk][1] = pack_bf16(sc[8 * kk + 2], sc[8 * kk + 3]);
-        pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
-        pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
-      }
+      pack_p(pa, sc);
       wgmma_fence_operand(o);
       wgmma_fence();
 #pragma unroll
@@ -352,61 +289,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
 
     // ---- Flash-LoRA expansion: O += (s_v · O_lr) · B_v^T, once per block (mma.sync per warp) ----
     if constexpr (kLr) {
-      if (wg_active) {
-        const int rank = p.v_lr.rank;
-        const bf16* bv = p.v_lr.b + static_cast<int64_t>(g) * kD * rank;
-        const float sv = p.v_lr.scale;
-        uint32_t a[4];
-        a[0] = pack_bf16(o[64] * sv, o[65] * sv);
-        a[1] = pack_bf16(o[66] * sv, o[67] * sv);
-        a[2] = pack_bf16(o[68] * sv, o[69] * sv);
-        a[3] = pack_bf16(o[70] * sv, o[71] * sv);
-        const int k0 = 2 * tq;
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          const bf16* brow = bv + (n * 8 + gq) * rank;
-          const uint32_t b0 = ld_b32_guard(brow + k0, k0 < rank), b1 = ld_b32_guard(brow + k0 + 8, k0 + 8 < rank);
-          float acc[4] = {o[4 * n], o[4 * n + 1], o[4 * n + 2], o[4 * n + 3]};
-          mma_bf16(acc, a, b0, b1);
-          o[4 * n] = acc[0];
-          o[4 * n + 1] = acc[1];
-          o[4 * n + 2] = acc[2];
-          o[4 * n + 3] = acc[3];
-        }
-      }
+      if (wg_active) flash_lora_expand(o, p, g, gq, tq);
     }
   }
 
   // ---- epilogue (v5's) ----
-#pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    float l = l_run[hh];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int r = wr0 + wq * 16 + gq + hh * 8;
-    if (r >= n_rows) continue;
-    const int ri = r / G, rh = g * G + r % G;
-    const float inv_l = l > 0.f ? 1.f / l : 0.f;
-    if (x.n_splits == 1) {
-      const int64_t off = (static_cast<int64_t>(si.q0 + ri) * p.n_heads + rh) * kD;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        const int d = n * 8 + 2 * tq;
-        const float v0 = o[4 * n + hh * 2] * inv_l, v1 = o[4 * n + hh * 2 + 1] * inv_l;
-        if (p.out) *reinterpret_cast<__nv_bfloat162*>(p.out + off + d) = __floats2bfloat162_rn(v0, v1);
-        if (p.out_f32) *reinterpret_cast<float2*>(p.out_f32 + off + d) = make_float2(v0, v1);
-      }
-    } else {
-      const int64_t prow = ((static_cast<int64_t>(split) * p.n_seqs + s) * p.max_q + ri) * p.n_heads + rh;
-#pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        const int d = n * 8 + 2 * tq;
-        *reinterpret_cast<float2*>(x.part_o + prow * kD + d) =
-            make_float2(o[4 * n + hh * 2] * inv_l, o[4 * n + hh * 2 + 1] * inv_l);
-      }
-      if (tq == 0) x.part_lse[prow] = l > 0.f ? m_run[hh] + log2f(l) : -INFINITY;
-    }
-  }
+  store_rows(p, x, si, RowsOut{s, split, g, G, n_rows, wr0, wq, gq, tq}, o, l_run, m_run);
 #else
   __trap();  // built without sm_90a: use_v6 is false then (LRAGENT_CUDA_SM90A), v6 is never launched
 #endif
@@ -425,7 +313,7 @@ bool use_v6(const AttnParams& p) {
 }
 
 template <bool kLr>
-cudaError_t launch(const AttnParams& p, const V6Launch& x) {
+cudaError_t launch(const AttnParams& p, const Launch& x) {
   // Once per process. If the shared memory cannot be granted, clear the error; the caller runs v5.
   static const bool configured = [] {
     if (cudaFuncSetAttribute(attn_v6_kernel<kLr>, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<kLr>::kBytes) ==
@@ -448,20 +336,7 @@ int attention_v6_num_splits(const AttnParams& p) {
 
 cudaError_t attention_v6(const AttnParams& p) {
   if (!use_v6(p)) return attention_v5(p);
-  V6Launch x;
-  x.n_splits = attention_prefill_splits(p);  // v3's grid and partial format
-  const int tiles = (p.max_ctx + kBN - 1) / kBN;
-  x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
-  x.kshift = ilog2(p.k.page_size);
-  x.vshift = ilog2(p.v.page_size);
-  x.kv_same = p.k.table == p.v.table && p.k.table_stride == p.v.table_stride && p.k.page_size == p.v.page_size &&
-              p.k.row_stride == p.v.row_stride && p.k.block_stride == p.v.block_stride;
-  if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
-  if (x.n_splits > 1) {
-    const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
-    x.part_o = static_cast<float*>(p.workspace);
-    x.part_lse = x.part_o + rows * p.head_dim;
-  }
+  const Launch x = plan_launch(p);  // v3's grid and partial format
   const cudaError_t err = p.v_lr.active() ? launch<true>(p, x) : launch<false>(p, x);
   if (err == cudaErrorNotSupported) return attention_v5(p);  // no shared memory for the ring
   if (err != cudaSuccess || x.n_splits == 1) return err;
