@@ -34,7 +34,9 @@ using namespace wg;
 constexpr int kThreads = 384;  // warpgroup 0: producer; 1, 2: consumers
 constexpr int kStages = 4;
 constexpr float kLazyLog2 = 8.f;  // lazy-rescale headroom (log2 units): P <= 256
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 128·40 + 256·232 <= 65536
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "setmaxnreg budget exceeds the register file");
+static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 // Named barriers (0 is __syncthreads): the consumers' turns, then each consumer's Q barrier.
 constexpr int kTurnBar = 1, kQBar = 3;
 
@@ -47,7 +49,8 @@ struct Smem {
   static constexpr int kStage = 2 * kKVBytes + (kLr ? kLrBytes : 0);  // 32768 / 40960
   static constexpr int kBars = kQBytes + kStages * kStage;
   static constexpr int kBytes = kBars + 2 * kStages * 8 + 1024;  // + alignment slack
-  static_assert(kStage % 1024 == 0, "stages must keep the 1024-byte swizzle period");
+  static_assert(kStage % 1024 == 0 && kQBytes % 1024 == 0, "tiles must keep the 1024-byte swizzle period");
+  static_assert(kBytes <= 232448, "more shared memory than an sm_90 block can opt into");
 };
 
 // ---- mbarrier, named barrier and register-count wrappers (sm_90) ----
@@ -150,7 +153,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       }
       mbar_arrive_cp_async(full_bar + 8 * stage);
     }
-    cp_async_wait<0>();  // nothing may still target shared memory when these threads leave
+    // Nothing may still target shared memory when these threads leave: commit first, since
+    // wait_group only covers committed groups (the copies above were tracked by mbarriers only).
+    cp_async_commit();
+    cp_async_wait<0>();
     return;
   }
 
@@ -158,6 +164,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
   regs_inc<kConsumerRegs>();
   const int c = wg - 1, wtid = tid & 127, lane = tid & 31, wq = (tid >> 5) & 3;
   const int gq = lane >> 2, tq = lane & 3;
+  // (v5's wg_rows / thread_row_pos would do, but with them ptxas schedules this kernel
+  // differently from the build measured on the H100; kept inline until it is re-measured.)
   const int wr0 = row0 + c * 64;
   const bool wg_active = wr0 < n_rows;
   const int wg_first_pos = wg_active ? query_pos(p, si, wr0 / G) : -1;
@@ -174,8 +182,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
   float o[kNo];
 #pragma unroll
   for (int i = 0; i < kNo; ++i) o[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // scaled log2 units
-  float l_run[2] = {0.f, 0.f};
+  float m_run[2] = {-INFINITY, -INFINITY};  // [rows gq, gq + 8]: running max, scaled log2 units
+  float l_run[2] = {0.f, 0.f};              // [rows gq, gq + 8]: this thread's part of the row sums
 
   if (n_tiles > 0) {
     // This warpgroup's 64 Q rows (8 chunks per thread), published to wgmma.
@@ -199,13 +207,17 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
     const uint64_t dk0 = wgmma_desc_sw128(base + kQBytes, 16, 1024);
     const uint64_t dv0 = wgmma_desc_sw128(base + kQBytes + kKVBytes, kBN * 128, 1024);
 
-    // Turns: warpgroup 0 goes first; each issues S in its turn and then hands the turn over.
+    // Turns: consumer 0 goes first (consumer 1's arrive below opens its first turn); each issues
+    // S in its turn and then hands the turn over.
     if (c == 1) named_arrive(kTurnBar + 0, 256);
     int pending = -1;  // the stage whose P·V may still be in flight (released after the next wait)
     for (int t = 0; t < n_tiles; ++t) {
       const int stage = t % kStages;
       mbar_wait(full_bar + 8 * stage, (t / kStages) & 1);
-      fence_proxy_async();  // the producers' copies, now visible here, to wgmma's async proxy
+      // The producers' copies, acquired through the mbarrier, ordered before this thread's wgmma
+      // (async proxy). CUTLASS's and FA3's cp.async producers feeding wgmma do without; kept as
+      // the cheap, strict side.
+      fence_proxy_async();
       const int key0 = kb + t * kBN;
       const bool skip = !wg_active || key0 > wg_last_pos;  // causal tail: nothing for these rows
       const uint32_t st_enc = (stage * kStage) >> 4;
@@ -224,6 +236,8 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
         }
         wgmma_commit();
       }
+      // Consumer 1 skips its last hand-over: its arrive before the loop already gave consumer 0
+      // one, so both barriers see as many arrives as syncs.
       if (c == 0 || t + 1 < n_tiles) named_arrive(kTurnBar + (1 - c), 256);
       wgmma_wait<0>();  // S(t), and P·V(t-1) into O
       wgmma_fence_operand(o);
@@ -236,10 +250,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       wgmma_fence_operand(sc);
 
       // ---- mask + online softmax on raw scores (scale > 0 keeps the order) ----
-      float mx[2];
+      float mx[2];  // [rows gq, gq + 8]: this tile's row maxima (raw scores)
       mask_and_row_max(sc, mx, key0, ke, wg_first_pos, rpos, tq);
       // Lazy rescale: a row's running max moves only when its tile max exceeds it by more than
-      // kLazyLog2 (so P <= 2^kLazyLog2: exact in f32, in bf16's range; O and l keep the same
+      // kLazyLog2 (so P <= 2^kLazyLog2: no overflow, bf16's relative precision unchanged; O and l keep the same
       // stale max, so the quotient is unchanged). One vote per warp: once the maxima settle,
       // whole warps skip the O rescale and its dependency on the new max.
       bool move = false;
@@ -250,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
         move = move || mx[hh] * scale_log2 > m_run[hh] + kLazyLog2;
       }
       if (__any_sync(0xffffffffu, move)) {
-        float alpha[2];
+        float alpha[2];  // [rows gq, gq + 8]: O and l scale
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const float m_new = fmaxf(m_run[hh], mx[hh] * scale_log2);
@@ -261,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
 #pragma unroll
         for (int i = 0; i < kNo; ++i) o[i] *= alpha[(i >> 1) & 1];
       }
-      float mneg[2], rs[2];
+      float mneg[2], rs[2];  // [rows gq, gq + 8]: -max (0 before any key), this tile's row sums
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) mneg[hh] = m_run[hh] == -INFINITY ? 0.f : -m_run[hh];
       exp_rows(sc, mneg, scale_log2, rs);
