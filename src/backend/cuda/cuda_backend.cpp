@@ -15,6 +15,19 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
                       n, n - 1);
   if (o.dtype != DType::kBF16 && o.dtype != DType::kF32)
     return make_error(ErrorCode::kInvalidArgument, "--dtype: the CUDA backend runs bf16 or f32");
+  if (o.prefill_attention != 5 && o.prefill_attention != 6)
+    return make_error(ErrorCode::kInvalidArgument, "prefill attention kernel v{}: expected 5 or 6", o.prefill_attention);
+  lragent::cuda::AttnKernel prefill_kernel =
+      o.prefill_attention == 6 ? lragent::cuda::AttnKernel::kV6WgmmaWs : lragent::cuda::AttnKernel::kV5Wgmma;
+  if (const char* k = std::getenv("LRAGENT_CUDA_PREFILL_KERNEL")) {
+    const std::string v = k;
+    if (v == "v6")
+      prefill_kernel = lragent::cuda::AttnKernel::kV6WgmmaWs;
+    else if (v == "v5")
+      prefill_kernel = lragent::cuda::AttnKernel::kV5Wgmma;
+    else if (!v.empty())
+      return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v5 (the default) or v6", v);
+  }
   if (g_stream)
     return make_error(ErrorCode::kUnsupported, "only one CUDA backend per process is supported");
   std::unique_ptr<CudaBackend> be(new CudaBackend());
@@ -23,13 +36,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   const char* env_graphs = std::getenv("LRAGENT_CUDA_GRAPHS");  // "0": eager, as --enforce-eager
   const char* env_sampling = std::getenv("LRAGENT_CUDA_DEVICE_SAMPLING");  // "0": pick on the host
   be->device_sampling_ = !(env_sampling && std::string(env_sampling) == "0");
-  if (const char* k = std::getenv("LRAGENT_CUDA_PREFILL_KERNEL")) {
-    const std::string v = k;
-    if (v == "v6")
-      be->attn_kernel_ = lragent::cuda::AttnKernel::kV6WgmmaWs;
-    else if (v != "v5" && !v.empty())
-      return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v5 (the default) or v6", v);
-  }
+  be->attn_kernel_ = prefill_kernel;
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
     const std::string spec = f;
     const size_t colon = spec.find(':');
