@@ -26,7 +26,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
     else if (v == "v5")
       prefill_kernel = lragent::cuda::AttnKernel::kV5Wgmma;
     else if (!v.empty())
-      return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v6 (the default) or v5", v);
+      return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v5 (the default) or v6", v);
   }
   if (g_stream)
     return make_error(ErrorCode::kUnsupported, "only one CUDA backend per process is supported");
