@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
     const PagedRows kv_rows(p.k, s, x.kshift), v_rows(p.v, s, x.vshift);
     const bf16* const gK = p.k.data + g * kD + ld_ch * 8;
     const bf16* const gV = p.v.data + g * kD + ld_ch * 8;
+    const PagedRows lr_rows(kLr ? p.v_lr.lr : p.v, s, kLr ? x.lvshift : x.vshift);  // LRv rows (kLr)
     for (int t = 0; t < n_tiles; ++t) {
       const int stage = t % kStages, round = t / kStages;
       if (round > 0) mbar_wait(empty_bar + 8 * stage, (round - 1) & 1);
@@ -146,7 +147,6 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       }
       if constexpr (kLr) {
         const int kr = tid >> 1, ch = tid & 1, key = key0 + kr;
-        const PagedRows lr_rows(p.v_lr.lr, s, x.lvshift);
         const bool ok = key < ke && ch * 8 < p.v_lr.rank;
         const bf16* src = ok ? p.v_lr.lr.data + lr_rows.offset(key) + ch * 8 : p.v_lr.lr.data;
         cp_async16(st + 2 * kKVBytes + kr * 128 + ((ch ^ (kr & 7)) << 4), src, ok ? 16 : 0);
