@@ -338,7 +338,7 @@ int main(int argc, char** argv) {
       r.flops = flops;
       r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
       report(r);
-      // The same shape on v3 (mma.sync, the previous prefill default) and v2, to see the change.
+      // The same shape on v6 (warp-specialised, opt-in), v5 (the default), v3 (mma.sync) and v2.
       const std::pair<lc::AttnKernel, const char*> previous[] = {
           {lc::AttnKernel::kV6WgmmaWs, "v6_"}, {lc::AttnKernel::kV5Wgmma, "v5_"}, {lc::AttnKernel::kV3Mma, "v3_"},
           {lc::AttnKernel::kV2Mma, "v2_"}};

@@ -380,11 +380,10 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, 
 }
 
 Result<std::unique_ptr<LoraAdapter>> parse_lora_adapter(const std::string& name, const std::string& config_json,
-                                                        const std::string& cfg_path, const SafetensorsFile& file_ref,
+                                                        const std::string& cfg_path, const SafetensorsFile& file,
                                                         const std::string& st_path, const ModelConfig& cfg) {
   LRA_ASSIGN_OR_RETURN(ojson j, parse_ordered_json(config_json, cfg_path));
   LRA_ASSIGN_OR_RETURN(AdapterSettings s, parse_adapter_config(j, cfg, cfg_path));
-  const SafetensorsFile* file = &file_ref;
 
   // Which (layer, target) the config selects: [num_layers][target].
   std::vector<std::array<bool, kNumLoraTargets>> selected(static_cast<size_t>(cfg.num_layers));
@@ -400,7 +399,7 @@ Result<std::unique_ptr<LoraAdapter>> parse_lora_adapter(const std::string& name,
   // Place every tensor of the file in found [num_layers][target][A, B]; anything that is not
   // an A/B of a selected module is an error.
   std::vector<std::array<std::array<const TensorInfo*, 2>, kNumLoraTargets>> found(static_cast<size_t>(cfg.num_layers));
-  for (const TensorInfo& info : file->tensors()) {
+  for (const TensorInfo& info : file.tensors()) {
     const auto slot = parse_tensor_name(info.name);
     if (!slot)
       return make_error(ErrorCode::kCorrupt,
@@ -437,7 +436,7 @@ Result<std::unique_ptr<LoraAdapter>> parse_lora_adapter(const std::string& name,
                             st_path, which ? 'B' : 'A', module, module, which ? 'B' : 'A');
       LRA_ASSIGN_OR_RETURN(int rank, pattern_value(s.rank_pattern, module, s.r, cfg_path));
       LRA_ASSIGN_OR_RETURN(double alpha, pattern_value(s.alpha_pattern, module, s.alpha, cfg_path));
-      LRA_ASSIGN_OR_RETURN(LoraModule m, make_module(file->view(*ab[0]), file->view(*ab[1]), rank, alpha, s.use_rslora,
+      LRA_ASSIGN_OR_RETURN(LoraModule m, make_module(file.view(*ab[0]), file.view(*ab[1]), rank, alpha, s.use_rslora,
                                                      target_dims(cfg, t), module, st_path));
       adapter->layers[static_cast<size_t>(l)][static_cast<size_t>(t)] = std::move(m);
       ++adapted;

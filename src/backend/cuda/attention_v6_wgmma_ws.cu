@@ -226,15 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       named_sync(kTurnBar + c, 256);
       if (!skip) {
         wgmma_fence_operand(o);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-          const uint32_t col = (kk >> 2), in_row = (kk & 3) * 32;
-          const uint64_t da = dq0 + ((col * kBM * 128 + in_row) >> 4);
-          const uint64_t db = dk0 + st_enc + ((col * kBN * 128 + in_row) >> 4);
-          wgmma_m64n64k16_ss(sc, da, db, kk > 0 ? 1 : 0);
-        }
-        wgmma_commit();
+        issue_qk(sc, dq0, dk0, st_enc);
       }
       // Consumer 1 skips its last hand-over: its arrive before the loop already gave consumer 0
       // one, so both barriers see as many arrives as syncs.
@@ -285,17 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       // ---- [O | O_lr] += P·[V | LRv] (async; waited with the next tile's S) ----
       uint32_t pa[kBN / 16][4];  // P as bf16x2 A fragments: [16-key step][4]
       pack_p(pa, sc);
-      wgmma_fence_operand(o);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBN / 16; ++kk) {
-        const uint64_t db = dv0 + st_enc + ((kk * 16 * 128) >> 4);
-        if constexpr (kLr)
-          wgmma_m64n144k16_rs_tb(o, pa[kk], db, 1);
-        else
-          wgmma_m64n128k16_rs_tb(o, pa[kk], db, 1);
-      }
-      wgmma_commit();
+      issue_pv<kLr>(o, pa, dv0, st_enc);
       pending = stage;
     }
     wgmma_wait<0>();

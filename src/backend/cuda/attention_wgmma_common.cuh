@@ -7,6 +7,7 @@
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/wgmma.cuh"
 
 namespace lragent::cuda::wg {
 
@@ -146,6 +147,38 @@ __device__ __forceinline__ void pack_p(uint32_t (&pa)[kBN / 16][4], const float 
     pa[kk][2] = pack_bf16(sc[8 * kk + 4], sc[8 * kk + 5]);
     pa[kk][3] = pack_bf16(sc[8 * kk + 6], sc[8 * kk + 7]);
   }
+}
+
+// S = Q·K^T for a warpgroup's 64 rows and a 64-key tile (async, committed as one group): 8 x
+// m64n64k16 from shared memory. dq0: this warpgroup's Q descriptor; dk0 + st_enc: the stage's K.
+__device__ __forceinline__ void issue_qk(float (&sc)[32], uint64_t dq0, uint64_t dk0, uint32_t st_enc) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t col = (kk >> 2), in_row = (kk & 3) * 32;
+    const uint64_t da = dq0 + ((col * kBM * 128 + in_row) >> 4);
+    const uint64_t db = dk0 + st_enc + ((col * kBN * 128 + in_row) >> 4);
+    wgmma_m64n64k16_ss(sc, da, db, kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// [O | O_lr] += P·[V | LRv] (async, one group): 4 x m64n128k16, or m64n144k16 with the LRv block
+// (kLr); P from registers, V MN-major at dv0 + st_enc. o: [kNo / 4 column tiles of 8][4].
+template <bool kLr, int kNo>
+__device__ __forceinline__ void issue_pv(float (&o)[kNo], const uint32_t (&pa)[kBN / 16][4], uint64_t dv0,
+                                         uint32_t st_enc) {
+  wgmma_fence_operand(o);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < kBN / 16; ++kk) {
+    const uint64_t db = dv0 + st_enc + ((kk * 16 * 128) >> 4);
+    if constexpr (kLr)
+      wgmma_m64n144k16_rs_tb(o, pa[kk], db, 1);
+    else
+      wgmma_m64n128k16_rs_tb(o, pa[kk], db, 1);
+  }
+  wgmma_commit();
 }
 
 // Flash-LoRA expansion, once per block after the key loop: O += (s_v · O_lr) · B_v^T (mma.sync

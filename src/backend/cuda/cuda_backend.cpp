@@ -15,19 +15,17 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
                       n, n - 1);
   if (o.dtype != DType::kBF16 && o.dtype != DType::kF32)
     return make_error(ErrorCode::kInvalidArgument, "--dtype: the CUDA backend runs bf16 or f32");
-  if (o.prefill_attention != 5 && o.prefill_attention != 6)
-    return make_error(ErrorCode::kInvalidArgument, "prefill attention kernel v{}: expected 5 or 6", o.prefill_attention);
-  lragent::cuda::AttnKernel prefill_kernel =
-      o.prefill_attention == 6 ? lragent::cuda::AttnKernel::kV6WgmmaWs : lragent::cuda::AttnKernel::kV5Wgmma;
-  if (const char* k = std::getenv("LRAGENT_CUDA_PREFILL_KERNEL")) {
+  int prefill_version = o.prefill_attention;
+  if (const char* k = std::getenv("LRAGENT_CUDA_PREFILL_KERNEL"); k && *k) {
     const std::string v = k;
-    if (v == "v6")
-      prefill_kernel = lragent::cuda::AttnKernel::kV6WgmmaWs;
-    else if (v == "v5")
-      prefill_kernel = lragent::cuda::AttnKernel::kV5Wgmma;
-    else if (!v.empty())
+    if (v != "v5" && v != "v6")
       return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v5 (the default) or v6", v);
+    prefill_version = v[1] - '0';
   }
+  if (prefill_version != 5 && prefill_version != 6)
+    return make_error(ErrorCode::kInvalidArgument, "prefill attention kernel v{}: expected 5 or 6", prefill_version);
+  const auto prefill_kernel =
+      prefill_version == 6 ? lragent::cuda::AttnKernel::kV6WgmmaWs : lragent::cuda::AttnKernel::kV5Wgmma;
   if (g_stream)
     return make_error(ErrorCode::kUnsupported, "only one CUDA backend per process is supported");
   std::unique_ptr<CudaBackend> be(new CudaBackend());

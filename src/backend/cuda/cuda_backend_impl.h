@@ -265,9 +265,9 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   bool failed_ = false;  // an op failed: later ops are skipped until take_error()
   bool device_sampling_ = true;  // non-greedy picks on the device (LRAGENT_CUDA_DEVICE_SAMPLING=0: host)
-  // The attention kernel version for prefill (LRAGENT_CUDA_PREFILL_KERNEL=v5|v6; decode and the
-  // shapes a version does not take fall back inside the launcher): v5 until v6 has been measured
-  // end to end (docs/cuda.md).
+  // The attention kernel version for prefill (CudaBackendOptions::prefill_attention or
+  // LRAGENT_CUDA_PREFILL_KERNEL=v5|v6; decode and the shapes a version does not take fall back
+  // inside the launcher): v5 until v6 has been measured end to end (docs/cuda.md).
   lragent::cuda::AttnKernel attn_kernel_ = lragent::cuda::AttnKernel::kV5Wgmma;
   // LRAGENT_CUDA_INJECT_FAULT=<op>[:N]: the Nth (default 1st) launch of that op fails (tests).
   std::string inject_fault_;
