@@ -180,10 +180,10 @@ if [ -n "$MODEL_BIN" ]; then
   echo "== model bench, decode launched op by op (--eager) ($(elapsed))"
   timeout 120 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 0 --eager --out "$LOGS/model_bench_eager.json" \
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
-  # Prefill on attention v6 (not the default yet, docs/cuda.md): the same model, in model.log.
-  echo "== model bench, prefill on attention v6 (LRAGENT_CUDA_PREFILL_KERNEL=v6) ($(elapsed))"
-  LRAGENT_CUDA_PREFILL_KERNEL=v6 timeout 180 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 \
-    --out "$LOGS/model_bench_v6.json" "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
+  # Prefill on attention v5 (the previous default, docs/cuda.md): the same model, in model.log.
+  echo "== model bench, prefill on attention v5 (LRAGENT_CUDA_PREFILL_KERNEL=v5) ($(elapsed))"
+  LRAGENT_CUDA_PREFILL_KERNEL=v5 timeout 180 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 \
+    --out "$LOGS/model_bench_v5.json" "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
 fi
 GEMV_BIN=${MODEL_BIN:+$(dirname "$MODEL_BIN")/lragent_gemv_bench}
 if [ -n "$GEMV_BIN" ] && [ -x "$GEMV_BIN" ]; then

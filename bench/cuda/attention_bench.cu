@@ -338,10 +338,9 @@ int main(int argc, char** argv) {
       r.flops = flops;
       r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
       report(r);
-      // The same shape on v6 (warp-specialised, opt-in), v5 (the default), v3 (mma.sync) and v2.
+      // The same shape on v5 (the previous default), v3 (mma.sync) and v2, to see the change.
       const std::pair<lc::AttnKernel, const char*> previous[] = {
-          {lc::AttnKernel::kV6WgmmaWs, "v6_"}, {lc::AttnKernel::kV5Wgmma, "v5_"}, {lc::AttnKernel::kV3Mma, "v3_"},
-          {lc::AttnKernel::kV2Mma, "v2_"}};
+          {lc::AttnKernel::kV5Wgmma, "v5_"}, {lc::AttnKernel::kV3Mma, "v3_"}, {lc::AttnKernel::kV2Mma, "v2_"}};
       for (const auto& [kern, prefix] : previous) {
         Result r2 = r;
         r2.name = std::string(prefix) + var.name;

@@ -215,9 +215,9 @@ struct CudaBackendOptions {
   int device = 0;
   DType dtype = DType::kBF16;  // weights and caches: kBF16 (fast path) or kF32 (bit-faithful to the CPU)
   bool graphs = true;          // CUDA graphs for decode-sized passes (false: --enforce-eager)
-  // Attention kernel version for prefill: 5 (the default) or 6 (docs/cuda.md). The environment
-  // variable LRAGENT_CUDA_PREFILL_KERNEL=v5|v6, when set, wins.
-  int prefill_attention = 5;
+  // Attention kernel version for prefill: 6 (the default, warp-specialised) or 5 (docs/cuda.md).
+  // The environment variable LRAGENT_CUDA_PREFILL_KERNEL=v5|v6, when set, wins.
+  int prefill_attention = 6;
 };
 // The CUDA backend; an error naming the cause when this build has no CUDA or no GPU is usable.
 Result<std::unique_ptr<Backend>> make_cuda_backend(const CudaBackendOptions& opts);

@@ -105,20 +105,20 @@ enum class AttnKernel {
   kV5Wgmma = 5,   // v4 plus a Hopper wgmma prefill kernel (2 warpgroups x 64 rows, Q/K/V read by
                   // wgmma from swizzled shared memory, P from registers) at d=128 with K and V
                   // ranks 8/16 (or none), no agents; elsewhere (and without an sm_90a build or
-                  // device) it is v4. The default.
+                  // device) it is v4.
   kV6WgmmaWs = 6,  // v5 warp-specialised: a producer warpgroup fills a 4-stage ring (cp.async +
                    // mbarriers), two consumer warpgroups take turns at the tensor cores. Plain
-                   // and Flash-LoRA V prefill at d=128; everything else is v5.
+                   // and Flash-LoRA V prefill at d=128; everything else is v5. The default.
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.
-cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV5Wgmma);
+cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6WgmmaWs);
 
 // Workspace bytes that let `attention` use up to `max_splits` splits for these shapes (any version).
 size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);
 
 // The split count `kernel` would use for p (after clamping to the workspace).
-int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV5Wgmma);
+int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6WgmmaWs);
 
 // Materialise-then-attend baseline, step 1: writes V_full = V_base + s_v·LRv·B_v^T for tokens
 // 0..ctx_len[s]-1 of every sequence into `v_full`, a paged buffer with p.v's layout (same

@@ -6,7 +6,7 @@
 // meet at a block barrier every tile, so they issue S = Q·K^T together, wait together and run
 // their softmax together while the tensor cores idle; its copies and their address arithmetic
 // also sit in the same warps as the math. Here no block-wide barrier remains in the loop:
-//   - the producer warpgroup (registers cut to 40 by setmaxnreg) copies tile t into stage
+//   - the producer warpgroup (registers cut to 56 by setmaxnreg) copies tile t into stage
 //     t % kStages once the consumers have released that stage (the `empty` mbarrier), and each
 //     producer thread's copies arrive on the stage's `full` mbarrier when they land
 //     (cp.async.mbarrier.arrive.noinc);
@@ -16,7 +16,7 @@
 //     and waited together with S(t+1), after which the stage of tile t is released.
 // The math (S = Q·K^T as 8 m64n64k16, P from registers, [O | O_lr] += P·[V | LRv] as 4
 // m64n128k16 or m64n144k16, the Flash-LoRA expansion after the loop, the epilogue and v3's split
-// plan) is v5's. Scope: v5's without the K residual (its in-place key rebuild needs every warp
+// plan) is v5's. The default prefill kernel. Scope: v5's without the K residual (its in-place key rebuild needs every warp
 // between the copy and the product): head_dim 128, V rank 8/16 with 16-byte rows (or none), no
 // K term, no agents, prefill (> 64 rows per sequence), an sm_90a build on an sm_90 device.
 // Everything else runs v5 (and from there v4 / v3 / ...).
@@ -34,7 +34,10 @@ using namespace wg;
 constexpr int kThreads = 384;  // warpgroup 0: producer; 1, 2: consumers
 constexpr int kStages = 4;
 constexpr float kLazyLog2 = 8.f;  // lazy-rescale headroom (log2 units): P <= 256
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+// The producer keeps 56 registers: at 40 its page-table loads and addresses for a tile did not
+// stay in flight together (ncu: long-scoreboard stalls 1.7x plain's with the LRv copies) and
+// Flash-LoRA ran 1.16-1.19x plain's time; at 56 it is 1.08-1.09x, plain unchanged (H100).
+constexpr int kProducerRegs = 56, kConsumerRegs = 224;
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "setmaxnreg budget exceeds the register file");
 static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 // Named barriers (0 is __syncthreads): the consumers' turns, then each consumer's Q barrier.

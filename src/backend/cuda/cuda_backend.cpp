@@ -19,7 +19,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   if (const char* k = std::getenv("LRAGENT_CUDA_PREFILL_KERNEL"); k && *k) {
     const std::string v = k;
     if (v != "v5" && v != "v6")
-      return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v5 (the default) or v6", v);
+      return make_error(ErrorCode::kInvalidArgument, "LRAGENT_CUDA_PREFILL_KERNEL={}: expected v6 (the default) or v5", v);
     prefill_version = v[1] - '0';
   }
   if (prefill_version != 5 && prefill_version != 6)

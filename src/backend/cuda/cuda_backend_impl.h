@@ -267,8 +267,8 @@ class CudaBackend final : public Backend {
   bool device_sampling_ = true;  // non-greedy picks on the device (LRAGENT_CUDA_DEVICE_SAMPLING=0: host)
   // The attention kernel version for prefill (CudaBackendOptions::prefill_attention or
   // LRAGENT_CUDA_PREFILL_KERNEL=v5|v6; decode and the shapes a version does not take fall back
-  // inside the launcher): v5 until v6 has been measured end to end (docs/cuda.md).
-  lragent::cuda::AttnKernel attn_kernel_ = lragent::cuda::AttnKernel::kV5Wgmma;
+  // inside the launcher; docs/cuda.md).
+  lragent::cuda::AttnKernel attn_kernel_ = lragent::cuda::AttnKernel::kV6WgmmaWs;
   // LRAGENT_CUDA_INJECT_FAULT=<op>[:N]: the Nth (default 1st) launch of that op fails (tests).
   std::string inject_fault_;
   int64_t inject_count_ = 0;
