@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v5_kernel(const AttnParams p
   const int G = p.n_heads / p.n_kv_heads;
   const SeqInfo si = seq_info(p, s);
   const int n_rows = si.n_q * G;
-  const int row0 = blockIdx.x * kBM;
+  const int row0 = block_row0();
   if (row0 >= n_rows) return;
 
   const int i_last = (min(row0 + kBM, n_rows) - 1) / G;

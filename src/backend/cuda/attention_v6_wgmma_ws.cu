@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
   const int G = p.n_heads / p.n_kv_heads;
   const SeqInfo si = seq_info(p, s);
   const int n_rows = si.n_q * G;
-  const int row0 = blockIdx.x * kBM;
+  const int row0 = block_row0();
   if (row0 >= n_rows) return;  // the whole block
 
   const int i_last = (min(row0 + kBM, n_rows) - 1) / G;
@@ -126,8 +126,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
   if (wg == 0) {
     // ---------------- producer ----------------
     regs_dec<kProducerRegs>();
-    // Thread (ld_row, ld_ch) copies chunk ld_ch of keys ld_row + 8·i of K and V, and one LRv
-    // chunk (key tid / 2, chunk tid % 2; chunk 1 of a rank-8 row is zero-filled).
+    // Thread (ld_row, ld_ch) copies chunk ld_ch of keys ld_row + 8·i of K and V (in pairs 8 apart:
+    // one table load for both, PagedRows::offset_pair), and one LRv chunk (key tid / 2, chunk
+    // tid % 2; chunk 1 of a rank-8 row is zero-filled).
     const int ld_row = tid >> 4, ld_ch = tid & 15;
     const PagedRows kv_rows(p.k, s, x.kshift), v_rows(p.v, s, x.vshift);
     const bf16* const gK = p.k.data + g * kD + ld_ch * 8;
@@ -139,14 +140,23 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       unsigned char* st = sm + kQBytes + stage * kStage;
       const int key0 = kb + t * kBN;
 #pragma unroll
-      for (int i = 0; i < kBN / 8; ++i) {
-        const int kr = ld_row + 8 * i, key = key0 + kr;
-        const bool ok = key < ke;
-        const uint64_t offk = ok ? kv_rows.offset(key) : 0;
-        const uint64_t offv = !ok ? 0 : x.kv_same ? offk : v_rows.offset(key);
-        const uint32_t off = sw128(kr, ld_ch, kBN);
-        cp_async16(st + off, ok ? gK + offk : p.k.data, ok ? 16 : 0);
-        cp_async16(st + kKVBytes + off, ok ? gV + offv : p.v.data, ok ? 16 : 0);
+      for (int j = 0; j < kBN / 16; ++j) {
+        const int kr = ld_row + 16 * j, key = key0 + kr;  // and kr + 8
+        uint64_t offk[2], offv[2];
+        kv_rows.offset_pair(key, ke, offk);
+        if (x.kv_same) {
+          offv[0] = offk[0];
+          offv[1] = offk[1];
+        } else {
+          v_rows.offset_pair(key, ke, offv);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool ok = key + 8 * h < ke;
+          const uint32_t off = sw128(kr + 8 * h, ld_ch, kBN);
+          cp_async16(st + off, ok ? gK + offk[h] : p.k.data, ok ? 16 : 0);
+          cp_async16(st + kKVBytes + off, ok ? gV + offv[h] : p.v.data, ok ? 16 : 0);
+        }
       }
       if constexpr (kLr) {
         const int kr = tid >> 1, ch = tid & 1, key = key0 + kr;

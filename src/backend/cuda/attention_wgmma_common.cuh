@@ -67,7 +67,21 @@ struct PagedRows {
     const uint32_t blk = static_cast<uint32_t>(__ldg(table + (t >> shift)));
     return static_cast<uint64_t>(blk) * block_stride + (static_cast<uint32_t>(t) & page_mask) * row_stride;
   }
+  // Offsets of tokens t and t + 8 (0 for one at or past `end`), where t % 16 < 8: with pages of
+  // >= 16 tokens both sit in one page, so one table load serves the two. (v6's producer
+  // warpgroup stalled on its table loads, ncu: long scoreboard; halving them took its plain
+  // prefill from 383-425 to 449-500 TFLOP/s on the H100. A per-warp copy of the tile's entries
+  // handed out by shuffle measured slower: its load sits at the head of every tile.)
+  __device__ __forceinline__ void offset_pair(int t, int end, uint64_t (&o)[2]) const {
+    o[0] = t < end ? offset(t) : 0;
+    o[1] = shift >= 4 ? o[0] + 8ull * row_stride : t + 8 < end ? offset(t + 8) : 0;
+  }
 };
+
+// The block's first row: row tiles run longest first (block x = 0 takes the last tile, whose
+// causal range is the longest), so a causal square does not end on a wave of its longest tiles
+// (8k square, H100, one run: v5 358 -> 378 TFLOP/s, v6 398 -> 423).
+__device__ __forceinline__ int block_row0() { return static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBM; }
 
 // Byte offset of 16-byte chunk `ch` (0..15 over head_dim 128) of row `row` in a [2][rows][128 B]
 // 128-byte-swizzled tile.
