@@ -99,6 +99,19 @@ def main():
                      f"default / v3 speed plain {fmt(ratios[k]['default_over_v3_speed'])}x, "
                      f"FLA {fmt(ratios[k]['default_over_v3_speed_fla'])}x "
                      f"(v3 FLA/plain {fmt(ratios[k]['v3_fla_over_plain_time'])}; FLA+K runs v5 (from v6) / v2)"))
+    sq = {n: find(R, "prefill_square", n) for n in ("plain", "v5_plain", "flash_lora_v_r16", "v5_flash_lora_v_r16")}
+    if sq["plain"] is not None:
+        ratios["prefill_square"] = {
+            "ctx": sq["plain"].get("ctx"),
+            "tflops": sq["plain"].get("tflops"),
+            "v5_tflops": None if sq["v5_plain"] is None else sq["v5_plain"].get("tflops"),
+            "fla_tflops": None if sq["flash_lora_v_r16"] is None else sq["flash_lora_v_r16"].get("tflops"),
+            "v5_fla_tflops": None if sq["v5_flash_lora_v_r16"] is None else sq["v5_flash_lora_v_r16"].get("tflops"),
+        }
+        q = ratios["prefill_square"]
+        rows.append((f"prefill from position 0, causal {q['ctx']} x {q['ctx']}",
+                     f"plain {fmt(q['tflops'], '.0f')} TFLOP/s (v5 {fmt(q['v5_tflops'], '.0f')}), "
+                     f"Flash-LoRA V r16 {fmt(q['fla_tflops'], '.0f')} (v5 {fmt(q['v5_fla_tflops'], '.0f')})"))
     copy = find(R, "ceiling", "d2d_copy")
     tcopy = find(S, "ceiling", "torch_copy")
     gemm = find(S, "ceiling", "torch_gemm")
