@@ -16,10 +16,10 @@
 //     and waited together with S(t+1), after which the stage of tile t is released.
 // The math (S = Q·K^T as 8 m64n64k16, P from registers, [O | O_lr] += P·[V | LRv] as 4
 // m64n128k16 or m64n144k16, the Flash-LoRA expansion after the loop, the epilogue and v3's split
-// plan) is v5's. The default prefill kernel. Scope: v5's without the K residual (its in-place key rebuild needs every warp
-// between the copy and the product): head_dim 128, V rank 8/16 with 16-byte rows (or none), no
-// K term, no agents, prefill (> 64 rows per sequence), an sm_90a build on an sm_90 device.
-// Everything else runs v5 (and from there v4 / v3 / ...).
+// plan) is v5's. The default prefill kernel. Scope: v5's without the K residual (its in-place
+// key rebuild needs every warp between the copy and the product): head_dim 128, V rank 8/16 with
+// 16-byte rows (or none), no K term, no agents, prefill (> 64 rows per sequence), an sm_90a
+// build on an sm_90 device. Everything else runs v5 (and from there v4 / v3 / ...).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
 #include "backend/cuda/attention_wgmma_common.cuh"
