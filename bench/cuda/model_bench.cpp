@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     const auto ids = token_ids(prefill, c.vocab_size, 1);
     std::vector<double> ms;
     for (int r = 0; r < reps + 1; ++r) {  // the first run warms cuBLASLt plans and the allocator
-      FullKvCache kv(pools->k.get(), pools->v.get());
+      FullKvCache kv(pools->kv.get());
       SeqInput in{ids.data(), static_cast<int>(prefill), 0, &kv, nullptr, false};
       be.synchronize();
       const double t0 = now_ms();
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
   const double cache_bytes = 2.0 * static_cast<double>(c.num_layers) * static_cast<double>(ctx) * kvw *
                              static_cast<double>(dtype_size(be.cache_dtype()));
   {
-    FullKvCache kv(pools->k.get(), pools->v.get());
+    FullKvCache kv(pools->kv.get());
     const auto ids = token_ids(ctx, c.vocab_size, 2);
     SeqInput in{ids.data(), static_cast<int>(ctx), 0, &kv, nullptr, false};
     auto first = model.forward({in});

@@ -11,8 +11,8 @@ namespace {
 // Records every layer's cache material while acting as a private full cache.
 class CaptureBinding final : public KvBinding {
  public:
-  CaptureBinding(BlockPool* k, BlockPool* v, int n_layers, int64_t width)
-      : inner_(k, v), width_(width), full_(n_layers), base_(n_layers), delta_(n_layers) {}
+  CaptureBinding(BlockPool* kv, int n_layers, int64_t width)
+      : inner_(kv), width_(width), full_(n_layers), base_(n_layers), delta_(n_layers) {}
   Status reserve(int64_t total) override { return inner_.reserve(total); }
   void write(Backend& be, const LayerKvRows& r) override {
     inner_.write(be, r);
@@ -80,7 +80,7 @@ Result<std::vector<LayerSimilarity>> layer_similarity(LlamaModel& model, const s
   std::vector<std::unique_ptr<CaptureBinding>> caps;
   std::vector<HiddenCapture> hidden(adapters.size());
   for (size_t a = 0; a < adapters.size(); ++a) {
-    caps.push_back(std::make_unique<CaptureBinding>(pools.k.get(), pools.v.get(), c.num_layers, width));
+    caps.push_back(std::make_unique<CaptureBinding>(pools.kv.get(), c.num_layers, width));
     SeqInput in;
     in.tokens = traj.data();
     in.n_tokens = static_cast<int>(traj.size());

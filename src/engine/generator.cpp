@@ -41,7 +41,7 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
   for (size_t i = 0; i < reqs.size(); ++i) {
     Running r(reqs[i].sampling);
     r.index = i;
-    r.kv = std::make_unique<FullKvCache>(pools.k.get(), pools.v.get());
+    r.kv = std::make_unique<FullKvCache>(pools.kv.get());
     r.tokens = reqs[i].prompt;
     r.done = reqs[i].max_tokens <= 0;
     run.push_back(std::move(r));

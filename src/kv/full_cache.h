@@ -10,11 +10,11 @@
 
 namespace lragent {
 
-// K and V pools sized for a model ([page_size, n_kv_heads * head_dim] rows per block and layer),
-// drawing from one arena that holds n_blocks of each.
+// The K/V pool sized for a model: 2 · n_layers planes of [page_size, n_kv_heads * head_dim] rows
+// per block (K planes, then V planes: kv_k_view / kv_v_view), in an arena that holds n_blocks.
 struct KvPools {
-  std::unique_ptr<KvArena> arena;     // declared first: destroyed after the pools
-  std::unique_ptr<BlockPool> k, v;
+  std::unique_ptr<KvArena> arena;  // declared first: destroyed after the pool
+  std::unique_ptr<BlockPool> kv;
   static Result<KvPools> create(const ModelConfig& cfg, int page_size, int64_t n_blocks, const std::string& name,
                                 Backend* backend = nullptr);
   // Blocks needed for `n_seqs` sequences of up to `max_tokens` tokens each.
@@ -25,14 +25,14 @@ struct KvPools {
 
 class FullKvCache final : public KvBinding {
  public:
-  FullKvCache(BlockPool* k_pool, BlockPool* v_pool) : k_(k_pool), v_(v_pool) {}
+  explicit FullKvCache(BlockPool* kv_pool) : kv_(kv_pool) {}  // a pool of 2 · n_layers planes
   Status reserve(int64_t total_tokens) override;
   void write(Backend& be, const LayerKvRows& rows) override;
   void attention_views(int layer, AttentionParams& p) const override;
   int64_t n_tokens() const { return n_tokens_; }
 
  private:
-  PagedStream k_, v_;
+  PagedStream kv_;  // K planes then V planes
   int64_t n_tokens_ = 0;  // positions [0, n_tokens_) hold entries
 };
 

@@ -87,9 +87,9 @@ class SharedBinding final : public KvBinding {
 
   Status reserve(int64_t total) override {
     const auto ua = static_cast<size_t>(a_);
-    if (kv_.priv_k_[ua].pool()) LRA_RETURN_IF_ERROR(kv_.priv_k_[ua].reserve(total));
-    if (kv_.priv_v_[ua].pool()) LRA_RETURN_IF_ERROR(kv_.priv_v_[ua].reserve(total));
-    for (PagedStream* s : {&kv_.shared_k_, &kv_.shared_v_, &kv_.shared_lrk_, &kv_.shared_lrv_})
+    for (PagedStream* s : {&kv_.priv_kv_[ua], &kv_.priv_k_[ua], &kv_.priv_v_[ua]})
+      if (s->pool()) LRA_RETURN_IF_ERROR(s->reserve(total));
+    for (PagedStream* s : {&kv_.shared_kv_, &kv_.shared_lrk_, &kv_.shared_lrv_})
       if (s->pool()) LRA_RETURN_IF_ERROR(s->reserve(total));
     return Status::Ok();
   }
@@ -105,16 +105,16 @@ class SharedBinding final : public KvBinding {
     LayerStores st(r.start_pos, r.n);
     if (kv_.layer_private(l)) {
       const int pl = kv_.private_index_[static_cast<size_t>(l)];
-      st.add(r.k_full, width, 0, kv_.priv_k_[ua].view(pl));
-      st.add(r.v_full, width, 0, kv_.priv_v_[ua].view(pl));
+      st.add(r.k_full, width, 0, kv_k_view(kv_.priv_kv_[ua], pl));
+      st.add(r.v_full, width, 0, kv_v_view(kv_.priv_kv_[ua], pl));
     } else if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
       const int sl = kv_.shared_index_[static_cast<size_t>(l)];
-      st.add(r.k_full, width, first_new, kv_.shared_k_.view(sl));
-      st.add(r.v_full, width, first_new, kv_.shared_v_.view(sl));
+      st.add(r.k_full, width, first_new, kv_k_view(kv_.shared_kv_, sl));
+      st.add(r.v_full, width, first_new, kv_v_view(kv_.shared_kv_, sl));
     } else {
       // Base modes: base entries from the origin; LR entries private (base) or from the origin (base-lr).
-      st.add(r.k_base, width, first_new, kv_.shared_k_.view(l));
-      st.add(r.v_base, width, first_new, kv_.shared_v_.view(l));
+      st.add(r.k_base, width, first_new, kv_k_view(kv_.shared_kv_, l));
+      st.add(r.v_base, width, first_new, kv_v_view(kv_.shared_kv_, l));
       if (m == ShareMode::kBase) {
         if (r.lr_k) st.add(r.lr_k, r.rank_k, 0, kv_.priv_k_[ua].view(l));
         if (r.lr_v) st.add(r.lr_v, r.rank_v, 0, kv_.priv_v_[ua].view(l));
@@ -132,18 +132,18 @@ class SharedBinding final : public KvBinding {
     const ShareMode m = kv_.opts_.mode;
     if (kv_.layer_private(l)) {
       const int pl = kv_.private_index_[static_cast<size_t>(l)];
-      p.k = kv_.priv_k_[ua].view(pl);
-      p.v = kv_.priv_v_[ua].view(pl);
+      p.k = kv_k_view(kv_.priv_kv_[ua], pl);
+      p.v = kv_v_view(kv_.priv_kv_[ua], pl);
       return;
     }
     if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
       const int sl = kv_.shared_index_[static_cast<size_t>(l)];
-      p.k = kv_.shared_k_.view(sl);
-      p.v = kv_.shared_v_.view(sl);
+      p.k = kv_k_view(kv_.shared_kv_, sl);
+      p.v = kv_v_view(kv_.shared_kv_, sl);
       return;
     }
-    p.k = kv_.shared_k_.view(l);
-    p.v = kv_.shared_v_.view(l);
+    p.k = kv_k_view(kv_.shared_kv_, l);
+    p.v = kv_v_view(kv_.shared_kv_, l);
     const LoraAdapter* ad = kv_.adapters_[ua];
     const bool priv = m == ShareMode::kBase;
     if (const LoraModule* mk = module_of(ad, l, LoraTarget::kK))
@@ -189,6 +189,7 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
   const int L = cfg.num_layers;
   const size_t n = kv->adapters_.size();
   kv->processed_.assign(n, 0);
+  kv->priv_kv_.resize(n);
   kv->priv_k_.resize(n);
   kv->priv_v_.resize(n);
   kv->private_index_.assign(static_cast<size_t>(L), -1);
@@ -253,21 +254,18 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
       (priv ? kv->private_index_ : kv->shared_index_)[static_cast<size_t>(l)] = priv ? n_priv++ : n_shared++;
     }
     if (n_shared > 0) {
-      plan("full.k", n_shared, width, &kv->shared_k_);
-      plan("full.v", n_shared, width, &kv->shared_v_);
+      plan("full.kv", 2 * n_shared, width, &kv->shared_kv_);
     }
     if (n_priv > 0) {
       for (size_t a = 0; a < n; ++a) {
-        plan(fmt::format("agent{}.full.k", a), n_priv, width, &kv->priv_k_[a]);
-        plan(fmt::format("agent{}.full.v", a), n_priv, width, &kv->priv_v_[a]);
+        plan(fmt::format("agent{}.full.kv", a), 2 * n_priv, width, &kv->priv_kv_[a]);
       }
     }
     return make_pools();
   }
 
   // Base modes: one shared base cache.
-  plan("base.k", L, width, &kv->shared_k_);
-  plan("base.v", L, width, &kv->shared_v_);
+  plan("base.kv", 2 * L, width, &kv->shared_kv_);
   if (m == ShareMode::kBase) {
     for (size_t a = 0; a < n; ++a) {
       LRA_ASSIGN_OR_RETURN(int rk, uniform_rank(kv->adapters_[a], L, LoraTarget::kK));

@@ -90,10 +90,11 @@ class TrajectoryKv {
 
   std::unique_ptr<KvArena> own_arena_;             // when not drawing from SharingOptions::arena
   std::vector<std::unique_ptr<BlockPool>> pools_;  // destroyed before own_arena_ (declared after it)
-  // Shared streams (full modes: full K/V; base modes: base K/V; base-lr: LR too).
-  PagedStream shared_k_, shared_v_, shared_lrk_, shared_lrv_;
-  // Private streams per agent (none/droidspeak: full K/V; base: LR K/V).
-  std::vector<PagedStream> priv_k_, priv_v_;
+  // Shared streams: K/V (full modes: full K/V; base modes: base K/V; K planes then V planes,
+  // kv_k_view / kv_v_view) and, in base-lr, the LR rows.
+  PagedStream shared_kv_, shared_lrk_, shared_lrv_;
+  // Private streams per agent: none/droidspeak full K/V (priv_kv_), base LR K and V rows.
+  std::vector<PagedStream> priv_kv_, priv_k_, priv_v_;
 };
 
 }  // namespace lragent

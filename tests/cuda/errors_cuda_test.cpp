@@ -56,7 +56,7 @@ FaultRun run_with(const char* inject) {
   auto pools = KvPools::create(c, 16, KvPools::blocks_for(1, 64, 16), "errors-test", be->get());
   EXPECT_TRUE(pools.ok());
   if (!pools.ok()) return out;
-  FullKvCache kv(pools->k.get(), pools->v.get());
+  FullKvCache kv(pools->kv.get());
   std::vector<int32_t> ids(40);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 3 + static_cast<int32_t>(i * 13) % 200;
   SeqInput in{ids.data(), 40, 0, &kv, nullptr, false};

@@ -112,7 +112,7 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps) {
     if (!t.ok()) return out;
     traj = std::move(*t);
   } else {
-    for (int s = 0; s < n_seqs; ++s) caches.push_back(std::make_unique<FullKvCache>(pools->k.get(), pools->v.get()));
+    for (int s = 0; s < n_seqs; ++s) caches.push_back(std::make_unique<FullKvCache>(pools->kv.get()));
   }
 
   // Prefill: sequence s gets prompt - 37 * s tokens (two different lengths).
@@ -185,7 +185,7 @@ TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
     auto pools = KvPools::create(c, 16, KvPools::blocks_for(1, n, 16), "prefill-test", &be);
     EXPECT_TRUE(pools.ok());
     if (!pools.ok()) return out;
-    FullKvCache kv(pools->k.get(), pools->v.get());
+    FullKvCache kv(pools->kv.get());
     SeqInput in{ids.data(), n, 0, &kv, nullptr, true};  // every row's logits
     auto lg = (*model)->forward({in});
     EXPECT_TRUE(lg.ok());

@@ -532,7 +532,7 @@ std::vector<std::vector<int32_t>> sampled_decode(bool graphs, uint64_t seed, int
   std::vector<int32_t> next(2);
   std::vector<int64_t> len(2);
   for (int s = 0; s < 2; ++s) {
-    kv.push_back(std::make_unique<FullKvCache>(pools->k.get(), pools->v.get()));
+    kv.push_back(std::make_unique<FullKvCache>(pools->kv.get()));
     const int n = prompt - 23 * s;
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = 3 + (i * 29 + s * 5) % 250;

@@ -131,7 +131,7 @@ TEST(Generator, ForwardSampleWantsOneRowPerLogitsRow) {
   ASSERT_TRUE(model.ok());
   auto pools = KvPools::create((*model)->config(), 16, 4, "test", pool_backend(*be));
   ASSERT_TRUE(pools.ok());
-  FullKvCache kv(pools->k.get(), pools->v.get());
+  FullKvCache kv(pools->kv.get());
   const std::vector<int32_t> ids = {1, 50, 60};
   const std::vector<RowSampling> two(2);
   auto r = (*model)->forward_sample({SeqInput{ids.data(), 3, 0, &kv, nullptr, false}}, two);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 
 #include "agents/replay.h"
 #include "engine/generator.h"
@@ -162,6 +163,38 @@ TEST_F(Sharing, ReportedBytesFollowTheAnalyticFormula) {
   // One base cache whatever the number of agents.
   EXPECT_EQ(base_bytes_by_agents[1], base_bytes_by_agents[3]);
   EXPECT_EQ(base_bytes_by_agents[1], base_bytes_by_agents[8]);
+}
+
+// K and V of every cache share one block table (one pool, K planes then V planes), which the GPU
+// prefill kernel needs to compute one address per key; their rows must still be disjoint.
+TEST_F(Sharing, KAndVShareOneBlockTableInEveryMode) {
+  const ModelConfig& c = model_->config();
+  std::vector<const LoraAdapter*> ads = {adapter("qv-shared-a-r8", "plan", "plan"),
+                                         adapter("qv-shared-a-r8", "action", "action")};
+  for (ShareMode m : kAllShareModes) {
+    SharingOptions o;
+    o.mode = m;
+    o.max_tokens = 100;
+    if (m == ShareMode::kDroidSpeak) o.recompute_layers = {1};
+    auto kv = TrajectoryKv::create(c, ads, o);
+    ASSERT_TRUE(kv.ok()) << share_mode_name(m) << ": " << kv.error().message;
+    for (int a = 0; a < 2; ++a) {
+      auto b = (*kv)->bind(a);
+      ASSERT_TRUE(b->reserve(40).ok()) << share_mode_name(m);
+      for (int l = 0; l < c.num_layers; ++l) {
+        AttentionParams p;
+        b->attention_views(l, p);
+        EXPECT_EQ(p.k.table, p.v.table) << share_mode_name(m) << " layer " << l;
+        EXPECT_EQ(p.k.page_size, p.v.page_size);
+        EXPECT_EQ(p.k.block_step(), p.v.block_step());
+        // V's rows of every block lie past K's rows of the same block and layer, never on them.
+        const auto* k0 = static_cast<const char*>(p.k.data);
+        const auto* v0 = static_cast<const char*>(p.v.data);
+        EXPECT_GE(v0 - k0, static_cast<std::ptrdiff_t>(p.k.page_size * p.k.row_stride * 4))
+            << share_mode_name(m) << " layer " << l;
+      }
+    }
+  }
 }
 
 TEST_F(Sharing, InvalidSetupsFailClearly) {

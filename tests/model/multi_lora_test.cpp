@@ -64,7 +64,7 @@ TEST_P(MultiLora, ShrinkOncePerSharedAGroup) {
   std::vector<std::unique_ptr<FullKvCache>> kv;
   std::vector<SeqInput> batch;
   for (size_t i = 0; i < 3; ++i) {
-    kv.push_back(std::make_unique<FullKvCache>(pools->k.get(), pools->v.get()));
+    kv.push_back(std::make_unique<FullKvCache>(pools->kv.get()));
     SeqInput in;
     in.tokens = toks[i].data();
     in.n_tokens = static_cast<int>(toks[i].size());

@@ -88,7 +88,7 @@ TEST(Presets, TinyModelRunsAForwardPass) {
   auto pools = KvPools::create(p->config, 16, 1, "test");
   ASSERT_TRUE(pools.ok()) << pools.error().message;
   {
-    FullKvCache kv(pools->k.get(), pools->v.get());
+    FullKvCache kv(pools->kv.get());
     const int32_t ids[] = {1, 100, 200, 300};
     SeqInput in;
     in.tokens = ids;

@@ -150,10 +150,10 @@ bool CudaBackend::fast_attention_ok(const AttentionParams& p) const {
   return true;
 }
 
-lc::DevPagedView CudaBackend::dev_view(const PagedView& v, int64_t n_tokens) {
+lc::DevPagedView CudaBackend::dev_view(const PagedView& v, int64_t n_tokens, const int32_t* table) {
   lc::DevPagedView d;
   d.data = static_cast<const lc::bf16*>(v.data);
-  d.table = dev_table(v, n_tokens);
+  d.table = table ? table : dev_table(v, n_tokens);
   d.table_stride = 0;
   d.page_size = v.page_size;
   d.row_stride = v.row_stride;
@@ -186,7 +186,10 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   a.max_ctx = static_cast<int>(sized_ctx(p.n_ctx));  // grid sizing; the kernels read ctx_len
   a.q = qb;
   a.k = dev_view(p.k, p.n_ctx);
-  a.v = dev_view(p.v, p.n_ctx);
+  // K and V of a cache share one block table (kv_k_view / kv_v_view): then V reads K's device
+  // copy, and the prefill kernels compute one address per key for both (Launch::kv_same).
+  const bool same_table = p.v.table == p.k.table && p.v.page_size == p.k.page_size;
+  a.v = dev_view(p.v, p.n_ctx, same_table ? a.k.table : nullptr);
   for (auto [src, dst] : {std::pair{&p.k_lr, &a.k_lr}, std::pair{&p.v_lr, &a.v_lr}}) {
     if (!src->active()) continue;
     dst->lr = dev_view(src->lr, p.n_ctx);

@@ -252,7 +252,8 @@ class CudaBackend final : public Backend {
   static bool lr_fast_ok(const LowRankTerm& t);
   bool fast_attention_ok(const AttentionParams& p) const;
 
-  lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens);
+  // table: a device copy of v.table already made (K's, which V shares), else null to upload one.
+  lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens, const int32_t* table = nullptr);
 
   void run_fast_attention(const AttentionParams& p);
   // ---- cuBLASLt (lt_gemm.h)
