@@ -150,41 +150,16 @@ Result<std::unique_ptr<LlamaModel>> make_preset_model(const ModelPreset& preset,
 
 std::vector<std::unique_ptr<LoraAdapter>> make_preset_adapters(const ModelConfig& cfg, int rank, bool shared_a,
                                                                uint64_t seed) {
-  const char* roles[] = {"plan", "action", "reflect"};
-  const int64_t h = cfg.hidden_size;
-  const int64_t out_of[] = {static_cast<int64_t>(cfg.num_heads) * cfg.head_dim,
-                            static_cast<int64_t>(cfg.num_kv_heads) * cfg.head_dim};
-  const LoraTarget targets[] = {LoraTarget::kQ, LoraTarget::kV};
-  auto fill = [](NormalRng& rng, std::vector<int64_t> shape, float sd) {
-    Tensor t = Tensor::empty(DType::kF32, std::move(shape));
-    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = sd * rng.next();
-    return t;
+  RoleAdapterRecipe r;
+  r.dir = shared_a ? "<preset shared-A>" : "<preset independent-A>";
+  // Shared A: every role draws A from the same stream, so the matrices are bit-identical.
+  r.a_seed = [=](int role) { return shared_a ? seed : splitmix64(seed + 100 + static_cast<uint64_t>(role)); };
+  r.b_seed = [=](int role) { return splitmix64(seed + 1000 + static_cast<uint64_t>(role)); };
+  r.b_sd = 0.02f;
+  r.a_hash = [](uint64_t a_seed, int l, int t) {
+    return splitmix64(a_seed ^ static_cast<uint64_t>(l * 2 + t));  // identical A <=> identical hash
   };
-  std::vector<std::unique_ptr<LoraAdapter>> out;
-  for (int role = 0; role < 3; ++role) {
-    auto a = std::make_unique<LoraAdapter>();
-    a->name = roles[role];
-    a->dir = shared_a ? "<preset shared-A>" : "<preset independent-A>";
-    a->default_rank = rank;
-    a->lora_alpha = 2.0f * static_cast<float>(rank);
-    a->layers.resize(static_cast<size_t>(cfg.num_layers));
-    // Shared A: every role draws A from the same stream, so the matrices are bit-identical.
-    const uint64_t a_seed = shared_a ? seed : splitmix64(seed + 100 + static_cast<uint64_t>(role));
-    NormalRng a_rng(a_seed);
-    NormalRng b_rng(splitmix64(seed + 1000 + static_cast<uint64_t>(role)));
-    for (int l = 0; l < cfg.num_layers; ++l)
-      for (int t = 0; t < 2; ++t) {
-        LoraModule m;
-        m.rank = rank;
-        m.scale = a->lora_alpha / static_cast<float>(rank);
-        m.a = fill(a_rng, {rank, h}, 1.0f / std::sqrt(static_cast<float>(h)));
-        m.b = fill(b_rng, {out_of[t], rank}, 0.02f);
-        m.a_hash = splitmix64(a_seed ^ static_cast<uint64_t>(l * 2 + t));  // identical A <=> identical hash
-        a->layers[static_cast<size_t>(l)][static_cast<size_t>(targets[t])] = std::move(m);
-      }
-    out.push_back(std::move(a));
-  }
-  return out;
+  return make_role_adapters(cfg, rank, r);
 }
 
 }  // namespace lragent

@@ -79,7 +79,8 @@ Result<std::unique_ptr<LlamaModel>> make_synthetic_model(const SyntheticSpec& sp
   return LlamaModel::from_weights(c, std::move(w), std::move(owned), backend);
 }
 
-std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelConfig& cfg, int rank, uint64_t seed) {
+std::vector<std::unique_ptr<LoraAdapter>> make_role_adapters(const ModelConfig& cfg, int rank,
+                                                             const RoleAdapterRecipe& recipe) {
   const char* roles[] = {"plan", "action", "reflect"};
   const int64_t h = cfg.hidden_size;
   const int64_t out_of[] = {static_cast<int64_t>(cfg.num_heads) * cfg.head_dim,
@@ -94,25 +95,36 @@ std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelCon
   for (int role = 0; role < 3; ++role) {
     auto a = std::make_unique<LoraAdapter>();
     a->name = roles[role];
-    a->dir = "<synthetic>";
+    a->dir = recipe.dir;
     a->default_rank = rank;
     a->lora_alpha = 2.0f * static_cast<float>(rank);
     a->layers.resize(static_cast<size_t>(cfg.num_layers));
-    NormalRng shared_rng(seed);                 // the same A for every role
-    NormalRng role_rng(seed * 1000 + static_cast<uint64_t>(role) + 1);
+    const uint64_t a_seed = recipe.a_seed(role);
+    NormalRng a_rng(a_seed);
+    NormalRng b_rng(recipe.b_seed(role));
     for (int l = 0; l < cfg.num_layers; ++l)
       for (int t = 0; t < 2; ++t) {
         LoraModule m;
         m.rank = rank;
-        m.scale = 2.0f;
-        m.a = fill(shared_rng, {rank, h}, 1.0f / std::sqrt(static_cast<float>(h)));
-        m.b = fill(role_rng, {out_of[t], rank}, 0.15f / std::sqrt(static_cast<float>(rank)));
-        m.a_hash = static_cast<uint64_t>(l * 2 + t) ^ seed;  // identical A => identical hash
+        m.scale = a->lora_alpha / static_cast<float>(rank);
+        m.a = fill(a_rng, {rank, h}, 1.0f / std::sqrt(static_cast<float>(h)));
+        m.b = fill(b_rng, {out_of[t], rank}, recipe.b_sd);
+        m.a_hash = recipe.a_hash(a_seed, l, t);
         a->layers[static_cast<size_t>(l)][static_cast<size_t>(targets[t])] = std::move(m);
       }
     out.push_back(std::move(a));
   }
   return out;
+}
+
+std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelConfig& cfg, int rank, uint64_t seed) {
+  RoleAdapterRecipe r;
+  r.dir = "<synthetic>";
+  r.a_seed = [seed](int) { return seed; };  // the same A for every role
+  r.b_seed = [seed](int role) { return seed * 1000 + static_cast<uint64_t>(role) + 1; };
+  r.b_sd = 0.15f / std::sqrt(static_cast<float>(rank));
+  r.a_hash = [seed](uint64_t, int l, int t) { return static_cast<uint64_t>(l * 2 + t) ^ seed; };
+  return make_role_adapters(cfg, rank, r);
 }
 
 namespace {

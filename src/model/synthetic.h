@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "model/llama.h"
 #include "model/lora.h"
@@ -23,6 +25,20 @@ Result<std::unique_ptr<LlamaModel>> make_synthetic_model(const SyntheticSpec& sp
 // q_proj and v_proj with one shared A (shared-A multi-LoRA) and a B per role.
 std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelConfig& cfg, int rank = 8,
                                                                   uint64_t seed = 7);
+// How make_role_adapters draws its three adapters: role r's A from the NormalRng stream
+// a_seed(r) (the same seed for every role: shared A), its B from b_seed(r) with standard deviation
+// b_sd; a_hash(a_seed(r), layer, target 0 = q / 1 = v) must be equal exactly when the A matrices
+// are (LoraModule::a_hash: shared-A grouping).
+struct RoleAdapterRecipe {
+  std::string dir;  // LoraAdapter::dir, a label ("<synthetic>", "<preset shared-A>", ...)
+  std::function<uint64_t(int role)> a_seed, b_seed;
+  float b_sd = 0.02f;
+  std::function<uint64_t(uint64_t a_seed, int layer, int target)> a_hash;
+};
+// Three role adapters (plan, action, reflect): LoRA r = `rank` on q_proj and v_proj, lora_alpha
+// 2·rank (scale 2), A [rank, hidden] with standard deviation 1/sqrt(hidden), B [out, rank].
+std::vector<std::unique_ptr<LoraAdapter>> make_role_adapters(const ModelConfig& cfg, int rank,
+                                                             const RoleAdapterRecipe& recipe);
 // Byte tokenizer: id 1 = <s>, 2 = </s>, 3 + b = byte b. BOS is added by encode().
 std::unique_ptr<Tokenizer> make_byte_tokenizer();
 
