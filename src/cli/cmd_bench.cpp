@@ -45,6 +45,7 @@ struct BenchFlags {
   // Device (as ModelFlags: the backend comes from make_backend).
   std::string device = "cpu", dtype = "bf16";
   bool enforce_eager = false;
+  std::string prefill_attention = "v6";
   int threads = 0;
 };
 
@@ -215,6 +216,7 @@ int run_bench_trace(const BenchFlags& f) {
   mf.device = f.device;
   mf.dtype = f.dtype;
   mf.enforce_eager = f.enforce_eager;
+  mf.prefill_attention = f.prefill_attention;
   mf.threads = f.threads;
   auto be = make_backend(mf);
   if (!be.ok()) return report(be.error());
@@ -371,6 +373,7 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--device", f->device, "cpu, or cuda / cuda:N")->default_val("cpu");
   cmd->add_option("--dtype", f->dtype, "With --device cuda: bf16 or f32 weights and caches")->default_val("bf16")->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_flag("--enforce-eager", f->enforce_eager, "With --device cuda: no CUDA graphs for decode steps");
+  add_prefill_attention_flag(cmd, f->prefill_attention);
   cmd->add_option("--threads", f->threads, "CPU threads (0: all cores)")->default_val(0);
   cmd->callback([f, &action] { action = [f] { return run_bench_trace(*f); }; });
 }

@@ -25,10 +25,20 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
   app->add_flag("--enforce-eager", enforce_eager,
                 "With --device cuda: launch decode steps op by op instead of replaying them as CUDA graphs "
                 "(slower; for debugging and profiling)");
+  add_prefill_attention_flag(app, prefill_attention);
   if (with_adapters)
     app->add_option("--adapter", adapters,
                     "Register a PEFT LoRA adapter as NAME=DIR (adapter_config.json + adapter_model.safetensors); "
                     "repeatable");
+}
+
+void add_prefill_attention_flag(CLI::App* app, std::string& value) {
+  app->add_option("--prefill-attention", value,
+                  "With --device cuda: the prefill attention kernel, v6 (warp-specialised wgmma, the default) or v5 "
+                  "(the previous wgmma kernel); decode and the K-side LoRA term pick their own. The environment "
+                  "variable LRAGENT_CUDA_PREFILL_KERNEL, when set, wins")
+      ->default_val("v6")
+      ->check(CLI::IsMember({"v5", "v6"}));
 }
 
 int report(const Error& e) {
@@ -69,6 +79,7 @@ Result<std::unique_ptr<Backend>> make_backend(const ModelFlags& flags) {
   CudaBackendOptions o;
   o.dtype = flags.dtype == "f32" ? DType::kF32 : DType::kBF16;
   o.graphs = !flags.enforce_eager;
+  o.prefill_attention = flags.prefill_attention == "v5" ? 5 : 6;
   if (flags.device.rfind("cuda", 0) == 0) {
     if (flags.device.size() > 5 && flags.device[4] == ':') {
       char* end = nullptr;

@@ -30,7 +30,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // app.exit prints the message (or the help); every bad flag is exit code 2, as the footer says
+    // (CLI11's own codes, e.g. 105 for a value outside a set, are not part of lragent's contract).
+    const int code = app.exit(e);
+    return code == static_cast<int>(CLI::ExitCodes::Success) ? 0 : 2;
   }
   return action ? action() : 0;
 }

@@ -136,6 +136,12 @@ TEST(Cli, TooLongPromptAndBadFlags) {
   EXPECT_NE(error_line(r).find("99999"), std::string::npos) << r.err;
   r = run_cli("generate " + model_arg() + " --prompt-tokens 1,x");
   EXPECT_EQ(r.code, 2);
+  // The prefill kernel flag: v5 / v6 only (on the CPU it has nothing to select, and is accepted).
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens 1 --prefill-attention v7");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--prefill-attention"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens 1 --prefill-attention v5");
+  EXPECT_EQ(r.code, 0) << r.err;
 }
 
 TEST(Cli, ReplayJsonAndBadScripts) {
