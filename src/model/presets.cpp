@@ -156,9 +156,6 @@ std::vector<std::unique_ptr<LoraAdapter>> make_preset_adapters(const ModelConfig
   r.a_seed = [=](int role) { return shared_a ? seed : splitmix64(seed + 100 + static_cast<uint64_t>(role)); };
   r.b_seed = [=](int role) { return splitmix64(seed + 1000 + static_cast<uint64_t>(role)); };
   r.b_sd = 0.02f;
-  r.a_hash = [](uint64_t a_seed, int l, int t) {
-    return splitmix64(a_seed ^ static_cast<uint64_t>(l * 2 + t));  // identical A <=> identical hash
-  };
   return make_role_adapters(cfg, rank, r);
 }
 

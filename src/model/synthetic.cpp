@@ -3,6 +3,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "backend/random.h"
+
 namespace lragent {
 
 uint64_t NormalRng::next_u64() {
@@ -109,7 +111,7 @@ std::vector<std::unique_ptr<LoraAdapter>> make_role_adapters(const ModelConfig& 
         m.scale = a->lora_alpha / static_cast<float>(rank);
         m.a = fill(a_rng, {rank, h}, 1.0f / std::sqrt(static_cast<float>(h)));
         m.b = fill(b_rng, {out_of[t], rank}, recipe.b_sd);
-        m.a_hash = recipe.a_hash(a_seed, l, t);
+        m.a_hash = splitmix64(a_seed ^ static_cast<uint64_t>(l * 2 + t));  // identical A <=> identical hash
         a->layers[static_cast<size_t>(l)][static_cast<size_t>(targets[t])] = std::move(m);
       }
     out.push_back(std::move(a));
@@ -123,7 +125,6 @@ std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelCon
   r.a_seed = [seed](int) { return seed; };  // the same A for every role
   r.b_seed = [seed](int role) { return seed * 1000 + static_cast<uint64_t>(role) + 1; };
   r.b_sd = 0.15f / std::sqrt(static_cast<float>(rank));
-  r.a_hash = [seed](uint64_t, int l, int t) { return static_cast<uint64_t>(l * 2 + t) ^ seed; };
   return make_role_adapters(cfg, rank, r);
 }
 

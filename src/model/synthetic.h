@@ -26,14 +26,12 @@ Result<std::unique_ptr<LlamaModel>> make_synthetic_model(const SyntheticSpec& sp
 std::vector<std::unique_ptr<LoraAdapter>> make_synthetic_adapters(const ModelConfig& cfg, int rank = 8,
                                                                   uint64_t seed = 7);
 // How make_role_adapters draws its three adapters: role r's A from the NormalRng stream
-// a_seed(r) (the same seed for every role: shared A), its B from b_seed(r) with standard deviation
-// b_sd; a_hash(a_seed(r), layer, target 0 = q / 1 = v) must be equal exactly when the A matrices
-// are (LoraModule::a_hash: shared-A grouping).
+// a_seed(r) (the same seed for every role: shared A; LoraModule::a_hash follows from it, so equal
+// A matrices group), its B from b_seed(r) with standard deviation b_sd.
 struct RoleAdapterRecipe {
   std::string dir;  // LoraAdapter::dir, a label ("<synthetic>", "<preset shared-A>", ...)
   std::function<uint64_t(int role)> a_seed, b_seed;
   float b_sd = 0.02f;
-  std::function<uint64_t(uint64_t a_seed, int layer, int target)> a_hash;
 };
 // Three role adapters (plan, action, reflect): LoRA r = `rank` on q_proj and v_proj, lora_alpha
 // 2·rank (scale 2), A [rank, hidden] with standard deviation 1/sqrt(hidden), B [out, rank].

@@ -190,7 +190,7 @@ TEST_F(Sharing, KAndVShareOneBlockTableInEveryMode) {
         // V's rows of every block lie past K's rows of the same block and layer, never on them.
         const auto* k0 = static_cast<const char*>(p.k.data);
         const auto* v0 = static_cast<const char*>(p.v.data);
-        EXPECT_GE(v0 - k0, static_cast<std::ptrdiff_t>(p.k.page_size * p.k.row_stride * 4))
+        EXPECT_GE(v0 - k0, static_cast<std::ptrdiff_t>(p.k.page_size * p.k.row_stride * dtype_size(p.k.dtype)))
             << share_mode_name(m) << " layer " << l;
       }
     }
