@@ -134,8 +134,33 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
     const bf16* const gK = p.k.data + g * kD + ld_ch * 8;
     const bf16* const gV = p.v.data + g * kD + ld_ch * 8;
     const PagedRows lr_rows(kLr ? p.v_lr.lr : p.v, s, kLr ? x.lvshift : x.vshift);  // LRv rows (kLr)
+    // Block ids one tile ahead: the loads for tile t + 1 are issued before tile t's copies, so
+    // their latency hides behind the copies and the `empty` wait instead of heading the next
+    // tile. With K and V on one table and pages of >= 16 tokens (the engine's caches) the K/V
+    // pairs of step j all sit in page (key0 + 16 j) >> shift, the same 4 ids for every thread;
+    // other layouts look their ids up per tile as before. The LRv key is this thread's own.
+    const bool ahead = x.kv_same && kv_rows.shift >= 4;
+    const int lr_kr = tid >> 1, lr_ch = tid & 1;
+    uint32_t ids[kBN / 16], lr_id = 0;  // tile t's K/V block ids [step j], LRv block id
+    auto fetch_ids = [&](int t, uint32_t(&out)[kBN / 16], uint32_t& out_lr) {
+      const int key0 = kb + t * kBN;
+      if (ahead) {
+#pragma unroll
+        for (int j = 0; j < kBN / 16; ++j) {
+          const int k = key0 + 16 * j;
+          out[j] = t < n_tiles && k < ke ? static_cast<uint32_t>(__ldg(kv_rows.table + (k >> kv_rows.shift))) : 0u;
+        }
+      }
+      if constexpr (kLr) {
+        const int k = key0 + lr_kr;
+        out_lr = t < n_tiles && k < ke ? static_cast<uint32_t>(__ldg(lr_rows.table + (k >> lr_rows.shift))) : 0u;
+      }
+    };
+    fetch_ids(0, ids, lr_id);
     for (int t = 0; t < n_tiles; ++t) {
       const int stage = t % kStages, round = t / kStages;
+      uint32_t next[kBN / 16], next_lr = 0;  // tile t + 1's ids, in flight during this tile
+      fetch_ids(t + 1, next, next_lr);
       if (round > 0) mbar_wait(empty_bar + 8 * stage, (round - 1) & 1);
       unsigned char* st = sm + kQBytes + stage * kStage;
       const int key0 = kb + t * kBN;
@@ -143,12 +168,19 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
       for (int j = 0; j < kBN / 16; ++j) {
         const int kr = ld_row + 16 * j, key = key0 + kr;  // and kr + 8
         uint64_t offk[2], offv[2];
-        kv_rows.offset_pair(key, ke, offk);
-        if (x.kv_same) {
+        if (ahead) {
+          offk[0] = kv_rows.offset_in(ids[j], key);
+          offk[1] = offk[0] + 8ull * kv_rows.row_stride;
           offv[0] = offk[0];
           offv[1] = offk[1];
         } else {
-          v_rows.offset_pair(key, ke, offv);
+          kv_rows.offset_pair(key, ke, offk);
+          if (x.kv_same) {
+            offv[0] = offk[0];
+            offv[1] = offk[1];
+          } else {
+            v_rows.offset_pair(key, ke, offv);
+          }
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -159,12 +191,15 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
         }
       }
       if constexpr (kLr) {
-        const int kr = tid >> 1, ch = tid & 1, key = key0 + kr;
-        const bool ok = key < ke && ch * 8 < p.v_lr.rank;
-        const bf16* src = ok ? p.v_lr.lr.data + lr_rows.offset(key) + ch * 8 : p.v_lr.lr.data;
-        cp_async16(st + 2 * kKVBytes + kr * 128 + ((ch ^ (kr & 7)) << 4), src, ok ? 16 : 0);
+        const int key = key0 + lr_kr;
+        const bool ok = key < ke && lr_ch * 8 < p.v_lr.rank;
+        const bf16* src = ok ? p.v_lr.lr.data + lr_rows.offset_in(lr_id, key) + lr_ch * 8 : p.v_lr.lr.data;
+        cp_async16(st + 2 * kKVBytes + lr_kr * 128 + ((lr_ch ^ (lr_kr & 7)) << 4), src, ok ? 16 : 0);
       }
       mbar_arrive_cp_async(full_bar + 8 * stage);
+#pragma unroll
+      for (int j = 0; j < kBN / 16; ++j) ids[j] = next[j];
+      lr_id = next_lr;
     }
     // Nothing may still target shared memory when these threads leave: commit first, since
     // wait_group only covers committed groups (the copies above were tracked by mbarriers only).

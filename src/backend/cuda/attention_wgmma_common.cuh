@@ -64,7 +64,10 @@ struct PagedRows {
         page_mask(static_cast<uint32_t>(v.page_size - 1)),
         shift(page_shift) {}
   __device__ __forceinline__ uint64_t offset(int t) const {
-    const uint32_t blk = static_cast<uint32_t>(__ldg(table + (t >> shift)));
+    return offset_in(static_cast<uint32_t>(__ldg(table + (t >> shift))), t);
+  }
+  // Offset of token t in block `blk` (table[t >> shift], looked up by the caller ahead of time).
+  __device__ __forceinline__ uint64_t offset_in(uint32_t blk, int t) const {
     return static_cast<uint64_t>(blk) * block_stride + (static_cast<uint32_t>(t) & page_mask) * row_stride;
   }
   // Offsets of tokens t and t + 8 (0 for one at or past `end`), where t % 16 < 8: with pages of
