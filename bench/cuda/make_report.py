@@ -63,7 +63,7 @@ def main():
         peer = find(S, "prefill", "sdpa_flash", ctx)
         v2 = {n: find(R, "prefill", "v2_" + n, ctx) for n in ("plain", "flash_lora_v_r16", "flash_lora_kv_r16")}
         v3 = {n: find(R, "prefill", "v3_" + n, ctx) for n in ("plain", "flash_lora_v_r16")}
-        v5 = {n: find(R, "prefill", "v5_" + n, ctx) for n in ("plain", "flash_lora_v_r16")}
+        v5 = {n: find(R, "prefill", "v5_" + n, ctx) for n in ("plain", "flash_lora_v_r16", "flash_lora_kv_r16")}
         k = f"prefill_{ctx // 1024}k"
         ratios[k] = {
             "ours_tflops": plain.get("tflops"),
@@ -86,6 +86,8 @@ def main():
             "v2_tflops": None if v2["plain"] is None else v2["plain"].get("tflops"),
             "default_over_v2_speed": ratio(ms(v2["plain"]), ms(plain)),
             "default_over_v2_speed_fla_kv": ratio(ms(v2["flash_lora_kv_r16"]), ms(flakv)),
+            "default_over_v5_speed_fla_kv": ratio(ms(v5["flash_lora_kv_r16"]), ms(flakv)),
+            "v5_fla_kv_over_plain_time": ratio(ms(v5["flash_lora_kv_r16"]), ms(v5["plain"])),
         }
         rows.append((f"prefill {ctx // 1024}k: ours {fmt(plain.get('tflops'), '.0f')} TFLOP/s, "
                      f"SDPA {fmt(None if peer is None else peer.get('tflops'), '.0f')}",
@@ -98,7 +100,9 @@ def main():
                      f"v5/SDPA time {fmt(ratios[k]['v5_over_sdpa_time'])}, v5 FLA/plain {fmt(ratios[k]['v5_fla_over_plain_time'])}); "
                      f"default / v3 speed plain {fmt(ratios[k]['default_over_v3_speed'])}x, "
                      f"FLA {fmt(ratios[k]['default_over_v3_speed_fla'])}x "
-                     f"(v3 FLA/plain {fmt(ratios[k]['v3_fla_over_plain_time'])}; FLA+K runs v5 (from v6) / v2)"))
+                     f"(v3 FLA/plain {fmt(ratios[k]['v3_fla_over_plain_time'])}); "
+                     f"FLA+K default / v5 speed {fmt(ratios[k]['default_over_v5_speed_fla_kv'])}x "
+                     f"(v5 FLA+K/plain {fmt(ratios[k]['v5_fla_kv_over_plain_time'])})"))
     sq = {n: find(R, "prefill_square", n) for n in ("plain", "v5_plain", "flash_lora_v_r16", "v5_flash_lora_v_r16")}
     if sq["plain"] is not None:
         ratios["prefill_square"] = {

@@ -37,8 +37,14 @@ constexpr float kLazyLog2 = 8.f;  // lazy-rescale headroom (log2 units): P <= 25
 // The producer keeps 56 registers: at 40 its page-table loads and addresses for a tile did not
 // stay in flight together (ncu: long-scoreboard stalls 1.7x plain's with the LRv copies) and
 // Flash-LoRA ran 1.16-1.19x plain's time; at 56 it is 1.08-1.09x, plain unchanged (H100).
+// The pool setmaxnreg.inc draws from is what the block got at launch, 384 threads x 168 registers
+// (__launch_bounds__(384, 1): 65536 / 384 rounded down to a multiple of 8), not the register
+// file: a split asking for more (96 / 208, say) leaves the consumers waiting in setmaxnreg
+// forever (seen on the H100: the kernel hung).
+constexpr int kEntryRegs = 168;
 constexpr int kProducerRegs = 56, kConsumerRegs = 224;
-static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "setmaxnreg budget exceeds the register file");
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= kThreads * kEntryRegs,
+              "setmaxnreg split exceeds the registers the block was launched with");
 static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg counts are multiples of 8");
 // Named barriers (0 is __syncthreads): the consumers' turns, then each consumer's Q barrier.
 constexpr int kTurnBar = 1, kQBar = 3;
