@@ -7,7 +7,8 @@
 //            and one sequence over 4k (a batch-1 decode step's attention per layer): plain, FLA
 //   agents:  8 agents x one query over ONE shared 32k base (+LR) cache, own B_k/B_v each,
 //            vs the 8 private-cache decodes above
-// Timing: CUDA events per repetition, warm-up, median of >= 20 repetitions, inputs rotated
+// Timing: CUDA events per repetition, warm-up, median of >= 20 repetitions (prefill: the
+// default kernel's variants and materialise-then-attend interleaved), inputs rotated
 // (disjoint page sets / query buffers) where one set would fit in L2. Also a D2D copy ceiling.
 // Writes JSON to --out (default attention_bench.json) and prints a table.
 #include <cuda_runtime.h>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -76,33 +78,48 @@ struct Stats {
   int reps = 0;
 };
 
+// Times fns[v](launch) per repetition with events, the variants interleaved (round i runs
+// variant 0, 1, ... once each), so that the ones whose ratio is reported see the same clocks and
+// temperature (timed one after the other, a ratio moved by up to 0.1 between runs); `launch`
+// counts every call, so rotating inputs by it keeps consecutive launches on different data.
+// Median per variant.
+std::vector<Stats> time_interleaved(const std::vector<std::function<void(int)>>& fns, int warmup, int reps) {
+  const size_t nv = fns.size();
+  int launch = 0;
+  for (int i = 0; i < warmup; ++i)
+    for (const auto& fn : fns) fn(launch++);
+  CK(cudaDeviceSynchronize());
+  std::vector<cudaEvent_t> ev(2 * nv * static_cast<size_t>(reps));  // [rep][variant][start, end]
+  for (auto& e : ev) CK(cudaEventCreate(&e));
+  for (int i = 0; i < reps; ++i)
+    for (size_t v = 0; v < nv; ++v) {
+      CK(cudaEventRecord(ev[2 * (i * nv + v)]));
+      fns[v](launch++);
+      CK(cudaEventRecord(ev[2 * (i * nv + v) + 1]));
+    }
+  CK(cudaDeviceSynchronize());
+  std::vector<Stats> out(nv);
+  for (size_t v = 0; v < nv; ++v) {
+    std::vector<double> ms(static_cast<size_t>(reps));
+    for (int i = 0; i < reps; ++i) {
+      float t = 0;
+      CK(cudaEventElapsedTime(&t, ev[2 * (i * nv + v)], ev[2 * (i * nv + v) + 1]));
+      ms[i] = t;
+    }
+    std::sort(ms.begin(), ms.end());
+    out[v].reps = reps;
+    out[v].median_ms = ms[ms.size() / 2];
+    out[v].min_ms = ms.front();
+    out[v].max_ms = ms.back();
+  }
+  for (auto& e : ev) CK(cudaEventDestroy(e));
+  return out;
+}
+
 // Times fn(rep) per repetition with events; median.
 template <typename F>
 Stats time_it(F&& fn, int warmup, int reps) {
-  for (int i = 0; i < warmup; ++i) fn(i);
-  CK(cudaDeviceSynchronize());
-  std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(reps));
-  for (auto& e : ev) CK(cudaEventCreate(&e));
-  for (int i = 0; i < reps; ++i) {
-    CK(cudaEventRecord(ev[2 * i]));
-    fn(warmup + i);
-    CK(cudaEventRecord(ev[2 * i + 1]));
-  }
-  CK(cudaDeviceSynchronize());
-  std::vector<double> ms(static_cast<size_t>(reps));
-  for (int i = 0; i < reps; ++i) {
-    float t = 0;
-    CK(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
-    ms[i] = t;
-  }
-  for (auto& e : ev) CK(cudaEventDestroy(e));
-  std::sort(ms.begin(), ms.end());
-  Stats s;
-  s.reps = reps;
-  s.median_ms = ms[ms.size() / 2];
-  s.min_ms = ms.front();
-  s.max_ms = ms.back();
-  return s;
+  return time_interleaved({std::function<void(int)>(std::forward<F>(fn))}, warmup, reps)[0];
 }
 
 struct Result {
@@ -326,7 +343,22 @@ int main(int argc, char** argv) {
       const char* name;
       bool vlr, klr;
     } variants[] = {{"plain", false, false}, {"flash_lora_v_r16", true, false}, {"flash_lora_kv_r16", true, true}};
-    for (const auto& var : variants) {
+    // The default kernel's variants and materialise-then-attend, interleaved: their ratios are
+    // the acceptance figures.
+    auto materialise_then_attend = [&](int rep) {
+      lc::AttnParams p = params(rep, true, false);
+      CK(lc::materialize_v(p, P.vfull));
+      p.v.data = P.vfull;
+      p.v_lr = lc::DevLowRank{};
+      CK(lc::attention(p));
+    };
+    std::vector<std::function<void(int)>> fns;
+    for (const auto& var : variants)
+      fns.push_back([&, var](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr))); });
+    fns.push_back(materialise_then_attend);
+    const std::vector<Stats> st = time_interleaved(fns, warmup, reps);
+    for (size_t vi = 0; vi < std::size(variants); ++vi) {
+      const auto& var = variants[vi];
       Result r;
       r.group = "prefill";
       r.name = var.name;
@@ -334,7 +366,7 @@ int main(int argc, char** argv) {
       r.n_q = n_q;
       r.seqs = 1;
       r.splits = lc::attention_num_splits(params(0, var.vlr, var.klr));
-      r.t = time_it([&](int rep) { CK(lc::attention(params(rep, var.vlr, var.klr))); }, warmup, reps);
+      r.t = st[vi];
       r.flops = flops;
       r.bytes = kv_bytes + (var.vlr ? lr_bytes : 0) + (var.klr ? lr_bytes : 0);
       report(r);
@@ -356,15 +388,7 @@ int main(int argc, char** argv) {
       r.ctx = ctx;
       r.n_q = n_q;
       r.seqs = 1;
-      r.t = time_it(
-          [&](int rep) {
-            lc::AttnParams p = params(rep, true, false);
-            CK(lc::materialize_v(p, P.vfull));
-            p.v.data = P.vfull;
-            p.v_lr = lc::DevLowRank{};
-            CK(lc::attention(p));
-          },
-          warmup, reps);
+      r.t = st.back();
       r.flops = flops;
       r.bytes = kv_bytes + lr_bytes + 2.0 * ctx * kWidth * 2;
       report(r);
