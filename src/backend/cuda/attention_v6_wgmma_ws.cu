@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
     // other layouts look their ids up per tile as before. The LRv key is this thread's own.
     const bool ahead = x.kv_same && kv_rows.shift >= 4;
     const int lr_kr = tid >> 1, lr_ch = tid & 1;
-    uint32_t ids[kBN / 16], lr_id = 0;  // tile t's K/V block ids [step j], LRv block id
+    uint32_t ids[kBN / 16] = {}, lr_id = 0;  // tile t's K/V block ids [step j] (ahead), LRv block id (kLr)
     auto fetch_ids = [&](int t, uint32_t(&out)[kBN / 16], uint32_t& out_lr) {
       const int key0 = kb + t * kBN;
       if (ahead) {
@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v6_kernel(const AttnParams p
     fetch_ids(0, ids, lr_id);
     for (int t = 0; t < n_tiles; ++t) {
       const int stage = t % kStages, round = t / kStages;
-      uint32_t next[kBN / 16], next_lr = 0;  // tile t + 1's ids, in flight during this tile
+      uint32_t next[kBN / 16] = {}, next_lr = 0;  // tile t + 1's ids, in flight during this tile (zero: unused)
       fetch_ids(t + 1, next, next_lr);
       if (round > 0) mbar_wait(empty_bar + 8 * stage, (round - 1) & 1);
       unsigned char* st = sm + kQBytes + stage * kStage;
