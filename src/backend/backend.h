@@ -176,6 +176,16 @@ class Backend {
   }
   // out[n, d] = silu(gate) * up
   virtual void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) = 0;
+  // The MLP's first half: gate[n, inter] = silu(x · w_gate^T) * (x · w_up^T). `up` [n, inter] is
+  // scratch (its contents afterwards are unspecified). A backend may compute it in one kernel
+  // without writing the two projections (the CUDA decode GEMV does); by default: matmul_group,
+  // then silu_mul.
+  virtual void matmul_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
+                             TensorView& up) {
+    const MatmulOut outs[] = {{&w_gate, nullptr, &gate}, {&w_up, nullptr, &up}};
+    matmul_group(x, outs);
+    silu_mul(gate, up, gate);
+  }
   // y += x (same shape)
   virtual void add(TensorView& y, const TensorView& x) = 0;
   // out[n, d] = table[ids[n], :] (table in any float dtype)

@@ -182,11 +182,23 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     apply_lora(be_, l, LoraTarget::kO, attn.view(), &xn.view(), segs, nullptr, stats_);
     be_.add_rms_norm(h.view(), xn.view(), lw.mlp_norm, eps, xn.view());  // h += o; xn = mlp_norm(h)
 
-    const Backend::MatmulOut gate_up[] = {{&lw.w_gate, nullptr, &gate.view()}, {&lw.w_up, nullptr, &up.view()}};
-    be_.matmul_group(xn.view(), gate_up);
-    apply_lora(be_, l, LoraTarget::kGate, xn.view(), &gate.view(), segs, nullptr, stats_);
-    apply_lora(be_, l, LoraTarget::kUp, xn.view(), &up.view(), segs, nullptr, stats_);
-    be_.silu_mul(gate.view(), up.view(), gate.view());
+    bool lora_mlp_in = false;  // some adapter of the batch adapts gate or up in this layer
+    for (const LoraSegment& sg : segs) {
+      if (!sg.adapter) continue;
+      const auto& mods = sg.adapter->layers[static_cast<size_t>(l)];
+      lora_mlp_in = lora_mlp_in || mods[static_cast<size_t>(LoraTarget::kGate)].has_value() ||
+                    mods[static_cast<size_t>(LoraTarget::kUp)].has_value();
+    }
+    if (!lora_mlp_in) {
+      // gate = silu(xn · W_gate) * (xn · W_up): one kernel on a backend that fuses it.
+      be_.matmul_swiglu(xn.view(), lw.w_gate, lw.w_up, gate.view(), up.view());
+    } else {
+      const Backend::MatmulOut gate_up[] = {{&lw.w_gate, nullptr, &gate.view()}, {&lw.w_up, nullptr, &up.view()}};
+      be_.matmul_group(xn.view(), gate_up);
+      apply_lora(be_, l, LoraTarget::kGate, xn.view(), &gate.view(), segs, nullptr, stats_);
+      apply_lora(be_, l, LoraTarget::kUp, xn.view(), &up.view(), segs, nullptr, stats_);
+      be_.silu_mul(gate.view(), up.view(), gate.view());
+    }
     be_.matmul(gate.view(), lw.w_down, nullptr, xn.view());
     apply_lora(be_, l, LoraTarget::kDown, gate.view(), &xn.view(), segs, nullptr, stats_);
     if (l + 1 < c.num_layers)  // h += mlp; xn = the next layer's attn_norm(h)

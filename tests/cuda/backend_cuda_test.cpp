@@ -102,6 +102,34 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
   }
 }
 
+// silu(x·W_gate^T) * (x·W_up^T) in one call (matmul_swiglu) against the CPU's matmuls + silu_mul:
+// the fused decode GEMV (n <= 8, in % 8 == 0, bf16) and the fallback (cuBLASLt + SwiGLU kernel),
+// at odd heights (a block's last pair half-used), a single pair (out 1) and the 8B MLP width.
+TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto gpu = cuda_backend(dt);
+  auto cpu = make_cpu_backend(2);
+  ASSERT_TRUE(gpu);
+  struct Shape { int64_t n, in, out; };
+  for (Shape s : {Shape{1, 64, 17}, Shape{1, 8, 1}, Shape{3, 4096, 97}, Shape{8, 2048, 4099}, Shape{1, 4096, 14336},
+                  Shape{2, 16384, 33}, Shape{9, 64, 97}, Shape{4, 17, 5}, Shape{5, 256, 1031}}) {
+    Tensor x = random_host({s.n, s.in}, 11), wg = random_host({s.out, s.in}, 12), wu = random_host({s.out, s.in}, 13);
+    Tensor xd = gpu->upload(x.view(), DType::kF32), wgd = gpu->upload(wg.view(), dt), wud = gpu->upload(wu.view(), dt);
+    Tensor gc = Tensor::empty(DType::kF32, {s.n, s.out}), uc = Tensor::empty(DType::kF32, {s.n, s.out});
+    const Backend::MatmulOut outs[] = {{&wg.view(), nullptr, &gc.view()}, {&wu.view(), nullptr, &uc.view()}};
+    cpu->matmul_group(x.view(), outs);
+    cpu->silu_mul(gc.view(), uc.view(), gc.view());
+    // Poisoned outputs: every element of gate must be written (up is scratch).
+    Tensor nan = Tensor::empty(DType::kF32, {s.n, s.out});
+    for (int64_t i = 0; i < nan.numel(); ++i) nan.f32()[i] = std::nanf("");
+    Tensor gd = gpu->upload(nan.view(), DType::kF32), ud = gpu->upload(nan.view(), DType::kF32);
+    gpu->matmul_swiglu(xd.view(), wgd.view(), wud.view(), gd.view(), ud.view());
+    const double e = rel_l2(host_values(*gpu, gd.view()), host_values(*cpu, gc.view()));
+    EXPECT_LE(e, tol(dt)) << "matmul_swiglu " << s.n << "x" << s.in << " . 2x" << s.out;
+  }
+}
+
 TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
   REQUIRE_GPU();
   const DType dt = GetParam();
@@ -164,7 +192,7 @@ TEST_P(CudaOps, ArgmaxRowsMatchesCpu) {
   auto gpu = cuda_backend(GetParam());
   auto cpu = make_cpu_backend(2);
   ASSERT_TRUE(gpu);
-  for (int64_t cols : {1, 17, 1025, 128256}) {
+  for (int64_t cols : {1, 4, 17, 1025, 4100, 32004, 128256}) {
     for (int64_t rows : {1, 3, 8}) {
       Tensor x = random_host({rows, cols}, static_cast<uint32_t>(cols + rows));
       for (int64_t r = 0; r < rows; ++r) {  // ties: copy the row maximum to a later column

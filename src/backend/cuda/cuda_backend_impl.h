@@ -136,6 +136,8 @@ class CudaBackend final : public Backend {
   void rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) override;
 
   void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override;
+  void matmul_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
+                     TensorView& up) override;
 
   void add(TensorView& y, const TensorView& x) override;
 

@@ -159,6 +159,35 @@ void CudaBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorV
   launch("silu_mul", [=, this] { return lc::silu_mul(g, u, o, n, o16, stream_); });
 }
 
+void CudaBackend::matmul_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up,
+                                TensorView& gate, TensorView& up) {
+  const int64_t n = x.dim(0), in = x.dim(1), out = w_gate.dim(0);
+  const int64_t ldx = row_stride_of(x), ldy = row_stride_of(gate);
+  // LRAGENT_CUDA_FUSE_SWIGLU=0: the two-kernel path (for measuring the fusion on the device).
+  static const bool fuse = [] {
+    const char* v = std::getenv("LRAGENT_CUDA_FUSE_SWIGLU");
+    return !v || std::atoi(v) != 0;
+  }();
+  const bool gemv = fuse && n > 0 && w_gate.dtype == DType::kBF16 && w_up.dtype == DType::kBF16 &&
+                    w_up.dim(0) == out && w_gate.dim(1) == in && w_up.dim(1) == in && gate.dim(1) == out &&
+                    gate.data != x.data &&
+                    lc::gemv_bf16_ok(w_gate.data, row_stride_of(w_gate), x.f32(), ldx, n, in) &&
+                    lc::gemv_bf16_ok(w_up.data, row_stride_of(w_up), x.f32(), ldx, n, in);
+  if (!gemv) {
+    Backend::matmul_swiglu(x, w_gate, w_up, gate, up);
+    return;
+  }
+  wrote(gate.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
+  shadow_ = {};  // the GEMV path reads f32 activations; no bf16 copy is made
+  const void *wg = w_gate.data, *wu = w_up.data;
+  const int64_t ldg = row_stride_of(w_gate), ldu = row_stride_of(w_up);
+  const float* xd = x.f32();
+  float* yd = gate.f32();
+  rec("gemv_swiglu", wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out);
+  launch("matmul.gemv_swiglu",
+         [=, this] { return lc::gemv_bf16_swiglu(wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, stream_); });
+}
+
 void CudaBackend::add(TensorView& y, const TensorView& x) {
   wrote(y.data, y.nbytes());
   float* yd = y.f32();

@@ -13,9 +13,14 @@
 //     L1 then keeps the activations x that every warp of the SM re-reads;
 //   - takes up to kMaxSegs weight matrices that read the same x (q/k/v, gate/up) in one launch:
 //     their rows are numbered one after the other, so the narrow k/v projections ride in the
-//     same waves as q instead of under-filling a launch of their own.
+//     same waves as q instead of under-filling a launch of their own;
+//   - SwiGLU mode (gemv_bf16_swiglu): the gate and up rows of the same index o are computed in
+//     the same block (the first half of its warps take gate rows, the second half the matching
+//     up rows), and the block writes silu(gate) · up: the separate SwiGLU kernel and its launch
+//     gap (32 per 8B decode step) are gone, and the gate/up outputs never reach memory.
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "backend/cuda/device_props.h"
@@ -41,6 +46,8 @@ struct GemvArgs {
   float alpha, beta;
   int wpr;  // warps per output row (1, 2, 4, 8)
 };
+// SwiGLU mode: 2 segments (gate, up) of the same height; y[0] gets silu(gate) · up. Rows are
+// taken in pairs: a block's kWarps / wpr rows are kWarps / (2 wpr) gate rows, then the same up rows.
 
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   uint4 r;
@@ -50,22 +57,33 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
   return r;
 }
 
-template <int R>
+template <int R, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) {
   __shared__ float part[kWarps][R];  // [warp][row] partial sums
+  __shared__ float res[kSwiGLU ? kWarps : 1][R];  // SwiGLU: [block row][batch row] finished dots
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t og = blockIdx.x * int64_t{kWarps / a.wpr} + warp / a.wpr;  // global row
+  const int rpb = kWarps / a.wpr;  // output rows per block
+  const int br = warp / a.wpr;     // this warp's row within the block
   const int piece = warp % a.wpr;
   int seg = 0;
-  while (seg + 1 < a.n_segs && og >= a.end[seg]) ++seg;
-  const int64_t o = og - (seg > 0 ? a.end[seg - 1] : 0);  // row within the segment
+  int64_t o, og;  // row within the segment; global row (its liveness)
+  if constexpr (kSwiGLU) {
+    const int half = rpb / 2;
+    seg = br / half;
+    o = blockIdx.x * int64_t{half} + br % half;
+    og = o;  // live while o < the segments' common height
+  } else {
+    og = blockIdx.x * int64_t{rpb} + br;
+    while (seg + 1 < a.n_segs && og >= a.end[seg]) ++seg;
+    o = og - (seg > 0 ? a.end[seg - 1] : 0);
+  }
   const int64_t chunks = a.in / 8;  // 16-byte chunks of a weight row
   const int64_t per = (chunks + a.wpr - 1) / a.wpr;
   const int64_t c0 = piece * per, c1 = min(chunks, c0 + per);
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
-  const bool live = og < a.out;
+  const bool live = og < (kSwiGLU ? a.end[0] : a.out);
   const uint4* wr = live ? reinterpret_cast<const uint4*>(a.w[seg] + o * a.ldw[seg]) : nullptr;
   auto load = [&](uint4 (&wv)[kUnroll], int64_t c) {
 #pragma unroll
@@ -115,12 +133,32 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) 
     if (lane == 0) part[warp][r] = v;
   }
   __syncthreads();
-  // The first warp of each row: lane r sums the row's pieces for batch row r.
-  if (piece == 0 && lane < R && og < a.out) {
-    float v = 0.f;
-    for (int p = 0; p < a.wpr; ++p) v += part[warp + p][lane];
-    float* yo = a.y[seg] + lane * a.ldy[seg] + o;
-    *yo = a.beta == 0.f ? a.alpha * v : a.alpha * v + a.beta * *yo;
+  if constexpr (kSwiGLU) {
+    // Row results to shared memory, then one thread per (gate row, batch row) pair.
+    if (piece == 0 && lane < R) {
+      float v = 0.f;
+      for (int p = 0; p < a.wpr; ++p) v += part[warp + p][lane];
+      res[br][lane] = v;
+    }
+    __syncthreads();
+    const int half = rpb / 2;
+    const int t = threadIdx.x;
+    if (t < half * R) {
+      const int j = t / R, r = t % R;
+      const int64_t oj = blockIdx.x * int64_t{half} + j;
+      if (oj < a.end[0]) {
+        const float g = res[j][r], u = res[half + j][r];
+        a.y[0][r * a.ldy[0] + oj] = g / (1.0f + expf(-g)) * u;  // silu_mul_kernel's expression
+      }
+    }
+  } else {
+    // The first warp of each row: lane r sums the row's pieces for batch row r.
+    if (piece == 0 && lane < R && og < a.out) {
+      float v = 0.f;
+      for (int p = 0; p < a.wpr; ++p) v += part[warp + p][lane];
+      float* yo = a.y[seg] + lane * a.ldy[seg] + o;
+      *yo = a.beta == 0.f ? a.alpha * v : a.alpha * v + a.beta * *yo;
+    }
   }
 }
 
@@ -159,6 +197,35 @@ cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx
   return gemv_bf16_grouped(&seg, 1, x, ldx, rows, in, alpha, beta, s);
 }
 
+namespace {
+// The launch both entry points share: `swiglu` selects the kernel's SwiGLU mode.
+cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t s) {
+  // SwiGLU: the split counts both segments' rows, but a block must hold at least one pair.
+  a.wpr = std::min(gemv_bf16_v2_warps_per_row(a.in, a.out), swiglu ? kWarps / 2 : kWarps);
+  const int64_t rows_per_block = kWarps / a.wpr;
+  const int64_t units = swiglu ? a.end[0] : a.out;  // rows (pairs) the grid covers
+  const int64_t per_block = swiglu ? rows_per_block / 2 : rows_per_block;
+  const unsigned grid = static_cast<unsigned>((units + per_block - 1) / per_block);
+  // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits
+  // on it before reading x; see the kernel). Captured into graphs as a programmatic edge.
+  const bool pdl = knobs().pdl;
+  auto go = [&](auto kernel) -> cudaError_t {
+    if (pdl) return launch_pdl(kernel, dim3(grid), dim3(kWarps * 32), 0, s, a);
+    kernel<<<grid, kWarps * 32, 0, s>>>(a);
+    return cudaGetLastError();
+  };
+  switch (rows) {
+#define LRA_GEMV2_CASE(R) \
+  case R:                 \
+    return swiglu ? go(gemv_v2_kernel<R, true>) : go(gemv_v2_kernel<R, false>);
+    LRA_GEMV2_CASE(1) LRA_GEMV2_CASE(2) LRA_GEMV2_CASE(3) LRA_GEMV2_CASE(4)
+    LRA_GEMV2_CASE(5) LRA_GEMV2_CASE(6) LRA_GEMV2_CASE(7) LRA_GEMV2_CASE(8)
+#undef LRA_GEMV2_CASE
+  }
+  return cudaErrorInvalidValue;
+}
+}  // namespace
+
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
                               float alpha, float beta, cudaStream_t s) {
   if (n_segs < 1 || n_segs > kMaxGemvSegs) return cudaErrorInvalidValue;
@@ -181,24 +248,31 @@ cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, i
   }
   a.out = end;
   if (a.out == 0) return cudaSuccess;
-  a.wpr = gemv_bf16_v2_warps_per_row(in, a.out);
-  const int64_t out = a.out;
-  const int64_t rows_per_block = kWarps / a.wpr;
-  const unsigned grid = static_cast<unsigned>((out + rows_per_block - 1) / rows_per_block);
-  // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits
-  // on it before reading x; see the kernel). Captured into graphs as a programmatic edge.
-  const bool pdl = knobs().pdl;
-  switch (rows) {
-#define LRA_GEMV2_CASE(R)                                                                      \
-  case R:                                                                                      \
-    if (pdl) return launch_pdl(gemv_v2_kernel<R>, dim3(grid), dim3(kWarps * 32), 0, s, a);     \
-    gemv_v2_kernel<R><<<grid, kWarps * 32, 0, s>>>(a);                                         \
-    return cudaGetLastError();
-    LRA_GEMV2_CASE(1) LRA_GEMV2_CASE(2) LRA_GEMV2_CASE(3) LRA_GEMV2_CASE(4)
-    LRA_GEMV2_CASE(5) LRA_GEMV2_CASE(6) LRA_GEMV2_CASE(7) LRA_GEMV2_CASE(8)
-#undef LRA_GEMV2_CASE
-  }
-  return cudaErrorInvalidValue;
+  return launch_grouped(a, rows, false, s);
+}
+
+cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
+                             int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
+                             cudaStream_t s) {
+  if (!gemv_bf16_ok(w_gate, ldg, x, ldx, rows, in) || !gemv_bf16_ok(w_up, ldu, x, ldx, rows, in))
+    return cudaErrorInvalidValue;
+  if (out == 0) return cudaSuccess;
+  GemvArgs a{};
+  a.n_segs = 2;
+  a.w[0] = static_cast<const __nv_bfloat16*>(w_gate);
+  a.w[1] = static_cast<const __nv_bfloat16*>(w_up);
+  a.ldw[0] = ldg;
+  a.ldw[1] = ldu;
+  a.y[0] = a.y[1] = y;
+  a.ldy[0] = a.ldy[1] = ldy;
+  a.end[0] = out;
+  a.end[1] = 2 * out;
+  a.out = 2 * out;
+  a.x = x;
+  a.ldx = ldx;
+  a.in = in;
+  a.alpha = 1.f;
+  return launch_grouped(a, rows, true, s);
 }
 
 }  // namespace lragent::cuda

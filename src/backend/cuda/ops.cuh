@@ -62,6 +62,12 @@ struct GemvSeg {
 };
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
                               float alpha, float beta, cudaStream_t s);
+// y[r, o] = silu(x·w_gate^T)[r, o] · (x·w_up^T)[r, o] for o < out, in one launch of v2 (the gate
+// and up dots of a row meet in one block): the decode MLP's first half without its SwiGLU kernel.
+// Same operand rules as gemv_bf16 for both weights; y [rows, ldy] f32 must not alias x.
+cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
+                             int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
+                             cudaStream_t s);
 // Warps v2 gives each output row for this shape (1, 2, 4 or 8: the reduction is split among them).
 int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
