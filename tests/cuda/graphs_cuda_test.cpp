@@ -219,6 +219,56 @@ TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
   EXPECT_LE(e16_v6, 3e-2);
 }
 
+// Batch-1 decode steps without adapters take the decode GEMVs (SwiGLU in the gate/up GEMV's
+// epilogue), RoPE's bf16 copy of q and the v4 decode attention (head_dim 128): every step's
+// logits against the CPU's, which runs the separate ops.
+TEST(CudaDecode, NoAdapterDecodeMatchesCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA decode test skipped";
+  const int prompt = 97, steps = 6;
+  std::vector<int32_t> ids(prompt + steps);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(5 + (i * 31) % 240);
+  auto run = [&](Backend& be) {
+    std::vector<float> out;
+    auto model = make_synthetic_model(spec(), be);
+    EXPECT_TRUE(model.ok());
+    if (!model.ok()) return out;
+    const ModelConfig& c = (*model)->config();
+    auto pools = KvPools::create(c, 16, KvPools::blocks_for(1, prompt + steps, 16), "decode-test", &be);
+    EXPECT_TRUE(pools.ok());
+    if (!pools.ok()) return out;
+    FullKvCache kv(pools->kv.get());
+    SeqInput pre{ids.data(), prompt, 0, &kv, nullptr, false};
+    EXPECT_TRUE((*model)->forward({pre}).ok());
+    for (int t = 0; t < steps; ++t) {
+      SeqInput in{ids.data() + prompt + t, 1, prompt + t, &kv, nullptr, false};
+      auto lg = (*model)->forward({in});
+      EXPECT_TRUE(lg.ok());
+      if (lg.ok()) out.insert(out.end(), lg->f32(), lg->f32() + lg->numel());
+    }
+    return out;
+  };
+  std::vector<float> ref, f32, bf16;
+  {
+    auto cpu = make_cpu_backend(4);
+    ref = run(*cpu);
+  }
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    CudaBackendOptions o;
+    o.dtype = dt;
+    auto be = make_cuda_backend(o);
+    ASSERT_TRUE(be.ok()) << be.error().message;
+    (dt == DType::kF32 ? f32 : bf16) = run(**be);
+  }
+  ASSERT_EQ(ref.size(), f32.size());
+  ASSERT_EQ(ref.size(), bf16.size());
+  const double e32 = rel_l2(f32.data(), ref.data(), static_cast<int64_t>(ref.size()));
+  const double e16 = rel_l2(bf16.data(), ref.data(), static_cast<int64_t>(ref.size()));
+  std::printf("  decode %d steps after %d tokens, logits vs CPU: f32 rel_l2 %.2e, bf16 rel_l2 %.2e\n", steps, prompt,
+              e32, e16);
+  EXPECT_LE(e32, 1e-4);
+  EXPECT_LE(e16, 3e-2);
+}
+
 struct Case {
   DType dt;
   Scenario sc;
