@@ -222,7 +222,8 @@ timeout 150 python3 bench/cuda/sdpa_peer.py --out "$LOGS/sdpa_peer.json" "${BQ[@
 
 # ---------------------------------------------------------------- report
 python3 bench/cuda/make_report.py --ours "$LOGS/attention_bench.json" --sdpa "$LOGS/sdpa_peer.json" \
-  --model "$LOGS/model_bench.json" --model-eager "$LOGS/model_bench_eager.json" --gemv "$LOGS/gemv_bench.json" \
+  --model "$LOGS/model_bench.json" --model-eager "$LOGS/model_bench_eager.json" \
+  --model-extra "$LOGS/model_bench_v5.json" --gemv "$LOGS/gemv_bench.json" \
   --replay "$LOGS/replay.log" \
   --tests "$TESTS" --out-prefix "$PREFIX" \
   --meta "gpu=$GPU" "date=$DATE" "commit=$COMMIT" "build=$BUILD_MODE" "nvcc=$($NVCC --version | tail -1)" \
