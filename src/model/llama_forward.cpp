@@ -75,6 +75,13 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     explicit MatmulOnly(Backend& b, bool on) : be(b) { be.set_matmul_only_outputs(on); }
     ~MatmulOnly() { be.set_matmul_only_outputs(false); }
   } matmul_only(be_, !any_adapter && hook_ == nullptr);
+  // Whether some sequence's adapter adapts `target` in layer l.
+  auto adapts = [&segs](int l, LoraTarget target) {
+    for (const LoraSegment& sg : segs)
+      if (sg.adapter && sg.adapter->layers[static_cast<size_t>(l)][static_cast<size_t>(target)].has_value())
+        return true;
+    return false;
+  };
   bool need_full = false;
   for (const SeqInput& in : batch) need_full = need_full || in.kv->wants_full();
 
@@ -117,14 +124,8 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     // Full K/V = base + LoRA delta, only when some binding stores full entries (the base modes
     // keep just the LR rows x·A, so the expand, copies and RoPE of full K would be wasted), and
     // only when some sequence's adapter adapts k (v): otherwise the full entries are the base ones.
-    bool lora_k = false, lora_v = false;
-    for (const LoraSegment& sg : segs) {
-      if (!sg.adapter) continue;
-      const auto& mods = sg.adapter->layers[static_cast<size_t>(l)];
-      lora_k = lora_k || mods[static_cast<size_t>(LoraTarget::kK)].has_value();
-      lora_v = lora_v || mods[static_cast<size_t>(LoraTarget::kV)].has_value();
-    }
-    const bool own_k_full = need_full && lora_k, own_v_full = need_full && lora_v;
+    const bool own_k_full = need_full && adapts(l, LoraTarget::kK);
+    const bool own_v_full = need_full && adapts(l, LoraTarget::kV);
     Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd] when own_*_full
     std::vector<Tensor> lr_k, lr_v;  // per segment [n_rows, rank] or empty
     if (own_k_full) {
@@ -182,14 +183,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     apply_lora(be_, l, LoraTarget::kO, attn.view(), &xn.view(), segs, nullptr, stats_);
     be_.add_rms_norm(h.view(), xn.view(), lw.mlp_norm, eps, xn.view());  // h += o; xn = mlp_norm(h)
 
-    bool lora_mlp_in = false;  // some adapter of the batch adapts gate or up in this layer
-    for (const LoraSegment& sg : segs) {
-      if (!sg.adapter) continue;
-      const auto& mods = sg.adapter->layers[static_cast<size_t>(l)];
-      lora_mlp_in = lora_mlp_in || mods[static_cast<size_t>(LoraTarget::kGate)].has_value() ||
-                    mods[static_cast<size_t>(LoraTarget::kUp)].has_value();
-    }
-    if (!lora_mlp_in) {
+    if (!adapts(l, LoraTarget::kGate) && !adapts(l, LoraTarget::kUp)) {
       // gate = silu(xn · W_gate) * (xn · W_up): one kernel on a backend that fuses it.
       be_.matmul_swiglu(xn.view(), lw.w_gate, lw.w_up, gate.view(), up.view());
     } else {

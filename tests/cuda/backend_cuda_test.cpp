@@ -69,6 +69,14 @@ double rel_l2(const std::vector<float>& a, const std::vector<float>& b) {
 
 double tol(DType dt) { return dt == DType::kF32 ? 2e-5 : 1e-2; }
 
+// An f32 [rows, cols] host tensor of NaNs: an output that must be written everywhere (or must not
+// be read) starts as this.
+Tensor nan_host(int64_t rows, int64_t cols) {
+  Tensor t = Tensor::empty(DType::kF32, {rows, cols});
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = std::nanf("");
+  return t;
+}
+
 class CudaOps : public ::testing::TestWithParam<DType> {};
 
 TEST_P(CudaOps, MatmulMatchesCpu) {
@@ -92,9 +100,7 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
     const double e = rel_l2(host_values(*gpu, yd.view()), host_values(*cpu, yc));
     EXPECT_LE(e, tol(dt)) << s.n << "x" << s.in << " . " << s.out << "x" << s.in;
     // beta = 0 must not read y: poison it with NaN.
-    Tensor nan = Tensor::empty(DType::kF32, {s.n, s.out});
-    for (int64_t i = 0; i < nan.numel(); ++i) nan.f32()[i] = std::nanf("");
-    Tensor yn = gpu->upload(nan.view(), DType::kF32);
+    Tensor yn = gpu->upload(nan_host(s.n, s.out).view(), DType::kF32);
     cpu->matmul(x.view(), w.view(), nullptr, yc, 1.f, 0.f);
     gpu->matmul(xd.view(), wd.view(), nullptr, yn.view(), 1.f, 0.f);
     const double e0 = rel_l2(host_values(*gpu, yn.view()), host_values(*cpu, yc));
@@ -121,8 +127,7 @@ TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
     cpu->matmul_group(x.view(), outs);
     cpu->silu_mul(gc.view(), uc.view(), gc.view());
     // Poisoned outputs: every element of gate must be written (up is scratch).
-    Tensor nan = Tensor::empty(DType::kF32, {s.n, s.out});
-    for (int64_t i = 0; i < nan.numel(); ++i) nan.f32()[i] = std::nanf("");
+    const Tensor nan = nan_host(s.n, s.out);
     Tensor gd = gpu->upload(nan.view(), DType::kF32), ud = gpu->upload(nan.view(), DType::kF32);
     gpu->matmul_swiglu(xd.view(), wgd.view(), wud.view(), gd.view(), ud.view());
     const double e = rel_l2(host_values(*gpu, gd.view()), host_values(*cpu, gc.view()));

@@ -226,19 +226,18 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
 }
 }  // namespace
 
-cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                              float alpha, float beta, cudaStream_t s) {
-  if (n_segs < 1 || n_segs > kMaxGemvSegs) return cudaErrorInvalidValue;
-  GemvArgs a{};
+namespace {
+// The segments' rows numbered one after another into a (false: an operand the kernel cannot take).
+bool fill_segments(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
+                   GemvArgs& a) {
+  if (n_segs < 1 || n_segs > kMaxGemvSegs) return false;
   a.n_segs = n_segs;
   a.x = x;
   a.ldx = ldx;
   a.in = in;
-  a.alpha = alpha;
-  a.beta = beta;
   int64_t end = 0;
   for (int i = 0; i < n_segs; ++i) {
-    if (!gemv_bf16_ok(segs[i].w, segs[i].ldw, x, ldx, rows, in)) return cudaErrorInvalidValue;
+    if (!gemv_bf16_ok(segs[i].w, segs[i].ldw, x, ldx, rows, in)) return false;
     a.w[i] = static_cast<const __nv_bfloat16*>(segs[i].w);
     a.ldw[i] = segs[i].ldw;
     a.y[i] = segs[i].y;
@@ -247,6 +246,16 @@ cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, i
     a.end[i] = end;
   }
   a.out = end;
+  return true;
+}
+}  // namespace
+
+cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
+                              float alpha, float beta, cudaStream_t s) {
+  GemvArgs a{};
+  if (!fill_segments(segs, n_segs, x, ldx, rows, in, a)) return cudaErrorInvalidValue;
+  a.alpha = alpha;
+  a.beta = beta;
   if (a.out == 0) return cudaSuccess;
   return launch_grouped(a, rows, false, s);
 }
@@ -254,24 +263,12 @@ cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, i
 cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
                              int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
                              cudaStream_t s) {
-  if (!gemv_bf16_ok(w_gate, ldg, x, ldx, rows, in) || !gemv_bf16_ok(w_up, ldu, x, ldx, rows, in))
-    return cudaErrorInvalidValue;
-  if (out == 0) return cudaSuccess;
+  // Both segments name y; the kernel's SwiGLU mode writes only y (segment 0's output).
+  const GemvSeg segs[2] = {{w_gate, ldg, y, ldy, out}, {w_up, ldu, y, ldy, out}};
   GemvArgs a{};
-  a.n_segs = 2;
-  a.w[0] = static_cast<const __nv_bfloat16*>(w_gate);
-  a.w[1] = static_cast<const __nv_bfloat16*>(w_up);
-  a.ldw[0] = ldg;
-  a.ldw[1] = ldu;
-  a.y[0] = a.y[1] = y;
-  a.ldy[0] = a.ldy[1] = ldy;
-  a.end[0] = out;
-  a.end[1] = 2 * out;
-  a.out = 2 * out;
-  a.x = x;
-  a.ldx = ldx;
-  a.in = in;
+  if (!fill_segments(segs, 2, x, ldx, rows, in, a)) return cudaErrorInvalidValue;
   a.alpha = 1.f;
+  if (a.out == 0) return cudaSuccess;
   return launch_grouped(a, rows, true, s);
 }
 
