@@ -173,6 +173,7 @@ def main():
             "decode_ctx": dec.get("ctx"), "decode_ms": dec.get("median_ms"), "decode_ideal_ms": ideal_ms,
             "decode_over_ideal": ratio(dec.get("median_ms"), ideal_ms),
             "decode_lora_base_lr_ms": model.get("decode_lora_base_lr", {}).get("median_ms"),
+            "decode_lora_full_ms": model.get("decode_lora_full", {}).get("median_ms"),
             "decode_sampled_ms": model.get("decode_sampled", {}).get("median_ms"),
             "peak_device_bytes": model.get("peak_device_bytes"),
         }
@@ -194,7 +195,8 @@ def main():
         rows.append((f"model {m['preset']} decode batch 1 at {m['decode_ctx']} ctx",
                      f"{fmt(m['decode_ms'], '.3f')} ms/step = {fmt(m['decode_over_ideal'])}x of (weights + KV) / copy BW "
                      f"({fmt(ideal_ms, '.3f')} ms); sampled on the device (T 0.8, top-p 0.95) "
-                     f"{fmt(m['decode_sampled_ms'], '.3f')} ms; with LoRA r16 base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms; "
+                     f"{fmt(m['decode_sampled_ms'], '.3f')} ms; with LoRA r16 on q/v: base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms, "
+                     f"private full cache {fmt(m['decode_lora_full_ms'], '.3f')} ms; "
                      f"launched op by op (--enforce-eager) {fmt(m.get('decode_eager_ms'), '.3f')} ms{others}"))
     gemv = load(args.gemv) if args.gemv and os.path.exists(args.gemv) else {}
     if gemv.get("results"):

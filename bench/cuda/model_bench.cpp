@@ -7,7 +7,8 @@
 //   decode   batch 1 at --ctx tokens of context: median step time (forward + greedy pick on the
 //            device, the id to the host: LlamaModel::forward_argmax, as the engine's greedy
 //            decode does) against (weight bytes read + KV bytes read) / copy bandwidth;
-//            also with a LoRA r16 adapter on q/v (Flash-LoRA, base-lr sharing).
+//            also with a LoRA r16 adapter on q/v: base-lr sharing (Flash-LoRA attention) and a
+//            private full cache (Non-Shared).
 // Writes JSON (--out); make_report.py folds it into bench/results/kernels-*.{json,md}.
 #include <algorithm>
 #include <chrono>
@@ -188,36 +189,41 @@ int main(int argc, char** argv) {
     auto adapters = make_preset_adapters(c, 16, true, 7);
     for (auto& a : adapters)
       if (Status st = upload_adapter(*a, be); !st.ok()) return fail(st.error());
-    SharingOptions so;
-    so.mode = ShareMode::kBaseLr;
-    so.page_size = page;
-    so.max_tokens = ctx + steps + 4;
-    so.backend = &be;
-    auto traj = TrajectoryKv::create(c, {adapters[0].get()}, so);
-    if (!traj.ok()) return fail(traj.error());
-    const auto ids = token_ids(ctx, c.vocab_size, 3);
-    auto bind = (*traj)->bind(0);
-    SeqInput in{ids.data(), static_cast<int>(ctx), 0, bind.get(), adapters[0].get(), false};
-    auto first = model.forward({in});
-    if (!first.ok()) return fail(first.error());
-    (*traj)->advance(0, ctx);
-    int32_t tok = argmax(first->f32(), c.vocab_size);
-    std::vector<double> ms;
-    for (int s = 0; s < steps + 2; ++s) {
-      be.synchronize();
-      const double t0 = now_ms();
-      auto b = (*traj)->bind(0);
-      SeqInput d{&tok, 1, ctx + s, b.get(), adapters[0].get(), false};
-      auto ids = model.forward_argmax({d});
-      if (!ids.ok()) return fail(ids.error());
-      (*traj)->advance(0, ctx + s + 1);
-      tok = ids->front();
-      if (s >= 2) ms.push_back(now_ms() - t0);
+    // base-lr: the KV holds base K/V and x·A_v (Flash-LoRA attention); none: the agent's own
+    // full K/V (its v LoRA delta expanded beside the base projection), as in Non-Shared traces.
+    for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
+      SharingOptions so;
+      so.mode = mode;
+      so.page_size = page;
+      so.max_tokens = ctx + steps + 4;
+      so.backend = &be;
+      auto traj = TrajectoryKv::create(c, {adapters[0].get()}, so);
+      if (!traj.ok()) return fail(traj.error());
+      const auto ids = token_ids(ctx, c.vocab_size, 3);
+      auto bind = (*traj)->bind(0);
+      SeqInput in{ids.data(), static_cast<int>(ctx), 0, bind.get(), adapters[0].get(), false};
+      auto first = model.forward({in});
+      if (!first.ok()) return fail(first.error());
+      (*traj)->advance(0, ctx);
+      int32_t tok = argmax(first->f32(), c.vocab_size);
+      std::vector<double> ms;
+      for (int s = 0; s < steps + 2; ++s) {
+        be.synchronize();
+        const double t0 = now_ms();
+        auto b = (*traj)->bind(0);
+        SeqInput d{&tok, 1, ctx + s, b.get(), adapters[0].get(), false};
+        auto ids = model.forward_argmax({d});
+        if (!ids.ok()) return fail(ids.error());
+        (*traj)->advance(0, ctx + s + 1);
+        tok = ids->front();
+        if (s >= 2) ms.push_back(now_ms() - t0);
+      }
+      const double t = median(ms);
+      const bool lr = mode == ShareMode::kBaseLr;
+      std::printf("decode batch 1 at %lld context, LoRA r16 q/v, %s cache: %.3f ms/step\n",
+                  static_cast<long long>(ctx), lr ? "base-lr" : "private full", t);
+      json += fmt::format(R"(, "decode_lora_{}": {{"ctx": {}, "median_ms": {:.4f}}})", lr ? "base_lr" : "full", ctx, t);
     }
-    const double t = median(ms);
-    std::printf("decode batch 1 at %lld context, LoRA r16 q/v, base-lr cache: %.3f ms/step\n",
-                static_cast<long long>(ctx), t);
-    json += fmt::format(R"(, "decode_lora_base_lr": {{"ctx": {}, "median_ms": {:.4f}}})", ctx, t);
   }
   const MemoryStats m = be.memory_stats();
   json += fmt::format(R"(, "peak_device_bytes": {}, "device_capacity_bytes": {}}})", m.peak, m.capacity);

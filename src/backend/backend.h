@@ -160,6 +160,27 @@ class Backend {
   virtual void matmul_group(const TensorView& x, std::span<const MatmulOut> outs) {
     for (const MatmulOut& o : outs) matmul(x, *o.w, o.bias, *o.y);
   }
+  // One LoRA expand of lora_expand: y = (base or y) + scale · xa · b^T, over the job's rows.
+  //   xa [rows, r] f32 (x·A of those rows; no data: no LoRA term, the job is a copy of base)
+  //   b  [out, r] in the weight dtype (PEFT's lora_B)
+  //   y  [rows, out] f32; base [rows, out] f32 or no data (then y accumulates in place)
+  struct LoraExpandJob {
+    TensorView xa;
+    TensorView b;
+    float scale = 0.f;
+    TensorView y;
+    TensorView base;
+  };
+  // Every job of one projection stage (q/k/v for each adapter in the batch, say). A backend may
+  // run them in one kernel (the CUDA backend does for decode-sized jobs); by default copy + matmul
+  // per job. Jobs must not write overlapping rows.
+  virtual void lora_expand(std::span<const LoraExpandJob> jobs) {
+    for (const LoraExpandJob& j : jobs) {
+      TensorView y = j.y;
+      if (j.base.data) copy(j.base, y);
+      if (j.xa.data) matmul(j.xa, j.b, nullptr, y, j.scale, 1.f);
+    }
+  }
   // y[n, d] = x / rms(x) · weight[d]
   virtual void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) = 0;
   // h += x, then y = h / rms(h) · weight (the residual add and the next norm; y may alias x).

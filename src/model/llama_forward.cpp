@@ -116,32 +116,25 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     if (hook_) hook_(hook_ctx_, l, h.view());
 
     TensorView q2 = as2d(q, qw), kb2 = as2d(k_base, kvw);
-    const Backend::MatmulOut qkv[] = {{&lw.wq, opt(lw.bq), &q2}, {&lw.wk, opt(lw.bk), &kb2},
-                                      {&lw.wv, opt(lw.bv), &v_base.view()}};
-    be_.matmul_group(xn.view(), qkv);
-    apply_lora(be_, l, LoraTarget::kQ, xn.view(), &q2, segs, nullptr, stats_);
-
     // Full K/V = base + LoRA delta, only when some binding stores full entries (the base modes
     // keep just the LR rows x·A, so the expand, copies and RoPE of full K would be wasted), and
     // only when some sequence's adapter adapts k (v): otherwise the full entries are the base ones.
     const bool own_k_full = need_full && adapts(l, LoraTarget::kK);
     const bool own_v_full = need_full && adapts(l, LoraTarget::kV);
     Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd] when own_*_full
-    std::vector<Tensor> lr_k, lr_v;  // per segment [n_rows, rank] or empty
-    if (own_k_full) {
-      k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});
-      be_.copy(k_base.view(), k_full.view());
-      TensorView kf2 = as2d(k_full, kvw);
-      apply_lora(be_, l, LoraTarget::kK, xn.view(), &kf2, segs, &lr_k, stats_);
-    } else {
-      apply_lora(be_, l, LoraTarget::kK, xn.view(), nullptr, segs, &lr_k, stats_);
-    }
-    if (own_v_full) {
-      v_full = be_.alloc(DType::kF32, {n, kvw});
-      be_.copy(v_base.view(), v_full.view());
-      apply_lora(be_, l, LoraTarget::kV, xn.view(), &v_full.view(), segs, &lr_v, stats_);
-    } else {
-      apply_lora(be_, l, LoraTarget::kV, xn.view(), nullptr, segs, &lr_v, stats_);
+    if (own_k_full) k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});
+    if (own_v_full) v_full = be_.alloc(DType::kF32, {n, kvw});
+    TensorView kf2 = own_k_full ? as2d(k_full, kvw) : TensorView{};
+    std::vector<Tensor> lr_keep;     // this layer's x·A tensors: alive until its KV write
+    std::vector<TensorView> lr_k, lr_v;  // per segment [n_rows, rank] or no data
+    {
+      const Backend::MatmulOut qkv[] = {{&lw.wq, opt(lw.bq), &q2}, {&lw.wk, opt(lw.bk), &kb2},
+                                        {&lw.wv, opt(lw.bv), &v_base.view()}};
+      const LoraTargetOut lora[] = {
+          {LoraTarget::kQ, &q2, nullptr, nullptr},
+          {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k},
+          {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v}};
+      project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_);
     }
 
     be_.rope_pair(q.view(), k_base.view(), pos.data(), inv_freq_.data());
@@ -160,8 +153,8 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
         rows.k_full = (own_k_full ? k_full : k_base).f32() + sg.row_begin * kvw;
         rows.v_full = (own_v_full ? v_full : v_base).f32() + sg.row_begin * kvw;
       }
-      if (lr_k[s].view().data) { rows.lr_k = lr_k[s].f32(); rows.rank_k = static_cast<int>(lr_k[s].dim(1)); }
-      if (lr_v[s].view().data) { rows.lr_v = lr_v[s].f32(); rows.rank_v = static_cast<int>(lr_v[s].dim(1)); }
+      if (lr_k[s].data) { rows.lr_k = lr_k[s].f32(); rows.rank_k = static_cast<int>(lr_k[s].dim(1)); }
+      if (lr_v[s].data) { rows.lr_v = lr_v[s].f32(); rows.rank_v = static_cast<int>(lr_v[s].dim(1)); }
       in.kv->write(be_, rows);
 
       AttentionParams p;
@@ -179,8 +172,11 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     }
 
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
-    be_.matmul(attn.view(), lw.wo, nullptr, xn.view());
-    apply_lora(be_, l, LoraTarget::kO, attn.view(), &xn.view(), segs, nullptr, stats_);
+    {
+      const Backend::MatmulOut o[] = {{&lw.wo, nullptr, &xn.view()}};
+      const LoraTargetOut lora[] = {{LoraTarget::kO, &xn.view()}};
+      project_with_lora(be_, l, attn.view(), o, lora, segs, lr_keep, stats_);
+    }
     be_.add_rms_norm(h.view(), xn.view(), lw.mlp_norm, eps, xn.view());  // h += o; xn = mlp_norm(h)
 
     if (!adapts(l, LoraTarget::kGate) && !adapts(l, LoraTarget::kUp)) {
@@ -188,13 +184,15 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       be_.matmul_swiglu(xn.view(), lw.w_gate, lw.w_up, gate.view(), up.view());
     } else {
       const Backend::MatmulOut gate_up[] = {{&lw.w_gate, nullptr, &gate.view()}, {&lw.w_up, nullptr, &up.view()}};
-      be_.matmul_group(xn.view(), gate_up);
-      apply_lora(be_, l, LoraTarget::kGate, xn.view(), &gate.view(), segs, nullptr, stats_);
-      apply_lora(be_, l, LoraTarget::kUp, xn.view(), &up.view(), segs, nullptr, stats_);
+      const LoraTargetOut lora[] = {{LoraTarget::kGate, &gate.view()}, {LoraTarget::kUp, &up.view()}};
+      project_with_lora(be_, l, xn.view(), gate_up, lora, segs, lr_keep, stats_);
       be_.silu_mul(gate.view(), up.view(), gate.view());
     }
-    be_.matmul(gate.view(), lw.w_down, nullptr, xn.view());
-    apply_lora(be_, l, LoraTarget::kDown, gate.view(), &xn.view(), segs, nullptr, stats_);
+    {
+      const Backend::MatmulOut down[] = {{&lw.w_down, nullptr, &xn.view()}};
+      const LoraTargetOut lora[] = {{LoraTarget::kDown, &xn.view()}};
+      project_with_lora(be_, l, gate.view(), down, lora, segs, lr_keep, stats_);
+    }
     if (l + 1 < c.num_layers)  // h += mlp; xn = the next layer's attn_norm(h)
       be_.add_rms_norm(h.view(), xn.view(), w_.layers[static_cast<size_t>(l) + 1].attn_norm, eps, xn.view());
     else

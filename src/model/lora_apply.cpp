@@ -1,5 +1,6 @@
 #include "model/lora_apply.h"
 
+#include <cassert>
 #include <cstring>
 
 namespace lragent {
@@ -17,67 +18,113 @@ bool same_a(const LoraModule& x, const LoraModule& y) {
   return std::memcmp(x.a.view().data, y.a.view().data, x.a.view().nbytes()) == 0;
 }
 
+// Segments of one target whose adapters share a bit-identical A: one x·A for all of them.
+struct ShrinkGroup {
+  size_t target = 0;  // index into the stage's targets
+  const LoraModule* lead = nullptr;
+  std::vector<size_t> members;   // segment indices
+  std::vector<int32_t> row_ids;  // [rows] the members' batch rows, in member order
+  bool folded = false;           // x·A over all n rows, in the stage's matmul_group
+  size_t xa = 0;                 // index into keep: [n or rows, rank]
+};
+
 }  // namespace
 
-void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, TensorView* y,
-                const std::vector<LoraSegment>& segs, std::vector<Tensor>* lr_out, ForwardStats& stats) {
-  const int64_t in = x.dim(1);
-  if (lr_out) {
-    lr_out->clear();
-    lr_out->resize(segs.size());
-  }
-  std::vector<bool> done(segs.size(), false);
-  for (size_t s = 0; s < segs.size(); ++s) {
-    const LoraModule* lead = module_of(segs[s].adapter, layer, target);
-    if (done[s] || !lead) continue;
-    // The group: this segment and every later one whose A is bit-identical (shared-A adapters).
-    std::vector<size_t> members;
-    int64_t rows = 0;
-    for (size_t u = s; u < segs.size(); ++u) {
-      const LoraModule* m = module_of(segs[u].adapter, layer, target);
-      if (!done[u] && m && same_a(*lead, *m)) {
-        members.push_back(u);
-        done[u] = true;
-        rows += segs[u].n_rows;
-      }
+void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
+                       std::span<const LoraTargetOut> targets, const std::vector<LoraSegment>& segs,
+                       std::vector<Tensor>& keep, ForwardStats& stats) {
+  const int64_t n = x.dim(0), in = x.dim(1);
+  std::vector<ShrinkGroup> groups;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    if (targets[t].lr_out) {
+      targets[t].lr_out->clear();
+      targets[t].lr_out->resize(segs.size());
     }
-    if (rows == 0) continue;
-    // The group's rows as one matrix so x·A is one GEMM for the whole group: a row range of x
-    // when they are consecutive (one segment, or neighbours: a decode step's usual case, where a
-    // gather was one more kernel per adapted projection), else gathered.
-    std::vector<int32_t> row_ids;  // [rows] batch rows of the group's members
-    for (size_t u : members)
-      for (int64_t r = 0; r < segs[u].n_rows; ++r) row_ids.push_back(static_cast<int32_t>(segs[u].row_begin + r));
-    const bool consecutive = row_ids.back() - row_ids.front() + 1 == rows;
+    std::vector<bool> done(segs.size(), false);
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const LoraModule* lead = module_of(segs[s].adapter, layer, targets[t].target);
+      if (done[s] || !lead) continue;
+      ShrinkGroup g;
+      g.target = t;
+      g.lead = lead;
+      for (size_t u = s; u < segs.size(); ++u) {
+        const LoraModule* m = module_of(segs[u].adapter, layer, targets[t].target);
+        if (done[u] || !m || !same_a(*lead, *m)) continue;
+        done[u] = true;
+        g.members.push_back(u);
+        for (int64_t r = 0; r < segs[u].n_rows; ++r) g.row_ids.push_back(static_cast<int32_t>(segs[u].row_begin + r));
+      }
+      const auto rows = static_cast<int64_t>(g.row_ids.size());
+      if (rows == 0) continue;
+      assert(lead->a.dim(1) == in && "LoRA A does not match the projection's input width");
+      assert((be.device() == Device::kCpu || lead->a_dev.view().data) && "adapter not uploaded: call upload_adapter");
+      g.folded = rows == n || n <= kLoraFoldRows;
+      keep.push_back(be.alloc(DType::kF32, {g.folded ? n : rows, lead->rank}));
+      g.xa = keep.size() - 1;
+      stats.lora_shrink_calls += 1;
+      stats.lora_shrink_rows += g.folded ? n : rows;
+      groups.push_back(std::move(g));
+    }
+  }
+  // keep does not grow below: views of its tensors stay valid.
+  std::vector<TensorView> xa(groups.size());  // per group: x·A [n or rows, rank]
+  for (size_t i = 0; i < groups.size(); ++i) xa[i] = keep[groups[i].xa].view();
+
+  // Shrinks of folded groups join the base projections (one grouped GEMV when decode-sized).
+  std::vector<Backend::MatmulOut> outs(base_outs.begin(), base_outs.end());
+  for (size_t i = 0; i < groups.size(); ++i)
+    if (groups[i].folded) outs.push_back({&groups[i].lead->a_use(), nullptr, &xa[i]});
+  if (!outs.empty()) be.matmul_group(x, outs);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const ShrinkGroup& g = groups[i];
+    if (g.folded) continue;
+    // The group's rows as one matrix: a row range of x when consecutive, else gathered.
+    const auto rows = static_cast<int64_t>(g.row_ids.size());
+    const bool consecutive = g.row_ids.back() - g.row_ids.front() + 1 == rows;
     Tensor xg;  // [rows, in] when gathered
     if (!consecutive) {
       xg = be.alloc(DType::kF32, {rows, in});
-      be.gather_rows(x, row_ids.data(), rows, xg.view());
+      be.gather_rows(x, g.row_ids.data(), rows, xg.view());
     }
-    const TensorView xs = consecutive ? x.rows(row_ids.front(), row_ids.front() + rows) : xg.view();
-    int64_t off = 0;
-    Tensor xa = be.alloc(DType::kF32, {rows, lead->rank});  // [rows, rank]
-    assert((be.device() == Device::kCpu || lead->a_dev.view().data) && "adapter not uploaded: call upload_adapter");
-    be.matmul(xs, lead->a_use(), nullptr, xa.view());
-    stats.lora_shrink_calls += 1;
-    stats.lora_shrink_rows += rows;
-    for (size_t u : members) {
-      const LoraModule* m = module_of(segs[u].adapter, layer, target);
-      TensorView xa_seg = xa.view().rows(off, off + segs[u].n_rows);
-      if (y) {
-        TensorView y_seg = y->rows(segs[u].row_begin, segs[u].row_begin + segs[u].n_rows);
-        be.matmul(xa_seg, m->b_use(), nullptr, y_seg, m->scale, 1.0f);
+    const TensorView xs = consecutive ? x.rows(g.row_ids.front(), g.row_ids.front() + rows) : xg.view();
+    be.matmul(xs, g.lead->a_use(), nullptr, xa[i]);
+  }
+
+  // Expands: every (target, segment) of the stage in one call.
+  std::vector<Backend::LoraExpandJob> jobs;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const LoraTargetOut& to = targets[t];
+    std::vector<int> seg_group(segs.size(), -1);   // group index of each adapted segment
+    std::vector<int64_t> seg_off(segs.size(), 0);  // its first row in the group's x·A
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (groups[i].target != t) continue;
+      int64_t off = 0;
+      for (size_t u : groups[i].members) {
+        seg_group[u] = static_cast<int>(i);
+        seg_off[u] = groups[i].folded ? segs[u].row_begin : off;
+        off += segs[u].n_rows;
       }
-      if (lr_out && members.size() == 1) {
-        (*lr_out)[u] = std::move(xa);  // the whole of x·A is this segment's: no copy (last use of xa)
-      } else if (lr_out) {
-        Tensor keep = be.alloc(DType::kF32, {segs[u].n_rows, m->rank});
-        be.copy(xa_seg, keep.view());
-        (*lr_out)[u] = std::move(keep);
+    }
+    for (size_t u = 0; u < segs.size(); ++u) {
+      const LoraSegment& sg = segs[u];
+      const bool adapted = seg_group[u] >= 0;
+      TensorView xa_u;  // [n_rows, rank]
+      if (adapted) xa_u = xa[static_cast<size_t>(seg_group[u])].rows(seg_off[u], seg_off[u] + sg.n_rows);
+      if (to.lr_out) (*to.lr_out)[u] = xa_u;
+      if (!to.y || sg.n_rows == 0 || (!adapted && !to.base)) continue;
+      Backend::LoraExpandJob j;
+      j.y = to.y->rows(sg.row_begin, sg.row_begin + sg.n_rows);
+      if (to.base) j.base = to.base->rows(sg.row_begin, sg.row_begin + sg.n_rows);
+      if (adapted) {
+        const LoraModule* m = module_of(sg.adapter, layer, to.target);
+        j.xa = xa_u;
+        j.b = m->b_use();
+        j.scale = m->scale;
       }
-      off += segs[u].n_rows;
+      jobs.push_back(j);
     }
   }
+  if (!jobs.empty()) be.lora_expand(jobs);
 }
 
 }  // namespace lragent

@@ -2,6 +2,7 @@
 // shrink x·A once per shared-A group, expand (x·A)·B per adapter, never merging weights.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -17,11 +18,31 @@ struct LoraSegment {
   const LoraAdapter* adapter = nullptr;
 };
 
-// y[rows] += scale · (x[rows] · A^T) · B^T for every segment whose adapter adapts
-// (layer, target); with y null only the shrink runs (callers that need just x·A).
-// When `lr_out` is given it receives, per segment, the shrink result
-// x·A as a tensor [n_rows, rank] (empty tensor when the segment is not adapted).
-void apply_lora(Backend& be, int layer, LoraTarget target, const TensorView& x, TensorView* y,
-                const std::vector<LoraSegment>& segs, std::vector<Tensor>* lr_out, ForwardStats& stats);
+// One target's LoRA term in a projection stage (see project_with_lora).
+struct LoraTargetOut {
+  LoraTarget target = LoraTarget::kQ;
+  // [n, out]: gets scale · (x·A)·B^T on the rows of every segment whose adapter adapts the
+  // target; null: only the shrink x·A runs (the base-sharing modes keep just that).
+  TensorView* y = nullptr;
+  // [n, out] or null. With it, y = base + delta on every segment (rows of unadapted segments are
+  // copied): a full K/V beside its base one without a separate copy kernel.
+  const TensorView* base = nullptr;
+  // When given: per segment, x·A of its rows [n_rows, rank] (a view into a tensor appended to
+  // `keep`), or a view without data when the segment's adapter does not adapt the target.
+  std::vector<TensorView>* lr_out = nullptr;
+};
+
+// One projection stage of a layer: the base projections that read x (q/k/v; o; gate/up; down)
+// and the LoRA terms of the targets that read the same x.
+//   - Shrinks x·A run once per shared-A group. A group that covers the whole batch, or any group
+//     of a decode-sized batch (<= kLoraFoldRows rows, where a bandwidth-bound GEMV costs the same
+//     for all rows as for some), rides in the base projections' matmul_group: on the CUDA decode
+//     path no launch of its own. Other groups take their rows (a range, else gathered).
+//   - Every expand of the stage is one lora_expand call (one launch on the CUDA decode path).
+// Tensors that lr_out views point into are appended to `keep`; they must outlive those views.
+inline constexpr int64_t kLoraFoldRows = 8;
+void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
+                       std::span<const LoraTargetOut> targets, const std::vector<LoraSegment>& segs,
+                       std::vector<Tensor>& keep, ForwardStats& stats);
 
 }  // namespace lragent

@@ -189,6 +189,102 @@ TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
   }
 }
 
+// matmul_group past the grouped GEMV's segment limit (q/k/v and the LoRA shrinks x·A beside them:
+// more matrices than one launch takes), and lora_expand (a stage's LoRA expands in one launch):
+// in place, out of place (y = base + delta), copy-only jobs, ranks 1 to 64, more jobs than one
+// launch takes, rows at the fused kernel's limit and past it (cuBLASLt fallback), and y as rows
+// in the middle of a larger tensor. Outputs that must be written everywhere start as NaN.
+TEST_P(CudaOps, MatmulGroupAndLoraExpandMatchCpu) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto gpu = cuda_backend(dt);
+  auto cpu = make_cpu_backend(2);
+  ASSERT_TRUE(gpu);
+  for (int64_t n : {1, 3, 8, 9}) {
+    const int64_t in = 4096;
+    const std::vector<int64_t> heights = {97, 16, 4, 1031, 1, 64, 8, 33, 5, 16, 17};
+    Tensor x = random_host({n, in}, 21);
+    Tensor xd = gpu->upload(x.view(), DType::kF32);
+    std::vector<Tensor> w, wd, yc, yd;
+    for (size_t i = 0; i < heights.size(); ++i) {
+      w.push_back(random_host({heights[i], in}, static_cast<uint32_t>(30 + i)));
+      wd.push_back(gpu->upload(w.back().view(), dt));
+      yc.push_back(Tensor::empty(DType::kF32, {n, heights[i]}));
+      yd.push_back(gpu->upload(nan_host(n, heights[i]).view(), DType::kF32));
+    }
+    std::vector<Backend::MatmulOut> oc, og;
+    for (size_t i = 0; i < heights.size(); ++i) {
+      oc.push_back({&w[i].view(), nullptr, &yc[i].view()});
+      og.push_back({&wd[i].view(), nullptr, &yd[i].view()});
+    }
+    cpu->matmul_group(x.view(), oc);
+    gpu->matmul_group(xd.view(), og);
+    for (size_t i = 0; i < heights.size(); ++i)
+      EXPECT_LE(rel_l2(host_values(*gpu, yd[i].view()), host_values(*cpu, yc[i].view())), tol(dt))
+          << "matmul_group n=" << n << " output " << i << " (" << heights[i] << " rows)";
+  }
+  struct Job { int64_t rank, out; bool base, lora; };
+  const std::vector<Job> shapes = {{16, 97, false, true}, {4, 1031, true, true}, {8, 33, true, false},
+                                   {64, 4097, false, true}, {1, 17, true, true},  {16, 4096, true, true},
+                                   {16, 1024, false, true}, {12, 5, true, true},   {8, 128, false, true},
+                                   {16, 300, true, true}};
+  for (int64_t rows : {1, 5, 8, 17}) {
+    const int64_t pad = 2;  // y, base: rows [pad, pad + rows) of a [rows + 3, out] tensor
+    std::vector<Tensor> xa, b, y0, base, xad, bd, yd, based;
+    std::vector<Backend::LoraExpandJob> jc, jg;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Job& sh = shapes[i];
+      const auto seed = static_cast<uint32_t>(100 * rows + 10 * i);
+      xa.push_back(random_host({rows, sh.rank}, seed));
+      b.push_back(random_host({sh.out, sh.rank}, seed + 1));
+      y0.push_back(sh.base ? nan_host(rows + 3, sh.out) : random_host({rows + 3, sh.out}, seed + 2));
+      base.push_back(random_host({rows + 3, sh.out}, seed + 3));
+      xad.push_back(gpu->upload(xa.back().view(), DType::kF32));
+      bd.push_back(gpu->upload(b.back().view(), dt));
+      yd.push_back(gpu->upload(y0.back().view(), DType::kF32));
+      based.push_back(gpu->upload(base.back().view(), DType::kF32));
+    }
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const Job& sh = shapes[i];
+      Backend::LoraExpandJob c, g;
+      c.scale = g.scale = 0.25f * static_cast<float>(i + 1);
+      if (sh.lora) {
+        c.xa = xa[i].view();
+        c.b = b[i].view();
+        g.xa = xad[i].view();
+        g.b = bd[i].view();
+      }
+      c.y = y0[i].view().rows(pad, pad + rows);
+      g.y = yd[i].view().rows(pad, pad + rows);
+      if (sh.base) {
+        c.base = base[i].view().rows(pad, pad + rows);
+        g.base = based[i].view().rows(pad, pad + rows);
+      }
+      jc.push_back(c);
+      jg.push_back(g);
+    }
+    cpu->lora_expand(jc);
+    gpu->lora_expand(jg);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const TensorView yc_rows = y0[i].view().rows(pad, pad + rows), yg_rows = yd[i].view().rows(pad, pad + rows);
+      EXPECT_LE(rel_l2(host_values(*gpu, yg_rows), host_values(*cpu, yc_rows)), tol(dt))
+          << "lora_expand rows=" << rows << " job " << i << " (rank " << shapes[i].rank << ", out " << shapes[i].out
+          << (shapes[i].base ? ", base" : "") << (shapes[i].lora ? "" : ", copy only") << ")";
+      // Rows outside the job keep what they held (NaN stays NaN there, so compare bit patterns).
+      const auto all = host_values(*gpu, yd[i].view());
+      const float* before = y0[i].f32();
+      bool untouched = true;
+      for (int64_t r : {int64_t{0}, int64_t{1}, pad + rows})
+        for (int64_t o = 0; o < shapes[i].out; ++o) {
+          const float a = all[static_cast<size_t>(r * shapes[i].out + o)];
+          const float e = before[r * shapes[i].out + o];
+          untouched = untouched && ((std::isnan(a) && std::isnan(e)) || a == e);
+        }
+      EXPECT_TRUE(untouched) << "lora_expand wrote outside job " << i << "'s rows (rows=" << rows << ")";
+    }
+  }
+}
+
 // Greedy sampling on the device: the same ids as the CPU backend (lowest index on ties, NaN
 // never picked) at awkward widths, up to a Llama-3 vocabulary. sample_rows (temperature, top-k,
 // top-p) has its own file: sampling_cuda_test.cpp.

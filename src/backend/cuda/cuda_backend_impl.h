@@ -124,6 +124,7 @@ class CudaBackend final : public Backend {
               float beta) override;
 
   void matmul_group(const TensorView& x, std::span<const MatmulOut> outs) override;
+  void lora_expand(std::span<const LoraExpandJob> jobs) override;
 
   void add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out);
 

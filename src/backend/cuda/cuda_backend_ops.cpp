@@ -43,10 +43,11 @@ void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorV
 }
 
 void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> outs) {
-  // Decode-sized bf16 projections that read the same x: one grouped GEMV launch.
+  // Decode-sized bf16 projections that read the same x (q/k/v and the LoRA shrinks x·A beside
+  // them): grouped GEMV launches of up to kMaxGemvSegs matrices each.
   const int64_t n = x.dim(0), in = x.dim(1);
   const int64_t ldx = row_stride_of(x);
-  bool grouped = outs.size() >= 2 && outs.size() <= static_cast<size_t>(lc::kMaxGemvSegs) && n > 0;
+  bool grouped = outs.size() >= 2 && n > 0;
   for (const MatmulOut& o : outs)
     grouped = grouped && o.w->dtype == DType::kBF16 && o.w->dim(1) == in &&
               lc::gemv_bf16_ok(o.w->data, row_stride_of(*o.w), x.f32(), ldx, n, in);
@@ -54,20 +55,72 @@ void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> o
     Backend::matmul_group(x, outs);
     return;
   }
-  std::array<lc::GemvSeg, lc::kMaxGemvSegs> segs{};
-  const int n_segs = static_cast<int>(outs.size());
-  for (int i = 0; i < n_segs; ++i) {
-    const MatmulOut& o = outs[static_cast<size_t>(i)];
-    const int64_t ldy = row_stride_of(*o.y);
-    wrote(o.y->data, static_cast<size_t>((n - 1) * ldy + o.w->dim(0)) * 4);
-    lc::GemvSeg& sg = segs[static_cast<size_t>(i)];
-    sg = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
-    rec("gemv_seg", sg.w, sg.ldw, sg.y, sg.ldy, sg.out);
-  }
   const float* xd = x.f32();
-  rec("gemv_group", xd, ldx, n, in, n_segs);
-  launch("matmul.gemv", [=, this] { return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_); });
+  for (size_t first = 0; first < outs.size(); first += lc::kMaxGemvSegs) {
+    const std::span<const MatmulOut> part = outs.subspan(first, std::min<size_t>(lc::kMaxGemvSegs, outs.size() - first));
+    std::array<lc::GemvSeg, lc::kMaxGemvSegs> segs{};
+    const int n_segs = static_cast<int>(part.size());
+    for (int i = 0; i < n_segs; ++i) {
+      const MatmulOut& o = part[static_cast<size_t>(i)];
+      const int64_t ldy = row_stride_of(*o.y);
+      wrote(o.y->data, static_cast<size_t>((n - 1) * ldy + o.w->dim(0)) * 4);
+      lc::GemvSeg& sg = segs[static_cast<size_t>(i)];
+      sg = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
+      rec("gemv_seg", sg.w, sg.ldw, sg.y, sg.ldy, sg.out);
+    }
+    rec("gemv_group", xd, ldx, n, in, n_segs);
+    launch("matmul.gemv",
+           [=, this] { return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_); });
+  }
   for (const MatmulOut& o : outs) add_bias_if(o.bias, *o.y, n, o.w->dim(0));
+}
+
+void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
+  // Decode-sized jobs (<= kGemvMaxRows rows, rank <= kMaxLoraRank): one kernel per
+  // kMaxLoraJobs jobs; anything else (prefill chunks) by copy + cuBLASLt per job.
+  bool fused = true;
+  for (const LoraExpandJob& j : jobs) {
+    const int64_t rows = j.y.dim(0);
+    fused = fused && rows >= 1 && rows <= lc::kGemvMaxRows && j.y.dtype == DType::kF32 &&
+            (!j.base.data || j.base.dtype == DType::kF32) &&
+            (!j.xa.data || (j.xa.dtype == DType::kF32 && j.xa.dim(1) <= lc::kMaxLoraRank &&
+                            (j.b.dtype == DType::kBF16 || j.b.dtype == DType::kF32)));
+  }
+  if (!fused) {
+    Backend::lora_expand(jobs);
+    return;
+  }
+  for (size_t first = 0; first < jobs.size(); first += lc::kMaxLoraJobs) {
+    const size_t count = std::min<size_t>(lc::kMaxLoraJobs, jobs.size() - first);
+    std::array<lc::LoraJob, lc::kMaxLoraJobs> lj{};
+    for (size_t i = 0; i < count; ++i) {
+      const LoraExpandJob& j = jobs[first + i];
+      assert((!j.xa.data || (j.xa.dim(0) == j.y.dim(0) && j.b.dim(0) == j.y.dim(1) && j.b.dim(1) == j.xa.dim(1))) &&
+             "lora_expand: shapes differ");
+      assert((!j.base.data || (j.base.dim(0) == j.y.dim(0) && j.base.dim(1) == j.y.dim(1))) &&
+             "lora_expand: base and y differ in shape");
+      lc::LoraJob& d = lj[i];
+      d.xa = j.xa.data ? j.xa.f32() : nullptr;
+      d.ldxa = j.xa.data ? row_stride_of(j.xa) : 0;
+      d.b = j.xa.data ? j.b.data : nullptr;
+      d.ldb = j.xa.data ? row_stride_of(j.b) : 0;
+      d.y = j.y.f32();
+      d.ldy = row_stride_of(j.y);
+      d.base = j.base.data ? j.base.f32() : nullptr;
+      d.ldbase = j.base.data ? row_stride_of(j.base) : 0;
+      d.out = j.y.dim(1);
+      d.rows = static_cast<int32_t>(j.y.dim(0));
+      d.rank = j.xa.data ? static_cast<int32_t>(j.xa.dim(1)) : 0;
+      d.scale = j.scale;
+      d.b_bf16 = j.xa.data && j.b.dtype == DType::kBF16 ? 1 : 0;
+      wrote(d.y, static_cast<size_t>((d.rows - 1) * d.ldy + d.out) * 4);
+      rec("lora_job", d.xa, d.ldxa, d.b, d.ldb, d.y, d.ldy, d.base, d.ldbase, d.out, d.rows, d.rank, d.scale,
+          d.b_bf16);
+    }
+    const int n_jobs = static_cast<int>(count);
+    rec("lora_expand", n_jobs);
+    launch("lora.expand", [=, this] { return lc::lora_expand(lj.data(), n_jobs, stream_); });
+  }
 }
 
 void CudaBackend::add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out) {

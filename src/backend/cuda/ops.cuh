@@ -52,7 +52,7 @@ cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx
 cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
 // Several weight matrices that read the same x (q/k/v, gate/up) in one launch of v2.
-constexpr int kMaxGemvSegs = 4;
+constexpr int kMaxGemvSegs = 8;
 struct GemvSeg {
   const void* w;  // bf16 [out, ldw]
   int64_t ldw;
@@ -62,6 +62,23 @@ struct GemvSeg {
 };
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
                               float alpha, float beta, cudaStream_t s);
+// LoRA expand of decode-sized jobs (lora.cu): for each job and row r < rows,
+//   y[r, o] = (base ? base[r, o] : y[r, o]) + scale · Σ_k xa[r, k] · b[o, k]   (xa null: y = base)
+// up to kMaxLoraJobs jobs in one launch (a stage's q/k/v expands of every adapter in the batch).
+constexpr int kMaxLoraJobs = 8;
+constexpr int kMaxLoraRank = 64;
+struct LoraJob {
+  const float* xa;     // [rows, ldxa] f32, or null (copy only)
+  const void* b;       // [out, ldb] bf16 (b_bf16) or f32
+  float* y;            // [rows, ldy] f32
+  const float* base;   // [rows, ldbase] f32, or null (accumulate into y)
+  int64_t ldxa, ldb, ldy, ldbase;
+  int64_t out;
+  int32_t rows, rank;  // rows <= kGemvMaxRows, rank <= kMaxLoraRank
+  float scale;
+  int32_t b_bf16;
+};
+cudaError_t lora_expand(const LoraJob* jobs, int n_jobs, cudaStream_t s);
 // y[r, o] = silu(x·w_gate^T)[r, o] · (x·w_up^T)[r, o] for o < out, in one launch of v2 (the gate
 // and up dots of a row meet in one block): the decode MLP's first half without its SwiGLU kernel.
 // Same operand rules as gemv_bf16 for both weights; y [rows, ldy] f32 must not alias x.
