@@ -4,7 +4,7 @@
 # "label|ENV=VAL ...|binary" (binary: a lragent_model_bench; ENV may be empty). Prints the
 # median ms/step of each run and, per variant, the median over the rounds.
 #   ROUNDS=4 bash bench/cuda/ab_decode.sh "off|LRAGENT_CUDA_FUSE=0|$B" "on||$B"
-# KEY picks the figure: decode (default), decode_lora_base_lr, decode_lora_full.
+# KEYS picks the figures (space-separated): decode (default), decode_lora_base_lr, decode_lora_full.
 set -euo pipefail
 ROUNDS=${ROUNDS:-4}
 CTX=${CTX:-4096}
@@ -14,8 +14,10 @@ for ((i = 1; i <= ROUNDS; ++i)); do
     IFS='|' read -r label envs bin <<<"$v"
     # shellcheck disable=SC2086
     env $envs "$bin" --preset "${PRESET:-llama3.1-8b}" --ctx "$CTX" --prefill 0 --out "$TMP/r.json" >/dev/null 2>&1
-    ms=$(python3 -c "import json; print(json.load(open('$TMP/r.json'))['${KEY:-decode}']['median_ms'])")
-    echo "$label $ms" | tee -a "$TMP/all.txt"
+    for key in ${KEYS:-decode}; do
+      ms=$(python3 -c "import json; print(json.load(open('$TMP/r.json'))['$key']['median_ms'])")
+      echo "$label/$key $ms" | tee -a "$TMP/all.txt"
+    done
   done
 done
 python3 - "$TMP/all.txt" <<'PY'
@@ -25,6 +27,6 @@ for line in open(sys.argv[1]):
     k, v = line.split()
     runs[k].append(float(v))
 for k, v in runs.items():
-    print(f"{k:>12}: median {statistics.median(v):.3f} ms/step over {len(v)} runs (min {min(v):.3f}, max {max(v):.3f})")
+    print(f"{k:>28}: median {statistics.median(v):.3f} ms/step over {len(v)} runs (min {min(v):.3f}, max {max(v):.3f})")
 PY
 rm -rf "$TMP"

@@ -195,6 +195,14 @@ class Backend {
     rope(a, positions, inv_freq);
     rope(b, positions, inv_freq);
   }
+  // rope_pair after the LoRA expands `a_lora` into a (in place: jobs without base, writing rows of
+  // a viewed as [n, heads·head_dim]). A backend may add those terms inside its RoPE kernel (the
+  // CUDA backend does for decode-sized passes: a decode step's q expand needs no launch then).
+  virtual void rope_pair_lora(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
+                              std::span<const LoraExpandJob> a_lora) {
+    if (!a_lora.empty()) lora_expand(a_lora);
+    rope_pair(a, b, positions, inv_freq);
+  }
   // out[n, d] = silu(gate) * up
   virtual void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) = 0;
   // The MLP's first half: gate[n, inter] = silu(x · w_gate^T) * (x · w_up^T). `up` [n, inter] is

@@ -127,17 +127,18 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     TensorView kf2 = own_k_full ? as2d(k_full, kvw) : TensorView{};
     std::vector<Tensor> lr_keep;     // this layer's x·A tensors: alive until its KV write
     std::vector<TensorView> lr_k, lr_v;  // per segment [n_rows, rank] or no data
+    std::vector<Backend::LoraExpandJob> q_lora;  // q's LoRA expands, applied by the RoPE op
     {
       const Backend::MatmulOut qkv[] = {{&lw.wq, opt(lw.bq), &q2}, {&lw.wk, opt(lw.bk), &kb2},
                                         {&lw.wv, opt(lw.bv), &v_base.view()}};
       const LoraTargetOut lora[] = {
-          {LoraTarget::kQ, &q2, nullptr, nullptr},
+          {LoraTarget::kQ, &q2, nullptr, nullptr, &q_lora},
           {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k},
           {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v}};
       project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_);
     }
 
-    be_.rope_pair(q.view(), k_base.view(), pos.data(), inv_freq_.data());
+    be_.rope_pair_lora(q.view(), k_base.view(), pos.data(), inv_freq_.data(), q_lora);
     if (own_k_full) be_.rope(k_full.view(), pos.data(), inv_freq_.data());
 
     for (size_t s = 0; s < batch.size(); ++s) {

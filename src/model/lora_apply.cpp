@@ -94,6 +94,7 @@ void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<co
   std::vector<Backend::LoraExpandJob> jobs;
   for (size_t t = 0; t < targets.size(); ++t) {
     const LoraTargetOut& to = targets[t];
+    assert((!to.defer || !to.base) && "deferred LoRA expands are in place");
     std::vector<int> seg_group(segs.size(), -1);   // group index of each adapted segment
     std::vector<int64_t> seg_off(segs.size(), 0);  // its first row in the group's x·A
     for (size_t i = 0; i < groups.size(); ++i) {
@@ -121,7 +122,7 @@ void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<co
         j.b = m->b_use();
         j.scale = m->scale;
       }
-      jobs.push_back(j);
+      (to.defer ? *to.defer : jobs).push_back(j);
     }
   }
   if (!jobs.empty()) be.lora_expand(jobs);

@@ -30,6 +30,9 @@ struct LoraTargetOut {
   // When given: per segment, x·A of its rows [n_rows, rank] (a view into a tensor appended to
   // `keep`), or a view without data when the segment's adapter does not adapt the target.
   std::vector<TensorView>* lr_out = nullptr;
+  // When given, this target's expand jobs are appended here instead of run: the caller hands them
+  // to an op that applies them on the way (Backend::rope_pair_lora for q). In place only (no base).
+  std::vector<Backend::LoraExpandJob>* defer = nullptr;
 };
 
 // One projection stage of a layer: the base projections that read x (q/k/v; o; gate/up; down)

@@ -285,6 +285,67 @@ TEST_P(CudaOps, MatmulGroupAndLoraExpandMatchCpu) {
   }
 }
 
+// rope_pair_lora: q's LoRA expands applied inside the RoPE kernel (decode-sized passes) against
+// the CPU's lora_expand + rope_pair; batches where some tokens have no adapter, two adapters of
+// different ranks, and a batch past the fused limit (the fallback: expand kernel, then RoPE).
+TEST_P(CudaOps, RopePairLoraMatchesCpu) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto gpu = cuda_backend(dt);
+  auto cpu = make_cpu_backend(2);
+  ASSERT_TRUE(gpu);
+  for (int64_t hd : {64, 128}) {
+    for (int64_t n : {1, 3, 8, 9}) {
+      const int64_t ha = 4, hb = 2, width = ha * hd;
+      Tensor qa = random_host({n, ha, hd}, 41), kb = random_host({n, hb, hd}, 42);
+      Tensor qad = gpu->upload(qa.view(), DType::kF32), kbd = gpu->upload(kb.view(), DType::kF32);
+      std::vector<int32_t> pos(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i * 131 + 7);
+      std::vector<float> inv_freq(static_cast<size_t>(hd / 2));
+      for (int64_t i = 0; i < hd / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(500000.f, -2.f * i / hd);
+      // Token 0: adapter 1 (rank 16); tokens [1, min(n, 3)): none; tokens [3, n): adapter 2 (rank 4).
+      Tensor xa1 = random_host({1, 16}, 43), b1 = random_host({width, 16}, 44);
+      const int64_t n2 = std::max<int64_t>(n - 3, 0);
+      Tensor xa2 = random_host({std::max<int64_t>(n2, 1), 4}, 45), b2 = random_host({width, 4}, 46);
+      Tensor xa1d = gpu->upload(xa1.view(), DType::kF32), b1d = gpu->upload(b1.view(), dt);
+      Tensor xa2d = gpu->upload(xa2.view(), DType::kF32), b2d = gpu->upload(b2.view(), dt);
+      TensorView q2c = qa.view(), q2g = qad.view();
+      q2c.shape = q2g.shape = {n, width};
+      q2c.strides.clear();
+      q2g.strides.clear();
+      std::vector<Backend::LoraExpandJob> jc, jg;
+      Backend::LoraExpandJob c, g;
+      c.xa = xa1.view();
+      c.b = b1.view();
+      g.xa = xa1d.view();
+      g.b = b1d.view();
+      c.scale = g.scale = 2.f;
+      c.y = q2c.rows(0, 1);
+      g.y = q2g.rows(0, 1);
+      jc.push_back(c);
+      jg.push_back(g);
+      if (n2 > 0) {
+        c.xa = xa2.view().rows(0, n2);
+        c.b = b2.view();
+        g.xa = xa2d.view().rows(0, n2);
+        g.b = b2d.view();
+        c.scale = g.scale = 0.5f;
+        c.y = q2c.rows(3, n);
+        g.y = q2g.rows(3, n);
+        jc.push_back(c);
+        jg.push_back(g);
+      }
+      TensorView qc = qa.view(), kc = kb.view();
+      cpu->rope_pair_lora(qc, kc, pos.data(), inv_freq.data(), jc);
+      gpu->rope_pair_lora(qad.view(), kbd.view(), pos.data(), inv_freq.data(), jg);
+      EXPECT_LE(rel_l2(host_values(*gpu, qad.view()), host_values(*cpu, qc)), tol(dt))
+          << "rope_pair_lora q, n=" << n << " hd=" << hd;
+      EXPECT_LE(rel_l2(host_values(*gpu, kbd.view()), host_values(*cpu, kc)), 2e-6)
+          << "rope_pair_lora k, n=" << n << " hd=" << hd;
+    }
+  }
+}
+
 // Greedy sampling on the device: the same ids as the CPU backend (lowest index on ties, NaN
 // never picked) at awkward widths, up to a Llama-3 vocabulary. sample_rows (temperature, top-k,
 // top-p) has its own file: sampling_cuda_test.cpp.

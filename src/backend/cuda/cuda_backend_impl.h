@@ -135,6 +135,8 @@ class CudaBackend final : public Backend {
   void rope(TensorView& x, const int32_t* positions, const float* inv_freq) override;
 
   void rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) override;
+  void rope_pair_lora(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
+                      std::span<const LoraExpandJob> a_lora) override;
 
   void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override;
   void matmul_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
@@ -178,6 +180,9 @@ class CudaBackend final : public Backend {
     lc::OpProfiler::Scope pr(prof_, name, stream_);
     check(f());
   }
+  // rope_pair, with the LoRA terms of a's tokens when lora is given (rope_pair_lora).
+  void rope_pair_impl(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
+                      const lc::RopeLora* lora);
   void convert(const void* src, lc::Elem st, int64_t lds, void* dst, lc::Elem dt, int64_t ldd, int64_t rows,
                int64_t cols);
   // Runs the recorded pass: its host arrays go up in one copy, then the tape (graph or eager).

@@ -4,6 +4,19 @@
 
 namespace lragent::cuda_impl {
 
+namespace {
+// LRAGENT_CUDA_FUSE_LORA=0: the LoRA terms as separate launches (each shrink x·A its own GEMV,
+// each expand copy + GEMV, q's expand outside RoPE), the launch structure before the grouped
+// LoRA path, for measuring it on the device.
+bool fuse_lora() {
+  static const bool on = [] {
+    const char* v = std::getenv("LRAGENT_CUDA_FUSE_LORA");
+    return !v || std::atoi(v) != 0;
+  }();
+  return on;
+}
+}  // namespace
+
 void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
             float beta) {
   assert(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && "matmul takes 2-D tensors");
@@ -55,6 +68,19 @@ void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> o
     Backend::matmul_group(x, outs);
     return;
   }
+  if (!fuse_lora()) {  // LoRA shrinks (A: rank rows) as launches of their own
+    std::vector<MatmulOut> big;
+    for (const MatmulOut& o : outs) {
+      if (o.w->dim(0) <= lc::kMaxLoraRank)
+        matmul(x, *o.w, o.bias, *o.y, 1.f, 0.f);
+      else
+        big.push_back(o);
+    }
+    if (big.size() < outs.size()) {
+      if (!big.empty()) matmul_group(x, big);
+      return;
+    }
+  }
   const float* xd = x.f32();
   for (size_t first = 0; first < outs.size(); first += lc::kMaxGemvSegs) {
     const std::span<const MatmulOut> part = outs.subspan(first, std::min<size_t>(lc::kMaxGemvSegs, outs.size() - first));
@@ -78,7 +104,7 @@ void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> o
 void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
   // Decode-sized jobs (<= kGemvMaxRows rows, rank <= kMaxLoraRank): one kernel per
   // kMaxLoraJobs jobs; anything else (prefill chunks) by copy + cuBLASLt per job.
-  bool fused = true;
+  bool fused = fuse_lora();
   for (const LoraExpandJob& j : jobs) {
     const int64_t rows = j.y.dim(0);
     fused = fused && rows >= 1 && rows <= lc::kGemvMaxRows && j.y.dtype == DType::kF32 &&
@@ -180,6 +206,49 @@ void CudaBackend::rope(TensorView& x, const int32_t* positions, const float* inv
 }
 
 void CudaBackend::rope_pair(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq) {
+  rope_pair_impl(a, b, positions, inv_freq, nullptr);
+}
+
+void CudaBackend::rope_pair_lora(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
+                                 std::span<const LoraExpandJob> a_lora) {
+  // Decode-sized: token t's LoRA term goes into the RoPE kernel (RopeLora, by token).
+  const int64_t n = a.dim(0), width = a.dim(1) * a.dim(2);
+  bool fused = fuse_lora() && !a_lora.empty() && n >= 1 && n <= lc::kGemvMaxRows && a.dtype == DType::kF32;
+  lc::RopeLora rl{};
+  for (const LoraExpandJob& j : a_lora) {
+    fused = fused && !j.base.data && j.xa.data && j.xa.dtype == DType::kF32 && j.xa.dim(1) <= lc::kMaxLoraRank &&
+            (j.b.dtype == DType::kBF16 || j.b.dtype == DType::kF32) && j.y.dtype == DType::kF32 &&
+            j.y.dim(1) == width && row_stride_of(j.y) == width && j.b.dim(0) == width;
+    if (!fused) break;
+    const auto off = reinterpret_cast<uintptr_t>(j.y.data) - reinterpret_cast<uintptr_t>(a.data);
+    const auto row_bytes = static_cast<uintptr_t>(width) * 4;
+    fused = reinterpret_cast<uintptr_t>(j.y.data) >= reinterpret_cast<uintptr_t>(a.data) && off % row_bytes == 0 &&
+            static_cast<int64_t>(off / row_bytes) + j.y.dim(0) <= n;
+    if (!fused) break;
+    const auto first = static_cast<int64_t>(off / row_bytes);
+    for (int64_t r = 0; r < j.y.dim(0); ++r) {
+      const auto t = static_cast<size_t>(first + r);
+      rl.lr[t] = j.xa.f32() + r * row_stride_of(j.xa);
+      rl.b[t] = j.b.data;
+      rl.ldb[t] = row_stride_of(j.b);
+      rl.rank[t] = static_cast<int32_t>(j.xa.dim(1));
+      rl.scale[t] = j.scale;
+      rl.b_bf16[t] = j.b.dtype == DType::kBF16 ? 1 : 0;
+    }
+  }
+  if (!fused) {
+    Backend::rope_pair_lora(a, b, positions, inv_freq, a_lora);
+    return;
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    const auto i = static_cast<size_t>(t);
+    rec("rope_lora", rl.lr[i], rl.b[i], rl.ldb[i], rl.rank[i], rl.scale[i], rl.b_bf16[i]);
+  }
+  rope_pair_impl(a, b, positions, inv_freq, &rl);
+}
+
+void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
+                                 const lc::RopeLora* lora) {
   assert(a.rank() == 3 && b.rank() == 3 && a.is_contiguous() && b.is_contiguous() && a.dim(0) == b.dim(0) &&
          a.dim(2) == b.dim(2) && "rope_pair takes contiguous [n, heads, head_dim] of the same tokens");
   const int64_t n = a.dim(0);
@@ -199,7 +268,12 @@ void CudaBackend::rope_pair(TensorView& a, TensorView& b, const int32_t* positio
     if (a16) q_shadow_ = {a.data, a.numel(), 0, a16};
   }
   rec("rope_pair", xa, ha, xb, hb, n, hd, pos, inv, a16);
-  launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, a16, stream_); });
+  if (lora) {
+    const lc::RopeLora rl = *lora;
+    launch("rope", [=, this] { return lc::rope_pair_lora(xa, ha, xb, hb, n, hd, pos, inv, a16, rl, stream_); });
+  } else {
+    launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, a16, stream_); });
+  }
 }
 
 void CudaBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) {

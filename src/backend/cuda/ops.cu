@@ -191,8 +191,10 @@ __global__ void __launch_bounds__(128) gemv_bf16_kernel(const __nv_bfloat16* __r
 // RoPE on one or two tensors of the same tokens (q and k in one launch): elements [0, n·ha·half)
 // rotate xa [n, ha, hd], the rest xb [n, hb, hd].
 // xa16 (optional): the rotated xa also in bf16 (the attention kernels' query operand).
+// kLora: token t's xa row first gets its LoRA term scale · lr_t · b^T (RopeLora, ops.cuh).
+template <bool kLora>
 __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int hd, const int32_t* pos,
-                            const float* inv_freq, __nv_bfloat16* xa16) {
+                            const float* inv_freq, __nv_bfloat16* xa16, const RopeLora lora) {
   const int half = hd / 2;
   const int64_t total_a = n * ha * half, total = total_a + n * hb * half;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
@@ -207,7 +209,40 @@ __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int
     float sn, cs;
     sincosf(angle, &sn, &cs);
     float* v = x + row * hd;
-    const float a = v[i], b = v[i + half];
+    float a = v[i], b = v[i + half];
+    if constexpr (kLora) {
+      const float* lr = in_a ? lora.lr[tok] : nullptr;
+      if (lr) {
+        const int64_t o = (row % heads) * hd + i;  // output column of x·A·B^T
+        float da = 0.f, db = 0.f;
+        const int rank = lora.rank[tok];
+        const int64_t ldb = lora.ldb[tok];
+        const bool bf = lora.b_bf16[tok] != 0;
+        auto w_at = [&](int64_t col, int k) {
+          return bf ? __bfloat162float(static_cast<const __nv_bfloat16*>(lora.b[tok])[col * ldb + k])
+                    : static_cast<const float*>(lora.b[tok])[col * ldb + k];
+        };
+        // 16 ranks at a time, every load of a chunk issued before the first use (a dependent
+        // loop would wait one L2 round trip per rank).
+        for (int k0 = 0; k0 < rank; k0 += 16) {
+          float wa[16], wb[16], l[16];
+#pragma unroll
+          for (int u = 0; u < 16; ++u) {
+            const bool ok = k0 + u < rank;
+            wa[u] = ok ? w_at(o, k0 + u) : 0.f;
+            wb[u] = ok ? w_at(o + half, k0 + u) : 0.f;
+            l[u] = ok ? lr[k0 + u] : 0.f;
+          }
+#pragma unroll
+          for (int u = 0; u < 16; ++u) {
+            da += l[u] * wa[u];
+            db += l[u] * wb[u];
+          }
+        }
+        a += lora.scale[tok] * da;
+        b += lora.scale[tok] * db;
+      }
+    }
     const float ra = a * cs - b * sn, rb = b * cs + a * sn;
     v[i] = ra;
     v[i + half] = rb;
@@ -554,8 +589,19 @@ cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n,
                       const float* inv_freq, void* xa16, cudaStream_t s) {
   const int64_t total = n * (heads_a + heads_b) * (head_dim / 2);
   if (total == 0) return cudaSuccess;
-  rope_kernel<<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
-                                                     static_cast<__nv_bfloat16*>(xa16));
+  rope_kernel<false><<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
+                                                            static_cast<__nv_bfloat16*>(xa16), RopeLora{});
+  return cudaGetLastError();
+}
+
+cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim,
+                           const int32_t* pos, const float* inv_freq, void* xa16, const RopeLora& lora,
+                           cudaStream_t s) {
+  if (n > kGemvMaxRows) return cudaErrorInvalidValue;
+  const int64_t total = n * (heads_a + heads_b) * (head_dim / 2);
+  if (total == 0) return cudaSuccess;
+  rope_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
+                                                           static_cast<__nv_bfloat16*>(xa16), lora);
   return cudaGetLastError();
 }
 

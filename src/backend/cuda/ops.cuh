@@ -94,6 +94,20 @@ cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* po
 // xa16 (optional) receives the rotated xa in bf16 too.
 cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim, const int32_t* pos,
                       const float* inv_freq, void* xa16, cudaStream_t s);
+// rope_pair with the LoRA term of xa's rows added before the rotation: a decode step's q
+// expand without a launch of its own. Token t (< n <= kGemvMaxRows) with lr[t] non-null gets
+//   xa[t, h, d] += scale[t] · Σ_k lr[t][k] · b[t][h·head_dim + d, k]
+struct RopeLora {
+  const float* lr[kGemvMaxRows];  // [rank] x·A of token t, or null
+  const void* b[kGemvMaxRows];    // [heads_a·head_dim, ldb]: bf16 when b_bf16, else f32
+  int64_t ldb[kGemvMaxRows];
+  int32_t rank[kGemvMaxRows];
+  float scale[kGemvMaxRows];
+  int32_t b_bf16[kGemvMaxRows];
+};
+cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim,
+                           const int32_t* pos, const float* inv_freq, void* xa16, const RopeLora& lora,
+                           cudaStream_t s);
 // out = silu(gate) · up, elementwise over n values (out may alias gate); out16 (optional) gets
 // the same values in bf16; out may be null when out16 is given.
 cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, void* out16, cudaStream_t s);
