@@ -77,6 +77,7 @@ struct GraphStats {
   int64_t captured = 0;  // ... captured into a new graph
   int64_t eager = 0;     // ... run op by op (first sight of a shape, or not capturable)
   int64_t updated = 0;   // ... captured into a cached graph of the same shape (new addresses)
+  double record_host_ms = 0;  // host time spent recording those passes (the forward code itself)
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

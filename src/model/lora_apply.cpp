@@ -34,6 +34,20 @@ void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<co
                        std::span<const LoraTargetOut> targets, const std::vector<LoraSegment>& segs,
                        std::vector<Tensor>& keep, ForwardStats& stats) {
   const int64_t n = x.dim(0), in = x.dim(1);
+  // No segment adapts any target (a base-model batch, or an adapter without these modules): the
+  // base projections only (every decode step of a base model passes here 4 times a layer).
+  bool any = false;
+  for (const LoraTargetOut& to : targets)
+    for (const LoraSegment& sg : segs) any = any || module_of(sg.adapter, layer, to.target) != nullptr;
+  if (!any) {
+    for (const LoraTargetOut& to : targets)
+      if (to.lr_out) to.lr_out->assign(segs.size(), TensorView{});
+    if (base_outs.size() == 1)
+      be.matmul(x, *base_outs[0].w, base_outs[0].bias, *base_outs[0].y);
+    else if (!base_outs.empty())
+      be.matmul_group(x, base_outs);
+    return;
+  }
   std::vector<ShrinkGroup> groups;
   for (size_t t = 0; t < targets.size(); ++t) {
     if (targets[t].lr_out) {

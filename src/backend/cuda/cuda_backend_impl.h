@@ -107,7 +107,7 @@ class CudaBackend final : public Backend {
   void set_matmul_only_outputs(bool on) override { matmul_only_ = on; }
   GraphStats graph_stats() const override {
     const lc::TapeStats& t = tape_->stats();
-    return {t.passes, t.replayed, t.captured, t.eager, t.updated};
+    return {t.passes, t.replayed, t.captured, t.eager, t.updated, t.record_ms};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;

@@ -46,6 +46,7 @@ cudaGraph_t GraphTape::capture() {
 cudaError_t GraphTape::run() {
   recording_ = false;
   ++stats_.passes;
+  stats_.record_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin_time_).count();
   if (ops_.empty()) return cudaSuccess;
   if (!graphable_) {
     ++stats_.eager;

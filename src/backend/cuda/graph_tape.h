@@ -28,6 +28,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -46,6 +47,8 @@ struct TapeStats {
   int64_t replayed = 0;      // ... run as a cached graph
   int64_t capture_failures = 0;
   double build_ms = 0;       // host time spent capturing, instantiating and updating graphs
+  double record_ms = 0;      // host time from begin() to run(): the forward pass's own code (the
+                             // GPU idles through it when the pass waits on the previous one)
 };
 
 class GraphTape {
@@ -59,6 +62,7 @@ class GraphTape {
 
   bool recording() const { return recording_; }
   void begin() {
+    begin_time_ = std::chrono::steady_clock::now();
     recording_ = true;
     graphable_ = true;
     ops_.clear();
@@ -115,6 +119,7 @@ class GraphTape {
 
   cudaStream_t stream_;
   bool recording_ = false;
+  std::chrono::steady_clock::time_point begin_time_;
   bool graphable_ = true;
   bool update_ = true;  // LRAGENT_CUDA_GRAPH_UPDATE (default on)
   std::vector<Op> ops_;
