@@ -85,6 +85,14 @@ CudaBackend::~CudaBackend() {
                "failures; {:.1f} ms building graphs\n",
                t.passes, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms);
   }
+  if (rec_prof_ && !rec_ms_.empty()) {
+    double total = 0;
+    for (const auto& [name, v] : rec_ms_) total += v.second;
+    fmt::print(stderr, "host time of recorded passes by op ({:.3f} ms in all):\n", total);
+    for (const auto& [name, v] : rec_ms_)
+      fmt::print(stderr, "  {:<24} {:>8} ops  {:>9.3f} ms  {:>7.3f} us/op  {:>5.1f}%\n", name, v.first, v.second,
+                 v.second * 1e3 / static_cast<double>(v.first), 100.0 * v.second / total);
+  }
   tape_.reset();
   if (prof_.enabled()) {
     prof_.flush();
@@ -218,6 +226,7 @@ void CudaBackend::begin_pass(int64_t n_rows) {
   check(args_->begin_pass());
   act_off_ = 0;
   tape_->begin();
+  if (rec_prof_) rec_last_ = std::chrono::steady_clock::now();
 }
 
 void CudaBackend::copy(const TensorView& src, TensorView& dst) {
@@ -328,6 +337,7 @@ void CudaBackend::flush_tape() {
     overflow_.clear();
     return;
   }
+  if (rec_prof_) rec_prof_tick("(pass end)");
   check(args_->flush_pass());
   const cudaError_t e = tape_->run();
   if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", cudaGetErrorString(e)));

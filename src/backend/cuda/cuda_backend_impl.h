@@ -175,6 +175,7 @@ class CudaBackend final : public Backend {
     }
     if (tape_->recording()) {
       tape_->push(std::forward<F>(f));
+      if (rec_prof_) rec_prof_tick(name);
       return;
     }
     lc::OpProfiler::Scope pr(prof_, name, stream_);
@@ -309,6 +310,19 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kMaxIdsHost = 1 << 16;
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
   lc::OpProfiler prof_{std::getenv("LRAGENT_CUDA_PROFILE") != nullptr};
+  // LRAGENT_CUDA_PROFILE_RECORD=1: host time of recorded passes by op, printed at exit. Each op
+  // is charged the host time since the previous op was recorded (the forward code between them
+  // and the op's own recording); "(pass end)" is the last op to the pass's launch.
+  bool rec_prof_ = std::getenv("LRAGENT_CUDA_PROFILE_RECORD") != nullptr;
+  std::chrono::steady_clock::time_point rec_last_;
+  std::map<std::string, std::pair<int64_t, double>> rec_ms_;  // op -> (count, host ms)
+  void rec_prof_tick(const char* name) {
+    const auto t = std::chrono::steady_clock::now();
+    auto& [count, ms] = rec_ms_[name];
+    ++count;
+    ms += std::chrono::duration<double, std::milli>(t - rec_last_).count();
+    rec_last_ = t;
+  }
 };
 
 }  // namespace lragent::cuda_impl
