@@ -37,6 +37,13 @@ double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// Host time of recording one pass between two graph_stats() snapshots (the forward code before
+// its graph launches): the GPU is idle through it, since each step waits for the previous token.
+double record_ms_per_pass(const GraphStats& before, const GraphStats& after) {
+  const int64_t passes = after.recorded - before.recorded;
+  return passes > 0 ? (after.record_host_ms - before.record_host_ms) / static_cast<double>(passes) : 0.0;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -160,12 +167,7 @@ int main(int argc, char** argv) {
       if (s >= 2) ms.push_back(now_ms() - t0);
     }
     const double t = median(ms);
-    // Host time of recording one step (the forward code before its graph launches): the GPU is
-    // idle through it, since each step waits for the previous step's token.
-    const GraphStats g1 = be.graph_stats();
-    const double host_ms = g1.recorded > g0.recorded ? (g1.record_host_ms - g0.record_host_ms) /
-                                                           static_cast<double>(g1.recorded - g0.recorded)
-                                                     : 0.0;
+    const double host_ms = record_ms_per_pass(g0, be.graph_stats());
     std::printf("decode batch 1 at %lld context: %.3f ms/step (%.1f tok/s; host recording %.3f ms of it); "
                 "weights %.2f GB + KV %.3f GB\n",
                 static_cast<long long>(ctx), t, 1e3 / t, host_ms, weight_bytes / 1e9, cache_bytes / 1e9);
@@ -231,10 +233,7 @@ int main(int argc, char** argv) {
         if (s >= 2) ms.push_back(now_ms() - t0);
       }
       const double t = median(ms);
-      const GraphStats g1 = be.graph_stats();
-      const double host_ms = g1.recorded > g0.recorded ? (g1.record_host_ms - g0.record_host_ms) /
-                                                             static_cast<double>(g1.recorded - g0.recorded)
-                                                       : 0.0;
+      const double host_ms = record_ms_per_pass(g0, be.graph_stats());
       const bool lr = mode == ShareMode::kBaseLr;
       std::printf("decode batch 1 at %lld context, LoRA r16 q/v, %s cache: %.3f ms/step (host recording %.3f ms)\n",
                   static_cast<long long>(ctx), lr ? "base-lr" : "private full", t, host_ms);
