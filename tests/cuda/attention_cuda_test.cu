@@ -543,6 +543,57 @@ TEST(CudaAttention, DecodeV4Edges) {
   run_case(many, seed++);
 }
 
+// The plan half (attention_plan): the split count and workspace bytes follow the shapes only.
+// The backend once planned with a host address as the "some workspace" placeholder; v4 decode
+// tests the workspace's 16-byte alignment, so the decode split count (and the f32 summation
+// order behind bf16 logits) followed the host object's layout. A launch given the planned bytes
+// at an aligned address must then pick the planned count (no clamp to a smaller workspace).
+TEST(CudaAttention, PlanFollowsShapesOnly) {
+  SKIP_WITHOUT_GPU();  // the split heuristics read the SM count
+  for (int ctx : {1, 257, 512, 4097, 32768})
+    for (int n_seqs : {1, 3})
+      for (int rv : {0, 16}) {
+        lc::AttnParams p;
+        p.n_heads = 32;
+        p.n_kv_heads = 8;
+        p.head_dim = 128;
+        p.softmax_scale = 0.088f;
+        p.n_seqs = n_seqs;
+        p.max_q = 1;
+        p.max_ctx = ctx;
+        // Placeholders: the plan and the split heuristics never dereference these.
+        const auto fake = [](uintptr_t a) { return reinterpret_cast<void*>(a); };
+        p.out_f32 = static_cast<float*>(fake(0x10000));
+        p.split_counters = static_cast<unsigned int*>(fake(0x20000));
+        p.split_counters_capacity = 1 << 14;
+        if (rv) {
+          p.v_lr.b = static_cast<const lc::bf16*>(fake(0x30000));
+          p.v_lr.rank = rv;
+          p.v_lr.scale = 1.f;
+        }
+        for (auto kern : {lc::AttnKernel::kV4Decode, lc::AttnKernel::kV6WgmmaWs}) {
+          const lc::AttnPlan plan = lc::attention_plan(p, kern);
+          const std::string what = "ctx " + std::to_string(ctx) + " seqs " + std::to_string(n_seqs) + " rank " +
+                                 std::to_string(rv) + " kernel v" + std::to_string(static_cast<int>(kern));
+          for (uintptr_t placeholder : {uintptr_t{0}, uintptr_t{0x1008}, uintptr_t{0x1004}, uintptr_t{0x1000}})
+            for (size_t bytes : {size_t{0}, size_t{64}, SIZE_MAX}) {
+              lc::AttnParams q = p;
+              q.workspace = fake(placeholder);
+              q.workspace_bytes = bytes;
+              const lc::AttnPlan other = lc::attention_plan(q, kern);
+              EXPECT_EQ(other.splits, plan.splits) << what << ", placeholder " << placeholder;
+              EXPECT_EQ(other.workspace_bytes, plan.workspace_bytes) << what;
+            }
+          EXPECT_EQ(plan.splits > 1, plan.workspace_bytes > 0) << what;
+          if (ctx >= 4097 && n_seqs == 1) EXPECT_GT(plan.splits, 1) << what << ": a long decode is split";
+          lc::AttnParams launch = p;
+          launch.workspace = plan.workspace_bytes ? fake(0x40000) : nullptr;
+          launch.workspace_bytes = plan.workspace_bytes;
+          EXPECT_EQ(lc::attention_num_splits(launch, kern), plan.splits) << what << ": the launch clamps the plan";
+        }
+      }
+}
+
 TEST(CudaAttention, SharedBaseMultiAgentDecode) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 600;

@@ -204,6 +204,20 @@ int attention_num_splits(const AttnParams& p, AttnKernel kernel) {
   return 1;
 }
 
+AttnPlan attention_plan(const AttnParams& p, AttnKernel kernel) {
+  // The split heuristics only test the workspace for presence, size and 16-byte alignment (v4's
+  // merge); they never dereference it. A placeholder with the alignment of a real allocation:
+  // a host address here (as the backend once passed) made v4's alignment test, and so the
+  // decode split count, follow the host object layout.
+  AttnParams q = p;
+  q.workspace = reinterpret_cast<void*>(uintptr_t{256});
+  q.workspace_bytes = SIZE_MAX;
+  AttnPlan plan;
+  plan.splits = attention_num_splits(q, kernel);
+  plan.workspace_bytes = plan.splits > 1 ? attention_workspace_bytes(p, plan.splits) : 0;
+  return plan;
+}
+
 cudaError_t materialize_v(const AttnParams& p, bf16* v_full) {
   if (!params_ok(p) || !p.v_lr.active() || !v_full) return cudaErrorInvalidValue;
   const int width = p.n_kv_heads * p.head_dim;

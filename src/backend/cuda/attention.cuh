@@ -120,6 +120,16 @@ size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);
 // The split count `kernel` would use for p (after clamping to the workspace).
 int attention_num_splits(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6WgmmaWs);
 
+// The plan half of a launch: the split count `kernel` picks for p when given a workspace of any
+// size (16-byte aligned, as every device allocation is), and the bytes that workspace needs (0
+// when unsplit). p.workspace and p.workspace_bytes are ignored: the plan depends on the shapes
+// and the other pointers only, never on where a caller's placeholder happens to lie.
+struct AttnPlan {
+  int splits = 1;
+  size_t workspace_bytes = 0;
+};
+AttnPlan attention_plan(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6WgmmaWs);
+
 // Materialise-then-attend baseline, step 1: writes V_full = V_base + s_v·LRv·B_v^T for tokens
 // 0..ctx_len[s]-1 of every sequence into `v_full`, a paged buffer with p.v's layout (same
 // table, page size and row stride). Adapter 0 only (not agents mode).

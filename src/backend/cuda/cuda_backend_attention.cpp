@@ -204,11 +204,8 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
   // Workspace for the split count the kernel will pick (a prefill chunk runs unsplit; sizing
   // for the maximum splits x queries would ask for gigabytes).
-  a.workspace = &attn_ws_bytes_;  // any non-null pointer: "unlimited" for the query below
-  a.workspace_bytes = SIZE_MAX;
   const lc::AttnKernel kernel = attn_kernel_;
-  const int splits = lc::attention_num_splits(a, kernel);
-  const size_t ws = splits > 1 ? lc::attention_workspace_bytes(a, splits) : 0;
+  const size_t ws = lc::attention_plan(a, kernel).workspace_bytes;
   if (tape_->recording()) {
     a.workspace = ws > 0 ? pass_alloc(ws) : nullptr;
     a.workspace_bytes = a.workspace ? ws : 0;
