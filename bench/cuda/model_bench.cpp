@@ -8,7 +8,8 @@
 //            device, the id to the host: LlamaModel::forward_argmax, as the engine's greedy
 //            decode does) against (weight bytes read + KV bytes read) / copy bandwidth;
 //            also with a LoRA r16 adapter on q/v: base-lr sharing (Flash-LoRA attention) and a
-//            private full cache (Non-Shared).
+//            private full cache (Non-Shared); and with decode lookahead (the Generator's way:
+//            each step launched before the previous step's id is read back).
 // Writes JSON (--out); make_report.py folds it into bench/results/kernels-*.{json,md}.
 #include <algorithm>
 #include <chrono>
@@ -110,7 +111,7 @@ int main(int argc, char** argv) {
   const double linear_params = static_cast<double>(c.num_layers) * (h * qw * 2 + h * kvw * 2 + 3.0 * h * inter);
   const double head_params = static_cast<double>(h) * c.vocab_size;
   const int page = 16;
-  const int64_t max_tokens = std::max(prefill, ctx + 2 * (steps + 2) + 1);  // greedy, then sampled steps
+  const int64_t max_tokens = std::max(prefill, ctx + 3 * (steps + 2) + 2);  // greedy, sampled, lookahead steps
   auto pools = KvPools::create(c, page, KvPools::blocks_for(1, max_tokens, page), "bench", &be);
   if (!pools.ok()) return fail(pools.error());
 
@@ -196,6 +197,31 @@ int main(int argc, char** argv) {
     std::printf("decode batch 1 at %lld context, sampled (T 0.8, top-p 0.95) on the %s: %.3f ms/step\n",
                 static_cast<long long>(ctx), on_host ? "host" : "device", ts);
     json += fmt::format(R"(, "decode_sampled": {{"ctx": {}, "median_ms": {:.4f}}})", ctx, ts);
+    // Greedy again, continuing the sequence, with decode lookahead (as the Generator decodes):
+    // step s + 1 is recorded and launched, its token read on the device from step s's pick,
+    // before step s's id is read back, so the host's recording overlaps the GPU's step.
+    const std::vector<RowSampling> greedy(1);
+    int64_t pos = ctx + 2 * (steps + 2);
+    {
+      SeqInput d{&tok, 1, pos++, &kv, nullptr, false};
+      if (Status st = model.launch_sample({d}, greedy); !st.ok()) return fail(st.error());
+    }
+    std::vector<double> ms_l;
+    for (int s = 0; s < steps + 2; ++s) {
+      const double t0 = now_ms();
+      SeqInput d{nullptr, 1, pos++, &kv, nullptr, false};
+      d.feed_row = 0;
+      if (Status st = model.launch_sample({d}, greedy); !st.ok()) return fail(st.error());
+      auto ids = model.take_picks();  // the step before's id
+      if (!ids.ok()) return fail(ids.error());
+      tok = ids->front();
+      if (s >= 2) ms_l.push_back(now_ms() - t0);
+    }
+    if (auto last = model.take_picks(); !last.ok()) return fail(last.error());
+    const double tl = median(ms_l);
+    std::printf("decode batch 1 at %lld context, with decode lookahead (the Generator's way): %.3f ms/step\n",
+                static_cast<long long>(ctx), tl);
+    json += fmt::format(R"(, "decode_lookahead": {{"ctx": {}, "median_ms": {:.4f}}})", ctx, tl);
   }
   {
     auto adapters = make_preset_adapters(c, 16, true, 7);

@@ -3,6 +3,9 @@
 // defines it in cuda/cuda_backend.cpp).
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <vector>
+
 #include <cassert>
 
 namespace lragent {
@@ -39,6 +42,31 @@ void Backend::sample_rows(const TensorView& logits, std::span<const RowSampling>
   assert(params.size() == static_cast<size_t>(logits.dim(0)) && "sample_rows takes one RowSampling per row");
   const HostRows h = host_rows(*this, logits);
   for (int64_t r = 0; r < h.rows; ++r) out[r] = sample_row(h.data + r * h.ld, h.cols, params[static_cast<size_t>(r)]);
+}
+
+void Backend::sample_rows_deferred(const TensorView& logits, std::span<const RowSampling> params) {
+  assert(deferred_picks_.size() < kMaxDeferredPicks && "take_picks before queueing more passes");
+  std::vector<int32_t> ids(static_cast<size_t>(logits.dim(0)));
+  sample_rows(logits, params, ids.data());
+  latest_picks_ = ids;
+  deferred_picks_.push_back(std::move(ids));
+}
+
+void Backend::take_picks(int32_t* out, int64_t rows) {
+  assert(!deferred_picks_.empty() && static_cast<int64_t>(deferred_picks_.front().size()) == rows &&
+         "take_picks: no queued pass of that many rows");
+  std::copy(deferred_picks_.front().begin(), deferred_picks_.front().end(), out);
+  deferred_picks_.pop_front();
+}
+
+void Backend::embedding_fed(const TensorView& table, const int32_t* ids, const int32_t* feed, int n, TensorView& out) {
+  std::vector<int32_t> resolved(ids, ids + n);  // [n]
+  for (int i = 0; i < n; ++i)
+    if (feed[i] >= 0) {
+      assert(static_cast<size_t>(feed[i]) < latest_picks_.size() && "embedding_fed: no deferred pick for that row");
+      resolved[static_cast<size_t>(i)] = latest_picks_[static_cast<size_t>(feed[i])];
+    }
+  embedding(table, resolved.data(), n, out);
 }
 
 #ifndef LRAGENT_HAVE_CUDA

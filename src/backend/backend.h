@@ -9,9 +9,11 @@
 
 #include <cassert>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "core/result.h"
 #include "backend/random.h"
@@ -145,6 +147,20 @@ class Backend {
   // params.size() == rows. Sampling on the device: only rows ints come back. By default the
   // logits are copied to the host and the reference runs there (the CPU backend's way).
   virtual void sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out);
+  // Decode lookahead (LlamaModel::launch_sample): a pass's picks may stay on the backend while the
+  // host records and launches the next pass, whose input tokens are read from them on the device
+  // (embedding_fed); the host's work for step t+1 then overlaps the device's step t.
+  //   sample_rows_deferred: sample_rows, its ids queued instead of returned (at most
+  //     kMaxDeferredPicks passes queued);
+  //   take_picks: the oldest queued ids (rows of them), waiting for them;
+  //   embedding_fed: embedding, row i's id being picks[feed[i]] of the latest sample_rows_deferred
+  //     (taken or not) when feed[i] >= 0, else ids[i].
+  // The defaults pick at once, on the host's copy of the logits (the CPU backend's way).
+  static constexpr size_t kMaxDeferredPicks = 2;
+  virtual void sample_rows_deferred(const TensorView& logits, std::span<const RowSampling> params);
+  virtual void take_picks(int32_t* out, int64_t rows);
+  virtual void embedding_fed(const TensorView& table, const int32_t* ids, const int32_t* feed, int n,
+                             TensorView& out);
 
   // y[n, out] = alpha · x[n, in] · w[out, in]^T + beta · y (+ bias[out] when given).
   // w may be f32/f16/bf16 and may be strided along rows (a slice of a larger matrix).
@@ -234,6 +250,10 @@ class Backend {
   }
   // Causal attention of one sequence over its paged cache (see AttentionParams).
   virtual void attention(const AttentionParams& p) = 0;
+
+ protected:
+  std::deque<std::vector<int32_t>> deferred_picks_;  // the default lookahead's queue, oldest first
+  std::vector<int32_t> latest_picks_;                 // the default's latest deferred ids (embedding_fed)
 };
 
 // begin_pass / end_pass for a scope, also on early returns.

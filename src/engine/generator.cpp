@@ -1,6 +1,7 @@
 #include "engine/generator.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace lragent {
 namespace {
@@ -47,77 +48,133 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
     run.push_back(std::move(r));
   }
 
-  for (;;) {
-    // Schedule: decode steps first (one token each), then prompt chunks within the budget.
+  // One forward pass: its sequences, and which rows yield a token.
+  struct Pass {
     std::vector<SeqInput> batch;
     std::vector<Running*> members;
+    std::vector<char> samples;  // [batch] row b's pick is a token of its sequence
+  };
+  // A pick becomes a token: appended, streamed, checked against the stops. A sequence that
+  // finished on the pass before (after this one was launched with it) drops its pick.
+  auto accept = [&](Running& r, int32_t tok, const float* logits_row) {
+    GenerateResult& res = results[r.index];
+    const GenerateRequest& req = reqs[r.index];
+    if (logits_row) {
+      if (req.keep_first_logits && res.output.empty()) res.first_logits.assign(logits_row, logits_row + cfg.vocab_size);
+      tok = r.sampler.sample(logits_row, cfg.vocab_size);  // the same rules as the device pick
+    }
+    res.output.push_back(tok);
+    r.tokens.push_back(tok);
+    if (on_token) on_token(r.index, tok);
+    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end()) {
+      res.finish_reason = "stop";
+      r.done = true;
+    } else if (static_cast<int>(res.output.size()) >= req.max_tokens) {
+      res.finish_reason = "length";
+      r.done = true;
+    }
+    if (r.done) r.kv.reset();  // give the blocks back to the pool for other sequences
+  };
+  auto take = [&](const Pass& p) -> Status {
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> picked, model_.take_picks());
+    for (size_t b = 0; b < p.batch.size(); ++b)
+      if (p.samples[b] && !p.members[b]->done) accept(*p.members[b], picked[b], nullptr);
+    return Status::Ok();
+  };
+
+  // Decode lookahead (opts_.decode_lookahead): the pass after a launched one is built and launched
+  // before the launched one's picks are taken; a sequence whose token that pass will pick takes
+  // it on the device (SeqInput::feed_row). The host's work for a step then overlaps the device's
+  // work for the step before. A sequence that stops on a token wastes its row of the next pass.
+  std::optional<Pass> inflight;
+  for (;;) {
+    // Schedule: decode steps first (one token each), then prompt chunks within the budget.
+    std::vector<int> fed_from(run.size(), -1);  // [run] row of the in-flight pass picking r's next token
+    if (inflight)
+      for (size_t b = 0; b < inflight->batch.size(); ++b)
+        if (inflight->samples[b] && !inflight->members[b]->done)
+          fed_from[inflight->members[b]->index] = static_cast<int>(b);
+    Pass next;
     int64_t budget = opts_.max_batch_tokens;
     for (int pass = 0; pass < 2; ++pass) {
       for (Running& r : run) {
         if (r.done) continue;
+        if (fed_from[r.index] >= 0) {
+          // Its in-flight pick is its next token; unless that token is its last by length, the
+          // step after takes it from the device.
+          const auto produced = static_cast<int64_t>(results[r.index].output.size()) + 1;
+          if (pass != 0 || produced >= reqs[r.index].max_tokens) continue;
+          SeqInput in;
+          in.n_tokens = 1;
+          in.start_pos = r.processed;
+          in.kv = r.kv.get();
+          in.adapter = reqs[r.index].adapter;
+          in.feed_row = fed_from[r.index];
+          next.batch.push_back(in);
+          next.members.push_back(&r);
+          next.samples.push_back(1);
+          budget -= 1;
+          continue;
+        }
         const int64_t pending = static_cast<int64_t>(r.tokens.size()) - r.processed;
+        if (pending <= 0) continue;  // its next token is picked in flight, and it is its last
         const bool decoding = pending == 1;
         if ((pass == 0) != decoding || budget <= 0) continue;
-        const int64_t take = std::min(pending, std::max<int64_t>(budget, 1));
+        const int64_t take_n = std::min(pending, std::max<int64_t>(budget, 1));
         SeqInput in;
         in.tokens = r.tokens.data() + r.processed;
-        in.n_tokens = static_cast<int>(take);
+        in.n_tokens = static_cast<int>(take_n);
         in.start_pos = r.processed;
         in.kv = r.kv.get();
         in.adapter = reqs[r.index].adapter;
-        batch.push_back(in);
-        members.push_back(&r);
-        budget -= take;
+        next.batch.push_back(in);
+        next.members.push_back(&r);
+        next.samples.push_back(r.processed + take_n >= static_cast<int64_t>(r.tokens.size()) ? 1 : 0);
+        budget -= take_n;
       }
     }
-    if (batch.empty()) break;
     // Unless some member wants this step's logits (keep_first_logits), the picks are made on the
     // device and only the ids come back. The u of each row that samples is drawn here, on the
     // host; rows of unfinished prompt chunks sample nothing (greedy, no draw, id discarded).
-    auto samples = [&](size_t b) {
-      return members[b]->processed + batch[b].n_tokens >= static_cast<int64_t>(members[b]->tokens.size());
-    };
     bool want_logits = false;
-    for (size_t b = 0; b < batch.size(); ++b) {
-      const size_t i = members[b]->index;
-      want_logits = want_logits || (samples(b) && reqs[i].keep_first_logits && results[i].output.empty());
+    for (size_t b = 0; b < next.batch.size(); ++b) {
+      const size_t i = next.members[b]->index;
+      want_logits = want_logits || (next.samples[b] && next.batch[b].feed_row < 0 && reqs[i].keep_first_logits &&
+                                    results[i].output.empty());
+    }
+    const bool lookahead = opts_.decode_lookahead && !want_logits && !next.batch.empty();
+    if (inflight && !lookahead) {  // take the launched pass's tokens first, then schedule again
+      LRA_RETURN_IF_ERROR(take(*inflight));
+      inflight.reset();
+      continue;
+    }
+    if (next.batch.empty()) break;
+    std::vector<RowSampling> rows(next.batch.size());  // [batch] one per logits row
+    if (!want_logits)
+      for (size_t b = 0; b < next.batch.size(); ++b)
+        if (next.samples[b]) rows[b] = next.members[b]->sampler.next_row();
+    if (lookahead) {
+      LRA_RETURN_IF_ERROR(model_.launch_sample(next.batch, rows));
+      for (size_t b = 0; b < next.batch.size(); ++b) next.members[b]->processed += next.batch[b].n_tokens;
+      if (inflight) LRA_RETURN_IF_ERROR(take(*inflight));
+      inflight = std::move(next);
+      continue;
     }
     Tensor logits;
     std::vector<int32_t> picked;  // [batch] when !want_logits
     if (!want_logits) {
-      std::vector<RowSampling> rows(batch.size());  // [batch] one per logits row
-      for (size_t b = 0; b < batch.size(); ++b)
-        if (samples(b)) rows[b] = members[b]->sampler.next_row();
-      LRA_ASSIGN_OR_RETURN(picked, model_.forward_sample(batch, rows));
+      LRA_ASSIGN_OR_RETURN(picked, model_.forward_sample(next.batch, rows));
     } else {
-      LRA_ASSIGN_OR_RETURN(logits, model_.forward(batch));
+      LRA_ASSIGN_OR_RETURN(logits, model_.forward(next.batch));
     }
-    for (size_t b = 0; b < batch.size(); ++b) {
-      Running& r = *members[b];
-      const bool sampled = samples(b);
-      r.processed += batch[b].n_tokens;
-      if (!sampled) continue;  // prompt chunk, no sample yet
-      GenerateResult& res = results[r.index];
-      const GenerateRequest& req = reqs[r.index];
-      int32_t tok = 0;
-      if (!want_logits) {
-        tok = picked[b];
-      } else {
-        const float* row = logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size;
-        if (req.keep_first_logits && res.output.empty()) res.first_logits.assign(row, row + cfg.vocab_size);
-        tok = r.sampler.sample(row, cfg.vocab_size);  // the same rules as the device pick
-      }
-      res.output.push_back(tok);
-      r.tokens.push_back(tok);
-      if (on_token) on_token(r.index, tok);
-      if (std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end()) {
-        res.finish_reason = "stop";
-        r.done = true;
-      } else if (static_cast<int>(res.output.size()) >= req.max_tokens) {
-        res.finish_reason = "length";
-        r.done = true;
-      }
-      if (r.done) r.kv.reset();  // give the blocks back to the pool for other sequences
+    for (size_t b = 0; b < next.batch.size(); ++b) {
+      Running& r = *next.members[b];
+      r.processed += next.batch[b].n_tokens;
+      if (!next.samples[b]) continue;  // prompt chunk, no sample yet
+      if (!want_logits)
+        accept(r, picked[b], nullptr);
+      else
+        accept(r, 0, logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size);
     }
   }
   return results;

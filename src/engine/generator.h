@@ -34,6 +34,10 @@ struct EngineOptions {
   int page_size = 16;
   int64_t kv_blocks = 0;              // 0: enough for every request's prompt + max_tokens
   int64_t max_batch_tokens = 512;     // token budget of one forward step
+  // Build and launch each decode step before the previous step's tokens are read back, the new
+  // step taking them on the device (LlamaModel::launch_sample): the host's per-step work overlaps
+  // the GPU's. The tokens are the same either way.
+  bool decode_lookahead = true;
 };
 
 class Generator {

@@ -116,7 +116,10 @@ Status LlamaModel::validate_batch(const std::vector<SeqInput>& batch) const {
     const SeqInput& in = batch[s];
     if (in.n_tokens <= 0) return make_error(ErrorCode::kInvalidArgument, "sequence {} has no new tokens", s);
     if (!in.kv) return make_error(ErrorCode::kInternal, "sequence {} has no KV binding", s);
-    for (int i = 0; i < in.n_tokens; ++i)
+    if (in.feed_row >= 0 && in.n_tokens != 1)
+      return make_error(ErrorCode::kInvalidArgument, "sequence {}: a fed token (feed_row {}) comes alone, not with {} tokens",
+                        s, in.feed_row, in.n_tokens);
+    for (int i = 0; in.feed_row < 0 && i < in.n_tokens; ++i)
       if (in.tokens[i] < 0 || in.tokens[i] >= cfg_.vocab_size)
         return make_error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
                           in.tokens[i], cfg_.vocab_size);

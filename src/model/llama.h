@@ -3,6 +3,7 @@
 // position (prefill chunks and decode steps mixed), each with its own adapter or none.
 #pragma once
 
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,6 +42,9 @@ struct SeqInput {
   KvBinding* kv = nullptr;
   const LoraAdapter* adapter = nullptr;  // null: base model
   bool all_logits = false;          // logits for every new token; else only the last
+  // Decode lookahead: >= 0 when the (single) new token is row feed_row of the pick of the pass
+  // launched before this one (LlamaModel::launch_sample), still on the device; `tokens` is not read.
+  int feed_row = -1;
 };
 
 // Counters for tests and benchmarks.
@@ -74,6 +78,13 @@ class LlamaModel {
   Result<std::vector<int32_t>> forward_sample(const std::vector<SeqInput>& batch, std::span<const RowSampling> rows);
   // forward_sample, greedy on every row: the id of each row's largest value (ties: lowest id).
   Result<std::vector<int32_t>> forward_argmax(const std::vector<SeqInput>& batch);
+  // Decode lookahead: forward_sample's pass, launched but not waited for; its ids stay on the
+  // backend until take_picks (oldest pass first). Meanwhile the caller may launch the next pass,
+  // whose sequences name with SeqInput::feed_row the row of this pass's pick that is their token:
+  // on a GPU the host then builds step t+1 while the device runs step t. At most
+  // Backend::kMaxDeferredPicks passes wait for take_picks.
+  Status launch_sample(const std::vector<SeqInput>& batch, std::span<const RowSampling> rows);
+  Result<std::vector<int32_t>> take_picks();
 
   // Optional hook to capture per-layer hidden states (fidelity tools): called with the
   // residual stream [rows, hidden] entering each layer, and with layer == num_layers at the end.
@@ -86,8 +97,9 @@ class LlamaModel {
   LlamaModel(ModelConfig cfg, Backend& be) : cfg_(std::move(cfg)), be_(be) {}
   // forward() and forward_sample(): logits (host) when picks is null, else the ids in it, picked
   // with `rows` (empty: greedy).
+  // deferred: the picks stay on the backend (launch_sample); picks is then left empty.
   Result<Tensor> run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
-                          std::span<const RowSampling> rows = {});
+                          std::span<const RowSampling> rows = {}, bool deferred = false);
   Status validate_batch(const std::vector<SeqInput>& batch) const;
   // Copies host weights to a non-CPU backend (its weight dtype); a no-op on the CPU.
   Status place_weights();
@@ -102,6 +114,7 @@ class LlamaModel {
   HiddenHook hook_ = nullptr;
   void* hook_ctx_ = nullptr;
   ForwardStats stats_;
+  std::deque<int64_t> deferred_rows_;  // rows of each launched pass whose picks are not taken
 };
 
 }  // namespace lragent

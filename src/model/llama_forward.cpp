@@ -44,8 +44,35 @@ Result<std::vector<int32_t>> LlamaModel::forward_sample(const std::vector<SeqInp
   return ids;
 }
 
+Status LlamaModel::launch_sample(const std::vector<SeqInput>& batch, std::span<const RowSampling> rows) {
+  size_t n_out = 0;
+  for (const SeqInput& in : batch) n_out += in.all_logits ? static_cast<size_t>(std::max(in.n_tokens, 0)) : 1;
+  if (rows.size() != n_out)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "launch_sample: {} sampling rows given for a batch that yields {} logits rows", rows.size(),
+                      n_out);
+  if (deferred_rows_.size() >= Backend::kMaxDeferredPicks)
+    return make_error(ErrorCode::kInternal, "launch_sample: {} passes already wait for take_picks",
+                      deferred_rows_.size());
+  std::vector<int32_t> none;
+  auto r = run_pass(batch, &none, rows, /*deferred=*/true);
+  LRA_RETURN_IF_ERROR(be_.take_error());
+  if (!r.ok()) return r.error();
+  deferred_rows_.push_back(static_cast<int64_t>(n_out));
+  return Status::Ok();
+}
+
+Result<std::vector<int32_t>> LlamaModel::take_picks() {
+  if (deferred_rows_.empty()) return make_error(ErrorCode::kInternal, "take_picks: no launched pass waits");
+  std::vector<int32_t> ids(static_cast<size_t>(deferred_rows_.front()));
+  deferred_rows_.pop_front();
+  be_.take_picks(ids.data(), static_cast<int64_t>(ids.size()));
+  LRA_RETURN_IF_ERROR(be_.take_error());
+  return ids;
+}
+
 Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
-                                    std::span<const RowSampling> rows) {
+                                    std::span<const RowSampling> rows, bool deferred) {
   LRA_RETURN_IF_ERROR(validate_batch(batch));
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size, hd = c.head_dim;
@@ -53,12 +80,15 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
 
   // Flatten the batch: rows of sequence s are [segs[s].row_begin, + n_tokens).
   std::vector<LoraSegment> segs;
-  std::vector<int32_t> ids, pos;  // [N]
+  std::vector<int32_t> ids, pos, feed;  // [N]; feed: the previous pass's pick row, or -1
+  bool any_fed = false;
   int64_t n_out = 0;
   for (const SeqInput& in : batch) {
     segs.push_back({static_cast<int64_t>(ids.size()), in.n_tokens, in.adapter});
+    any_fed = any_fed || in.feed_row >= 0;
     for (int i = 0; i < in.n_tokens; ++i) {
-      ids.push_back(in.tokens[i]);
+      ids.push_back(in.feed_row >= 0 ? 0 : in.tokens[i]);
+      feed.push_back(in.feed_row);
       pos.push_back(static_cast<int32_t>(in.start_pos + i));
     }
     n_out += in.all_logits ? in.n_tokens : 1;
@@ -99,7 +129,10 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
                         "{}: out of memory for the activations of {} tokens in one forward pass; use a "
                         "smaller prefill chunk or KV budget",
                         be_.name(), n);
-  be_.embedding(w_.embed, ids.data(), static_cast<int>(n), h.view());
+  if (any_fed)
+    be_.embedding_fed(w_.embed, ids.data(), feed.data(), static_cast<int>(n), h.view());
+  else
+    be_.embedding(w_.embed, ids.data(), static_cast<int>(n), h.view());
 
   auto as2d = [](Tensor& t, int64_t cols) {
     TensorView v = t.view();
@@ -213,6 +246,15 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
   Tensor logits = be_.alloc(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
   be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
+  if (picks && deferred) {
+    if (rows.empty()) {
+      const std::vector<RowSampling> greedy(static_cast<size_t>(n_out));
+      be_.sample_rows_deferred(logits.view(), greedy);
+    } else {
+      be_.sample_rows_deferred(logits.view(), rows);
+    }
+    return Tensor();
+  }
   if (picks) {
     picks->resize(static_cast<size_t>(n_out));
     if (rows.empty())

@@ -11,6 +11,8 @@
 namespace lragent {
 namespace {
 
+int32_t stop_of_[4] = {};  // DecodeLookaheadGivesTheStepByStepTokens: a stop id per request
+
 std::vector<GenerateRequest> make_requests() {
   std::vector<GenerateRequest> reqs;
   const int lens[] = {1, 17, 40, 5};
@@ -122,6 +124,55 @@ TEST(Generator, SampledPicksAreTheSameOnBothPathsAndSeeded) {
     const auto other = run(false, 500, budget);
     EXPECT_NE(other[0], device[0]);
     EXPECT_EQ(other[3], device[3]) << "the greedy request draws nothing";
+  }
+}
+
+// Decode lookahead (each step launched before the previous step's tokens are read, its token
+// taken from the previous pass's pick) gives the tokens of the step-by-step loop: greedy and
+// sampled requests, stop ids hit mid-batch (the stopped sequence's speculative row is dropped),
+// different max_tokens, chunked prompts joining a running decode, keep_first_logits.
+TEST(Generator, DecodeLookaheadGivesTheStepByStepTokens) {
+  auto be = make_cpu_backend(2);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto run = [&](bool lookahead, int64_t budget, bool with_stops) {
+    auto reqs = make_requests();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      reqs[i].keep_first_logits = i == 1;
+      reqs[i].sampling = {i == 3 ? 0.f : 0.8f, 0, 0.95f, 7 + i};
+    }
+    if (with_stops) {
+      // A stop id each sequence emits a few tokens in (found from a run without stops).
+      for (size_t i = 0; i < reqs.size(); ++i) reqs[i].stop_ids = {stop_of_[i]};
+    }
+    EngineOptions opts;
+    opts.max_batch_tokens = budget;
+    opts.decode_lookahead = lookahead;
+    Generator gen(**model, opts);
+    std::vector<std::vector<int32_t>> streamed(reqs.size());
+    auto res = gen.run(reqs, [&](size_t i, int32_t t) { streamed[i].push_back(t); });
+    EXPECT_TRUE(res.ok()) << res.error().message;
+    std::vector<GenerateResult> out = res.ok() ? *res : std::vector<GenerateResult>{};
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(streamed[i], out[i].output) << "streamed tokens of " << i;
+    return out;
+  };
+  for (int64_t budget : {512, 7}) {
+    const auto plain = run(false, budget, false);
+    ASSERT_EQ(plain.size(), 4u);
+    for (size_t i = 0; i < plain.size(); ++i) stop_of_[i] = plain[i].output[std::min<size_t>(2 + i, plain[i].output.size() - 1)];
+    const auto ahead = run(true, budget, false);
+    ASSERT_EQ(ahead.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(ahead[i].output, plain[i].output) << "request " << i << " budget " << budget;
+      EXPECT_EQ(ahead[i].finish_reason, plain[i].finish_reason);
+      EXPECT_EQ(ahead[i].first_logits, plain[i].first_logits);
+    }
+    const auto plain_stop = run(false, budget, true), ahead_stop = run(true, budget, true);
+    ASSERT_EQ(ahead_stop.size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(ahead_stop[i].output, plain_stop[i].output) << "request " << i << " budget " << budget << " (stops)";
+      EXPECT_EQ(ahead_stop[i].finish_reason, "stop") << i;
+    }
   }
 }
 

@@ -101,10 +101,15 @@ CudaBackend::~CudaBackend() {
   scratch_.clear();
   free_async(attn_workspace_);
   free_async(act_arena_);
+  free_async(fed_ids_dev_);
   gemm_.reset();  // both free stream-ordered: before the stream goes
   args_.reset();
   cudaStreamSynchronize(stream_);
   if (g_ids_host_) cudaFreeHost(g_ids_host_);
+  if (picks_host_) cudaFreeHost(picks_host_);
+
+  for (cudaEvent_t e : picks_ev_)
+    if (e) cudaEventDestroy(e);
   if (split_counters_) cudaFree(split_counters_);
   cudaStreamDestroy(stream_);
   g_stream = nullptr;
@@ -317,6 +322,124 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
   rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out, sp.workspace, sp.workspace_bytes);
   launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
   read_ids(ids, rows, out);
+}
+
+bool CudaBackend::deferred_buffers() {
+  // The deferred picks' device buffer (fixed: recorded passes bake its address in), their pinned
+  // host slots and events, made on first use. Without them the picks are made on the host.
+  if (fed_ids_dev_) return true;
+  if (cudaHostAlloc(reinterpret_cast<void**>(&picks_host_), kMaxDeferredPicks * kMaxIdsHost * 4,
+                    cudaHostAllocDefault) != cudaSuccess) {
+    picks_host_ = nullptr;
+    cudaGetLastError();
+    return false;
+  }
+  for (cudaEvent_t& e : picks_ev_)
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      cudaGetLastError();
+      return false;
+    }
+  fed_ids_dev_ = static_cast<int32_t*>(raw_alloc(kMaxIdsHost * 4));
+  return fed_ids_dev_ != nullptr;
+}
+
+void CudaBackend::sample_rows_deferred(const TensorView& logits, std::span<const RowSampling> params) {
+  assert(logits.rank() == 2 && logits.dtype == DType::kF32 && "sample_rows_deferred takes f32 [rows, vocab]");
+  assert(params.size() == static_cast<size_t>(logits.dim(0)) && "sample_rows_deferred takes one RowSampling per row");
+  assert(deferred_.size() < kMaxDeferredPicks && "take_picks before queueing more passes");
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  const bool greedy =
+      std::all_of(params.begin(), params.end(), [](const RowSampling& r) { return !(r.temperature > 0.f); });
+  size_t ws_bytes = 0;
+  void* ws = nullptr;
+  bool on_device = rows <= kMaxIdsHost && (greedy || device_sampling_) && deferred_buffers();
+  if (on_device && !greedy) {
+    ws_bytes = lc::sample_rows_workspace_bytes(rows, vocab);
+    ws = try_scratch(5, ws_bytes);
+    on_device = ws != nullptr;
+  }
+  if (!on_device) {  // picked now, on the host's copy of the logits (as sample_rows would)
+    Deferred d;
+    d.rows = rows;
+    d.host.resize(static_cast<size_t>(rows));
+    sample_rows(logits, params, d.host.data());
+    fed_host_ = d.host;
+    fed_on_device_ = false;
+    deferred_.push_back(std::move(d));
+    return;
+  }
+  // The picks go to fed_ids_dev_: the next pass's embedding_fed reads them there, on the device.
+  int32_t* ids = fed_ids_dev_;
+  const float* xd = logits.f32();
+  const int64_t ld = row_stride_of(logits);
+  if (greedy) {
+    rec("argmax_rows", xd, ld, rows, vocab, ids);
+    launch("argmax", [=, this] { return lc::argmax_rows(xd, ld, rows, vocab, ids, stream_); });
+  } else {
+    lc::SampleRowsParams sp;
+    sp.logits = xd;
+    sp.ld = ld;
+    sp.rows = rows;
+    sp.vocab = vocab;
+    sp.workspace = ws;
+    sp.workspace_bytes = ws_bytes;
+    sp.params = static_cast<const RowSampling*>(dev_bytes(params.data(), params.size_bytes()));
+    sp.out = ids;
+    rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out, sp.workspace, sp.workspace_bytes);
+    launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
+  }
+  if (tape_->recording()) flush_tape();
+  Deferred d;
+  d.rows = rows;
+  d.slot = next_picks_slot_;
+  next_picks_slot_ = (next_picks_slot_ + 1) % static_cast<int>(kMaxDeferredPicks);
+  if (!failed_) {
+    check(cudaMemcpyAsync(picks_host_ + static_cast<int64_t>(d.slot) * kMaxIdsHost, ids, static_cast<size_t>(rows) * 4,
+                          cudaMemcpyDeviceToHost, stream_));
+    check(cudaEventRecord(picks_ev_[d.slot], stream_));
+  }
+  fed_on_device_ = true;
+  deferred_.push_back(std::move(d));
+}
+
+void CudaBackend::take_picks(int32_t* out, int64_t rows) {
+  assert(!deferred_.empty() && deferred_.front().rows == rows && "take_picks: no queued pass of that many rows");
+  Deferred d = std::move(deferred_.front());
+  deferred_.pop_front();
+  if (d.slot < 0) {
+    std::copy(d.host.begin(), d.host.end(), out);
+    return;
+  }
+  if (failed_) {  // see to_host
+    std::fill(out, out + rows, 0);
+    return;
+  }
+  check(cudaEventSynchronize(picks_ev_[d.slot]));
+  std::memcpy(out, picks_host_ + static_cast<int64_t>(d.slot) * kMaxIdsHost, static_cast<size_t>(rows) * 4);
+}
+
+void CudaBackend::embedding_fed(const TensorView& table, const int32_t* ids, const int32_t* feed, int n,
+                                TensorView& out) {
+  if (!fed_on_device_) {  // the latest deferred picks were made on the host
+    std::vector<int32_t> resolved(ids, ids + n);  // [n]
+    for (int i = 0; i < n; ++i)
+      if (feed[i] >= 0) {
+        assert(static_cast<size_t>(feed[i]) < fed_host_.size() && "embedding_fed: no deferred pick for that row");
+        resolved[static_cast<size_t>(i)] = fed_host_[static_cast<size_t>(feed[i])];
+      }
+    embedding(table, resolved.data(), n, out);
+    return;
+  }
+  wrote(out.data, out.nbytes());
+  const void* t = table.data;
+  const auto et = elem_of(table.dtype);
+  const int64_t d = table.dim(1);
+  const int32_t* di = dev_ints(ids, n);
+  const int32_t* df = dev_ints(feed, n);
+  const int32_t* picks = fed_ids_dev_;
+  float* o = out.f32();
+  rec("embedding_fed", t, et, d, di, df, picks, n, o);
+  launch("embedding", [=, this] { return lc::embedding_fed(t, et, d, di, df, picks, n, o, stream_); });
 }
 
 void CudaBackend::read_ids(const int32_t* ids, int64_t rows, int32_t* out) {

@@ -26,6 +26,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <tuple>
 #include <unordered_map>
@@ -119,6 +120,10 @@ class CudaBackend final : public Backend {
   void argmax_rows(const TensorView& x, int32_t* out) override;
 
   void sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out) override;
+  void sample_rows_deferred(const TensorView& logits, std::span<const RowSampling> params) override;
+  void take_picks(int32_t* out, int64_t rows) override;
+  void embedding_fed(const TensorView& table, const int32_t* ids, const int32_t* feed, int n,
+                     TensorView& out) override;
 
   void matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
               float beta) override;
@@ -309,6 +314,22 @@ class CudaBackend final : public Backend {
   bool matmul_only_ = false;  // set_matmul_only_outputs
   static constexpr int64_t kMaxIdsHost = 1 << 16;
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
+  // Decode lookahead (sample_rows_deferred): the latest deferred picks on the device (a fixed
+  // buffer, so recorded passes bake its address in), the pinned slots they come back to and an
+  // event per slot; the queue of passes whose picks are not taken.
+  struct Deferred {
+    int slot = -1;                // picks_host_ slot; -1: picked on the host, in `host`
+    int64_t rows = 0;
+    std::vector<int32_t> host;
+  };
+  int32_t* fed_ids_dev_ = nullptr;  // [kMaxIdsHost]
+  int32_t* picks_host_ = nullptr;   // pinned [kMaxDeferredPicks, kMaxIdsHost]
+  cudaEvent_t picks_ev_[kMaxDeferredPicks] = {};
+  int next_picks_slot_ = 0;
+  std::deque<Deferred> deferred_;
+  bool fed_on_device_ = false;      // where the latest deferred picks are: fed_ids_dev_, or fed_host_
+  std::vector<int32_t> fed_host_;
+  bool deferred_buffers();  // fed_ids_dev_, picks_host_, picks_ev_ on first use
   lc::OpProfiler prof_{std::getenv("LRAGENT_CUDA_PROFILE") != nullptr};
   // LRAGENT_CUDA_PROFILE_RECORD=1: host time of recorded passes by op, printed at exit. Each op
   // is charged the host time since the previous op was recorded (the forward code between them

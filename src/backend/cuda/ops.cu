@@ -305,6 +305,16 @@ __global__ void embedding_kernel(const void* table, Elem t, int64_t d, const int
     out[e] = load_elem(table, t, static_cast<int64_t>(ids[e / d]) * d + e % d);
 }
 
+__global__ void embedding_fed_kernel(const void* table, Elem t, int64_t d, const int32_t* ids, const int32_t* feed,
+                                     const int32_t* picks, int64_t n, float* out) {
+  const int64_t total = n * d;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t row = e / d;
+    const int32_t id = feed[row] >= 0 ? picks[feed[row]] : ids[row];
+    out[e] = load_elem(table, t, static_cast<int64_t>(id) * d + e % d);
+  }
+}
+
 // Word-wise copy when rows are 4-byte multiples (always, for f32/bf16-pair rows), else bytes.
 __global__ void gather_words_kernel(const uint32_t* src, int64_t row_words, const int32_t* rows, int64_t n,
                                     uint32_t* dst) {
@@ -634,6 +644,13 @@ cudaError_t embedding(const void* table, Elem t, int64_t d, const int32_t* ids, 
                       cudaStream_t s) {
   if (n * d == 0) return cudaSuccess;
   embedding_kernel<<<blocks_for(n * d), kThreads, 0, s>>>(table, t, d, ids, n, out);
+  return cudaGetLastError();
+}
+
+cudaError_t embedding_fed(const void* table, Elem t, int64_t d, const int32_t* ids, const int32_t* feed,
+                          const int32_t* picks, int64_t n, float* out, cudaStream_t s) {
+  if (n * d == 0) return cudaSuccess;
+  embedding_fed_kernel<<<blocks_for(n * d), kThreads, 0, s>>>(table, t, d, ids, feed, picks, n, out);
   return cudaGetLastError();
 }
 

@@ -118,6 +118,10 @@ cudaError_t add_bias(float* y, int64_t ldy, const float* bias, int64_t rows, int
 // out[i, :] = f32(table[ids[i], :]); ids on the device.
 cudaError_t embedding(const void* table, Elem t, int64_t d, const int32_t* ids, int64_t n, float* out,
                       cudaStream_t s);
+// embedding with row i's id feed[i] >= 0 ? picks[feed[i]] : ids[i] (decode lookahead: the
+// previous pass's picks, still on the device).
+cudaError_t embedding_fed(const void* table, Elem t, int64_t d, const int32_t* ids, const int32_t* feed,
+                          const int32_t* picks, int64_t n, float* out, cudaStream_t s);
 // dst[i, :] = src[rows[i], :] for rows of `row_bytes` bytes; rows on the device.
 cudaError_t gather_rows(const void* src, int64_t row_bytes, const int32_t* rows, int64_t n, void* dst,
                         cudaStream_t s);
