@@ -1,5 +1,6 @@
 // `lragent generate`: one prompt through the model (optionally with an adapter).
 #include <cstdio>
+#include <optional>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@ struct GenerateFlags {
   int top_k = 0;
   uint64_t seed = 0;
   bool json = false, logits = false, ignore_eos = false;
+  bool no_lookahead = false;
 };
 
 int run_generate(const GenerateFlags& f) {
@@ -48,12 +50,15 @@ int run_generate(const GenerateFlags& f) {
   req.keep_first_logits = f.logits;
   if (!f.ignore_eos) req.stop_ids = lm.model->config().eos_token_ids;
 
-  Generator gen(*lm.model, EngineOptions{});
-  StreamDecoder stream_dec(*lm.tokenizer);
+  EngineOptions eo;
+  eo.decode_lookahead = !f.no_lookahead;
+  Generator gen(*lm.model, eo);
   const bool stream = !f.json && lm.tokenizer;
+  std::optional<StreamDecoder> stream_dec;  // only with a tokenizer to decode with
+  if (stream) stream_dec.emplace(*lm.tokenizer);
   auto result = gen.run({req}, [&](size_t, int32_t tok) {
     if (stream) {
-      std::string piece = stream_dec.push(tok);
+      std::string piece = stream_dec->push(tok);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
     }
@@ -71,7 +76,7 @@ int run_generate(const GenerateFlags& f) {
     std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     fmt::print("{}\n", s);
   } else if (stream) {
-    std::string tail = stream_dec.finish();
+    std::string tail = stream_dec->finish();
     fmt::print("{}\n", tail);
   } else {
     fmt::print("{}\n", fmt::join(r.output, ","));
@@ -98,6 +103,10 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--json", f->json, "Print one JSON object: prompt_tokens, output_tokens, text, finish_reason");
   cmd->add_flag("--logits", f->logits, "With --json: add last_logits, the distribution of the first generated token");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "Do not stop at the end-of-sequence token");
+  cmd->add_flag("--no-decode-lookahead", f->no_lookahead,
+                "Decode step by step. By default each decode step is launched before the previous step's "
+                "token is read back (the token passed on the GPU), so the host's work per step overlaps the "
+                "GPU's; the tokens are the same either way");
   cmd->callback([f, &action] {
     if (f->prompt.empty() && f->prompt_tokens.empty())
       throw CLI::ValidationError("generate", "one of --prompt or --prompt-tokens is required");

@@ -2,6 +2,7 @@
 // error line (naming the file and the cause) with a non-zero exit code and no crash.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -42,6 +43,27 @@ TEST(Cli, GenerateJsonContract) {
   const CliRun ids = run_cli("generate " + model_arg() + " --prompt-tokens 1,500,300 --max-tokens 3 --json");
   ASSERT_EQ(ids.code, 0) << ids.err;
   EXPECT_EQ(nlohmann::json::parse(ids.out)["prompt_tokens"], nlohmann::json::array({1, 500, 300}));
+}
+
+// Decode lookahead (the default) and step-by-step decoding give the same tokens, sampled and
+// stopping at EOS; a model directory without tokenizer.json streams ids, not text.
+TEST(Cli, GenerateLookaheadAndNoTokenizer) {
+  const std::string args = " --prompt 'Once upon a time' --max-tokens 40 --temperature 0.9 --top-p 0.95 --seed 5 --json";
+  const CliRun on = run_cli("generate " + model_arg() + args);
+  const CliRun off = run_cli("generate " + model_arg() + args + " --no-decode-lookahead");
+  ASSERT_EQ(on.code, 0) << on.err;
+  ASSERT_EQ(off.code, 0) << off.err;
+  const auto a = nlohmann::json::parse(on.out), b = nlohmann::json::parse(off.out);
+  EXPECT_EQ(a["output_tokens"], b["output_tokens"]);
+  EXPECT_EQ(a["finish_reason"], b["finish_reason"]);
+  EXPECT_FALSE(a["output_tokens"].empty());
+
+  const std::string dir = testing::temp_dir("notokenizer");
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(testing::tinystories_dir() + "/" + f, dir + "/" + f);
+  const CliRun ids = run_cli("generate --model " + shell_quote(dir) + " --prompt-tokens 1,500,300 --max-tokens 5");
+  ASSERT_EQ(ids.code, 0) << ids.err;
+  EXPECT_EQ(std::count(ids.out.begin(), ids.out.end(), ','), 4) << ids.out;  // five ids, comma-separated
 }
 
 TEST(Cli, TokenizeAndDefaultModel) {
