@@ -77,6 +77,7 @@ Result<std::unique_ptr<AgentSession>> AgentSession::create(LlamaModel& model, co
   s->names_ = std::move(names);
   s->adapters_ = adapters;
   s->keep_logits_ = opts.keep_logits;
+  s->lookahead_ = opts.decode_lookahead;
   SharingOptions so = opts.sharing;
   if (model.config().max_position_embeddings > 0)
     so.max_tokens = std::min<int64_t>(so.max_tokens, model.config().max_position_embeddings);
@@ -114,6 +115,74 @@ Result<Tensor> AgentSession::forward_agent(int a, int64_t begin, int32_t* greedy
   return logits;
 }
 
+Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bool fed) {
+  auto binding = kv_->bind(a);  // only read while the pass is recorded: may go when it returns
+  std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
+  if (extra) toks.push_back(*extra);
+  SeqInput in;
+  in.tokens = toks.data();
+  in.n_tokens = static_cast<int>(toks.size());
+  if (fed) {
+    in.n_tokens = 1;
+    in.feed_row = 0;
+  }
+  in.start_pos = begin;
+  in.kv = binding.get();
+  in.adapter = adapters_[static_cast<size_t>(a)];
+  const RowSampling greedy[1] = {};
+  return model_.launch_sample({in}, greedy);
+}
+
+// Pass t's pick is output token t, at position P = traj_.size(). Before reading it, pass t + 1
+// over P is launched, its token fed from pass t's pick on the device (or given: a forced
+// token), and recorded as processed by this agent. When token t ends the step (a stop string),
+// pass t + 1 was not wanted: its pick is dropped and P is left unprocessed, so whichever agent
+// runs P next stores its entries over the ones written here (the bookkeeping, not the pages,
+// says what a cache holds). That keeps the caches, and so every later token, as step by step.
+Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& forced,
+                                      const std::vector<std::string>& stop, int64_t begin, StepResult& r) {
+  if (static_cast<int64_t>(traj_.size()) == begin)
+    return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", names_[static_cast<size_t>(a)],
+                      begin);
+  LRA_RETURN_IF_ERROR(launch_agent(a, begin, nullptr, false));
+  kv_->advance(a, static_cast<int64_t>(traj_.size()));
+  computed_[static_cast<size_t>(a)] += static_cast<int64_t>(traj_.size()) - begin;
+  for (int i = 0; i < n; ++i) {
+    const int64_t P = static_cast<int64_t>(traj_.size());
+    bool next = false;
+    if (i + 1 < n) {
+      const Status st = forced.empty() ? launch_agent(a, P, nullptr, true)
+                                       : launch_agent(a, P, &forced[static_cast<size_t>(i)], false);
+      // Out of KV memory for it: the step-by-step path below meets the same error only if the
+      // pass is wanted after all.
+      if (!st.ok() && st.error().code != ErrorCode::kOutOfMemory) return st;
+      next = st.ok();
+    }
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> picked, model_.take_picks());
+    const int32_t tok = forced.empty() ? picked.front() : forced[static_cast<size_t>(i)];
+    r.output_tokens.push_back(tok);
+    traj_.push_back(tok);
+    bool stopped = false;
+    if (!stop.empty() && tok_) {
+      const std::string text = tok_->decode(r.output_tokens);
+      stopped = std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
+    }
+    if (stopped) {
+      if (next) {
+        auto dropped = model_.take_picks();
+        if (!dropped.ok()) return dropped.error();
+      }
+      break;
+    }
+    if (!next && i + 1 < n) LRA_RETURN_IF_ERROR(launch_agent(a, P, nullptr, false));
+    if (i + 1 < n) {
+      kv_->advance(a, P + 1);
+      computed_[static_cast<size_t>(a)] += 1;
+    }
+  }
+  return Status::Ok();
+}
+
 Result<StepResult> AgentSession::run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
                                            const std::vector<std::string>& stop) {
   const auto it = std::find(names_.begin(), names_.end(), name);
@@ -123,10 +192,14 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   const auto t0 = std::chrono::steady_clock::now();
   StepResult r;
   r.agent = name;
-  const int n = forced.empty() ? n_generate : static_cast<int>(forced.size());
+  int n = forced.empty() ? n_generate : static_cast<int>(forced.size());
   const int vocab = model_.config().vocab_size;
   int64_t begin = kv_->catchup_start(a);
   r.prefilled_tokens = n > 0 ? static_cast<int64_t>(traj_.size()) - begin : 0;
+  if (lookahead_ && !keep_logits_ && n > 0) {
+    LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, begin, r));
+    n = 0;  // done: the step-by-step loop below runs nothing
+  }
   for (int i = 0; i < n; ++i) {
     if (static_cast<int64_t>(traj_.size()) == begin)
       return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", name, begin);

@@ -48,6 +48,10 @@ struct ReplayResult {
 struct ReplayOptions {
   SharingOptions sharing;
   bool keep_logits = false;
+  // Decode lookahead (as the Generator's, engine/generator.h): an agent's decode pass t+1 is
+  // launched before pass t's pick is read back, its token taken on the device. The tokens, the
+  // caches' contents and the per-agent counts are the same either way (see run_agent).
+  bool decode_lookahead = true;
 };
 
 // A trajectory shared by agents, each an adapter (or null for the bare base model).
@@ -68,12 +72,21 @@ class AgentSession {
   const std::vector<int64_t>& computed_per_agent() const { return computed_; }
   const std::vector<std::string>& agent_names() const { return names_; }
   TrajectoryKv& kv() { return *kv_; }
+  // From the next step on: keep each decoded token's logits (StepResult::logits; decoding then
+  // runs step by step), or pick on the device only.
+  void keep_logits(bool on) { keep_logits_ = on; }
 
  private:
   AgentSession(LlamaModel& m) : model_(m) {}
   // Forwards traj_[begin:] for agent a: the last row's logits, or (greedy_out given) only its
   // greedy pick, made on the backend's device.
   Result<Tensor> forward_agent(int a, int64_t begin, int32_t* greedy_out);
+  // Launches agent a's greedy pass over traj_[begin:] followed by `extra` (a token not yet in
+  // traj_), or by the in-flight pass's pick when fed; its pick waits in the model (take_picks).
+  Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed);
+  // run_agent's generate/force loop with decode lookahead (keep_logits_ off).
+  Status decode_lookahead(int a, int n, const std::vector<int32_t>& forced, const std::vector<std::string>& stop,
+                          int64_t begin, StepResult& r);
 
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;
@@ -83,6 +96,7 @@ class AgentSession {
   std::vector<int32_t> traj_;
   std::vector<int64_t> computed_;
   bool keep_logits_ = false;
+  bool lookahead_ = true;
 };
 
 // Runs a whole script.

@@ -86,6 +86,7 @@ Result<TraceCell> run_trace_cell(LlamaModel& model, const std::vector<std::strin
     max_tokens = std::min(max_tokens, affordable);
   }
   ReplayOptions ro;
+  ro.decode_lookahead = opts.decode_lookahead;
   // Under a budget the trajectory's arena is the budget, shared by all its caches (memory moves
   // between agents and components); without one it holds the whole trace in every pool.
   ro.sharing = sharing_for(mode, opts, (final_tokens + page - 1) / page * page);

@@ -18,6 +18,7 @@ struct TraceBenchOptions {
   int page_size = 16;
   std::vector<int> droidspeak_layers = {0};  // recompute layers of droidspeak
   int64_t kv_budget_bytes = 0;               // > 0: the KV pools of a cell get at most this; 0: sized to the trace
+  bool decode_lookahead = true;              // ReplayOptions::decode_lookahead
 };
 
 // One (length, mode) cell.

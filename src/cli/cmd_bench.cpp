@@ -45,6 +45,7 @@ struct BenchFlags {
   // Device (as ModelFlags: the backend comes from make_backend).
   std::string device = "cpu", dtype = "bf16";
   bool enforce_eager = false;
+  bool no_decode_lookahead = false;
   std::string prefill_attention = "v6";
   int threads = 0;
 };
@@ -177,6 +178,7 @@ int run_bench_trace(const BenchFlags& f) {
   opts.page_size = f.page_size;
   opts.droidspeak_layers.assign(layers->begin(), layers->end());
   opts.kv_budget_bytes = static_cast<int64_t>(f.kv_budget_gb * 1e9);
+  opts.decode_lookahead = !f.no_decode_lookahead;
   auto traj_file = find_trajectories(f.trajectories);
   if (!traj_file.ok()) return report(traj_file.error());
   auto bundle = load_trajectory_bundle(*traj_file);
@@ -373,6 +375,7 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--device", f->device, "cpu, or cuda / cuda:N")->default_val("cpu");
   cmd->add_option("--dtype", f->dtype, "With --device cuda: bf16 or f32 weights and caches")->default_val("bf16")->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_flag("--enforce-eager", f->enforce_eager, "With --device cuda: no CUDA graphs for decode steps");
+  add_decode_lookahead_flag(cmd, f->no_decode_lookahead);
   add_prefill_attention_flag(cmd, f->prefill_attention);
   cmd->add_option("--threads", f->threads, "CPU threads (0: all cores)")->default_val(0);
   cmd->callback([f, &action] { action = [f] { return run_bench_trace(*f); }; });

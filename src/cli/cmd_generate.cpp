@@ -20,7 +20,6 @@ struct GenerateFlags {
   int top_k = 0;
   uint64_t seed = 0;
   bool json = false, logits = false, ignore_eos = false;
-  bool no_lookahead = false;
 };
 
 int run_generate(const GenerateFlags& f) {
@@ -51,7 +50,7 @@ int run_generate(const GenerateFlags& f) {
   if (!f.ignore_eos) req.stop_ids = lm.model->config().eos_token_ids;
 
   EngineOptions eo;
-  eo.decode_lookahead = !f.no_lookahead;
+  eo.decode_lookahead = !f.model.no_decode_lookahead;
   Generator gen(*lm.model, eo);
   const bool stream = !f.json && lm.tokenizer;
   std::optional<StreamDecoder> stream_dec;  // only with a tokenizer to decode with
@@ -103,10 +102,6 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--json", f->json, "Print one JSON object: prompt_tokens, output_tokens, text, finish_reason");
   cmd->add_flag("--logits", f->logits, "With --json: add last_logits, the distribution of the first generated token");
   cmd->add_flag("--ignore-eos", f->ignore_eos, "Do not stop at the end-of-sequence token");
-  cmd->add_flag("--no-decode-lookahead", f->no_lookahead,
-                "Decode step by step. By default each decode step is launched before the previous step's "
-                "token is read back (the token passed on the GPU), so the host's work per step overlaps the "
-                "GPU's; the tokens are the same either way");
   cmd->callback([f, &action] {
     if (f->prompt.empty() && f->prompt_tokens.empty())
       throw CLI::ValidationError("generate", "one of --prompt or --prompt-tokens is required");

@@ -34,6 +34,7 @@ int run_replay_cmd(const ReplayFlags& f) {
   ReplayOptions ro;
   ro.sharing = *opts;
   ro.keep_logits = f.logits;
+  ro.decode_lookahead = !f.model.no_decode_lookahead;
   auto [names, adapters] = agents_of(*loaded->adapters);
   auto res = run_replay(*loaded->model, loaded->tokenizer.get(), names, adapters, *steps, ro);
   if (!res.ok()) return report(res.error());

@@ -165,6 +165,7 @@ int run_cmd(const RunFlags& f) {
                              f.model.model_dir));
   ReplayOptions ro;
   ro.sharing = *so;
+  ro.decode_lookahead = !f.model.no_decode_lookahead;
   auto [names, adapters] = agents_of(*loaded->adapters);
   auto session = AgentSession::create(*loaded->model, loaded->tokenizer.get(), names, adapters, ro);
   if (!session.ok()) return report(session.error());

@@ -26,10 +26,18 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
                 "With --device cuda: launch decode steps op by op instead of replaying them as CUDA graphs "
                 "(slower; for debugging and profiling)");
   add_prefill_attention_flag(app, prefill_attention);
+  add_decode_lookahead_flag(app, no_decode_lookahead);
   if (with_adapters)
     app->add_option("--adapter", adapters,
                     "Register a PEFT LoRA adapter as NAME=DIR (adapter_config.json + adapter_model.safetensors); "
                     "repeatable");
+}
+
+void add_decode_lookahead_flag(CLI::App* app, bool& off) {
+  app->add_flag("--no-decode-lookahead", off,
+                "Decode step by step. By default each decode step is launched before the previous step's token "
+                "is read back (the token passed on the device), so the host's work for a step overlaps the GPU's; "
+                "the tokens and caches are the same either way");
 }
 
 void add_prefill_attention_flag(CLI::App* app, std::string& value) {

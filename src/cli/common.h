@@ -21,6 +21,7 @@ struct ModelFlags {
   std::string device = "cpu";         // cpu | cuda | cuda:N
   std::string dtype = "bf16";         // CUDA weights and caches: bf16 | f32
   bool enforce_eager = false;         // CUDA: no graphs for decode steps
+  bool no_decode_lookahead = false;   // decode step by step (EngineOptions / ReplayOptions::decode_lookahead)
   std::string prefill_attention = "v6";  // CUDA: prefill attention kernel, v6 | v5
   std::vector<std::string> adapters;  // NAME=DIR
   void add_to(CLI::App* app, bool with_adapters);
@@ -35,6 +36,8 @@ struct LoadedModel {
 };
 
 // --prefill-attention v6|v5 (ModelFlags has it; commands with their own device flags add it too).
+// --no-decode-lookahead (sets `off`).
+void add_decode_lookahead_flag(CLI::App* app, bool& off);
 void add_prefill_attention_flag(CLI::App* app, std::string& value);
 
 // The backend --device / --dtype / --threads name.

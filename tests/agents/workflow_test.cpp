@@ -177,6 +177,71 @@ TEST_F(Workflow, EveryModeTerminatesRecordsTurnsAndPrefillsAsTheModeSays) {
   EXPECT_LT(base_lr.cache.total(), none.cache.total());
 }
 
+// Decode lookahead (AgentSession, the default) against step-by-step decoding in every mode:
+// the same tokens, trajectory, per-agent compute and cache bytes, with stop strings that end
+// most steps early (each drops a launched pass and leaves its position to the next agent), a
+// forced step and a step of one token; then the same logits for a last step over the caches.
+TEST_F(Workflow, DecodeLookaheadKeepsTokensCachesAndCounts) {
+  const std::vector<int32_t> prompt = tok_->encode("Question: where does the river flow? Answer:", false);
+  for (ShareMode mode : kAllShareModes) {
+    const char* name = share_mode_name(mode);
+    std::vector<std::unique_ptr<AgentSession>> s;
+    for (bool lookahead : {false, true}) {
+      ReplayOptions o;
+      o.sharing.mode = mode;
+      if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+      o.decode_lookahead = lookahead;
+      std::vector<std::string> names;
+      std::vector<const LoraAdapter*> ads;
+      for (auto& a : adapters_) names.push_back(a->name), ads.push_back(a.get());
+      auto r = AgentSession::create(*model_, tok_.get(), names, ads, o);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      s.push_back(std::move(*r));
+      s.back()->append(prompt);
+    }
+    int stopped_early = 0;
+    for (int round = 0; round < 3; ++round) {
+      struct Call {
+        const char* agent;
+        int n;
+        std::vector<int32_t> forced;
+        std::vector<std::string> stop;
+      };
+      const std::vector<Call> calls = {
+          {"plan", 12, {}, {"e", "."}},
+          {"action", 6, {}, {"a"}},
+          {"action", 0, {5, 300, 7 + round}, {}},
+          {"reflect", 1, {}, {}},
+          {"reflect", 9, {}, {}},
+      };
+      for (const Call& c : calls) {
+        std::vector<StepResult> out;
+        for (auto& sess : s) {
+          auto r = sess->run_agent(c.agent, c.n, c.forced, c.stop);
+          ASSERT_TRUE(r.ok()) << name << ": " << r.error().message;
+          out.push_back(std::move(*r));
+        }
+        EXPECT_EQ(out[1].output_tokens, out[0].output_tokens) << name << " round " << round << " " << c.agent;
+        EXPECT_EQ(out[1].prefilled_tokens, out[0].prefilled_tokens) << name << " " << c.agent;
+        stopped_early += c.n > 0 && static_cast<int>(out[0].output_tokens.size()) < c.n;
+      }
+    }
+    EXPECT_GE(stopped_early, 2) << name << ": the stop strings must end some steps early";
+    EXPECT_EQ(s[1]->trajectory(), s[0]->trajectory()) << name;
+    EXPECT_EQ(s[1]->computed_per_agent(), s[0]->computed_per_agent()) << name;
+    EXPECT_EQ(s[1]->cache_bytes().total(), s[0]->cache_bytes().total()) << name;
+    std::vector<std::vector<float>> last;
+    for (auto& sess : s) {
+      sess->keep_logits(true);
+      auto r = sess->run_agent("plan", 2, {}, {});
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      ASSERT_EQ(r->logits.size(), 2u);
+      last.push_back(r->logits[0]);
+    }
+    EXPECT_EQ(last[1], last[0]) << name << ": the caches must hold the same entries";
+  }
+}
+
 TEST_F(Workflow, StopsCleanlyWhenTheContextFills) {
   auto s = session(ShareMode::kBaseLr);
   ASSERT_TRUE(s);
