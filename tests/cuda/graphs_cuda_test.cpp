@@ -21,6 +21,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "backend/backend.h"
+#include "agents/replay.h"
 #include "kv/full_cache.h"
 #include "kv/sharing.h"
 #include "model/llama.h"
@@ -279,6 +280,63 @@ TEST(CudaDecode, NoAdapterDecodeMatchesCpu) {
               e32, e16);
   EXPECT_LE(e32, 1e-4);
   EXPECT_LE(e16, 3e-2);
+}
+
+// Agents on shared caches (AgentSession) decoding with lookahead against step by step, in
+// bf16 with graphs: pass t+1 launched before pass t's pick is read, its token fed on the device.
+// The same tokens and, for a last step over the caches, bit-identical logits.
+TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA agents test skipped";
+  CudaBackendOptions bo;
+  bo.dtype = DType::kBF16;
+  auto be = make_cuda_backend(bo);
+  ASSERT_TRUE(be.ok()) << be.error().message;
+  auto model = make_synthetic_model(spec(), **be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const ModelConfig& c = (*model)->config();
+  auto adapters = make_synthetic_adapters(c, 16, 7);
+  std::vector<const LoraAdapter*> ptrs;
+  std::vector<std::string> names;
+  for (auto& a : adapters) {
+    ASSERT_TRUE(upload_adapter(*a, **be).ok());
+    ptrs.push_back(a.get());
+    names.push_back(a->name);
+  }
+  std::vector<int32_t> prompt(150);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 29) % 250);
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr, ShareMode::kFull}) {
+    std::vector<std::vector<int32_t>> outputs[2];
+    std::vector<float> last[2];
+    int64_t computed[2] = {0, 0};
+    for (int la = 0; la < 2; ++la) {
+      ReplayOptions ro;
+      ro.sharing.mode = mode;
+      ro.sharing.max_tokens = 1024;
+      ro.decode_lookahead = la == 1;
+      auto s = AgentSession::create(**model, nullptr, names, ptrs, ro);
+      ASSERT_TRUE(s.ok()) << s.error().message;
+      (*s)->append(prompt);
+      for (int round = 0; round < 3; ++round)
+        for (int a = 0; a < static_cast<int>(names.size()); ++a) {
+          const auto& name = names[static_cast<size_t>(a)];
+          auto r = a == 1 && round == 1 ? (*s)->run_agent(name, 0, {9, 10, 11}, {}) : (*s)->run_agent(name, 20 + 7 * a, {}, {});
+          ASSERT_TRUE(r.ok()) << r.error().message;
+          outputs[la].push_back(r->output_tokens);
+        }
+      (*s)->keep_logits(true);
+      auto r = (*s)->run_agent(names[0], 1, {}, {});
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      last[la] = r->logits.at(0);
+      for (int64_t n : (*s)->computed_per_agent()) computed[la] += n;
+    }
+    EXPECT_EQ(outputs[1], outputs[0]) << share_mode_name(mode);
+    EXPECT_EQ(computed[1], computed[0]) << share_mode_name(mode);
+    EXPECT_EQ(last[1], last[0]) << share_mode_name(mode) << ": the caches must hold the same entries";
+  }
+  const GraphStats st = (*be)->graph_stats();
+  std::printf("  agents lookahead: %lld recorded passes, %lld replayed\n", static_cast<long long>(st.recorded),
+              static_cast<long long>(st.replayed));
+  EXPECT_GE(st.replayed, st.recorded / 2);
 }
 
 struct Case {
