@@ -191,29 +191,33 @@ if [ -n "$GEMV_BIN" ] && [ -x "$GEMV_BIN" ]; then
   timeout 120 "$GEMV_BIN" --out "$LOGS/gemv_bench.json" 2>&1 | tee "$LOGS/gemv.log" | tail -3
 fi
 if [ -n "$CLI_BIN" ]; then
-  echo "== lragent replay --device cuda, tinystories, every mode ($(elapsed))"
-  TS=$LRAGENT_SHARED/models/tinystories-656k AD=$LRAGENT_SHARED/adapters/tinystories-656k/qkvo-shared-a-r4
+  echo "== lragent replay --device cuda, tinystories, every adapter set and mode ($(elapsed))"
+  TS=$LRAGENT_SHARED/models/tinystories-656k
+  for set in qkvo-shared-a-r4 qv-shared-a-r8 qv-indep-a-r8; do
+  AD=$LRAGENT_SHARED/adapters/tinystories-656k/$set
   for mode in none full droidspeak base base-lr; do
     for dev in "cpu" "cuda --dtype f32" "cuda --dtype bf16"; do
       # shellcheck disable=SC2086
       timeout 60 "$CLI_BIN" replay --model "$TS" --adapter plan=$AD/plan --adapter action=$AD/action \
         --adapter reflect=$AD/reflect --kv-share $mode --script examples/replay-hotpotqa.json --device $dev --json \
-        >"$LOGS/replay-$mode-${dev// /_}.json" 2>>"$LOGS/replay.log"
+        >"$LOGS/replay-$set-$mode-${dev// /_}.json" 2>>"$LOGS/replay.log"
     done
-    python3 - "$LOGS" "$mode" <<'PY' | tee -a "$LOGS/replay.log"
+    python3 - "$LOGS" "$set" "$mode" <<'PY' | tee -a "$LOGS/replay.log"
 import json, sys
-logs, mode = sys.argv[1], sys.argv[2]
+logs, aset, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 def traj(dev):
     try:
-        return json.load(open(f"{logs}/replay-{mode}-{dev}.json")).get("trajectory", [])
+        return json.load(open(f"{logs}/replay-{aset}-{mode}-{dev}.json")).get("trajectory", [])
     except Exception as e:
         return None
 ref, f32, bf = traj("cpu"), traj("cuda_--dtype_f32"), traj("cuda_--dtype_bf16")
 if not ref:
-    print(f"replay {mode}: no CPU result"); sys.exit()
+    # base-lr needs one lora_A across the agents: the independent-A set is refused (and says so)
+    print(f"replay {aset} {mode:<10}: no CPU result (the mode refuses these adapters)"); sys.exit()
 agree = lambda t: sum(a == b for a, b in zip(t or [], ref)) / len(ref)
-print(f"replay {mode:<10} tokens {len(ref)}: cuda f32 identical={f32 == ref}, cuda bf16 agreement={agree(bf):.3f}")
+print(f"replay {aset} {mode:<10} tokens {len(ref)}: cuda f32 identical={f32 == ref}, cuda bf16 agreement={agree(bf):.3f}")
 PY
+  done
   done
 fi
 save
