@@ -251,7 +251,7 @@ class Backend {
   // Causal attention of one sequence over its paged cache (see AttentionParams).
   virtual void attention(const AttentionParams& p) = 0;
 
- protected:
+ private:
   std::deque<std::vector<int32_t>> deferred_picks_;  // the default lookahead's queue, oldest first
   std::vector<int32_t> latest_picks_;                 // the default's latest deferred ids (embedding_fed)
 };
