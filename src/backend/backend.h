@@ -80,6 +80,9 @@ struct GraphStats {
   int64_t eager = 0;     // ... run op by op (first sight of a shape, or not capturable)
   int64_t updated = 0;   // ... captured into a cached graph of the same shape (new addresses)
   double record_host_ms = 0;  // host time spent recording those passes (the forward code itself)
+  // Token picks (rows) a GPU backend made on the host from copied logits instead of on the
+  // device: LRAGENT_CUDA_DEVICE_SAMPLING=0, or a fallback (no device memory for the ids).
+  int64_t host_picks = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

@@ -337,6 +337,7 @@ TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
   std::printf("  agents lookahead: %lld recorded passes, %lld replayed\n", static_cast<long long>(st.recorded),
               static_cast<long long>(st.replayed));
   EXPECT_GE(st.replayed, st.recorded / 2);
+  EXPECT_EQ(st.host_picks, 0) << "every greedy pick (one row: the catch-up passes' too) on the device";
 }
 
 struct Case {

@@ -582,6 +582,10 @@ TEST(CudaSampling, DecodeWithGraphsSamplesTheEagerTokens) {
   EXPECT_EQ(first_diff, -1) << "f32 graph replays give bit-identical logits, so the same draws must pick the same ids";
   EXPECT_GE(gs.replayed, steps - 16);
   EXPECT_NE(other, graph) << "another seed must sample another text";
+  // Every pick on the device, the one-row prefill picks included (a fresh scratch slot once
+  // handed out a null buffer for <= 4 bytes, and those picks went to the host unnoticed).
+  EXPECT_EQ(gs.host_picks, 0);
+  EXPECT_EQ(es.host_picks, 0);
 }
 
 // The Generator on the GPU: sampled requests pick on the device, except the step whose logits a

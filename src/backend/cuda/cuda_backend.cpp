@@ -275,6 +275,7 @@ void CudaBackend::argmax_rows(const TensorView& x, int32_t* out) {
   const float* xd = x.f32();
   auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;
   if (!ids) {  // no device memory for the ids (or a huge all-logits pass): pick on the host
+    host_picks_ += rows;
     Backend::argmax_rows(x, out);
     return;
   }
@@ -293,11 +294,13 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
     return;
   }
   if (!device_sampling_) {  // LRAGENT_CUDA_DEVICE_SAMPLING=0: logits to the host (to_host runs the pass)
+    host_picks_ += rows;
     Backend::sample_rows(logits, params, out);
     return;
   }
   auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;
   if (!ids) {  // as argmax_rows: no device memory for the ids, pick on the host
+    host_picks_ += rows;
     Backend::sample_rows(logits, params, out);
     return;
   }
@@ -305,6 +308,7 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
   const size_t ws_bytes = lc::sample_rows_workspace_bytes(rows, vocab);
   void* ws = try_scratch(5, ws_bytes);
   if (!ws) {  // as the ids: no device memory for the kernels' scratch, pick on the host
+    host_picks_ += rows;
     Backend::sample_rows(logits, params, out);
     return;
   }
@@ -496,7 +500,9 @@ void* CudaBackend::raw_alloc(size_t bytes) {
 void* CudaBackend::try_scratch(int slot, size_t bytes) {
   if (tape_->recording()) return pass_alloc(bytes);
   auto& s = scratch_[slot];
-  if (s.view().nbytes() < bytes) {
+  // An unallocated slot is a default Tensor, whose view (a scalar f32) reports 4 bytes: test
+  // the data too, or a request of <= 4 bytes (one row's id) got a null buffer.
+  if (!s.view().data || s.view().nbytes() < bytes) {
     s = Tensor();  // release the old buffer first: it may be what makes room
     s = alloc(DType::kU8, {static_cast<int64_t>(bytes)});
   }

@@ -108,7 +108,7 @@ class CudaBackend final : public Backend {
   void set_matmul_only_outputs(bool on) override { matmul_only_ = on; }
   GraphStats graph_stats() const override {
     const lc::TapeStats& t = tape_->stats();
-    return {t.passes, t.replayed, t.captured, t.eager, t.updated, t.record_ms};
+    return {t.passes, t.replayed, t.captured, t.eager, t.updated, t.record_ms, host_picks_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -314,6 +314,7 @@ class CudaBackend final : public Backend {
   bool matmul_only_ = false;  // set_matmul_only_outputs
   static constexpr int64_t kMaxIdsHost = 1 << 16;
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
+  int64_t host_picks_ = 0;         // GraphStats::host_picks
   // Decode lookahead (sample_rows_deferred): the latest deferred picks on the device (a fixed
   // buffer, so recorded passes bake its address in), the pinned slots they come back to and an
   // event per slot; the queue of passes whose picks are not taken.
