@@ -144,6 +144,10 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
   if (static_cast<int64_t>(traj_.size()) == begin)
     return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", names_[static_cast<size_t>(a)],
                       begin);
+  struct DropPending {  // an error return leaves no pick behind for the next step's take_picks
+    LlamaModel& m;
+    ~DropPending() { m.discard_picks(); }
+  } drop_pending{model_};
   LRA_RETURN_IF_ERROR(launch_agent(a, begin, nullptr, false));
   kv_->advance(a, static_cast<int64_t>(traj_.size()));
   computed_[static_cast<size_t>(a)] += static_cast<int64_t>(traj_.size()) - begin;
@@ -151,12 +155,12 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
     const int64_t P = static_cast<int64_t>(traj_.size());
     bool next = false;
     if (i + 1 < n) {
-      const Status st = forced.empty() ? launch_agent(a, P, nullptr, true)
-                                       : launch_agent(a, P, &forced[static_cast<size_t>(i)], false);
-      // Out of KV memory for it: the step-by-step path below meets the same error only if the
-      // pass is wanted after all.
-      if (!st.ok() && st.error().code != ErrorCode::kOutOfMemory) return st;
-      next = st.ok();
+      // A pass that cannot be launched (out of KV memory, past the model's context): token t is
+      // still taken, and the step-by-step launch below meets the same error only if the pass
+      // is wanted after all (not when token t ends the step), as step-by-step decoding would.
+      next = (forced.empty() ? launch_agent(a, P, nullptr, true)
+                             : launch_agent(a, P, &forced[static_cast<size_t>(i)], false))
+                 .ok();
     }
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> picked, model_.take_picks());
     const int32_t tok = forced.empty() ? picked.front() : forced[static_cast<size_t>(i)];

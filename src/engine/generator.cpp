@@ -47,6 +47,12 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
     r.done = reqs[i].max_tokens <= 0;
     run.push_back(std::move(r));
   }
+  // A pass still in flight when run() returns early (an error) has its picks dropped first, and
+  // before the caches it writes go (declared after them: destroyed before them).
+  struct DropPending {
+    LlamaModel& m;
+    ~DropPending() { m.discard_picks(); }
+  } drop_pending{model_};
 
   // One forward pass: its sequences, and which rows yield a token.
   struct Pass {

@@ -85,6 +85,10 @@ class LlamaModel {
   // Backend::kMaxDeferredPicks passes wait for take_picks.
   Status launch_sample(const std::vector<SeqInput>& batch, std::span<const RowSampling> rows);
   Result<std::vector<int32_t>> take_picks();
+  // Waits for and drops the picks of every launched pass not taken yet: a caller that leaves a
+  // lookahead on an error calls it, so that no stale pick reaches the next caller's take_picks.
+  void discard_picks();
+  size_t pending_picks() const { return deferred_rows_.size(); }
 
   // Optional hook to capture per-layer hidden states (fidelity tools): called with the
   // residual stream [rows, hidden] entering each layer, and with layer == num_layers at the end.

@@ -71,6 +71,10 @@ Result<std::vector<int32_t>> LlamaModel::take_picks() {
   return ids;
 }
 
+void LlamaModel::discard_picks() {
+  while (!deferred_rows_.empty()) (void)take_picks();
+}
+
 Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
                                     std::span<const RowSampling> rows, bool deferred) {
   LRA_RETURN_IF_ERROR(validate_batch(batch));

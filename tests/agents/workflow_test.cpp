@@ -242,6 +242,36 @@ TEST_F(Workflow, DecodeLookaheadKeepsTokensCachesAndCounts) {
   }
 }
 
+// A step that runs into the model's context (512 positions) fails as step-by-step decoding
+// does: the same error at the same token, the same trajectory, and no launched pass left behind
+// whose pick a later take_picks would mistake for its own.
+TEST_F(Workflow, DecodeLookaheadFailsAtTheContextAsStepByStep) {
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 500; ++i) prompt.push_back(5 + (i * 7) % 300);
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr}) {
+    std::vector<std::vector<int32_t>> traj;
+    std::vector<std::string> errors;
+    for (bool lookahead : {false, true}) {
+      ReplayOptions o;
+      o.sharing.mode = mode;
+      o.decode_lookahead = lookahead;
+      std::vector<std::string> names;
+      std::vector<const LoraAdapter*> ads;
+      for (auto& a : adapters_) names.push_back(a->name), ads.push_back(a.get());
+      auto s = AgentSession::create(*model_, tok_.get(), names, ads, o);
+      ASSERT_TRUE(s.ok()) << s.error().message;
+      (*s)->append(prompt);
+      auto r = (*s)->run_agent("plan", 40, {}, {});
+      ASSERT_FALSE(r.ok()) << share_mode_name(mode) << ": 540 positions cannot fit 512";
+      errors.push_back(r.error().message);
+      traj.push_back((*s)->trajectory());
+      EXPECT_EQ(model_->pending_picks(), 0u) << share_mode_name(mode);
+    }
+    EXPECT_EQ(errors[1], errors[0]) << share_mode_name(mode);
+    EXPECT_EQ(traj[1], traj[0]) << share_mode_name(mode);
+  }
+}
+
 TEST_F(Workflow, StopsCleanlyWhenTheContextFills) {
   auto s = session(ShareMode::kBaseLr);
   ASSERT_TRUE(s);

@@ -7,11 +7,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "backend/backend.h"
+#include "engine/generator.h"
 #include "kv/full_cache.h"
 #include "kv/kv_arena.h"
 #include "model/llama.h"
@@ -101,6 +103,60 @@ TEST(CudaErrors, FailedOpIsReturnedAndTheNextPassEqualsACleanRun) {
     EXPECT_NE(r.errors[0].find("CUDA backend"), std::string::npos) << r.errors[0];
     EXPECT_EQ(r.prefill_logits, clean.prefill_logits);
     EXPECT_EQ(r.tokens, clean.tokens);
+  }
+}
+
+// Decode lookahead meets a failed op: the Generator returns the error with no launched pass left
+// queued (the backend's and the model's queues of deferred picks stay in step), and the next run
+// on the same model and backend decodes the tokens of a clean run.
+std::vector<std::vector<int32_t>> generate_with(const char* inject, std::vector<std::string>* errors,
+                                                size_t* pending) {
+  std::vector<std::vector<int32_t>> out;
+  if (inject) setenv("LRAGENT_CUDA_INJECT_FAULT", inject, 1);
+  CudaBackendOptions o;
+  o.dtype = DType::kF32;
+  auto be = make_cuda_backend(o);
+  unsetenv("LRAGENT_CUDA_INJECT_FAULT");
+  EXPECT_TRUE(be.ok()) << be.error().message;
+  if (!be.ok()) return out;
+  auto model = make_synthetic_model(spec(), **be);
+  EXPECT_TRUE(model.ok()) << model.error().message;
+  if (!model.ok()) return out;
+  GenerateRequest req;
+  for (int i = 0; i < 30; ++i) req.prompt.push_back(3 + (i * 17) % 200);
+  req.max_tokens = 16;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    Generator gen(**model, EngineOptions{});  // decode lookahead on (the default)
+    auto r = gen.run({req});
+    if (pending) *pending = std::max(*pending, (*model)->pending_picks());
+    if (!r.ok()) {
+      errors->push_back(r.error().message);
+      continue;
+    }
+    out.push_back((*r)[0].output);
+    break;
+  }
+  return out;
+}
+
+TEST(CudaErrors, LookaheadFaultLeavesNoPickBehind) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA error-path tests skipped";
+  std::vector<std::string> errors;
+  const auto clean = generate_with(nullptr, &errors, nullptr);
+  ASSERT_TRUE(errors.empty());
+  ASSERT_EQ(clean.size(), 1u);
+  ASSERT_EQ(clean[0].size(), 16u);
+  // embedding:4 is the third decode step's (a fed token, launched while the step before is in
+  // flight); argmax:6 the pick of a later one.
+  for (const char* fault : {"embedding:4", "argmax:6"}) {
+    SCOPED_TRACE(fault);
+    std::vector<std::string> errs;
+    size_t pending = 0;
+    const auto r = generate_with(fault, &errs, &pending);
+    ASSERT_EQ(errs.size(), 1u) << "one injected fault, one error";
+    EXPECT_NE(errs[0].find("injected fault"), std::string::npos) << errs[0];
+    EXPECT_EQ(pending, 0u) << "a pass left queued after the error";
+    EXPECT_EQ(r, clean);
   }
 }
 

@@ -367,6 +367,7 @@ void CudaBackend::sample_rows_deferred(const TensorView& logits, std::span<const
     d.rows = rows;
     d.host.resize(static_cast<size_t>(rows));
     sample_rows(logits, params, d.host.data());
+    if (failed_) return;  // nothing queued: LlamaModel::launch_sample reports the error, queues nothing
     fed_host_ = d.host;
     fed_on_device_ = false;
     deferred_.push_back(std::move(d));
@@ -393,15 +394,17 @@ void CudaBackend::sample_rows_deferred(const TensorView& logits, std::span<const
     launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
   }
   if (tape_->recording()) flush_tape();
+  // An op of the pass failed: queue nothing. LlamaModel::launch_sample sees the error in
+  // take_error() and queues nothing either, so both queues stay in step.
+  if (failed_) return;
   Deferred d;
   d.rows = rows;
   d.slot = next_picks_slot_;
   next_picks_slot_ = (next_picks_slot_ + 1) % static_cast<int>(kMaxDeferredPicks);
-  if (!failed_) {
-    check(cudaMemcpyAsync(picks_host_ + static_cast<int64_t>(d.slot) * kMaxIdsHost, ids, static_cast<size_t>(rows) * 4,
-                          cudaMemcpyDeviceToHost, stream_));
-    check(cudaEventRecord(picks_ev_[d.slot], stream_));
-  }
+  check(cudaMemcpyAsync(picks_host_ + static_cast<int64_t>(d.slot) * kMaxIdsHost, ids, static_cast<size_t>(rows) * 4,
+                        cudaMemcpyDeviceToHost, stream_));
+  check(cudaEventRecord(picks_ev_[d.slot], stream_));
+  if (failed_) return;
   fed_on_device_ = true;
   deferred_.push_back(std::move(d));
 }
