@@ -115,6 +115,12 @@ Result<Tensor> AgentSession::forward_agent(int a, int64_t begin, int32_t* greedy
   return logits;
 }
 
+bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const {
+  if (stop.empty() || !tok_) return false;
+  const std::string text = tok_->decode(output);
+  return std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
+}
+
 Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bool fed) {
   auto binding = kv_->bind(a);  // only read while the pass is recorded: may go when it returns
   std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
@@ -166,12 +172,7 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
     const int32_t tok = forced.empty() ? picked.front() : forced[static_cast<size_t>(i)];
     r.output_tokens.push_back(tok);
     traj_.push_back(tok);
-    bool stopped = false;
-    if (!stop.empty() && tok_) {
-      const std::string text = tok_->decode(r.output_tokens);
-      stopped = std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
-    }
-    if (stopped) {
+    if (stops(stop, r.output_tokens)) {
       if (next) {
         auto dropped = model_.take_picks();
         if (!dropped.ok()) return dropped.error();
@@ -220,11 +221,7 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
     r.output_tokens.push_back(tok);
     begin = static_cast<int64_t>(traj_.size());
     traj_.push_back(tok);
-    if (!stop.empty() && tok_) {
-      const std::string text = tok_->decode(r.output_tokens);
-      if (std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; }))
-        break;
-    }
+    if (stops(stop, r.output_tokens)) break;
   }
   if (tok_) r.text = tok_->decode(r.output_tokens);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -84,6 +84,8 @@ class AgentSession {
   // Launches agent a's greedy pass over traj_[begin:] followed by `extra` (a token not yet in
   // traj_), or by the in-flight pass's pick when fed; its pick waits in the model (take_picks).
   Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed);
+  // Whether the decoded output contains one of the stop strings (never without a tokenizer).
+  bool stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const;
   // run_agent's generate/force loop with decode lookahead (keep_logits_ off).
   Status decode_lookahead(int a, int n, const std::vector<int32_t>& forced, const std::vector<std::string>& stop,
                           int64_t begin, StepResult& r);

@@ -60,11 +60,16 @@ void Backend::take_picks(int32_t* out, int64_t rows) {
 }
 
 void Backend::embedding_fed(const TensorView& table, const int32_t* ids, const int32_t* feed, int n, TensorView& out) {
+  embedding_from_host_picks(table, ids, feed, n, latest_picks_, out);
+}
+
+void Backend::embedding_from_host_picks(const TensorView& table, const int32_t* ids, const int32_t* feed, int n,
+                                        const std::vector<int32_t>& picks, TensorView& out) {
   std::vector<int32_t> resolved(ids, ids + n);  // [n]
   for (int i = 0; i < n; ++i)
     if (feed[i] >= 0) {
-      assert(static_cast<size_t>(feed[i]) < latest_picks_.size() && "embedding_fed: no deferred pick for that row");
-      resolved[static_cast<size_t>(i)] = latest_picks_[static_cast<size_t>(feed[i])];
+      assert(static_cast<size_t>(feed[i]) < picks.size() && "embedding_fed: no deferred pick for that row");
+      resolved[static_cast<size_t>(i)] = picks[static_cast<size_t>(feed[i])];
     }
   embedding(table, resolved.data(), n, out);
 }

@@ -164,6 +164,14 @@ class Backend {
   virtual void take_picks(int32_t* out, int64_t rows);
   virtual void embedding_fed(const TensorView& table, const int32_t* ids, const int32_t* feed, int n,
                              TensorView& out);
+ protected:
+  // embedding_fed with the latest deferred picks on the host: row i's id is picks[feed[i]] when
+  // feed[i] >= 0, else ids[i]; then embedding (the default's way, and a GPU backend's when it
+  // picked on the host).
+  void embedding_from_host_picks(const TensorView& table, const int32_t* ids, const int32_t* feed, int n,
+                                 const std::vector<int32_t>& picks, TensorView& out);
+
+ public:
 
   // y[n, out] = alpha · x[n, in] · w[out, in]^T + beta · y (+ bias[out] when given).
   // w may be f32/f16/bf16 and may be strided along rows (a slice of a larger matrix).

@@ -29,14 +29,22 @@ Result<std::vector<int32_t>> LlamaModel::forward_argmax(const std::vector<SeqInp
   return ids;
 }
 
-Result<std::vector<int32_t>> LlamaModel::forward_sample(const std::vector<SeqInput>& batch,
-                                                        std::span<const RowSampling> rows) {
+namespace {
+// Logits rows a batch yields (every row of an all_logits sequence, else its last), which must be
+// the number of sampling rows given.
+Result<size_t> sampled_rows(const char* what, const std::vector<SeqInput>& batch, std::span<const RowSampling> rows) {
   size_t n_out = 0;
   for (const SeqInput& in : batch) n_out += in.all_logits ? static_cast<size_t>(std::max(in.n_tokens, 0)) : 1;
   if (rows.size() != n_out)
-    return make_error(ErrorCode::kInvalidArgument,
-                      "forward_sample: {} sampling rows given for a batch that yields {} logits rows", rows.size(),
-                      n_out);
+    return make_error(ErrorCode::kInvalidArgument, "{}: {} sampling rows given for a batch that yields {} logits rows",
+                      what, rows.size(), n_out);
+  return n_out;
+}
+}  // namespace
+
+Result<std::vector<int32_t>> LlamaModel::forward_sample(const std::vector<SeqInput>& batch,
+                                                        std::span<const RowSampling> rows) {
+  LRA_RETURN_IF_ERROR(sampled_rows("forward_sample", batch, rows));
   std::vector<int32_t> ids;
   auto r = run_pass(batch, &ids, rows);
   LRA_RETURN_IF_ERROR(be_.take_error());
@@ -45,12 +53,7 @@ Result<std::vector<int32_t>> LlamaModel::forward_sample(const std::vector<SeqInp
 }
 
 Status LlamaModel::launch_sample(const std::vector<SeqInput>& batch, std::span<const RowSampling> rows) {
-  size_t n_out = 0;
-  for (const SeqInput& in : batch) n_out += in.all_logits ? static_cast<size_t>(std::max(in.n_tokens, 0)) : 1;
-  if (rows.size() != n_out)
-    return make_error(ErrorCode::kInvalidArgument,
-                      "launch_sample: {} sampling rows given for a batch that yields {} logits rows", rows.size(),
-                      n_out);
+  LRA_ASSIGN_OR_RETURN(const size_t n_out, sampled_rows("launch_sample", batch, rows));
   if (deferred_rows_.size() >= Backend::kMaxDeferredPicks)
     return make_error(ErrorCode::kInternal, "launch_sample: {} passes already wait for take_picks",
                       deferred_rows_.size());

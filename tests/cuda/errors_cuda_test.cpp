@@ -41,31 +41,46 @@ struct FaultRun {
   std::vector<std::string> errors;    // errors met (then retried)
 };
 
-// Prefill 40 tokens, then 12 greedy decode steps; a failed pass is retried once.
-FaultRun run_with(const char* inject) {
-  FaultRun out;
+// An f32 backend (bit-faithful: a recovered pass must equal the clean one exactly) whose launches
+// fail as `inject` says (null: none), and the synthetic model on it; both null on a setup error.
+struct Faulty {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<LlamaModel> model;
+};
+Faulty faulty(const char* inject) {
+  Faulty f;
   if (inject) setenv("LRAGENT_CUDA_INJECT_FAULT", inject, 1);
   CudaBackendOptions o;
-  o.dtype = DType::kF32;  // bit-faithful: a recovered pass must equal the clean one exactly
+  o.dtype = DType::kF32;
   auto be = make_cuda_backend(o);
   unsetenv("LRAGENT_CUDA_INJECT_FAULT");
   EXPECT_TRUE(be.ok()) << be.error().message;
-  if (!be.ok()) return out;
+  if (!be.ok()) return f;
   auto model = make_synthetic_model(spec(), **be);
   EXPECT_TRUE(model.ok()) << model.error().message;
-  if (!model.ok()) return out;
-  const ModelConfig& c = (*model)->config();
-  auto pools = KvPools::create(c, 16, KvPools::blocks_for(1, 64, 16), "errors-test", be->get());
+  if (!model.ok()) return f;
+  f.be = std::move(*be);
+  f.model = std::move(*model);
+  return f;
+}
+
+// Prefill 40 tokens, then 12 greedy decode steps; a failed pass is retried once.
+FaultRun run_with(const char* inject) {
+  FaultRun out;
+  Faulty f = faulty(inject);
+  if (!f.model) return out;
+  const ModelConfig& c = f.model->config();
+  auto pools = KvPools::create(c, 16, KvPools::blocks_for(1, 64, 16), "errors-test", f.be.get());
   EXPECT_TRUE(pools.ok());
   if (!pools.ok()) return out;
   FullKvCache kv(pools->kv.get());
   std::vector<int32_t> ids(40);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = 3 + static_cast<int32_t>(i * 13) % 200;
   SeqInput in{ids.data(), 40, 0, &kv, nullptr, false};
-  auto lg = (*model)->forward({in});
+  auto lg = f.model->forward({in});
   if (!lg.ok()) {
     out.errors.push_back(lg.error().message);
-    lg = (*model)->forward({in});  // the same positions again: overwrites what the failed pass left
+    lg = f.model->forward({in});  // the same positions again: overwrites what the failed pass left
   }
   EXPECT_TRUE(lg.ok()) << lg.error().message;
   if (!lg.ok()) return out;
@@ -74,10 +89,10 @@ FaultRun run_with(const char* inject) {
                                       out.prefill_logits.begin());
   for (int step = 0; step < 12; ++step) {
     SeqInput d{&next, 1, 40 + step, &kv, nullptr, false};
-    auto pick = (*model)->forward_argmax({d});
+    auto pick = f.model->forward_argmax({d});
     if (!pick.ok()) {
       out.errors.push_back(pick.error().message);
-      pick = (*model)->forward_argmax({d});
+      pick = f.model->forward_argmax({d});
     }
     EXPECT_TRUE(pick.ok()) << pick.error().message;
     if (!pick.ok()) return out;
@@ -112,23 +127,15 @@ TEST(CudaErrors, FailedOpIsReturnedAndTheNextPassEqualsACleanRun) {
 std::vector<std::vector<int32_t>> generate_with(const char* inject, std::vector<std::string>* errors,
                                                 size_t* pending) {
   std::vector<std::vector<int32_t>> out;
-  if (inject) setenv("LRAGENT_CUDA_INJECT_FAULT", inject, 1);
-  CudaBackendOptions o;
-  o.dtype = DType::kF32;
-  auto be = make_cuda_backend(o);
-  unsetenv("LRAGENT_CUDA_INJECT_FAULT");
-  EXPECT_TRUE(be.ok()) << be.error().message;
-  if (!be.ok()) return out;
-  auto model = make_synthetic_model(spec(), **be);
-  EXPECT_TRUE(model.ok()) << model.error().message;
-  if (!model.ok()) return out;
+  Faulty f = faulty(inject);
+  if (!f.model) return out;
   GenerateRequest req;
   for (int i = 0; i < 30; ++i) req.prompt.push_back(3 + (i * 17) % 200);
   req.max_tokens = 16;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    Generator gen(**model, EngineOptions{});  // decode lookahead on (the default)
+    Generator gen(*f.model, EngineOptions{});  // decode lookahead on (the default)
     auto r = gen.run({req});
-    if (pending) *pending = std::max(*pending, (*model)->pending_picks());
+    if (pending) *pending = std::max(*pending, f.model->pending_picks());
     if (!r.ok()) {
       errors->push_back(r.error().message);
       continue;

@@ -269,19 +269,41 @@ Tensor CudaBackend::to_host(const TensorView& src) {
 
 void CudaBackend::argmax_rows(const TensorView& x, int32_t* out) {
   assert(x.rank() == 2 && x.dtype == DType::kF32 && "argmax_rows takes f32 [rows, cols]");
-  const int64_t rows = x.dim(0), cols = x.dim(1), ldx = row_stride_of(x);
+  const int64_t rows = x.dim(0);
   if (rows == 0) return;
   // After a failed op, launch() runs nothing and read_ids / to_host hand back zeros.
-  const float* xd = x.f32();
   auto* ids = rows <= kMaxIdsHost ? static_cast<int32_t*>(try_scratch(4, static_cast<size_t>(rows) * 4)) : nullptr;
   if (!ids) {  // no device memory for the ids (or a huge all-logits pass): pick on the host
     host_picks_ += rows;
     Backend::argmax_rows(x, out);
     return;
   }
-  rec("argmax_rows", xd, ldx, rows, cols, ids);
-  launch("argmax", [=, this] { return lc::argmax_rows(xd, ldx, rows, cols, ids, stream_); });
+  launch_picks(x, {}, ids, nullptr, 0);
   read_ids(ids, rows, out);
+}
+
+void CudaBackend::launch_picks(const TensorView& logits, std::span<const RowSampling> params, int32_t* ids, void* ws,
+                               size_t ws_bytes) {
+  const float* xd = logits.f32();
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1), ld = row_stride_of(logits);
+  if (params.empty()) {
+    rec("argmax_rows", xd, ld, rows, vocab, ids);
+    launch("argmax", [=, this] { return lc::argmax_rows(xd, ld, rows, vocab, ids, stream_); });
+    return;
+  }
+  lc::SampleRowsParams sp;
+  sp.logits = xd;
+  sp.ld = ld;
+  sp.rows = rows;
+  sp.vocab = vocab;
+  sp.workspace = ws;
+  sp.workspace_bytes = ws_bytes;
+  // u changes every step: through the upload path (a recorded pass's argument region), never
+  // by value into the signature, so a decode step's graph replays with each step's draws.
+  sp.params = static_cast<const RowSampling*>(dev_bytes(params.data(), params.size_bytes()));
+  sp.out = ids;
+  rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out, sp.workspace, sp.workspace_bytes);
+  launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
 }
 
 void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampling> params, int32_t* out) {
@@ -312,19 +334,7 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
     Backend::sample_rows(logits, params, out);
     return;
   }
-  lc::SampleRowsParams sp;
-  sp.logits = logits.f32();
-  sp.ld = row_stride_of(logits);
-  sp.rows = rows;
-  sp.vocab = vocab;
-  sp.workspace = ws;
-  sp.workspace_bytes = ws_bytes;
-  // u changes every step: through the upload path (a recorded pass's argument region), never
-  // by value into the signature, so a decode step's graph replays with each step's draws.
-  sp.params = static_cast<const RowSampling*>(dev_bytes(params.data(), params.size_bytes()));
-  sp.out = ids;
-  rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out, sp.workspace, sp.workspace_bytes);
-  launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
+  launch_picks(logits, params, ids, ws, ws_bytes);
   read_ids(ids, rows, out);
 }
 
@@ -375,24 +385,7 @@ void CudaBackend::sample_rows_deferred(const TensorView& logits, std::span<const
   }
   // The picks go to fed_ids_dev_: the next pass's embedding_fed reads them there, on the device.
   int32_t* ids = fed_ids_dev_;
-  const float* xd = logits.f32();
-  const int64_t ld = row_stride_of(logits);
-  if (greedy) {
-    rec("argmax_rows", xd, ld, rows, vocab, ids);
-    launch("argmax", [=, this] { return lc::argmax_rows(xd, ld, rows, vocab, ids, stream_); });
-  } else {
-    lc::SampleRowsParams sp;
-    sp.logits = xd;
-    sp.ld = ld;
-    sp.rows = rows;
-    sp.vocab = vocab;
-    sp.workspace = ws;
-    sp.workspace_bytes = ws_bytes;
-    sp.params = static_cast<const RowSampling*>(dev_bytes(params.data(), params.size_bytes()));
-    sp.out = ids;
-    rec("sample_rows", sp.logits, sp.ld, sp.rows, sp.vocab, sp.params, sp.out, sp.workspace, sp.workspace_bytes);
-    launch("sample", [=, this] { return lc::sample_rows(sp, stream_); });
-  }
+  launch_picks(logits, greedy ? std::span<const RowSampling>() : params, ids, ws, ws_bytes);
   if (tape_->recording()) flush_tape();
   // An op of the pass failed: queue nothing. LlamaModel::launch_sample sees the error in
   // take_error() and queues nothing either, so both queues stay in step.
@@ -428,13 +421,7 @@ void CudaBackend::take_picks(int32_t* out, int64_t rows) {
 void CudaBackend::embedding_fed(const TensorView& table, const int32_t* ids, const int32_t* feed, int n,
                                 TensorView& out) {
   if (!fed_on_device_) {  // the latest deferred picks were made on the host
-    std::vector<int32_t> resolved(ids, ids + n);  // [n]
-    for (int i = 0; i < n; ++i)
-      if (feed[i] >= 0) {
-        assert(static_cast<size_t>(feed[i]) < fed_host_.size() && "embedding_fed: no deferred pick for that row");
-        resolved[static_cast<size_t>(i)] = fed_host_[static_cast<size_t>(feed[i])];
-      }
-    embedding(table, resolved.data(), n, out);
+    embedding_from_host_picks(table, ids, feed, n, fed_host_, out);
     return;
   }
   wrote(out.data, out.nbytes());

@@ -163,6 +163,10 @@ class CudaBackend final : public Backend {
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
   // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
   void read_ids(const int32_t* ids, int64_t rows, int32_t* out);
+  // Records/launches the pick of every row of logits [rows, vocab] into ids (device [rows]):
+  // argmax when params is empty, else the sampling kernels with their workspace ws [ws_bytes].
+  void launch_picks(const TensorView& logits, std::span<const RowSampling> params, int32_t* ids, void* ws,
+                    size_t ws_bytes);
 
   // ---- op dispatch: run now, or append to the tape while a pass is recorded
   // Signature values of the op about to be launched (only while recording).
