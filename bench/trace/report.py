@@ -8,7 +8,7 @@ poster's table (markdown) and plots (PNG, with matplotlib).
 Writes OUT.md, OUT-ttft.png, OUT-throughput.png, OUT-memory-agents.png (the PNGs only when
 matplotlib imports). Table layout: one row per trace length; per system (each lragent sharing
 mode, then HF transformers + PEFT eager / sdpa) a column group TTFT s | throughput tok/s | KV GB.
-KV GB = cache bytes / 1e9 (lragent: at the end of the trace, every agent's cache; HF: the largest
+KV GB = cache bytes / 1e9 (lragent: the peak over the trace, every agent's cache; HF: the largest
 cache one call holds). Ratios: BaseLRShared over Non-Shared (lragent base-lr vs none) and lragent
 Non-Shared over HF.
 """
@@ -109,6 +109,28 @@ def curve_table(curve, order):
     return "\n".join(rows) + "\n"
 
 
+def eviction_table(systems, lengths, cells):
+    """Per mode under the budget: private caches dropped, the tokens they held, and the forward-pass
+    tokens of all agents (prefill + decode, recomputation included)."""
+    systems = [s for s in systems if any(cells.get((s, n), {}).get("evictions") for n in lengths)]
+    if not systems:
+        return ""
+    head = "| tokens |" + "".join(" %s evictions | %s evicted tokens | %s computed tokens |" % ((MODE_LABEL.get(s, s),) * 3)
+                                  for s in systems)
+    rule = "| ---: |" + " ---: | ---: | ---: |" * len(systems)
+    rows = [head, rule]
+    for n in lengths:
+        row = "| %d |" % n
+        for s in systems:
+            c = cells.get((s, n))
+            if c is None or c["status"] != "ok":
+                row += " | | |"
+            else:
+                row += " %d | %d | %d |" % (c.get("evictions", 0), c.get("evicted_tokens", 0), c["computed_tokens"])
+        rows.append(row)
+    return "\n".join(rows) + "\n"
+
+
 def notes(cells):
     out = []
     for (s, n), c in sorted(cells.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -165,7 +187,7 @@ def plots(prefix, systems, lengths, cells, curve):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ours", required=True)
-    ap.add_argument("--ours-budget", help="a second lragent run with --kv-budget (OOM table)")
+    ap.add_argument("--ours-budget", help="a second lragent run with --kv-budget (evictions / OOM table)")
     ap.add_argument("--peer", help="hf_peer.py output")
     ap.add_argument("--out", required=True, help="output prefix (OUT.md, OUT-*.png)")
     ap.add_argument("--commit", default="")
@@ -195,7 +217,20 @@ def main():
     if args.ours_budget:
         b = load(args.ours_budget)
         bc = cells_of(b, None)
-        md += ["\n## Under a KV budget of %s GB\n" % b["kv_budget_gb"], table(list(b["modes"]), list(b["lengths"]), bc)]
+        evict = b.get("kv_evict", False)
+        md += ["\n## Under a KV budget of %s GB\n" % b["kv_budget_gb"],
+               ("One KV arena of this size for all caches of the trace. When it is full, the least recently run "
+                "other agent's private caches are dropped and recomputed at its next call (vLLM's preemption by "
+                "recompute); shared caches are never dropped. OOM: one agent's caches alone do not fit. KV GB is "
+                "the peak.\n" if evict else
+                "One KV arena of this size for all caches of the trace, without eviction (`--no-kv-evict`): OOM "
+                "where the caches outgrow it.\n"),
+               table(list(b["modes"]), list(b["lengths"]), bc),
+               "\n", ratio_table(list(b["lengths"]), bc, [])]
+        et = eviction_table(list(b["modes"]), list(b["lengths"]), bc)
+        if et:
+            md += ["\nEvictions (private caches dropped, the tokens they held, forward-pass tokens of all agents "
+                   "including recomputation):\n", et]
         n = notes(bc)
         if n:
             md += [n]

@@ -32,6 +32,7 @@ SharingOptions sharing_for(ShareMode mode, const TraceBenchOptions& o, int64_t m
   s.page_size = o.page_size;
   s.max_tokens = max_tokens;
   if (mode == ShareMode::kDroidSpeak) s.recompute_layers = o.droidspeak_layers;
+  s.evict_private = o.evict_private;
   return s;
 }
 
@@ -110,7 +111,9 @@ Result<TraceCell> run_trace_cell(LlamaModel& model, const std::vector<std::strin
     c.final_tokens = static_cast<int64_t>(session.trajectory().size());
     c.throughput_tok_s = c.wall_s > 0 ? static_cast<double>(c.final_tokens) / c.wall_s : 0;
     c.decode_tok_s = c.decode_s > 0 ? static_cast<double>(c.decode_tokens) / c.decode_s : 0;
-    c.cache = session.cache_bytes();
+    c.cache = session.kv().peak_bytes();
+    c.evictions = session.kv().evictions();
+    c.evicted_tokens = session.kv().evicted_tokens();
     c.computed_tokens = 0;
     for (int64_t n : session.computed_per_agent()) c.computed_tokens += n;
     const MemoryStats m = be.memory_stats();
@@ -195,6 +198,8 @@ nlohmann::json cell_to_json(const TraceCell& c) {
                       {"decode_tok_s", c.decode_tok_s},
                       {"prefill_tokens", c.prefill_tokens},
                       {"computed_tokens", c.computed_tokens},
+                      {"evictions", c.evictions},
+                      {"evicted_tokens", c.evicted_tokens},
                       {"kv_bytes", c.cache.total()},
                       {"cache_bytes", cache_bytes_json(c.cache)},
                       {"kv_max_tokens", c.kv_max_tokens},

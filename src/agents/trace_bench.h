@@ -19,6 +19,7 @@ struct TraceBenchOptions {
   std::vector<int> droidspeak_layers = {0};  // recompute layers of droidspeak
   int64_t kv_budget_bytes = 0;               // > 0: the KV pools of a cell get at most this; 0: sized to the trace
   bool decode_lookahead = true;              // ReplayOptions::decode_lookahead
+  bool evict_private = true;                 // SharingOptions::evict_private (under a budget)
 };
 
 // One (length, mode) cell.
@@ -39,7 +40,9 @@ struct TraceCell {
   double decode_tok_s = 0;            // decode_tokens / decode_s
   int64_t prefill_tokens = 0;         // catch-up tokens over all calls
   int64_t computed_tokens = 0;        // forward-pass tokens over all agents
-  CacheBytes cache;                   // at the end of the trace (caches only grow: the peak)
+  CacheBytes cache;                   // the peak over the trace (TrajectoryKv::peak_bytes)
+  int64_t evictions = 0;              // private caches dropped for room (SharingOptions::evict_private)
+  int64_t evicted_tokens = 0;         // the tokens they held (their agents computed them again)
   int64_t kv_max_tokens = 0;          // tokens the KV memory holds at this mode's bytes per token
   int64_t kv_pool_bytes = 0;          // bytes of KV memory reserved up front (the trajectory's arena)
   int64_t device_peak_bytes = 0;      // Backend::memory_stats().peak during the cell (0 on the CPU)

@@ -46,6 +46,7 @@ struct BenchFlags {
   std::string device = "cpu", dtype = "bf16";
   bool enforce_eager = false;
   bool no_decode_lookahead = false;
+  bool no_kv_evict = false;
   std::string prefill_attention = "v6";
   int threads = 0;
 };
@@ -179,6 +180,7 @@ int run_bench_trace(const BenchFlags& f) {
   opts.droidspeak_layers.assign(layers->begin(), layers->end());
   opts.kv_budget_bytes = static_cast<int64_t>(f.kv_budget_gb * 1e9);
   opts.decode_lookahead = !f.no_decode_lookahead;
+  opts.evict_private = !f.no_kv_evict;
   auto traj_file = find_trajectories(f.trajectories);
   if (!traj_file.ok()) return report(traj_file.error());
   auto bundle = load_trajectory_bundle(*traj_file);
@@ -265,6 +267,7 @@ int run_bench_trace(const BenchFlags& f) {
                       {"adapters", adapters_info},
                       {"trace", trace_info},
                       {"kv_budget_gb", f.kv_budget_gb > 0 ? nlohmann::json(f.kv_budget_gb) : nlohmann::json(nullptr)},
+                      {"kv_evict", !f.no_kv_evict},
                       {"page_size", f.page_size},
                       {"droidspeak_layers", opts.droidspeak_layers},
                       {"modes", nlohmann::json::array()},
@@ -329,7 +332,7 @@ int run_bench_trace(const BenchFlags& f) {
     const std::string md = fmt::format(
         "# lragent bench trace: {}\n\n{} on {}; adapters {} r={} on q_proj, v_proj; trajectory {}; KV budget {}.\n"
         "TTFT s = summed over the trace's {} agent calls; tok/s = final trajectory tokens / wall time; KV GB = "
-        "cache bytes / 1e9 at the end of the trace.\n\n{}",
+        "peak cache bytes / 1e9 over the trace.\n\n{}",
         preset->name, preset->description, backend.name(), f.adapters, f.rank, source.id,
         f.kv_budget_gb > 0 ? fmt::format("{} GB", f.kv_budget_gb) : std::string("none"), traces.front().agent_calls(), table);
     if (auto s = write_file(f.markdown_file, md, "--markdown"); !s.ok()) return report(s.error());
@@ -358,8 +361,13 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
       ->default_val("shared");
   cmd->add_option("--rank", f->rank, "LoRA rank of the three role adapters (q_proj, v_proj)")->default_val(16)->check(CLI::PositiveNumber);
   cmd->add_option("--kv-budget", f->kv_budget_gb,
-                  "GB (1e9 bytes) the KV pools of one trace may reserve; a trace that outgrows them is reported as OOM")
+                  "GB (1e9 bytes) the KV pools of one trace may reserve. When they are full, the least recently run "
+                  "other agent's private cache is dropped and recomputed at its next call (see --no-kv-evict); a "
+                  "trace that still does not fit is reported as OOM")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--no-kv-evict", f->no_kv_evict,
+                "Under --kv-budget: report OOM when the KV memory is full instead of dropping other agents' private "
+                "caches (to be recomputed)");
   cmd->add_option("--json", f->json_file, "Write every cell (and the agents curve) as JSON to FILE");
   cmd->add_option("--markdown", f->markdown_file, "Write the table as markdown to FILE");
   cmd->add_option("--dump-traces", f->dump_traces, "Write the traces (token ids and steps) as JSON to FILE (input of bench/trace/hf_peer.py)");

@@ -29,6 +29,10 @@ void SharingFlags::add_to(CLI::App* app, bool with_mode) {
                   "it so that every cache holds --max-context tokens")
       ->default_val(0)
       ->check(CLI::NonNegativeNumber);
+  app->add_flag("--no-kv-evict", no_kv_evict,
+                "When the KV memory is full, fail with an out-of-memory error instead of dropping the private "
+                "caches of the least recently run other agent (which then recomputes them at its next call; "
+                "shared caches are never dropped)");
 }
 
 Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) const {
@@ -37,6 +41,7 @@ Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) c
   o.page_size = page_size;
   o.max_tokens = max_context;
   o.arena_bytes = static_cast<int64_t>(kv_memory_gb * 1e9);
+  o.evict_private = !no_kv_evict;
   if (!recompute_layers.empty()) {
     auto ids = parse_id_list(recompute_layers);
     if (!ids.ok())

@@ -18,6 +18,7 @@ struct SharingFlags {
   int page_size = 16;
   int64_t max_context = 4096;  // tokens each KV stream is sized for
   double kv_memory_gb = 0;     // > 0: one KV arena of this size shared by every cache (no per-cache cap)
+  bool no_kv_evict = false;    // SharingOptions::evict_private off
   void add_to(CLI::App* app, bool with_mode = true);
   Result<SharingOptions> options() const;
   Result<SharingOptions> options_for(const std::string& mode_name) const;

@@ -83,9 +83,27 @@ class LayerStores {
 // The binding of one agent's forward pass (see the mode table in sharing.h).
 class SharedBinding final : public KvBinding {
  public:
-  SharedBinding(TrajectoryKv& kv, int agent) : kv_(kv), a_(agent), shared_at_bind_(kv.shared_) {}
+  SharedBinding(TrajectoryKv& kv, int agent) : kv_(kv), a_(agent), shared_at_bind_(kv.shared_) {
+    kv_.live_[static_cast<size_t>(a_)] += 1;
+  }
+  ~SharedBinding() override { kv_.live_[static_cast<size_t>(a_)] -= 1; }
 
   Status reserve(int64_t total) override {
+    int dropped = 0;
+    for (;;) {
+      Status st = try_reserve(total);
+      if (st.ok() || st.error().code != ErrorCode::kOutOfMemory || !kv_.opts_.evict_private) return st;
+      if (kv_.evict_lru(a_)) {
+        ++dropped;
+        continue;
+      }
+      if (dropped == 0) return st;
+      return make_error(ErrorCode::kOutOfMemory, "{} (after dropping the private caches of {} other agent{})",
+                        st.error().message, dropped, dropped == 1 ? "" : "s");
+    }
+  }
+
+  Status try_reserve(int64_t total) {
     const auto ua = static_cast<size_t>(a_);
     for (PagedStream* s : {&kv_.priv_kv_[ua], &kv_.priv_k_[ua], &kv_.priv_v_[ua]})
       if (s->pool()) LRA_RETURN_IF_ERROR(s->reserve(total));
@@ -189,6 +207,8 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
   const int L = cfg.num_layers;
   const size_t n = kv->adapters_.size();
   kv->processed_.assign(n, 0);
+  kv->last_bound_.assign(n, 0);
+  kv->live_.assign(n, 0);
   kv->priv_kv_.resize(n);
   kv->priv_k_.resize(n);
   kv->priv_v_.resize(n);
@@ -235,6 +255,8 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
     }
     // Sized from max_tokens: each cache holds exactly that many tokens, as --max-context says.
     const bool capped = !opts.arena && opts.arena_bytes <= 0;
+    // Each pool capped at its own share: dropping another agent's blocks cannot make room.
+    if (capped) kv->opts_.evict_private = false;
     for (const PoolPlan& pp : plans) {
       LRA_ASSIGN_OR_RETURN(auto pool, BlockPool::create(pp.name, pp.layers, opts.page_size, pp.width, arena));
       if (capped) pool->set_max_blocks(blocks);
@@ -306,12 +328,46 @@ int64_t TrajectoryKv::catchup_start(int a) const {
   return per_agent_catchup() ? processed_[static_cast<size_t>(a)] : shared_;
 }
 
-std::unique_ptr<KvBinding> TrajectoryKv::bind(int a) { return std::make_unique<SharedBinding>(*this, a); }
+std::unique_ptr<KvBinding> TrajectoryKv::bind(int a) {
+  last_bound_[static_cast<size_t>(a)] = ++tick_;
+  return std::make_unique<SharedBinding>(*this, a);
+}
 
 void TrajectoryKv::advance(int a, int64_t end) {
   auto& p = processed_[static_cast<size_t>(a)];
   p = std::max(p, end);
   shared_ = std::max(shared_, end);
+  const CacheBytes now = bytes();
+  if (now.total() > peak_.total()) peak_ = now;
+}
+
+CacheBytes TrajectoryKv::peak_bytes() const {
+  const CacheBytes now = bytes();
+  return now.total() > peak_.total() ? now : peak_;
+}
+
+bool TrajectoryKv::evict_lru(int keep) {
+  int victim = -1;
+  for (int b = 0; b < n_agents(); ++b) {
+    const auto ub = static_cast<size_t>(b);
+    const bool holds = !priv_kv_[ub].table().empty() || !priv_k_[ub].table().empty() || !priv_v_[ub].table().empty();
+    // An agent with a live binding may be in the same batch as `keep`: its views must stay.
+    if (b != keep && holds && live_[ub] == 0 && (victim < 0 || last_bound_[ub] < last_bound_[static_cast<size_t>(victim)])) victim = b;
+  }
+  if (victim < 0) return false;
+  const CacheBytes now = bytes();
+  if (now.total() > peak_.total()) peak_ = now;
+  const auto uv = static_cast<size_t>(victim);
+  // The victim's last pass was issued before this one on the same stream, so its blocks can be
+  // rewritten by the passes that follow.
+  priv_kv_[uv].clear();
+  priv_k_[uv].clear();
+  priv_v_[uv].clear();
+  evictions_ += 1;
+  evicted_tokens_ += processed_[uv];
+  // Its private entries are gone: its next call catches up from the start (shared entries stay).
+  processed_[uv] = 0;
+  return true;
 }
 
 CacheBytes TrajectoryKv::bytes() const {

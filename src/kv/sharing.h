@@ -51,6 +51,11 @@ struct SharingOptions {
   Backend* backend = nullptr;          // where the pools live (null: host f32)
   KvArena* arena = nullptr;            // draw every pool from this shared arena (must outlive the trajectory)
   int64_t arena_bytes = 0;             // without `arena`: the trajectory's own arena size (0: max_tokens in every pool)
+  // When a forward pass finds the KV memory full, drop the private caches (none: full K/V; base:
+  // LR rows; droidspeak: its private layers) of the least recently run other agent and retry, as
+  // vLLM preempts by recompute: that agent runs its forward pass over the whole trajectory at its
+  // next call. Shared entries are never dropped. Off: the pass fails with kOutOfMemory.
+  bool evict_private = true;
 };
 
 // The cache state of one trajectory shared by agents 0..n-1 (agent i uses adapters[i],
@@ -71,6 +76,11 @@ class TrajectoryKv {
   // Agent a has processed positions [0, end).
   void advance(int a, int64_t end);
   CacheBytes bytes() const;
+  // The largest bytes() so far (by total()): caches shrink only when an agent's are evicted.
+  CacheBytes peak_bytes() const;
+  // Private caches dropped to make room (SharingOptions::evict_private), and the tokens they held.
+  int64_t evictions() const { return evictions_; }
+  int64_t evicted_tokens() const { return evicted_tokens_; }
   int64_t shared_tokens() const { return shared_; }
   int64_t processed(int a) const { return processed_[static_cast<size_t>(a)]; }
 
@@ -79,11 +89,19 @@ class TrajectoryKv {
   TrajectoryKv() = default;
   bool layer_private(int layer) const;  // droidspeak recompute layer / none mode
   bool per_agent_catchup() const;
+  // Drops the private caches of the least recently bound agent other than `keep` that holds any
+  // and has no live binding; false when none does.
+  bool evict_lru(int keep);
 
   ModelConfig cfg_;
   SharingOptions opts_;
   std::vector<const LoraAdapter*> adapters_;
   std::vector<int64_t> processed_;  // [n_agents] positions each agent ran forward on
+  std::vector<uint64_t> last_bound_;  // [n_agents] bind() tick of each agent's latest pass (LRU order)
+  std::vector<int> live_;             // [n_agents] bindings alive (never evicted while > 0)
+  uint64_t tick_ = 0;
+  int64_t evictions_ = 0, evicted_tokens_ = 0;
+  CacheBytes peak_;
   int64_t shared_ = 0;              // positions with shared entries
   std::vector<int> private_index_, shared_index_;  // [n_layers] -> layer slot in its pool, or -1
   int rank_k_ = 0, rank_v_ = 0;     // base-lr shared LR widths

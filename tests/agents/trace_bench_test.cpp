@@ -1,6 +1,6 @@
 // `bench trace` cells (agents/trace_bench.h) on the tiny preset: every mode completes the trace
-// with the compute and cache bytes the sharing rules imply, a KV budget turns overflow into OOM
-// cells, and the agents curve equals docs/kv.md's closed forms.
+// with the compute and cache bytes the sharing rules imply, a KV budget evicts private caches (or,
+// without eviction, turns overflow into OOM cells), and the agents curve equals docs/kv.md's closed forms.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -120,10 +120,11 @@ TEST_F(TraceBench, PoolBytesPerTokenMatchTheAllocatedPools) {
   EXPECT_GE(none->cache.allocated, none->kv_pool_bytes * 9 / 10);
 }
 
-TEST_F(TraceBench, KvBudgetTurnsOverflowIntoOomCells) {
+TEST_F(TraceBench, KvBudgetWithoutEvictionTurnsOverflowIntoOomCells) {
   const ModelConfig& c = preset_->config;
   const Trace t = trace(600);
   TraceBenchOptions o;
+  o.evict_private = false;
   // Room for 640 tokens of base-lr: enough for full and base-lr, not for the modes with private copies.
   o.kv_budget_bytes = kv_pool_bytes_per_token(c, ShareMode::kBaseLr, 3, 0, 16, 0, 4) * 640;
   std::map<ShareMode, TraceCell> cells;
@@ -132,6 +133,7 @@ TEST_F(TraceBench, KvBudgetTurnsOverflowIntoOomCells) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_LE(r->kv_pool_bytes, o.kv_budget_bytes) << share_mode_name(m);
     EXPECT_LE(r->cache.allocated, o.kv_budget_bytes);
+    EXPECT_EQ(r->evictions, 0);
     cells[m] = *r;
   }
   EXPECT_EQ(cells[ShareMode::kFull].status, "ok");
@@ -152,6 +154,35 @@ TEST_F(TraceBench, KvBudgetTurnsOverflowIntoOomCells) {
   ASSERT_TRUE(tiny.ok());
   EXPECT_EQ(tiny->status, "oom");
   EXPECT_NE(tiny->message.find("holds no 16-token page"), std::string::npos) << tiny->message;
+}
+
+// The same budget with eviction (the default): the modes with private caches finish the trace by
+// dropping the least recently run agent's and recomputing it at that agent's next call.
+TEST_F(TraceBench, KvBudgetEvictsPrivateCachesAndRecomputes) {
+  const ModelConfig& c = preset_->config;
+  const Trace t = trace(600);
+  TraceBenchOptions o;
+  o.kv_budget_bytes = kv_pool_bytes_per_token(c, ShareMode::kBaseLr, 3, 0, 16, 0, 4) * 640;
+  for (ShareMode m : kAllShareModes) {
+    SCOPED_TRACE(share_mode_name(m));
+    auto free_run = run(t, m);
+    auto r = run(t, m, o);
+    ASSERT_TRUE(r.ok() && free_run.ok());
+    ASSERT_EQ(r->status, "ok") << r->message;
+    EXPECT_EQ(r->final_tokens, free_run->final_tokens);
+    EXPECT_LE(r->cache.allocated, o.kv_budget_bytes);
+    EXPECT_LE(r->cache.total(), o.kv_budget_bytes);
+    if (m == ShareMode::kFull || m == ShareMode::kBaseLr) {
+      EXPECT_EQ(r->evictions, 0) << "nothing private to drop";
+      EXPECT_EQ(r->computed_tokens, free_run->computed_tokens);
+      continue;
+    }
+    EXPECT_GT(r->evictions, 0);
+    EXPECT_GT(r->evicted_tokens, 0);
+    EXPECT_GT(r->computed_tokens, free_run->computed_tokens) << "evicted agents compute their context again";
+    EXPECT_LE(r->computed_tokens - free_run->computed_tokens, r->evicted_tokens);
+    EXPECT_GT(r->prefill_tokens, free_run->prefill_tokens);
+  }
 }
 
 TEST_F(TraceBench, UnsupportedAndTooLongCellsAreReportedNotFailed) {

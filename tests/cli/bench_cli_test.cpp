@@ -1,6 +1,6 @@
 // `lragent bench trace` end to end on the tiny preset (CPU): all five modes reported with the
-// sharing relations, JSON / markdown / trace files written, a too-small --kv-budget giving OOM
-// cells (exit 0, JSON still written), and bad flags giving one error line.
+// sharing relations, JSON / markdown / trace files written, a --kv-budget evicting private caches
+// or (--no-kv-evict) giving OOM cells (exit 0, JSON still written), and bad flags giving one error line.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -74,16 +74,29 @@ TEST(BenchTraceCli, TinyPresetAllModes) {
 
 TEST(BenchTraceCli, TooSmallKvBudgetReportsOomAndStillWritesJson) {
   const std::string json = testing::temp_dir("bench-oom") + "/bench.json";
-  const CliRun r = run_bench("--preset tiny --lengths 300,600 --kv-budget 0.0004 --json " + shell_quote(json));
+  const CliRun r = run_bench("--preset tiny --lengths 300,600 --kv-budget 0.0004 --no-kv-evict --json " + shell_quote(json));
   ASSERT_EQ(r.code, 0) << "OOM cells are results, not failures: " << r.err;
   EXPECT_NE(r.out.find("OOM"), std::string::npos) << r.out;
   const auto j = nlohmann::json::parse(testing::read_file(json));
   EXPECT_EQ(j["kv_budget_gb"], 0.0004);
+  EXPECT_EQ(j["kv_evict"], false);
   auto cells = cells_by_key(j);
   ASSERT_EQ(cells.size(), 10u);
   EXPECT_EQ(cells["600/none"]["status"], "oom");
   EXPECT_NE(cells["600/none"]["message"].get<std::string>().find("exhausted"), std::string::npos);
   EXPECT_EQ(cells["600/base-lr"]["status"], "ok") << "base-lr fits where none does not";
+}
+
+TEST(BenchTraceCli, KvBudgetEvictsByDefault) {
+  const std::string json = testing::temp_dir("bench-evict") + "/bench.json";
+  const CliRun r = run_bench("--preset tiny --lengths 600 --modes none,base-lr --kv-budget 0.0004 --json " + shell_quote(json));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(testing::read_file(json));
+  EXPECT_EQ(j["kv_evict"], true);
+  auto cells = cells_by_key(j);
+  EXPECT_EQ(cells["600/none"]["status"], "ok") << cells["600/none"].dump();
+  EXPECT_GT(cells["600/none"]["evictions"].get<int64_t>(), 0);
+  EXPECT_EQ(cells["600/base-lr"]["evictions"], 0);
 }
 
 TEST(BenchTraceCli, DumpTracesForThePeer) {

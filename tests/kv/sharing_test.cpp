@@ -231,5 +231,113 @@ TEST_F(Sharing, ExhaustedPoolIsAnErrorAndKeepsTheTrajectory) {
   EXPECT_EQ((*s)->trajectory().size(), 1u + 20 + 4 + 30);  // nothing lost
 }
 
+// Under a KV budget that holds about 1.6 agents' private caches, the third agent's call drops the
+// least recently run agent's (SharingOptions::evict_private); that agent recomputes them at its
+// next call. The tokens and logits are those of an unbudgeted run; without eviction the same
+// budget is an out-of-memory error.
+TEST_F(Sharing, EvictionUnderAKvBudgetRecomputesAndKeepsTheTokens) {
+  const std::vector<const LoraAdapter*> agents = {adapter("qv-shared-a-r8", "plan", "plan"),
+                                                  adapter("qv-shared-a-r8", "action", "action"),
+                                                  adapter("qv-shared-a-r8", "reflect", "reflect")};
+  const std::vector<std::string> names = {"plan", "action", "reflect"};
+  std::vector<ReplayStep> steps;
+  auto append = [&](int n, int salt) {
+    ReplayStep st;
+    st.kind = ReplayStep::Kind::kAppendTokens;
+    for (int i = 0; i < n; ++i) st.tokens.push_back(3 + (i * 53 + salt * 7) % 2000);
+    steps.push_back(st);
+  };
+  auto generate = [&](const char* agent) {
+    ReplayStep st;
+    st.kind = ReplayStep::Kind::kGenerate;
+    st.agent = agent;
+    st.generate = 6;
+    steps.push_back(st);
+  };
+  append(120, 0);
+  generate("plan");
+  append(60, 1);
+  generate("action");
+  append(60, 2);
+  generate("reflect");
+  append(40, 3);
+  generate("plan");
+  generate("action");
+  const ModelConfig& c = model_->config();
+  const int64_t row = 2LL * c.num_kv_heads * c.head_dim * 4;  // f32 K + V of one token and layer
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kDroidSpeak}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    ReplayOptions o;
+    o.keep_logits = true;
+    o.sharing.mode = mode;
+    o.sharing.max_tokens = 512;
+    if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+    auto ref = run_replay(*model_, nullptr, names, agents, steps, o);
+    ASSERT_TRUE(ref.ok()) << ref.error().message;
+    const int64_t final_tokens = static_cast<int64_t>(ref->trajectory.size());  // 1 + 280 + 30 = 311
+    // Private bytes per agent at the end; the budget holds 1.6 agents' and the shared layers.
+    const int64_t priv_layers = mode == ShareMode::kNone ? c.num_layers : 1;
+    const int64_t per_agent = final_tokens * priv_layers * row;
+    o.sharing.arena_bytes = (c.num_layers - priv_layers) * final_tokens * row + per_agent * 8 / 5;
+    auto evicting = AgentSession::create(*model_, nullptr, names, agents, o);
+    ASSERT_TRUE(evicting.ok()) << evicting.error().message;
+    std::vector<StepResult> got;
+    for (const ReplayStep& st : steps) {
+      auto r = (*evicting)->run_step(st);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      got.push_back(std::move(*r));
+    }
+    TrajectoryKv& kv = (*evicting)->kv();
+    EXPECT_GE(kv.evictions(), 2) << "the budget must force evictions for this test to mean anything";
+    EXPECT_GT(kv.evicted_tokens(), 0);
+    EXPECT_EQ((*evicting)->trajectory(), ref->trajectory);
+    int64_t computed = 0, ref_computed = 0;
+    for (size_t a = 0; a < 3; ++a) {
+      computed += (*evicting)->computed_per_agent()[a];
+      ref_computed += ref->computed_per_agent[a];
+    }
+    // An evicted agent computes its dropped tokens again if it is called again (the last evicted
+    // one may not be).
+    EXPECT_GT(computed, ref_computed);
+    EXPECT_LE(computed - ref_computed, kv.evicted_tokens());
+    for (size_t i = 0; i < steps.size(); ++i) {
+      ASSERT_EQ(got[i].output_tokens, ref->steps[i].output_tokens) << "step " << i;
+      ASSERT_EQ(got[i].logits.size(), ref->steps[i].logits.size());
+      for (size_t t = 0; t < got[i].logits.size(); ++t)
+        EXPECT_LT(max_abs_diff(got[i].logits[t], ref->steps[i].logits[t]), 1e-3f) << "step " << i << " token " << t;
+    }
+    const CacheBytes peak = kv.peak_bytes(), now = kv.bytes();
+    EXPECT_LE(peak.allocated, kv.bytes().reserved);
+    EXPECT_GE(peak.total(), now.total());
+    EXPECT_LT(now.total(), ref->cache.total()) << "an evicted agent holds fewer tokens than in the unbudgeted run";
+
+    // The same budget without eviction runs out of memory at the third agent's call, naming it.
+    o.sharing.evict_private = false;
+    auto strict = run_replay(*model_, nullptr, names, agents, steps, o);
+    ASSERT_FALSE(strict.ok());
+    EXPECT_EQ(strict.error().code, ErrorCode::kOutOfMemory);
+    EXPECT_NE(strict.error().message.find("exhausted"), std::string::npos) << strict.error().message;
+  }
+}
+
+// Pools sized per cache (no shared budget) never evict: another agent's blocks would not make room.
+TEST_F(Sharing, PerCachePoolsDoNotEvict) {
+  const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
+  const LoraAdapter* action = adapter("qv-shared-a-r8", "action", "action");
+  ReplayOptions o;
+  o.sharing.mode = ShareMode::kNone;
+  o.sharing.max_tokens = 64;
+  auto s = AgentSession::create(*model_, nullptr, {"plan", "action"}, {plan, action}, o);
+  ASSERT_TRUE(s.ok());
+  (*s)->append(prompt_ids(40));
+  ASSERT_TRUE((*s)->run_agent("plan", 2, {}, {}).ok());
+  (*s)->append(prompt_ids(30));
+  auto r = (*s)->run_agent("action", 2, {}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_EQ((*s)->kv().evictions(), 0);
+  EXPECT_EQ((*s)->kv().processed(0), 42) << "plan's cache is kept";
+}
+
 }  // namespace
 }  // namespace lragent
