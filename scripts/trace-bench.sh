@@ -6,8 +6,9 @@
 #   PRESET=llama3.1-8b bash scripts/trace-bench.sh        (after scripts/device-bundle.sh here)
 # Env: PRESET, LENGTHS (default: the poster's), KV_BUDGET_GB (default 6), PEER_ATTN (eager,sdpa),
 #      PEER_EAGER_MAX (longest length eager runs; default 9100), OUT (a tarball of the results),
-#      STAGES (default ours,peer,report: a call that would overrun the device's 10-minute limit can
-#      run `ours` and then `peer,report` on the same warm machine; the work folder stays).
+#      STAGES (default ours,budget,peer,report: a call that would overrun the device's 10-minute
+#      limit can run `ours` and then `budget,peer,report`; the work folder build-trace-PRESET
+#      stays on a warm machine, else put ours.json / traces.json back into it first).
 set -u
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ SLUG=$(echo "${GPU:-gpu}" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/
 DATE=$(date -u +%Y%m%d)
 COMMIT=${LRAGENT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 W=build-trace-$PRESET
-STAGES=${STAGES:-ours,peer,report}
+STAGES=${STAGES:-ours,budget,peer,report}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage ours && rm -rf "$W"
 mkdir -p "$W" bench/results
@@ -42,6 +43,8 @@ if stage ours; then
 echo "== ours ($(elapsed))"
 timeout ${OURS_TIMEOUT:-400} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --agents-curve \
   --json "$W/ours.json" --markdown "$W/ours.md" --dump-traces "$W/traces.json" 2>&1 | tee "$W/ours.log" | grep -vE "^\[#"
+fi
+if stage budget; then
 echo "== ours with --kv-budget $KV_BUDGET_GB GB ($(elapsed))"
 timeout ${BUDGET_TIMEOUT:-150} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
   --no-warmup --json "$W/ours-budget.json" 2>&1 | tee "$W/budget.log" | grep -vE "^\[#" | tail -12

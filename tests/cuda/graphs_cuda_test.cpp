@@ -340,6 +340,60 @@ TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
   EXPECT_EQ(st.host_picks, 0) << "every greedy pick (one row: the catch-up passes' too) on the device";
 }
 
+// Agents under one KV memory budget that holds about 1.6 agents' private caches (f32, graphs and
+// lookahead on): each call drops the least recently run agent's caches, which that agent
+// recomputes at its next call. The tokens are those of the unbudgeted run.
+TEST(CudaAgents, EvictionUnderAKvMemoryBudgetKeepsTheTokens) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA agents test skipped";
+  CudaBackendOptions bo;
+  bo.dtype = DType::kF32;
+  auto be = make_cuda_backend(bo);
+  ASSERT_TRUE(be.ok()) << be.error().message;
+  auto model = make_synthetic_model(spec(), **be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const ModelConfig& c = (*model)->config();
+  auto adapters = make_synthetic_adapters(c, 16, 7);
+  std::vector<const LoraAdapter*> ptrs;
+  std::vector<std::string> names;
+  for (auto& a : adapters) {
+    ASSERT_TRUE(upload_adapter(*a, **be).ok());
+    ptrs.push_back(a.get());
+    names.push_back(a->name);
+  }
+  std::vector<int32_t> prompt(150);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 29) % 250);
+  const int64_t row = 2LL * c.num_kv_heads * c.head_dim * 4;  // f32 K + V of one token and layer
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kDroidSpeak}) {
+    std::vector<std::vector<int32_t>> outputs[2];
+    int64_t evictions = 0;
+    int64_t final_tokens = 0;
+    for (int budget = 0; budget < 2; ++budget) {
+      ReplayOptions ro;
+      ro.sharing.mode = mode;
+      ro.sharing.max_tokens = 1024;
+      if (mode == ShareMode::kDroidSpeak) ro.sharing.recompute_layers = {0};
+      const int64_t priv_layers = mode == ShareMode::kNone ? c.num_layers : 1;
+      if (budget == 1)
+        ro.sharing.arena_bytes = (c.num_layers - priv_layers) * final_tokens * row + final_tokens * priv_layers * row * 8 / 5;
+      auto s = AgentSession::create(**model, nullptr, names, ptrs, ro);
+      ASSERT_TRUE(s.ok()) << s.error().message;
+      (*s)->append(prompt);
+      for (int round = 0; round < 3; ++round)
+        for (int a = 0; a < static_cast<int>(names.size()); ++a) {
+          auto r = (*s)->run_agent(names[static_cast<size_t>(a)], 20 + 7 * a, {}, {});
+          ASSERT_TRUE(r.ok()) << share_mode_name(mode) << ": " << r.error().message;
+          outputs[budget].push_back(r->output_tokens);
+          (*s)->append({static_cast<int32_t>(5 + round), static_cast<int32_t>(6 + a)});
+        }
+      final_tokens = static_cast<int64_t>((*s)->trajectory().size());
+      evictions = (*s)->kv().evictions();
+    }
+    EXPECT_GE(evictions, 3) << share_mode_name(mode) << ": the budget must force evictions";
+    EXPECT_EQ(outputs[1], outputs[0]) << share_mode_name(mode);
+    std::printf("  %s under a budget: %lld evictions\n", share_mode_name(mode), static_cast<long long>(evictions));
+  }
+}
+
 struct Case {
   DType dt;
   Scenario sc;
