@@ -47,7 +47,7 @@ fi
 if stage budget; then
 echo "== ours with --kv-budget $KV_BUDGET_GB GB ($(elapsed))"
 timeout ${BUDGET_TIMEOUT:-150} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
-  --no-warmup --json "$W/ours-budget.json" 2>&1 | tee "$W/budget.log" | grep -vE "^\[#" | tail -12
+  --json "$W/ours-budget.json" 2>&1 | tee "$W/budget.log" | grep -vE "^\[#" | tail -12
 fi
 if stage peer; then
 echo "== HF transformers + PEFT peer ($(elapsed))"
