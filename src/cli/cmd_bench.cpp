@@ -149,8 +149,11 @@ class Progress {
     constexpr int kWidth = 24;
     const int fill = total_ ? done_ * kWidth / total_ : kWidth;
     const std::string bar = std::string(static_cast<size_t>(fill), '#') + std::string(static_cast<size_t>(kWidth - fill), '.');
-    const std::string what = c.status == "ok" ? fmt::format("ttft {:.3f} s, {:.0f} tok/s", c.ttft_s, c.throughput_tok_s)
-                                              : c.status + (c.message.empty() ? "" : ": " + c.message.substr(0, 90));
+    const std::string evicted =
+        c.evictions > 0 ? fmt::format(", {} evictions ({} tokens recomputable)", c.evictions, c.evicted_tokens) : "";
+    const std::string what = c.status == "ok"
+                                 ? fmt::format("ttft {:.3f} s, {:.0f} tok/s{}", c.ttft_s, c.throughput_tok_s, evicted)
+                                 : c.status + (c.message.empty() ? "" : ": " + c.message.substr(0, 90));
     fmt::print(stderr, "{}[{}] {}/{} cells, {:.1f} s | {} tokens, {}: {}{}", tty_ ? "\r\033[K" : "", bar, done_, total_, s,
                c.length, share_mode_name(c.mode), what, tty_ && done_ < total_ ? "" : "\n");
   }
