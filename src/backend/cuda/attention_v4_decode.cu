@@ -21,9 +21,14 @@
 //   * Grid (splits, kv heads, sequences) sized for two resident blocks per SM (80 KB of shared
 //     memory at D = 128: Q tile + a 2-stage K/V/LRv ring); pdl_release() first thing, so the
 //     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
-// Shapes: no agents mode, no K-side term, V-side rank <= 16, one query per sequence (max_q 1),
-// G <= 16, D in {64, 128}, split_counters present with room for n_seqs x n_kv_heads. Everything
-// else runs v3 (which sends decode without those conditions on to v2 and v1).
+//   * Agents mode (N agents' decode queries over one shared base and LR cache, each with its own
+//     B_v) when the N·G rows of a kv head fit the one m16 tile (the poster's 3 agents at G = 4):
+//     the rows are the agents' heads, and each row expands its own agent's B_v. More rows run v1
+//     (one block per kv head and tile, each reading the K/V again, measured slower than v1's one
+//     block of 64 rows: docs/cuda.md).
+// Shapes: no K-side term, V-side rank <= 16, one query per sequence (max_q 1) or agents mode with
+// N·G <= 16, G <= 16, D in {64, 128}, split_counters present with room for n_seqs x n_kv_heads.
+// Everything else runs v3 (which sends decode without those conditions on to v2 and v1).
 // Template: D = head_dim, R = rank capacity (0: no LR term, 16).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
@@ -64,9 +69,10 @@ struct Smem {
 
 struct V4Launch {
   int n_splits = 1, tiles_per_split = 1;
+
   int kshift = 0, vshift = 0, lvshift = 0;
-  float* part_o = nullptr;    // [n_splits, n_seqs, n_heads, D] normalised partials
-  float* part_lse = nullptr;  // [n_splits, n_seqs, n_heads] log2-sum-exp
+  float* part_o = nullptr;    // [n_splits, n_seqs, max_q, n_heads, D] normalised partials
+  float* part_lse = nullptr;  // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
 };
 
 template <int D, int R>
@@ -88,7 +94,17 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   const int split = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
   const int G = p.n_heads / p.n_kv_heads;
   const SeqInfo si = seq_info(p, s);
-  if (si.n_q == 0) return;  // whole grid of this sequence: the counter is never touched
+  // This block's rows r < RB of kv head g: query r / G (an agent; 0 without agents), head
+  // g·G + r % G.
+  const int RB = (p.agents ? si.n_q : min(si.n_q, 1)) * G;
+  if (RB == 0) return;  // whole grid of this sequence: the counter is never touched
+  // Offsets of row r: its (query, head) row in q/out, and its row in the split partials.
+  auto out_row = [&](int r) -> int64_t {
+    return static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G;
+  };
+  auto part_row = [&](int r) -> int64_t {
+    return (static_cast<int64_t>(s) * p.max_q + r / G) * p.n_heads + g * G + r % G;
+  };
   const int kb = split * x.tiles_per_split * kBN;
   const int ke = min(si.ctx, kb + x.tiles_per_split * kBN);  // decode: every key < ctx is visible
   const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
@@ -159,11 +175,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // log2 units; l: this lane's part
 
   if (n_tiles > 0) {
-    // Q rows 0..G-1 (heads g·G ..), the rest zero; one group with tile 0.
+    // Q rows 0..RB-1 (see out_row), the rest zero; one group with tile 0.
     for (int c = tid; c < kRows * CPR; c += kThreads) {
       const int r = c / CPR, ch = c % CPR;
-      const bool ok = r < G;
-      const bf16* src = ok ? p.q + (static_cast<int64_t>(si.q0) * p.n_heads + g * G + r) * D + ch * 8 : p.q;
+      const bool ok = r < RB;
+      const bf16* src = ok ? p.q + out_row(r) * D + ch * 8 : p.q;
       cp_async16(sm + L::kQ + r * KS + ch * 8, src, ok ? 16 : 0);
     }
     tile_issue(0, a0);
@@ -269,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   }
 
   // ---- merge the four warps: O = Σ_w 2^(m_w - M) O_w, l = Σ_w 2^(m_w - M) l_w ----
-  // Only the G real rows are written (rows gq and gq + 8 of each warp), at a padded stride.
+  // Only the RB real rows are written (rows gq and gq + 8 of each warp), at a padded stride.
   constexpr int DP = D + 4;  // f32 row stride: rows gq land on different banks
   float* const oacc = reinterpret_cast<float*>(sm + L::kK);  // [kWarps, kRows, DP]
   float* const lacc = oacc + kWarps * kRows * DP;            // [kWarps, kRows, 16] (R > 0)
@@ -287,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const int r = gq + hh * 8;
-    if (r >= G) continue;
+    if (r >= RB) continue;
     float mm = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][r]);
@@ -305,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   }
   // Row scalars once: 1/l and the log2-sum-exp of the block's partial.
   __shared__ float inv_l_s[kRows], lse_s[kRows];
-  if (tid < G) {
+  if (tid < RB) {
     float mm = -INFINITY, l = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][tid]);
@@ -316,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   }
   __syncthreads();
   if constexpr (R > 0) {
-    for (int e = tid; e < G * 16; e += kThreads) {
+    for (int e = tid; e < RB * 16; e += kThreads) {
       float v = 0.f;
 #pragma unroll
       for (int w = 0; w < kWarps; ++w) v += lacc[(w * kRows + e / 16) * 16 + e % 16];
@@ -325,26 +341,28 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
     __syncthreads();
   }
 
-  // Thread per (row, dimension) of the G real rows: sum the warps, add the LR expansion, normalise.
+  // Thread per (row, dimension) of the RB real rows: sum the warps, add the LR expansion (the
+  // row's agent's B_v in agents mode), normalise.
   const bool split_out = x.n_splits > 1;
-  for (int e = tid; e < G * D; e += kThreads) {
+  const int64_t split_stride = static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;  // between splits' partials
+  for (int e = tid; e < RB * D; e += kThreads) {
     const int r = e / D, d = e % D;
     float v = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) v += oacc[(w * kRows + r) * DP + d];
     if constexpr (R > 0) {
       const int rank = p.v_lr.rank;
-      const bf16* brow = p.v_lr.b + (static_cast<int64_t>(g) * D + d) * rank;
+      const int64_t agent = p.agents ? r / G : 0;
+      const bf16* brow = p.v_lr.b + agent * p.v_lr.b_agent_stride + (static_cast<int64_t>(g) * D + d) * rank;
       for (int k = 0; k < rank; ++k) v += olr_s[r][k] * __bfloat162float(brow[k]);
     }
     const float out = v * inv_l_s[r];
-    const int h = g * G + r;
     if (split_out) {
-      const int64_t prow = (static_cast<int64_t>(split) * p.n_seqs + s) * p.n_heads + h;
+      const int64_t prow = split * split_stride + part_row(r);
       x.part_o[prow * D + d] = out;
       if (d == 0) x.part_lse[prow] = lse_s[r];
     } else {
-      const int64_t off = (static_cast<int64_t>(si.q0) * p.n_heads + h) * D + d;
+      const int64_t off = out_row(r) * D + d;
       if (p.out) p.out[off] = __float2bfloat16(out);
       if (p.out_f32) p.out_f32[off] = out;
     }
@@ -365,43 +383,41 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   // Every row at once (a row at a time was four serial chains of L2 round trips): the weights
   // 2^(lse - max) / Σ of all (split, row) pairs in shared memory, a warp per row; then one
   // thread per 4 dimensions of a row sums the splits with 16-byte loads.
-  float* const wts = reinterpret_cast<float*>(sm + L::kK);  // [n_splits, G]
-  const int64_t stride = static_cast<int64_t>(p.n_seqs) * p.n_heads;  // between splits' partials
-  const int64_t base = static_cast<int64_t>(s) * p.n_heads + g * G;    // row 0's partial
-  for (int e = tid; e < x.n_splits * G; e += kThreads)
-    wts[e] = __ldcg(x.part_lse + (e / G) * stride + base + e % G);
+  float* const wts = reinterpret_cast<float*>(sm + L::kK);  // [n_splits, RB]
+  for (int e = tid; e < x.n_splits * RB; e += kThreads)
+    wts[e] = __ldcg(x.part_lse + (e / RB) * split_stride + part_row(e % RB));
   __syncthreads();
-  for (int r = warp; r < G; r += kWarps) {
+  for (int r = warp; r < RB; r += kWarps) {
     float mx = -INFINITY;
-    for (int sp = lane; sp < x.n_splits; sp += 32) mx = fmaxf(mx, wts[sp * G + r]);
+    for (int sp = lane; sp < x.n_splits; sp += 32) mx = fmaxf(mx, wts[sp * RB + r]);
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     float den = 0.f;
     for (int sp = lane; sp < x.n_splits; sp += 32) {
-      const float l = wts[sp * G + r];
+      const float l = wts[sp * RB + r];
       const float w = l == -INFINITY ? 0.f : exp2f(l - mx);
-      wts[sp * G + r] = w;
+      wts[sp * RB + r] = w;
       den += w;
     }
     for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
     const float inv = den > 0.f ? 1.f / den : 0.f;
     __syncwarp();
-    for (int sp = lane; sp < x.n_splits; sp += 32) wts[sp * G + r] *= inv;
+    for (int sp = lane; sp < x.n_splits; sp += 32) wts[sp * RB + r] *= inv;
   }
   __syncthreads();
-  for (int e = tid; e < G * (D / 4); e += kThreads) {
+  for (int e = tid; e < RB * (D / 4); e += kThreads) {
     const int r = e / (D / 4), c4 = e % (D / 4);
-    const float4* src = reinterpret_cast<const float4*>(x.part_o + (base + r) * D) + c4;
+    const float4* src = reinterpret_cast<const float4*>(x.part_o + part_row(r) * D) + c4;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 16
     for (int sp = 0; sp < x.n_splits; ++sp) {
-      const float w = wts[sp * G + r];
-      const float4 v = __ldcg(src + sp * stride * (D / 4));
+      const float w = wts[sp * RB + r];
+      const float4 v = __ldcg(src + sp * split_stride * (D / 4));
       acc.x += w * v.x;
       acc.y += w * v.y;
       acc.z += w * v.z;
       acc.w += w * v.w;
     }
-    const int64_t off = (static_cast<int64_t>(si.q0) * p.n_heads + g * G + r) * D + 4 * c4;
+    const int64_t off = out_row(r) * D + 4 * c4;
     if (p.out) {
       *reinterpret_cast<__nv_bfloat162*>(p.out + off) = __floats2bfloat162_rn(acc.x, acc.y);
       *reinterpret_cast<__nv_bfloat162*>(p.out + off + 2) = __floats2bfloat162_rn(acc.z, acc.w);
@@ -423,8 +439,8 @@ double split_waves() {
 
 bool use_v4(const AttnParams& p) {
   const int G = p.n_heads / p.n_kv_heads;
-  return !p.agents && !p.k_lr.active() && (!p.v_lr.active() || p.v_lr.rank <= 16) && p.max_q == 1 &&
-         G <= kRows && p.split_counters != nullptr &&
+  return !p.k_lr.active() && (!p.v_lr.active() || p.v_lr.rank <= 16) &&
+         (p.agents ? p.max_q * G <= kRows : p.max_q == 1) && G <= kRows && p.split_counters != nullptr &&
          p.split_counters_capacity >= static_cast<int64_t>(p.n_seqs) * p.n_kv_heads &&
          // the merge's 16-byte loads and stores
          reinterpret_cast<uintptr_t>(p.out_f32) % 16 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0 &&
@@ -432,7 +448,7 @@ bool use_v4(const AttnParams& p) {
 }
 
 size_t split_bytes(const AttnParams& p, int n_splits) {
-  const size_t rows = static_cast<size_t>(n_splits) * p.n_seqs * p.n_heads;
+  const size_t rows = static_cast<size_t>(n_splits) * p.n_seqs * p.max_q * p.n_heads;
   return rows * p.head_dim * sizeof(float) + rows * sizeof(float) + 256;
 }
 
@@ -475,7 +491,7 @@ cudaError_t attention_v4(const AttnParams& p) {
   x.vshift = ilog2(p.v.page_size);
   if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
   if (x.n_splits > 1) {
-    const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.n_heads;
+    const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
     x.part_o = static_cast<float*>(p.workspace);
     x.part_lse = x.part_o + rows * p.head_dim;
   }
