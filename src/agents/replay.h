@@ -41,7 +41,9 @@ struct StepResult {
 struct ReplayResult {
   std::vector<StepResult> steps;
   std::vector<int32_t> trajectory;
-  CacheBytes cache;
+  CacheBytes cache;                          // at the end
+  CacheBytes cache_peak;                     // the largest over the replay (TrajectoryKv::peak_bytes)
+  int64_t evictions = 0, evicted_tokens = 0;  // private caches dropped for room (SharingOptions::evict_private)
   std::vector<int64_t> computed_per_agent;  // forward-pass tokens per agent (catch-up + decode)
 };
 
@@ -72,6 +74,7 @@ class AgentSession {
   const std::vector<int64_t>& computed_per_agent() const { return computed_; }
   const std::vector<std::string>& agent_names() const { return names_; }
   TrajectoryKv& kv() { return *kv_; }
+  const TrajectoryKv& kv() const { return *kv_; }
   // From the next step on: keep each decoded token's logits (StepResult::logits; decoding then
   // runs step by step), or pick on the device only.
   void keep_logits(bool on) { keep_logits_ = on; }

@@ -132,6 +132,9 @@ void summarize(const AgentSession& session, const ToolEnv& env, WorkflowReport& 
     rep.agents.push_back(a);
   }
   rep.cache = session.cache_bytes();
+  rep.cache_peak = session.kv().peak_bytes();
+  rep.evictions = session.kv().evictions();
+  rep.evicted_tokens = session.kv().evicted_tokens();
   rep.trajectory_tokens = static_cast<int64_t>(session.trajectory().size());
   rep.question = env.question().question;
   rep.gold_answer = env.question().answer;

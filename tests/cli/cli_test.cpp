@@ -207,5 +207,40 @@ TEST(Cli, ReplayJsonAndBadScripts) {
   EXPECT_NE(error_line(r).find("free of"), std::string::npos) << r.err;
 }
 
+// --kv-memory too small for both agents' private caches (none): the least recently run agent's are
+// dropped and recomputed at its next call (reported in the JSON and the text summary);
+// --no-kv-evict turns the same run into an out-of-memory error.
+TEST(Cli, ReplayEvictsPrivateCachesWhenTheKvMemoryIsFull) {
+  const std::string dir = testing::temp_dir("replay-evict");
+  const std::string a = testing::adapters_dir() + "/qv-shared-a-r8/";
+  const std::string adapters = " --adapter plan=" + shell_quote(a + "plan") + " --adapter action=" + shell_quote(a + "action");
+  std::ofstream(dir + "/s.json") << R"({"steps": [
+      {"append": "Once upon a time there was a little girl who liked to play in the park with her dog."},
+      {"agent": "plan", "generate": 6}, {"append": " The dog ran to the tree and the girl ran after it."},
+      {"agent": "action", "generate": 6}, {"agent": "plan", "generate": 4}]})";
+  const std::string base = "replay " + model_arg() + adapters + " --kv-share none --script " + shell_quote(dir + "/s.json");
+  CliRun r = run_cli(base + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto free_run = nlohmann::json::parse(r.out);
+  EXPECT_EQ(free_run["evictions"], 0);
+  r = run_cli(base + " --json --kv-memory 0.00005");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["evictions"].get<int64_t>(), 0);
+  EXPECT_GT(j["evicted_tokens"].get<int64_t>(), 0);
+  ASSERT_EQ(j["steps"].size(), 3u);
+  EXPECT_GT(j["steps"][2]["prefilled_tokens"].get<int64_t>(), free_run["steps"][2]["prefilled_tokens"].get<int64_t>())
+      << "plan recomputes the context its dropped cache held";
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(j["steps"][i]["output_tokens"], free_run["steps"][i]["output_tokens"]) << "step " << i;
+  EXPECT_LE(j["cache_peak"]["allocated_bytes"].get<int64_t>(), j["cache"]["reserved_bytes"].get<int64_t>());
+  r = run_cli(base + " --kv-memory 0.00005");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("KV memory full:"), std::string::npos) << r.out;
+  r = run_cli(base + " --kv-memory 0.00005 --no-kv-evict");
+  EXPECT_EQ(r.code, 6) << r.err;
+  EXPECT_NE(error_line(r).find("exhausted"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace lragent
