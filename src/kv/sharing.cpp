@@ -352,7 +352,8 @@ bool TrajectoryKv::evict_lru(int keep) {
     const auto ub = static_cast<size_t>(b);
     const bool holds = !priv_kv_[ub].table().empty() || !priv_k_[ub].table().empty() || !priv_v_[ub].table().empty();
     // An agent with a live binding may be in the same batch as `keep`: its views must stay.
-    if (b != keep && holds && live_[ub] == 0 && (victim < 0 || last_bound_[ub] < last_bound_[static_cast<size_t>(victim)])) victim = b;
+    if (b == keep || !holds || live_[ub] > 0) continue;
+    if (victim < 0 || last_bound_[ub] < last_bound_[static_cast<size_t>(victim)]) victim = b;
   }
   if (victim < 0) return false;
   const CacheBytes now = bytes();

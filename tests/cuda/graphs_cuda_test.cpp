@@ -374,7 +374,8 @@ TEST(CudaAgents, EvictionUnderAKvMemoryBudgetKeepsTheTokens) {
       if (mode == ShareMode::kDroidSpeak) ro.sharing.recompute_layers = {0};
       const int64_t priv_layers = mode == ShareMode::kNone ? c.num_layers : 1;
       if (budget == 1)
-        ro.sharing.arena_bytes = (c.num_layers - priv_layers) * final_tokens * row + final_tokens * priv_layers * row * 8 / 5;
+        ro.sharing.arena_bytes =
+            (c.num_layers - priv_layers) * final_tokens * row + final_tokens * priv_layers * row * 8 / 5;
       auto s = AgentSession::create(**model, nullptr, names, ptrs, ro);
       ASSERT_TRUE(s.ok()) << s.error().message;
       (*s)->append(prompt);

@@ -320,6 +320,39 @@ TEST_F(Sharing, EvictionUnderAKvBudgetRecomputesAndKeepsTheTokens) {
   }
 }
 
+// An agent whose binding is alive (its views may be in the same batch) is never dropped; once the
+// binding is gone it is, and its processed position goes back to 0.
+TEST_F(Sharing, LiveBindingsAreNeverEvicted) {
+  const ModelConfig& c = model_->config();
+  std::vector<const LoraAdapter*> ads = {adapter("qv-shared-a-r8", "plan", "plan"),
+                                         adapter("qv-shared-a-r8", "action", "action")};
+  SharingOptions o;
+  o.mode = ShareMode::kNone;
+  o.max_tokens = 512;
+  const int64_t per_token = static_cast<int64_t>(c.num_layers) * 2 * c.num_kv_heads * c.head_dim * 4;
+  o.arena_bytes = per_token * 400;  // one agent's 300 tokens, not two
+  auto kv = TrajectoryKv::create(c, ads, o);
+  ASSERT_TRUE(kv.ok()) << kv.error().message;
+  auto b0 = (*kv)->bind(0);
+  ASSERT_TRUE(b0->reserve(300).ok());
+  (*kv)->advance(0, 300);
+  {
+    auto b1 = (*kv)->bind(1);
+    const Status st = b1->reserve(300);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.error().code, ErrorCode::kOutOfMemory);
+    EXPECT_EQ((*kv)->evictions(), 0);
+    EXPECT_EQ((*kv)->processed(0), 300);
+  }
+  b0.reset();
+  auto b1 = (*kv)->bind(1);
+  ASSERT_TRUE(b1->reserve(300).ok());
+  EXPECT_EQ((*kv)->evictions(), 1);
+  EXPECT_EQ((*kv)->evicted_tokens(), 300);
+  EXPECT_EQ((*kv)->processed(0), 0);
+  EXPECT_EQ((*kv)->catchup_start(0), 0) << "agent 0 recomputes from the start";
+}
+
 // Pools sized per cache (no shared budget) never evict: another agent's blocks would not make room.
 TEST_F(Sharing, PerCachePoolsDoNotEvict) {
   const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
