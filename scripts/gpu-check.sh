@@ -2,7 +2,7 @@
 # One-shot GPU check, run on the device machine from the repository root:
 #   build (CUDA, Release, sm_90a) -> CUDA tests -> SASS/resource summary -> attention bench
 #   -> whole-model bench (8B shapes) -> `lragent replay --device cuda` on tinystories
-#   -> PyTorch SDPA peer -> bench/results/kernels-<gpu>-<date>.{json,md} (+ copies under $OUT).
+#   -> PyTorch SDPA peer -> bench/results/kernels-<gpu>-<date>.{json,md,png} (+ copies under $OUT).
 #
 # Preferred: scripts/device-bundle.sh here first (builds everything on the CPU machine and packs
 # binaries + libraries + ../shared fixtures into .devbundle/bundle.tar.xz), carried to the device;
@@ -53,7 +53,7 @@ save() {
   for f in test.log bench.log model.log replay.log sdpa.log sass.txt; do
     [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$OUT/$f"
   done
-  for f in "$PREFIX.json" "$PREFIX.md"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  for f in "$PREFIX.json" "$PREFIX.md" "$PREFIX.png"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
   return 0
 }
 

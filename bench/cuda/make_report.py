@@ -3,6 +3,10 @@
 (kernels-<gpu>-<date>.json and .md) with the headline ratios, and prints a short table.
 
 Usage: make_report.py --ours A.json --sdpa S.json --tests "summary" --meta k=v ... --out-prefix P
+       make_report.py --plot-only kernels-<gpu>-<date>.json   (redraws the PNG of a written report)
+
+With matplotlib, P.png plots the headline figures: prefill TFLOP/s per kernel version and SDPA
+against the GEMM ceiling, and decode bandwidth per shape against the copy ceiling.
 """
 import argparse
 import json
@@ -32,10 +36,78 @@ def fmt(x, spec=".2f"):
     return "n/a" if x is None else format(x, spec)
 
 
+def plot(report, path):
+    """Two panels from a report dict: prefill (1024 queries at 8k / 32k / 64k) and decode."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("make_report.py: matplotlib is not installed; no PNG")
+        return None
+    R = report.get("ours", {}).get("results", [])
+    S = report.get("sdpa", {}).get("results", [])
+    ceil = report.get("ratios", {}).get("ceilings", {})
+    meta = report.get("meta", {})
+    ctxs = (8192, 32768, 65536)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    series = [("v6 plain (default)", "plain"), ("v6 Flash-LoRA V r16", "flash_lora_v_r16"), ("v5 plain", "v5_plain"),
+              ("v3 plain", "v3_plain"), ("Flash-LoRA K+V r16", "flash_lora_kv_r16")]
+    for label, name in series:
+        pts = [(c, r["tflops"]) for c in ctxs for r in R
+               if r.get("group") == "prefill" and r.get("name") == name and r.get("ctx") == c and r.get("tflops")]
+        if pts:
+            a1.plot([p[0] // 1024 for p in pts], [p[1] for p in pts], marker="o", label=label)
+    sd = [(r["ctx"], r["tflops"]) for r in S if r.get("name", "").startswith("sdpa_flash") and r.get("tflops")]
+    if sd:
+        a1.plot([p[0] // 1024 for p in sd], [p[1] for p in sd], marker="s", linestyle="--", label="torch SDPA (flash)")
+    if ceil.get("gemm_tflops"):
+        a1.axhline(ceil["gemm_tflops"], color="gray", linestyle=":", label="bf16 GEMM ceiling")
+    a1.set_xscale("log", base=2)
+    a1.set_xticks([8, 32, 64])
+    a1.set_xticklabels(["8k", "32k", "64k"])
+    a1.set_xlabel("context (1024-query prefill chunk at its end)")
+    a1.set_ylabel("TFLOP/s")
+    a1.set_title("Prefill attention, Llama-3.1-8B shapes")
+    a1.grid(True, alpha=0.3)
+    a1.legend(fontsize=7)
+    bars = [("8 x 32k\nprivate", "decode", "private_plain", "v1_private_plain"),
+            ("1 x 4k\n(8B step, 1 layer)", "decode1", "plain", "v1_plain"),
+            ("3 agents,\n1 x 32k shared", "agents3", "shared_plain", "v1_shared_plain"),
+            ("8 agents,\n1 x 32k shared", "agents", "shared_plain", "v1_shared_plain")]
+    labels, ours_bw, v1_bw = [], [], []
+    for label, group, name, v1 in bars:
+        r = next((x for x in R if x.get("group") == group and x.get("name") == name), None)
+        r1 = next((x for x in R if x.get("group") == group and x.get("name") == v1), None)
+        if r is None:
+            continue
+        labels.append(label)
+        ours_bw.append(r.get("gbps", 0))
+        v1_bw.append(r1.get("gbps", 0) if r1 else 0)
+    xs = range(len(labels))
+    a2.bar([x - 0.2 for x in xs], ours_bw, width=0.4, label="default (v4 where it applies)")
+    a2.bar([x + 0.2 for x in xs], v1_bw, width=0.4, label="v1")
+    if ceil.get("copy_gbps"):
+        a2.axhline(ceil["copy_gbps"], color="gray", linestyle=":", label="device copy ceiling")
+    a2.set_xticks(list(xs))
+    a2.set_xticklabels(labels, fontsize=8)
+    a2.set_ylabel("GB/s of K/V read")
+    a2.set_title("Decode attention (plain)")
+    a2.grid(True, axis="y", alpha=0.3)
+    a2.legend(fontsize=7)
+    fig.suptitle(f"lragent attention kernels on {meta.get('gpu', '?')} ({meta.get('date', '?')}, commit {meta.get('commit', '?')})",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ours", required=True)
-    ap.add_argument("--sdpa", required=True)
+    ap.add_argument("--plot-only", help="a report JSON this script wrote: redraw its PNG beside it and exit")
+    ap.add_argument("--ours")
+    ap.add_argument("--sdpa")
     ap.add_argument("--tests", default="")
     ap.add_argument("--model", default="", help="lragent_model_bench JSON (whole model through the engine)")
     ap.add_argument("--replay", default="", help="replay.log of gpu-check (GPU vs CPU greedy tokens)")
@@ -44,8 +116,14 @@ def main():
                     help="more lragent_model_bench JSONs of the same call (their decode steps, listed beside the first)")
     ap.add_argument("--gemv", default="", help="lragent_gemv_bench JSON (decode GEMV versions vs copy BW)")
     ap.add_argument("--meta", nargs="*", default=[])
-    ap.add_argument("--out-prefix", required=True)
+    ap.add_argument("--out-prefix")
     args = ap.parse_args()
+    if args.plot_only:
+        out = plot(load(args.plot_only), os.path.splitext(args.plot_only)[0] + ".png")
+        print("wrote", out)
+        return 0 if out else 1
+    if not args.ours or not args.sdpa or not args.out_prefix:
+        ap.error("--ours, --sdpa and --out-prefix are required (or --plot-only REPORT.json)")
     ours, sdpa = load(args.ours), load(args.sdpa)
     meta = dict(kv.split("=", 1) for kv in args.meta if "=" in kv)
     R, S = ours.get("results", []), sdpa.get("results", [])
@@ -251,6 +329,9 @@ def main():
     md += [f"- {c['name']} ctx={c.get('ctx')}: {c.get('note')}" for c in checks]
     if sdpa.get("log"):
         md += ["", "## SDPA log", ""] + [f"- {x}" for x in sdpa["log"]]
+    png = plot(report, args.out_prefix + ".png")
+    if png:
+        md[md.index("## Headline")] = f"![headline figures]({os.path.basename(png)})\n\n## Headline"
     with open(args.out_prefix + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
 
