@@ -93,6 +93,10 @@ class SharedBinding final : public KvBinding {
     for (;;) {
       Status st = try_reserve(total);
       if (st.ok() || st.error().code != ErrorCode::kOutOfMemory || !kv_.opts_.evict_private) return st;
+      // Dropping other agents' caches cannot help a pass that would not fit the arena alone.
+      if (dropped == 0 && !fits_alone(total))
+        return make_error(ErrorCode::kOutOfMemory, "{} (this agent's caches alone need more than the whole KV memory)",
+                          st.error().message);
       if (kv_.evict_lru(a_)) {
         ++dropped;
         continue;
@@ -101,6 +105,23 @@ class SharedBinding final : public KvBinding {
       return make_error(ErrorCode::kOutOfMemory, "{} (after dropping the private caches of {} other agent{})",
                         st.error().message, dropped, dropped == 1 ? "" : "s");
     }
+  }
+
+  // Whether the streams this pass writes, at `total` tokens each, fit in the arena's slabs with
+  // nothing else in it.
+  bool fits_alone(int64_t total) const {
+    const auto ua = static_cast<size_t>(a_);
+    int64_t slabs = 0;
+    KvArena* arena = nullptr;
+    for (const PagedStream* s : {&kv_.priv_kv_[ua], &kv_.priv_k_[ua], &kv_.priv_v_[ua], &kv_.shared_kv_,
+                                 &kv_.shared_lrk_, &kv_.shared_lrv_}) {
+      const BlockPool* pool = s->pool();
+      if (!pool) continue;
+      arena = &pool->arena();
+      const int64_t blocks = (total + pool->page_size() - 1) / pool->page_size();
+      slabs += (blocks + pool->blocks_per_slab() - 1) / pool->blocks_per_slab();
+    }
+    return arena == nullptr || slabs <= arena->n_slabs();
   }
 
   Status try_reserve(int64_t total) {

@@ -353,6 +353,36 @@ TEST_F(Sharing, LiveBindingsAreNeverEvicted) {
   EXPECT_EQ((*kv)->catchup_start(0), 0) << "agent 0 recomputes from the start";
 }
 
+// A pass that would not fit the whole arena by itself drops nothing: the error says so and the
+// other agents keep their caches.
+TEST_F(Sharing, APassLargerThanTheArenaEvictsNothing) {
+  const ModelConfig& c = model_->config();
+  std::vector<const LoraAdapter*> ads = {adapter("qv-shared-a-r8", "plan", "plan"),
+                                         adapter("qv-shared-a-r8", "action", "action")};
+  SharingOptions o;
+  o.mode = ShareMode::kNone;
+  o.max_tokens = 1024;
+  const int64_t per_token = static_cast<int64_t>(c.num_layers) * 2 * c.num_kv_heads * c.head_dim * 4;
+  o.arena_bytes = per_token * 400;
+  auto kv = TrajectoryKv::create(c, ads, o);
+  ASSERT_TRUE(kv.ok()) << kv.error().message;
+  {
+    auto b0 = (*kv)->bind(0);
+    ASSERT_TRUE(b0->reserve(300).ok());
+    (*kv)->advance(0, 300);
+  }
+  auto b1 = (*kv)->bind(1);
+  const Status st = b1->reserve(800);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_NE(st.error().message.find("alone need more than the whole KV memory"), std::string::npos)
+      << st.error().message;
+  EXPECT_EQ((*kv)->evictions(), 0);
+  EXPECT_EQ((*kv)->processed(0), 300);
+  ASSERT_TRUE(b1->reserve(300).ok()) << "a pass that fits alone still evicts";
+  EXPECT_EQ((*kv)->evictions(), 1);
+}
+
 // Pools sized per cache (no shared budget) never evict: another agent's blocks would not make room.
 TEST_F(Sharing, PerCachePoolsDoNotEvict) {
   const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
