@@ -367,6 +367,30 @@ TEST(WorkflowCli, JsonRunOnAFileQuestion) {
   EXPECT_LE(j["steps"].get<int>(), 2);
 }
 
+// --kv-memory below the private caches of none: agents' caches are dropped and recomputed; the
+// turns are those of the unbudgeted run and the JSON counts the evictions.
+TEST(WorkflowCli, KvMemoryEvictsAndKeepsTheTurns) {
+  const std::string file = testing::shared_dir() + "/data/hotpotqa/questions-easy-medium-hard.json";
+  const std::string args = agents_args() + " --kv-share none --system-prompt compact --max-steps 2 --json --questions " +
+                           quote(file) + " --question-id 5a7a06935542990198eaf050";
+  const CliRun free_run = run_cli(args);
+  const CliRun budget = run_cli(args + " --kv-memory 0.00025");
+  ASSERT_EQ(free_run.code, 0) << free_run.err;
+  ASSERT_EQ(budget.code, 0) << budget.err;
+  const auto f = nlohmann::json::parse(free_run.out), b = nlohmann::json::parse(budget.out);
+  EXPECT_EQ(f["evictions"], 0);
+  EXPECT_GT(b["evictions"].get<int64_t>(), 0);
+  EXPECT_GT(b["evicted_tokens"].get<int64_t>(), 0);
+  EXPECT_LT(b["cache_peak_total_bytes"].get<int64_t>(), f["cache_peak_total_bytes"].get<int64_t>());
+  EXPECT_EQ(b["trajectory_tokens"], f["trajectory_tokens"]);
+  ASSERT_EQ(b["turns"].size(), f["turns"].size());
+  for (size_t i = 0; i < f["turns"].size(); ++i) EXPECT_EQ(b["turns"][i]["text"], f["turns"][i]["text"]) << "turn " << i;
+  int64_t computed_free = 0, computed_budget = 0;
+  for (const auto& a : f["agents"]) computed_free += a["computed_tokens"].get<int64_t>();
+  for (const auto& a : b["agents"]) computed_budget += a["computed_tokens"].get<int64_t>();
+  EXPECT_GT(computed_budget, computed_free) << "dropped caches are computed again";
+}
+
 TEST(WorkflowCli, PrintsTurnsAndASummaryTable) {
   const CliRun r = run_cli(agents_args() + " --kv-share none --system-prompt compact --max-steps 1 --question " +
                            quote(builtin_question().question));
