@@ -537,6 +537,34 @@ int main(int argc, char** argv) {
                     {"shared_flash_lora_v_r16", true, false},
                     {"shared_flash_lora_kv_r16", true, true}};
     const std::string group = n_agents == kSeqs ? "agents" : "agents" + std::to_string(n_agents);
+    if (n_agents != kSeqs) {
+      // The same agents on private caches: n_agents sequences of dctx tokens, one decode each (the
+      // 8-agent comparison uses the decode group's 8 private sequences).
+      std::vector<int32_t> qs(n_agents + 1), cl(n_agents, dctx);
+      for (int i = 0; i <= n_agents; ++i) qs[i] = i;
+      int32_t* d_pqs = dupload(qs);
+      int32_t* d_pcl = dupload(cl);
+      for (const bool vlr : {false, true}) {
+        auto pparams = [&](int rep) {
+          return make_params(P, d_perm, pages, d_pqs, d_pcl, n_agents, 1, dctx,
+                             qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, out, vlr, false, ws,
+                             ws_bytes);
+        };
+        Result r;
+        r.group = group;
+        r.name = vlr ? "private_flash_lora_v_r16" : "private_plain";
+        r.ctx = dctx;
+        r.n_q = 1;
+        r.seqs = n_agents;
+        r.splits = lc::attention_num_splits(pparams(0));
+        r.t = time_it([&](int rep) { CK(lc::attention(pparams(rep))); }, warmup, reps);
+        r.flops = flops;
+        r.bytes = 2.0 * n_agents * dctx * kWidth * 2 + (vlr ? static_cast<double>(n_agents) * lr_bytes : 0);
+        report(r);
+      }
+      CK(cudaFree(d_pqs));
+      CK(cudaFree(d_pcl));
+    }
     for (const auto& var : variants) {
       Result r;
       r.group = group;

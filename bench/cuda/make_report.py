@@ -234,17 +234,23 @@ def main():
                            f"(vs private plain {fmt(ratios['shared_vs_private'][n + '_speedup_vs_private_plain'])}x)"
                            for n in sh)))
     sh3 = {n: find(R, "agents3", n) for n in ("shared_plain", "shared_flash_lora_v_r16", "v1_shared_plain",
-                                              "v1_shared_flash_lora_v_r16")}
+                                              "v1_shared_flash_lora_v_r16", "private_plain",
+                                              "private_flash_lora_v_r16")}
     if sh3["shared_plain"]:
         # The poster's three agents over one shared cache: v4 (one m16 tile of 3 x G rows) against v1.
         ratios["agents3"] = {n + "_ms": ms(r) for n, r in sh3.items()}
         ratios["agents3"]["fraction_of_copy"] = ratio(sh3["shared_plain"].get("gbps"), copy_gbps)
-        rows.append(("3 agents shared base, one 32k decode (v4 vs v1)",
+        ratios["agents3"]["plain_speedup_vs_private"] = ratio(ms(sh3["private_plain"]), ms(sh3["shared_plain"]))
+        ratios["agents3"]["flash_lora_v_speedup_vs_private"] = ratio(ms(sh3["private_flash_lora_v_r16"]),
+                                                                     ms(sh3["shared_flash_lora_v_r16"]))
+        rows.append(("3 agents shared base, one 32k decode (v4 vs v1; vs 3 private decodes)",
                      f"plain {fmt(1e3 * (ms(sh3['shared_plain']) or 0), '.1f')} us vs "
                      f"{fmt(1e3 * (ms(sh3['v1_shared_plain']) or 0), '.1f')} us "
-                     f"({fmt(ratios['agents3']['fraction_of_copy'])} of copy); FLA "
+                     f"({fmt(ratios['agents3']['fraction_of_copy'])} of copy), "
+                     f"{fmt(ratios['agents3']['plain_speedup_vs_private'])}x 3 private; FLA "
                      f"{fmt(1e3 * (ms(sh3['shared_flash_lora_v_r16']) or 0), '.1f')} us vs "
-                     f"{fmt(1e3 * (ms(sh3['v1_shared_flash_lora_v_r16']) or 0), '.1f')} us"))
+                     f"{fmt(1e3 * (ms(sh3['v1_shared_flash_lora_v_r16']) or 0), '.1f')} us, "
+                     f"{fmt(ratios['agents3']['flash_lora_v_speedup_vs_private'])}x 3 private"))
     ratios["ceilings"] = {"copy_gbps": copy_gbps, "torch_copy_gbps": None if tcopy is None else tcopy.get("gbps"),
                           "gemm_tflops": None if gemm is None else gemm.get("tflops")}
     if gemm:
