@@ -52,13 +52,18 @@ def ratio(a, b, key, invert=False):
     return "%.2fx" % r
 
 
-def table(systems, lengths, cells):
-    head = "| tokens |" + "".join(" %s TTFT s | %s tok/s | %s KV GB |" % ((MODE_LABEL.get(s, s),) * 3) for s in systems)
-    rule = "| ---: |" + " ---: | ---: | ---: |" * len(systems)
+def mode_table(systems, lengths, cells, columns, values):
+    """One row per length; per system the `columns` (header suffixes) filled by values(cell or None)."""
+    head = "| tokens |" + "".join(" %s %s |" % (MODE_LABEL.get(s, s), col) for s in systems for col in columns)
+    rule = "| ---: |" + " ---: |" * (len(columns) * len(systems))
     rows = [head, rule]
     for n in lengths:
-        rows.append("| %d |" % n + "".join(" %s | %s | %s |" % tuple(fmt_cell(cells.get((s, n)))) for s in systems))
+        rows.append("| %d |" % n + "".join(" %s |" % v for s in systems for v in values(cells.get((s, n)))))
     return "\n".join(rows) + "\n"
+
+
+def table(systems, lengths, cells):
+    return mode_table(systems, lengths, cells, ("TTFT s", "tok/s", "KV GB"), fmt_cell)
 
 
 def ratio_table(lengths, cells, peers):
@@ -80,19 +85,12 @@ def ratio_table(lengths, cells, peers):
 
 
 def detail_table(systems, lengths, cells):
-    head = "| tokens |" + "".join(" %s decode tok/s | %s peak GB |" % ((MODE_LABEL.get(s, s),) * 2) for s in systems)
-    rule = "| ---: |" + " ---: | ---: |" * len(systems)
-    rows = [head, rule]
-    for n in lengths:
-        row = "| %d |" % n
-        for s in systems:
-            c = cells.get((s, n))
-            if c is None or c["status"] != "ok":
-                row += " %s | %s |" % (("", "") if c is None else (c["status"], c["status"]))
-            else:
-                row += " %.1f | %s |" % (c["decode_tok_s"], "%.2f" % (c["device_peak_bytes"] / 1e9) if c.get("device_peak_bytes") else "")
-        rows.append(row)
-    return "\n".join(rows) + "\n"
+    def values(c):
+        if c is None or c["status"] != "ok":
+            return ("", "") if c is None else (c["status"], c["status"])
+        peak = c.get("device_peak_bytes")
+        return ("%.1f" % c["decode_tok_s"], "%.2f" % (peak / 1e9) if peak else "")
+    return mode_table(systems, lengths, cells, ("decode tok/s", "peak GB"), values)
 
 
 def curve_table(curve, order):
@@ -115,20 +113,12 @@ def eviction_table(systems, lengths, cells):
     systems = [s for s in systems if any(cells.get((s, n), {}).get("evictions") for n in lengths)]
     if not systems:
         return ""
-    head = "| tokens |" + "".join(" %s evictions | %s evicted tokens | %s computed tokens |" % ((MODE_LABEL.get(s, s),) * 3)
-                                  for s in systems)
-    rule = "| ---: |" + " ---: | ---: | ---: |" * len(systems)
-    rows = [head, rule]
-    for n in lengths:
-        row = "| %d |" % n
-        for s in systems:
-            c = cells.get((s, n))
-            if c is None or c["status"] != "ok":
-                row += " | | |"
-            else:
-                row += " %d | %d | %d |" % (c.get("evictions", 0), c.get("evicted_tokens", 0), c["computed_tokens"])
-        rows.append(row)
-    return "\n".join(rows) + "\n"
+
+    def values(c):
+        if c is None or c["status"] != "ok":
+            return ("", "", "")
+        return ("%d" % c.get("evictions", 0), "%d" % c.get("evicted_tokens", 0), "%d" % c["computed_tokens"])
+    return mode_table(systems, lengths, cells, ("evictions", "evicted tokens", "computed tokens"), values)
 
 
 def notes(cells):

@@ -260,9 +260,7 @@ Result<ReplayResult> run_replay(LlamaModel& model, const Tokenizer* tok, std::ve
   }
   out.trajectory = session->trajectory();
   out.cache = session->cache_bytes();
-  out.cache_peak = session->kv().peak_bytes();
-  out.evictions = session->kv().evictions();
-  out.evicted_tokens = session->kv().evicted_tokens();
+  out.kv_usage = session->kv().usage();
   out.computed_per_agent = session->computed_per_agent();
   return out;
 }

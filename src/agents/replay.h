@@ -42,8 +42,7 @@ struct ReplayResult {
   std::vector<StepResult> steps;
   std::vector<int32_t> trajectory;
   CacheBytes cache;                          // at the end
-  CacheBytes cache_peak;                     // the largest over the replay (TrajectoryKv::peak_bytes)
-  int64_t evictions = 0, evicted_tokens = 0;  // private caches dropped for room (SharingOptions::evict_private)
+  KvUsage kv_usage;                          // peak bytes and evictions over the replay
   std::vector<int64_t> computed_per_agent;  // forward-pass tokens per agent (catch-up + decode)
 };
 

@@ -111,9 +111,10 @@ Result<TraceCell> run_trace_cell(LlamaModel& model, const std::vector<std::strin
     c.final_tokens = static_cast<int64_t>(session.trajectory().size());
     c.throughput_tok_s = c.wall_s > 0 ? static_cast<double>(c.final_tokens) / c.wall_s : 0;
     c.decode_tok_s = c.decode_s > 0 ? static_cast<double>(c.decode_tokens) / c.decode_s : 0;
-    c.cache = session.kv().peak_bytes();
-    c.evictions = session.kv().evictions();
-    c.evicted_tokens = session.kv().evicted_tokens();
+    const KvUsage u = session.kv().usage();
+    c.cache = u.peak;
+    c.evictions = u.evictions;
+    c.evicted_tokens = u.evicted_tokens;
     c.computed_tokens = 0;
     for (int64_t n : session.computed_per_agent()) c.computed_tokens += n;
     const MemoryStats m = be.memory_stats();

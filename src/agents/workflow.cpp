@@ -132,9 +132,7 @@ void summarize(const AgentSession& session, const ToolEnv& env, WorkflowReport& 
     rep.agents.push_back(a);
   }
   rep.cache = session.cache_bytes();
-  rep.cache_peak = session.kv().peak_bytes();
-  rep.evictions = session.kv().evictions();
-  rep.evicted_tokens = session.kv().evicted_tokens();
+  rep.kv_usage = session.kv().usage();
   rep.trajectory_tokens = static_cast<int64_t>(session.trajectory().size());
   rep.question = env.question().question;
   rep.gold_answer = env.question().answer;

@@ -53,8 +53,7 @@ struct WorkflowReport {
   std::vector<WorkflowTurn> turns;
   std::vector<AgentTotals> agents;  // plan, action, reflect
   CacheBytes cache;
-  CacheBytes cache_peak;                      // the largest over the run (caches shrink only by eviction)
-  int64_t evictions = 0, evicted_tokens = 0;  // private caches dropped for room (SharingOptions::evict_private)
+  KvUsage kv_usage;  // peak bytes and evictions over the run
   int64_t trajectory_tokens = 0;
   int steps = 0;                // rounds whose Thought ran
   std::string stop_reason;      // "finished", "max_steps" or "context_full"

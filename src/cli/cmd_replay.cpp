@@ -53,9 +53,9 @@ int run_replay_cmd(const ReplayFlags& f) {
       j["steps"].push_back(std::move(o));
     }
     j["cache"] = cache_json(res->cache);
-    j["cache_peak"] = cache_json(res->cache_peak);
-    j["evictions"] = res->evictions;
-    j["evicted_tokens"] = res->evicted_tokens;
+    j["cache_peak"] = cache_json(res->kv_usage.peak);
+    j["evictions"] = res->kv_usage.evictions;
+    j["evicted_tokens"] = res->kv_usage.evicted_tokens;
     j["trajectory_tokens"] = res->trajectory.size();
     j["trajectory"] = res->trajectory;
     j["backend"] = loaded->backend->name();
@@ -70,9 +70,7 @@ int run_replay_cmd(const ReplayFlags& f) {
   const CacheBytes& b = res->cache;
   fmt::print("cache ({}): base {} B, lr {} B, full {} B, total {} B (+{} B page rounding)\n", share_mode_name(ro.sharing.mode),
              b.base, b.lr, b.full, b.total(), b.page_overhead());
-  if (res->evictions > 0)
-    fmt::print("KV memory full: {} private caches dropped ({} tokens, computed again by their agents); peak {} B\n",
-               res->evictions, res->evicted_tokens, res->cache_peak.total());
+  print_evictions(res->kv_usage);
   return 0;
 }
 

@@ -109,9 +109,9 @@ nlohmann::json report_json(const WorkflowReport& r, const HotpotQuestion& q, con
                 {"full_bytes", b.full},           {"total_bytes", b.total()},
                 {"allocated_bytes", b.allocated}, {"page_overhead_bytes", b.page_overhead()},
                 {"reserved_bytes", b.reserved}};
-  j["cache_peak_total_bytes"] = r.cache_peak.total();
-  j["evictions"] = r.evictions;
-  j["evicted_tokens"] = r.evicted_tokens;
+  j["cache_peak_total_bytes"] = r.kv_usage.peak.total();
+  j["evictions"] = r.kv_usage.evictions;
+  j["evicted_tokens"] = r.kv_usage.evicted_tokens;
   j["trajectory_tokens"] = r.trajectory_tokens;
   j["steps"] = r.steps;
   j["stop_reason"] = r.stop_reason;
@@ -143,9 +143,7 @@ void print_summary(const WorkflowReport& r, const std::string& mode) {
   const CacheBytes& b = r.cache;
   fmt::print("cache ({}): base {} B, lr {} B, full {} B, total {} B (+{} B page rounding)\n", mode, b.base, b.lr,
              b.full, b.total(), b.page_overhead());
-  if (r.evictions > 0)
-    fmt::print("KV memory full: {} private caches dropped ({} tokens, computed again by their agents); peak {} B\n",
-               r.evictions, r.evicted_tokens, r.cache_peak.total());
+  print_evictions(r.kv_usage);
   fmt::print("trajectory {} tokens, {} steps, stopped: {}, wall {:.3f} s\n", r.trajectory_tokens, r.steps,
              r.stop_reason, r.wall_seconds);
   if (r.answer.empty())

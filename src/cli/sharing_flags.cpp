@@ -3,6 +3,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/core.h>
+
 #include "cli/common.h"
 
 namespace lragent::cli {
@@ -53,6 +55,12 @@ Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) c
 }
 
 Result<SharingOptions> SharingFlags::options() const { return options_for(mode); }
+
+void print_evictions(const KvUsage& u) {
+  if (u.evictions > 0)
+    fmt::print("KV memory full: {} private caches dropped ({} tokens, computed again by their agents); peak {} B\n",
+               u.evictions, u.evicted_tokens, u.peak.total());
+}
 
 std::pair<std::vector<std::string>, std::vector<const LoraAdapter*>> agents_of(const AdapterRegistry& reg) {
   std::vector<std::string> names;

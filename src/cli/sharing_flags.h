@@ -24,6 +24,9 @@ struct SharingFlags {
   Result<SharingOptions> options_for(const std::string& mode_name) const;
 };
 
+// One line saying how many private caches were dropped for room, when any were.
+void print_evictions(const KvUsage& u);
+
 // The registered adapters as agents, in registration order.
 std::pair<std::vector<std::string>, std::vector<const LoraAdapter*>> agents_of(const AdapterRegistry& reg);
 

@@ -358,8 +358,6 @@ void TrajectoryKv::advance(int a, int64_t end) {
   auto& p = processed_[static_cast<size_t>(a)];
   p = std::max(p, end);
   shared_ = std::max(shared_, end);
-  const CacheBytes now = bytes();
-  if (now.total() > peak_.total()) peak_ = now;
 }
 
 CacheBytes TrajectoryKv::peak_bytes() const {
@@ -377,8 +375,7 @@ bool TrajectoryKv::evict_lru(int keep) {
     if (victim < 0 || last_bound_[ub] < last_bound_[static_cast<size_t>(victim)]) victim = b;
   }
   if (victim < 0) return false;
-  const CacheBytes now = bytes();
-  if (now.total() > peak_.total()) peak_ = now;
+  peak_ = peak_bytes();
   const auto uv = static_cast<size_t>(victim);
   // The victim's last pass was issued before this one on the same stream, so its blocks can be
   // rewritten by the passes that follow.

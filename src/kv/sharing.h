@@ -42,6 +42,13 @@ struct CacheBytes {
   int64_t page_overhead() const { return allocated - total(); }
 };
 
+// What a trajectory's caches went through: their largest bytes() and the private caches dropped
+// for room (SharingOptions::evict_private) with the tokens those held.
+struct KvUsage {
+  CacheBytes peak;
+  int64_t evictions = 0, evicted_tokens = 0;
+};
+
 struct SharingOptions {
   ShareMode mode = ShareMode::kNone;
   int page_size = 16;
@@ -81,6 +88,7 @@ class TrajectoryKv {
   // Private caches dropped to make room (SharingOptions::evict_private), and the tokens they held.
   int64_t evictions() const { return evictions_; }
   int64_t evicted_tokens() const { return evicted_tokens_; }
+  KvUsage usage() const { return {peak_bytes(), evictions_, evicted_tokens_}; }
   int64_t shared_tokens() const { return shared_; }
   int64_t processed(int a) const { return processed_[static_cast<size_t>(a)]; }
 
@@ -101,7 +109,7 @@ class TrajectoryKv {
   std::vector<int> live_;             // [n_agents] bindings alive (never evicted while > 0)
   uint64_t tick_ = 0;
   int64_t evictions_ = 0, evicted_tokens_ = 0;
-  CacheBytes peak_;
+  CacheBytes peak_;  // bytes() just before the largest eviction (between evictions caches only grow)
   int64_t shared_ = 0;              // positions with shared entries
   std::vector<int> private_index_, shared_index_;  // [n_layers] -> layer slot in its pool, or -1
   int rank_k_ = 0, rank_v_ = 0;     // base-lr shared LR widths

@@ -282,28 +282,57 @@ TEST(CudaDecode, NoAdapterDecodeMatchesCpu) {
   EXPECT_LE(e16, 3e-2);
 }
 
+// The agents tests' set-up: a CUDA backend of `dt`, the synthetic model, its role adapters
+// (r16, uploaded) with their names, and a 150-token prompt.
+struct AgentsSetup {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<LlamaModel> model;
+  std::vector<std::unique_ptr<LoraAdapter>> adapters;
+  std::vector<const LoraAdapter*> ptrs;
+  std::vector<std::string> names;
+  std::vector<int32_t> prompt;
+};
+
+bool make_agents(DType dt, AgentsSetup& ag) {
+  CudaBackendOptions bo;
+  bo.dtype = dt;
+  auto be = make_cuda_backend(bo);
+  if (!be.ok()) {
+    ADD_FAILURE() << be.error().message;
+    return false;
+  }
+  ag.be = std::move(*be);
+  auto model = make_synthetic_model(spec(), *ag.be);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.error().message;
+    return false;
+  }
+  ag.model = std::move(*model);
+  ag.adapters = make_synthetic_adapters(ag.model->config(), 16, 7);
+  for (auto& a : ag.adapters) {
+    if (Status st = upload_adapter(*a, *ag.be); !st.ok()) {
+      ADD_FAILURE() << st.error().message;
+      return false;
+    }
+    ag.ptrs.push_back(a.get());
+    ag.names.push_back(a->name);
+  }
+  ag.prompt.resize(150);
+  for (size_t i = 0; i < ag.prompt.size(); ++i) ag.prompt[i] = static_cast<int32_t>(3 + (i * 29) % 250);
+  return true;
+}
+
 // Agents on shared caches (AgentSession) decoding with lookahead against step by step, in
 // bf16 with graphs: pass t+1 launched before pass t's pick is read, its token fed on the device.
 // The same tokens and, for a last step over the caches, bit-identical logits.
 TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA agents test skipped";
-  CudaBackendOptions bo;
-  bo.dtype = DType::kBF16;
-  auto be = make_cuda_backend(bo);
-  ASSERT_TRUE(be.ok()) << be.error().message;
-  auto model = make_synthetic_model(spec(), **be);
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  const ModelConfig& c = (*model)->config();
-  auto adapters = make_synthetic_adapters(c, 16, 7);
-  std::vector<const LoraAdapter*> ptrs;
-  std::vector<std::string> names;
-  for (auto& a : adapters) {
-    ASSERT_TRUE(upload_adapter(*a, **be).ok());
-    ptrs.push_back(a.get());
-    names.push_back(a->name);
-  }
-  std::vector<int32_t> prompt(150);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 29) % 250);
+  AgentsSetup ag;
+  ASSERT_TRUE(make_agents(DType::kBF16, ag));
+  const ModelConfig& c = ag.model->config();
+  const auto& names = ag.names;
+  const auto& ptrs = ag.ptrs;
+  const auto& prompt = ag.prompt;
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr, ShareMode::kFull}) {
     std::vector<std::vector<int32_t>> outputs[2];
     std::vector<float> last[2];
@@ -313,7 +342,7 @@ TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
       ro.sharing.mode = mode;
       ro.sharing.max_tokens = 1024;
       ro.decode_lookahead = la == 1;
-      auto s = AgentSession::create(**model, nullptr, names, ptrs, ro);
+      auto s = AgentSession::create(*ag.model, nullptr, names, ptrs, ro);
       ASSERT_TRUE(s.ok()) << s.error().message;
       (*s)->append(prompt);
       for (int round = 0; round < 3; ++round)
@@ -333,7 +362,7 @@ TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
     EXPECT_EQ(computed[1], computed[0]) << share_mode_name(mode);
     EXPECT_EQ(last[1], last[0]) << share_mode_name(mode) << ": the caches must hold the same entries";
   }
-  const GraphStats st = (*be)->graph_stats();
+  const GraphStats st = ag.be->graph_stats();
   std::printf("  agents lookahead: %lld recorded passes, %lld replayed\n", static_cast<long long>(st.recorded),
               static_cast<long long>(st.replayed));
   EXPECT_GE(st.replayed, st.recorded / 2);
@@ -345,23 +374,12 @@ TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
 // recomputes at its next call. The tokens are those of the unbudgeted run.
 TEST(CudaAgents, EvictionUnderAKvMemoryBudgetKeepsTheTokens) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA agents test skipped";
-  CudaBackendOptions bo;
-  bo.dtype = DType::kF32;
-  auto be = make_cuda_backend(bo);
-  ASSERT_TRUE(be.ok()) << be.error().message;
-  auto model = make_synthetic_model(spec(), **be);
-  ASSERT_TRUE(model.ok()) << model.error().message;
-  const ModelConfig& c = (*model)->config();
-  auto adapters = make_synthetic_adapters(c, 16, 7);
-  std::vector<const LoraAdapter*> ptrs;
-  std::vector<std::string> names;
-  for (auto& a : adapters) {
-    ASSERT_TRUE(upload_adapter(*a, **be).ok());
-    ptrs.push_back(a.get());
-    names.push_back(a->name);
-  }
-  std::vector<int32_t> prompt(150);
-  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 29) % 250);
+  AgentsSetup ag;
+  ASSERT_TRUE(make_agents(DType::kF32, ag));
+  const ModelConfig& c = ag.model->config();
+  const auto& names = ag.names;
+  const auto& ptrs = ag.ptrs;
+  const auto& prompt = ag.prompt;
   const int64_t row = 2LL * c.num_kv_heads * c.head_dim * 4;  // f32 K + V of one token and layer
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kDroidSpeak}) {
     std::vector<std::vector<int32_t>> outputs[2];
@@ -376,7 +394,7 @@ TEST(CudaAgents, EvictionUnderAKvMemoryBudgetKeepsTheTokens) {
       if (budget == 1)
         ro.sharing.arena_bytes =
             (c.num_layers - priv_layers) * final_tokens * row + final_tokens * priv_layers * row * 8 / 5;
-      auto s = AgentSession::create(**model, nullptr, names, ptrs, ro);
+      auto s = AgentSession::create(*ag.model, nullptr, names, ptrs, ro);
       ASSERT_TRUE(s.ok()) << s.error().message;
       (*s)->append(prompt);
       for (int round = 0; round < 3; ++round)

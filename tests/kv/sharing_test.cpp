@@ -27,6 +27,19 @@ class Sharing : public ::testing::Test {
     owned_.push_back(std::move(*a));
     return owned_.back().get();
   }
+  // Two agents (plan, action) in none mode whose caches share one host arena that holds `tokens`
+  // tokens of one agent's full cache.
+  std::unique_ptr<TrajectoryKv> none_in_arena(int64_t tokens) {
+    const ModelConfig& c = model_->config();
+    SharingOptions o;
+    o.mode = ShareMode::kNone;
+    o.max_tokens = 1024;
+    o.arena_bytes = static_cast<int64_t>(c.num_layers) * 2 * c.num_kv_heads * c.head_dim * 4 * tokens;
+    auto kv = TrajectoryKv::create(
+        c, {adapter("qv-shared-a-r8", "plan", "plan"), adapter("qv-shared-a-r8", "action", "action")}, o);
+    EXPECT_TRUE(kv.ok()) << kv.error().message;
+    return kv.ok() ? std::move(*kv) : nullptr;
+  }
   std::unique_ptr<Backend> be_;
   std::unique_ptr<LlamaModel> model_;
   std::vector<std::unique_ptr<LoraAdapter>> owned_;
@@ -323,64 +336,48 @@ TEST_F(Sharing, EvictionUnderAKvBudgetRecomputesAndKeepsTheTokens) {
 // An agent whose binding is alive (its views may be in the same batch) is never dropped; once the
 // binding is gone it is, and its processed position goes back to 0.
 TEST_F(Sharing, LiveBindingsAreNeverEvicted) {
-  const ModelConfig& c = model_->config();
-  std::vector<const LoraAdapter*> ads = {adapter("qv-shared-a-r8", "plan", "plan"),
-                                         adapter("qv-shared-a-r8", "action", "action")};
-  SharingOptions o;
-  o.mode = ShareMode::kNone;
-  o.max_tokens = 512;
-  const int64_t per_token = static_cast<int64_t>(c.num_layers) * 2 * c.num_kv_heads * c.head_dim * 4;
-  o.arena_bytes = per_token * 400;  // one agent's 300 tokens, not two
-  auto kv = TrajectoryKv::create(c, ads, o);
-  ASSERT_TRUE(kv.ok()) << kv.error().message;
-  auto b0 = (*kv)->bind(0);
+  auto kv = none_in_arena(400);  // one agent's 300 tokens, not two
+  ASSERT_TRUE(kv);
+  auto b0 = kv->bind(0);
   ASSERT_TRUE(b0->reserve(300).ok());
-  (*kv)->advance(0, 300);
+  kv->advance(0, 300);
   {
-    auto b1 = (*kv)->bind(1);
+    auto b1 = kv->bind(1);
     const Status st = b1->reserve(300);
     ASSERT_FALSE(st.ok());
     EXPECT_EQ(st.error().code, ErrorCode::kOutOfMemory);
-    EXPECT_EQ((*kv)->evictions(), 0);
-    EXPECT_EQ((*kv)->processed(0), 300);
+    EXPECT_EQ(kv->evictions(), 0);
+    EXPECT_EQ(kv->processed(0), 300);
   }
   b0.reset();
-  auto b1 = (*kv)->bind(1);
+  auto b1 = kv->bind(1);
   ASSERT_TRUE(b1->reserve(300).ok());
-  EXPECT_EQ((*kv)->evictions(), 1);
-  EXPECT_EQ((*kv)->evicted_tokens(), 300);
-  EXPECT_EQ((*kv)->processed(0), 0);
-  EXPECT_EQ((*kv)->catchup_start(0), 0) << "agent 0 recomputes from the start";
+  EXPECT_EQ(kv->evictions(), 1);
+  EXPECT_EQ(kv->evicted_tokens(), 300);
+  EXPECT_EQ(kv->processed(0), 0);
+  EXPECT_EQ(kv->catchup_start(0), 0) << "agent 0 recomputes from the start";
 }
 
 // A pass that would not fit the whole arena by itself drops nothing: the error says so and the
 // other agents keep their caches.
 TEST_F(Sharing, APassLargerThanTheArenaEvictsNothing) {
-  const ModelConfig& c = model_->config();
-  std::vector<const LoraAdapter*> ads = {adapter("qv-shared-a-r8", "plan", "plan"),
-                                         adapter("qv-shared-a-r8", "action", "action")};
-  SharingOptions o;
-  o.mode = ShareMode::kNone;
-  o.max_tokens = 1024;
-  const int64_t per_token = static_cast<int64_t>(c.num_layers) * 2 * c.num_kv_heads * c.head_dim * 4;
-  o.arena_bytes = per_token * 400;
-  auto kv = TrajectoryKv::create(c, ads, o);
-  ASSERT_TRUE(kv.ok()) << kv.error().message;
+  auto kv = none_in_arena(400);
+  ASSERT_TRUE(kv);
   {
-    auto b0 = (*kv)->bind(0);
+    auto b0 = kv->bind(0);
     ASSERT_TRUE(b0->reserve(300).ok());
-    (*kv)->advance(0, 300);
+    kv->advance(0, 300);
   }
-  auto b1 = (*kv)->bind(1);
+  auto b1 = kv->bind(1);
   const Status st = b1->reserve(800);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, ErrorCode::kOutOfMemory);
   EXPECT_NE(st.error().message.find("alone need more than the whole KV memory"), std::string::npos)
       << st.error().message;
-  EXPECT_EQ((*kv)->evictions(), 0);
-  EXPECT_EQ((*kv)->processed(0), 300);
+  EXPECT_EQ(kv->evictions(), 0);
+  EXPECT_EQ(kv->processed(0), 300);
   ASSERT_TRUE(b1->reserve(300).ok()) << "a pass that fits alone still evicts";
-  EXPECT_EQ((*kv)->evictions(), 1);
+  EXPECT_EQ(kv->evictions(), 1);
 }
 
 // Pools sized per cache (no shared budget) never evict: another agent's blocks would not make room.
