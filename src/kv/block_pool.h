@@ -73,6 +73,8 @@ class BlockPool {
   void set_max_blocks(int64_t n) { max_blocks_ = n; }
   int64_t max_blocks() const { return max_blocks_; }
   int64_t held_slabs() const { return static_cast<int64_t>(slabs_.size()); }
+  // Free blocks in the slabs this pool holds (taken before the arena's free slabs).
+  int64_t free_in_slabs() const { return free_in_slabs_; }
   int64_t blocks_per_slab() const { return blocks_per_slab_; }
   // Bytes of one block across all layers.
   size_t block_bytes() const { return static_cast<size_t>(block_bytes_for(n_layers_, page_size_, width_, dtype())); }

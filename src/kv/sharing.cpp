@@ -97,6 +97,13 @@ class SharedBinding final : public KvBinding {
       if (dropped == 0 && !fits_alone(total))
         return make_error(ErrorCode::kOutOfMemory, "{} (this agent's caches alone need more than the whole KV memory)",
                           st.error().message);
+      // Nor one that would not fit with every droppable cache gone: what else holds the arena
+      // (agents running beside this one, other trajectories of a shared arena) stays.
+      if (dropped == 0 && missing_slabs(total) > kv_.droppable_slabs(a_))
+        return make_error(ErrorCode::kOutOfMemory,
+                          "{} (dropping the other agents' private caches would not make room beside what cannot be "
+                          "dropped: agents running now and other users of the KV memory; nothing was dropped)",
+                          st.error().message);
       if (kv_.evict_lru(a_)) {
         ++dropped;
         continue;
@@ -122,6 +129,22 @@ class SharedBinding final : public KvBinding {
       slabs += (blocks + pool->blocks_per_slab() - 1) / pool->blocks_per_slab();
     }
     return arena == nullptr || slabs <= arena->n_slabs();
+  }
+
+  // Arena slabs this pass must still take: per stream, the blocks up to `total` tokens beyond its
+  // table and beyond the free blocks in its pool's slabs.
+  int64_t missing_slabs(int64_t total) const {
+    const auto ua = static_cast<size_t>(a_);
+    int64_t slabs = 0;
+    for (const PagedStream* s : {&kv_.priv_kv_[ua], &kv_.priv_k_[ua], &kv_.priv_v_[ua], &kv_.shared_kv_,
+                                 &kv_.shared_lrk_, &kv_.shared_lrv_}) {
+      const BlockPool* pool = s->pool();
+      if (!pool) continue;
+      const int64_t need = (total + pool->page_size() - 1) / pool->page_size();
+      const int64_t extra = need - static_cast<int64_t>(s->table().size()) - pool->free_in_slabs();
+      if (extra > 0) slabs += (extra + pool->blocks_per_slab() - 1) / pool->blocks_per_slab();
+    }
+    return slabs;
   }
 
   Status try_reserve(int64_t total) {
@@ -365,14 +388,30 @@ CacheBytes TrajectoryKv::peak_bytes() const {
   return now.total() > peak_.total() ? now : peak_;
 }
 
+bool TrajectoryKv::droppable(int b, int keep) const {
+  const auto ub = static_cast<size_t>(b);
+  const bool holds = !priv_kv_[ub].table().empty() || !priv_k_[ub].table().empty() || !priv_v_[ub].table().empty();
+  // An agent with a live binding may be in the same batch as `keep`: its views must stay.
+  return b != keep && holds && live_[ub] == 0;
+}
+
+int64_t TrajectoryKv::droppable_slabs(int keep) const {
+  // Every private pool belongs to one agent: dropping its streams gives all the pool's slabs back.
+  int64_t slabs = pools_.empty() ? 0 : pools_.front()->arena().free_slabs();
+  for (int b = 0; b < n_agents(); ++b) {
+    if (!droppable(b, keep)) continue;
+    const auto ub = static_cast<size_t>(b);
+    for (const PagedStream* s : {&priv_kv_[ub], &priv_k_[ub], &priv_v_[ub]})
+      if (s->pool()) slabs += s->pool()->held_slabs();
+  }
+  return slabs;
+}
+
 bool TrajectoryKv::evict_lru(int keep) {
   int victim = -1;
   for (int b = 0; b < n_agents(); ++b) {
-    const auto ub = static_cast<size_t>(b);
-    const bool holds = !priv_kv_[ub].table().empty() || !priv_k_[ub].table().empty() || !priv_v_[ub].table().empty();
-    // An agent with a live binding may be in the same batch as `keep`: its views must stay.
-    if (b == keep || !holds || live_[ub] > 0) continue;
-    if (victim < 0 || last_bound_[ub] < last_bound_[static_cast<size_t>(victim)]) victim = b;
+    if (!droppable(b, keep)) continue;
+    if (victim < 0 || last_bound_[static_cast<size_t>(b)] < last_bound_[static_cast<size_t>(victim)]) victim = b;
   }
   if (victim < 0) return false;
   peak_ = peak_bytes();

@@ -97,8 +97,12 @@ class TrajectoryKv {
   TrajectoryKv() = default;
   bool layer_private(int layer) const;  // droidspeak recompute layer / none mode
   bool per_agent_catchup() const;
-  // Drops the private caches of the least recently bound agent other than `keep` that holds any
-  // and has no live binding; false when none does.
+  // Whether agent b's private caches may be dropped for agent `keep`'s pass: b holds some and has
+  // no live binding.
+  bool droppable(int b, int keep) const;
+  // The arena's free slabs plus the slabs that dropping every droppable agent would give back.
+  int64_t droppable_slabs(int keep) const;
+  // Drops the private caches of the least recently bound droppable agent; false when none is.
   bool evict_lru(int keep);
 
   ModelConfig cfg_;

@@ -29,14 +29,17 @@ class Sharing : public ::testing::Test {
   }
   // Two agents (plan, action) in none mode whose caches share one host arena that holds `tokens`
   // tokens of one agent's full cache.
-  std::unique_ptr<TrajectoryKv> none_in_arena(int64_t tokens) {
+  // With three_agents, reflect is the third.
+  std::unique_ptr<TrajectoryKv> none_in_arena(int64_t tokens, bool three_agents = false) {
     const ModelConfig& c = model_->config();
     SharingOptions o;
     o.mode = ShareMode::kNone;
     o.max_tokens = 1024;
     o.arena_bytes = static_cast<int64_t>(c.num_layers) * 2 * c.num_kv_heads * c.head_dim * 4 * tokens;
-    auto kv = TrajectoryKv::create(
-        c, {adapter("qv-shared-a-r8", "plan", "plan"), adapter("qv-shared-a-r8", "action", "action")}, o);
+    std::vector<const LoraAdapter*> agents = {adapter("qv-shared-a-r8", "plan", "plan"),
+                                              adapter("qv-shared-a-r8", "action", "action")};
+    if (three_agents) agents.push_back(adapter("qv-shared-a-r8", "reflect", "reflect"));
+    auto kv = TrajectoryKv::create(c, agents, o);
     EXPECT_TRUE(kv.ok()) << kv.error().message;
     return kv.ok() ? std::move(*kv) : nullptr;
   }
@@ -378,6 +381,34 @@ TEST_F(Sharing, APassLargerThanTheArenaEvictsNothing) {
   EXPECT_EQ(kv->processed(0), 300);
   ASSERT_TRUE(b1->reserve(300).ok()) << "a pass that fits alone still evicts";
   EXPECT_EQ(kv->evictions(), 1);
+}
+
+// A pass that fits the arena alone, but not beside caches that cannot be dropped (an agent running
+// in the same batch), drops nothing either: the droppable agent keeps its cache.
+TEST_F(Sharing, APassThatCannotFitBesideLiveCachesEvictsNothing) {
+  auto kv = none_in_arena(700, /*three_agents=*/true);
+  ASSERT_TRUE(kv);
+  {
+    auto b2 = kv->bind(2);
+    ASSERT_TRUE(b2->reserve(100).ok());
+    kv->advance(2, 100);
+  }
+  auto b0 = kv->bind(0);  // live: agent 1's pass runs beside it
+  ASSERT_TRUE(b0->reserve(300).ok());
+  kv->advance(0, 300);
+  {
+    auto b1 = kv->bind(1);
+    const Status st = b1->reserve(600);  // fits the arena alone; beside agent 0's 300 tokens it cannot
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.error().code, ErrorCode::kOutOfMemory);
+    EXPECT_NE(st.error().message.find("would not make room"), std::string::npos) << st.error().message;
+    EXPECT_EQ(kv->evictions(), 0);
+    EXPECT_EQ(kv->processed(2), 100) << "agent 2's cache is kept";
+    ASSERT_TRUE(b1->reserve(350).ok()) << "a pass that fits once agent 2 is dropped still evicts";
+    EXPECT_EQ(kv->evictions(), 1);
+    EXPECT_EQ(kv->processed(2), 0);
+    EXPECT_EQ(kv->processed(0), 300);
+  }
 }
 
 // Pools sized per cache (no shared budget) never evict: another agent's blocks would not make room.
