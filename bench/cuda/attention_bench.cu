@@ -481,11 +481,12 @@ int main(int argc, char** argv) {
     CK(cudaFree(d_cl));
   }
 
-  // ---- decode: one sequence over 4k (an 8B model's batch-1 decode step, per layer) ----
+  // ---- decode: one sequence over 4k (an 8B model's batch-1 decode step, per layer) and 32k ----
   // The default (v4's decode kernel) against v1, which ran this shape before v4. Each repetition
-  // reads another 32k slice of the pool, so the 16.8 MB of K/V are not L2-resident.
-  {
-    const int ctx1 = 4096, slice = kDecodeCtx / kPage;
+  // reads another 32k slice of the pool, so the 16.8 MB of K/V at 4k are not L2-resident.
+  for (const int ctx1 : {4096, dctx}) {
+    const int slice = kDecodeCtx / kPage;
+    const char* group = ctx1 == 4096 ? "decode1" : "decode1_long";
     int32_t* d_qs = dupload(std::vector<int32_t>{0, 1});
     int32_t* d_cl = dupload(std::vector<int32_t>{ctx1});
     auto params = [&](int rep, bool vlr) {
@@ -496,7 +497,7 @@ int main(int argc, char** argv) {
     for (bool vlr : {false, true}) {
       for (lc::AttnKernel kern : {lc::AttnKernel::kV4Decode, lc::AttnKernel::kV1Mma}) {
         Result r;
-        r.group = "decode1";
+        r.group = group;
         r.name = std::string(kern == lc::AttnKernel::kV1Mma ? "v1_" : "") + (vlr ? "flash_lora_v_r16" : "plain");
         r.ctx = ctx1;
         r.n_q = 1;
@@ -507,7 +508,7 @@ int main(int argc, char** argv) {
         r.bytes = 2.0 * ctx1 * kWidth * 2 + (vlr ? static_cast<double>(ctx1) * kRank * 2 : 0);
         report(r);
       }
-      check_vs_v0(params(0, vlr), std::string("decode1_v4_vs_v0_rel_l2_") + (vlr ? "flash_lora_v_r16" : "plain"), ctx1,
+      check_vs_v0(params(0, vlr), std::string(group) + "_v4_vs_v0_rel_l2_" + (vlr ? "flash_lora_v_r16" : "plain"), ctx1,
                   static_cast<size_t>(kHeads) * kD);
     }
     CK(cudaFree(d_qs));

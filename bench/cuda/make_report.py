@@ -73,6 +73,7 @@ def plot(report, path):
     a1.legend(fontsize=7)
     bars = [("8 x 32k\nprivate", "decode", "private_plain", "v1_private_plain"),
             ("1 x 4k\n(8B step, 1 layer)", "decode1", "plain", "v1_plain"),
+            ("1 x 32k\n(8B step, 1 layer)", "decode1_long", "plain", "v1_plain"),
             ("3 agents,\n1 x 32k shared", "agents3", "shared_plain", "v1_shared_plain"),
             ("8 agents,\n1 x 32k shared", "agents", "shared_plain", "v1_shared_plain")]
     labels, ours_bw, v1_bw = [], [], []
@@ -214,13 +215,16 @@ def main():
                  f"{fmt(ratios['decode']['fraction_of_copy'])} of copy ceiling "
                  f"({fmt(copy_gbps, '.0f')} GB/s); FLA {fmt(ratios['decode']['fla_fraction_of_copy'])}; "
                  f"materialise/FLA {fmt(ratios['decode']['materialise_over_fla_time'])}"))
-    d1 = {n: find(R, "decode1", n) for n in ("plain", "v1_plain", "flash_lora_v_r16", "v1_flash_lora_v_r16")}
-    if d1["plain"]:
-        ratios["decode1"] = {n: ms(r) for n, r in d1.items()}
-        ratios["decode1"]["fraction_of_copy"] = ratio(d1["plain"].get("gbps"), copy_gbps)
+    # One sequence (an 8B batch-1 step's attention, one layer) at 4k and, since 17ff45b's bench, 32k.
+    for group in ("decode1", "decode1_long"):
+        d1 = {n: find(R, group, n) for n in ("plain", "v1_plain", "flash_lora_v_r16", "v1_flash_lora_v_r16")}
+        if not d1["plain"]:
+            continue
+        ratios[group] = {n: ms(r) for n, r in d1.items()}
+        ratios[group]["fraction_of_copy"] = ratio(d1["plain"].get("gbps"), copy_gbps)
         rows.append((f"decode 1x{d1['plain'].get('ctx', 0) // 1024}k (a batch-1 step's attention, one layer)",
                      f"v4 {fmt(1e3 * (ms(d1['plain']) or 0), '.1f')} us vs v1 {fmt(1e3 * (ms(d1['v1_plain']) or 0), '.1f')} us "
-                     f"({fmt(ratios['decode1']['fraction_of_copy'])} of copy); FLA v4 "
+                     f"({fmt(ratios[group]['fraction_of_copy'])} of copy); FLA v4 "
                      f"{fmt(1e3 * (ms(d1['flash_lora_v_r16']) or 0), '.1f')} us vs v1 "
                      f"{fmt(1e3 * (ms(d1['v1_flash_lora_v_r16']) or 0), '.1f')} us"))
     sh = {n: find(R, "agents", n) for n in ("shared_plain", "shared_flash_lora_v_r16", "shared_flash_lora_kv_r16")}
