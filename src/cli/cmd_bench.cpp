@@ -362,12 +362,12 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
       ->default_val(kPosterLengths);
   cmd->add_option("--adapters", f->adapters, "shared (one lora_A for the three agents) or indep (base-lr then reports n/a)")
       ->default_val("shared");
-  cmd->add_option("--rank", f->rank, "LoRA rank of the three role adapters (q_proj, v_proj)")->default_val(16)->check(CLI::PositiveNumber);
+  cmd->add_option("--rank", f->rank, "LoRA rank of the three role adapters (q_proj, v_proj)")->default_val(16)->check(cli::positive());
   cmd->add_option("--kv-budget", f->kv_budget_gb,
                   "GB (1e9 bytes) the KV pools of one trace may reserve. When they are full, the least recently run "
                   "other agent's private cache is dropped and recomputed at its next call (see --no-kv-evict); a "
                   "trace that still does not fit is reported as OOM")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative());
   cmd->add_flag("--no-kv-evict", f->no_kv_evict,
                 "Under --kv-budget: report OOM when the KV memory is full instead of dropping other agents' private "
                 "caches (to be recomputed)");
@@ -380,7 +380,7 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--max-agents", f->max_agents, "Largest agent count of the agents curve")->default_val(16)->check(CLI::Range(1, 256));
   cmd->add_option("--trajectories", f->trajectories, "Trajectory file (default: bench/trace/trajectories.json)");
   cmd->add_option("--trajectory", f->trajectory, "Which trajectory of the file to scale (0: the default)")->default_val(0);
-  cmd->add_option("--page-size", f->page_size, "Tokens per KV cache page")->default_val(16)->check(CLI::PositiveNumber);
+  cmd->add_option("--page-size", f->page_size, "Tokens per KV cache page")->default_val(16)->check(cli::positive());
   cmd->add_option("--droidspeak-layers", f->droidspeak_layers, "Layers droidspeak recomputes per agent")->default_val("0");
   cmd->add_flag("!--no-warmup", f->warmup, "Skip the untimed warm-up run");
   cmd->add_option("--device", f->device, "cpu, or cuda / cuda:N")->default_val("cpu");

@@ -93,10 +93,10 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   auto* p = cmd->add_option("--prompt", f->prompt, "Prompt text (tokenized with the model's tokenizer, BOS added as HF does)");
   auto* pt = cmd->add_option("--prompt-tokens", f->prompt_tokens, "Prompt as comma-separated token ids, used as given (no BOS added)");
   p->excludes(pt);
-  cmd->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->default_val(64)->check(CLI::NonNegativeNumber);
-  cmd->add_option("--temperature", f->temperature, "Sampling temperature; 0 is greedy")->default_val(0)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->default_val(64)->check(cli::non_negative());
+  cmd->add_option("--temperature", f->temperature, "Sampling temperature; 0 is greedy")->default_val(0)->check(cli::non_negative());
   cmd->add_option("--top-p", f->top_p, "Nucleus sampling mass (1: off)")->default_val(1)->check(CLI::Range(0.0, 1.0));
-  cmd->add_option("--top-k", f->top_k, "Keep only the k most likely tokens (0: off)")->default_val(0)->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", f->top_k, "Keep only the k most likely tokens (0: off)")->default_val(0)->check(cli::non_negative());
   cmd->add_option("--seed", f->seed, "Random seed for sampling")->default_val(0);
   cmd->add_option("--use", f->use, "Name of a registered adapter to generate with (default: base model)");
   cmd->add_flag("--json", f->json, "Print one JSON object: prompt_tokens, output_tokens, text, finish_reason");

@@ -230,16 +230,16 @@ void register_run(CLI::App& app, std::function<int()>& action) {
                   "Omitted: only the built-in question");
   cmd->add_option("--max-steps", f->max_steps, "Most Thought/Action/Observation rounds before giving up")
       ->default_val(6)
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   cmd->add_option("--thought-tokens", f->thought_tokens, "Most tokens the plan agent decodes per Thought")
       ->default_val(48)
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   cmd->add_option("--action-tokens", f->action_tokens, "Most tokens the action agent decodes per Action")
       ->default_val(24)
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   cmd->add_option("--reflect-tokens", f->reflect_tokens, "Most tokens the reflect agent decodes")
       ->default_val(24)
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   cmd->add_option("--system-prompt", f->system_prompt,
                   "Built-in system prompt: full (the HotpotQA ReAct prompt of the LRAgent trajectories, ~190 words) "
                   "or compact (two lines, for models with a short context)")

@@ -1,6 +1,8 @@
 #include "cli/common.h"
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/core.h>
@@ -48,6 +50,25 @@ void add_prefill_attention_flag(CLI::App* app, std::string& value) {
       ->default_val("v6")
       ->check(CLI::IsMember({"v5", "v6"}));
 }
+
+namespace {
+
+CLI::Validator number_check(bool strict) {
+  return CLI::Validator(
+      [strict](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size() || std::isnan(v)) return "'" + text + "' is not a number";
+        if (strict ? v > 0 : v >= 0) return {};
+        return fmt::format("must be {}, not {}", strict ? "> 0" : ">= 0", text);
+      },
+      strict ? "POSITIVE" : "NONNEGATIVE");
+}
+
+}  // namespace
+
+CLI::Validator non_negative() { return number_check(false); }
+CLI::Validator positive() { return number_check(true); }
 
 int report(const Error& e) {
   fmt::print(stderr, "error: {}\n", e.message);

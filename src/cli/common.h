@@ -49,6 +49,11 @@ Result<LoadedModel> load_model(const ModelFlags& flags);
 // Parses "1,2,3" into ids.
 Result<std::vector<int32_t>> parse_id_list(const std::string& text);
 
+// Numeric option checks with a readable message ("must be >= 0, not -1"): CLI11 2.1's
+// NonNegativeNumber / PositiveNumber print their range up to 1.8e308 in full.
+CLI::Validator non_negative();
+CLI::Validator positive();
+
 // Prints "error: <message>" on stderr and returns the exit code for it.
 int report(const Error& e);
 

@@ -18,19 +18,19 @@ void SharingFlags::add_to(CLI::App* app, bool with_mode) {
         ->default_val("none");
   app->add_option("--recompute-layers", recompute_layers,
                   "droidspeak: comma-separated layers kept per agent (see `lragent profile-layers`)");
-  app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(CLI::PositiveNumber);
+  app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(cli::positive());
   app->add_option("--max-context", max_context,
                   "Longest trajectory the KV pools are sized for, in tokens (capped at the model's context); "
                   "memory is reserved up front, so a larger value costs memory even when unused")
       ->default_val(4096)
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive());
   app->add_option("--kv-memory", kv_memory_gb,
                   "KV cache memory in GB, reserved up front as one pool that every cache of the trajectory draws "
                   "from (shared base, low-rank rows, each agent's private caches): memory goes to whichever "
                   "cache needs it, and running out is reported with what each cache holds. 0 (default): size "
                   "it so that every cache holds --max-context tokens")
       ->default_val(0)
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative());
   app->add_flag("--no-kv-evict", no_kv_evict,
                 "When the KV memory is full, fail with an out-of-memory error instead of dropping the private "
                 "caches of the least recently run other agent (which then recomputes them at its next call; "

@@ -164,6 +164,17 @@ TEST(Cli, TooLongPromptAndBadFlags) {
   EXPECT_NE(r.err.find("--prefill-attention"), std::string::npos) << r.err;
   r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens 1 --prefill-attention v5");
   EXPECT_EQ(r.code, 0) << r.err;
+  // Numeric checks say the rule and the value (CLI11's own printed a range up to 1.8e308).
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --temperature -1");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--temperature: must be >= 0, not -1"), std::string::npos) << r.err;
+  EXPECT_LT(r.err.size(), 200u) << r.err;
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens two");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("'two' is not a number"), std::string::npos) << r.err;
+  r = run_cli("replay " + model_arg() + " --page-size 0 --script x.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--page-size: must be > 0, not 0"), std::string::npos) << r.err;
 }
 
 TEST(Cli, ReplayJsonAndBadScripts) {
