@@ -11,6 +11,7 @@ FUZZ_SECONDS=${LRAGENT_FUZZ_SECONDS:-60}
 
 scripts/setup.sh
 scripts/fetch-fixtures.sh
+export LRAGENT_REQUIRE_FIXTURES=1  # the fetched tokenizer fixtures are there: a test missing one fails
 
 echo "== release build + tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

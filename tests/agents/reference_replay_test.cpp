@@ -38,17 +38,18 @@ int run_shell(const std::string& cmd, std::string* out) {
 }
 
 TEST(ReferenceReplay, AllModesAndAdapterSetsMatchNumpyReference) {
-  if (!fs::exists(kPython)) GTEST_SKIP() << kPython << " is missing";
+  // Everything it needs is installed (scripts/setup.sh: python3-numpy), built or beside the
+  // checkout (../shared) wherever the tests run: a missing piece fails the test, it is no skip.
+  ASSERT_TRUE(fs::exists(kPython)) << kPython << " is missing (scripts/setup.sh installs it)";
   std::string probe;
-  if (run_shell(std::string(kPython) + " -c 'import numpy'", &probe) != 0)
-    GTEST_SKIP() << kPython << " lacks numpy (apt-get install python3-numpy): " << probe;
+  ASSERT_EQ(run_shell(std::string(kPython) + " -c 'import numpy'", &probe), 0)
+      << kPython << " lacks numpy (apt-get install python3-numpy): " << probe;
   const std::string bin = testing::lragent_bin();
   const std::string shared = testing::shared_dir();
-  if (!fs::exists(bin)) GTEST_SKIP() << bin << " is missing (build the lragent target)";
-  if (!fs::exists(testing::tinystories_dir() + "/model.safetensors"))
-    GTEST_SKIP() << testing::tinystories_dir() << " is missing";
-  if (!fs::exists(shared + "/data/agent-trajectories/13b_hotpotqa_200.json"))
-    GTEST_SKIP() << shared << "/data/agent-trajectories is missing";
+  ASSERT_TRUE(fs::exists(bin)) << bin << " is missing (build the lragent target)";
+  ASSERT_TRUE(fs::exists(testing::tinystories_dir() + "/model.safetensors")) << testing::tinystories_dir() << " is missing";
+  ASSERT_TRUE(fs::exists(shared + "/data/agent-trajectories/13b_hotpotqa_200.json"))
+      << shared << "/data/agent-trajectories is missing";
 
   const std::string script = testing::source_dir() + "/tests/agents/check_replay.py";
   const std::string cmd = std::string(kPython) + " " + quote(script) + " --lragent " + quote(bin) + " --shared " +

@@ -65,7 +65,8 @@ TEST(CpuOps, MatmulEveryWeightDtypeAndStride) {
               acc += static_cast<double>(x[static_cast<size_t>(i * in + c)]) * wq;
             }
             const double ref = 0.5 * acc + 2.0 * y0[static_cast<size_t>(i * out + o)] + b[static_cast<size_t>(o)];
-            max_err = std::max(max_err, std::fabs(ref - y.f32()[i * out + o]));
+            const double err = std::fabs(ref - y.f32()[i * out + o]);
+            max_err = std::isfinite(err) ? std::max(max_err, err) : INFINITY;  // NaN must fail, not vanish
             max_ref = std::max(max_ref, std::fabs(ref));
           }
         EXPECT_LE(max_err / max_ref, 1e-5) << dtype_name(t) << " n " << n << " out " << out;

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <random>
 
 #include "core/dtype.h"
@@ -17,20 +19,40 @@ TEST(DType, Bf16RoundTripsAndRoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
 }
 
+// The compiler's own _Float16 conversion (GCC >= 12 on x86-64: IEEE round-to-nearest-even) is the
+// reference, bit for bit, over random values of every magnitude (subnormals, overflow included).
 TEST(DType, F16MatchesIeeeOnRandomValues) {
+  auto ieee = [](float x) {
+    const _Float16 h = static_cast<_Float16>(x);
+    uint16_t bits;
+    std::memcpy(&bits, &h, sizeof bits);
+    return bits;
+  };
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-70000.f, 70000.f);
   for (int i = 0; i < 20000; ++i) {
-    float x = u(rng) * (i % 3 == 0 ? 1e-6f : 1.0f);
-    float back = f16_to_f32(f32_to_f16(x));
-    if (std::fabs(x) >= 65520.f) {  // halfway to the next binade rounds to inf
-      EXPECT_TRUE(std::isinf(back));
-    } else if (std::fabs(x) > 6.2e-5f) {
-      EXPECT_LE(std::fabs(back - x), std::fabs(x) * (1.0f / 2048.f)) << x;
-    } else {
-      EXPECT_LE(std::fabs(back - x), std::ldexp(1.0f, -25)) << x;
-    }
+    const float x = u(rng) * (i % 3 == 0 ? 1e-6f : 1.0f);
+    ASSERT_EQ(f32_to_f16(x), ieee(x)) << x;
+    const float back = f16_to_f32(f32_to_f16(x));
+    EXPECT_EQ(back, static_cast<float>(static_cast<_Float16>(x))) << x;
   }
+  // Every f32 whose low 13 mantissa bits sit at a rounding edge (ties, one below and above)
+  // across the normal and subnormal f16 range.
+  for (int e = -26; e <= 15; ++e)
+    for (uint32_t m : {0x1000u, 0x0fffu, 0x1001u, 0x3000u, 0x1fffu, 0x0001u}) {
+      uint32_t u32 = (static_cast<uint32_t>(e + 127) << 23) | (0x155555u & ~0x1fffu) | m;
+      float x;
+      std::memcpy(&x, &u32, sizeof x);
+      EXPECT_EQ(f32_to_f16(x), ieee(x)) << x;
+      EXPECT_EQ(f32_to_f16(-x), ieee(-x)) << -x;
+    }
+  // Ties to even, written out: 1 + 2^-11 -> 1.0, 1 + 3 * 2^-11 -> 1 + 2^-9; 2^-25 -> +0,
+  // 3 * 2^-26 -> the smallest subnormal; 65520 -> inf.
+  EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(f32_to_f16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  EXPECT_EQ(f32_to_f16(std::ldexp(1.0f, -25)), 0x0000);
+  EXPECT_EQ(f32_to_f16(3 * std::ldexp(1.0f, -26)), 0x0001);
+  EXPECT_EQ(f32_to_f16(65520.f), 0x7c00);
   EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
   EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));
   EXPECT_EQ(f32_to_f16(65504.f), 0x7bff);

@@ -54,11 +54,7 @@ std::vector<int32_t> prompt_ids(int n) {
   return ids;
 }
 
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  float m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]));
-  return m;
-}
+using testing::max_abs_diff;
 
 TEST_F(Sharing, OneAgentEveryModeEqualsNoneAndNoneEqualsGenerate) {
   for (const std::string set : {"qv-shared-a-r8", "qkvo-shared-a-r4"}) {

@@ -67,9 +67,7 @@ void check_golden(LlamaModel& model, const Tokenizer* tok, const nlohmann::json&
       const auto& c = g["cases"][i];
       const auto want_logits = c["last_logits"].get<std::vector<float>>();
       ASSERT_EQ(results[i].first_logits.size(), want_logits.size());
-      float max_diff = 0;
-      for (size_t v = 0; v < want_logits.size(); ++v)
-        max_diff = std::max(max_diff, std::fabs(results[i].first_logits[v] - want_logits[v]));
+      const float max_diff = testing::max_abs_diff(results[i].first_logits, want_logits);
       EXPECT_LE(max_diff, 1e-4f) << "case " << i << (batched ? " (batched)" : "");
       EXPECT_EQ(results[i].output, c["output_tokens"].get<std::vector<int32_t>>())
           << "case " << i << (batched ? " (batched)" : "");

@@ -47,9 +47,7 @@ TEST_P(MultiLora, MixedBatchEqualsEachSequenceAlone) {
     auto alone = gen.run({reqs[i]});
     ASSERT_TRUE(alone.ok());
     EXPECT_EQ((*batched)[i].output, (*alone)[0].output) << "sequence " << i;
-    float diff = 0;
-    for (size_t v = 0; v < (*alone)[0].first_logits.size(); ++v)
-      diff = std::max(diff, std::fabs((*batched)[i].first_logits[v] - (*alone)[0].first_logits[v]));
+    const float diff = testing::max_abs_diff((*batched)[i].first_logits, (*alone)[0].first_logits);
     EXPECT_LE(diff, 5e-5f) << "sequence " << i;  // GEMM blocking differs with the batch size: rounding only
   }
 }

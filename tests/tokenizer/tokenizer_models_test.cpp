@@ -70,7 +70,7 @@ TEST(TokenizerTinyStories, HandCheckedIds) {
 // tokenizers library where it disagreed (prompt_tokens_tokenizers_lib).
 TEST(TokenizerTinyStories, MatchesModelGoldenPrompts) {
   const std::string path = testing::fixtures_dir() + "/goldens/tinystories-base.json";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is missing";
+  ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (a committed golden)";
   const auto golden = nlohmann::json::parse(testing::read_file(path));
   auto lib = load_tinystories(TokenizerFlavor::kTokenizers);
   auto tf = load_tinystories(TokenizerFlavor::kTransformers);
@@ -100,7 +100,7 @@ TEST(TokenizerTinyStories, NormalizedSpecialTokens) {
 }
 
 TEST(TokenizerLlama3, SpecialTokensInsideText) {
-  if (!have_fetched("llama3")) GTEST_SKIP() << "run scripts/fetch-fixtures.sh";
+  if (!have_fetched("llama3")) LRAGENT_SKIP_UNLESS_REQUIRED("run scripts/fetch-fixtures.sh");
   auto tok = load_fetched("llama3");
   ASSERT_TRUE(tok);
   const int32_t bot = tok->token_to_id("<|begin_of_text|>");
@@ -129,7 +129,7 @@ TEST(TokenizerLlama3, SpecialTokensInsideText) {
 }
 
 TEST(TokenizerLlama3, LongRunsRoundTrip) {
-  if (!have_fetched("llama3")) GTEST_SKIP() << "run scripts/fetch-fixtures.sh";
+  if (!have_fetched("llama3")) LRAGENT_SKIP_UNLESS_REQUIRED("run scripts/fetch-fixtures.sh");
   auto tok = load_fetched("llama3");
   ASSERT_TRUE(tok);
   // Byte-level BPE loses nothing: decode(encode(x)) == x for any valid UTF-8, however long the
@@ -142,7 +142,7 @@ TEST(TokenizerLlama3, LongRunsRoundTrip) {
 }
 
 TEST(TokenizerQwen3, SpecialTokensAndNfc) {
-  if (!have_fetched("qwen3")) GTEST_SKIP() << "run scripts/fetch-fixtures.sh";
+  if (!have_fetched("qwen3")) LRAGENT_SKIP_UNLESS_REQUIRED("run scripts/fetch-fixtures.sh");
   auto tok = load_fetched("qwen3");
   ASSERT_TRUE(tok);
   const int32_t im_start = tok->token_to_id("<|im_start|>");
