@@ -56,6 +56,15 @@ class ReactRun {
   // context, so nothing was appended.
   Result<std::optional<WorkflowTurn>> turn(int step, const char* agent, const std::string& prefix, int budget) {
     const std::vector<int32_t> ids = tok_.encode(prefix, /*add_special_tokens=*/false);
+    std::vector<int32_t> forced;  // [n] the turn's teacher-forced line (ReactOptions::forced_turn)
+    std::optional<std::string> forced_text;
+    if (o_.forced_turn) forced_text = o_.forced_turn(step, agent);
+    if (forced_text) {
+      forced = tok_.encode(*forced_text, /*add_special_tokens=*/false);
+      if (forced.empty())
+        return make_error(ErrorCode::kInvalidArgument, "forced {} turn of step {} is empty", agent, step);
+      budget = static_cast<int>(forced.size());
+    }
     const int64_t need = static_cast<int64_t>(s_.trajectory().size() + ids.size() + newline_.size()) + budget;
     if (o_.max_context_tokens > 0 && need > o_.max_context_tokens) {
       if (!report_.turns.empty()) return std::optional<WorkflowTurn>();
@@ -69,12 +78,15 @@ class ReactRun {
     t.step = step;
     t.agent = agent;
     t.context_tokens = static_cast<int64_t>(s_.trajectory().size());
-    LRA_ASSIGN_OR_RETURN(StepResult r, s_.run_agent(agent, budget, {}, {"\n"}));
+    LRA_ASSIGN_OR_RETURN(StepResult r, forced.empty() ? s_.run_agent(agent, budget, {}, {"\n"})
+                                                       : s_.run_agent(agent, 0, forced, {}));
     if (r.text.empty() || r.text.back() != '\n') s_.append(newline_);
     t.prefilled_tokens = r.prefilled_tokens;
     t.decoded_tokens = static_cast<int64_t>(r.output_tokens.size());
     t.seconds = r.seconds;
-    t.text = first_line(r.text);
+    // A forced line is the text given (its encoding may drop characters the vocabulary lacks,
+    // as any appended text's does); a generated one is what the agent wrote.
+    t.text = first_line(forced_text ? *forced_text : r.text);
     return std::optional<WorkflowTurn>(std::move(t));
   }
 

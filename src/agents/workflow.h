@@ -16,6 +16,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,11 @@ struct ReactOptions {
   // overflow it. 0: unchecked (the model reports an overflow as an error).
   int64_t max_context_tokens = 0;
   std::function<void(const WorkflowTurn&)> on_turn;  // after each agent turn, e.g. to print it
+  // When set and it returns text for (step, agent), that turn's line is this text instead of a
+  // generated one: teacher-forced (its tokens run through the agent as the replay's force_tokens
+  // do, so the caches are what generating it would have left). For replaying recorded turns, a
+  // human answering for an agent, or tests that need a given action (e.g. "Finish[...]").
+  std::function<std::optional<std::string>(int step, const std::string& agent)> forced_turn;
 };
 
 // Runs one episode on `session` (fresh: the trajectory holds at most BOS), whose agents must
