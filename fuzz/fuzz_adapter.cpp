@@ -49,12 +49,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check_names_source(adapter.error(), "<fuzz adapter_config>", "<fuzz tensors>");
     return 0;
   }
+  // [in, out] of each target (LoraTarget order q, k, v, o, gate, up, down) in kConfig: hidden 16,
+  // 2 heads of 8 (q/o 16 wide), 1 KV head (k/v 8 wide), intermediate 32. Written out here, not
+  // taken from the library, so a loader that accepted wrong widths would trap.
+  constexpr int64_t kDims[lragent::kNumLoraTargets][2] = {{16, 16}, {16, 8}, {16, 8}, {16, 16},
+                                                          {16, 32}, {16, 32}, {32, 16}};
+  if ((*adapter)->layers.size() != 1) __builtin_trap();  // one layer in kConfig
   for (const auto& layer : (*adapter)->layers)
-    for (const auto& m : layer) {
+    for (int t = 0; t < lragent::kNumLoraTargets; ++t) {
+      const auto& m = layer[static_cast<size_t>(t)];
       if (!m) continue;
       // A [r, in], B [out, r]: the forward pass relies on these, so check them here.
       if (m->rank <= 0 || m->a.shape().size() != 2 || m->b.shape().size() != 2 || m->a.shape()[0] != m->rank ||
-          m->b.shape()[1] != m->rank)
+          m->b.shape()[1] != m->rank || m->a.shape()[1] != kDims[t][0] || m->b.shape()[0] != kDims[t][1])
         __builtin_trap();
       volatile float sink = 0;
       for (int64_t i = 0; i < m->a.numel(); ++i) sink = sink + m->a.f32()[i];

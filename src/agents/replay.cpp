@@ -37,7 +37,9 @@ Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text
       st.kind = ReplayStep::Kind::kAppendTokens;
       LRA_ASSIGN_OR_RETURN(st.tokens, ids_of(s["append_tokens"], "append_tokens"));
     } else if (s.contains("agent")) {
-      if (!s["agent"].is_string()) return make_error(ErrorCode::kCorrupt, "{}: step {}: \"agent\" must be a string", source, i);
+      if (!s["agent"].is_string() || s["agent"].get<std::string>().empty())
+        return make_error(ErrorCode::kCorrupt, "{}: step {}: \"agent\" must be a non-empty string (an agent's name)",
+                          source, i);
       st.agent = s["agent"].get<std::string>();
       if (s.contains("force_tokens")) {
         st.kind = ReplayStep::Kind::kForce;

@@ -195,6 +195,10 @@ TEST(Cli, ReplayJsonAndBadScripts) {
   r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/bad.json"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(error_line(r).find("bad.json"), std::string::npos) << r.err;
+  std::ofstream(dir + "/noname.json") << R"({"steps": [{"agent": "", "generate": 2}]})";
+  r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/noname.json"));
+  EXPECT_EQ(r.code, 4);
+  EXPECT_NE(error_line(r).find("noname.json: step 0: \"agent\" must be a non-empty string"), std::string::npos) << r.err;
   const std::string indep = testing::adapters_dir() + "/qv-indep-a-r8/";
   r = run_cli("replay " + model_arg() + " --adapter plan=" + shell_quote(indep + "plan") + " --adapter action=" +
               shell_quote(indep + "action") + " --kv-share base-lr --script " + shell_quote(dir + "/s.json"));
