@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -142,6 +143,30 @@ ErrStat compare(const std::vector<float>& got, const std::vector<float>& ref) {
   } while (0)
 
 // Builds the inputs of `cs`, runs the CPU reference and each kernel version, checks errors.
+// Launches per version that actually ran (attention_last_kernel), counted by run_case's checks:
+// a test asking for v4 / v5 / v6 checks that those kernels, not only their fallbacks, were what
+// it compared against the reference.
+int g_ran[7] = {};
+
+void reset_ran() {
+  for (int& n : g_ran) n = 0;
+}
+
+bool device_is_sm90() {
+  cudaDeviceProp prop{};
+  return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
+}
+
+// Every version in `kernels` launched at least once since reset_ran() (the wgmma versions v5
+// and v6 only on an sm_90 device: elsewhere they are v4 by design).
+void expect_ran(std::initializer_list<lc::AttnKernel> kernels, const char* test) {
+  for (lc::AttnKernel k : kernels) {
+    const int v = static_cast<int>(k);
+    if (v >= 5 && !device_is_sm90()) continue;
+    EXPECT_GT(g_ran[v], 0) << test << ": v" << v << " never ran (every request fell back to an older kernel)";
+  }
+}
+
 void run_case(const Case& cs, uint32_t seed) {
   SCOPED_TRACE(cs.name());
   std::mt19937 rng(seed);
@@ -316,6 +341,11 @@ void run_case(const Case& cs, uint32_t seed) {
     CUDA_OK(cudaMemset(d_out32.p, 0xff, n_out * 4));  // f32 NaN
     CUDA_OK(lc::attention(pp, kern));
     CUDA_OK(cudaDeviceSynchronize());
+    const lc::AttnKernel ran = lc::attention_last_kernel();
+    g_ran[static_cast<int>(ran)] += 1;
+    // A request is the newest version allowed: never a newer one; v0 and v1 cover every shape.
+    EXPECT_TRUE(static_cast<int>(ran) <= static_cast<int>(kern)) << what << ": ran v" << static_cast<int>(ran);
+    if (kern == lc::AttnKernel::kV0Naive || kern == lc::AttnKernel::kV1Mma) EXPECT_TRUE(ran == kern) << what;
     std::vector<uint16_t> ob(n_out);
     std::vector<float> of(n_out), obf(n_out);
     CUDA_OK(cudaMemcpy(ob.data(), d_out.p, n_out * 2, cudaMemcpyDeviceToHost));
@@ -326,7 +356,7 @@ void run_case(const Case& cs, uint32_t seed) {
     EXPECT_TRUE(std::all_of(ctr.begin(), ctr.end(), [](unsigned int c) { return c == 0; }))
         << what << ": split-K counters not back at zero";
     const ErrStat eb = compare(obf, ref), ef = compare(of, ref);
-    std::printf("  %-4s %-28s splits=%-3d rel_l2 bf16=%.2e f32=%.2e%s\n",
+    std::printf("  %-4s ran v%d %-28s splits=%-3d rel_l2 bf16=%.2e f32=%.2e%s\n",
                 kern == lc::AttnKernel::kV0Naive ? "v0"
                 : kern == lc::AttnKernel::kV1Mma ? "v1"
                 : kern == lc::AttnKernel::kV2Mma ? "v2"
@@ -334,7 +364,7 @@ void run_case(const Case& cs, uint32_t seed) {
                 : kern == lc::AttnKernel::kV4Decode ? "v4"
                 : kern == lc::AttnKernel::kV5Wgmma  ? "v5"
                                                     : "v6",
-                what,
+                static_cast<int>(ran), what,
                 lc::attention_num_splits(pp, kern), eb.rel, ef.rel,
                 (eb.nan || ef.nan) ? " NaN!" : "");
     if (eb.rel > 1e-2) {  // where it went wrong: the (query row, head) pairs off by > 1e-2
@@ -402,15 +432,20 @@ const int kCtx[] = {1, 17, 97, 4097};
 
 TEST(CudaAttention, PrefillPlain) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 1;
   for (int d : {64, 128})
     for (int group : {1, 4, 8})
       for (int page : {1, 16})
         for (int ctx : kCtx) run_case(make(d, group, page, {ctx}, {chunk_for(ctx)}), seed++);
+  expect_ran({lc::AttnKernel::kV0Naive, lc::AttnKernel::kV1Mma, lc::AttnKernel::kV2Mma, lc::AttnKernel::kV3Mma,
+              lc::AttnKernel::kV5Wgmma, lc::AttnKernel::kV6WgmmaWs},
+             "PrefillPlain");
 }
 
 TEST(CudaAttention, PrefillFlashLoraV) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 100;
   const int ranks[] = {4, 16, 64};
   int n = 0;
@@ -422,12 +457,14 @@ TEST(CudaAttention, PrefillFlashLoraV) {
           c.materialize = ctx >= 97;
           run_case(c, seed++);
         }
+  expect_ran({lc::AttnKernel::kV3Mma, lc::AttnKernel::kV5Wgmma, lc::AttnKernel::kV6WgmmaWs}, "PrefillFlashLoraV");
 }
 
 // v3.1: rank 8 runs v3's fast LRv load (one 16-byte chunk per thread, the second chunk of each
 // row zero-filled); rank 12 (8-byte chunks) runs the generic LRv load of the same R = 16 kernel.
 TEST(CudaAttention, PrefillFlashLoraVRank8And12) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 150;
   for (int rank : {8, 12})
     for (int group : {1, 4, 8})
@@ -437,10 +474,13 @@ TEST(CudaAttention, PrefillFlashLoraVRank8And12) {
           c.materialize = true;
           run_case(c, seed++);
         }
+  expect_ran({lc::AttnKernel::kV3Mma, lc::AttnKernel::kV5Wgmma, lc::AttnKernel::kV6WgmmaWs},
+             "PrefillFlashLoraVRank8And12");
 }
 
 TEST(CudaAttention, PrefillKResidualDeferredRope) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 200;
   const int ranks[][2] = {{16, 0}, {4, 16}, {64, 64}, {16, 64}};
   int n = 0;
@@ -451,11 +491,13 @@ TEST(CudaAttention, PrefillKResidualDeferredRope) {
           const auto& r = ranks[n++ % 4];
           run_case(make(d, group, page, {ctx}, {chunk_for(ctx)}, r[0], r[1]), seed++);
         }
+  expect_ran({lc::AttnKernel::kV2Mma, lc::AttnKernel::kV5Wgmma}, "PrefillKResidualDeferredRope");
 }
 
 // The K residual with V ranks v5 takes (8 or 16, K and V together): head_dim 128 only.
 TEST(CudaAttention, PrefillKResidualRank8And16) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 250;
   const int ranks[][2] = {{16, 16}, {8, 16}, {16, 8}, {8, 0}};
   int n = 0;
@@ -477,10 +519,12 @@ TEST(CudaAttention, PrefillKResidualRank8And16) {
   Case g3 = make(128, 3, 1, {4097, 97}, {70, 97}, 16, 16);
   g3.own_v_table = true;
   run_case(g3, seed++);
+  expect_ran({lc::AttnKernel::kV2Mma, lc::AttnKernel::kV5Wgmma}, "PrefillKResidualRank8And16");
 }
 
 TEST(CudaAttention, PrefillSplitK) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 300;
   for (int d : {64, 128})
     for (int group : {1, 8}) {
@@ -491,6 +535,7 @@ TEST(CudaAttention, PrefillSplitK) {
       c2.splits = 64;
       run_case(c2, seed++);
     }
+  expect_ran({lc::AttnKernel::kV3Mma, lc::AttnKernel::kV5Wgmma, lc::AttnKernel::kV6WgmmaWs}, "PrefillSplitK");
 }
 
 // Several sequences of different lengths and chunk sizes in one launch.
@@ -506,6 +551,7 @@ TEST(CudaAttention, PrefillBatchRagged) {
 
 TEST(CudaAttention, DecodeBatch) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 500;
   const std::vector<int> ctx = {1, 17, 97, 4097, 300, 64, 65, 2048};
   const std::vector<int> ones(ctx.size(), 1);
@@ -520,6 +566,7 @@ TEST(CudaAttention, DecodeBatch) {
           c.splits = splits;
           run_case(c, seed++);
         }
+  expect_ran({lc::AttnKernel::kV1Mma, lc::AttnKernel::kV4Decode}, "DecodeBatch");
 }
 
 // v4's decode kernel at its edges: G = 16 (all 16 rows of its m16 tile), V ranks 8 and 12 (the
@@ -528,6 +575,7 @@ TEST(CudaAttention, DecodeBatch) {
 // sequence's end merge empty partials); 8 kv heads x 8 sequences of counters.
 TEST(CudaAttention, DecodeV4Edges) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 550;
   const std::vector<int> ctx = {8191, 1, 4097, 65};
   const std::vector<int> ones(ctx.size(), 1);
@@ -541,6 +589,7 @@ TEST(CudaAttention, DecodeV4Edges) {
   Case many = make(128, 4, 1, {300, 17, 4097, 1, 2048, 97, 64, 5000}, std::vector<int>(8, 1), 0, 16);
   many.n_kv = 8;
   run_case(many, seed++);
+  expect_ran({lc::AttnKernel::kV4Decode}, "DecodeV4Edges");
 }
 
 // The plan half (attention_plan): the split count and workspace bytes follow the shapes only.
@@ -596,6 +645,7 @@ TEST(CudaAttention, PlanFollowsShapesOnly) {
 
 TEST(CudaAttention, SharedBaseMultiAgentDecode) {
   SKIP_WITHOUT_GPU();
+  reset_ran();
   uint32_t seed = 600;
   const int lr[][2] = {{0, 16}, {16, 16}, {0, 4}, {64, 64}, {4, 0}};
   int n = 0;
@@ -613,6 +663,7 @@ TEST(CudaAttention, SharedBaseMultiAgentDecode) {
   c.agents = true;
   c.splits = 9;
   run_case(c, seed++);
+  expect_ran({lc::AttnKernel::kV1Mma, lc::AttnKernel::kV4Decode}, "SharedBaseMultiAgentDecode");
 }
 
 TEST(CudaAttention, RejectsUnsupportedShapes) {

@@ -21,6 +21,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "backend/backend.h"
+#include "backend/cuda/attention.cuh"
 #include "agents/replay.h"
 #include "kv/full_cache.h"
 #include "kv/sharing.h"
@@ -210,7 +211,11 @@ TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
     auto cpu = make_cpu_backend(4);
     ref = run(*cpu);
   }
-  // bf16 runs the tuned prefill attention (head_dim 128, 600 GQA rows): v5, then v6.
+  // bf16 runs the tuned prefill attention (head_dim 128, 600 GQA rows): v5, then v6. On an
+  // sm_90 device the last layer's attention must have launched that kernel, not a fallback
+  // (LRAGENT_CUDA_PREFILL_KERNEL, when set, overrides the option: this then fails, as it should).
+  cudaDeviceProp prop{};
+  const bool sm90 = cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9;
   for (int variant = 0; variant < 3; ++variant) {
     CudaBackendOptions o;
     o.dtype = variant == 0 ? DType::kF32 : DType::kBF16;
@@ -218,6 +223,9 @@ TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
     auto be = make_cuda_backend(o);
     ASSERT_TRUE(be.ok()) << be.error().message;
     (variant == 0 ? f32 : variant == 1 ? bf16 : bf16_v6) = run(**be);
+    if (variant > 0 && sm90)
+      EXPECT_EQ(static_cast<int>(cuda::attention_last_kernel()), o.prefill_attention)
+          << "the prefill attention ran another kernel than v" << o.prefill_attention;
   }
   ASSERT_EQ(ref.size(), f32.size());
   ASSERT_EQ(ref.size(), bf16.size());

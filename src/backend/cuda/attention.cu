@@ -159,6 +159,13 @@ __global__ void __launch_bounds__(kMatThreads) materialize_v_kernel(const AttnPa
 
 }  // namespace
 
+namespace {
+thread_local AttnKernel last_kernel = AttnKernel::kV0Naive;
+}  // namespace
+
+void note_attention_kernel(AttnKernel k) { last_kernel = k; }
+AttnKernel attention_last_kernel() { return last_kernel; }
+
 cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
   if (!params_ok(p)) return cudaErrorInvalidValue;
   switch (kernel) {

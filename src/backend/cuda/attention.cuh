@@ -112,7 +112,13 @@ enum class AttnKernel {
 };
 
 // Runs attention. Returns cudaErrorInvalidValue for unsupported shapes, else the launch status.
+// `kernel` is the newest version allowed: each version hands the shapes it does not cover to an
+// older one (see the enum), so the kernel that runs may be older.
 cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6WgmmaWs);
+
+// The version whose kernel the calling thread's latest attention() call launched (tests and
+// diagnostics: a test asking for v6 can check that v6, not a fallback, was what it checked).
+AttnKernel attention_last_kernel();
 
 // Workspace bytes that let `attention` use up to `max_splits` splits for these shapes (any version).
 size_t attention_workspace_bytes(const AttnParams& p, int max_splits = 64);

@@ -11,6 +11,9 @@ namespace lragent::cuda {
 // Split-K grids put n_seqs x n_splits blocks in grid.z, which holds at most 65535.
 inline int max_grid_splits(const AttnParams& p) { return std::max(1, 65535 / std::max(1, p.n_seqs)); }
 
+// Each version records itself when it launches its own kernel (attention_last_kernel()).
+void note_attention_kernel(AttnKernel k);
+
 cudaError_t attention_v0(const AttnParams& p);
 cudaError_t attention_v1(const AttnParams& p);
 int attention_v1_num_splits(const AttnParams& p);

@@ -130,6 +130,7 @@ __global__ void __launch_bounds__(kV0Threads) attn_v0_kernel(const AttnParams p)
 }  // namespace
 
 cudaError_t attention_v0(const AttnParams& p) {
+  note_attention_kernel(AttnKernel::kV0Naive);
   const dim3 grid(p.max_q, p.n_heads, p.n_seqs);
   if (p.head_dim == 64) {
     attn_v0_kernel<64><<<grid, kV0Threads, 0, p.stream>>>(p);

@@ -547,6 +547,7 @@ size_t attention_v1_workspace_bytes(const AttnParams& p, int max_splits) {
 }
 
 cudaError_t attention_v1(const AttnParams& p) {
+  note_attention_kernel(AttnKernel::kV1Mma);
   V1Launch x;
   x.n_splits = choose_splits(p);
   const int tiles = (p.max_ctx + kBN - 1) / kBN;

@@ -546,6 +546,7 @@ int attention_v2_num_splits(const AttnParams& p) {
 
 cudaError_t attention_v2(const AttnParams& p) {
   if (use_v1(p)) return attention_v1(p);
+  note_attention_kernel(AttnKernel::kV2Mma);
   V2Launch x;
   x.n_splits = choose_splits(p);
   const int tiles = (p.max_ctx + kBN - 1) / kBN;

@@ -508,6 +508,7 @@ int attention_v3_num_splits(const AttnParams& p) {
 
 cudaError_t attention_v3(const AttnParams& p) {
   if (!use_v3(p)) return attention_v2(p);
+  note_attention_kernel(AttnKernel::kV3Mma);
   V3Launch x;
   x.n_splits = choose_splits(p);
   const int tiles = (p.max_ctx + kBN - 1) / kBN;

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   // whole DRAM bursts; a thread-per-half-row loader was 25% slower over 8 x 8k private caches).
   constexpr int LPT = kBN * CPR / kThreads;  // K (and V) chunks per thread per tile
   constexpr int RPI = kThreads / CPR;        // rows covered per loader step
-  constexpr int LR_CH = R / 4;               // 8-byte chunks per LRv row (rank <= 16)
+  constexpr int LR_CH = R > 0 ? R / 4 : 1;   // 8-byte chunks per LRv row (rank <= 16; 1: unused)
   constexpr int LR_PT = R > 0 ? kBN * LR_CH / kThreads : 0;
   const int ld_row = tid / CPR, ld_ch = tid % CPR;
   struct TileAddr {  // global sources of one tile's copies (null: past the split's end)
@@ -483,6 +483,7 @@ int attention_v4_num_splits(const AttnParams& p) { return use_v4(p) ? choose_spl
 
 cudaError_t attention_v4(const AttnParams& p) {
   if (!use_v4(p)) return attention_v3(p);
+  note_attention_kernel(AttnKernel::kV4Decode);
   V4Launch x;
   x.n_splits = choose_splits(p);
   const int tiles = (p.max_ctx + kBN - 1) / kBN;

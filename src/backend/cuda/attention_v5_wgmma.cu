@@ -366,6 +366,7 @@ cudaError_t attention_v5(const AttnParams& p) {
   const cudaError_t err = vlr ? (klr ? launch<true, true>(p, x) : launch<true, false>(p, x))
                               : (klr ? launch<false, true>(p, x) : launch<false, false>(p, x));
   if (err == cudaErrorNotSupported) return attention_v4(p);  // no 1-block-per-SM shared memory
+  note_attention_kernel(AttnKernel::kV5Wgmma);
   if (err != cudaSuccess || x.n_splits == 1) return err;
   return attention_split_combine(p, x.part_o, x.part_lse, x.n_splits);
 }

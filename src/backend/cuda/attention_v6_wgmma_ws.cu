@@ -389,6 +389,7 @@ cudaError_t attention_v6(const AttnParams& p) {
   const Launch x = plan_launch(p);  // v3's grid and partial format
   const cudaError_t err = p.v_lr.active() ? launch<true>(p, x) : launch<false>(p, x);
   if (err == cudaErrorNotSupported) return attention_v5(p);  // no shared memory for the ring
+  note_attention_kernel(AttnKernel::kV6WgmmaWs);
   if (err != cudaSuccess || x.n_splits == 1) return err;
   return attention_split_combine(p, x.part_o, x.part_lse, x.n_splits);
 }
