@@ -488,7 +488,10 @@ TEST(CudaAttention, PrefillKResidualDeferredRope) {
     for (int group : {1, 4, 8})
       for (int page : {1, 16})
         for (int ctx : kCtx) {
-          const auto& r = ranks[n++ % 4];
+          // Shifted by one every 4 cases: with 4 contexts and 4 rank pairs, n % 4 alone gave every
+          // context the same pair (rank 16 / none only at 1 token, never a v5 prefill).
+          const auto& r = ranks[(n + n / 4) % 4];
+          ++n;
           run_case(make(d, group, page, {ctx}, {chunk_for(ctx)}, r[0], r[1]), seed++);
         }
   expect_ran({lc::AttnKernel::kV2Mma, lc::AttnKernel::kV5Wgmma}, "PrefillKResidualDeferredRope");
