@@ -8,8 +8,16 @@
 namespace lragent {
 namespace {
 
+// A weight of the expected shape in a float dtype the backends compute with: any other
+// safetensors dtype (integers, F64) is refused here rather than read as floats by a kernel.
 Result<TensorView> load_tensor(const WeightStore& st, const std::string& name, std::vector<int64_t> shape) {
-  return st.get(name, shape);
+  LRA_ASSIGN_OR_RETURN(TensorView v, st.get(name, shape));
+  if (v.dtype != DType::kF32 && v.dtype != DType::kF16 && v.dtype != DType::kBF16)
+    return make_error(ErrorCode::kUnsupported,
+                      "tensor {} in {} is {}; model weights must be F32, F16 or BF16 (quantized and F64 checkpoints "
+                      "are not supported: convert it, e.g. with torch's .to(torch.bfloat16))",
+                      name, st.source(), dtype_name(v.dtype));
+  return v;
 }
 
 Result<ModelWeights> bind_weights(const ModelConfig& c, const WeightStore& st) {

@@ -284,8 +284,11 @@ std::optional<TensorSlot> parse_tensor_name(std::string_view name) {
   if ((tok.size() != 7 && tok.size() != 8) || tok[0] != "model" || tok[1] != "layers" || tok.back() != "weight")
     return std::nullopt;
   TensorSlot slot;
+  // Digits only: from_chars takes a leading '-', and a layer of -1 would index before the tables.
+  if (tok[2].empty() || !std::all_of(tok[2].begin(), tok[2].end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
   auto [end, ec] = std::from_chars(tok[2].data(), tok[2].data() + tok[2].size(), slot.layer);
-  if (ec != std::errc() || end != tok[2].data() + tok[2].size() || tok[2].empty()) return std::nullopt;
+  if (ec != std::errc() || end != tok[2].data() + tok[2].size()) return std::nullopt;
   if (tok[5] != "lora_A" && tok[5] != "lora_B") return std::nullopt;
   slot.is_b = tok[5] == "lora_B";
   for (slot.target = 0; slot.target < kNumLoraTargets; ++slot.target)
@@ -405,7 +408,7 @@ Result<std::unique_ptr<LoraAdapter>> parse_lora_adapter(const std::string& name,
       return make_error(ErrorCode::kCorrupt,
                         "{}: unexpected tensor '{}' (expected base_model.model.<module>.lora_A.weight / lora_B.weight "
                         "of a {} module)", st_path, info.name, kTargetList);
-    if (slot->layer >= cfg.num_layers)
+    if (slot->layer < 0 || slot->layer >= cfg.num_layers)
       return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' is for layer {} but the model has {} layers", st_path,
                         info.name, slot->layer, cfg.num_layers);
     if (!selected[static_cast<size_t>(slot->layer)][static_cast<size_t>(slot->target)])

@@ -203,6 +203,13 @@ TEST_F(LoraTest, BadAdaptersGiveClearErrorsAndRegistryKeepsServing) {
        "is for model.layers.0.self_attn.k_proj, which target_modules"},
       {"stray", [](AdapterFiles& f) { f.set("base_model.model.lm_head.lora_A.weight", {8, 128}); }, ErrorCode::kCorrupt,
        "unexpected tensor 'base_model.model.lm_head.lora_A.weight'"},
+      // A signed layer index once passed the range check and indexed before the module tables.
+      {"neglayer", [](AdapterFiles& f) { f.set("base_model.model.model.layers.-1.self_attn.q_proj.lora_A.weight", {8, 128}); },
+       ErrorCode::kCorrupt, "unexpected tensor 'base_model.model.model.layers.-1.self_attn.q_proj.lora_A.weight'"},
+      {"pluslayer", [](AdapterFiles& f) { f.set("base_model.model.model.layers.+0.self_attn.q_proj.lora_A.weight", {8, 128}); },
+       ErrorCode::kCorrupt, "unexpected tensor"},
+      {"biglayer", [](AdapterFiles& f) { f.set(key(7, "q_proj", 'A'), {8, 128}); }, ErrorCode::kCorrupt,
+       "is for layer 7 but the model has 2 layers"},
       {"dora", [](AdapterFiles& f) { f.config["use_dora"] = true; }, ErrorCode::kUnsupported, "DoRA"},
       {"fc1", [](AdapterFiles& f) { f.config["target_modules"] = {"q_proj", "fc1"}; }, ErrorCode::kUnsupported,
        "target_modules entry 'fc1' matches no module of this model"},

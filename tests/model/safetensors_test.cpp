@@ -7,6 +7,8 @@
 #include <fstream>
 #include <numeric>
 
+#include "backend/backend.h"
+#include "model/llama.h"
 #include "model/safetensors.h"
 #include "test_util.h"
 
@@ -75,6 +77,34 @@ TEST(Safetensors, LoadsTinyStoriesCheckpoint) {
   ASSERT_NE(norm, nullptr);
   EXPECT_EQ(norm->shape, std::vector<int64_t>{128});
   EXPECT_EQ(norm->end - norm->begin, 512u);
+}
+
+// A checkpoint whose weight has the right shape but an integer dtype (valid safetensors) is
+// refused by name at load: before, the CPU and CUDA backends read its bytes as floats (on the GPU
+// past the end of the upload).
+TEST(Safetensors, ModelWeightsMustBeFloat) {
+  const std::string dir = testing::temp_dir("int-weights");
+  for (const char* f : {"config.json", "tokenizer.json"})
+    fs::copy_file(testing::tinystories_dir() + "/" + f, dir + "/" + f, fs::copy_options::overwrite_existing);
+  auto src = SafetensorsFile::open(testing::tinystories_dir() + "/model.safetensors");
+  ASSERT_TRUE(src.ok()) << src.error().message;
+  std::vector<Tensor> keep;
+  std::vector<std::pair<std::string, TensorView>> views;
+  for (const TensorInfo& info : (*src)->tensors()) {
+    if (info.name == "model.norm.weight") {
+      keep.push_back(Tensor::zeros(DType::kI32, info.shape));
+      views.emplace_back(info.name, keep.back().view());
+    } else {
+      views.emplace_back(info.name, (*src)->view(info));
+    }
+  }
+  ASSERT_TRUE(write_safetensors(dir + "/model.safetensors", views).ok());
+  auto be = make_cpu_backend(1);
+  auto m = LlamaModel::load(dir, *be);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code, ErrorCode::kUnsupported);
+  EXPECT_TRUE(Contains(m.error().message, "tensor model.norm.weight in " + dir + " is I32"));
+  EXPECT_TRUE(Contains(m.error().message, "must be F32, F16 or BF16"));
 }
 
 TEST(Safetensors, RoundTripsEveryDtype) {
