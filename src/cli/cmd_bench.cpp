@@ -367,7 +367,7 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
                   "GB (1e9 bytes) the KV pools of one trace may reserve. When they are full, the least recently run "
                   "other agent's private cache is dropped and recomputed at its next call (see --no-kv-evict); a "
                   "trace that still does not fit is reported as OOM")
-      ->check(cli::non_negative());
+      ->check(cli::memory_gb());
   cmd->add_flag("--no-kv-evict", f->no_kv_evict,
                 "Under --kv-budget: report OOM when the KV memory is full instead of dropping other agents' private "
                 "caches (to be recomputed)");

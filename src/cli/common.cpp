@@ -53,14 +53,16 @@ void add_prefill_attention_flag(CLI::App* app, std::string& value) {
 
 namespace {
 
-CLI::Validator number_check(bool strict) {
+CLI::Validator number_check(bool strict, double max = 0, const char* unit = "") {
   return CLI::Validator(
-      [strict](std::string& text) -> std::string {
+      [strict, max, unit](std::string& text) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end != text.c_str() + text.size() || std::isnan(v)) return "'" + text + "' is not a number";
-        if (strict ? v > 0 : v >= 0) return {};
-        return fmt::format("must be {}, not {}", strict ? "> 0" : ">= 0", text);
+        if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
+          return "'" + text + "' is not a finite number";
+        if (!(strict ? v > 0 : v >= 0)) return fmt::format("must be {}, not {}", strict ? "> 0" : ">= 0", text);
+        if (max > 0 && v > max) return fmt::format("must be at most {}{}, not {}", max, unit, text);
+        return {};
       },
       strict ? "POSITIVE" : "NONNEGATIVE");
 }
@@ -69,6 +71,8 @@ CLI::Validator number_check(bool strict) {
 
 CLI::Validator non_negative() { return number_check(false); }
 CLI::Validator positive() { return number_check(true); }
+// Converted to bytes as int64: past ~9.2e9 GB the conversion would overflow.
+CLI::Validator memory_gb() { return number_check(false, 1e6, " GB"); }
 
 int report(const Error& e) {
   fmt::print(stderr, "error: {}\n", e.message);

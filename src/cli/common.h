@@ -53,6 +53,8 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text);
 // NonNegativeNumber / PositiveNumber print their range up to 1.8e308 in full.
 CLI::Validator non_negative();
 CLI::Validator positive();
+// A memory size in GB: finite, >= 0 and at most 1e6 (bytes then fit an int64).
+CLI::Validator memory_gb();
 
 // Prints "error: <message>" on stderr and returns the exit code for it.
 int report(const Error& e);

@@ -30,7 +30,7 @@ void SharingFlags::add_to(CLI::App* app, bool with_mode) {
                   "cache needs it, and running out is reported with what each cache holds. 0 (default): size "
                   "it so that every cache holds --max-context tokens")
       ->default_val(0)
-      ->check(cli::non_negative());
+      ->check(cli::memory_gb());
   app->add_flag("--no-kv-evict", no_kv_evict,
                 "When the KV memory is full, fail with an out-of-memory error instead of dropping the private "
                 "caches of the least recently run other agent (which then recomputes them at its next call; "

@@ -263,10 +263,16 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
 
   if (opts.mode != ShareMode::kDroidSpeak && !opts.recompute_layers.empty())
     return make_error(ErrorCode::kInvalidArgument, "--recompute-layers only applies to --kv-share droidspeak");
-  for (int l : opts.recompute_layers)
+  for (size_t i = 0; i < opts.recompute_layers.size(); ++i) {
+    const int l = opts.recompute_layers[i];
     if (l < 0 || l >= L)
       return make_error(ErrorCode::kInvalidArgument,
                         "--recompute-layers: layer {} is out of range; the model has {} layers (0-{})", l, L, L - 1);
+    // The byte accounting counts the list's entries as private layers: each one once.
+    if (std::find(opts.recompute_layers.begin(), opts.recompute_layers.begin() + static_cast<long>(i), l) !=
+        opts.recompute_layers.begin() + static_cast<long>(i))
+      return make_error(ErrorCode::kInvalidArgument, "--recompute-layers: layer {} is listed twice", l);
+  }
 
   // The pools are planned first, then made in one arena: the shared one of opts.arena, or one of
   // the trajectory's own that holds max_tokens in every pool (opts.arena_bytes to size it).

@@ -75,10 +75,12 @@ Result<std::string> get_char(const json& obj, std::string_view key, std::string_
 
 Result<int32_t> to_id(const json& j, std::string_view where) {
   if (!j.is_number_integer()) return corrupt(where, fmt::format("expected a token id, got {}", j.type_name()));
-  const bool in_range = j.is_number_unsigned()
-                            ? j.get<uint64_t>() <= uint64_t{std::numeric_limits<int32_t>::max()}
-                            : j.get<int64_t>() >= 0 && j.get<int64_t>() <= std::numeric_limits<int32_t>::max();
-  if (!in_range) return corrupt(where, fmt::format("token id {} is out of range", j.dump()));
+  // Tables are sized by the largest id: one far past any real vocabulary (the largest have ~256k)
+  // would allocate billions of entries, and INT32_MAX + 1 would overflow the size.
+  constexpr int64_t kMaxId = (int64_t{1} << 24) - 1;
+  const bool in_range = j.is_number_unsigned() ? j.get<uint64_t>() <= uint64_t{kMaxId}
+                                               : j.get<int64_t>() >= 0 && j.get<int64_t>() <= kMaxId;
+  if (!in_range) return corrupt(where, fmt::format("token id {} is out of range (0 to {})", j.dump(), kMaxId));
   const int64_t id = j.get<int64_t>();
   return static_cast<int32_t>(id);
 }

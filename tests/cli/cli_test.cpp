@@ -171,7 +171,13 @@ TEST(Cli, TooLongPromptAndBadFlags) {
   EXPECT_LT(r.err.size(), 200u) << r.err;
   r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens two");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("'two' is not a number"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("'two' is not a finite number"), std::string::npos) << r.err;
+  r = run_cli("replay " + model_arg() + " --kv-memory inf --script x.json");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--kv-memory: 'inf' is not a finite number"), std::string::npos) << r.err;
+  r = run_cli("replay " + model_arg() + " --kv-memory 1e12 --script x.json");  // bytes would overflow int64
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--kv-memory: must be at most 1000000 GB, not 1e12"), std::string::npos) << r.err;
   r = run_cli("replay " + model_arg() + " --page-size 0 --script x.json");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--page-size: must be > 0, not 0"), std::string::npos) << r.err;
@@ -208,6 +214,10 @@ TEST(Cli, ReplayJsonAndBadScripts) {
               shell_quote(dir + "/s.json"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(error_line(r).find("layer 9"), std::string::npos) << r.err;
+  r = run_cli("replay " + model_arg() + adapters + " --kv-share droidspeak --recompute-layers 1,0,1 --script " +
+              shell_quote(dir + "/s.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(error_line(r).find("--recompute-layers: layer 1 is listed twice"), std::string::npos) << r.err;
   // --kv-memory: one KV arena of that size for every cache; too small is an OOM naming who holds it.
   r = run_cli("replay " + model_arg() + adapters + " --kv-share base-lr --kv-memory 0.001 --json --script " +
               shell_quote(dir + "/s.json"));

@@ -74,7 +74,13 @@ TEST(TokenizerMalformed, WrongShapes) {
   expect_error(j, ErrorCode::kCorrupt, "expected a token id");
   j = valid();
   j["model"]["vocab"]["a"] = 2000000000;
+  expect_error(j, ErrorCode::kCorrupt, "model.vocab.a: token id 2000000000 is out of range (0 to 16777215)");
+  j = valid();
+  j["model"]["vocab"]["a"] = 8000000;
   expect_error(j, ErrorCode::kCorrupt, "ids are too sparse");
+  j = valid();
+  j["added_tokens"][0]["id"] = 2147483647;  // its table size (id + 1) once overflowed an int32
+  expect_error(j, ErrorCode::kCorrupt, "token id 2147483647 is out of range");
   j = valid();
   j["added_tokens"][0].erase("id");
   expect_error(j, ErrorCode::kCorrupt, "added_tokens[0].id: missing");
