@@ -15,7 +15,7 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
   app->add_option("--model", model_dir,
                   "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
                   "Omitted: the built-in synthetic model (random weights, meaningless text)");
-  app->add_option("--threads", threads, "CPU threads (0: all cores)")->default_val(0);
+  app->add_option("--threads", threads, "CPU threads (0: all cores)")->default_val(0)->check(CLI::Range(0, 1024));
   app->add_option("--device", device,
                   "Where the model runs: cpu, or cuda / cuda:N (an NVIDIA GPU; needs a build with -DLRAGENT_CUDA=ON)")
       ->default_val("cpu");
@@ -142,7 +142,8 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
   } else {
     fmt::print(stderr, "loading model {}\n", flags.model_dir);
     LRA_ASSIGN_OR_RETURN(out.model, LlamaModel::load(flags.model_dir, *out.backend));
-    if (std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json")) {
+    std::error_code ec;  // unreadable counts as absent: the model loaded, the tokenizer is optional
+    if (std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json", ec)) {
       LRA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load_dir(flags.model_dir));
     }
     const auto& c = out.model->config();

@@ -2,6 +2,10 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <cstdio>
+#include <exception>
+#include <new>
+
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -35,5 +39,15 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == static_cast<int>(CLI::ExitCodes::Success) ? 0 : 2;
   }
-  return action ? action() : 0;
+  // Library code returns errors; what still escapes (the host running out of memory outside a
+  // forward pass, a system error) ends the command with a message instead of std::terminate.
+  try {
+    return action ? action() : 0;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: out of host memory; use a smaller model, context or batch\n");
+    return 6;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: internal error: %s\n", e.what());
+    return 1;
+  }
 }

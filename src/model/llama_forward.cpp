@@ -130,12 +130,15 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   Tensor attn = be_.alloc(DType::kF32, {n, qw});        // [N, heads*hd]
   Tensor gate = be_.alloc(DType::kF32, {n, c.intermediate_size});  // [N, inter]
   Tensor up = be_.alloc(DType::kF32, {n, c.intermediate_size});    // [N, inter]
+  // A backend's alloc gives a tensor without data when memory runs out: every one is checked.
+  auto out_of_memory = [&] {
+    return make_error(ErrorCode::kOutOfMemory,
+                      "{}: out of memory for the activations of {} tokens in one forward pass; use a "
+                      "smaller prefill chunk or KV budget",
+                      be_.name(), n);
+  };
   for (const Tensor* t : {&h, &xn, &q, &k_base, &v_base, &attn, &gate, &up})
-    if (!t->view().data)
-      return make_error(ErrorCode::kOutOfMemory,
-                        "{}: out of memory for the activations of {} tokens in one forward pass; use a "
-                        "smaller prefill chunk or KV budget",
-                        be_.name(), n);
+    if (!t->view().data) return out_of_memory();
   if (any_fed)
     be_.embedding_fed(w_.embed, ids.data(), feed.data(), static_cast<int>(n), h.view());
   else
@@ -164,6 +167,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd] when own_*_full
     if (own_k_full) k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});
     if (own_v_full) v_full = be_.alloc(DType::kF32, {n, kvw});
+    if ((own_k_full && !k_full.view().data) || (own_v_full && !v_full.view().data)) return out_of_memory();
     TensorView kf2 = own_k_full ? as2d(k_full, kvw) : TensorView{};
     std::vector<Tensor> lr_keep;     // this layer's x·A tensors: alive until its KV write
     std::vector<TensorView> lr_k, lr_v;  // per segment [n_rows, rank] or no data
@@ -175,7 +179,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
           {LoraTarget::kQ, &q2, nullptr, nullptr, &q_lora},
           {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k},
           {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v}};
-      project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_);
+      LRA_RETURN_IF_ERROR(project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_));
     }
 
     be_.rope_pair_lora(q.view(), k_base.view(), pos.data(), inv_freq_.data(), q_lora);
@@ -216,7 +220,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     {
       const Backend::MatmulOut o[] = {{&lw.wo, nullptr, &xn.view()}};
       const LoraTargetOut lora[] = {{LoraTarget::kO, &xn.view()}};
-      project_with_lora(be_, l, attn.view(), o, lora, segs, lr_keep, stats_);
+      LRA_RETURN_IF_ERROR(project_with_lora(be_, l, attn.view(), o, lora, segs, lr_keep, stats_));
     }
     be_.add_rms_norm(h.view(), xn.view(), lw.mlp_norm, eps, xn.view());  // h += o; xn = mlp_norm(h)
 
@@ -226,13 +230,13 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     } else {
       const Backend::MatmulOut gate_up[] = {{&lw.w_gate, nullptr, &gate.view()}, {&lw.w_up, nullptr, &up.view()}};
       const LoraTargetOut lora[] = {{LoraTarget::kGate, &gate.view()}, {LoraTarget::kUp, &up.view()}};
-      project_with_lora(be_, l, xn.view(), gate_up, lora, segs, lr_keep, stats_);
+      LRA_RETURN_IF_ERROR(project_with_lora(be_, l, xn.view(), gate_up, lora, segs, lr_keep, stats_));
       be_.silu_mul(gate.view(), up.view(), gate.view());
     }
     {
       const Backend::MatmulOut down[] = {{&lw.w_down, nullptr, &xn.view()}};
       const LoraTargetOut lora[] = {{LoraTarget::kDown, &xn.view()}};
-      project_with_lora(be_, l, gate.view(), down, lora, segs, lr_keep, stats_);
+      LRA_RETURN_IF_ERROR(project_with_lora(be_, l, gate.view(), down, lora, segs, lr_keep, stats_));
     }
     if (l + 1 < c.num_layers)  // h += mlp; xn = the next layer's attn_norm(h)
       be_.add_rms_norm(h.view(), xn.view(), w_.layers[static_cast<size_t>(l) + 1].attn_norm, eps, xn.view());
@@ -247,11 +251,12 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     const int64_t first = batch[s].all_logits ? 0 : segs[s].n_rows - 1;
     for (int64_t r = first; r < segs[s].n_rows; ++r) out_rows.push_back(static_cast<int32_t>(segs[s].row_begin + r));
   }
-  Tensor sel = be_.alloc(DType::kF32, {n_out, hid});  // [n_out, hidden]
-  be_.gather_rows(h.view(), out_rows.data(), n_out, sel.view());
-  Tensor seln = be_.alloc(DType::kF32, {n_out, hid});
-  be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
+  Tensor sel = be_.alloc(DType::kF32, {n_out, hid});               // [n_out, hidden]
+  Tensor seln = be_.alloc(DType::kF32, {n_out, hid});              // [n_out, hidden]
   Tensor logits = be_.alloc(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
+  if (!sel.view().data || !seln.view().data || !logits.view().data) return out_of_memory();
+  be_.gather_rows(h.view(), out_rows.data(), n_out, sel.view());
+  be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
   be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
   if (picks && deferred) {
     if (rows.empty()) {

@@ -30,7 +30,7 @@ struct ShrinkGroup {
 
 }  // namespace
 
-void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
+Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
                        std::span<const LoraTargetOut> targets, const std::vector<LoraSegment>& segs,
                        std::vector<Tensor>& keep, ForwardStats& stats) {
   const int64_t n = x.dim(0), in = x.dim(1);
@@ -46,7 +46,7 @@ void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<co
       be.matmul(x, *base_outs[0].w, base_outs[0].bias, *base_outs[0].y);
     else if (!base_outs.empty())
       be.matmul_group(x, base_outs);
-    return;
+    return Status::Ok();
   }
   std::vector<ShrinkGroup> groups;
   for (size_t t = 0; t < targets.size(); ++t) {
@@ -74,6 +74,9 @@ void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<co
       assert((be.device() == Device::kCpu || lead->a_dev.view().data) && "adapter not uploaded: call upload_adapter");
       g.folded = rows == n || n <= kLoraFoldRows;
       keep.push_back(be.alloc(DType::kF32, {g.folded ? n : rows, lead->rank}));
+      if (!keep.back().view().data)
+        return make_error(ErrorCode::kOutOfMemory, "{}: out of memory for a LoRA x·A of {} rows in layer {}", be.name(),
+                          g.folded ? n : rows, layer);
       g.xa = keep.size() - 1;
       stats.lora_shrink_calls += 1;
       stats.lora_shrink_rows += g.folded ? n : rows;
@@ -98,6 +101,9 @@ void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<co
     Tensor xg;  // [rows, in] when gathered
     if (!consecutive) {
       xg = be.alloc(DType::kF32, {rows, in});
+      if (!xg.view().data)
+        return make_error(ErrorCode::kOutOfMemory, "{}: out of memory for {} gathered LoRA rows in layer {}", be.name(),
+                          rows, layer);
       be.gather_rows(x, g.row_ids.data(), rows, xg.view());
     }
     const TensorView xs = consecutive ? x.rows(g.row_ids.front(), g.row_ids.front() + rows) : xg.view();
@@ -140,6 +146,7 @@ void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<co
     }
   }
   if (!jobs.empty()) be.lora_expand(jobs);
+  return Status::Ok();
 }
 
 }  // namespace lragent

@@ -43,8 +43,9 @@ struct LoraTargetOut {
 //     path no launch of its own. Other groups take their rows (a range, else gathered).
 //   - Every expand of the stage is one lora_expand call (one launch on the CUDA decode path).
 // Tensors that lr_out views point into are appended to `keep`; they must outlive those views.
+// kOutOfMemory when the backend cannot allocate the x·A (or gathered x) buffers.
 inline constexpr int64_t kLoraFoldRows = 8;
-void project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
+Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
                        std::span<const LoraTargetOut> targets, const std::vector<LoraSegment>& segs,
                        std::vector<Tensor>& keep, ForwardStats& stats);
 

@@ -178,6 +178,9 @@ TEST(Cli, TooLongPromptAndBadFlags) {
   r = run_cli("replay " + model_arg() + " --kv-memory 1e12 --script x.json");  // bytes would overflow int64
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--kv-memory: must be at most 1000000 GB, not 1e12"), std::string::npos) << r.err;
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --threads 100000");  // std::thread would throw
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--threads"), std::string::npos) << r.err;
   r = run_cli("replay " + model_arg() + " --page-size 0 --script x.json");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--page-size: must be > 0, not 0"), std::string::npos) << r.err;

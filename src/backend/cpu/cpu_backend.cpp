@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "backend/backend.h"
@@ -38,7 +39,14 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   Device device() const override { return Device::kCpu; }
 
-  Tensor alloc(DType t, std::vector<int64_t> shape) override { return Tensor::empty(t, std::move(shape)); }
+  // Out of memory is a tensor without data, as on the GPU: the forward pass reports kOutOfMemory.
+  Tensor alloc(DType t, std::vector<int64_t> shape) override {
+    try {
+      return Tensor::empty(t, std::move(shape));
+    } catch (const std::bad_alloc&) {
+      return Tensor();
+    }
+  }
 
   Tensor upload(const TensorView& host, DType dtype) override {
     assert(host.rank() >= 1 && "upload takes a tensor of rank >= 1");
