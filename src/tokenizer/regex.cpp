@@ -3,6 +3,8 @@
 
 #include <pcre2.h>
 
+#include <new>
+
 #include "tokenizer/json_util.h"
 #include "tokenizer/unicode.h"
 
@@ -98,6 +100,7 @@ Result<std::unique_ptr<Regex>> Regex::compile(std::string_view pattern, std::str
 
 void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
+  if (!md) throw std::bad_alloc();  // PCRE2's malloc failed: as operator new would
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t pos = 0;
   while (pos <= s.size()) {
@@ -125,6 +128,7 @@ void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
 
 bool Regex::search(std::string_view s) const {
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
+  if (!md) throw std::bad_alloc();  // PCRE2's malloc failed: as operator new would
   const int rc =
       pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), 0, PCRE2_NO_UTF_CHECK, md, nullptr);
   pcre2_match_data_free(md);
