@@ -45,10 +45,16 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   if (cudaSetDevice(o.device) != cudaSuccess || cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking) != cudaSuccess)
     return make_error(ErrorCode::kUnsupported, "--device cuda:{}: cannot create a CUDA stream", o.device);
   g_stream = be->stream_;
-  cudaMemPool_t pool;
-  cudaDeviceGetDefaultMemPool(&pool, o.device);
+  cudaMemPool_t pool = nullptr;
+  int pools_supported = 0;
   uint64_t keep = UINT64_MAX;  // keep freed memory cached in the pool: no release at syncs
-  cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (cudaDeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, o.device) != cudaSuccess ||
+      !pools_supported || cudaDeviceGetDefaultMemPool(&pool, o.device) != cudaSuccess ||
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) {
+    cudaGetLastError();
+    return make_error(ErrorCode::kUnsupported,
+                      "cuda:{}: no stream-ordered memory pool (cudaMallocAsync) on this device or driver", o.device);
+  }
   be->pool_ = pool;
   be->gemm_ = std::make_unique<lc::LtGemm>();
   if (!be->gemm_->init(be->stream_))
@@ -65,8 +71,10 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
                       cudaGetErrorString(ae));
   if (cudaHostAlloc(reinterpret_cast<void**>(&be->g_ids_host_), kMaxIdsHost * 4, cudaHostAllocDefault) != cudaSuccess)
     return make_error(ErrorCode::kOutOfMemory, "cannot allocate pinned host memory for sampled ids");
+  // Zeroed on our (non-blocking) stream and waited for, so the first decode kernels see zeros.
   if (cudaMalloc(reinterpret_cast<void**>(&be->split_counters_), kSplitCounters * sizeof(unsigned int)) != cudaSuccess ||
-      cudaMemset(be->split_counters_, 0, kSplitCounters * sizeof(unsigned int)) != cudaSuccess) {
+      cudaMemsetAsync(be->split_counters_, 0, kSplitCounters * sizeof(unsigned int), be->stream_) != cudaSuccess ||
+      cudaStreamSynchronize(be->stream_) != cudaSuccess) {
     cudaFree(be->split_counters_);  // no counters: decode attention runs v1 (slower, same result)
     be->split_counters_ = nullptr;
     cudaGetLastError();
@@ -77,6 +85,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
 
 CudaBackend::~CudaBackend() {
   if (tape_ && tape_->recording()) end_pass();
+  for (void* p : overflow_done_) free_async(p);
+  overflow_done_.clear();
   cudaStreamSynchronize(stream_);
   if (tape_ && std::getenv("LRAGENT_CUDA_GRAPH_STATS")) {
     const lc::TapeStats& t = tape_->stats();
@@ -212,6 +222,8 @@ void CudaBackend::reset_peak_memory() {
 
 void CudaBackend::begin_pass(int64_t n_rows) {
   if (tape_->recording()) flush_tape();  // nested or unterminated pass: run what was recorded
+  for (void* p : overflow_done_) free_async(p);  // the previous passes' overflow, read by now (stream order)
+  overflow_done_.clear();
   if (failed_) return;  // ops are skipped until take_error(): nothing to record
   if (!graphs_ || n_rows > kGraphMaxRows || n_rows <= 0) return;
   if (g_arena_live != 0) return;  // a previous pass's activation is still alive: no reset
@@ -341,15 +353,17 @@ void CudaBackend::sample_rows(const TensorView& logits, std::span<const RowSampl
 bool CudaBackend::deferred_buffers() {
   // The deferred picks' device buffer (fixed: recorded passes bake its address in), their pinned
   // host slots and events, made on first use. Without them the picks are made on the host.
+  // Each piece is made once: a call after a partial failure makes only what is still missing.
   if (fed_ids_dev_) return true;
-  if (cudaHostAlloc(reinterpret_cast<void**>(&picks_host_), kMaxDeferredPicks * kMaxIdsHost * 4,
-                    cudaHostAllocDefault) != cudaSuccess) {
+  if (!picks_host_ && cudaHostAlloc(reinterpret_cast<void**>(&picks_host_), kMaxDeferredPicks * kMaxIdsHost * 4,
+                                    cudaHostAllocDefault) != cudaSuccess) {
     picks_host_ = nullptr;
     cudaGetLastError();
     return false;
   }
   for (cudaEvent_t& e : picks_ev_)
-    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+    if (!e && cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess) {
+      e = nullptr;
       cudaGetLastError();
       return false;
     }
@@ -448,17 +462,24 @@ void CudaBackend::read_ids(const int32_t* ids, int64_t rows, int32_t* out) {
 }
 
 void CudaBackend::flush_tape() {
-  if (failed_) {  // an op of the pass failed while it was recorded: run none of it
+  if (rec_prof_ && !failed_) rec_prof_tick("(pass end)");
+  // Its arguments (positions, slots, block tables) must be up before anything of it runs: else
+  // its ops would read the previous pass's and store K/V rows at that pass's slots.
+  if (!failed_) check(args_->flush_pass());
+  if (failed_) {  // an op of the pass failed while it was recorded, or its upload did: run none of it
     tape_->discard();
-    for (void* p : overflow_) free_async(p);
-    overflow_.clear();
+    retire_overflow();
     return;
   }
-  if (rec_prof_) rec_prof_tick("(pass end)");
-  check(args_->flush_pass());
   const cudaError_t e = tape_->run();
   if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", cudaGetErrorString(e)));
-  for (void* p : overflow_) free_async(p);  // stream-ordered after the ops that used them
+  retire_overflow();
+}
+
+void CudaBackend::retire_overflow() {
+  // Not freed yet: the caller may still enqueue reads of the pass's outputs (ids, logits) that
+  // live there; they are freed at the next pass's start, stream-ordered after those reads.
+  overflow_done_.insert(overflow_done_.end(), overflow_.begin(), overflow_.end());
   overflow_.clear();
 }
 

@@ -314,7 +314,9 @@ class CudaBackend final : public Backend {
   void* act_arena_ = nullptr;
   size_t act_bytes_ = 0, act_off_ = 0;
   size_t arena_want_ = kArenaMin;
-  std::vector<void*> overflow_;
+  std::vector<void*> overflow_;       // this pass's allocations beyond the arena
+  std::vector<void*> overflow_done_;  // flushed passes' overflow: freed at the next begin_pass
+  void retire_overflow();
   bool matmul_only_ = false;  // set_matmul_only_outputs
   static constexpr int64_t kMaxIdsHost = 1 << 16;
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows

@@ -364,9 +364,11 @@ void CudaBackend::gemm(const TensorView& w, const void* x, int64_t ldx, void* y,
   rec("gemm", pl, wd, x, y, alpha, beta);
   launch("matmul.gemm", [=, this] {
     const cublasStatus_t st = gemm_->run(pl, alpha, wd, x, beta, y);
-    if (st != CUBLAS_STATUS_SUCCESS)
-      fail(fmt::format("cublasLtMatmul [{}x{}]·[{}x{}]^T failed (status {})", n, in, out, in, static_cast<int>(st)));
-    return cudaSuccess;
+    if (st == CUBLAS_STATUS_SUCCESS) return cudaSuccess;
+    fail(fmt::format("cublasLtMatmul [{}x{}]·[{}x{}]^T failed (status {})", n, in, out, in, static_cast<int>(st)));
+    // Not success, so that a capture of this pass is discarded: a graph without this GEMM's node
+    // must never be cached and replayed.
+    return cudaErrorUnknown;
   });
 }
 

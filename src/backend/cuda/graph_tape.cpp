@@ -22,12 +22,10 @@ void GraphTape::clear_graphs() {
 }
 
 cudaError_t GraphTape::run_eager() {
-  cudaError_t first = cudaSuccess;
-  for (Op& op : ops_) {
-    const cudaError_t e = op();
-    if (e != cudaSuccess && first == cudaSuccess) first = e;
-  }
-  return first;
+  // Ops after a failed one would read its garbage outputs (and store K/V rows from them): stop.
+  for (Op& op : ops_)
+    if (const cudaError_t e = op(); e != cudaSuccess) return e;
+  return cudaSuccess;
 }
 
 cudaGraph_t GraphTape::capture() {

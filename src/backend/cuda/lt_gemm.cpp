@@ -44,8 +44,8 @@ const LtGemm::Plan* LtGemm::plan(DType wt, int64_t n, int64_t in, int64_t out, i
   cublasLtMatrixLayoutCreate(&p.a, ab, static_cast<uint64_t>(in), static_cast<uint64_t>(out), ldw);
   cublasLtMatrixLayoutCreate(&p.b, ab, static_cast<uint64_t>(in), static_cast<uint64_t>(n), ldx);
   cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, static_cast<uint64_t>(out), static_cast<uint64_t>(n), ldy);
-  cublasLtMatmulPreference_t pref;
-  cublasLtMatmulPreferenceCreate(&pref);
+  cublasLtMatmulPreference_t pref = nullptr;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) pref = nullptr;  // the heuristic then fails
   const uint64_t ws = kWorkspaceBytes;
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -53,8 +53,9 @@ const LtGemm::Plan* LtGemm::plan(DType wt, int64_t n, int64_t in, int64_t out, i
     cublasLtMatmulPreferenceSetAttribute(pref, attr, &align, sizeof(align));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st = pref ? cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found)
+                                 : CUBLAS_STATUS_ALLOC_FAILED;
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
     cublasLtMatmulDescDestroy(p.desc);
     for (auto* l : {p.a, p.b, p.c}) cublasLtMatrixLayoutDestroy(l);
