@@ -83,6 +83,9 @@ struct GraphStats {
   // Token picks (rows) a GPU backend made on the host from copied logits instead of on the
   // device: LRAGENT_CUDA_DEVICE_SAMPLING=0, or a fallback (no device memory for the ids).
   int64_t host_picks = 0;
+  // Captures discarded (an op failed or did something a capture forbids): that shape then runs
+  // op by op.
+  int64_t capture_failures = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -39,6 +40,7 @@ struct FaultRun {
   std::vector<float> prefill_logits;  // [vocab] of the last prompt token
   std::vector<int32_t> tokens;        // greedy decode picks
   std::vector<std::string> errors;    // errors met (then retried)
+  GraphStats graphs;                  // the backend's, at the end
 };
 
 // An f32 backend (bit-faithful: a recovered pass must equal the clean one exactly) whose launches
@@ -99,7 +101,35 @@ FaultRun run_with(const char* inject) {
     next = (*pick)[0];
     out.tokens.push_back(next);
   }
+  out.graphs = f.be->graph_stats();
   return out;
+}
+
+// A fault when the op runs, not when it is recorded: "<op>@run:N" fails the Nth run of its
+// closure. Run 3 of the decode steps' embedding falls in the capture of the second decode step's
+// graph: the capture is discarded (never cached and replayed without that op), the pass reports
+// the error, and every later step equals the clean run. Run 2 is that step's first, eager run.
+TEST(CudaErrors, FaultWhileAGraphIsCapturedIsNotCached) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA error-path tests skipped";
+  const FaultRun clean = run_with(nullptr);
+  ASSERT_TRUE(clean.errors.empty());
+  EXPECT_EQ(clean.graphs.capture_failures, 0);
+  EXPECT_GT(clean.graphs.replayed, 0) << "the decode steps replay graphs";
+  // attention@run:6: the second layer's attention in that capture, after other ops were captured.
+  for (const char* fault : {"embedding@run:2", "embedding@run:3", "attention@run:6"}) {
+    SCOPED_TRACE(fault);
+    const FaultRun r = run_with(fault);
+    ASSERT_EQ(r.errors.size(), 1u) << "one injected fault, one error";
+    EXPECT_NE(r.errors[0].find("when it ran"), std::string::npos) << r.errors[0];
+    EXPECT_EQ(r.prefill_logits, clean.prefill_logits);
+    EXPECT_EQ(r.tokens, clean.tokens);
+    std::printf("  %s: capture failures %lld, graphs captured %lld, replayed %lld\n", fault,
+                static_cast<long long>(r.graphs.capture_failures), static_cast<long long>(r.graphs.captured),
+                static_cast<long long>(r.graphs.replayed));
+  }
+  const FaultRun in_capture = run_with("embedding@run:3");
+  EXPECT_EQ(in_capture.graphs.capture_failures, 1) << "run 3 is inside a capture";
+  EXPECT_GT(in_capture.graphs.replayed, 0) << "a failed op does not leave its shape eager for good";
 }
 
 TEST(CudaErrors, FailedOpIsReturnedAndTheNextPassEqualsACleanRun) {

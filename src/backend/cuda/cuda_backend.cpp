@@ -38,8 +38,17 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
     const std::string spec = f;
     const size_t colon = spec.find(':');
-    be->inject_fault_ = spec.substr(0, colon);
-    be->inject_count_ = colon == std::string::npos ? 1 : std::max<int64_t>(std::atoll(spec.c_str() + colon + 1), 1);
+    std::string op = spec.substr(0, colon);
+    const int64_t n = colon == std::string::npos ? 1 : std::max<int64_t>(std::atoll(spec.c_str() + colon + 1), 1);
+    // "<op>@run": the Nth time the op runs fails (eagerly, or while a graph of its pass is
+    // captured), not the Nth time it is launched or recorded.
+    if (op.size() > 4 && op.compare(op.size() - 4, 4, "@run") == 0) {
+      be->inject_run_ = op.substr(0, op.size() - 4);
+      be->inject_run_count_ = n;
+    } else {
+      be->inject_fault_ = op;
+      be->inject_count_ = n;
+    }
   }
   be->graphs_ = o.graphs && !be->prof_.enabled() && !(env_graphs && std::string(env_graphs) == "0");
   if (cudaSetDevice(o.device) != cudaSuccess || cudaStreamCreateWithFlags(&be->stream_, cudaStreamNonBlocking) != cudaSuccess)

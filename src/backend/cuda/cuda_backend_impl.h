@@ -108,7 +108,7 @@ class CudaBackend final : public Backend {
   void set_matmul_only_outputs(bool on) override { matmul_only_ = on; }
   GraphStats graph_stats() const override {
     const lc::TapeStats& t = tape_->stats();
-    return {t.passes, t.replayed, t.captured, t.eager, t.updated, t.record_ms, host_picks_};
+    return {t.passes, t.replayed, t.captured, t.eager, t.updated, t.record_ms, host_picks_, t.capture_failures};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -182,6 +182,21 @@ class CudaBackend final : public Backend {
       fail(fmt::format("injected fault in op '{}' (LRAGENT_CUDA_INJECT_FAULT)", name));
       return;
     }
+    if (!inject_run_.empty() && inject_run_ == name) {  // tests: fail when it runs
+      dispatch(name, [this, g = std::forward<F>(f), name]() mutable -> cudaError_t {
+        if (!inject_run_.empty() && --inject_run_count_ == 0) {
+          inject_run_.clear();
+          fail(fmt::format("injected fault in op '{}' when it ran (LRAGENT_CUDA_INJECT_FAULT)", name));
+          return cudaErrorUnknown;
+        }
+        return g();
+      });
+      return;
+    }
+    dispatch(name, std::forward<F>(f));
+  }
+  template <class F>
+  void dispatch(const char* name, F&& f) {
     if (tape_->recording()) {
       tape_->push(std::forward<F>(f));
       if (rec_prof_) rec_prof_tick(name);
@@ -291,6 +306,9 @@ class CudaBackend final : public Backend {
   // LRAGENT_CUDA_INJECT_FAULT=<op>[:N]: the Nth (default 1st) launch of that op fails (tests).
   std::string inject_fault_;
   int64_t inject_count_ = 0;
+  // LRAGENT_CUDA_INJECT_FAULT=<op>@run[:N]: the Nth run of that op fails (a capture included).
+  std::string inject_run_;
+  int64_t inject_run_count_ = 0;
   Status error_;         // the first failure, for take_error()
   std::string gpu_name_;
   int64_t capacity_ = 0;

@@ -28,14 +28,18 @@ cudaError_t GraphTape::run_eager() {
   return cudaSuccess;
 }
 
-cudaGraph_t GraphTape::capture() {
+cudaGraph_t GraphTape::capture(cudaError_t* op_error) {
   cudaGraph_t graph = nullptr;
+  *op_error = cudaSuccess;
   if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return nullptr;
   const cudaError_t launch_err = run_eager();
   const cudaError_t err = cudaStreamEndCapture(stream_, &graph);
   if (err != cudaSuccess || launch_err != cudaSuccess) {
     if (graph) cudaGraphDestroy(graph);
     cudaGetLastError();
+    // An op that reported a failure (e.g. a cuBLASLt error) failed the pass; a capture error
+    // alone means the pass is not capturable.
+    if (err == cudaSuccess) *op_error = launch_err;
     return nullptr;
   }
   return graph;
@@ -77,7 +81,15 @@ cudaError_t GraphTape::run() {
   auto built = [&] {
     stats_.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  cudaGraph_t graph = capture();
+  cudaError_t op_error = cudaSuccess;
+  cudaGraph_t graph = capture(&op_error);
+  if (!graph && op_error != cudaSuccess) {
+    // An op failed while captured: the pass failed (its outputs are garbage) and nothing of it is
+    // cached; the shape is captured again when it next comes (the failure may not recur).
+    ++stats_.capture_failures;
+    built();
+    return op_error;
+  }
   if (!graph) {  // not capturable (an op did something a capture forbids): remember, run eagerly
     e.failed = true;
     ++stats_.capture_failures;

@@ -105,8 +105,9 @@ class GraphTape {
     if constexpr (!std::is_pointer_v<T>) shape_.append(reinterpret_cast<const char*>(&v), sizeof(T));
   }
   cudaError_t run_eager();
-  // Captures the recorded ops into a new graph (null on failure; the ops did not run).
-  cudaGraph_t capture();
+  // Captures the recorded ops into a new graph (null on failure; the ops did not run). *op_error:
+  // the error an op of the pass reported while captured (cudaSuccess when the capture itself failed).
+  cudaGraph_t capture(cudaError_t* op_error);
 
   struct Entry {
     int seen = 0;                     // times this signature ran
