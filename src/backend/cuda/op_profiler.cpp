@@ -36,6 +36,12 @@ OpProfiler::Scope::~Scope() {
   cudaEventRecord(end, stream_);
   p_.pending_.push_back({name_, start_, end});
   p_.host_ms_[name_] += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count();
+  // A generation loop never synchronizes the backend: fold the timings in every so many ops, so
+  // the pending events (and their handles) stay bounded.
+  if (p_.pending_.size() >= 8192) {
+    cudaEventSynchronize(end);
+    p_.flush();
+  }
 }
 
 void OpProfiler::flush() {
