@@ -93,13 +93,15 @@ class SharedBinding final : public KvBinding {
     for (;;) {
       Status st = try_reserve(total);
       if (st.ok() || st.error().code != ErrorCode::kOutOfMemory || !kv_.opts_.evict_private) return st;
-      // Dropping other agents' caches cannot help a pass that would not fit the arena alone.
-      if (dropped == 0 && !fits_alone(total))
+      // Dropping other agents' caches cannot help a pass that would not fit the arena alone (a
+      // pool ran out, so there are pools).
+      const int64_t arena_slabs = kv_.pools_.front()->arena().n_slabs();
+      if (dropped == 0 && slabs_for(total, /*alone=*/true) > arena_slabs)
         return make_error(ErrorCode::kOutOfMemory, "{} (this agent's caches alone need more than the whole KV memory)",
                           st.error().message);
       // Nor one that would not fit with every droppable cache gone: what else holds the arena
       // (agents running beside this one, other trajectories of a shared arena) stays.
-      if (dropped == 0 && missing_slabs(total) > kv_.droppable_slabs(a_))
+      if (dropped == 0 && slabs_for(total, /*alone=*/false) > kv_.droppable_slabs(a_))
         return make_error(ErrorCode::kOutOfMemory,
                           "{} (dropping the other agents' private caches would not make room beside what cannot be "
                           "dropped: agents running now and other users of the KV memory; nothing was dropped)",
@@ -114,35 +116,19 @@ class SharedBinding final : public KvBinding {
     }
   }
 
-  // Whether the streams this pass writes, at `total` tokens each, fit in the arena's slabs with
-  // nothing else in it.
-  bool fits_alone(int64_t total) const {
-    const auto ua = static_cast<size_t>(a_);
-    int64_t slabs = 0;
-    KvArena* arena = nullptr;
-    for (const PagedStream* s : {&kv_.priv_kv_[ua], &kv_.priv_k_[ua], &kv_.priv_v_[ua], &kv_.shared_kv_,
-                                 &kv_.shared_lrk_, &kv_.shared_lrv_}) {
-      const BlockPool* pool = s->pool();
-      if (!pool) continue;
-      arena = &pool->arena();
-      const int64_t blocks = (total + pool->page_size() - 1) / pool->page_size();
-      slabs += (blocks + pool->blocks_per_slab() - 1) / pool->blocks_per_slab();
-    }
-    return arena == nullptr || slabs <= arena->n_slabs();
-  }
-
-  // Arena slabs this pass must still take: per stream, the blocks up to `total` tokens beyond its
-  // table and beyond the free blocks in its pool's slabs.
-  int64_t missing_slabs(int64_t total) const {
+  // Arena slabs the streams this pass writes need to hold `total` tokens each: all of them when
+  // `alone` (an empty arena), else only those beyond each stream's table and the free blocks in
+  // its pool's slabs.
+  int64_t slabs_for(int64_t total, bool alone) const {
     const auto ua = static_cast<size_t>(a_);
     int64_t slabs = 0;
     for (const PagedStream* s : {&kv_.priv_kv_[ua], &kv_.priv_k_[ua], &kv_.priv_v_[ua], &kv_.shared_kv_,
                                  &kv_.shared_lrk_, &kv_.shared_lrv_}) {
       const BlockPool* pool = s->pool();
       if (!pool) continue;
-      const int64_t need = (total + pool->page_size() - 1) / pool->page_size();
-      const int64_t extra = need - static_cast<int64_t>(s->table().size()) - pool->free_in_slabs();
-      if (extra > 0) slabs += (extra + pool->blocks_per_slab() - 1) / pool->blocks_per_slab();
+      int64_t blocks = (total + pool->page_size() - 1) / pool->page_size();
+      if (!alone) blocks -= static_cast<int64_t>(s->table().size()) + pool->free_in_slabs();
+      if (blocks > 0) slabs += (blocks + pool->blocks_per_slab() - 1) / pool->blocks_per_slab();
     }
     return slabs;
   }
