@@ -43,6 +43,14 @@ class Sharing : public ::testing::Test {
     EXPECT_TRUE(kv.ok()) << kv.error().message;
     return kv.ok() ? std::move(*kv) : nullptr;
   }
+  // Agent a's pass over positions [0, tokens): bound, reserved and advanced. The binding is
+  // returned (live while kept); null when the reserve fails.
+  static std::unique_ptr<KvBinding> pass(TrajectoryKv& kv, int a, int64_t tokens) {
+    auto b = kv.bind(a);
+    if (!b->reserve(tokens).ok()) return nullptr;
+    kv.advance(a, tokens);
+    return b;
+  }
   std::unique_ptr<Backend> be_;
   std::unique_ptr<LlamaModel> model_;
   std::vector<std::unique_ptr<LoraAdapter>> owned_;
@@ -337,9 +345,8 @@ TEST_F(Sharing, EvictionUnderAKvBudgetRecomputesAndKeepsTheTokens) {
 TEST_F(Sharing, LiveBindingsAreNeverEvicted) {
   auto kv = none_in_arena(400);  // one agent's 300 tokens, not two
   ASSERT_TRUE(kv);
-  auto b0 = kv->bind(0);
-  ASSERT_TRUE(b0->reserve(300).ok());
-  kv->advance(0, 300);
+  auto b0 = pass(*kv, 0, 300);
+  ASSERT_TRUE(b0);
   {
     auto b1 = kv->bind(1);
     const Status st = b1->reserve(300);
@@ -362,11 +369,7 @@ TEST_F(Sharing, LiveBindingsAreNeverEvicted) {
 TEST_F(Sharing, APassLargerThanTheArenaEvictsNothing) {
   auto kv = none_in_arena(400);
   ASSERT_TRUE(kv);
-  {
-    auto b0 = kv->bind(0);
-    ASSERT_TRUE(b0->reserve(300).ok());
-    kv->advance(0, 300);
-  }
+  ASSERT_TRUE(pass(*kv, 0, 300));
   auto b1 = kv->bind(1);
   const Status st = b1->reserve(800);
   ASSERT_FALSE(st.ok());
@@ -384,14 +387,9 @@ TEST_F(Sharing, APassLargerThanTheArenaEvictsNothing) {
 TEST_F(Sharing, APassThatCannotFitBesideLiveCachesEvictsNothing) {
   auto kv = none_in_arena(700, /*three_agents=*/true);
   ASSERT_TRUE(kv);
-  {
-    auto b2 = kv->bind(2);
-    ASSERT_TRUE(b2->reserve(100).ok());
-    kv->advance(2, 100);
-  }
-  auto b0 = kv->bind(0);  // live: agent 1's pass runs beside it
-  ASSERT_TRUE(b0->reserve(300).ok());
-  kv->advance(0, 300);
+  ASSERT_TRUE(pass(*kv, 2, 100));
+  auto b0 = pass(*kv, 0, 300);  // live: agent 1's pass runs beside it
+  ASSERT_TRUE(b0);
   {
     auto b1 = kv->bind(1);
     const Status st = b1->reserve(600);  // fits the arena alone; beside agent 0's 300 tokens it cannot
