@@ -337,10 +337,6 @@ TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA agents test skipped";
   AgentsSetup ag;
   ASSERT_TRUE(make_agents(DType::kBF16, ag));
-  const ModelConfig& c = ag.model->config();
-  const auto& names = ag.names;
-  const auto& ptrs = ag.ptrs;
-  const auto& prompt = ag.prompt;
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr, ShareMode::kFull}) {
     std::vector<std::vector<int32_t>> outputs[2];
     std::vector<float> last[2];
@@ -350,18 +346,18 @@ TEST(CudaAgents, DecodeLookaheadMatchesStepByStep) {
       ro.sharing.mode = mode;
       ro.sharing.max_tokens = 1024;
       ro.decode_lookahead = la == 1;
-      auto s = AgentSession::create(*ag.model, nullptr, names, ptrs, ro);
+      auto s = AgentSession::create(*ag.model, nullptr, ag.names, ag.ptrs, ro);
       ASSERT_TRUE(s.ok()) << s.error().message;
-      (*s)->append(prompt);
+      (*s)->append(ag.prompt);
       for (int round = 0; round < 3; ++round)
-        for (int a = 0; a < static_cast<int>(names.size()); ++a) {
-          const auto& name = names[static_cast<size_t>(a)];
+        for (int a = 0; a < static_cast<int>(ag.names.size()); ++a) {
+          const auto& name = ag.names[static_cast<size_t>(a)];
           auto r = a == 1 && round == 1 ? (*s)->run_agent(name, 0, {9, 10, 11}, {}) : (*s)->run_agent(name, 20 + 7 * a, {}, {});
           ASSERT_TRUE(r.ok()) << r.error().message;
           outputs[la].push_back(r->output_tokens);
         }
       (*s)->keep_logits(true);
-      auto r = (*s)->run_agent(names[0], 1, {}, {});
+      auto r = (*s)->run_agent(ag.names[0], 1, {}, {});
       ASSERT_TRUE(r.ok()) << r.error().message;
       last[la] = r->logits.at(0);
       for (int64_t n : (*s)->computed_per_agent()) computed[la] += n;
@@ -385,9 +381,6 @@ TEST(CudaAgents, EvictionUnderAKvMemoryBudgetKeepsTheTokens) {
   AgentsSetup ag;
   ASSERT_TRUE(make_agents(DType::kF32, ag));
   const ModelConfig& c = ag.model->config();
-  const auto& names = ag.names;
-  const auto& ptrs = ag.ptrs;
-  const auto& prompt = ag.prompt;
   const int64_t row = 2LL * c.num_kv_heads * c.head_dim * 4;  // f32 K + V of one token and layer
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kDroidSpeak}) {
     std::vector<std::vector<int32_t>> outputs[2];
@@ -402,12 +395,12 @@ TEST(CudaAgents, EvictionUnderAKvMemoryBudgetKeepsTheTokens) {
       if (budget == 1)
         ro.sharing.arena_bytes =
             (c.num_layers - priv_layers) * final_tokens * row + final_tokens * priv_layers * row * 8 / 5;
-      auto s = AgentSession::create(*ag.model, nullptr, names, ptrs, ro);
+      auto s = AgentSession::create(*ag.model, nullptr, ag.names, ag.ptrs, ro);
       ASSERT_TRUE(s.ok()) << s.error().message;
-      (*s)->append(prompt);
+      (*s)->append(ag.prompt);
       for (int round = 0; round < 3; ++round)
-        for (int a = 0; a < static_cast<int>(names.size()); ++a) {
-          auto r = (*s)->run_agent(names[static_cast<size_t>(a)], 20 + 7 * a, {}, {});
+        for (int a = 0; a < static_cast<int>(ag.names.size()); ++a) {
+          auto r = (*s)->run_agent(ag.names[static_cast<size_t>(a)], 20 + 7 * a, {}, {});
           ASSERT_TRUE(r.ok()) << share_mode_name(mode) << ": " << r.error().message;
           outputs[budget].push_back(r->output_tokens);
           (*s)->append({static_cast<int32_t>(5 + round), static_cast<int32_t>(6 + a)});
