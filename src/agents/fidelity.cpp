@@ -131,9 +131,10 @@ Result<std::pair<std::vector<ReplayStep>, std::vector<std::vector<float>>>> forc
   for (size_t i = 0; i < steps.size(); ++i) {
     ReplayStep s = steps[i];
     if (s.kind == ReplayStep::Kind::kAppendText) {
-      auto ids = tok ? tok->encode(s.text, false) : std::vector<int32_t>{};
+      // run_replay above encoded the same text, so a tokenizer is there and cannot fail now.
+      if (tok == nullptr) return make_error(ErrorCode::kInternal, "step {} appends text without a tokenizer", i);
+      LRA_ASSIGN_OR_RETURN(s.tokens, tok->encode(s.text, false));
       s.kind = ReplayStep::Kind::kAppendTokens;
-      s.tokens = ids;
     } else if (s.kind == ReplayStep::Kind::kGenerate) {
       s.kind = ReplayStep::Kind::kForce;
       s.tokens = none.steps[i].output_tokens;

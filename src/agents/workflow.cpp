@@ -43,24 +43,28 @@ std::string first_line(const std::string& text) {
 // One episode's moving parts.
 class ReactRun {
  public:
-  ReactRun(AgentSession& s, const Tokenizer& tok, const ReactOptions& o) : s_(s), tok_(tok), o_(o) {
-    newline_ = tok_.encode("\n", /*add_special_tokens=*/false);
+  ReactRun(AgentSession& s, const Tokenizer& tok, const ReactOptions& o) : s_(s), tok_(tok), o_(o) {}
+
+  // Encodes the newline that closes a turn; before the first turn.
+  Status init() {
+    LRA_ASSIGN_OR_RETURN(newline_, tok_.encode("\n", /*add_special_tokens=*/false));
     // SentencePiece encodes a lone "\n" with a leading-space piece; the bare newline token is enough.
     const auto bare =
         std::find_if(newline_.begin(), newline_.end(), [&](int32_t id) { return tok_.token_bytes(id) == "\n"; });
     if (bare != newline_.end()) newline_ = {*bare};
+    return Status::Ok();
   }
 
   // Appends `prefix`, then `agent` decodes up to `budget` tokens of one line; the line is then
   // closed with a newline if the agent did not write one. nullopt: the turn could overflow the
   // context, so nothing was appended.
   Result<std::optional<WorkflowTurn>> turn(int step, const char* agent, const std::string& prefix, int budget) {
-    const std::vector<int32_t> ids = tok_.encode(prefix, /*add_special_tokens=*/false);
+    LRA_ASSIGN_OR_RETURN(const std::vector<int32_t> ids, tok_.encode(prefix, /*add_special_tokens=*/false));
     std::vector<int32_t> forced;  // [n] the turn's teacher-forced line (ReactOptions::forced_turn)
     std::optional<std::string> forced_text;
     if (o_.forced_turn) forced_text = o_.forced_turn(step, agent);
     if (forced_text) {
-      forced = tok_.encode(*forced_text, /*add_special_tokens=*/false);
+      LRA_ASSIGN_OR_RETURN(forced, tok_.encode(*forced_text, /*add_special_tokens=*/false));
       if (forced.empty())
         return make_error(ErrorCode::kInvalidArgument, "forced {} turn of step {} is empty", agent, step);
       budget = static_cast<int>(forced.size());
@@ -159,6 +163,7 @@ Result<WorkflowReport> run_react(AgentSession& session, const Tokenizer& tok, To
   LRA_RETURN_IF_ERROR(check_setup(session, o));
   const auto t0 = std::chrono::steady_clock::now();
   ReactRun run(session, tok, o);
+  LRA_RETURN_IF_ERROR(run.init());
   WorkflowReport& rep = run.report();
   std::string prompt = o.system_prompt;
   if (!prompt.empty() && prompt.back() != '\n') prompt += '\n';

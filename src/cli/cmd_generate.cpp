@@ -36,7 +36,9 @@ int run_generate(const GenerateFlags& f) {
     if (!lm.tokenizer)
       return report(make_error(ErrorCode::kNotFound, "{} has no tokenizer.json: pass --prompt-tokens instead of --prompt",
                                f.model.model_dir));
-    req.prompt = lm.tokenizer->encode(f.prompt);
+    auto ids = lm.tokenizer->encode(f.prompt);
+    if (!ids.ok()) return report(ids.error());
+    req.prompt = std::move(*ids);
   }
   if (!f.use.empty()) {
     req.adapter = lm.adapters->find(f.use);

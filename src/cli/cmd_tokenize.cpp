@@ -24,7 +24,9 @@ int run_tokenize(const TokenizeFlags& f) {
     if (!t.ok()) return report(t.error());
     tok = std::move(*t);
   }
-  const std::vector<int32_t> ids = tok->encode(f.text, !f.no_special);
+  auto encoded = tok->encode(f.text, !f.no_special);
+  if (!encoded.ok()) return report(encoded.error());
+  const std::vector<int32_t>& ids = *encoded;
   if (f.json) {
     nlohmann::json j;
     j["ids"] = ids;

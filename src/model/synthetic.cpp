@@ -132,7 +132,7 @@ namespace {
 
 class ByteTokenizer final : public Tokenizer {
  public:
-  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const override {
+  Result<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens) const override {
     std::vector<int32_t> ids;
     if (add_special_tokens) ids.push_back(1);
     for (unsigned char ch : text) ids.push_back(3 + ch);

@@ -63,7 +63,7 @@ Result<AddedVocabulary> AddedVocabulary::build(std::vector<AddedToken> tokens, c
         continue;
       }
       std::string pattern = t.content;
-      if (normalizer != nullptr) normalizer->normalize(pattern);
+      if (normalizer != nullptr) LRA_RETURN_IF_ERROR(normalizer->normalize(pattern));
       if (!pattern.empty()) v.normalized_trie_.insert(pattern, static_cast<int32_t>(i));
     }
   }

@@ -43,7 +43,10 @@ class ReplaceDecoder final : public Decoder {
   }
   void map_token(std::string& token) const override {
     std::vector<std::pair<Span, bool>> pieces;  // [k] (span, is_match) covering token
-    pattern_.find_matches(token, pieces);
+    // decode() has no error channel. A regex can only give up here on a huge single token
+    // string, and the Replace decoders of known tokenizers use literal patterns, which cannot
+    // fail; the token then stays as it is.
+    if (!pattern_.find_matches(token, pieces).ok()) return;
     std::string out;
     for (const auto& [span, is_match] : pieces) {
       if (is_match) {

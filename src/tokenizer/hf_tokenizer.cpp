@@ -12,7 +12,7 @@ HfTokenizer::HfTokenizer(Parts parts) : p_(std::move(parts)) {
   vocab_size_ = max_id + 1;
 }
 
-std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special_tokens) const {
+Result<std::vector<int32_t>> HfTokenizer::encode(std::string_view text, bool add_special_tokens) const {
   // HF only ever sees valid UTF-8 (Python str); other bytes are read as from_utf8_lossy does.
   std::string sanitized;
   if (!unicode::is_valid_utf8(text)) {
@@ -26,16 +26,16 @@ std::vector<int32_t> HfTokenizer::encode(std::string_view text, bool add_special
     if (seg.id >= 0) {
       ids.push_back(seg.id);
     } else {
-      encode_piece(text.substr(seg.begin, seg.end - seg.begin), seg.begin == 0, ids);
+      LRA_RETURN_IF_ERROR(encode_piece(text.substr(seg.begin, seg.end - seg.begin), seg.begin == 0, ids));
     }
   }
   if (add_special_tokens) p_.post.apply(ids);
   return ids;
 }
 
-void HfTokenizer::encode_piece(std::string_view text, bool at_origin, std::vector<int32_t>& ids) const {
+Status HfTokenizer::encode_piece(std::string_view text, bool at_origin, std::vector<int32_t>& ids) const {
   std::string normalized(text);
-  if (p_.normalizer) p_.normalizer->normalize(normalized);
+  if (p_.normalizer) LRA_RETURN_IF_ERROR(p_.normalizer->normalize(normalized));
   std::vector<AddedVocabulary::Segment> segments;  // [k] normalized added tokens and the text between
   p_.added.split(normalized, /*normalized=*/true, segments);
   std::vector<PreToken> words;
@@ -46,9 +46,10 @@ void HfTokenizer::encode_piece(std::string_view text, bool at_origin, std::vecto
     }
     words.clear();
     words.push_back({normalized.substr(seg.begin, seg.end - seg.begin), at_origin && seg.begin == 0});
-    if (p_.pre_tokenizer) p_.pre_tokenizer->pre_tokenize(words);
+    if (p_.pre_tokenizer) LRA_RETURN_IF_ERROR(p_.pre_tokenizer->pre_tokenize(words));
     for (const PreToken& w : words) p_.model->tokenize(w.text, ids);
   }
+  return Status::Ok();
 }
 
 const std::string* HfTokenizer::token_of(int32_t id) const {

@@ -28,7 +28,7 @@ class HfTokenizer final : public Tokenizer {
   };
   explicit HfTokenizer(Parts parts);
 
-  std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const override;
+  Result<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens = true) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   std::string token_bytes(int32_t id) const override;
   std::string id_to_token(int32_t id) const override;
@@ -42,7 +42,7 @@ class HfTokenizer final : public Tokenizer {
   // Token string of `id` as decode() sees it (added tokens first), or null.
   const std::string* token_of(int32_t id) const;
   // Normalizes, splits and tokenizes text that holds no raw added token.
-  void encode_piece(std::string_view text, bool at_origin, std::vector<int32_t>& ids) const;
+  Status encode_piece(std::string_view text, bool at_origin, std::vector<int32_t>& ids) const;
 
   Parts p_;
   int32_t vocab_size_;  // max id + 1 over the model vocab and added tokens

@@ -15,8 +15,9 @@ using tokjson::json;
 class SequenceNormalizer final : public Normalizer {
  public:
   explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> steps) : steps_(std::move(steps)) {}
-  void normalize(std::string& s) const override {
-    for (const auto& step : steps_) step->normalize(s);
+  Status normalize(std::string& s) const override {
+    for (const auto& step : steps_) LRA_RETURN_IF_ERROR(step->normalize(s));
+    return Status::Ok();
   }
 
  private:
@@ -27,8 +28,9 @@ class SequenceNormalizer final : public Normalizer {
 class PrependNormalizer final : public Normalizer {
  public:
   explicit PrependNormalizer(std::string prefix) : prefix_(std::move(prefix)) {}
-  void normalize(std::string& s) const override {
+  Status normalize(std::string& s) const override {
     if (!s.empty()) s.insert(0, prefix_);
+    return Status::Ok();
   }
 
  private:
@@ -39,10 +41,10 @@ class ReplaceNormalizer final : public Normalizer {
  public:
   ReplaceNormalizer(Pattern pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void normalize(std::string& s) const override {
+  Status normalize(std::string& s) const override {
     // pieces: [k] (span, is_match) covering s.
     std::vector<std::pair<Span, bool>> pieces;
-    pattern_.find_matches(s, pieces);
+    LRA_RETURN_IF_ERROR(pattern_.find_matches(s, pieces));
     std::string out;
     out.reserve(s.size());
     for (const auto& [span, is_match] : pieces) {
@@ -53,6 +55,7 @@ class ReplaceNormalizer final : public Normalizer {
       }
     }
     s = std::move(out);
+    return Status::Ok();
   }
 
  private:
@@ -62,7 +65,10 @@ class ReplaceNormalizer final : public Normalizer {
 
 class NfcNormalizer final : public Normalizer {
  public:
-  void normalize(std::string& s) const override { s = unicode::nfc(s); }
+  Status normalize(std::string& s) const override {
+    s = unicode::nfc(s);
+    return Status::Ok();
+  }
 };
 
 }  // namespace

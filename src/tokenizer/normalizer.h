@@ -14,8 +14,9 @@ namespace lragent {
 class Normalizer {
  public:
   virtual ~Normalizer() = default;
-  // Rewrites `s` (valid UTF-8) in place; the result is valid UTF-8.
-  virtual void normalize(std::string& s) const = 0;
+  // Rewrites `s` (valid UTF-8) in place; the result is valid UTF-8. Fails only where a Replace
+  // regex gives up on the text (see Regex::find_all); `s` is then unchanged by that step.
+  virtual Status normalize(std::string& s) const = 0;
 
   // `j` must not be null (a null normalizer means "none" and is handled by the caller).
   static Result<std::unique_ptr<Normalizer>> from_json(const nlohmann::json& j, std::string_view where);

@@ -79,8 +79,9 @@ void emit_spans(PreToken&& piece, const std::vector<Span>& spans, std::vector<Pr
 class SequencePreTokenizer final : public PreTokenizer {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> steps) : steps_(std::move(steps)) {}
-  void pre_tokenize(std::vector<PreToken>& pieces) const override {
-    for (const auto& step : steps_) step->pre_tokenize(pieces);
+  Status pre_tokenize(std::vector<PreToken>& pieces) const override {
+    for (const auto& step : steps_) LRA_RETURN_IF_ERROR(step->pre_tokenize(pieces));
+    return Status::Ok();
   }
 
  private:
@@ -91,18 +92,19 @@ class SplitPreTokenizer final : public PreTokenizer {
  public:
   SplitPreTokenizer(Pattern pattern, SplitBehavior behavior, bool invert)
       : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
-  void pre_tokenize(std::vector<PreToken>& pieces) const override {
+  Status pre_tokenize(std::vector<PreToken>& pieces) const override {
     std::vector<PreToken> out;
     out.reserve(pieces.size() * 4);
     std::vector<std::pair<Span, bool>> matches;  // [k] (span, is_match) of one piece
     for (PreToken& piece : pieces) {
-      pattern_.find_matches(piece.text, matches);
+      LRA_RETURN_IF_ERROR(pattern_.find_matches(piece.text, matches));
       if (invert_) {
         for (auto& m : matches) m.second = !m.second;
       }
       emit_spans(std::move(piece), apply_split_behavior(matches, behavior_), out);
     }
     pieces = std::move(out);
+    return Status::Ok();
   }
 
  private:
@@ -117,7 +119,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
  public:
   ByteLevelPreTokenizer(bool add_prefix_space, std::unique_ptr<Regex> regex)
       : add_prefix_space_(add_prefix_space), regex_(std::move(regex)) {}
-  void pre_tokenize(std::vector<PreToken>& pieces) const override {
+  Status pre_tokenize(std::vector<PreToken>& pieces) const override {
     std::vector<PreToken> out;
     out.reserve(pieces.size());
     std::vector<Span> matches;
@@ -130,7 +132,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
       // The regex covers every character, so Isolated behaviour == keep matches and gaps alike.
       std::vector<std::pair<Span, bool>> spans;
       matches.clear();
-      regex_->find_all(piece.text, matches);
+      LRA_RETURN_IF_ERROR(regex_->find_all(piece.text, matches));
       size_t prev = 0;
       for (const Span& m : matches) {
         if (prev != m.begin) spans.push_back({{prev, m.begin}, false});
@@ -147,6 +149,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
       p.text = std::move(mapped);
     }
     pieces = std::move(out);
+    return Status::Ok();
   }
 
  private:
@@ -157,7 +160,7 @@ class ByteLevelPreTokenizer final : public PreTokenizer {
 class MetaspacePreTokenizer final : public PreTokenizer {
  public:
   explicit MetaspacePreTokenizer(MetaspaceConfig config) : config_(std::move(config)) {}
-  void pre_tokenize(std::vector<PreToken>& pieces) const override {
+  Status pre_tokenize(std::vector<PreToken>& pieces) const override {
     const std::string& rep = config_.replacement;
     std::vector<PreToken> out;
     out.reserve(pieces.size() * 4);
@@ -193,6 +196,7 @@ class MetaspacePreTokenizer final : public PreTokenizer {
       emit_spans(std::move(piece), apply_split_behavior(matches, SplitBehavior::kMergedWithNext), out);
     }
     pieces = std::move(out);
+    return Status::Ok();
   }
 
  private:

@@ -22,8 +22,9 @@ struct PreToken {
 class PreTokenizer {
  public:
   virtual ~PreTokenizer() = default;
-  // Replaces every piece by its sub-pieces, in order; empty pieces are dropped as in HF.
-  virtual void pre_tokenize(std::vector<PreToken>& pieces) const = 0;
+  // Replaces every piece by its sub-pieces, in order; empty pieces are dropped as in HF. Fails
+  // only where a split regex gives up on the text (see Regex::find_all).
+  virtual Status pre_tokenize(std::vector<PreToken>& pieces) const = 0;
 
   // `j` must not be null (a null pre-tokenizer means "none" and is handled by the caller).
   static Result<std::unique_ptr<PreTokenizer>> from_json(const nlohmann::json& j, std::string_view where);

@@ -95,10 +95,10 @@ Result<std::unique_ptr<Regex>> Regex::compile(std::string_view pattern, std::str
   }
   // JIT is only a speed-up; without it pcre2_match interprets the same pattern.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-  return std::unique_ptr<Regex>(new Regex(code));
+  return std::unique_ptr<Regex>(new Regex(code, std::string(where)));
 }
 
-void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
+Status Regex::find_all(std::string_view s, std::vector<Span>& out) const {
   pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_.get(), nullptr);
   if (!md) throw std::bad_alloc();  // PCRE2's malloc failed: as operator new would
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
@@ -111,8 +111,16 @@ void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
       // The JIT's fixed stack can run out on huge inputs; the interpreter uses the heap.
       rc = pcre2_match(code_.get(), subject, s.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
     }
-    // No (further) match: the caller keeps the rest of `s` as one unmatched piece.
-    if (rc < 0) break;
+    if (rc == PCRE2_ERROR_NOMATCH) break;  // the caller keeps the rest of `s` as one unmatched piece
+    if (rc < 0) {
+      pcre2_match_data_free(md);
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof(msg));
+      return make_error(ErrorCode::kInvalidArgument,
+                        "{}: the regex gave up on this text, searching from byte {} of a {}-byte piece ({}); "
+                        "the text is pathological for the pattern: split it or shorten its repeated runs",
+                        where_, pos, s.size(), reinterpret_cast<const char*>(msg));
+    }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     out.push_back({ov[0], ov[1]});
     if (ov[1] > ov[0]) {
@@ -124,6 +132,7 @@ void Regex::find_all(std::string_view s, std::vector<Span>& out) const {
     }
   }
   pcre2_match_data_free(md);
+  return Status::Ok();
 }
 
 bool Regex::search(std::string_view s) const {
@@ -151,15 +160,15 @@ Result<Pattern> Pattern::from_json(const nlohmann::json& j, std::string_view whe
   return tokjson::corrupt(where, "pattern needs a \"String\" or \"Regex\" member");
 }
 
-void Pattern::find_matches(std::string_view s, std::vector<std::pair<Span, bool>>& out) const {
+Status Pattern::find_matches(std::string_view s, std::vector<std::pair<Span, bool>>& out) const {
   out.clear();
   if (s.empty()) {
     out.push_back({{0, 0}, false});
-    return;
+    return Status::Ok();
   }
   std::vector<Span> matches;
   if (regex_) {
-    regex_->find_all(s, matches);
+    LRA_RETURN_IF_ERROR(regex_->find_all(s, matches));
   } else if (!literal_.empty()) {
     for (size_t pos = s.find(literal_); pos != std::string_view::npos; pos = s.find(literal_, pos + literal_.size())) {
       matches.push_back({pos, pos + literal_.size()});
@@ -172,6 +181,7 @@ void Pattern::find_matches(std::string_view s, std::vector<std::pair<Span, bool>
     prev = m.end;
   }
   if (prev != s.size()) out.push_back({{prev, s.size()}, false});
+  return Status::Ok();
 }
 
 }  // namespace lragent

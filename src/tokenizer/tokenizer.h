@@ -44,8 +44,10 @@ class Tokenizer {
                                                       TokenizerFlavor flavor = TokenizerFlavor::kTransformers);
 
   // Same ids as HF `tokenizer(text)["input_ids"]` (i.e. encode with add_special_tokens=True:
-  // the post-processor's BOS/EOS are added as the HF tokenizer would).
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const = 0;
+  // the post-processor's BOS/EOS are added as the HF tokenizer would). Fails (kInvalidArgument,
+  // naming the pattern) only where a normalizer or pre-tokenizer regex gives up on the text:
+  // the ids would otherwise differ from HF's without a word.
+  virtual Result<std::vector<int32_t>> encode(std::string_view text, bool add_special_tokens = true) const = 0;
   // Same text as HF `tokenizer.decode(ids)` (skip_special_tokens=False).
   virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
   // Raw bytes that a single token contributes (after byte-fallback / byte-level mapping);

@@ -11,12 +11,15 @@
 #include <nlohmann/json.hpp>
 
 #include "agents/workflow.h"
+#include "encode_util.h"
 #include "model/lora.h"
 #include "cli_runner.h"
 #include "test_util.h"
 
 namespace lragent {
 namespace {
+
+using testing::must_encode;
 
 constexpr int64_t kContext = 512;  // tinystories-656k's max_position_embeddings
 
@@ -197,7 +200,7 @@ TEST_F(Workflow, EveryModeTerminatesRecordsTurnsAndPrefillsAsTheModeSays) {
 // most steps early (each drops a launched pass and leaves its position to the next agent), a
 // forced step and a step of one token; then the same logits for a last step over the caches.
 TEST_F(Workflow, DecodeLookaheadKeepsTokensCachesAndCounts) {
-  const std::vector<int32_t> prompt = tok_->encode("Question: where does the river flow? Answer:", false);
+  const std::vector<int32_t> prompt = must_encode(*tok_, "Question: where does the river flow? Answer:", false);
   for (ShareMode mode : kAllShareModes) {
     const char* name = share_mode_name(mode);
     std::vector<std::unique_ptr<AgentSession>> s;

@@ -15,11 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "encode_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lragent {
 namespace {
+
+using testing::must_encode;
 
 using nlohmann::json;
 
@@ -93,7 +96,7 @@ Tally check(const Tokenizer& tok, const Golden& g, const std::string& label, con
   std::vector<std::vector<int32_t>> got(g.encodes.size());  // [n] our ids
   for (const json& row : g.encodes) texts.push_back(row["text"]);
   const auto start = std::chrono::steady_clock::now();
-  for (size_t i = 0; i < texts.size(); ++i) got[i] = tok.encode(texts[i]);
+  for (size_t i = 0; i < texts.size(); ++i) got[i] = must_encode(tok, texts[i]);
   t.encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   for (size_t i = 0; i < texts.size(); ++i) {
     const json& row = g.encodes[i];

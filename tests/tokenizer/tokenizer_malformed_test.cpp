@@ -6,11 +6,14 @@
 #include <random>
 #include <string>
 
+#include "encode_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lragent {
 namespace {
+
+using testing::must_encode;
 
 using nlohmann::json;
 
@@ -44,7 +47,7 @@ void expect_error(const json& j, ErrorCode code, const std::string& cause) {
 TEST(TokenizerMalformed, ValidBaseLoads) {
   auto r = Tokenizer::from_json(valid().dump(), "", kSource);
   ASSERT_TRUE(r.ok()) << r.error().message;
-  EXPECT_EQ(r.value()->encode("ab<s>"), (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(must_encode(*r.value(), "ab<s>"), (std::vector<int32_t>{2, 3}));
 }
 
 TEST(TokenizerMalformed, NotJson) {
@@ -205,7 +208,7 @@ TEST(TokenizerMalformed, MutatedRealFileNeverCrashes) {
       continue;
     }
     ++loaded;
-    const auto ids = r.value()->encode("Once upon a time, <|start_story|> caf\xC3\xA9 \xE4\xB8");
+    const auto ids = must_encode(*r.value(), "Once upon a time, <|start_story|> caf\xC3\xA9 \xE4\xB8");
     (void)r.value()->decode(ids);
   }
   std::printf("[ mutated  ] %d of 150 byte-mutated files still loaded\n", loaded);
@@ -253,7 +256,7 @@ TEST(TokenizerMalformed, MutatedValuesNeverCrash) {
       continue;
     }
     ++loaded;
-    const auto ids = r.value()->encode("Once upon a time, <|start_story|> caf\xC3\xA9 \xE4\xB8");
+    const auto ids = must_encode(*r.value(), "Once upon a time, <|start_story|> caf\xC3\xA9 \xE4\xB8");
     StreamDecoder sd(*r.value());
     std::string streamed;
     for (const int32_t id : ids) streamed += sd.push(id);

@@ -9,11 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "encode_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lragent {
 namespace {
+
+using testing::must_encode;
 
 using V = std::vector<int32_t>;
 
@@ -42,9 +45,9 @@ TEST(TokenizerTinyStories, HandCheckedIds) {
     EXPECT_EQ(tok->bos_id(), 1);  // <|start_story|>, added because add_bos_token is true
     EXPECT_EQ(tok->eos_id(), 2);  // <|end_story|>
     // "▁1234567": digits have no merges, "▁" is 80, "1".."7" are 12..18.
-    EXPECT_EQ(tok->encode("1234567"), (V{1, 80, 12, 13, 14, 15, 16, 17, 18}));
-    EXPECT_EQ(tok->encode(""), (V{1}));
-    EXPECT_EQ(tok->encode("a", false), (V{85}));  // merge #4 "▁ a" gives "▁a" (85)
+    EXPECT_EQ(must_encode(*tok, "1234567"), (V{1, 80, 12, 13, 14, 15, 16, 17, 18}));
+    EXPECT_EQ(must_encode(*tok, ""), (V{1}));
+    EXPECT_EQ(must_encode(*tok, "a", false), (V{85}));  // merge #4 "▁ a" gives "▁a" (85)
     // Decoding: "▁" -> " ", and Strip removes one leading space of the whole text.
     EXPECT_EQ(tok->decode({85, 0, 54}), "a<unk>b");
     EXPECT_EQ(tok->decode({1, 85, 0, 54}), "<|start_story|> a<unk>b");
@@ -57,13 +60,13 @@ TEST(TokenizerTinyStories, HandCheckedIds) {
   // The tab is not in the vocab and there are no byte pieces. tokenizer.json names <unk> (0),
   // and fuse_unk makes a run of unknown characters one <unk>; transformers 5 builds its BPE
   // without an unk token, so the tab disappears.
-  EXPECT_EQ(lib->encode("a\tb"), (V{1, 85, 0, 54}));
-  EXPECT_EQ(lib->encode("a\t\t\tb"), (V{1, 85, 0, 54}));
-  EXPECT_EQ(tf->encode("a\t\t\tb"), tf->encode("ab"));
+  EXPECT_EQ(must_encode(*lib, "a\tb"), (V{1, 85, 0, 54}));
+  EXPECT_EQ(must_encode(*lib, "a\t\t\tb"), (V{1, 85, 0, 54}));
+  EXPECT_EQ(must_encode(*tf, "a\t\t\tb"), must_encode(*tf, "ab"));
   // tokenizer.json's normalizer prepends "▁" even before a leading space; transformers'
   // Metaspace only replaces the space.
-  EXPECT_EQ(lib->encode(" a", false), (V{80, 85}));
-  EXPECT_EQ(tf->encode(" a", false), (V{85}));
+  EXPECT_EQ(must_encode(*lib, " a", false), (V{80, 85}));
+  EXPECT_EQ(must_encode(*tf, " a", false), (V{85}));
 }
 
 // The model goldens' prompts were tokenized by transformers 5 AutoTokenizer, and by the
@@ -78,8 +81,8 @@ TEST(TokenizerTinyStories, MatchesModelGoldenPrompts) {
   for (const auto& c : golden["cases"]) {
     const std::string prompt = c["prompt"];
     const auto want = c["prompt_tokens"].get<V>();
-    EXPECT_EQ(tf->encode(prompt), want) << prompt;
-    EXPECT_EQ(lib->encode(prompt), c.value("prompt_tokens_tokenizers_lib", want)) << prompt;
+    EXPECT_EQ(must_encode(*tf, prompt), want) << prompt;
+    EXPECT_EQ(must_encode(*lib, prompt), c.value("prompt_tokens_tokenizers_lib", want)) << prompt;
     EXPECT_EQ(tf->decode(c["output_tokens"].get<V>()), c["text"].get<std::string>()) << prompt;
   }
 }
@@ -91,12 +94,12 @@ TEST(TokenizerTinyStories, NormalizedSpecialTokens) {
   // Its added tokens are normalized: the tokenizers library matches "▁<|start_story|>" in the
   // normalized text, so the token is found at the start or after a space, but not glued to a
   // previous word. transformers 5 has no normalizer and finds it anywhere.
-  EXPECT_EQ(lib->encode("<|start_story|>a", false), (V{1, 53}));
-  EXPECT_EQ(lib->encode("x <|end_story|>", false), (V{80, 76, 2}));
-  const V glued = lib->encode("x<|end_story|>", false);
+  EXPECT_EQ(must_encode(*lib, "<|start_story|>a", false), (V{1, 53}));
+  EXPECT_EQ(must_encode(*lib, "x <|end_story|>", false), (V{80, 76, 2}));
+  const V glued = must_encode(*lib, "x<|end_story|>", false);
   EXPECT_EQ(std::count(glued.begin(), glued.end(), 2), 0);
-  EXPECT_EQ(tf->encode("x<|end_story|>", false).back(), 2);
-  EXPECT_EQ(tf->encode("<|start_story|>a", false), (V{1, 53}));
+  EXPECT_EQ(must_encode(*tf, "x<|end_story|>", false).back(), 2);
+  EXPECT_EQ(must_encode(*tf, "<|start_story|>a", false), (V{1, 53}));
 }
 
 TEST(TokenizerLlama3, SpecialTokensInsideText) {
@@ -111,20 +114,20 @@ TEST(TokenizerLlama3, SpecialTokensInsideText) {
   EXPECT_EQ(tok->eos_id(), 128001);
   EXPECT_EQ(tok->vocab_size(), 128256);
   // Special tokens split the text; the pieces in between encode as on their own.
-  const V hello = tok->encode("Hello, world", false);
-  const V bye = tok->encode(" bye", false);
+  const V hello = must_encode(*tok, "Hello, world", false);
+  const V bye = must_encode(*tok, " bye", false);
   V want = {bot};
   want.insert(want.end(), hello.begin(), hello.end());
   want.push_back(eot);
   want.insert(want.end(), bye.begin(), bye.end());
-  EXPECT_EQ(tok->encode("<|begin_of_text|>Hello, world<|eot_id|> bye"), want);
+  EXPECT_EQ(must_encode(*tok, "<|begin_of_text|>Hello, world<|eot_id|> bye"), want);
   EXPECT_EQ(tok->decode(want), "<|begin_of_text|>Hello, world<|eot_id|> bye");
   // This tokenizer.json has only a ByteLevel post-processor: HF adds no BOS.
-  EXPECT_EQ(tok->encode("Hello, world"), hello);
+  EXPECT_EQ(must_encode(*tok, "Hello, world"), hello);
   EXPECT_EQ(hello, (V{9906, 11, 1917}));
   // A near miss is ordinary text.
   EXPECT_EQ(std::count(hello.begin(), hello.end(), eot), 0);
-  const V near = tok->encode("<|eot_id>");
+  const V near = must_encode(*tok, "<|eot_id>");
   EXPECT_EQ(std::count(near.begin(), near.end(), eot), 0);
 }
 
@@ -137,7 +140,7 @@ TEST(TokenizerLlama3, LongRunsRoundTrip) {
   for (const std::string& text : {std::string(20000, 'a'), std::string(20000, ' ') + "x", std::string(5000, '\n'),
                                    "x" + std::string(20000, '\t') + "y", std::string(9000, '7'),
                                    std::string(3000, '!') + " ok"}) {
-    EXPECT_EQ(tok->decode(tok->encode(text)), text) << text.substr(0, 20) << "... (" << text.size() << " bytes)";
+    EXPECT_EQ(tok->decode(must_encode(*tok, text)), text) << text.substr(0, 20) << "... (" << text.size() << " bytes)";
   }
 }
 
@@ -150,12 +153,12 @@ TEST(TokenizerQwen3, SpecialTokensAndNfc) {
   EXPECT_EQ(im_start, 151644);
   EXPECT_EQ(im_end, 151645);
   EXPECT_EQ(tok->bos_id(), -1);  // bos_token is null
-  const V ids = tok->encode("<|im_start|>user\nhi<|im_end|>");
+  const V ids = must_encode(*tok, "<|im_start|>user\nhi<|im_end|>");
   ASSERT_GE(ids.size(), 3u);
   EXPECT_EQ(ids.front(), im_start);
   EXPECT_EQ(ids.back(), im_end);
   // The NFC normalizer makes decomposed and composed accents the same text.
-  EXPECT_EQ(tok->encode("cafe\u0301"), tok->encode("caf\u00e9"));
+  EXPECT_EQ(must_encode(*tok, "cafe\u0301"), must_encode(*tok, "caf\u00e9"));
 }
 
 }  // namespace

@@ -9,12 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "encode_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
 namespace lragent {
 namespace {
+
+using testing::must_encode;
 
 using nlohmann::json;
 
@@ -52,7 +55,7 @@ void check_random_streams(const Tokenizer& tok, const std::vector<int32_t>& favo
 std::vector<int32_t> pieces_of(const Tokenizer& tok, const std::vector<std::string>& texts) {
   std::vector<int32_t> out;
   for (const auto& t : texts) {
-    const auto ids = tok.encode(t, false);
+    const auto ids = must_encode(tok, t, false);
     out.insert(out.end(), ids.begin(), ids.end());
   }
   return out;
@@ -65,7 +68,7 @@ TEST(TokenizerStream, TinyStories) {
   auto tok = Tokenizer::load_dir(testing::tinystories_dir());
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   check_random_streams(*tok.value(), {0, 1, 2, 80}, 400);
-  check_stream(*tok.value(), tok.value()->encode("Once upon a time, there was a  cat.\n\nThe end."));
+  check_stream(*tok.value(), must_encode(*tok.value(), "Once upon a time, there was a  cat.\n\nThe end."));
 }
 
 TEST(TokenizerStream, Llama3AndQwen3) {
@@ -115,7 +118,7 @@ TEST(TokenizerStream, EmitsIncrementally) {
   auto tok = Tokenizer::load_dir(dir);
   ASSERT_TRUE(tok.ok()) << tok.error().message;
   const std::string text = "Streaming 日本語 text 👍🏽 arrives piece by piece.";
-  const auto ids = tok.value()->encode(text);
+  const auto ids = must_encode(*tok.value(), text);
   StreamDecoder sd(*tok.value());
   std::string so_far;
   int partial_steps = 0;  // pushes that ended inside a multi-byte character

@@ -6,11 +6,14 @@
 #include <string>
 #include <vector>
 
+#include "encode_util.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
 namespace lragent {
 namespace {
+
+using testing::must_encode;
 
 using nlohmann::json;
 
@@ -65,9 +68,9 @@ TEST(TokenizerSentencePiece, MergesAndTemplate) {
   auto tok = load(sentencepiece_tokenizer());
   ASSERT_TRUE(tok);
   // "▁ab": "▁ a" (rank 0) first, then "▁a b" (rank 2).
-  EXPECT_EQ(tok->encode("ab"), (std::vector<int32_t>{1, kSpaceAB}));
-  EXPECT_EQ(tok->encode("ab", false), (std::vector<int32_t>{kSpaceAB}));
-  EXPECT_EQ(tok->encode(""), (std::vector<int32_t>{1}));
+  EXPECT_EQ(must_encode(*tok, "ab"), (std::vector<int32_t>{1, kSpaceAB}));
+  EXPECT_EQ(must_encode(*tok, "ab", false), (std::vector<int32_t>{kSpaceAB}));
+  EXPECT_EQ(must_encode(*tok, ""), (std::vector<int32_t>{1}));
   EXPECT_EQ(tok->decode({1, kSpaceAB, kSpaceA}), "<s> ab a");
   EXPECT_EQ(tok->decode({kSpaceAB, kSpaceA}), "ab a");  // Strip takes the leading space
   EXPECT_EQ(tok->token_bytes(kSpaceAB), " ab");
@@ -78,7 +81,7 @@ TEST(TokenizerSentencePiece, ByteFallbackEncode) {
   auto tok = load(sentencepiece_tokenizer());
   ASSERT_TRUE(tok);
   // U+4E2D is not in the vocab: its UTF-8 bytes E4 B8 AD become <0xE4> <0xB8> <0xAD>.
-  EXPECT_EQ(tok->encode("\u4e2d", false), (std::vector<int32_t>{kSpace, byte_id(0xE4), byte_id(0xB8), byte_id(0xAD)}));
+  EXPECT_EQ(must_encode(*tok, "\u4e2d", false), (std::vector<int32_t>{kSpace, byte_id(0xE4), byte_id(0xB8), byte_id(0xAD)}));
   EXPECT_EQ(tok->token_bytes(byte_id(0xE4)), "\xE4");
 }
 
@@ -99,20 +102,20 @@ TEST(TokenizerSentencePiece, PrependSchemeFirstSkipsTextAfterSpecialToken) {
   auto never = load(sentencepiece_tokenizer("never"));
   ASSERT_TRUE(first && always && never);
   // "<s>ab": the piece "ab" does not start the input, so "first" adds no "▁" to it.
-  EXPECT_EQ(first->encode("<s>ab", false), (std::vector<int32_t>{1, kAB}));
-  EXPECT_EQ(always->encode("<s>ab", false), (std::vector<int32_t>{1, kSpaceAB}));
-  EXPECT_EQ(never->encode("ab", false), (std::vector<int32_t>{kAB}));
-  EXPECT_EQ(first->encode(" ab", false), (std::vector<int32_t>{kSpaceAB}));  // already starts with "▁"
+  EXPECT_EQ(must_encode(*first, "<s>ab", false), (std::vector<int32_t>{1, kAB}));
+  EXPECT_EQ(must_encode(*always, "<s>ab", false), (std::vector<int32_t>{1, kSpaceAB}));
+  EXPECT_EQ(must_encode(*never, "ab", false), (std::vector<int32_t>{kAB}));
+  EXPECT_EQ(must_encode(*first, " ab", false), (std::vector<int32_t>{kSpaceAB}));  // already starts with "▁"
 }
 
 TEST(TokenizerSentencePiece, MetaspaceSplit) {
   auto split = load(sentencepiece_tokenizer("always", true));
   auto whole = load(sentencepiece_tokenizer("always", false));
   ASSERT_TRUE(split && whole);
-  EXPECT_EQ(split->encode("ab ab", false), (std::vector<int32_t>{kSpaceAB, kSpaceAB}));
+  EXPECT_EQ(must_encode(*split, "ab ab", false), (std::vector<int32_t>{kSpaceAB, kSpaceAB}));
   // Unsplit, "▁ab▁ab" merges "▁ a" at both places first, then "▁a b" at both.
-  EXPECT_EQ(whole->encode("ab ab", false), (std::vector<int32_t>{kSpaceAB, kSpaceAB}));
-  EXPECT_EQ(split->encode("a  b", false), (std::vector<int32_t>{kSpaceA, kSpace, kSpace, kB}));
+  EXPECT_EQ(must_encode(*whole, "ab ab", false), (std::vector<int32_t>{kSpaceAB, kSpaceAB}));
+  EXPECT_EQ(must_encode(*split, "a  b", false), (std::vector<int32_t>{kSpaceA, kSpace, kSpace, kB}));
 }
 
 TEST(TokenizerSentencePiece, UnknownCharsFuseIntoOneUnk) {
@@ -120,11 +123,11 @@ TEST(TokenizerSentencePiece, UnknownCharsFuseIntoOneUnk) {
   j["model"]["byte_fallback"] = false;
   auto tok = load(j);
   ASSERT_TRUE(tok);
-  EXPECT_EQ(tok->encode("a\u4e2d\u4e2db", false), (std::vector<int32_t>{kSpaceA, 0, kB}));
+  EXPECT_EQ(must_encode(*tok, "a\u4e2d\u4e2db", false), (std::vector<int32_t>{kSpaceA, 0, kB}));
   j["model"]["fuse_unk"] = false;
   auto unfused = load(j);
   ASSERT_TRUE(unfused);
-  EXPECT_EQ(unfused->encode("a\u4e2d\u4e2db", false), (std::vector<int32_t>{kSpaceA, 0, 0, kB}));
+  EXPECT_EQ(must_encode(*unfused, "a\u4e2d\u4e2db", false), (std::vector<int32_t>{kSpaceA, 0, 0, kB}));
 }
 
 TEST(TokenizerSentencePiece, MetaspaceDecoderDropsEveryReplacementOfFirstToken) {
@@ -158,13 +161,13 @@ TEST(TokenizerPreTokenizer, SplitBehaviors) {
   const std::string text = "a-b--c";
   using V = std::vector<int32_t>;
   // Without a pre-tokenizer all merges apply by rank: a- (0), then -- (2); "b -" comes too late.
-  EXPECT_EQ(load(char_tokenizer(nullptr))->encode(text), (V{4, 1, 6, 2}));
-  EXPECT_EQ(load(char_tokenizer(split("Isolated")))->encode(text), (V{0, 3, 1, 3, 3, 2}));
-  EXPECT_EQ(load(char_tokenizer(split("Removed")))->encode(text), (V{0, 1, 2}));
-  EXPECT_EQ(load(char_tokenizer(split("MergedWithPrevious")))->encode(text), (V{4, 8, 3, 2}));
-  EXPECT_EQ(load(char_tokenizer(split("MergedWithNext")))->encode(text), (V{0, 5, 3, 7}));
-  EXPECT_EQ(load(char_tokenizer(split("Contiguous")))->encode(text), (V{0, 3, 1, 6, 2}));
-  EXPECT_EQ(load(char_tokenizer(split("Removed", true)))->encode(text), (V{3, 3, 3}));
+  EXPECT_EQ(must_encode(*load(char_tokenizer(nullptr)), text), (V{4, 1, 6, 2}));
+  EXPECT_EQ(must_encode(*load(char_tokenizer(split("Isolated"))), text), (V{0, 3, 1, 3, 3, 2}));
+  EXPECT_EQ(must_encode(*load(char_tokenizer(split("Removed"))), text), (V{0, 1, 2}));
+  EXPECT_EQ(must_encode(*load(char_tokenizer(split("MergedWithPrevious"))), text), (V{4, 8, 3, 2}));
+  EXPECT_EQ(must_encode(*load(char_tokenizer(split("MergedWithNext"))), text), (V{0, 5, 3, 7}));
+  EXPECT_EQ(must_encode(*load(char_tokenizer(split("Contiguous"))), text), (V{0, 3, 1, 6, 2}));
+  EXPECT_EQ(must_encode(*load(char_tokenizer(split("Removed", true))), text), (V{3, 3, 3}));
 }
 
 TEST(TokenizerPreTokenizer, RegexWhitespaceIsUnicodeWhiteSpace) {
@@ -175,8 +178,34 @@ TEST(TokenizerPreTokenizer, RegexWhitespaceIsUnicodeWhiteSpace) {
                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   auto tok = load(j);
   ASSERT_TRUE(tok);
-  EXPECT_EQ(tok->encode("a\u0085b"), (std::vector<int32_t>{0, 1}));
-  EXPECT_EQ(tok->encode("a\u180eb"), (std::vector<int32_t>{0, 2, 1}));
+  EXPECT_EQ(must_encode(*tok, "a\u0085b"), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(must_encode(*tok, "a\u180eb"), (std::vector<int32_t>{0, 2, 1}));
+}
+
+TEST(TokenizerPreTokenizer, RegexThatGivesUpIsAnErrorNotOnePiece) {
+  // (a+)+$ backtracks exponentially on a run of a's that does not end the text: PCRE2 hits its
+  // match limit, with and without the JIT. The text after that point used to stay one unsplit
+  // piece, whose ids differ from HF's without a word; now encode fails and names the pattern.
+  const json vocab = {{"a", 0}, {"b", 1}, {"c", 2}};
+  const std::string catastrophic = "(a+)+$";
+  const json model = {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}};
+  const json split = {{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", catastrophic}}}, {"behavior", "Isolated"}}},
+                      {"model", model}};
+  const json replace = {{"normalizer", {{"type", "Replace"}, {"pattern", {{"Regex", catastrophic}}}, {"content", "b"}}},
+                        {"model", model}};
+  const std::string pathological = std::string(40, 'a') + "b";
+  for (const json& j : {split, replace}) {
+    auto tok = load(j);
+    ASSERT_TRUE(tok);
+    EXPECT_EQ(must_encode(*tok, "aacb"), (std::vector<int32_t>{0, 0, 2, 1})) << j.dump();  // short text: fine
+    auto ids = tok->encode("b" + pathological);
+    ASSERT_FALSE(ids.ok()) << j.dump();
+    EXPECT_EQ(ids.error().code, ErrorCode::kInvalidArgument);
+    const std::string& msg = ids.error().message;
+    EXPECT_NE(msg.find("test/tokenizer.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Regex"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("gave up on this text, searching from byte 0 of a 42-byte piece"), std::string::npos) << msg;
+  }
 }
 
 TEST(TokenizerPreTokenizer, ByteLevelWithGpt2RegexAndPrefixSpace) {
@@ -194,7 +223,7 @@ TEST(TokenizerPreTokenizer, ByteLevelWithGpt2RegexAndPrefixSpace) {
   auto tok = load(j);
   ASSERT_TRUE(tok);
   // " hi" and "!" are separate GPT-2 pieces, so "Ġhi" forms but does not take the "!".
-  EXPECT_EQ(tok->encode("hi!"), (std::vector<int32_t>{256, '!'}));
+  EXPECT_EQ(must_encode(*tok, "hi!"), (std::vector<int32_t>{256, '!'}));
   EXPECT_EQ(tok->decode({256, '!'}), " hi!");
   EXPECT_EQ(tok->decode({0xE4, 0xB8}), "\xEF\xBF\xBD");  // one U+FFFD, as from_utf8_lossy
 }
@@ -203,10 +232,10 @@ TEST(TokenizerBpe, IgnoreMergesEmitsVocabWordsWhole) {
   const json vocab = {{"a", 0}, {"b", 1}, {"c", 2}, {"bc", 3}, {"abc", 4}, {"ab", 5}};
   json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"b c", "a b"}}}}};
   // "b c" outranks "a b", and no merge joins "a" with "bc".
-  EXPECT_EQ(load(j)->encode("abc"), (std::vector<int32_t>{0, 3}));
+  EXPECT_EQ(must_encode(*load(j), "abc"), (std::vector<int32_t>{0, 3}));
   j["model"]["ignore_merges"] = true;
-  EXPECT_EQ(load(j)->encode("abc"), (std::vector<int32_t>{4}));
-  EXPECT_EQ(load(j)->encode("abcc"), (std::vector<int32_t>{0, 3, 2}));
+  EXPECT_EQ(must_encode(*load(j), "abc"), (std::vector<int32_t>{4}));
+  EXPECT_EQ(must_encode(*load(j), "abcc"), (std::vector<int32_t>{0, 3, 2}));
 }
 
 TEST(TokenizerAddedTokens, StripAndSingleWord) {
@@ -223,10 +252,10 @@ TEST(TokenizerAddedTokens, StripAndSingleWord) {
   auto tok = load(j);
   ASSERT_TRUE(tok);
   using V = std::vector<int32_t>;
-  EXPECT_EQ(tok->encode("a  <m> b"), (V{0, 10, 2, 1}));  // lstrip takes both spaces before
-  EXPECT_EQ(tok->encode("a <r>  b"), (V{0, 2, 11, 1}));  // rstrip takes both spaces after
-  EXPECT_EQ(tok->encode("ab a"), (V{12, 2, 0}));         // a whole word
-  EXPECT_EQ(tok->encode("xab"), (V{3, 0, 1}));           // inside a word: not matched
+  EXPECT_EQ(must_encode(*tok, "a  <m> b"), (V{0, 10, 2, 1}));  // lstrip takes both spaces before
+  EXPECT_EQ(must_encode(*tok, "a <r>  b"), (V{0, 2, 11, 1}));  // rstrip takes both spaces after
+  EXPECT_EQ(must_encode(*tok, "ab a"), (V{12, 2, 0}));         // a whole word
+  EXPECT_EQ(must_encode(*tok, "xab"), (V{3, 0, 1}));           // inside a word: not matched
   EXPECT_EQ(tok->token_to_id("<m>"), 10);
   EXPECT_EQ(tok->id_to_token(11), "<r>");
   EXPECT_EQ(tok->decode({0, 10, 1}), "a <m> b");  // no decoder: tokens joined with spaces
@@ -238,7 +267,7 @@ TEST(TokenizerAddedTokens, LongestMatchWins) {
                   {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}}}};
   auto tok = load(j);
   ASSERT_TRUE(tok);
-  EXPECT_EQ(tok->encode("a<|x|>a<|xa"), (std::vector<int32_t>{0, 6, 0, 5, 0}));
+  EXPECT_EQ(must_encode(*tok, "a<|x|>a<|xa"), (std::vector<int32_t>{0, 6, 0, 5, 0}));
 }
 
 TEST(TokenizerConfig, FlagsRebuildTheTemplate) {
@@ -248,15 +277,15 @@ TEST(TokenizerConfig, FlagsRebuildTheTemplate) {
       j,
       {{"bos_token", "<s>"}, {"eos_token", {{"content", "</s>"}}}, {"add_bos_token", false}, {"add_eos_token", true}});
   ASSERT_TRUE(eos_only);
-  EXPECT_EQ(eos_only->encode("ab"), (std::vector<int32_t>{kSpaceAB, 2}));
+  EXPECT_EQ(must_encode(*eos_only, "ab"), (std::vector<int32_t>{kSpaceAB, 2}));
   EXPECT_EQ(eos_only->bos_id(), 1);
   EXPECT_EQ(eos_only->eos_id(), 2);
   json no_post = j;
   no_post["post_processor"] = nullptr;
   auto bos = load(no_post, {{"bos_token", "<s>"}, {"add_bos_token", true}});
   ASSERT_TRUE(bos);
-  EXPECT_EQ(bos->encode("ab"), (std::vector<int32_t>{1, kSpaceAB}));
-  EXPECT_EQ(load(no_post)->encode("ab"), (std::vector<int32_t>{kSpaceAB}));
+  EXPECT_EQ(must_encode(*bos, "ab"), (std::vector<int32_t>{1, kSpaceAB}));
+  EXPECT_EQ(must_encode(*load(no_post), "ab"), (std::vector<int32_t>{kSpaceAB}));
 }
 
 TEST(TokenizerUnicode, FromUtf8LossyMatchesRust) {
