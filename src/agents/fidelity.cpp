@@ -121,6 +121,14 @@ Result<std::vector<LayerSimilarity>> layer_similarity(LlamaModel& model, const s
 Result<std::pair<std::vector<ReplayStep>, std::vector<std::vector<float>>>> force_along_none(
     LlamaModel& model, const Tokenizer* tok, const std::vector<std::string>& names,
     const std::vector<const LoraAdapter*>& adapters, const std::vector<ReplayStep>& steps, int page_size) {
+  const bool any_agent = std::any_of(steps.begin(), steps.end(), [](const ReplayStep& s) {
+    return (s.kind == ReplayStep::Kind::kGenerate && s.generate > 0) ||
+           (s.kind == ReplayStep::Kind::kForce && !s.tokens.empty());
+  });
+  if (!any_agent)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the script has no agent step that outputs a token (\"agent\" with \"generate\" > 0 or "
+                      "\"force_tokens\"): nothing to compare between modes");
   ReplayOptions o;
   o.sharing.mode = ShareMode::kNone;
   o.sharing.page_size = page_size;
@@ -195,7 +203,10 @@ Result<FidelityReport> measure_fidelity(LlamaModel& model, const Tokenizer* tok,
     if (m == ShareMode::kDroidSpeak) so.recompute_layers = opts.droidspeak_layers;
     auto f = compare_with_none(model, tok, names, adapters, forced.first, forced.second, so);
     if (!f.ok()) {
-      if (m == ShareMode::kBaseLr && f.error().code == ErrorCode::kInvalidArgument) continue;  // not shared-A: no row
+      if (m == ShareMode::kBaseLr && f.error().code == ErrorCode::kInvalidArgument) {  // not shared-A: no row
+        rep.skipped.push_back({m, f.error().message});
+        continue;
+      }
       return f.error();
     }
     rep.modes.push_back(*f);

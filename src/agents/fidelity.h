@@ -26,9 +26,15 @@ struct ModeFidelity {
   CacheBytes cache;
 };
 
+struct SkippedMode {
+  ShareMode mode = ShareMode::kNone;
+  std::string reason;  // why the mode cannot run with these agents
+};
+
 struct FidelityReport {
   std::vector<LayerSimilarity> layers;
   std::vector<ModeFidelity> modes;
+  std::vector<SkippedMode> skipped;  // modes of FidelityOptions::modes without a row
   int64_t trajectory_tokens = 0;
 };
 
@@ -50,7 +56,7 @@ Result<ModeFidelity> compare_with_none(LlamaModel& model, const Tokenizer* tok, 
                                        const std::vector<std::vector<float>>& none_rows, const SharingOptions& so);
 
 // The script with every generate step replaced by force_tokens of what `none` produced, and
-// none's logits rows in order.
+// none's logits rows in order. A script without agent steps has nothing to compare: kInvalidArgument.
 Result<std::pair<std::vector<ReplayStep>, std::vector<std::vector<float>>>> force_along_none(
     LlamaModel& model, const Tokenizer* tok, const std::vector<std::string>& names,
     const std::vector<const LoraAdapter*>& adapters, const std::vector<ReplayStep>& steps, int page_size);

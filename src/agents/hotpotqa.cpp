@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/text_file.h"
+
 namespace lragent {
 namespace {
 
@@ -173,8 +175,7 @@ bool is_article(std::string_view w) { return w == "a" || w == "an" || w == "the"
 }  // namespace
 
 Result<std::vector<HotpotQuestion>> parse_hotpot_questions(const std::string& json_text, const std::string& source) {
-  const json j = json::parse(json_text, nullptr, false);
-  if (j.is_discarded()) return make_error(ErrorCode::kCorrupt, "{}: not valid JSON", source);
+  LRA_ASSIGN_OR_RETURN(const json j, parse_json(json_text, source));
   std::vector<HotpotQuestion> out;
   auto add_all = [&](const json& arr, const std::string& level, const std::string& prefix) -> Status {
     for (size_t i = 0; i < arr.size(); ++i) {

@@ -5,13 +5,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/text_file.h"
 #include "engine/sampler.h"
 
 namespace lragent {
 
 Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text, const std::string& source) {
-  const auto j = nlohmann::json::parse(json_text, nullptr, false);
-  if (j.is_discarded()) return make_error(ErrorCode::kCorrupt, "{}: not valid JSON", source);
+  LRA_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json(json_text, source));
   if (!j.is_object() || !j.contains("steps") || !j["steps"].is_array())
     return make_error(ErrorCode::kCorrupt, "{}: expected an object with a \"steps\" array", source);
   std::vector<ReplayStep> steps;
@@ -29,6 +29,28 @@ Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text
   for (const auto& s : j["steps"]) {
     ReplayStep st;
     if (!s.is_object()) return make_error(ErrorCode::kCorrupt, "{}: step {} is not an object", source, i);
+    // One action per step, and no key that would be ignored: a typo or a second action must not
+    // be dropped silently. "label", "round" (written by `bench trace --dump-traces`) and
+    // "comment" are annotations any step may carry.
+    const char* action = s.contains("append")          ? "append"
+                         : s.contains("append_tokens") ? "append_tokens"
+                         : s.contains("agent")         ? "agent"
+                                                       : nullptr;
+    if (action == nullptr)
+      return make_error(ErrorCode::kCorrupt, "{}: step {}: expected one of \"append\", \"append_tokens\" or \"agent\"",
+                        source, i);
+    const bool generates = s.contains("generate");
+    for (const auto& [key, value] : s.items()) {
+      const bool annotation = key == "label" || key == "round" || key == "comment";
+      const bool allowed = annotation || key == action || (std::string_view(action) == "agent" &&
+                                             (key == "generate" || key == "force_tokens" || (key == "stop" && generates)));
+      if (!allowed)
+        return make_error(ErrorCode::kCorrupt,
+                          "{}: step {}: \"{}\" does not belong in an \"{}\" step (a step is {{\"append\": TEXT}}, "
+                          "{{\"append_tokens\": [IDS]}}, {{\"agent\": NAME, \"generate\": N, \"stop\": [...]}} or "
+                          "{{\"agent\": NAME, \"force_tokens\": [IDS]}})",
+                          source, i, key, action);
+    }
     if (s.contains("append")) {
       if (!s["append"].is_string()) return make_error(ErrorCode::kCorrupt, "{}: step {}: \"append\" must be a string", source, i);
       st.kind = ReplayStep::Kind::kAppendText;
@@ -36,15 +58,18 @@ Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text
     } else if (s.contains("append_tokens")) {
       st.kind = ReplayStep::Kind::kAppendTokens;
       LRA_ASSIGN_OR_RETURN(st.tokens, ids_of(s["append_tokens"], "append_tokens"));
-    } else if (s.contains("agent")) {
+    } else {
       if (!s["agent"].is_string() || s["agent"].get<std::string>().empty())
         return make_error(ErrorCode::kCorrupt, "{}: step {}: \"agent\" must be a non-empty string (an agent's name)",
                           source, i);
       st.agent = s["agent"].get<std::string>();
+      if (generates == s.contains("force_tokens"))
+        return make_error(ErrorCode::kCorrupt, "{}: step {}: an agent step needs \"generate\" or \"force_tokens\", not {}",
+                          source, i, generates ? "both" : "neither");
       if (s.contains("force_tokens")) {
         st.kind = ReplayStep::Kind::kForce;
         LRA_ASSIGN_OR_RETURN(st.tokens, ids_of(s["force_tokens"], "force_tokens"));
-      } else if (s.contains("generate")) {
+      } else {
         st.kind = ReplayStep::Kind::kGenerate;
         if (!s["generate"].is_number_integer() || s["generate"].get<int64_t>() < 0 || s["generate"].get<int64_t>() > 1 << 20)
           return make_error(ErrorCode::kCorrupt, "{}: step {}: \"generate\" must be a non-negative integer", source, i);
@@ -57,12 +82,7 @@ Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text
             st.stop.push_back(x.get<std::string>());
           }
         }
-      } else {
-        return make_error(ErrorCode::kCorrupt, "{}: step {}: an agent step needs \"generate\" or \"force_tokens\"", source, i);
       }
-    } else {
-      return make_error(ErrorCode::kCorrupt,
-                        "{}: step {}: expected one of \"append\", \"append_tokens\" or \"agent\"", source, i);
     }
     steps.push_back(std::move(st));
     ++i;

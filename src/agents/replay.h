@@ -2,6 +2,8 @@
 // Script: {"steps": [{"append": "text"} | {"append_tokens": [ids]} |
 //                    {"agent": "NAME", "generate": N, "stop": ["\n"]} |
 //                    {"agent": "NAME", "force_tokens": [ids]}]}
+// One action per step; "label", "round" and "comment" may annotate any step, other keys are
+// refused. A generate step stops at a stop string or after N tokens, not at EOS.
 // The trajectory starts with BOS. A generate step catches the agent up on the tokens it has
 // not processed (as the mode defines) and decodes greedily; every generated token but the
 // last is forwarded by the generating agent, the last is left for whoever runs next.

@@ -7,11 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/text_file.h"
+
 namespace lragent {
 
 Result<TrajectoryBundle> parse_trajectory_bundle(const std::string& json_text, const std::string& source) {
-  const auto j = nlohmann::json::parse(json_text, nullptr, false);
-  if (j.is_discarded()) return make_error(ErrorCode::kCorrupt, "{}: not valid JSON", source);
+  LRA_ASSIGN_OR_RETURN(const nlohmann::json j, parse_json(json_text, source));
   if (!j.is_object() || !j.contains("trajectories") || !j["trajectories"].is_array())
     return make_error(ErrorCode::kCorrupt, "{}: expected an object with a \"trajectories\" array (made by scripts/make_traces.py)",
                       source);

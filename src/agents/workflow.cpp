@@ -73,9 +73,10 @@ class ReactRun {
     if (o_.max_context_tokens > 0 && need > o_.max_context_tokens) {
       if (!report_.turns.empty()) return std::optional<WorkflowTurn>();
       return make_error(ErrorCode::kInvalidArgument,
-                        "the system prompt, question and first thought need {} tokens but the context holds {}; "
-                        "use a shorter system prompt",
-                        need, o_.max_context_tokens);
+                        "the system prompt and question take {} tokens and the first thought may decode {} more: {} "
+                        "in all, but the context holds {}; use a shorter system prompt or question, a smaller "
+                        "thought budget, or a larger context",
+                        need - budget, budget, need, o_.max_context_tokens);
     }
     s_.append(ids);
     WorkflowTurn t;

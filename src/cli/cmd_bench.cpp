@@ -22,6 +22,8 @@
 namespace lragent::cli {
 namespace {
 
+namespace fs = std::filesystem;
+
 constexpr const char* kPosterLengths = "1900,3000,5000,9100,17300,33700,66400";
 constexpr const char* kTrajectoriesFile = "bench/trace/trajectories.json";
 
@@ -41,7 +43,7 @@ struct BenchFlags {
   int trajectory = 0;
   int page_size = 16;
   std::string droidspeak_layers = "0";
-  bool warmup = true;
+  bool no_warmup = false;
   // Device (as ModelFlags: the backend comes from make_backend).
   std::string device = "cpu", dtype = "bf16";
   bool enforce_eager = false;
@@ -83,8 +85,9 @@ Result<std::vector<ShareMode>> parse_modes(const std::string& text) {
   while (i <= text.size()) {
     size_t j = text.find(',', i);
     if (j == std::string::npos) j = text.size();
-    LRA_ASSIGN_OR_RETURN(ShareMode m, parse_share_mode(text.substr(i, j - i)));
-    if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+    auto m = parse_share_mode(text.substr(i, j - i));
+    if (!m.ok()) return make_error(m.error().code, "--modes: {}", m.error().message);
+    if (std::find(out.begin(), out.end(), *m) == out.end()) out.push_back(*m);
     i = j + 1;
   }
   return out;
@@ -94,7 +97,6 @@ Result<std::vector<ShareMode>> parse_modes(const std::string& text) {
 // directory or beside the binary's build folder (build/lragent -> bench/trace/...).
 Result<std::string> find_trajectories(const std::string& flag) {
   if (!flag.empty()) return flag;
-  namespace fs = std::filesystem;
   std::vector<fs::path> tried = {fs::path(kTrajectoriesFile)};
   std::error_code ec;
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
@@ -111,6 +113,19 @@ Status write_file(const std::string& path, const std::string& text, const char* 
   std::ofstream out(path, std::ios::binary);
   if (out) out << text;
   if (!out) return make_error(ErrorCode::kIo, "{} {}: cannot write the file", flag, path);
+  return Status::Ok();
+}
+
+// Whether FILE can be written, checked before the benchmark runs (its results would be lost):
+// the folder must exist and be writable.
+Status check_writable(const std::string& path, const char* flag) {
+  if (path.empty()) return Status::Ok();
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || ::access(dir.c_str(), W_OK) != 0)
+    return make_error(ErrorCode::kIo, "{} {}: cannot write there ({} is not a writable folder)", flag, path, dir.string());
+  if (fs::is_directory(path, ec)) return make_error(ErrorCode::kIo, "{} {}: is a folder, not a file", flag, path);
   return Status::Ok();
 }
 
@@ -178,6 +193,19 @@ int run_bench_trace(const BenchFlags& f) {
   if (!layers.ok())
     return report(make_error(ErrorCode::kInvalidArgument, "--droidspeak-layers '{}': expected layer numbers like 0,5",
                              f.droidspeak_layers));
+  const int n_layers = preset->config.num_layers;
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const int l = (*layers)[i];
+    if (l >= n_layers)
+      return report(make_error(ErrorCode::kInvalidArgument,
+                               "--droidspeak-layers: layer {} is out of range; the {} preset has {} layers (0-{})", l,
+                               f.preset, n_layers, n_layers - 1));
+    if (std::find(layers->begin(), layers->begin() + static_cast<long>(i), l) != layers->begin() + static_cast<long>(i))
+      return report(make_error(ErrorCode::kInvalidArgument, "--droidspeak-layers: layer {} is listed twice", l));
+  }
+  for (const auto& [file, flag] : {std::pair{&f.json_file, "--json"}, std::pair{&f.markdown_file, "--markdown"},
+                                   std::pair{&f.dump_traces, "--dump-traces"}})
+    if (auto s = check_writable(*file, flag); !s.ok()) return report(s.error());
   TraceBenchOptions opts;
   opts.page_size = f.page_size;
   opts.droidspeak_layers.assign(layers->begin(), layers->end());
@@ -245,7 +273,7 @@ int run_bench_trace(const BenchFlags& f) {
   backend.synchronize();
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
 
-  if (f.warmup) {
+  if (!f.no_warmup) {
     // Untimed: the first forward passes pay one-off costs (kernel loading, allocator growth).
     Trace w = traces.front();
     int calls = 0;
@@ -373,22 +401,26 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
                 "caches (to be recomputed)");
   cmd->add_option("--json", f->json_file, "Write every cell (and the agents curve) as JSON to FILE");
   cmd->add_option("--markdown", f->markdown_file, "Write the table as markdown to FILE");
-  cmd->add_option("--dump-traces", f->dump_traces, "Write the traces (token ids and steps) as JSON to FILE (input of bench/trace/hf_peer.py)");
-  cmd->add_flag("--dump-only", f->dump_only, "With --dump-traces: write the traces and stop (no model is built)");
+  auto* dump_traces = cmd->add_option("--dump-traces", f->dump_traces, "Write the traces (token ids and steps) as JSON to FILE (input of bench/trace/hf_peer.py)");
+  cmd->add_flag("--dump-only", f->dump_only, "With --dump-traces: write the traces and stop (no model is built)")
+      ->needs(dump_traces);
   cmd->add_flag("--agents-curve", f->agents_curve, "Add cache bytes for 1..--max-agents agents per mode to the JSON");
-  cmd->add_option("--curve-length", f->curve_length, "Trajectory length of the agents curve (default: the longest --lengths)");
+  cmd->add_option("--curve-length", f->curve_length, "Trajectory length of the agents curve (0, the default: the longest --lengths)")
+      ->check(cli::non_negative());
   cmd->add_option("--max-agents", f->max_agents, "Largest agent count of the agents curve")->default_val(16)->check(CLI::Range(1, 256));
   cmd->add_option("--trajectories", f->trajectories, "Trajectory file (default: bench/trace/trajectories.json)");
-  cmd->add_option("--trajectory", f->trajectory, "Which trajectory of the file to scale (0: the default)")->default_val(0);
+  cmd->add_option("--trajectory", f->trajectory, "Which trajectory of the file to scale (0: the default)")
+      ->default_val(0)
+      ->check(cli::non_negative());
   cmd->add_option("--page-size", f->page_size, "Tokens per KV cache page")->default_val(16)->check(cli::positive());
   cmd->add_option("--droidspeak-layers", f->droidspeak_layers, "Layers droidspeak recomputes per agent")->default_val("0");
-  cmd->add_flag("!--no-warmup", f->warmup, "Skip the untimed warm-up run");
+  cmd->add_flag("--no-warmup", f->no_warmup, "Skip the untimed warm-up run");
   cmd->add_option("--device", f->device, "cpu, or cuda / cuda:N")->default_val("cpu");
   cmd->add_option("--dtype", f->dtype, "With --device cuda: bf16 or f32 weights and caches")->default_val("bf16")->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_flag("--enforce-eager", f->enforce_eager, "With --device cuda: no CUDA graphs for decode steps");
   add_decode_lookahead_flag(cmd, f->no_decode_lookahead);
   add_prefill_attention_flag(cmd, f->prefill_attention);
-  cmd->add_option("--threads", f->threads, "CPU threads (0: all cores)")->default_val(0);
+  add_threads_flag(cmd, f->threads);
   cmd->callback([f, &action] { action = [f] { return run_bench_trace(*f); }; });
 }
 

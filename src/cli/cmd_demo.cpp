@@ -105,7 +105,7 @@ void register_demo(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand(
       "demo", "The main job: the ReAct agent workflow on the built-in synthetic model under all five sharing modes");
   cmd->add_option("--max-steps", f->max_steps, "Thought/Action rounds per episode")->default_val(3)->check(cli::positive());
-  cmd->add_option("--threads", f->threads, "CPU threads (0: all cores)")->default_val(0);
+  add_threads_flag(cmd, f->threads);
   cmd->add_flag("--json", f->json, "Print the comparison as JSON");
   cmd->callback([f, &action] { action = [f] { return run_demo(*f); }; });
 }

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
+#include "core/text_file.h"
 
 namespace lragent::cli {
 namespace {
@@ -28,9 +29,9 @@ struct Loaded {
 
 Result<Loaded> load_all(const FidelityFlags& f) {
   Loaded out;
-  const std::string text = read_text_file(f.script);
-  if (text.empty()) return make_error(ErrorCode::kNotFound, "--script {}: cannot read the file (or it is empty)", f.script);
-  LRA_ASSIGN_OR_RETURN(out.steps, parse_replay_script(text, f.script));
+  auto text = read_text_file(f.script);
+  if (!text.ok()) return make_error(text.error().code, "--script {}", text.error().message);
+  LRA_ASSIGN_OR_RETURN(out.steps, parse_replay_script(*text, f.script));
   LRA_ASSIGN_OR_RETURN(out.lm, load_model(f.model));
   if (out.lm.adapters->size() < 2)
     return make_error(ErrorCode::kInvalidArgument, "fidelity compares agents: register at least two with --adapter NAME=DIR");
@@ -41,12 +42,11 @@ Result<Loaded> load_all(const FidelityFlags& f) {
 int run_fidelity(const FidelityFlags& f) {
   auto l = load_all(f);
   if (!l.ok()) return report(l.error());
-  auto so = f.sharing.options_for("droidspeak");
+  auto so = f.sharing.options_for("droidspeak");  // its recompute set (layer 0 unless --recompute-layers)
   if (!so.ok()) return report(so.error());
   FidelityOptions fo;
   fo.page_size = f.sharing.page_size;
   fo.droidspeak_layers = so->recompute_layers;
-  if (fo.droidspeak_layers.empty()) fo.droidspeak_layers = {0};  // DroidSpeak's usual choice: recompute the first layer
   auto rep = measure_fidelity(*l->lm.model, l->lm.tokenizer.get(), l->names, l->adapters, l->steps, fo);
   if (!rep.ok()) return report(rep.error());
   if (f.json) {
@@ -59,6 +59,9 @@ int run_fidelity(const FidelityFlags& f) {
       j["modes"].push_back({{"mode", share_mode_name(m.mode)}, {"argmax_agreement", m.argmax_agreement},
                             {"mean_kl", m.mean_kl}, {"positions", m.positions}, {"computed_tokens", m.computed_tokens},
                             {"total_bytes", m.cache.total()}});
+    j["skipped_modes"] = nlohmann::json::array();
+    for (const auto& s : rep->skipped)
+      j["skipped_modes"].push_back({{"mode", share_mode_name(s.mode)}, {"reason", s.reason}});
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
@@ -73,6 +76,7 @@ int run_fidelity(const FidelityFlags& f) {
   for (const auto& m : rep->modes)
     fmt::print("{:>10} | {:>8.1f}% | {:>10.2e} | {:>15} | {:>11}\n", share_mode_name(m.mode), 100 * m.argmax_agreement,
                m.mean_kl, m.computed_tokens, m.cache.total());
+  for (const auto& s : rep->skipped) fmt::print("{:>10} | not run: {}\n", share_mode_name(s.mode), s.reason);
   return 0;
 }
 
@@ -98,9 +102,11 @@ int run_profile_layers(const FidelityFlags& f) {
   return 0;
 }
 
+// Only the flags these commands use: they run every mode themselves, teacher-forced step by
+// step, with caches sized for the script.
 void add_common(CLI::App* cmd, FidelityFlags* f) {
-  f->model.add_to(cmd, true);
-  f->sharing.add_to(cmd, false);
+  f->model.add_to(cmd, true, /*decodes=*/false);
+  f->sharing.add_page_size(cmd);
   cmd->add_option("--script", f->script, "Replay script (see `lragent replay --help`)")->required();
   cmd->add_flag("--json", f->json, "Print JSON instead of tables");
 }
@@ -115,6 +121,7 @@ void register_fidelity(CLI::App& app, std::function<int()>& action) {
       "Per-layer similarity of caches, adapter outputs and hidden states across agents, and each sharing mode's "
       "argmax agreement and KL against none (teacher-forced)");
   add_common(cmd, f);
+  f->sharing.add_recompute_layers(cmd);
   cmd->callback([f, &action] { action = [f] { return run_fidelity(*f); }; });
 
   static FidelityFlags pflags;
@@ -123,7 +130,8 @@ void register_fidelity(CLI::App& app, std::function<int()>& action) {
                                       "Rank layers by the divergence their sharing causes; suggests droidspeak's "
                                       "--recompute-layers");
   add_common(prof, p);
-  prof->add_option("--top", p->top, "How many layers to suggest (default: a quarter of them)");
+  prof->add_option("--top", p->top, "How many layers to suggest (0, the default: a quarter of them)")
+      ->check(cli::non_negative());
   prof->callback([p, &action] { action = [p] { return run_profile_layers(*p); }; });
 }
 

@@ -1,4 +1,5 @@
 // `lragent generate`: one prompt through the model (optionally with an adapter).
+#include <algorithm>
 #include <cstdio>
 #include <optional>
 
@@ -57,8 +58,10 @@ int run_generate(const GenerateFlags& f) {
   const bool stream = !f.json && lm.tokenizer;
   std::optional<StreamDecoder> stream_dec;  // only with a tokenizer to decode with
   if (stream) stream_dec.emplace(*lm.tokenizer);
+  // The stop token ends the output: its id is kept, its text is not shown (as vLLM does).
+  auto is_stop = [&](int32_t tok) { return std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end(); };
   auto result = gen.run({req}, [&](size_t, int32_t tok) {
-    if (stream) {
+    if (stream && !is_stop(tok)) {
       std::string piece = stream_dec->push(tok);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
@@ -70,7 +73,9 @@ int run_generate(const GenerateFlags& f) {
     nlohmann::json j;
     j["prompt_tokens"] = req.prompt;
     j["output_tokens"] = r.output;
-    j["text"] = lm.tokenizer ? nlohmann::json(lm.tokenizer->decode(r.output)) : nlohmann::json(nullptr);
+    std::vector<int32_t> shown = r.output;
+    if (r.finish_reason == "stop" && !shown.empty()) shown.pop_back();
+    j["text"] = lm.tokenizer ? nlohmann::json(lm.tokenizer->decode(shown)) : nlohmann::json(nullptr);
     j["finish_reason"] = r.finish_reason;
     if (!f.use.empty()) j["adapter"] = f.use;
     if (f.logits) j["last_logits"] = r.first_logits;
@@ -97,15 +102,20 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   p->excludes(pt);
   cmd->add_option("--max-tokens", f->max_tokens, "Tokens to generate")->default_val(64)->check(cli::non_negative());
   cmd->add_option("--temperature", f->temperature, "Sampling temperature; 0 is greedy")->default_val(0)->check(cli::non_negative());
-  cmd->add_option("--top-p", f->top_p, "Nucleus sampling mass (1: off)")->default_val(1)->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--top-p", f->top_p, "Nucleus sampling mass (1: off)")->default_val(1)->check(cli::in_range(0.0, 1.0));
   cmd->add_option("--top-k", f->top_k, "Keep only the k most likely tokens (0: off)")->default_val(0)->check(cli::non_negative());
-  cmd->add_option("--seed", f->seed, "Random seed for sampling")->default_val(0);
+  cmd->add_option("--seed", f->seed, "Random seed for sampling")->default_val(0)->check(cli::non_negative());
   cmd->add_option("--use", f->use, "Name of a registered adapter to generate with (default: base model)");
-  cmd->add_flag("--json", f->json, "Print one JSON object: prompt_tokens, output_tokens, text, finish_reason");
-  cmd->add_flag("--logits", f->logits, "With --json: add last_logits, the distribution of the first generated token");
+  auto* json = cmd->add_flag("--json", f->json,
+                             "Print one JSON object: prompt_tokens, output_tokens (with the stop token, if one ended "
+                             "the output), text (without it), finish_reason (stop: a stop token; length: --max-tokens)");
+  cmd->add_flag("--logits", f->logits,
+                "With --json: add last_logits, the logits at the prompt's last position (the first generated token's "
+                "distribution)")
+      ->needs(json);
   cmd->add_flag("--ignore-eos", f->ignore_eos, "Do not stop at the end-of-sequence token");
-  cmd->callback([f, &action] {
-    if (f->prompt.empty() && f->prompt_tokens.empty())
+  cmd->callback([f, p, pt, &action] {
+    if (p->count() == 0 && pt->count() == 0)
       throw CLI::ValidationError("generate", "one of --prompt or --prompt-tokens is required");
     action = [f] { return run_generate(*f); };
   });

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
+#include "core/text_file.h"
 
 namespace lragent::cli {
 namespace {
@@ -23,9 +24,12 @@ nlohmann::json cache_json(const CacheBytes& b) {
 }
 
 int run_replay_cmd(const ReplayFlags& f) {
-  const std::string text = read_text_file(f.script);
-  if (text.empty()) return report(make_error(ErrorCode::kNotFound, "--script {}: cannot read the file (or it is empty)", f.script));
-  auto steps = parse_replay_script(text, f.script);
+  if (f.model.adapters.empty())
+    return report(make_error(ErrorCode::kInvalidArgument,
+                             "replay runs agents: register each one the script names with --adapter NAME=DIR"));
+  auto text = read_text_file(f.script);
+  if (!text.ok()) return report(make_error(text.error().code, "--script {}", text.error().message));
+  auto steps = parse_replay_script(*text, f.script);
   if (!steps.ok()) return report(steps.error());
   auto loaded = load_model(f.model);
   if (!loaded.ok()) return report(loaded.error());
@@ -84,10 +88,15 @@ void register_replay(CLI::App& app, std::function<int()>& action) {
   f->sharing.add_to(cmd);
   cmd->add_option("--script", f->script,
                   "JSON script: {\"steps\": [{\"append\": TEXT} | {\"append_tokens\": [IDS]} | "
-                  "{\"agent\": NAME, \"generate\": N, \"stop\": [STR]} | {\"agent\": NAME, \"force_tokens\": [IDS]}]}")
+                  "{\"agent\": NAME, \"generate\": N, \"stop\": [STR]} | {\"agent\": NAME, \"force_tokens\": [IDS]}]}, "
+                  "one action per step (\"label\", \"round\" and \"comment\" may annotate any step). A generate step "
+                  "decodes greedily until a stop string or N tokens; the end-of-sequence token does not stop it, so "
+                  "every mode decodes the same number of tokens")
       ->required();
-  cmd->add_flag("--json", f->json, "Print one JSON object: per step agent, prefilled_tokens, output_tokens, text; cache bytes");
-  cmd->add_flag("--logits", f->logits, "With --json: first_logits and logits (one row per decoded or forced token)");
+  auto* json = cmd->add_flag("--json", f->json,
+                             "Print one JSON object: per step agent, prefilled_tokens, output_tokens, text; cache bytes");
+  cmd->add_flag("--logits", f->logits, "With --json: first_logits and logits (one row per decoded or forced token)")
+      ->needs(json);
   cmd->callback([f, &action] { action = [f] { return run_replay_cmd(*f); }; });
 }
 

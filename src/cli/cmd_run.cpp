@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
+#include "core/text_file.h"
 
 namespace lragent::cli {
 namespace {
@@ -54,11 +55,9 @@ Result<HotpotQuestion> pick_question(const RunFlags& f) {
 
 Result<std::string> system_prompt(const RunFlags& f) {
   if (!f.system_prompt_file.empty()) {
-    std::string text = read_text_file(f.system_prompt_file);
-    if (text.empty())
-      return make_error(ErrorCode::kNotFound, "--system-prompt-file {}: cannot read the file (or it is empty)",
-                        f.system_prompt_file);
-    return text;
+    auto text = read_text_file(f.system_prompt_file);
+    if (!text.ok()) return make_error(text.error().code, "--system-prompt-file {}", text.error().message);
+    return std::move(*text);
   }
   return std::string(f.system_prompt == "compact" ? kReactCompactPrompt : kReactSystemPrompt);
 }
@@ -190,8 +189,9 @@ int run_cmd(const RunFlags& f) {
     opts.on_turn = print_turn;
   }
   auto rep = run_react(**session, *loaded->tokenizer, env, opts);
-  if (!rep.ok() && rep.error().code == ErrorCode::kInvalidArgument)  // the options are checked: the prompt is too long
-    return report(make_error(rep.error().code, "{} (--system-prompt compact, or --system-prompt-file FILE)",
+  const bool full_prompt = f.system_prompt_file.empty() && f.system_prompt == "full";
+  if (!rep.ok() && full_prompt && rep.error().message.find("the context holds") != std::string::npos)
+    return report(make_error(rep.error().code, "{} (the built-in full prompt is long: try --system-prompt compact)",
                              rep.error().message));
   if (!rep.ok()) return report(rep.error());
   if (f.json)
@@ -240,12 +240,13 @@ void register_run(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--reflect-tokens", f->reflect_tokens, "Most tokens the reflect agent decodes")
       ->default_val(24)
       ->check(cli::positive());
-  cmd->add_option("--system-prompt", f->system_prompt,
+  auto* prompt = cmd->add_option("--system-prompt", f->system_prompt,
                   "Built-in system prompt: full (the HotpotQA ReAct prompt of the LRAgent trajectories, ~190 words) "
                   "or compact (two lines, for models with a short context)")
       ->default_val("full")
       ->check(CLI::IsMember({"full", "compact"}));
-  cmd->add_option("--system-prompt-file", f->system_prompt_file, "Read the system prompt from this file instead");
+  cmd->add_option("--system-prompt-file", f->system_prompt_file, "Read the system prompt from this file instead")
+      ->excludes(prompt);
   cmd->add_flag("--json", f->json,
                 "Print one JSON object: question, turns (agent, prefilled/decoded tokens, seconds, text, tool call), "
                 "per-agent totals, cache bytes by component, trajectory length, stop reason, answer");

@@ -11,11 +11,11 @@
 
 namespace lragent::cli {
 
-void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
+void ModelFlags::add_to(CLI::App* app, bool with_adapters, bool decodes) {
   app->add_option("--model", model_dir,
                   "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
                   "Omitted: the built-in synthetic model (random weights, meaningless text)");
-  app->add_option("--threads", threads, "CPU threads (0: all cores)")->default_val(0)->check(CLI::Range(0, 1024));
+  add_threads_flag(app, threads);
   app->add_option("--device", device,
                   "Where the model runs: cpu, or cuda / cuda:N (an NVIDIA GPU; needs a build with -DLRAGENT_CUDA=ON)")
       ->default_val("cpu");
@@ -28,7 +28,7 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters) {
                 "With --device cuda: launch decode steps op by op instead of replaying them as CUDA graphs "
                 "(slower; for debugging and profiling)");
   add_prefill_attention_flag(app, prefill_attention);
-  add_decode_lookahead_flag(app, no_decode_lookahead);
+  if (decodes) add_decode_lookahead_flag(app, no_decode_lookahead);
   if (with_adapters)
     app->add_option("--adapter", adapters,
                     "Register a PEFT LoRA adapter as NAME=DIR (adapter_config.json + adapter_model.safetensors); "
@@ -53,15 +53,17 @@ void add_prefill_attention_flag(CLI::App* app, std::string& value) {
 
 namespace {
 
-CLI::Validator number_check(bool strict, double max = 0, const char* unit = "") {
+// Finite, above 0 (strict) or at least `min`, and at most `max` when max > min.
+CLI::Validator number_check(bool strict, double min = 0, double max = 0, const char* unit = "") {
   return CLI::Validator(
-      [strict, max, unit](std::string& text) -> std::string {
+      [strict, min, max, unit](std::string& text) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v))
           return "'" + text + "' is not a finite number";
-        if (!(strict ? v > 0 : v >= 0)) return fmt::format("must be {}, not {}", strict ? "> 0" : ">= 0", text);
-        if (max > 0 && v > max) return fmt::format("must be at most {}{}, not {}", max, unit, text);
+        if (strict && !(v > 0)) return fmt::format("must be > 0, not {}", text);
+        if (!strict && v < min) return fmt::format("must be >= {}, not {}", min, text);
+        if (max > min && v > max) return fmt::format("must be at most {}{}, not {}", max, unit, text);
         return {};
       },
       strict ? "POSITIVE" : "NONNEGATIVE");
@@ -71,8 +73,13 @@ CLI::Validator number_check(bool strict, double max = 0, const char* unit = "") 
 
 CLI::Validator non_negative() { return number_check(false); }
 CLI::Validator positive() { return number_check(true); }
+CLI::Validator in_range(double min, double max) { return number_check(false, min, max); }
 // Converted to bytes as int64: past ~9.2e9 GB the conversion would overflow.
-CLI::Validator memory_gb() { return number_check(false, 1e6, " GB"); }
+CLI::Validator memory_gb() { return number_check(false, 0, 1e6, " GB"); }
+
+void add_threads_flag(CLI::App* app, int& threads) {
+  app->add_option("--threads", threads, "CPU threads (0: all cores)")->default_val(0)->check(in_range(0, 1024));
+}
 
 int report(const Error& e) {
   fmt::print(stderr, "error: {}\n", e.message);

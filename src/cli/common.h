@@ -24,7 +24,8 @@ struct ModelFlags {
   bool no_decode_lookahead = false;   // decode step by step (EngineOptions / ReplayOptions::decode_lookahead)
   std::string prefill_attention = "v6";  // CUDA: prefill attention kernel, v6 | v5
   std::vector<std::string> adapters;  // NAME=DIR
-  void add_to(CLI::App* app, bool with_adapters);
+  // decodes: the command decodes tokens step by step (--no-decode-lookahead applies).
+  void add_to(CLI::App* app, bool with_adapters, bool decodes = true);
 };
 
 struct LoadedModel {
@@ -39,6 +40,8 @@ struct LoadedModel {
 // --no-decode-lookahead (sets `off`).
 void add_decode_lookahead_flag(CLI::App* app, bool& off);
 void add_prefill_attention_flag(CLI::App* app, std::string& value);
+// --threads N, 0 (all cores) to 1024.
+void add_threads_flag(CLI::App* app, int& threads);
 
 // The backend --device / --dtype / --threads name.
 Result<std::unique_ptr<Backend>> make_backend(const ModelFlags& flags);
@@ -53,6 +56,8 @@ Result<std::vector<int32_t>> parse_id_list(const std::string& text);
 // NonNegativeNumber / PositiveNumber print their range up to 1.8e308 in full.
 CLI::Validator non_negative();
 CLI::Validator positive();
+// Finite and within [min, max] (NaN fails, unlike CLI::Range).
+CLI::Validator in_range(double min, double max);
 // A memory size in GB: finite, >= 0 and at most 1e6 (bytes then fit an int64).
 CLI::Validator memory_gb();
 

@@ -20,8 +20,9 @@ int main(int argc, char** argv) {
       "  lragent replay --model DIR --adapter plan=DIR --adapter action=DIR --kv-share base-lr --script S.json\n"
       "  lragent run --workflow react --model DIR --adapter plan=P --adapter action=A --adapter reflect=R\n"
       "  lragent bench trace --device cuda --preset llama3.1-8b   the poster's trace benchmark, all modes\n"
-      "Run `lragent COMMAND --help` for every flag of a command. Exit codes: 2 bad argument, 3 not found,\n"
-      "4 corrupt file, 5 unsupported, 6 out of memory (KV cache or allocation).");
+      "Run `lragent COMMAND --help` for every flag of a command. Exit codes: 1 input/output failure (e.g. an\n"
+      "unwritable output file) or internal error, 2 bad argument, 3 not found, 4 corrupt file, 5 unsupported,\n"
+      "6 out of memory (KV cache or allocation).");
   app.set_version_flag("--version", "lragent 0.1.0");
   std::function<int()> action;
   lragent::cli::register_generate(app, action);

@@ -1,24 +1,29 @@
 #include "cli/sharing_flags.h"
 
-#include <fstream>
-#include <sstream>
-
 #include <fmt/core.h>
 
 #include "cli/common.h"
 
 namespace lragent::cli {
 
-void SharingFlags::add_to(CLI::App* app, bool with_mode) {
-  if (with_mode)
-    app->add_option("--kv-share", mode,
-                    "KV sharing mode: none (private full caches), full (one full cache), base (shared base cache, "
-                    "private low-rank caches), base-lr (shared base and low-rank caches; shared-A adapters), "
-                    "droidspeak (full, with --recompute-layers private)")
-        ->default_val("none");
+void SharingFlags::add_recompute_layers(CLI::App* app) {
   app->add_option("--recompute-layers", recompute_layers,
-                  "droidspeak: comma-separated layers kept per agent (see `lragent profile-layers`)");
-  app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(cli::positive());
+                  "droidspeak: comma-separated layers each agent keeps and computes itself (default 0; see "
+                  "`lragent profile-layers`)");
+}
+
+void SharingFlags::add_page_size(CLI::App* app) {
+  app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(cli::in_range(1, 1024));
+}
+
+void SharingFlags::add_to(CLI::App* app) {
+  app->add_option("--kv-share", mode,
+                  "KV sharing mode: none (private full caches), full (one full cache), base (shared base cache, "
+                  "private low-rank caches), base-lr (shared base and low-rank caches; shared-A adapters), "
+                  "droidspeak (full, with --recompute-layers private)")
+      ->default_val("none");
+  add_recompute_layers(app);
+  add_page_size(app);
   app->add_option("--max-context", max_context,
                   "Longest trajectory the KV pools are sized for, in tokens (capped at the model's context); "
                   "memory is reserved up front, so a larger value costs memory even when unused")
@@ -39,7 +44,9 @@ void SharingFlags::add_to(CLI::App* app, bool with_mode) {
 
 Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) const {
   SharingOptions o;
-  LRA_ASSIGN_OR_RETURN(o.mode, parse_share_mode(mode_name));
+  auto parsed = parse_share_mode(mode_name);
+  if (!parsed.ok()) return make_error(parsed.error().code, "--kv-share {}", parsed.error().message);
+  o.mode = *parsed;
   o.page_size = page_size;
   o.max_tokens = max_context;
   o.arena_bytes = static_cast<int64_t>(kv_memory_gb * 1e9);
@@ -50,6 +57,8 @@ Result<SharingOptions> SharingFlags::options_for(const std::string& mode_name) c
       return make_error(ErrorCode::kInvalidArgument, "--recompute-layers '{}': expected layer numbers like 0,5,7",
                         recompute_layers);
     o.recompute_layers.assign(ids->begin(), ids->end());
+  } else if (o.mode == ShareMode::kDroidSpeak) {
+    o.recompute_layers = {0};  // DroidSpeak's usual choice: recompute the first layer
   }
   return o;
 }
@@ -70,14 +79,6 @@ std::pair<std::vector<std::string>, std::vector<const LoraAdapter*>> agents_of(c
     adapters.push_back(&reg.at(i));
   }
   return {names, adapters};
-}
-
-std::string read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace lragent::cli

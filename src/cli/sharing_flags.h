@@ -1,4 +1,5 @@
-// --kv-share / --recompute-layers / --page-size flags shared by replay, run, fidelity, demo.
+// --kv-share / --recompute-layers / --page-size / KV memory flags shared by replay and run;
+// fidelity and profile-layers take the two or one of them that they use.
 #pragma once
 
 #include <string>
@@ -19,7 +20,10 @@ struct SharingFlags {
   int64_t max_context = 4096;  // tokens each KV stream is sized for
   double kv_memory_gb = 0;     // > 0: one KV arena of this size shared by every cache (no per-cache cap)
   bool no_kv_evict = false;    // SharingOptions::evict_private off
-  void add_to(CLI::App* app, bool with_mode = true);
+  void add_to(CLI::App* app);  // every flag
+  void add_page_size(CLI::App* app);
+  void add_recompute_layers(CLI::App* app);
+  // --kv-share droidspeak without --recompute-layers recomputes layer 0, as DroidSpeak does.
   Result<SharingOptions> options() const;
   Result<SharingOptions> options_for(const std::string& mode_name) const;
 };
@@ -29,8 +33,5 @@ void print_evictions(const KvUsage& u);
 
 // The registered adapters as agents, in registration order.
 std::pair<std::vector<std::string>, std::vector<const LoraAdapter*>> agents_of(const AdapterRegistry& reg);
-
-// Whole file as text; empty when unreadable.
-std::string read_text_file(const std::string& path);
 
 }  // namespace lragent::cli

@@ -45,6 +45,7 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
     r.kv = std::make_unique<FullKvCache>(pools.kv.get());
     r.tokens = reqs[i].prompt;
     r.done = reqs[i].max_tokens <= 0;
+    if (r.done) results[i].finish_reason = "length";  // nothing to generate: the length is reached
     run.push_back(std::move(r));
   }
   // A pass still in flight when run() returns early (an error) has its picks dropped first, and

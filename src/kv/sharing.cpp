@@ -12,7 +12,7 @@ Result<ShareMode> parse_share_mode(std::string_view name) {
   for (ShareMode m : kAllShareModes)
     if (name == share_mode_name(m)) return m;
   return make_error(ErrorCode::kInvalidArgument,
-                    "--kv-share '{}' is not a sharing mode; choose none, full, base, base-lr or droidspeak", name);
+                    "'{}' is not a sharing mode; choose none, full, base, base-lr or droidspeak", name);
 }
 
 const char* share_mode_name(ShareMode mode) {

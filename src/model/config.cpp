@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/text_file.h"
+
 namespace lragent {
 namespace {
 
@@ -149,32 +151,8 @@ Status parse_special_ids(const json& j, const std::string& source, ModelConfig* 
 
 }  // namespace
 
-Result<std::string> read_model_text_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return make_error(ErrorCode::kNotFound, "{}: file not found", path);
-  if (std::filesystem::is_directory(path, ec)) return make_error(ErrorCode::kIo, "{}: is a directory, not a file", path);
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  if (in) ss << in.rdbuf();
-  if (!in || in.bad()) return make_error(ErrorCode::kIo, "{}: cannot read the file", path);
-  return ss.str();
-}
-
-Result<nlohmann::json> parse_model_json(std::string_view text, const std::string& source) {
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix: the position and cause remain.
-    std::string_view what = e.what();
-    if (auto p = what.find("] "); p != std::string_view::npos) what.remove_prefix(p + 2);
-    return make_error(ErrorCode::kCorrupt, "{}: invalid JSON ({})", source, what);
-  } catch (const std::bad_alloc&) {
-    return make_error(ErrorCode::kOutOfMemory, "{}: out of memory while parsing JSON", source);
-  }
-}
-
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source) {
-  LRA_ASSIGN_OR_RETURN(json j, parse_model_json(json_text, source));
+  LRA_ASSIGN_OR_RETURN(json j, parse_json(json_text, source));
   if (!j.is_object()) return make_error(ErrorCode::kCorrupt, "{}: top level is not a JSON object", source);
 
   ModelConfig cfg;
@@ -255,7 +233,7 @@ Result<ModelConfig> load_model_config(const std::string& model_dir) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec))
     return make_error(ErrorCode::kNotFound, "no config.json in {} (is it a Hugging Face model directory?)", model_dir);
-  LRA_ASSIGN_OR_RETURN(std::string text, read_model_text_file(path));
+  LRA_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
   return parse_model_config(text, path);
 }
 

@@ -49,12 +49,4 @@ struct ModelConfig {
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
 Result<ModelConfig> load_model_config(const std::string& model_dir);
 
-// Helpers shared by the loaders of model-side JSON files (config.json, *.index.json,
-// adapter_config.json).
-// Reads a whole file; a missing file is kNotFound, other failures kIo, both naming the path.
-Result<std::string> read_model_text_file(const std::string& path);
-// Parses JSON without letting an exception escape; errors are kCorrupt
-// "SOURCE: invalid JSON (parse error at line 3, column 7: ...)".
-Result<nlohmann::json> parse_model_json(std::string_view text, const std::string& source);
-
 }  // namespace lragent

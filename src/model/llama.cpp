@@ -134,8 +134,8 @@ Status LlamaModel::validate_batch(const std::vector<SeqInput>& batch) const {
     const int64_t end = in.start_pos + in.n_tokens;
     if (cfg_.max_position_embeddings > 0 && end > cfg_.max_position_embeddings)
       return make_error(ErrorCode::kInvalidArgument,
-                        "context of {} tokens exceeds the model's max_position_embeddings ({}); shorten the prompt "
-                        "or --max-tokens",
+                        "context of {} tokens exceeds the model's max_position_embeddings ({}); use a shorter "
+                        "prompt or fewer generated tokens",
                         end, cfg_.max_position_embeddings);
   }
   return Status::Ok();

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "core/text_file.h"
 #include "model/safetensors.h"
 
 namespace lragent {
@@ -366,7 +367,7 @@ Result<std::unique_ptr<LoraAdapter>> load_lora_adapter(const std::string& name, 
   if (!fs::exists(cfg_path, ec))
     return make_error(ErrorCode::kNotFound, "adapter '{}': no adapter_config.json in {} (is it a PEFT adapter directory?)",
                       name, dir);
-  LRA_ASSIGN_OR_RETURN(std::string text, read_model_text_file(cfg_path));
+  LRA_ASSIGN_OR_RETURN(std::string text, read_text_file(cfg_path));
   if (!fs::exists(st_path, ec)) {
     // The config's own errors first: they say more than a missing weights file.
     LRA_ASSIGN_OR_RETURN(ojson j, parse_ordered_json(text, cfg_path));

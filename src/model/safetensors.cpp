@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/text_file.h"
 #include "model/config.h"
 
 namespace lragent {
@@ -103,7 +104,7 @@ Result<TensorInfo> parse_entry(const std::string& name, const json& v, uint64_t 
 Result<std::vector<TensorInfo>> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
                                                          const std::string& source,
                                                          std::map<std::string, std::string>* metadata) {
-  LRA_ASSIGN_OR_RETURN(json header, parse_model_json(header_json, source));
+  LRA_ASSIGN_OR_RETURN(json header, parse_json(header_json, source));
   if (!header.is_object()) return make_error(ErrorCode::kCorrupt, "{}: safetensors header is not a JSON object", source);
 
   std::vector<TensorInfo> tensors;
@@ -258,8 +259,8 @@ Result<std::unique_ptr<WeightStore>> WeightStore::open_dir(const std::string& di
   if (!fs::exists(index_path, ec))
     return make_error(ErrorCode::kNotFound, "no model.safetensors or model.safetensors.index.json in {}", dir);
 
-  LRA_ASSIGN_OR_RETURN(std::string text, read_model_text_file(index_path));
-  LRA_ASSIGN_OR_RETURN(nlohmann::json index, parse_model_json(text, index_path));
+  LRA_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path));
+  LRA_ASSIGN_OR_RETURN(nlohmann::json index, parse_json(text, index_path));
   auto wm = index.is_object() ? index.find("weight_map") : index.end();
   if (!index.is_object() || wm == index.end() || !wm->is_object())
     return make_error(ErrorCode::kCorrupt, "{}: no 'weight_map' object", index_path);

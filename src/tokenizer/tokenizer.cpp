@@ -9,6 +9,7 @@
 #include <optional>
 #include <sstream>
 
+#include "core/text_file.h"
 #include "tokenizer/hf_tokenizer.h"
 #include "tokenizer/json_util.h"
 
@@ -17,14 +18,6 @@ namespace lragent {
 namespace {
 
 using tokjson::json;
-
-Result<json> parse_json(std::string_view text, std::string_view where) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {  // parse_error, or out_of_range for a huge number
-    return tokjson::corrupt(where, fmt::format("invalid JSON: {}", e.what()));
-  }
-}
 
 Result<std::unique_ptr<BpeModel>> parse_model(const json& root, std::string_view source) {
   const json* model = tokjson::find(root, "model");
@@ -99,7 +92,7 @@ Result<std::optional<bool>> config_flag(const json& cfg, std::string_view key, s
 Result<TokenizerConfig> parse_config(std::string_view text, std::string_view where) {
   TokenizerConfig c;
   if (text.empty()) return c;
-  LRA_ASSIGN_OR_RETURN(const json cfg, parse_json(text, where));
+  LRA_ASSIGN_OR_RETURN(const json cfg, parse_json(text, std::string(where)));
   LRA_RETURN_IF_ERROR(tokjson::expect_object(cfg, where));
   LRA_ASSIGN_OR_RETURN(c.bos_token, config_token(cfg, "bos_token", where));
   LRA_ASSIGN_OR_RETURN(c.eos_token, config_token(cfg, "eos_token", where));
@@ -188,15 +181,6 @@ Result<std::unique_ptr<Tokenizer>> build(std::string_view tokenizer_json, std::s
                                         cfg.add_eos_token.value_or(false) ? parts.eos : -1);
   }
   return std::unique_ptr<Tokenizer>(new HfTokenizer(std::move(parts)));
-}
-
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error(ErrorCode::kNotFound, "{}: cannot open: {}", path, std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return make_error(ErrorCode::kIo, "{}: read failed", path);
-  return ss.str();
 }
 
 }  // namespace

@@ -239,7 +239,7 @@ TEST_F(Tools, BadQuestionFilesNameTheFileAndCause) {
     const char* cause;
   };
   const Case cases[] = {
-      {"notjson.json", "{\"easy\": [", "not valid JSON"},
+      {"notjson.json", "{\"easy\": [", "notjson.json: invalid JSON (parse error at line 1"},
       {"scalar.json", "42", "expected an array of questions or an object of levels"},
       {"empty.json", "[]", "holds no questions"},
       {"level.json", "{\"easy\": 3}", "\"easy\" must be an array"},

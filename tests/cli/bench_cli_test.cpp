@@ -125,6 +125,24 @@ TEST(BenchTraceCli, BadFlagsGiveOneErrorLine) {
     EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << args << ": " << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
   }
+  // Checked before any model is built, naming this command's own flags.
+  struct Case {
+    std::string args, says;
+    int code;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--modes none,bogus", "--modes: 'bogus' is not a sharing mode", 2},
+           {"--droidspeak-layers 9", "--droidspeak-layers: layer 9 is out of range; the tiny preset has 2 layers", 2},
+           {"--droidspeak-layers 1,1", "--droidspeak-layers: layer 1 is listed twice", 2},
+           {"--dump-only", "--dump-only requires --dump-traces", 2},
+           {"--json /nonexistent-dir/x.json", "--json /nonexistent-dir/x.json: cannot write there", 1},
+           {"--curve-length -5", "--curve-length: must be >= 0, not -5", 2},
+       }) {
+    const CliRun r = run_bench(c.args);
+    EXPECT_EQ(r.code, c.code) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << ": " << r.err;
+    EXPECT_EQ(r.err.find("bench trace:"), std::string::npos) << c.args << ": no model is built first: " << r.err;
+  }
 }
 
 }  // namespace

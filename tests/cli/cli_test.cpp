@@ -183,7 +183,62 @@ TEST(Cli, TooLongPromptAndBadFlags) {
   EXPECT_NE(r.err.find("--threads"), std::string::npos) << r.err;
   r = run_cli("replay " + model_arg() + " --page-size 0 --script x.json");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("--page-size: must be > 0, not 0"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--page-size: must be >= 1, not 0"), std::string::npos) << r.err;
+  r = run_cli("replay " + model_arg() + " --page-size 100000 --script x.json");  // one page would be 300 MB
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("--page-size: must be at most 1024, not 100000"), std::string::npos) << r.err;
+}
+
+// Flags that would be accepted and then do nothing, or be read differently than written, are refused.
+TEST(Cli, FlagsThatWouldDoNothingAreRefused) {
+  const std::string gen = "generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens 1";
+  struct Case {
+    std::string args, says;
+  };
+  for (const Case& c : std::vector<Case>{
+           {gen + " --logits", "--logits requires --json"},
+           {gen + " --top-p nan", "--top-p: 'nan' is not a finite number"},
+           {gen + " --seed -1", "--seed: must be >= 0, not -1"},
+           {"demo --threads 100000", "--threads: must be at most 1024"},
+           {"demo --threads -3", "--threads: must be >= 0, not -3"},
+           {"fidelity " + model_arg() + " --script x.json --kv-memory 1", "--kv-memory"},
+           {"fidelity " + model_arg() + " --script x.json --no-decode-lookahead", "--no-decode-lookahead"},
+           {"profile-layers " + model_arg() + " --script x.json --recompute-layers 1", "--recompute-layers"},
+           {"profile-layers " + model_arg() + " --script x.json --top -5", "--top: must be >= 0, not -5"},
+           {"run " + model_arg() + " --question q --system-prompt compact --system-prompt-file x.txt", "excludes"},
+           {"replay " + model_arg() + " --script x.json", "register each one the script names with --adapter NAME=DIR"},
+       }) {
+    const CliRun r = run_cli(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << ": " << r.err;
+    EXPECT_NE(r.err.find(c.says), std::string::npos) << c.args << ": " << r.err;
+  }
+}
+
+// generate's edges: nothing to generate is finish_reason "length"; an empty --prompt is a prompt
+// (BOS alone); the stop token's id is kept but its text is not shown, as vLLM does.
+TEST(Cli, GenerateEdges) {
+  CliRun r = run_cli("generate " + model_arg() + " --prompt hi --max-tokens 0 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_TRUE(j["output_tokens"].empty());
+  r = run_cli("generate " + model_arg() + " --prompt '' --max-tokens 2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["prompt_tokens"], nlohmann::json::array({1}));
+  // Greedy, this story ends after 135 tokens with the literal text "<|end_story|>" and then EOS
+  // (id 2), whose own text is "<|end_story|>" too: shown once, not twice.
+  r = run_cli("generate " + model_arg() + " --prompt 'Once upon a time' --max-tokens 300 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["finish_reason"], "stop");
+  EXPECT_EQ(j["output_tokens"].back(), 2);
+  const std::string text = j["text"];
+  const std::string end = "find it.<|end_story|>";
+  ASSERT_GE(text.size(), end.size());
+  EXPECT_EQ(text.substr(text.size() - end.size()), end);
+  r = run_cli("generate " + model_arg() + " --prompt 'Once upon a time' --max-tokens 300");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find(end + "\n"), std::string::npos) << r.out;  // streamed: the same text
 }
 
 TEST(Cli, ReplayJsonAndBadScripts) {
@@ -204,6 +259,40 @@ TEST(Cli, ReplayJsonAndBadScripts) {
   r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/bad.json"));
   EXPECT_NE(r.code, 0);
   EXPECT_NE(error_line(r).find("bad.json"), std::string::npos) << r.err;
+  // One action per step; a second action or an unknown key is refused, not dropped.
+  for (const std::string& step : {std::string(R"({"append": "hi", "agent": "plan", "generate": 3})"),
+                                  std::string(R"({"agent": "plan", "generate": 3, "force_tokens": [5]})"),
+                                  std::string(R"({"agent": "plan", "generate": 3, "bogus": 1})")}) {
+    std::ofstream(dir + "/two.json") << R"({"steps": [)" << step << "]}";
+    r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/two.json"));
+    EXPECT_EQ(r.code, 4) << step;
+    EXPECT_NE(error_line(r).find("two.json: step 0: "), std::string::npos) << step << ": " << r.err;
+  }
+  std::ofstream(dir + "/annotated.json") << R"({"steps": [{"append": "hi", "label": "question", "round": 0},
+      {"agent": "plan", "generate": 2, "comment": "first thought"}]})";
+  r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/annotated.json"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  std::ofstream(dir + "/broken.json") << "{\"steps\": [\n  {\"append\": }]}";
+  r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/broken.json"));
+  EXPECT_EQ(r.code, 4);
+  EXPECT_NE(error_line(r).find("broken.json: invalid JSON (parse error at line 2"), std::string::npos) << r.err;
+  std::ofstream(dir + "/empty.json") << "";
+  r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/empty.json"));
+  EXPECT_EQ(r.code, 4) << "an empty file is there but is not a script: " << r.err;
+  r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/absent.json"));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(error_line(r).find("absent.json: file not found"), std::string::npos) << r.err;
+  // droidspeak without --recompute-layers recomputes layer 0, as fidelity, demo and bench do;
+  // before, it silently ran as full.
+  auto cache_total = [&](const std::string& mode) {
+    const CliRun m = run_cli("replay " + model_arg() + adapters + " --kv-share " + mode + " --json --script " +
+                             shell_quote(dir + "/s.json"));
+    EXPECT_EQ(m.code, 0) << mode << ": " << m.err;
+    return m.code == 0 ? nlohmann::json::parse(m.out)["cache"]["total_bytes"].get<int64_t>() : -1;
+  };
+  const int64_t droid = cache_total("droidspeak");
+  EXPECT_EQ(droid, cache_total("droidspeak --recompute-layers 0"));
+  EXPECT_GT(droid, cache_total("full"));
   std::ofstream(dir + "/noname.json") << R"({"steps": [{"agent": "", "generate": 2}]})";
   r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/noname.json"));
   EXPECT_EQ(r.code, 4);
