@@ -278,6 +278,7 @@ Result<ReplayResult> run_replay(LlamaModel& model, const Tokenizer* tok, std::ve
   for (size_t i = 0; i < steps.size(); ++i) {
     auto r = session->run_step(steps[i]);
     if (!r.ok()) return make_error(r.error().code, "step {}: {}", i, r.error().message);
+    if (opts.on_step) opts.on_step(i, *r);
     out.steps.push_back(std::move(*r));
   }
   out.trajectory = session->trajectory();

@@ -9,6 +9,7 @@
 // last is forwarded by the generating agent, the last is left for whoever runs next.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,9 @@ struct ReplayOptions {
   // launched before pass t's pick is read back, its token taken on the device. The tokens, the
   // caches' contents and the per-agent counts are the same either way (see run_agent).
   bool decode_lookahead = true;
+  // run_replay: called after each step with its index and result, as it completes (progress
+  // for long scripts).
+  std::function<void(size_t, const StepResult&)> on_step;
 };
 
 // A trajectory shared by agents, each an adapter (or null for the bare base model).

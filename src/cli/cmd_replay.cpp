@@ -1,4 +1,6 @@
 // `lragent replay`: run an agent script over one shared trajectory under a sharing mode.
+#include <cstdio>
+
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,13 @@ int run_replay_cmd(const ReplayFlags& f) {
   ro.sharing = *opts;
   ro.keep_logits = f.logits;
   ro.decode_lookahead = !f.model.no_decode_lookahead;
+  if (!f.json)  // each agent's line as its step completes
+    ro.on_step = [](size_t, const StepResult& s) {
+      if (s.agent.empty()) return;
+      fmt::print("[{}] prefilled {} decoded {} ({:.3f} s): {}\n", s.agent, s.prefilled_tokens, s.output_tokens.size(),
+                 s.seconds, s.text);
+      std::fflush(stdout);
+    };
   auto [names, adapters] = agents_of(*loaded->adapters);
   auto res = run_replay(*loaded->model, loaded->tokenizer.get(), names, adapters, *steps, ro);
   if (!res.ok()) return report(res.error());
@@ -65,11 +74,6 @@ int run_replay_cmd(const ReplayFlags& f) {
     j["backend"] = loaded->backend->name();
     fmt::print("{}\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     return 0;
-  }
-  for (const StepResult& s : res->steps) {
-    if (s.agent.empty()) continue;
-    fmt::print("[{}] prefilled {} decoded {} ({:.3f} s): {}\n", s.agent, s.prefilled_tokens, s.output_tokens.size(),
-               s.seconds, s.text);
   }
   const CacheBytes& b = res->cache;
   fmt::print("cache ({}): base {} B, lr {} B, full {} B, total {} B (+{} B page rounding)\n", share_mode_name(ro.sharing.mode),

@@ -420,6 +420,37 @@ TEST(WorkflowCli, PrintsTurnsAndASummaryTable) {
   EXPECT_NE(r.out.find("cache (none): base 0 B, lr 0 B, full "), std::string::npos) << r.out;
 }
 
+// run_replay hands each step to on_step as it completes: every step once, in order, with the
+// result it then returns.
+TEST_F(Workflow, ReplayReportsEachStepAsItCompletes) {
+  auto steps = parse_replay_script(R"({"steps": [{"append": "Once upon a time"}, {"agent": "plan", "generate": 3},
+      {"append": " there was"}, {"agent": "action", "generate": 2}, {"agent": "plan", "force_tokens": [5, 6]}]})",
+                                   "s.json");
+  ASSERT_TRUE(steps.ok()) << steps.error().message;
+  ReplayOptions o;
+  o.sharing.mode = ShareMode::kBaseLr;
+  std::vector<std::pair<size_t, StepResult>> seen;
+  o.on_step = [&](size_t i, const StepResult& r) { seen.emplace_back(i, r); };
+  std::vector<std::string> names;
+  std::vector<const LoraAdapter*> ads;
+  for (const auto& a : adapters_) {
+    names.push_back(a->name);
+    ads.push_back(a.get());
+  }
+  auto res = run_replay(*model_, tok_.get(), names, ads, *steps, o);
+  ASSERT_TRUE(res.ok()) << res.error().message;
+  ASSERT_EQ(seen.size(), steps->size());
+  ASSERT_EQ(res->steps.size(), steps->size());
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].first, i);
+    EXPECT_EQ(seen[i].second.agent, res->steps[i].agent) << i;
+    EXPECT_EQ(seen[i].second.output_tokens, res->steps[i].output_tokens) << i;
+    EXPECT_EQ(seen[i].second.prefilled_tokens, res->steps[i].prefilled_tokens) << i;
+  }
+  EXPECT_EQ(seen[1].second.output_tokens.size(), 3u);
+  EXPECT_EQ(seen[4].second.output_tokens, (std::vector<int32_t>{5, 6}));
+}
+
 TEST(WorkflowCli, BadQuestionInputIsOneErrorLine) {
   const std::string dir = testing::temp_dir("workflow-cli-bad");
   CliRun r = run_cli(agents_args() + " --questions " + quote(dir + "/absent.json") + " --question-id x");

@@ -110,6 +110,7 @@ struct Case {
   int splits = 0;            // force split count (0: heuristic)
   bool materialize = false;  // also check materialise-then-attend
   bool own_v_table = false;  // V's view gets its own copy of the block table (K/V addressed apart)
+  int lr_block_pad = 0;      // LR pools: elements after each block's rows (block_stride = page·rank + pad)
   std::string name() const {
     std::string s = "d=" + std::to_string(d) + " G=" + std::to_string(group) + " page=" + std::to_string(page) +
                     " rk=" + std::to_string(rank_k) + " rv=" + std::to_string(rank_v) + (agents ? " agents" : "") +
@@ -273,8 +274,17 @@ void run_case(const Case& cs, uint32_t seed) {
   auto d_qs = upload(q_start);
   auto d_ctx = upload(cs.ctx);
   auto d_k = upload(k.bits), d_v = upload(v.bits), d_q = upload(q.bits);
-  auto d_lrk = upload(cs.rank_k ? lrk.bits : std::vector<uint16_t>(8, 0x3f80));
-  auto d_lrv = upload(cs.rank_v ? lrv.bits : std::vector<uint16_t>(8, 0x3f80));
+  // LR pools with lr_block_pad elements after each block: [n_blocks, page·rank + pad].
+  auto padded = [&](const Bf16Array& a, int rank) {
+    if (rank == 0) return std::vector<uint16_t>(8, 0x3f80);
+    const size_t block = static_cast<size_t>(cs.page) * rank, stride = block + cs.lr_block_pad;
+    std::vector<uint16_t> out(static_cast<size_t>(n_blocks) * stride, 0x7fc0);  // NaN in the padding
+    for (int b = 0; b < n_blocks; ++b)
+      std::copy_n(a.bits.begin() + static_cast<long>(b * block), block, out.begin() + static_cast<long>(b * stride));
+    return out;
+  };
+  auto d_lrk = upload(padded(lrk, cs.rank_k));
+  auto d_lrv = upload(padded(lrv, cs.rank_v));
   auto d_bk = upload(cs.rank_k ? bk.bits : std::vector<uint16_t>(8, 0x3f80));
   auto d_bv = upload(cs.rank_v ? bv.bits : std::vector<uint16_t>(8, 0x3f80));
   auto d_freq = upload(inv_freq);
@@ -308,6 +318,7 @@ void run_case(const Case& cs, uint32_t seed) {
   if (cs.own_v_table) p.v.table = d_table_v->as<int32_t>();
   if (cs.rank_k) {
     p.k_lr.lr = dview(*d_lrk, cs.rank_k);
+    p.k_lr.lr.block_stride += cs.lr_block_pad;
     p.k_lr.b = d_bk->as<lc::bf16>();
     p.k_lr.b_agent_stride = static_cast<int64_t>(width) * cs.rank_k;
     p.k_lr.rank = cs.rank_k;
@@ -316,6 +327,7 @@ void run_case(const Case& cs, uint32_t seed) {
   }
   if (cs.rank_v) {
     p.v_lr.lr = dview(*d_lrv, cs.rank_v);
+    p.v_lr.lr.block_stride += cs.lr_block_pad;
     p.v_lr.b = d_bv->as<lc::bf16>();
     p.v_lr.b_agent_stride = static_cast<int64_t>(width) * cs.rank_v;
     p.v_lr.rank = cs.rank_v;
@@ -388,6 +400,7 @@ void run_case(const Case& cs, uint32_t seed) {
     EXPECT_LE(eb.rel, 1e-2) << what << " bf16 " << cs.name();
     EXPECT_LE(ef.rel, 1e-2) << what << " f32 " << cs.name();
   };
+  ASSERT_TRUE(lc::attention_params_ok(p)) << "the case's own params are refused";
   std::printf("case %s\n", cs.name().c_str());
   check("fused", p, lc::AttnKernel::kV0Naive);
   check("fused", p, lc::AttnKernel::kV1Mma);
@@ -706,6 +719,49 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   bad = ok;
   bad.k.page_size = 12;  // not a power of two
   EXPECT_EQ(lc::attention(bad), cudaErrorInvalidValue);
+  // Alignment the kernels' vector accesses rely on: a clear error, not a misaligned-address fault
+  // (which would lose the CUDA context).
+  ASSERT_TRUE(lc::attention_params_ok(ok)) << "the baseline must be accepted for the cases below to mean anything";
+  bad = ok;
+  bad.q = reinterpret_cast<const lc::bf16*>(dummy_h + 4);  // 8-byte aligned: Q rows copy in 16 bytes
+  EXPECT_FALSE(lc::attention_params_ok(bad));
+  bad = ok;
+  bad.out_f32 = reinterpret_cast<float*>(dummy_h + 2);  // 4-byte aligned: float2 stores
+  EXPECT_FALSE(lc::attention_params_ok(bad));
+  bad = ok;
+  bad.out_f32 = nullptr;
+  bad.out = reinterpret_cast<lc::bf16*>(dummy_h + 1);  // 2-byte aligned: bf16-pair stores
+  EXPECT_FALSE(lc::attention_params_ok(bad));
+  bad = ok;
+  bad.v_lr.lr = ok.v;
+  bad.v_lr.lr.row_stride = 4;
+  bad.v_lr.lr.block_stride = 16 * 4;
+  bad.v_lr.b = reinterpret_cast<const lc::bf16*>(dummy_h);
+  bad.v_lr.rank = 4;
+  bad.v_lr.scale = 1.f;
+  bad.agents = true;
+  bad.v_lr.b_agent_stride = 128 * 4;
+  EXPECT_TRUE(lc::attention_params_ok(bad));
+  bad.v_lr.b_agent_stride = 128 * 4 + 1;  // agents' B read as bf16 pairs
+  EXPECT_FALSE(lc::attention_params_ok(bad));
+}
+
+// LR blocks whose stride is a multiple of 4 but not 8 elements (allowed): every version must copy
+// their rows in 8-byte chunks. v1 and v2 used to pick 16-byte copies from the rank and row
+// stride alone, and odd blocks then started on 8 bytes: a misaligned-address fault.
+TEST(CudaAttention, LowRankBlocksAlignedToEightBytes) {
+  SKIP_WITHOUT_GPU();
+  reset_ran();
+  uint32_t seed = 900;
+  for (int rk : {0, 8}) {
+    Case c = make(64, 4, 1, {97, 17}, {1, 1}, rk, 8);  // decode: the K term sends it to v2
+    c.lr_block_pad = 4;
+    run_case(c, seed++);
+    c = make(128, 2, 1, {97}, {33}, rk, 16);  // prefill
+    c.lr_block_pad = 4;
+    run_case(c, seed++);
+  }
+  expect_ran({lc::AttnKernel::kV1Mma, lc::AttnKernel::kV2Mma}, "LowRankBlocksAlignedToEightBytes");
 }
 
 }  // namespace

@@ -24,6 +24,8 @@ bool lowrank_ok(const DevLowRank& t) {
          reinterpret_cast<uintptr_t>(t.b) % 4 == 0;
 }
 
+bool aligned(const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
 bool params_ok(const AttnParams& p) {
   if (p.head_dim != 64 && p.head_dim != 128) return false;
   if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0) return false;
@@ -31,9 +33,14 @@ bool params_ok(const AttnParams& p) {
   // Every kernel takes the row maximum on raw scores: a positive scale keeps their order.
   if (!(p.softmax_scale > 0.f)) return false;
   if (!p.q || !p.q_start || !p.ctx_len || (!p.out && !p.out_f32)) return false;
+  // Q rows are copied in 16-byte chunks; outputs are stored as bf16 pairs / float2.
+  if (!aligned(p.q, 16) || !aligned(p.out, 4) || !aligned(p.out_f32, 8)) return false;
   if (!view_ok(p.k, 8) || !view_ok(p.v, 8)) return false;
   if (!lowrank_ok(p.k_lr) || !lowrank_ok(p.v_lr)) return false;
   if (p.k_lr.active() && !p.inv_freq) return false;
+  // Agents mode reads B as bf16 pairs at b + a·b_agent_stride.
+  for (const DevLowRank* t : {&p.k_lr, &p.v_lr})
+    if (t->active() && t->b_agent_stride % 2 != 0) return false;
   if (p.split_counters_capacity < 0 || (p.split_counters_capacity > 0 && !p.split_counters)) return false;
   return true;
 }
@@ -163,8 +170,14 @@ namespace {
 thread_local AttnKernel last_kernel = AttnKernel::kV0Naive;
 }  // namespace
 
+int attention_lr_copy_chunk(const DevLowRank& t) {
+  return (t.rank % 8 == 0 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 && aligned(t.lr.data, 16)) ? 8 : 4;
+}
+
 void note_attention_kernel(AttnKernel k) { last_kernel = k; }
 AttnKernel attention_last_kernel() { return last_kernel; }
+
+bool attention_params_ok(const AttnParams& p) { return params_ok(p); }
 
 cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
   if (!params_ok(p)) return cudaErrorInvalidValue;

@@ -116,6 +116,10 @@ enum class AttnKernel {
 // older one (see the enum), so the kernel that runs may be older.
 cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6WgmmaWs);
 
+// Whether attention() accepts p: the shape and alignment checks it runs first, without launching
+// (tests check each rejected field against a params set this accepts).
+bool attention_params_ok(const AttnParams& p);
+
 // The version whose kernel the calling thread's latest attention() call launched (tests and
 // diagnostics: a test asking for v6 can check that v6, not a fallback, was what it checked).
 AttnKernel attention_last_kernel();

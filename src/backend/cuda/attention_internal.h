@@ -29,6 +29,9 @@ int attention_v5_num_splits(const AttnParams& p);
 cudaError_t attention_v6(const AttnParams& p);
 int attention_v6_num_splits(const AttnParams& p);
 
+// Elements per cp.async chunk of LR rows: 8 (16 bytes) when every row starts 16-byte aligned
+// (rank, row stride and block stride multiples of 8, data 16-byte aligned), else 4. v1-v3 use it.
+int attention_lr_copy_chunk(const DevLowRank& t);
 // Shared by the wgmma kernels (v5, v6): LR rows that copy as 16-byte chunks (rank 8 or 16, rows
 // and blocks 16-byte aligned), and whether this process's device is an sm_90 GPU.
 bool attention_lr_rows_16b(const DevLowRank& t);

@@ -556,17 +556,11 @@ cudaError_t attention_v1(const AttnParams& p) {
   x.vshift = ilog2(p.v.page_size);
   if (p.k_lr.active()) {
     x.lkshift = ilog2(p.k_lr.lr.page_size);
-    x.lk_chunk =
-        (p.k_lr.rank % 8 == 0 && p.k_lr.lr.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.k_lr.lr.data) % 16 == 0)
-            ? 8
-            : 4;
+    x.lk_chunk = attention_lr_copy_chunk(p.k_lr);
   }
   if (p.v_lr.active()) {
     x.lvshift = ilog2(p.v_lr.lr.page_size);
-    x.lv_chunk =
-        (p.v_lr.rank % 8 == 0 && p.v_lr.lr.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(p.v_lr.lr.data) % 16 == 0)
-            ? 8
-            : 4;
+    x.lv_chunk = attention_lr_copy_chunk(p.v_lr);
   }
   if (x.n_splits > 1) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;

@@ -480,13 +480,6 @@ cudaError_t launch(const AttnParams& p, const V3Launch& x) {
   return cudaGetLastError();
 }
 
-int lr_chunk(const DevLowRank& t) {
-  return (t.rank % 8 == 0 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 &&
-          reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0)
-             ? 8
-             : 4;
-}
-
 }  // namespace
 
 cudaError_t attention_split_combine(const AttnParams& p, float* part_o, float* part_lse, int n_splits) {
@@ -517,7 +510,7 @@ cudaError_t attention_v3(const AttnParams& p) {
   x.vshift = ilog2(p.v.page_size);
   if (p.v_lr.active()) {
     x.lvshift = ilog2(p.v_lr.lr.page_size);
-    x.lv_chunk = lr_chunk(p.v_lr);
+    x.lv_chunk = attention_lr_copy_chunk(p.v_lr);
   }
   if (x.n_splits > 1) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;

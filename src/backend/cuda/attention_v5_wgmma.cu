@@ -45,8 +45,7 @@ namespace lragent::cuda {
 
 // LR rows copied as 16-byte chunks: rank 8 or 16, rows and blocks 16-byte aligned.
 bool attention_lr_rows_16b(const DevLowRank& t) {
-  return t.rank % 8 == 0 && t.rank <= 16 && t.lr.row_stride % 8 == 0 && t.lr.block_stride % 8 == 0 &&
-         reinterpret_cast<uintptr_t>(t.lr.data) % 16 == 0;
+  return t.rank <= 16 && attention_lr_copy_chunk(t) == 8;
 }
 
 // True when this process's device is a Hopper (sm_90) GPU: the wgmma instructions exist only there.
