@@ -143,8 +143,10 @@ bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector
   return std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
 }
 
-Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bool fed) {
-  auto binding = kv_->bind(a);  // only read while the pass is recorded: may go when it returns
+Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative) {
+  // Only read while the pass is recorded: may go when it returns. A speculative pass drops no
+  // other agent's cache for room (it may be thrown away); step by step the same pass would.
+  auto binding = kv_->bind(a, /*may_evict=*/!speculative);
   std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
   if (extra) toks.push_back(*extra);
   SeqInput in;
@@ -169,14 +171,12 @@ Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bo
 // says what a cache holds). That keeps the caches, and so every later token, as step by step.
 Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& forced,
                                       const std::vector<std::string>& stop, int64_t begin, StepResult& r) {
-  if (static_cast<int64_t>(traj_.size()) == begin)
-    return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", names_[static_cast<size_t>(a)],
-                      begin);
+  if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
   struct DropPending {  // an error return leaves no pick behind for the next step's take_picks
     LlamaModel& m;
     ~DropPending() { m.discard_picks(); }
   } drop_pending{model_};
-  LRA_RETURN_IF_ERROR(launch_agent(a, begin, nullptr, false));
+  LRA_RETURN_IF_ERROR(launch_agent(a, begin, nullptr, false, /*speculative=*/false));
   kv_->advance(a, static_cast<int64_t>(traj_.size()));
   computed_[static_cast<size_t>(a)] += static_cast<int64_t>(traj_.size()) - begin;
   for (int i = 0; i < n; ++i) {
@@ -186,8 +186,8 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
       // A pass that cannot be launched (out of KV memory, past the model's context): token t is
       // still taken, and the step-by-step launch below meets the same error only if the pass
       // is wanted after all (not when token t ends the step), as step-by-step decoding would.
-      next = (forced.empty() ? launch_agent(a, P, nullptr, true)
-                             : launch_agent(a, P, &forced[static_cast<size_t>(i)], false))
+      next = (forced.empty() ? launch_agent(a, P, nullptr, true, /*speculative=*/true)
+                             : launch_agent(a, P, &forced[static_cast<size_t>(i)], false, /*speculative=*/true))
                  .ok();
     }
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> picked, model_.take_picks());
@@ -196,12 +196,15 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
     traj_.push_back(tok);
     if (stops(stop, r.output_tokens)) {
       if (next) {
-        auto dropped = model_.take_picks();
+        auto dropped = model_.take_picks();  // the pass is done: its blocks can go
         if (!dropped.ok()) return dropped.error();
       }
+      // What step by step holds here: room for positions [0, P). The speculative pass (or its
+      // failed, partial reserve) may have taken a block for P.
+      if (i + 1 < n) kv_->release_beyond(a, P);
       break;
     }
-    if (!next && i + 1 < n) LRA_RETURN_IF_ERROR(launch_agent(a, P, nullptr, false));
+    if (!next && i + 1 < n) LRA_RETURN_IF_ERROR(launch_agent(a, P, nullptr, false, /*speculative=*/false));
     if (i + 1 < n) {
       kv_->advance(a, P + 1);
       computed_[static_cast<size_t>(a)] += 1;
@@ -228,8 +231,7 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
     n = 0;  // done: the step-by-step loop below runs nothing
   }
   for (int i = 0; i < n; ++i) {
-    if (static_cast<int64_t>(traj_.size()) == begin)
-      return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", name, begin);
+    if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
     int32_t tok = 0;
     if (keep_logits_) {
       LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin, nullptr));
@@ -250,6 +252,24 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   return r;
 }
 
+Status AgentSession::check_ids(const std::vector<int32_t>& ids, const char* what) const {
+  const int vocab = model_.config().vocab_size;
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      return make_error(ErrorCode::kInvalidArgument, "{}: id {} is outside the vocabulary [0, {})", what, id, vocab);
+  return Status::Ok();
+}
+
+Error AgentSession::nothing_to_forward(int a, int64_t begin) const {
+  if (traj_.empty())
+    return make_error(ErrorCode::kInvalidArgument,
+                      "agent '{}' has nothing to read: the trajectory is empty (this model has no BOS token; append "
+                      "text or tokens before the first agent step)",
+                      names_[static_cast<size_t>(a)]);
+  return make_error(ErrorCode::kInternal, "agent '{}' has nothing to forward at position {}", names_[static_cast<size_t>(a)],
+                    begin);
+}
+
 Result<StepResult> AgentSession::run_step(const ReplayStep& st) {
   switch (st.kind) {
     case ReplayStep::Kind::kAppendText: {
@@ -258,14 +278,14 @@ Result<StepResult> AgentSession::run_step(const ReplayStep& st) {
       return StepResult{};
     }
     case ReplayStep::Kind::kAppendTokens:
-      for (int32_t id : st.tokens)
-        if (id >= model_.config().vocab_size)
-          return make_error(ErrorCode::kInvalidArgument, "append_tokens: id {} is outside the vocabulary [0, {})", id,
-                            model_.config().vocab_size);
+      LRA_RETURN_IF_ERROR(check_ids(st.tokens, "append_tokens"));
       append(st.tokens);
       return StepResult{};
     case ReplayStep::Kind::kGenerate: return run_agent(st.agent, st.generate, {}, st.stop);
-    case ReplayStep::Kind::kForce: return run_agent(st.agent, 0, st.tokens, {});
+    case ReplayStep::Kind::kForce:
+      // Every forced id, the last one too: it joins the trajectory without being forwarded here.
+      LRA_RETURN_IF_ERROR(check_ids(st.tokens, "force_tokens"));
+      return run_agent(st.agent, 0, st.tokens, {});
   }
   return make_error(ErrorCode::kInternal, "unknown step kind");
 }

@@ -91,7 +91,13 @@ class AgentSession {
   Result<Tensor> forward_agent(int a, int64_t begin, int32_t* greedy_out);
   // Launches agent a's greedy pass over traj_[begin:] followed by `extra` (a token not yet in
   // traj_), or by the in-flight pass's pick when fed; its pick waits in the model (take_picks).
-  Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed);
+  // speculative: a lookahead pass that may be thrown away (TrajectoryKv::bind's may_evict).
+  Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative);
+  // Every id is inside the model's vocabulary (`what` names the step kind in the error).
+  Status check_ids(const std::vector<int32_t>& ids, const char* what) const;
+  // The error for an agent pass with no position to run: an empty trajectory (no BOS) is the
+  // caller's input; anything else a bug.
+  Error nothing_to_forward(int a, int64_t begin) const;
   // Whether the decoded output contains one of the stop strings (never without a tokenizer).
   bool stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const;
   // run_agent's generate/force loop with decode lookahead (keep_logits_ off).

@@ -25,7 +25,8 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
   for (size_t i = 0; i < reqs.size(); ++i) {
     if (reqs[i].prompt.empty())
       return make_error(ErrorCode::kInvalidArgument, "request {}: the prompt is empty", i);
-    const int64_t need = static_cast<int64_t>(reqs[i].prompt.size()) + reqs[i].max_tokens;
+    // max_tokens <= 0 generates nothing: it must not shrink the pool the other requests share.
+    const int64_t need = static_cast<int64_t>(reqs[i].prompt.size()) + std::max(reqs[i].max_tokens, 0);
     if (cfg.max_position_embeddings > 0 && need > cfg.max_position_embeddings)
       return make_error(ErrorCode::kInvalidArgument,
                         "request {}: prompt ({} tokens) + max tokens ({}) exceeds the model's context of {} tokens; "

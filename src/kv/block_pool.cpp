@@ -160,6 +160,15 @@ Status PagedStream::reserve(int64_t n_tokens) {
   return Status::Ok();
 }
 
+void PagedStream::release_beyond(int64_t n_tokens) {
+  if (!pool_) return;
+  const auto keep = static_cast<size_t>(std::max<int64_t>(0, (n_tokens + pool_->page_size() - 1) / pool_->page_size()));
+  while (table_.size() > keep) {
+    pool_->release(table_.back());
+    table_.pop_back();
+  }
+}
+
 void PagedStream::clear() {
   if (pool_)
     for (int32_t b : table_) pool_->release(b);

@@ -134,6 +134,8 @@ class PagedStream {
   int64_t capacity() const { return static_cast<int64_t>(table_.size()) * (pool_ ? pool_->page_size() : 0); }
   PagedView view(int layer) const { return pool_->layer_view(layer, table_.data()); }
   void clear();
+  // Frees the blocks past those that n_tokens rows need (the rows kept are untouched).
+  void release_beyond(int64_t n_tokens);
   BlockPool* pool() const { return pool_; }
   const std::vector<int32_t>& table() const { return table_; }
 

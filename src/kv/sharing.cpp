@@ -83,7 +83,8 @@ class LayerStores {
 // The binding of one agent's forward pass (see the mode table in sharing.h).
 class SharedBinding final : public KvBinding {
  public:
-  SharedBinding(TrajectoryKv& kv, int agent) : kv_(kv), a_(agent), shared_at_bind_(kv.shared_) {
+  SharedBinding(TrajectoryKv& kv, int agent, bool may_evict)
+      : kv_(kv), a_(agent), may_evict_(may_evict), shared_at_bind_(kv.shared_) {
     kv_.live_[static_cast<size_t>(a_)] += 1;
   }
   ~SharedBinding() override { kv_.live_[static_cast<size_t>(a_)] -= 1; }
@@ -92,7 +93,7 @@ class SharedBinding final : public KvBinding {
     int dropped = 0;
     for (;;) {
       Status st = try_reserve(total);
-      if (st.ok() || st.error().code != ErrorCode::kOutOfMemory || !kv_.opts_.evict_private) return st;
+      if (st.ok() || st.error().code != ErrorCode::kOutOfMemory || !kv_.opts_.evict_private || !may_evict_) return st;
       // Dropping other agents' caches cannot help a pass that would not fit the arena alone (a
       // pool ran out, so there are pools).
       const int64_t arena_slabs = kv_.pools_.front()->arena().n_slabs();
@@ -209,6 +210,7 @@ class SharedBinding final : public KvBinding {
  private:
   TrajectoryKv& kv_;
   int a_;
+  bool may_evict_;
   int64_t shared_at_bind_;
   int64_t end_ = 0;
 };
@@ -229,6 +231,9 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
                                                            std::vector<const LoraAdapter*> adapters,
                                                            SharingOptions opts) {
   if (adapters.empty()) return make_error(ErrorCode::kInvalidArgument, "a trajectory needs at least one agent");
+  if (opts.page_size < 1 || opts.max_tokens < 1)
+    return make_error(ErrorCode::kInvalidArgument, "KV sharing: page size ({}) and max tokens ({}) must be positive",
+                      opts.page_size, opts.max_tokens);
   std::unique_ptr<TrajectoryKv> kv(new TrajectoryKv());
   kv->cfg_ = cfg;
   if (opts.backend) opts.value_bytes = static_cast<int64_t>(dtype_size(opts.backend->cache_dtype()));
@@ -364,9 +369,15 @@ int64_t TrajectoryKv::catchup_start(int a) const {
   return per_agent_catchup() ? processed_[static_cast<size_t>(a)] : shared_;
 }
 
-std::unique_ptr<KvBinding> TrajectoryKv::bind(int a) {
+std::unique_ptr<KvBinding> TrajectoryKv::bind(int a, bool may_evict) {
   last_bound_[static_cast<size_t>(a)] = ++tick_;
-  return std::make_unique<SharedBinding>(*this, a);
+  return std::make_unique<SharedBinding>(*this, a, may_evict);
+}
+
+void TrajectoryKv::release_beyond(int a, int64_t tokens) {
+  const auto ua = static_cast<size_t>(a);
+  for (PagedStream* s : {&priv_kv_[ua], &priv_k_[ua], &priv_v_[ua], &shared_kv_, &shared_lrk_, &shared_lrv_})
+    if (s->pool()) s->release_beyond(tokens);
 }
 
 void TrajectoryKv::advance(int a, int64_t end) {

@@ -78,8 +78,14 @@ class TrajectoryKv {
   int n_agents() const { return static_cast<int>(adapters_.size()); }
   // The first trajectory position agent `a` must run its forward pass on before decoding.
   int64_t catchup_start(int a) const;
-  // Binding for agent a's next forward pass over positions [catchup_start(a), ...).
-  std::unique_ptr<KvBinding> bind(int a);
+  // Binding for agent a's next forward pass over positions [catchup_start(a), ...). A pass that
+  // may not happen (decode lookahead's speculative pass) binds with may_evict false: running out
+  // of room is then an error instead of dropping other agents' caches for a pass that may be
+  // thrown away.
+  std::unique_ptr<KvBinding> bind(int a, bool may_evict = true);
+  // Gives back the blocks agent a's streams (its private ones and the shared ones) hold beyond
+  // `tokens` positions: what a thrown-away speculative pass reserved past the trajectory.
+  void release_beyond(int a, int64_t tokens);
   // Agent a has processed positions [0, end).
   void advance(int a, int64_t end);
   CacheBytes bytes() const;

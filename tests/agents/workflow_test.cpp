@@ -248,6 +248,7 @@ TEST_F(Workflow, DecodeLookaheadKeepsTokensCachesAndCounts) {
     EXPECT_EQ(s[1]->trajectory(), s[0]->trajectory()) << name;
     EXPECT_EQ(s[1]->computed_per_agent(), s[0]->computed_per_agent()) << name;
     EXPECT_EQ(s[1]->cache_bytes().total(), s[0]->cache_bytes().total()) << name;
+    EXPECT_EQ(s[1]->cache_bytes().allocated, s[0]->cache_bytes().allocated) << name << ": no block kept past the trajectory";
     std::vector<std::vector<float>> last;
     for (auto& sess : s) {
       sess->keep_logits(true);
@@ -257,6 +258,74 @@ TEST_F(Workflow, DecodeLookaheadKeepsTokensCachesAndCounts) {
       last.push_back(r->logits[0]);
     }
     EXPECT_EQ(last[1], last[0]) << name << ": the caches must hold the same entries";
+  }
+}
+
+// Under a KV memory small enough to drop private caches, decode lookahead evicts exactly what
+// step-by-step decoding does: its speculative pass (thrown away when a stop string ends the step)
+// may not drop another agent's cache for room, and gives back what it reserved past the
+// trajectory. One-token pages make every speculative pass reserve a block.
+TEST_F(Workflow, DecodeLookaheadEvictsAsStepByStep) {
+  const std::vector<int32_t> prompt = must_encode(*tok_, "Question: where does the river flow? Answer:", false);
+  // (base's private LR rows are too small beside its shared base cache, in this tiny model's
+  // slabs, for a memory size that evicts and still fits every pass.)
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kDroidSpeak}) {
+    const char* name = share_mode_name(mode);
+    auto make = [&](bool lookahead, int64_t arena_bytes) {
+      ReplayOptions o;
+      o.sharing.mode = mode;
+      o.sharing.page_size = 1;
+      o.sharing.max_tokens = kContext;
+      o.sharing.arena_bytes = arena_bytes;
+      if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+      o.decode_lookahead = lookahead;
+      std::vector<std::string> names;
+      std::vector<const LoraAdapter*> ads;
+      for (auto& a : adapters_) names.push_back(a->name), ads.push_back(a.get());
+      auto r = AgentSession::create(*model_, tok_.get(), names, ads, o);
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      if (r.ok()) (*r)->append(prompt);
+      return r.ok() ? std::move(*r) : nullptr;
+    };
+    // Every agent speaks in turn, each step ended early by a stop string.
+    auto run = [&](AgentSession& s, std::vector<std::vector<int32_t>>& outputs) -> Status {
+      for (int round = 0; round < 4; ++round)
+        for (const char* agent : {"plan", "action", "reflect"}) {
+          LRA_ASSIGN_OR_RETURN(StepResult r, s.run_agent(agent, 12, {}, {"e", "a", "."}));
+          outputs.push_back(r.output_tokens);
+        }
+      return Status::Ok();
+    };
+    std::vector<std::vector<int32_t>> free_out;
+    auto unlimited = make(false, 0);
+    ASSERT_TRUE(unlimited);
+    ASSERT_TRUE(run(*unlimited, free_out).ok());
+    // The smallest tenth of what the caches reach unlimited that step by step gets through (the
+    // shared caches cannot be dropped): evictions, and room for any one pass.
+    std::vector<std::unique_ptr<AgentSession>> s;
+    std::vector<std::vector<std::vector<int32_t>>> out(2);
+    for (int tenths = 3; tenths < 10 && s.empty(); ++tenths) {
+      auto step = make(false, unlimited->cache_bytes().allocated * tenths / 10);
+      ASSERT_TRUE(step);
+      out[0].clear();
+      const Status st = run(*step, out[0]);
+      if (st.ok()) s.push_back(std::move(step));
+    }
+    ASSERT_EQ(s.size(), 1u) << name << ": no KV memory size between 30% and 90% ran step by step";
+    s.push_back(make(true, s[0]->cache_bytes().reserved));
+    ASSERT_TRUE(s.back());
+    const Status st = run(*s.back(), out[1]);
+    ASSERT_TRUE(st.ok()) << name << " lookahead: " << st.error().message;
+    const KvUsage a = s[0]->kv().usage(), b = s[1]->kv().usage();
+    EXPECT_GT(a.evictions, 0) << name << ": the KV memory must be tight enough to evict";
+    EXPECT_EQ(b.evictions, a.evictions) << name;
+    EXPECT_EQ(b.evicted_tokens, a.evicted_tokens) << name;
+    EXPECT_EQ(b.peak.allocated, a.peak.allocated) << name;
+    EXPECT_EQ(out[1], out[0]) << name;
+    EXPECT_EQ(s[1]->trajectory(), s[0]->trajectory()) << name;
+    EXPECT_EQ(s[1]->computed_per_agent(), s[0]->computed_per_agent()) << name;
+    EXPECT_EQ(s[1]->cache_bytes().allocated, s[0]->cache_bytes().allocated) << name;
+    EXPECT_EQ(s[1]->cache_bytes().total(), s[0]->cache_bytes().total()) << name;
   }
 }
 

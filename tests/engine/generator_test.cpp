@@ -76,6 +76,29 @@ TEST(Generator, StopsAtStopIdAndReportsTooLongPrompts) {
   EXPECT_NE(too_long.error().message.find("exceeds the model's context"), std::string::npos);
 }
 
+// A request with nothing to generate (max_tokens <= 0) finishes at once, as "length", and does
+// not shrink the KV pool sized for the others (a negative count once did).
+TEST(Generator, NothingToGenerateFinishesAtOnceAndTakesNoRoom) {
+  auto be = make_cpu_backend(1);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok());
+  Generator gen(**model, EngineOptions{});
+  GenerateRequest none, zero, real;
+  none.prompt = {1, 5, 6};
+  none.max_tokens = -100;
+  zero.prompt = {1, 7};
+  zero.max_tokens = 0;
+  real.prompt.assign(10, 9);
+  real.max_tokens = 64;
+  auto res = gen.run({none, zero, real});
+  ASSERT_TRUE(res.ok()) << res.error().message;
+  for (size_t i : {0u, 1u}) {
+    EXPECT_TRUE((*res)[i].output.empty()) << i;
+    EXPECT_EQ((*res)[i].finish_reason, "length") << i;
+  }
+  EXPECT_EQ((*res)[2].output.size(), 64u);
+}
+
 TEST(Generator, ExhaustedKvPoolIsAnErrorNotACrash) {
   auto be = make_cpu_backend(1);
   auto model = make_synthetic_model(SyntheticSpec{}, *be);

@@ -4,6 +4,10 @@
 
 #include <cmath>
 #include <cstddef>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "agents/replay.h"
 #include "engine/generator.h"
@@ -232,6 +236,55 @@ TEST_F(Sharing, InvalidSetupsFailClearly) {
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.error().message.find("layer 7 is out of range"), std::string::npos) << d.error().message;
   EXPECT_FALSE(parse_share_mode("fully").ok());
+  SharingOptions zero;
+  zero.page_size = 0;  // sizes the pools by dividing by it
+  auto z = TrajectoryKv::create(model_->config(), indep, zero);
+  ASSERT_FALSE(z.ok());
+  EXPECT_EQ(z.error().code, ErrorCode::kInvalidArgument);
+}
+
+// Replay input the session refuses as input, not as an internal error: forced ids outside the
+// vocabulary (the last one too, which joins the trajectory without being forwarded), and an agent
+// step on an empty trajectory (a model without BOS, before anything is appended).
+TEST_F(Sharing, BadReplayInputIsAnInputError) {
+  const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
+  const int vocab = model_->config().vocab_size;
+  for (bool lookahead : {true, false}) {
+    ReplayOptions o;
+    o.decode_lookahead = lookahead;
+    auto s = AgentSession::create(*model_, nullptr, {"plan"}, {plan}, o);
+    ASSERT_TRUE(s.ok());
+    (*s)->append(prompt_ids(5));
+    const size_t before = (*s)->trajectory().size();
+    for (const std::vector<int32_t>& ids : {std::vector<int32_t>{vocab}, std::vector<int32_t>{5, 6, vocab + 7},
+                                            std::vector<int32_t>{-1}}) {
+      ReplayStep st;
+      st.kind = ReplayStep::Kind::kForce;
+      st.agent = "plan";
+      st.tokens = ids;
+      auto r = (*s)->run_step(st);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+      EXPECT_NE(r.error().message.find("force_tokens: id"), std::string::npos) << r.error().message;
+      EXPECT_EQ((*s)->trajectory().size(), before) << "nothing joins the trajectory";
+    }
+  }
+  // tinystories-656k without bos_token_id in its config.json (and no tokenizer to name one).
+  const std::string dir = testing::temp_dir("no-bos");
+  std::filesystem::copy_file(testing::tinystories_dir() + "/model.safetensors", dir + "/model.safetensors");
+  auto cfg = nlohmann::json::parse(testing::read_file(testing::tinystories_dir() + "/config.json"));
+  cfg.erase("bos_token_id");
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  auto bare = LlamaModel::load(dir, *be_);
+  ASSERT_TRUE(bare.ok()) << bare.error().message;
+  ASSERT_LT((*bare)->config().bos_token_id, 0);
+  auto s = AgentSession::create(**bare, nullptr, {"plan"}, {plan}, ReplayOptions{});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  ASSERT_TRUE((*s)->trajectory().empty());
+  auto r = (*s)->run_agent("plan", 2, {}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(r.error().message.find("the trajectory is empty"), std::string::npos) << r.error().message;
 }
 
 TEST_F(Sharing, ExhaustedPoolIsAnErrorAndKeepsTheTrajectory) {
