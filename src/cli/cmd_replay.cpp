@@ -50,7 +50,7 @@ int run_replay_cmd(const ReplayFlags& f) {
     };
   auto [names, adapters] = agents_of(*loaded->adapters);
   auto res = run_replay(*loaded->model, loaded->tokenizer.get(), names, adapters, *steps, ro);
-  if (!res.ok()) return report(res.error());
+  if (!res.ok()) return report(make_error(res.error().code, "{}: {}", f.script, res.error().message));  // "S: step 3: ..."
   if (f.json) {
     nlohmann::json j;
     j["mode"] = share_mode_name(ro.sharing.mode);

@@ -279,6 +279,12 @@ TEST(Cli, ReplayJsonAndBadScripts) {
   std::ofstream(dir + "/empty.json") << "";
   r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/empty.json"));
   EXPECT_EQ(r.code, 4) << "an empty file is there but is not a script: " << r.err;
+  std::ofstream(dir + "/long.json") << R"({"steps": [{"append": "hi"}, {"agent": "plan", "generate": 100000}]})";
+  r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/long.json"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(error_line(r).find("long.json: step 1: context of 513 tokens exceeds the model's max_position_embeddings (512)"),
+            std::string::npos)
+      << r.err;
   r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/absent.json"));
   EXPECT_EQ(r.code, 3);
   EXPECT_NE(error_line(r).find("absent.json: file not found"), std::string::npos) << r.err;
