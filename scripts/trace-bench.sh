@@ -6,9 +6,11 @@
 #   PRESET=llama3.1-8b bash scripts/trace-bench.sh        (after scripts/device-bundle.sh here)
 # Env: PRESET, LENGTHS (default: the poster's), KV_BUDGET_GB (default 6), PEER_ATTN (eager,sdpa),
 #      PEER_EAGER_MAX (longest length eager runs; default 9100), OUT (a tarball of the results),
-#      STAGES (default ours,budget,peer,report: a call that would overrun the device's 10-minute
-#      limit can run `ours` and then `budget,peer,report`; the work folder build-trace-PRESET
-#      stays on a warm machine, else put ours.json / traces.json back into it first).
+#      STAGES (default ours,budget,peer,cached,report: a call that would overrun the device's
+#      10-minute limit can run `ours`, then `budget,peer`, then `cached,report`; the work folder
+#      build-trace-PRESET stays on a warm machine, else put its JSON files back into it first),
+#      WARMUP_RUNS (untimed runs of every cell before it is timed, ours and the peer's; default 1).
+#      `cached` is the HF SDPA peer keeping one DynamicCache per agent (hf-sdpa-cached).
 set -u
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +34,8 @@ SLUG=$(echo "${GPU:-gpu}" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/
 DATE=$(date -u +%Y%m%d)
 COMMIT=${LRAGENT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 W=build-trace-$PRESET
-STAGES=${STAGES:-ours,budget,peer,report}
+STAGES=${STAGES:-ours,budget,peer,cached,report}
+WARMUP_RUNS=${WARMUP_RUNS:-1}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 stage ours && rm -rf "$W"
 mkdir -p "$W" bench/results
@@ -42,28 +45,37 @@ echo "== trace bench $PRESET on $GPU, commit $COMMIT"
 if stage ours; then
 echo "== ours ($(elapsed))"
 timeout ${OURS_TIMEOUT:-400} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --agents-curve \
-  --json "$W/ours.json" --markdown "$W/ours.md" --dump-traces "$W/traces.json" 2>&1 | tee "$W/ours.log" | grep -vE "^\[#"
+  --warmup-runs "$WARMUP_RUNS" --json "$W/ours.json" --markdown "$W/ours.md" --dump-traces "$W/traces.json" 2>&1 | tee "$W/ours.log" | grep -vE "^\[#"
 fi
 if stage budget; then
 echo "== ours with --kv-budget $KV_BUDGET_GB GB ($(elapsed))"
-timeout ${BUDGET_TIMEOUT:-150} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
+timeout ${BUDGET_TIMEOUT:-250} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
+  --warmup-runs "$WARMUP_RUNS" \
   --json "$W/ours-budget.json" 2>&1 | tee "$W/budget.log" | grep -vE "^\[#" | tail -12
 fi
 if stage peer; then
 echo "== HF transformers + PEFT peer ($(elapsed))"
 SHORT=$(python3 -c "import sys; print(','.join(x for x in sys.argv[1].split(',') if int(x) <= int(sys.argv[2])))" \
   "$LENGTHS" "$PEER_EAGER_MAX")
-PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-300} python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-sdpa.json" \
-  --attn sdpa --skip-after-oom 2>&1 | tee "$W/peer.log" | tail -12
+PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-400} python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-sdpa.json" \
+  --attn sdpa --skip-after-oom --warmup-runs "$WARMUP_RUNS" 2>&1 | tee "$W/peer.log" | tail -12
 if [ -n "$SHORT" ]; then
   PYTHONUNBUFFERED=1 timeout ${PEER_EAGER_TIMEOUT:-150} python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-eager.json" \
-    --attn eager --lengths "$SHORT" --skip-after-oom 2>&1 | tee -a "$W/peer.log" | tail -8
+    --attn eager --lengths "$SHORT" --skip-after-oom --warmup-runs "$WARMUP_RUNS" 2>&1 | tee -a "$W/peer.log" | tail -8
 fi
+fi
+if stage cached; then
+echo "== HF peer with one cache per agent ($(elapsed))"
+PYTHONUNBUFFERED=1 timeout ${PEER_CACHED_TIMEOUT:-300} python3 bench/trace/hf_peer.py --traces "$W/traces.json" \
+  --out "$W/peer-sdpa-cached.json" --attn sdpa --cache-per-agent --skip-after-oom --warmup-runs "$WARMUP_RUNS" 2>&1 \
+  | tee -a "$W/peer.log" | tail -8
+fi
+if stage peer || stage cached; then
 python3 - "$W" <<'PY'
 import json, sys, os
 w = sys.argv[1]
 out = None
-for name in ("peer-sdpa.json", "peer-eager.json"):
+for name in ("peer-sdpa.json", "peer-eager.json", "peer-sdpa-cached.json"):
     p = os.path.join(w, name)
     if not os.path.exists(p):
         continue

@@ -11,7 +11,9 @@ by default, --adapter-dtype model keeps them in bf16). Each trace runs as any
 user of these libraries would run a multi-agent workflow, Non-Shared: at every agent call,
 `set_adapter(agent)` then `generate()` over the whole trajectory so far (no cache kept between
 calls), greedy, exactly n new tokens (min_new_tokens = max_new_tokens = n); the appended tokens
-come from the trace, so every system sees the same lengths.
+come from the trace, so every system sees the same lengths. --cache-per-agent keeps each agent's
+DynamicCache between its calls instead (system hf-<attn>-cached), which is how lragent's none mode
+runs. Each trace is run --warmup-runs times untimed (default 1) before it is timed.
 
 Metrics (same names and definitions as lragent's JSON; docs/bench.md):
   ttft_s            sum over agent calls of the time to the first token: generate() start to the
@@ -91,10 +93,14 @@ def kv_bytes_per_token(p, elem_bytes):
     return p["num_hidden_layers"] * 2 * p["num_key_value_heads"] * p["head_dim"] * elem_bytes
 
 
-def run_trace(model, trace, preset, device, elem_bytes):
-    """Runs one trace Non-Shared; returns the cell (metrics) or raises torch's OOM error."""
+def run_trace(model, trace, preset, device, elem_bytes, cache_per_agent=False):
+    """Runs one trace Non-Shared; returns the cell (metrics) or raises torch's OOM error.
+
+    cache_per_agent: each agent keeps its DynamicCache between its calls (passed back to
+    generate(), which then runs only the tokens the cache lacks): Non-Shared as lragent runs it,
+    one private cache per adapter, instead of recomputing the whole trajectory at every call."""
     import torch
-    from transformers import LogitsProcessor, LogitsProcessorList
+    from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList
 
     cuda = device.startswith("cuda")
 
@@ -114,6 +120,7 @@ def run_trace(model, trace, preset, device, elem_bytes):
             return scores
 
     ids = [preset["bos_token_id"]]
+    caches = {}  # agent -> DynamicCache (cache_per_agent)
     cell = {"ttft_s": 0.0, "decode_s": 0.0, "decode_tokens": 0, "prefill_tokens": 0, "kv_bytes": 0, "agent_calls": 0}
     per_token = kv_bytes_per_token(preset, elem_bytes)
     if cuda:
@@ -128,12 +135,17 @@ def run_trace(model, trace, preset, device, elem_bytes):
         model.set_adapter(step["agent"])
         x = torch.tensor([ids], dtype=torch.long, device=device)
         first = FirstToken()
+        extra = {}
+        cached = 0
+        if cache_per_agent:
+            extra["past_key_values"] = caches.setdefault(step["agent"], DynamicCache())
+            cached = extra["past_key_values"].get_seq_length()
         sync()
         t0 = time.perf_counter()
         with torch.no_grad():
             out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
                                  do_sample=False, num_beams=1, pad_token_id=0, use_cache=True,
-                                 logits_processor=LogitsProcessorList([first]))
+                                 logits_processor=LogitsProcessorList([first]), **extra)
         sync()
         t1 = time.perf_counter()
         new = out[0, x.shape[1]:].tolist()
@@ -143,8 +155,10 @@ def run_trace(model, trace, preset, device, elem_bytes):
         cell["ttft_s"] += first.t - t0
         cell["decode_s"] += t1 - first.t
         cell["decode_tokens"] += n - 1
-        cell["prefill_tokens"] += len(ids)
-        cell["kv_bytes"] = max(cell["kv_bytes"], (len(ids) + n - 1) * per_token)
+        cell["prefill_tokens"] += len(ids) - cached
+        # One call's cache (recompute), or every agent's caches held at once (cache per agent).
+        held = sum(c.get_seq_length() for c in caches.values()) if cache_per_agent else len(ids) + n - 1
+        cell["kv_bytes"] = max(cell["kv_bytes"], held * per_token)
         ids.extend(new)
         del x, out
     sync()
@@ -169,6 +183,13 @@ def main():
     ap.add_argument("--attn", default="eager,sdpa", help="attention implementations, comma-separated")
     ap.add_argument("--lengths", default="", help="only these trace lengths (default: all in the file)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--warmup-runs", type=int, default=1,
+                    help="untimed runs of each trace before it is timed (a new length's one-off costs: torch and "
+                         "cuBLAS pick kernels per shape; timed cold, the first run at 3.0k took twice the warm one)")
+    ap.add_argument("--cache-per-agent", action="store_true",
+                    help="keep each agent's KV cache between its calls (system hf-<attn>-cached): Non-Shared with "
+                         "one private cache per adapter, as lragent's none mode, instead of recomputing every call")
+    ap.add_argument("--runs", type=int, default=1, help="timed runs per trace; the run of median wall time is reported")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--adapter-dtype", default="float32", choices=["float32", "model"],
                     help="float32: PEFT's default (adapters upcast to f32); model: adapters in the model's dtype")
@@ -194,20 +215,22 @@ def main():
     result = {"benchmark": "hf_peer", "torch": torch.__version__, "transformers": transformers.__version__,
               "peft": peft.__version__, "device": device_name, "dtype": args.dtype,
               "adapter_dtype": args.adapter_dtype if args.adapter_dtype == "float32" else args.dtype, "preset": preset,
-              "adapters": adapters, "trace": dump.get("trace"), "cells": []}
+              "adapters": adapters, "trace": dump.get("trace"), "warmup_runs_per_cell": args.warmup_runs,
+              "timed_runs_per_cell": args.runs, "cells": []}
 
     def save():
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
 
     for attn in [a for a in args.attn.split(",") if a]:
-        system = "hf-" + attn
+        system = "hf-" + attn + ("-cached" if args.cache_per_agent else "")
         t0 = time.perf_counter()
         model = build_model(preset, adapters, attn, args.device, dtype, args.adapter_dtype)
         print("[%s] model ready in %.1f s" % (system, time.perf_counter() - t0), file=sys.stderr, flush=True)
         try:
             # Untimed: the whole shortest trace once (kernel selection, allocator growth, every adapter).
-            run_trace(model, min(traces, key=lambda t: t["target_tokens"]), preset, args.device, elem_bytes)
+            run_trace(model, min(traces, key=lambda t: t["target_tokens"]), preset, args.device, elem_bytes,
+                      args.cache_per_agent)
         except Exception as e:  # noqa: BLE001 - a failed warm-up must not stop the other system
             if not is_oom(e):
                 raise
@@ -222,7 +245,13 @@ def main():
                 result["cells"].append(dict(base, status="oom", message="skipped: %d tokens already ran out of memory" % oom_from))
                 continue
             try:
-                cell = run_trace(model, t, preset, args.device, elem_bytes)
+                for _ in range(args.warmup_runs):
+                    run_trace(model, t, preset, args.device, elem_bytes, args.cache_per_agent)
+                timed = sorted((run_trace(model, t, preset, args.device, elem_bytes, args.cache_per_agent)
+                                for _ in range(max(args.runs, 1))), key=lambda c: c["wall_s"])
+                cell = dict(timed[(len(timed) - 1) // 2], warmup_runs=args.warmup_runs)
+                if len(timed) > 1:
+                    cell["wall_s_runs"] = [c["wall_s"] for c in timed]
             except Exception as e:  # noqa: BLE001
                 if not is_oom(e):
                     raise

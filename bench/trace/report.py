@@ -18,7 +18,8 @@ import os
 import sys
 
 MODE_LABEL = {"none": "Non-Shared", "full": "FullShared", "droidspeak": "DroidSpeak", "base": "BaseShared",
-              "base-lr": "BaseLRShared", "hf-eager": "HF eager", "hf-sdpa": "HF sdpa"}
+              "base-lr": "BaseLRShared", "hf-eager": "HF eager", "hf-sdpa": "HF sdpa",
+              "hf-sdpa-cached": "HF sdpa, cache per agent"}
 
 
 def load(path):
@@ -186,7 +187,7 @@ def main():
     peer = load(args.peer) if args.peer and os.path.exists(args.peer) else None
     cells = cells_of(ours, peer)
     lengths = list(ours["lengths"])
-    peers = [s for s in ("hf-eager", "hf-sdpa") if any(k[0] == s for k in cells)]
+    peers = [s for s in ("hf-eager", "hf-sdpa", "hf-sdpa-cached") if any(k[0] == s for k in cells)]
     systems = list(ours["modes"]) + peers
     p = ours["preset"]
     md = ["# Multi-agent trace benchmark: %s on %s\n" % (p["name"], ours["device"]),
@@ -198,9 +199,14 @@ def main():
               ", ".join(ours["adapters"]["targets"]), ours["trace"]["trajectory_id"], ours["trace"]["agent_calls"],
               ours["page_size"], ours["droidspeak_layers"])]
     if peer:
-        md.append("Peer: HF transformers %s + PEFT %s, torch %s, %s, %s; Non-Shared (every agent call re-runs "
-                  "generate() over the whole trajectory).\n" % (peer["transformers"], peer["peft"], peer["torch"],
-                                                                 peer["dtype"], peer["device"]))
+        md.append("Peer: HF transformers %s + PEFT %s, torch %s, %s, %s; Non-Shared. hf-eager / hf-sdpa: every "
+                  "agent call re-runs generate() over the whole trajectory (no cache kept between calls); "
+                  "hf-sdpa-cached: each agent keeps its own DynamicCache between its calls, as lragent's none mode "
+                  "keeps one private cache per agent. Every cell, ours and the peer's, is run untimed first "
+                  "(warm-up runs per cell: ours %s, peer %s) so that a new length's one-off costs are not timed.\n"
+                  % (peer["transformers"], peer["peft"], peer["torch"], peer["dtype"], peer["device"],
+                     ours.get("warmup_runs_per_cell", "none recorded"),
+                     peer.get("warmup_runs_per_cell", "none recorded")))
     md += ["## TTFT (summed over agent calls), throughput (final tokens / wall), KV memory\n",
            table(systems, lengths, cells), "\n## Ratios\n", ratio_table(lengths, cells, peers),
            "\n## Decode throughput and peak device memory\n", detail_table(systems, lengths, cells)]

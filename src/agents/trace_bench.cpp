@@ -181,6 +181,28 @@ Result<std::vector<CacheBytes>> agents_memory_curve(const ModelConfig& cfg, cons
   return out;
 }
 
+Result<TraceCell> run_trace_cell_repeated(LlamaModel& model, const std::vector<std::string>& names,
+                                          const std::vector<const LoraAdapter*>& adapters, const Trace& trace,
+                                          ShareMode mode, const TraceBenchOptions& opts, int warmup, int runs) {
+  for (int w = 0; w < warmup; ++w) {
+    LRA_ASSIGN_OR_RETURN(TraceCell c, run_trace_cell(model, names, adapters, trace, mode, opts));
+    if (c.status != "ok") return c;
+  }
+  std::vector<TraceCell> timed;  // [runs]
+  for (int i = 0; i < std::max(runs, 1); ++i) {
+    LRA_ASSIGN_OR_RETURN(TraceCell c, run_trace_cell(model, names, adapters, trace, mode, opts));
+    if (c.status != "ok") return c;
+    timed.push_back(std::move(c));
+  }
+  std::vector<double> walls;
+  for (const TraceCell& c : timed) walls.push_back(c.wall_s);
+  std::sort(timed.begin(), timed.end(), [](const TraceCell& a, const TraceCell& b) { return a.wall_s < b.wall_s; });
+  TraceCell out = std::move(timed[(timed.size() - 1) / 2]);  // the median (the lower one of an even count)
+  if (walls.size() > 1) out.wall_s_runs = std::move(walls);
+  out.warmup_runs = warmup;
+  return out;
+}
+
 nlohmann::json cache_bytes_json(const CacheBytes& b) {
   return {{"base", b.base}, {"lr", b.lr}, {"full", b.full}, {"total", b.total()}, {"allocated", b.allocated}};
 }
@@ -206,7 +228,9 @@ nlohmann::json cell_to_json(const TraceCell& c) {
                       {"kv_max_tokens", c.kv_max_tokens},
                       {"kv_pool_bytes", c.kv_pool_bytes},
                       {"device_peak_bytes", c.device_peak_bytes},
-                      {"device_capacity_bytes", c.device_capacity_bytes}};
+                      {"device_capacity_bytes", c.device_capacity_bytes},
+                      {"warmup_runs", c.warmup_runs}};
+  if (!c.wall_s_runs.empty()) j["wall_s_runs"] = c.wall_s_runs;
   if (!c.message.empty()) j["message"] = c.message;
   return j;
 }

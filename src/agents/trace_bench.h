@@ -47,7 +47,18 @@ struct TraceCell {
   int64_t kv_pool_bytes = 0;          // bytes of KV memory reserved up front (the trajectory's arena)
   int64_t device_peak_bytes = 0;      // Backend::memory_stats().peak during the cell (0 on the CPU)
   int64_t device_capacity_bytes = 0;
+  // The timed runs' wall times (the figures above are the median run's); empty for one run.
+  std::vector<double> wall_s_runs;
+  int warmup_runs = 0;                // untimed runs of this very cell before the timed ones
 };
+
+// Runs a cell `warmup` times untimed, then `runs` times, and returns the run of median wall time
+// with every timed run's wall time: one-off costs of a new shape (plan lookups, graph capture)
+// then land in the warm-up, not in whichever mode happens to meet the shape first. A cell that is
+// not "ok" (OOM, n/a, context) or an error stops at once.
+Result<TraceCell> run_trace_cell_repeated(LlamaModel& model, const std::vector<std::string>& names,
+                                          const std::vector<const LoraAdapter*>& adapters, const Trace& trace,
+                                          ShareMode mode, const TraceBenchOptions& opts, int warmup, int runs);
 
 // Bytes the KV pools of one trajectory reserve per token of capacity, exactly as
 // TrajectoryKv::create sizes them (pools of every mode hold max_tokens tokens each).

@@ -44,6 +44,7 @@ struct BenchFlags {
   int page_size = 16;
   std::string droidspeak_layers = "0";
   bool no_warmup = false;
+  int warmup_runs = 1, runs = 1;
   // Device (as ModelFlags: the backend comes from make_backend).
   std::string device = "cpu", dtype = "bf16";
   bool enforce_eager = false;
@@ -301,6 +302,8 @@ int run_bench_trace(const BenchFlags& f) {
                       {"kv_evict", !f.no_kv_evict},
                       {"page_size", f.page_size},
                       {"droidspeak_layers", opts.droidspeak_layers},
+                      {"warmup_runs_per_cell", f.no_warmup ? 0 : f.warmup_runs},
+                      {"timed_runs_per_cell", f.runs},
                       {"modes", nlohmann::json::array()},
                       {"lengths", *lengths},
                       {"cells", nlohmann::json::array()}};
@@ -333,7 +336,7 @@ int run_bench_trace(const BenchFlags& f) {
   Progress progress(static_cast<int>(traces.size() * modes->size()));
   for (const Trace& t : traces) {
     for (ShareMode m : *modes) {
-      auto r = run_trace_cell(**model, names, ptrs, t, m, opts);
+      auto r = run_trace_cell_repeated(**model, names, ptrs, t, m, opts, f.no_warmup ? 0 : f.warmup_runs, f.runs);
       TraceCell c;
       if (r.ok()) {
         c = std::move(*r);
@@ -414,7 +417,16 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
       ->check(cli::non_negative());
   cmd->add_option("--page-size", f->page_size, "Tokens per KV cache page")->default_val(16)->check(cli::positive());
   cmd->add_option("--droidspeak-layers", f->droidspeak_layers, "Layers droidspeak recomputes per agent")->default_val("0");
-  cmd->add_flag("--no-warmup", f->no_warmup, "Skip the untimed warm-up run");
+  cmd->add_option("--warmup-runs", f->warmup_runs,
+                  "Untimed runs of each cell (length, mode) before it is timed: one-off costs of a new shape "
+                  "(GEMM plan lookups, CUDA graph capture) would otherwise land on whichever mode meets it first")
+      ->default_val(1)
+      ->check(cli::in_range(0, 100));
+  cmd->add_option("--runs", f->runs, "Timed runs of each cell; the run of median wall time is reported, with every "
+                                     "run's wall time in the JSON")
+      ->default_val(1)
+      ->check(cli::in_range(1, 100));
+  cmd->add_flag("--no-warmup", f->no_warmup, "Skip every untimed warm-up run (the first passes and --warmup-runs)");
   cmd->add_option("--device", f->device, "cpu, or cuda / cuda:N")->default_val("cpu");
   cmd->add_option("--dtype", f->dtype, "With --device cuda: bf16 or f32 weights and caches")->default_val("bf16")->check(CLI::IsMember({"bf16", "f32"}));
   cmd->add_flag("--enforce-eager", f->enforce_eager, "With --device cuda: no CUDA graphs for decode steps");

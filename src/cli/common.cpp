@@ -1,9 +1,13 @@
 #include "cli/common.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 
 #include <fmt/core.h>
 
@@ -134,6 +138,27 @@ Result<std::unique_ptr<Backend>> make_backend(const ModelFlags& flags) {
   return make_error(ErrorCode::kInvalidArgument, "--device '{}': expected cpu, cuda or cuda:N", flags.device);
 }
 
+namespace {
+
+// A bar on stderr while the weights go to the device (seconds for an 8B checkpoint), redrawn per
+// percent; only on a terminal, so logs and pipes get the two plain lines around it.
+LoadProgress weight_progress() {
+  if (!::isatty(::fileno(stderr))) return {};
+  return [last = -1](int64_t done, int64_t total) mutable {
+    if (total <= 0) return;
+    const int pct = static_cast<int>(100 * done / total);
+    if (pct == last) return;
+    last = pct;
+    constexpr int kWidth = 30;
+    const int fill = pct * kWidth / 100;
+    fmt::print(stderr, "\r\033[Kweights [{}{}] {:3d}% {:.2f} / {:.2f} GB{}", std::string(static_cast<size_t>(fill), '#'),
+               std::string(static_cast<size_t>(kWidth - fill), '.'), pct, static_cast<double>(done) / 1e9,
+               static_cast<double>(total) / 1e9, done >= total ? "\n" : "");
+  };
+}
+
+}  // namespace
+
 Result<LoadedModel> load_model(const ModelFlags& flags) {
   LoadedModel out;
   LRA_ASSIGN_OR_RETURN(out.backend, make_backend(flags));
@@ -148,7 +173,7 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
     out.synthetic = true;
   } else {
     fmt::print(stderr, "loading model {}\n", flags.model_dir);
-    LRA_ASSIGN_OR_RETURN(out.model, LlamaModel::load(flags.model_dir, *out.backend));
+    LRA_ASSIGN_OR_RETURN(out.model, LlamaModel::load(flags.model_dir, *out.backend, weight_progress()));
     std::error_code ec;  // unreadable counts as absent: the model loaded, the tokenizer is optional
     if (std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json", ec)) {
       LRA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load_dir(flags.model_dir));

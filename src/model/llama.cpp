@@ -58,7 +58,8 @@ Result<ModelWeights> bind_weights(const ModelConfig& c, const WeightStore& st) {
 
 }  // namespace
 
-Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& dir, Backend& backend) {
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& dir, Backend& backend,
+                                                     const LoadProgress& progress) {
   LRA_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
   LRA_ASSIGN_OR_RETURN(auto store, WeightStore::open_dir(dir));
   LRA_ASSIGN_OR_RETURN(ModelWeights w, bind_weights(cfg, *store));
@@ -67,7 +68,7 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::load(const std::string& dir, Bac
   m->store_ = std::move(store);
   m->inv_freq_ = rope_inv_freq(m->cfg_);
   m->source_ = dir;
-  LRA_RETURN_IF_ERROR(m->place_weights());
+  LRA_RETURN_IF_ERROR(m->place_weights(progress));
   return m;
 }
 
@@ -83,28 +84,39 @@ Result<std::unique_ptr<LlamaModel>> LlamaModel::from_weights(ModelConfig cfg, Mo
   return m;
 }
 
-Status LlamaModel::place_weights() {
-  if (be_.device() == Device::kCpu) return Status::Ok();
-  // Matrices go to the backend's weight dtype; norms and biases stay f32 (tiny, and exact).
-  int64_t missing = 0;  // bytes that found no device memory
-  auto put = [&](TensorView& v, bool matrix) {
-    if (!v.data || v.device == be_.device()) return;
-    Tensor t = be_.upload(v, matrix ? be_.weight_dtype() : DType::kF32);
-    if (!t.view().data) {
-      missing += static_cast<int64_t>(v.nbytes());
-      return;
-    }
-    v = t.view();
-    owned_.push_back(std::move(t));
-  };
+Status LlamaModel::place_weights(const LoadProgress& progress) {
   const bool tied = w_.lm_head.data == w_.embed.data;
-  put(w_.embed, true);
-  if (tied) w_.lm_head = w_.embed; else put(w_.lm_head, true);
-  put(w_.final_norm, false);
+  // Every tensor once (a tied lm_head is the embedding), matrices flagged: they go to the
+  // backend's weight dtype; norms and biases stay f32 (tiny, and exact).
+  std::vector<std::pair<TensorView*, bool>> all = {{&w_.embed, true}, {&w_.final_norm, false}};
+  if (!tied) all.push_back({&w_.lm_head, true});
   for (LayerWeights& lw : w_.layers) {
-    for (TensorView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) put(*v, true);
-    for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv}) put(*v, false);
+    for (TensorView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) all.push_back({v, true});
+    for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv}) all.push_back({v, false});
   }
+  int64_t total = 0, done = 0;
+  for (const auto& [v, matrix] : all)
+    if (v->data) total += static_cast<int64_t>(v->nbytes());
+  if (be_.device() == Device::kCpu) {
+    if (progress) progress(total, total);
+    return Status::Ok();
+  }
+  int64_t missing = 0;  // bytes that found no device memory
+  for (auto& [v, matrix] : all) {
+    if (!v->data) continue;
+    done += static_cast<int64_t>(v->nbytes());
+    if (v->device != be_.device()) {
+      Tensor t = be_.upload(*v, matrix ? be_.weight_dtype() : DType::kF32);
+      if (!t.view().data) {
+        missing += static_cast<int64_t>(v->nbytes());
+      } else {
+        *v = t.view();
+        owned_.push_back(std::move(t));
+      }
+    }
+    if (progress) progress(done, total);
+  }
+  if (tied) w_.lm_head = w_.embed;
   if (missing > 0) {
     (void)be_.take_error();
     return make_error(ErrorCode::kOutOfMemory,

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -53,10 +54,16 @@ struct ForwardStats {
   int64_t lora_shrink_calls = 0; // x·A GEMMs issued (one per shared-A group per module)
 };
 
+// Weight placement progress: bytes placed on the backend so far, of `total`; called after each
+// tensor and once at the end with done == total (a CPU backend reads the mapped files in place:
+// only that last call).
+using LoadProgress = std::function<void(int64_t done, int64_t total)>;
+
 class LlamaModel {
  public:
   // Loads config.json + safetensors from `dir`. Missing/mis-shaped tensors are errors naming them.
-  static Result<std::unique_ptr<LlamaModel>> load(const std::string& dir, Backend& backend);
+  static Result<std::unique_ptr<LlamaModel>> load(const std::string& dir, Backend& backend,
+                                                  const LoadProgress& progress = {});
   // Wraps weights the caller built (synthetic models); `owned` keeps their memory alive.
   static Result<std::unique_ptr<LlamaModel>> from_weights(ModelConfig cfg, ModelWeights weights,
                                                           std::vector<Tensor> owned, Backend& backend);
@@ -106,7 +113,7 @@ class LlamaModel {
                           std::span<const RowSampling> rows = {}, bool deferred = false);
   Status validate_batch(const std::vector<SeqInput>& batch) const;
   // Copies host weights to a non-CPU backend (its weight dtype); a no-op on the CPU.
-  Status place_weights();
+  Status place_weights(const LoadProgress& progress = {});
 
   ModelConfig cfg_;
   Backend& be_;

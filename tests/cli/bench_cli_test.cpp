@@ -3,7 +3,9 @@
 // or (--no-kv-evict) giving OOM cells (exit 0, JSON still written), and bad flags giving one error line.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -70,6 +72,33 @@ TEST(BenchTraceCli, TinyPresetAllModes) {
   EXPECT_EQ(j["trace"]["trajectory_id"], "70b_hotpotqa_200.json#0");
   const std::string table = testing::read_file(md);
   EXPECT_NE(table.find("| 600 |"), std::string::npos) << table;
+}
+
+// Every cell is warmed up untimed (one run by default) and may be timed several times: the
+// reported figures are those of the run of median wall time, and every run's wall time is kept.
+TEST(BenchTraceCli, WarmupAndRepeatedRunsReportTheMedian) {
+  const std::string dir = testing::temp_dir("bench-trace-runs");
+  const std::string json = dir + "/bench.json";
+  const CliRun r = run_bench("--preset tiny --lengths 300 --modes none,base-lr --runs 3 --warmup-runs 2 --json " +
+                             shell_quote(json));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto j = nlohmann::json::parse(testing::read_file(json));
+  EXPECT_EQ(j["warmup_runs_per_cell"], 2);
+  EXPECT_EQ(j["timed_runs_per_cell"], 3);
+  ASSERT_EQ(j["cells"].size(), 2u);
+  for (const auto& c : j["cells"]) {
+    EXPECT_EQ(c["warmup_runs"], 2);
+    ASSERT_EQ(c["wall_s_runs"].size(), 3u);
+    std::vector<double> walls = c["wall_s_runs"].get<std::vector<double>>();
+    std::sort(walls.begin(), walls.end());
+    EXPECT_EQ(c["wall_s"].get<double>(), walls[1]) << "the median run's figures";
+  }
+  const CliRun cold = run_bench("--preset tiny --lengths 300 --modes none --no-warmup --json " + shell_quote(json));
+  ASSERT_EQ(cold.code, 0) << cold.err;
+  const auto k = nlohmann::json::parse(testing::read_file(json));
+  EXPECT_EQ(k["warmup_runs_per_cell"], 0);
+  EXPECT_EQ(k["cells"][0]["warmup_runs"], 0);
+  EXPECT_FALSE(k["cells"][0].contains("wall_s_runs")) << "one timed run";
 }
 
 TEST(BenchTraceCli, TooSmallKvBudgetReportsOomAndStillWritesJson) {

@@ -539,6 +539,31 @@ ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode, bool keep_
   return out;
 }
 
+// Placing the weights on the GPU reports progress per tensor: increasing, ending at the total,
+// which is the CPU's (every tensor's bytes, the tied embedding once).
+TEST(CudaLoad, ReportsProgressPerTensor) {
+  REQUIRE_GPU();
+  int64_t cpu_total = -1;
+  {
+    auto cpu = make_cpu_backend(1);
+    auto m = LlamaModel::load(testing::tinystories_dir(), *cpu, [&](int64_t, int64_t total) { cpu_total = total; });
+    ASSERT_TRUE(m.ok()) << m.error().message;
+  }
+  auto g = cuda_backend(DType::kBF16);
+  ASSERT_TRUE(g);
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  auto m = LlamaModel::load(testing::tinystories_dir(), *g, [&](int64_t done, int64_t total) {
+    calls.emplace_back(done, total);
+  });
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_EQ(calls.size(), 20u);  // lm_head (= the embedding), 9 per layer, the final norm
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].second, cpu_total) << i;
+    if (i > 0) EXPECT_GT(calls[i].first, calls[i - 1].first) << i;
+  }
+  EXPECT_EQ(calls.back().first, cpu_total);
+}
+
 class CudaEngine : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaEngine, ReplayMatchesCpuInEveryMode) {

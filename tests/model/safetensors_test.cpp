@@ -79,6 +79,30 @@ TEST(Safetensors, LoadsTinyStoriesCheckpoint) {
   EXPECT_EQ(norm->end - norm->begin, 512u);
 }
 
+// LlamaModel::load reports placement progress: on the CPU (the mapped files are read in place) one
+// call at the end, done == total == every tensor's bytes; the CUDA test checks the per-tensor calls.
+TEST(Safetensors, LoadReportsProgressOverEveryTensor) {
+  auto file = SafetensorsFile::open(testing::tinystories_dir() + "/model.safetensors");
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  auto ws = WeightStore::open_dir(testing::tinystories_dir());
+  ASSERT_TRUE(ws.ok()) << ws.error().message;
+  int64_t bytes = 0;  // tinystories ties lm_head and the embedding: 20 tensors, each placed once
+  for (const std::string& name : (*ws)->names()) {
+    const TensorInfo* t = (*file)->find(name);
+    ASSERT_NE(t, nullptr) << name;
+    bytes += static_cast<int64_t>(t->end - t->begin);
+  }
+  auto be = make_cpu_backend(1);
+  std::vector<std::pair<int64_t, int64_t>> calls;
+  auto m = LlamaModel::load(testing::tinystories_dir(), *be, [&](int64_t done, int64_t total) {
+    calls.emplace_back(done, total);
+  });
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].first, bytes);
+  EXPECT_EQ(calls[0].second, bytes);
+}
+
 // A checkpoint whose weight has the right shape but an integer dtype (valid safetensors) is
 // refused by name at load: before, the CPU and CUDA backends read its bytes as floats (on the GPU
 // past the end of the upload).
