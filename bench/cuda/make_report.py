@@ -58,9 +58,10 @@ def plot(report, path):
                if r.get("group") == "prefill" and r.get("name") == name and r.get("ctx") == c and r.get("tflops")]
         if pts:
             a1.plot([p[0] // 1024 for p in pts], [p[1] for p in pts], marker="o", label=label)
-    sd = [(r["ctx"], r["tflops"]) for r in S if r.get("name", "").startswith("sdpa_flash") and r.get("tflops")]
-    if sd:
-        a1.plot([p[0] // 1024 for p in sd], [p[1] for p in sd], marker="s", linestyle="--", label="torch SDPA (flash)")
+    for prefix, label in (("sdpa_flash", "torch SDPA (flash)"), ("sdpa_cudnn", "torch SDPA (cuDNN)")):
+        sd = [(r["ctx"], r["tflops"]) for r in S if r.get("name", "").startswith(prefix) and r.get("tflops")]
+        if sd:
+            a1.plot([p[0] // 1024 for p in sd], [p[1] for p in sd], marker="s", linestyle="--", label=label)
     if ceil.get("gemm_tflops"):
         a1.axhline(ceil["gemm_tflops"], color="gray", linestyle=":", label="bf16 GEMM ceiling")
     a1.set_xscale("log", base=2)
@@ -142,6 +143,7 @@ def main():
         flakv = find(R, "prefill", "flash_lora_kv_r16", ctx)
         mat = find(R, "prefill", "materialise_then_attend", ctx)
         peer = find(S, "prefill", "sdpa_flash", ctx)
+        cudnn = find(S, "prefill", "sdpa_cudnn", ctx)  # SDPA's cuDNN backend, when it ran
         v2 = {n: find(R, "prefill", "v2_" + n, ctx) for n in ("plain", "flash_lora_v_r16", "flash_lora_kv_r16")}
         v3 = {n: find(R, "prefill", "v3_" + n, ctx) for n in ("plain", "flash_lora_v_r16")}
         v5 = {n: find(R, "prefill", "v5_" + n, ctx) for n in ("plain", "flash_lora_v_r16", "flash_lora_kv_r16")}
@@ -151,6 +153,8 @@ def main():
             "sdpa_tflops": None if peer is None else peer.get("tflops"),
             "ours_over_sdpa_speed": ratio(ms(peer), ms(plain)),
             "ours_over_sdpa_time": ratio(ms(plain), ms(peer)),
+            "sdpa_cudnn_tflops": None if cudnn is None else cudnn.get("tflops"),
+            "ours_over_sdpa_cudnn_time": ratio(ms(plain), ms(cudnn)),
             "fla_over_plain_time": ratio(ms(fla), ms(plain)),
             "fla_kv_over_plain_time": ratio(ms(flakv), ms(plain)),
             "materialise_over_fla_time": ratio(ms(mat), ms(fla)),
@@ -172,7 +176,9 @@ def main():
         }
         rows.append((f"prefill {ctx // 1024}k: ours {fmt(plain.get('tflops'), '.0f')} TFLOP/s, "
                      f"SDPA {fmt(None if peer is None else peer.get('tflops'), '.0f')}",
-                     f"ours/SDPA time {fmt(ratios[k]['ours_over_sdpa_time'])}, "
+                     f"ours/SDPA time {fmt(ratios[k]['ours_over_sdpa_time'])} "
+                     f"(SDPA cuDNN backend {fmt(ratios[k]['sdpa_cudnn_tflops'], '.0f')} TFLOP/s, ours/cuDNN time "
+                     f"{fmt(ratios[k]['ours_over_sdpa_cudnn_time'])}), "
                      f"FLA/plain {fmt(ratios[k]['fla_over_plain_time'])}, "
                      f"FLA+K/plain {fmt(ratios[k]['fla_kv_over_plain_time'])}, "
                      f"materialise/FLA {fmt(ratios[k]['materialise_over_fla_time'])}; "
