@@ -39,10 +39,18 @@ class Workflow : public ::testing::Test {
       adapters_.push_back(std::move(*a));
     }
   }
-  std::unique_ptr<AgentSession> session(ShareMode mode, int n_agents = 3) {
+  // Replay options for `mode` (droidspeak keeps layer 1 private).
+  static ReplayOptions replay_options(ShareMode mode) {
     ReplayOptions o;
     o.sharing.mode = mode;
     if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+    return o;
+  }
+  std::unique_ptr<AgentSession> session(ShareMode mode, int n_agents = 3) {
+    return session(replay_options(mode), n_agents);
+  }
+  // The first n_agents of plan, action, reflect; null (a failed expectation) if create fails.
+  std::unique_ptr<AgentSession> session(const ReplayOptions& o, int n_agents = 3) {
     std::vector<std::string> names;
     std::vector<const LoraAdapter*> ads;
     for (int i = 0; i < n_agents; ++i) {
@@ -205,16 +213,10 @@ TEST_F(Workflow, DecodeLookaheadKeepsTokensCachesAndCounts) {
     const char* name = share_mode_name(mode);
     std::vector<std::unique_ptr<AgentSession>> s;
     for (bool lookahead : {false, true}) {
-      ReplayOptions o;
-      o.sharing.mode = mode;
-      if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+      ReplayOptions o = replay_options(mode);
       o.decode_lookahead = lookahead;
-      std::vector<std::string> names;
-      std::vector<const LoraAdapter*> ads;
-      for (auto& a : adapters_) names.push_back(a->name), ads.push_back(a.get());
-      auto r = AgentSession::create(*model_, tok_.get(), names, ads, o);
-      ASSERT_TRUE(r.ok()) << r.error().message;
-      s.push_back(std::move(*r));
+      s.push_back(session(o));
+      ASSERT_TRUE(s.back());
       s.back()->append(prompt);
     }
     int stopped_early = 0;
@@ -272,20 +274,14 @@ TEST_F(Workflow, DecodeLookaheadEvictsAsStepByStep) {
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kDroidSpeak}) {
     const char* name = share_mode_name(mode);
     auto make = [&](bool lookahead, int64_t arena_bytes) {
-      ReplayOptions o;
-      o.sharing.mode = mode;
+      ReplayOptions o = replay_options(mode);
       o.sharing.page_size = 1;
       o.sharing.max_tokens = kContext;
       o.sharing.arena_bytes = arena_bytes;
-      if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
       o.decode_lookahead = lookahead;
-      std::vector<std::string> names;
-      std::vector<const LoraAdapter*> ads;
-      for (auto& a : adapters_) names.push_back(a->name), ads.push_back(a.get());
-      auto r = AgentSession::create(*model_, tok_.get(), names, ads, o);
-      EXPECT_TRUE(r.ok()) << r.error().message;
-      if (r.ok()) (*r)->append(prompt);
-      return r.ok() ? std::move(*r) : nullptr;
+      auto r = session(o);
+      if (r) r->append(prompt);
+      return r;
     };
     // Every agent speaks in turn, each step ended early by a stop string.
     auto run = [&](AgentSession& s, std::vector<std::vector<int32_t>>& outputs) -> Status {
