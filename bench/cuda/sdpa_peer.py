@@ -50,82 +50,56 @@ def time_ms(fn, warmup=3, reps=30):
     return {"median_ms": ts[len(ts) // 2], "min_ms": ts[0], "max_ms": ts[-1], "reps": reps}
 
 
-def flash_only():
+def only(backend):
+    """sdpa_kernel restricted to one backend ("FLASH_ATTENTION", "CUDNN_ATTENTION")."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    return sdpa_kernel(getattr(SDPBackend, backend))
 
 
 def expand(kv):
     return kv.repeat_interleave(HEADS // KV, dim=1)
 
 
-def v_lower_right_gqa(q, k, v):
-    from torch.nn.attention.bias import causal_lower_right
-    with flash_only():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
-                                              enable_gqa=True)
+def lower_right(backend, gqa):
+    """F.sdpa with a bottom-right causal mask on one backend; K/V expanded by the caller unless gqa."""
+    def fn(q, k, v):
+        from torch.nn.attention.bias import causal_lower_right
+        with only(backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
+                                                  **({"enable_gqa": True} if gqa else {}))
+    return fn
 
 
-def v_lower_right_expanded(q, k, v):
-    from torch.nn.attention.bias import causal_lower_right
-    with flash_only():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
+def split_lse(part):
+    """Full attention over the prefix keys [0, ctx-n_q) and causal (square: top-left == bottom-right)
+    over the last n_q keys, merged with their log-sum-exps. part(q, k, v, causal) -> (o, lse [b, h, n_q])."""
+    def fn(q, k, v):
+        nq, ctx = q.shape[2], k.shape[2]
+        o2, lse2 = part(q, k[:, :, ctx - nq:], v[:, :, ctx - nq:], True)
+        if ctx == nq:
+            return o2
+        o1, lse1 = part(q, k[:, :, :ctx - nq], v[:, :, :ctx - nq], False)
+        m = torch.maximum(lse1, lse2)
+        w1, w2 = torch.exp(lse1 - m).unsqueeze(-1), torch.exp(lse2 - m).unsqueeze(-1)
+        return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(q.dtype)
+    return fn
 
 
-def v_split_lse(q, k, v):
-    nq, ctx = q.shape[2], k.shape[2]
-    flash = torch.ops.aten._scaled_dot_product_flash_attention
-    o2, lse2 = flash(q, k[:, :, ctx - nq:], v[:, :, ctx - nq:], 0.0, True)[:2]
-    if ctx == nq:
-        return o2
-    o1, lse1 = flash(q, k[:, :, :ctx - nq], v[:, :, :ctx - nq], 0.0, False)[:2]
-    m = torch.maximum(lse1, lse2)
-    w1, w2 = torch.exp(lse1 - m).unsqueeze(-1), torch.exp(lse2 - m).unsqueeze(-1)
-    return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(q.dtype)
+def flash_part(q, k, v, causal):
+    return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
 
 
-VARIANTS = [("lower_right_gqa", v_lower_right_gqa, False), ("lower_right_expanded", v_lower_right_expanded, True),
-            ("split_lse", v_split_lse, True)]
+def cudnn_part(q, k, v, causal):
+    o, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False)[:2]
+    return o, lse.reshape(q.shape[0], q.shape[1], q.shape[2])
 
 
-def cudnn_only():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel(SDPBackend.CUDNN_ATTENTION)
-
-
-def v_cudnn_lower_right_gqa(q, k, v):
-    from torch.nn.attention.bias import causal_lower_right
-    with cudnn_only():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
-                                              enable_gqa=True)
-
-
-def v_cudnn_lower_right_expanded(q, k, v):
-    from torch.nn.attention.bias import causal_lower_right
-    with cudnn_only():
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
-
-
-def v_cudnn_split_lse(q, k, v):
-    nq, ctx = q.shape[2], k.shape[2]
-    cudnn = torch.ops.aten._scaled_dot_product_cudnn_attention
-
-    def part(kk, vv, causal):
-        o, lse = cudnn(q, kk, vv, None, True, 0.0, causal, False)[:2]
-        return o, lse.reshape(q.shape[0], q.shape[1], nq)
-
-    o2, lse2 = part(k[:, :, ctx - nq:], v[:, :, ctx - nq:], True)
-    if ctx == nq:
-        return o2
-    o1, lse1 = part(k[:, :, :ctx - nq], v[:, :, :ctx - nq], False)
-    m = torch.maximum(lse1, lse2)
-    w1, w2 = torch.exp(lse1 - m).unsqueeze(-1), torch.exp(lse2 - m).unsqueeze(-1)
-    return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(q.dtype)
-
-
-CUDNN_VARIANTS = [("cudnn_lower_right_gqa", v_cudnn_lower_right_gqa, False),
-                  ("cudnn_lower_right_expanded", v_cudnn_lower_right_expanded, True),
-                  ("cudnn_split_lse", v_cudnn_split_lse, True)]
+VARIANTS = [("lower_right_gqa", lower_right("FLASH_ATTENTION", True), False),
+            ("lower_right_expanded", lower_right("FLASH_ATTENTION", False), True),
+            ("split_lse", split_lse(flash_part), True)]
+CUDNN_VARIANTS = [("cudnn_lower_right_gqa", lower_right("CUDNN_ATTENTION", True), False),
+                  ("cudnn_lower_right_expanded", lower_right("CUDNN_ATTENTION", False), True),
+                  ("cudnn_split_lse", split_lse(cudnn_part), True)]
 
 
 def reference(q, k, v):
