@@ -165,6 +165,7 @@ Result<ModeFidelity> compare_with_none(LlamaModel& model, const Tokenizer* tok, 
   f.mode = so.mode;
   f.cache = r.cache;
   for (int64_t c : r.computed_per_agent) f.computed_tokens += c;
+  for (int64_t c : r.partial_per_agent) f.partial_tokens += c;
   size_t k = 0;
   double agree = 0, kl = 0;
   for (const StepResult& s : r.steps)

@@ -22,7 +22,8 @@ struct ModeFidelity {
   double argmax_agreement = 0;  // fraction of decoded positions with the same argmax as none
   double mean_kl = 0;           // mean KL(none || mode) in nats
   int64_t positions = 0;        // decoded/forced positions compared
-  int64_t computed_tokens = 0;  // forward-pass tokens summed over agents
+  int64_t computed_tokens = 0;  // forward-pass tokens summed over agents (every layer)
+  int64_t partial_tokens = 0;   // droidspeak catch-up tokens run through only its first layers
   CacheBytes cache;
 };
 

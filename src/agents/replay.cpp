@@ -106,6 +106,7 @@ Result<std::unique_ptr<AgentSession>> AgentSession::create(LlamaModel& model, co
   if (!so.backend) so.backend = pool_backend(model.backend());
   LRA_ASSIGN_OR_RETURN(s->kv_, TrajectoryKv::create(model.config(), std::move(adapters), so));
   s->computed_.assign(s->names_.size(), 0);
+  s->partial_.assign(s->names_.size(), 0);
   const int bos = model.config().bos_token_id >= 0 ? model.config().bos_token_id : (tok ? tok->bos_id() : -1);
   if (bos >= 0) s->traj_.push_back(bos);
   return s;
@@ -135,6 +136,26 @@ Result<Tensor> AgentSession::forward_agent(int a, int64_t begin, int32_t* greedy
   kv_->advance(a, static_cast<int64_t>(traj_.size()));
   computed_[static_cast<size_t>(a)] += static_cast<int64_t>(toks.size());
   return logits;
+}
+
+Status AgentSession::catch_up_partial(int a, int64_t& begin) {
+  const int layers = kv_->catchup_layers();
+  if (layers >= model_.config().num_layers || traj_.empty()) return Status::Ok();
+  const int64_t split = std::min<int64_t>(kv_->shared_tokens(), static_cast<int64_t>(traj_.size()) - 1);
+  if (begin >= split) return Status::Ok();
+  auto binding = kv_->bind(a);
+  std::vector<int32_t> toks(traj_.begin() + begin, traj_.begin() + split);  // [split - begin]
+  SeqInput in;
+  in.tokens = toks.data();
+  in.n_tokens = static_cast<int>(toks.size());
+  in.start_pos = begin;
+  in.kv = binding.get();
+  in.adapter = adapters_[static_cast<size_t>(a)];
+  LRA_RETURN_IF_ERROR(model_.forward_kv({in}, layers));
+  kv_->advance(a, split);
+  partial_[static_cast<size_t>(a)] += split - begin;
+  begin = split;
+  return Status::Ok();
 }
 
 bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const {
@@ -226,6 +247,7 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   const int vocab = model_.config().vocab_size;
   int64_t begin = kv_->catchup_start(a);
   r.prefilled_tokens = n > 0 ? static_cast<int64_t>(traj_.size()) - begin : 0;
+  if (n > 0) LRA_RETURN_IF_ERROR(catch_up_partial(a, begin));
   if (lookahead_ && !keep_logits_ && n > 0) {
     LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, begin, r));
     n = 0;  // done: the step-by-step loop below runs nothing
@@ -305,6 +327,7 @@ Result<ReplayResult> run_replay(LlamaModel& model, const Tokenizer* tok, std::ve
   out.cache = session->cache_bytes();
   out.kv_usage = session->kv().usage();
   out.computed_per_agent = session->computed_per_agent();
+  out.partial_per_agent = session->partial_per_agent();
   return out;
 }
 

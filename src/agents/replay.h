@@ -47,6 +47,7 @@ struct ReplayResult {
   CacheBytes cache;                          // at the end
   KvUsage kv_usage;                          // peak bytes and evictions over the replay
   std::vector<int64_t> computed_per_agent;  // forward-pass tokens per agent (catch-up + decode)
+  std::vector<int64_t> partial_per_agent;   // catch-up tokens run through only some layers (droidspeak)
 };
 
 struct ReplayOptions {
@@ -76,7 +77,10 @@ class AgentSession {
                                const std::vector<std::string>& stop);
   Result<StepResult> run_step(const ReplayStep& step);
   CacheBytes cache_bytes() const { return kv_->bytes(); }
+  // Tokens each agent ran through every layer (catch-up and decode), and catch-up tokens it ran
+  // through only the first kv().catchup_layers() layers (droidspeak; not in computed_per_agent).
   const std::vector<int64_t>& computed_per_agent() const { return computed_; }
+  const std::vector<int64_t>& partial_per_agent() const { return partial_; }
   const std::vector<std::string>& agent_names() const { return names_; }
   TrajectoryKv& kv() { return *kv_; }
   const TrajectoryKv& kv() const { return *kv_; }
@@ -89,6 +93,10 @@ class AgentSession {
   // Forwards traj_[begin:] for agent a: the last row's logits, or (greedy_out given) only its
   // greedy pick, made on the backend's device.
   Result<Tensor> forward_agent(int a, int64_t begin, int32_t* greedy_out);
+  // The part of agent a's catch-up from `begin` that needs fewer layers than the model has
+  // (TrajectoryKv::catchup_layers): run through those only; `begin` moves past it. The positions
+  // the shared layers do not hold yet, and the last one (its logits are read), are left.
+  Status catch_up_partial(int a, int64_t& begin);
   // Launches agent a's greedy pass over traj_[begin:] followed by `extra` (a token not yet in
   // traj_), or by the in-flight pass's pick when fed; its pick waits in the model (take_picks).
   // speculative: a lookahead pass that may be thrown away (TrajectoryKv::bind's may_evict).
@@ -111,6 +119,7 @@ class AgentSession {
   std::unique_ptr<TrajectoryKv> kv_;
   std::vector<int32_t> traj_;
   std::vector<int64_t> computed_;
+  std::vector<int64_t> partial_;  // [n_agents] see partial_per_agent()
   bool keep_logits_ = false;
   bool lookahead_ = true;
 };

@@ -117,6 +117,8 @@ Result<TraceCell> run_trace_cell(LlamaModel& model, const std::vector<std::strin
     c.evicted_tokens = u.evicted_tokens;
     c.computed_tokens = 0;
     for (int64_t n : session.computed_per_agent()) c.computed_tokens += n;
+    c.partial_tokens = 0;
+    for (int64_t n : session.partial_per_agent()) c.partial_tokens += n;
     const MemoryStats m = be.memory_stats();
     c.device_peak_bytes = m.peak;
     c.device_capacity_bytes = m.capacity;
@@ -221,6 +223,7 @@ nlohmann::json cell_to_json(const TraceCell& c) {
                       {"decode_tok_s", c.decode_tok_s},
                       {"prefill_tokens", c.prefill_tokens},
                       {"computed_tokens", c.computed_tokens},
+                      {"partial_tokens", c.partial_tokens},
                       {"evictions", c.evictions},
                       {"evicted_tokens", c.evicted_tokens},
                       {"kv_bytes", c.cache.total()},

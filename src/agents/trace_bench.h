@@ -39,7 +39,8 @@ struct TraceCell {
   double decode_s = 0;
   double decode_tok_s = 0;            // decode_tokens / decode_s
   int64_t prefill_tokens = 0;         // catch-up tokens over all calls
-  int64_t computed_tokens = 0;        // forward-pass tokens over all agents
+  int64_t computed_tokens = 0;        // forward-pass tokens over all agents (every layer)
+  int64_t partial_tokens = 0;         // catch-up tokens run through only droidspeak's first layers
   CacheBytes cache;                   // the peak over the trace (TrajectoryKv::peak_bytes)
   int64_t evictions = 0;              // private caches dropped for room (SharingOptions::evict_private)
   int64_t evicted_tokens = 0;         // the tokens they held (their agents computed them again)

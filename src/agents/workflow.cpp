@@ -146,6 +146,7 @@ void summarize(const AgentSession& session, const ToolEnv& env, WorkflowReport& 
     const auto& names = session.agent_names();
     const size_t i = static_cast<size_t>(std::find(names.begin(), names.end(), role) - names.begin());
     a.computed_tokens = session.computed_per_agent()[i];
+    a.partial_tokens = session.partial_per_agent()[i];
     rep.agents.push_back(a);
   }
   rep.cache = session.cache_bytes();

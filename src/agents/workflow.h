@@ -46,6 +46,7 @@ struct AgentTotals {
   int turns = 0;
   int64_t prefilled_tokens = 0, decoded_tokens = 0;
   int64_t computed_tokens = 0;  // forward-pass tokens (catch-up + decode), from the session
+  int64_t partial_tokens = 0;   // catch-up tokens run through only droidspeak's first layers
   double seconds = 0;
 };
 

@@ -58,6 +58,7 @@ int run_fidelity(const FidelityFlags& f) {
     for (const auto& m : rep->modes)
       j["modes"].push_back({{"mode", share_mode_name(m.mode)}, {"argmax_agreement", m.argmax_agreement},
                             {"mean_kl", m.mean_kl}, {"positions", m.positions}, {"computed_tokens", m.computed_tokens},
+                            {"partial_tokens", m.partial_tokens},
                             {"total_bytes", m.cache.total()}});
     j["skipped_modes"] = nlohmann::json::array();
     for (const auto& s : rep->skipped)

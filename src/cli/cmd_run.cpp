@@ -102,6 +102,7 @@ nlohmann::json report_json(const WorkflowReport& r, const HotpotQuestion& q, con
                            {"prefilled_tokens", a.prefilled_tokens},
                            {"decoded_tokens", a.decoded_tokens},
                            {"computed_tokens", a.computed_tokens},
+                           {"partial_tokens", a.partial_tokens},
                            {"seconds", a.seconds}});
   const CacheBytes& b = r.cache;
   j["cache"] = {{"base_bytes", b.base},           {"lr_bytes", b.lr},

@@ -369,6 +369,12 @@ int64_t TrajectoryKv::catchup_start(int a) const {
   return per_agent_catchup() ? processed_[static_cast<size_t>(a)] : shared_;
 }
 
+int TrajectoryKv::catchup_layers() const {
+  const std::vector<int>& r = opts_.recompute_layers;
+  if (opts_.mode != ShareMode::kDroidSpeak || !opts_.partial_catchup || r.empty()) return cfg_.num_layers;
+  return 1 + *std::max_element(r.begin(), r.end());
+}
+
 std::unique_ptr<KvBinding> TrajectoryKv::bind(int a, bool may_evict) {
   last_bound_[static_cast<size_t>(a)] = ++tick_;
   return std::make_unique<SharedBinding>(*this, a, may_evict);

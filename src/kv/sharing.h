@@ -63,6 +63,10 @@ struct SharingOptions {
   // vLLM preempts by recompute: that agent runs its forward pass over the whole trajectory at its
   // next call. Shared entries are never dropped. Off: the pass fails with kOutOfMemory.
   bool evict_private = true;
+  // droidspeak: an agent's catch-up over positions the shared layers already hold runs only the
+  // layers up to its highest recompute layer (TrajectoryKv::catchup_layers): the private entries
+  // it computes depend on nothing above. Off: every layer runs (the same entries, more time).
+  bool partial_catchup = true;
 };
 
 // The cache state of one trajectory shared by agents 0..n-1 (agent i uses adapters[i],
@@ -78,6 +82,11 @@ class TrajectoryKv {
   int n_agents() const { return static_cast<int>(adapters_.size()); }
   // The first trajectory position agent `a` must run its forward pass on before decoding.
   int64_t catchup_start(int a) const;
+  // Layers a catch-up must run over positions below shared_tokens() (which the shared layers
+  // hold already): droidspeak (SharingOptions::partial_catchup) 1 + its highest recompute layer;
+  // every other mode all of them (their private entries are in every layer, or there is no
+  // catch-up). Positions from shared_tokens() on, and the one whose logits are read, run all.
+  int catchup_layers() const;
   // Binding for agent a's next forward pass over positions [catchup_start(a), ...). A pass that
   // may not happen (decode lookahead's speculative pass) binds with may_evict false: running out
   // of room is then an error instead of dropping other agents' caches for a pass that may be

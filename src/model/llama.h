@@ -96,6 +96,11 @@ class LlamaModel {
   // lookahead on an error calls it, so that no stale pick reaches the next caller's take_picks.
   void discard_picks();
   size_t pending_picks() const { return deferred_rows_.size(); }
+  // Runs only layers [0, n_layers) of the batch and stores their cache entries (the bindings
+  // decide which); no logits, and the last layer's attention and MLP are skipped (they feed
+  // nothing stored). The entries are those forward() would store for these layers: a DroidSpeak
+  // catch-up needs its private layers' entries, and those depend only on the layers below them.
+  Status forward_kv(const std::vector<SeqInput>& batch, int n_layers);
 
   // Optional hook to capture per-layer hidden states (fidelity tools): called with the
   // residual stream [rows, hidden] entering each layer, and with layer == num_layers at the end.
@@ -109,8 +114,9 @@ class LlamaModel {
   // forward() and forward_sample(): logits (host) when picks is null, else the ids in it, picked
   // with `rows` (empty: greedy).
   // deferred: the picks stay on the backend (launch_sample); picks is then left empty.
+  // kv_layers >= 0: forward_kv's pass over the first kv_layers layers (no logits, no picks).
   Result<Tensor> run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
-                          std::span<const RowSampling> rows = {}, bool deferred = false);
+                          std::span<const RowSampling> rows = {}, bool deferred = false, int kv_layers = -1);
   Status validate_batch(const std::vector<SeqInput>& batch) const;
   // Copies host weights to a non-CPU backend (its weight dtype); a no-op on the CPU.
   Status place_weights(const LoadProgress& progress = {});

@@ -29,6 +29,14 @@ Result<std::vector<int32_t>> LlamaModel::forward_argmax(const std::vector<SeqInp
   return ids;
 }
 
+Status LlamaModel::forward_kv(const std::vector<SeqInput>& batch, int n_layers) {
+  if (n_layers < 1 || n_layers > cfg_.num_layers)
+    return make_error(ErrorCode::kInternal, "forward_kv: {} layers asked of a model with {}", n_layers, cfg_.num_layers);
+  auto r = run_pass(batch, nullptr, {}, false, n_layers);
+  LRA_RETURN_IF_ERROR(be_.take_error());
+  return r.ok() ? Status::Ok() : Status(r.error());
+}
+
 namespace {
 // Logits rows a batch yields (every row of an all_logits sequence, else its last), which must be
 // the number of sampling rows given.
@@ -79,7 +87,7 @@ void LlamaModel::discard_picks() {
 }
 
 Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
-                                    std::span<const RowSampling> rows, bool deferred) {
+                                    std::span<const RowSampling> rows, bool deferred, int kv_layers) {
   LRA_RETURN_IF_ERROR(validate_batch(batch));
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size, hd = c.head_dim;
@@ -152,9 +160,14 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   };
 
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const bool kv_only = kv_layers >= 0;
+  const int n_layers = kv_only ? kv_layers : c.num_layers;
   if (c.num_layers > 0) be_.rms_norm(h.view(), w_.layers[0].attn_norm, eps, xn.view());
-  for (int l = 0; l < c.num_layers; ++l) {
+  for (int l = 0; l < n_layers; ++l) {
     const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
+    // forward_kv's last layer: its entries are all the pass wants; its attention and MLP would
+    // only feed layers that are not run.
+    const bool entries_only = kv_only && l + 1 == n_layers;
     // h is the residual stream entering layer l; xn = attn_norm(h) (the previous layer's last op).
     if (hook_) hook_(hook_ctx_, l, h.view());
 
@@ -201,6 +214,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       if (lr_k[s].data) { rows.lr_k = lr_k[s].f32(); rows.rank_k = static_cast<int>(lr_k[s].dim(1)); }
       if (lr_v[s].data) { rows.lr_v = lr_v[s].f32(); rows.rank_v = static_cast<int>(lr_v[s].dim(1)); }
       in.kv->write(be_, rows);
+      if (entries_only) continue;
 
       AttentionParams p;
       p.n_heads = c.num_heads;
@@ -215,6 +229,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       in.kv->attention_views(l, p);
       be_.attention(p);
     }
+    if (entries_only) break;
 
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
     {
@@ -243,6 +258,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     else
       be_.add(h.view(), xn.view());
   }
+  if (kv_only) return Tensor();
   if (hook_) hook_(hook_ctx_, c.num_layers, h.view());
 
   // Logits only for the rows that need them.

@@ -325,6 +325,80 @@ TEST_F(Workflow, DecodeLookaheadEvictsAsStepByStep) {
   }
 }
 
+// DroidSpeak recomputing layer 0 of this 2-layer model: an agent's catch-up over positions the
+// shared layer already holds runs layer 0 only (TrajectoryKv::catchup_layers). Its private
+// entries, and so every logit and token, are those of the catch-up through every layer.
+TEST_F(Workflow, DroidSpeakCatchUpRunsOnlyUpToItsRecomputeLayers) {
+  const std::vector<int32_t> prompt = must_encode(*tok_, "Question: where does the river flow? Answer:", false);
+  const std::vector<int32_t> obs = must_encode(*tok_, " Observation: the river flows to the sea.", false);
+  struct Run {
+    std::vector<StepResult> steps;
+    std::unique_ptr<AgentSession> s;
+    int64_t shrink_rows = 0;  // rows multiplied by some lora_A: one per token, adapted module and layer run
+  };
+  auto run = [&](std::vector<int> recompute, bool partial) {
+    Run r;
+    ReplayOptions o = replay_options(ShareMode::kDroidSpeak);
+    o.sharing.recompute_layers = std::move(recompute);
+    o.sharing.partial_catchup = partial;
+    o.keep_logits = true;
+    r.s = session(o);
+    if (!r.s) return r;
+    r.s->append(prompt);
+    const int64_t rows_before = model_->stats().lora_shrink_rows;
+    for (int round = 0; round < 3; ++round)
+      for (const char* agent : {"plan", "action", "reflect"}) {
+        auto st = r.s->run_agent(agent, 5, {}, {});
+        EXPECT_TRUE(st.ok()) << st.error().message;
+        if (!st.ok()) return r;
+        r.steps.push_back(std::move(*st));
+        r.s->append(obs);
+      }
+    r.shrink_rows = model_->stats().lora_shrink_rows - rows_before;
+    return r;
+  };
+  const int L = model_->config().num_layers;
+  ASSERT_EQ(L, 2);
+  const Run full = run({0}, false), part = run({0}, true);
+  ASSERT_TRUE(full.s && part.s);
+  ASSERT_EQ(full.steps.size(), 9u);
+  ASSERT_EQ(part.steps.size(), full.steps.size());
+  EXPECT_EQ(full.s->kv().catchup_layers(), L);
+  EXPECT_EQ(part.s->kv().catchup_layers(), 1);
+  double worst = 0;
+  for (size_t i = 0; i < full.steps.size(); ++i) {
+    const StepResult &a = full.steps[i], &b = part.steps[i];
+    EXPECT_EQ(b.output_tokens, a.output_tokens) << "step " << i;
+    EXPECT_EQ(b.prefilled_tokens, a.prefilled_tokens) << "step " << i << ": the catch-up covers the same positions";
+    ASSERT_EQ(b.logits.size(), a.logits.size()) << "step " << i;
+    for (size_t t = 0; t < a.logits.size(); ++t)
+      for (size_t v = 0; v < a.logits[t].size(); ++v)
+        worst = std::max(worst, static_cast<double>(std::abs(a.logits[t][v] - b.logits[t][v])) /
+                                    (1.0 + std::abs(a.logits[t][v])));
+  }
+  EXPECT_LE(worst, 1e-5) << "the partial catch-up's layer-0 entries differ from the full one's";
+  EXPECT_EQ(part.s->trajectory(), full.s->trajectory());
+  EXPECT_EQ(part.s->cache_bytes().total(), full.s->cache_bytes().total());
+  EXPECT_EQ(part.s->cache_bytes().allocated, full.s->cache_bytes().allocated);
+  // Every catch-up position runs once either way, through layer 0 only or through both layers.
+  int64_t partial_sum = 0;
+  for (size_t a = 0; a < 3; ++a) {
+    EXPECT_EQ(full.s->partial_per_agent()[a], 0);
+    EXPECT_EQ(part.s->computed_per_agent()[a] + part.s->partial_per_agent()[a], full.s->computed_per_agent()[a])
+        << "agent " << a;
+    partial_sum += part.s->partial_per_agent()[a];
+  }
+  EXPECT_GT(partial_sum, 0) << "action and reflect catch up on positions plan computed";
+  // q and v are adapted in both layers: a partial position saves one layer's two shrinks.
+  EXPECT_EQ(full.shrink_rows - part.shrink_rows, 2 * partial_sum) << "the partial passes ran layer 1";
+
+  // Recomputing the last layer needs every layer: nothing runs partially.
+  const Run last = run({1}, true);
+  ASSERT_TRUE(last.s);
+  EXPECT_EQ(last.s->kv().catchup_layers(), L);
+  for (int64_t n : last.s->partial_per_agent()) EXPECT_EQ(n, 0);
+}
+
 // A step that runs into the model's context (512 positions) fails as step-by-step decoding
 // does: the same error at the same token, the same trajectory, and no launched pass left behind
 // whose pick a later take_picks would mistake for its own.
