@@ -502,7 +502,10 @@ struct ReplayRun {
   std::vector<std::vector<float>> logits;   // [generated, vocab] the logits each was picked from
 };
 
-ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode, bool keep_logits = true) {
+// droidspeak recomputes layer 0 (the CLI's default), its catch-up partial in depth unless
+// `partial_catchup` is off (SharingOptions::partial_catchup).
+ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode, bool keep_logits = true,
+                 bool partial_catchup = true) {
   ReplayRun out;
   auto model = LlamaModel::load(testing::tinystories_dir(), be);
   EXPECT_TRUE(model.ok()) << model.error().message;
@@ -526,6 +529,8 @@ ReplayRun run_on(Backend& be, const std::string& set, ShareMode mode, bool keep_
   o.sharing.mode = mode;
   o.sharing.page_size = 16;
   o.sharing.max_tokens = 2048;
+  if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {0};
+  o.sharing.partial_catchup = partial_catchup;
   o.keep_logits = keep_logits;  // false: greedy picks on the device (forward_argmax)
   auto r = run_replay(**model, tok->get(), names, ads, *steps, o);
   EXPECT_TRUE(r.ok()) << r.error().message;
@@ -630,6 +635,55 @@ TEST_P(CudaEngine, ReplayMatchesCpuInEveryMode) {
       break;
     }
     if (same_prefix == ref.outputs.size()) EXPECT_EQ(bf16.outputs.size(), ref.outputs.size());
+  }
+}
+
+// droidspeak's partial-depth catch-up (layer 0 only over positions the shared layer holds) on
+// the GPU against the catch-up through every layer, on the same backend: f32 the same tokens and
+// logits to rounding; bf16 the same tokens up to a near-tie that the two runs' own logit
+// difference explains (their GEMMs see different row counts, so they round differently).
+TEST_P(CudaEngine, DroidSpeakPartialCatchUpMatchesFullDepth) {
+  REQUIRE_GPU();
+  ASSERT_TRUE(std::filesystem::exists(testing::tinystories_dir())) << testing::tinystories_dir() << " is missing";
+  const std::string set = GetParam();
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    ReplayRun full, part;
+    {
+      auto g = cuda_backend(dt);
+      ASSERT_TRUE(g);
+      full = run_on(*g, set, ShareMode::kDroidSpeak, true, /*partial_catchup=*/false);
+      part = run_on(*g, set, ShareMode::kDroidSpeak, true, /*partial_catchup=*/true);
+    }
+    const char* name = dt == DType::kF32 ? "f32" : "bf16";
+    ASSERT_FALSE(full.outputs.empty());
+    ASSERT_EQ(full.logits.size(), full.outputs.size());
+    ASSERT_EQ(part.logits.size(), part.outputs.size());
+    size_t same_prefix = 0;
+    double worst = 0;  // largest |partial - full| logit over the rows with the same context
+    for (; same_prefix < std::min(full.outputs.size(), part.outputs.size()); ++same_prefix) {
+      const std::vector<float>& f = full.logits[same_prefix];
+      const std::vector<float>& p = part.logits[same_prefix];
+      ASSERT_EQ(f.size(), p.size());
+      const float err = testing::max_abs_diff(f, p);
+      worst = std::max(worst, static_cast<double>(err));
+      if (part.outputs[same_prefix] == full.outputs[same_prefix]) continue;
+      std::vector<float> top(f);
+      std::partial_sort(top.begin(), top.begin() + 2, top.end(), std::greater<float>());
+      EXPECT_LE(top[0] - top[1], 2 * err) << set << " " << name << ": output " << same_prefix
+                                          << " differs where the full-depth margin " << top[0] - top[1]
+                                          << " exceeds twice the runs' logit difference " << err;
+      std::printf("    %s %s: partial parts from full depth at generated token %zu of %zu: margin %.4f, logit "
+                  "difference %.4f\n",
+                  set.c_str(), name, same_prefix, full.outputs.size(), top[0] - top[1], err);
+      break;
+    }
+    std::printf("  droidspeak[0] %s %s: partial vs full-depth catch-up: %zu of %zu outputs before any parting, "
+                "largest logit difference %.2e\n",
+                set.c_str(), name, same_prefix, full.outputs.size(), worst);
+    if (dt == DType::kF32) {
+      EXPECT_EQ(part.trajectory, full.trajectory) << set << " f32";
+      EXPECT_LE(worst, 1e-3) << set << " f32: logits differ beyond rounding";
+    }
   }
 }
 
