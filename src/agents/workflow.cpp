@@ -74,9 +74,8 @@ class ReactRun {
       if (!report_.turns.empty()) return std::optional<WorkflowTurn>();
       return make_error(ErrorCode::kInvalidArgument,
                         "the system prompt and question take {} tokens and the first thought may decode {} more: {} "
-                        "in all, but the context holds {}; use a shorter system prompt or question, a smaller "
-                        "thought budget, or a larger context",
-                        need - budget, budget, need, o_.max_context_tokens);
+                        "in all, but the context holds {}; {}",
+                        need - budget, budget, need, o_.max_context_tokens, o_.context_advice);
     }
     s_.append(ids);
     WorkflowTurn t;

@@ -73,6 +73,9 @@ struct ReactOptions {
   // The session's trajectory capacity: the loop stops ("context_full") before a turn that could
   // overflow it. 0: unchecked (the model reports an overflow as an error).
   int64_t max_context_tokens = 0;
+  // What the error for a system prompt and question that cannot fit the context advises (a
+  // caller with flags names them, e.g. the CLI's --system-prompt compact).
+  std::string context_advice = "use a shorter system prompt or question, a smaller thought budget, or a larger context";
   std::function<void(const WorkflowTurn&)> on_turn;  // after each agent turn, e.g. to print it
   // When set and it returns text for (step, agent), that turn's line is this text instead of a
   // generated one: teacher-forced (its tokens run through the agent as the replay's force_tokens

@@ -189,11 +189,17 @@ int run_cmd(const RunFlags& f) {
                question->question);
     opts.on_turn = print_turn;
   }
-  auto rep = run_react(**session, *loaded->tokenizer, env, opts);
   const bool full_prompt = f.system_prompt_file.empty() && f.system_prompt == "full";
-  if (!rep.ok() && full_prompt && rep.error().message.find("the context holds") != std::string::npos)
-    return report(make_error(rep.error().code, "{} (the built-in full prompt is long: try --system-prompt compact)",
-                             rep.error().message));
+  // What to change when the prompt and question do not fit: --max-context only while the
+  // model's own context is not what binds.
+  opts.context_advice = full_prompt ? "the built-in full prompt is long: try --system-prompt compact"
+                                    : "use a shorter system prompt or question";
+  opts.context_advice += ", or a smaller --thought-tokens";
+  if (max_pos > 0 && so->max_tokens >= max_pos)
+    opts.context_advice += fmt::format(" (the model's context is {} positions)", max_pos);
+  else
+    opts.context_advice += ", or a larger --max-context";
+  auto rep = run_react(**session, *loaded->tokenizer, env, opts);
   if (!rep.ok()) return report(rep.error());
   if (f.json)
     fmt::print("{}\n",

@@ -559,6 +559,24 @@ TEST(WorkflowCli, PrintsTurnsAndASummaryTable) {
   EXPECT_NE(r.out.find("cache (none): base 0 B, lr 0 B, full "), std::string::npos) << r.out;
 }
 
+// A system prompt and question that cannot fit the context: the advice names the flags that
+// help, --max-context only while the model's own 512 positions are not what binds.
+TEST(WorkflowCli, ContextErrorsAdviseTheFlagsThatHelp) {
+  const std::string q = " --kv-share none --max-steps 1 --question " + quote(builtin_question().question);
+  CliRun r = run_cli(agents_args() + q);  // the built-in full prompt
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("the context holds 512; the built-in full prompt is long: try --system-prompt compact, or a "
+                       "smaller --thought-tokens (the model's context is 512 positions)"),
+            std::string::npos)
+      << r.err;
+  r = run_cli(agents_args() + q + " --system-prompt compact --max-context 40");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("the context holds 40; use a shorter system prompt or question, or a smaller "
+                       "--thought-tokens, or a larger --max-context"),
+            std::string::npos)
+      << r.err;
+}
+
 // run_replay hands each step to on_step as it completes: every step once, in order, with the
 // result it then returns.
 TEST_F(Workflow, ReplayReportsEachStepAsItCompletes) {
