@@ -416,7 +416,7 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
       ->default_val(0)
       ->check(cli::non_negative());
   cmd->add_option("--page-size", f->page_size, "Tokens per KV cache page")->default_val(16)->check(cli::positive());
-  cmd->add_option("--droidspeak-layers", f->droidspeak_layers, "Layers droidspeak recomputes per agent")->default_val("0");
+  cmd->add_option("--droidspeak-layers", f->droidspeak_layers, "Layers droidspeak recomputes per agent (its catch-up runs layers 0 to the highest of them)")->default_val("0");
   cmd->add_option("--warmup-runs", f->warmup_runs,
                   "Untimed runs of each cell (length, mode) before it is timed: one-off costs of a new shape "
                   "(GEMM plan lookups, CUDA graph capture) would otherwise land on whichever mode meets it first")

@@ -9,7 +9,8 @@ namespace lragent::cli {
 void SharingFlags::add_recompute_layers(CLI::App* app) {
   app->add_option("--recompute-layers", recompute_layers,
                   "droidspeak: comma-separated layers each agent keeps and computes itself (default 0; see "
-                  "`lragent profile-layers`)");
+                  "`lragent profile-layers`). Catching up on tokens other agents computed runs only the layers "
+                  "up to the highest of them, so low layers are cheap");
 }
 
 void SharingFlags::add_page_size(CLI::App* app) {
