@@ -103,28 +103,52 @@ Result<const ArchDefaults*> resolve_architecture(const json& j, const std::strin
   return make_error(ErrorCode::kCorrupt, "{}: missing required key 'architectures'", source);
 }
 
-Status parse_rope_scaling(const json& j, const std::string& source, RopeScaling* out) {
-  const json* rs = lookup(j, "rope_scaling");
+// RoPE scaling from `key`: "rope_scaling" (transformers v4) or "rope_parameters" (v5, which
+// also holds rope_theta there and says "default" for no scaling).
+Status parse_rope_scaling(const json& j, const char* key, const std::string& source, ModelConfig* cfg) {
+  const json* rs = lookup(j, key);
   if (!rs) return Status::Ok();
   if (!rs->is_object())
-    return make_error(ErrorCode::kCorrupt, "{}: 'rope_scaling' must be null or an object, got {}", source, describe(*rs));
+    return make_error(ErrorCode::kCorrupt, "{}: '{}' must be null or an object, got {}", source, key, describe(*rs));
+  const std::string k = key;
+  auto sub = [&k](const char* leaf) { return k + "." + leaf; };
+  LRA_RETURN_IF_ERROR(read_double(*rs, sub("rope_theta").c_str(), source, false, &cfg->rope_theta));
   // Newer configs spell it "rope_type", older ones "type".
-  const json* type = lookup(*rs, "rope_scaling.rope_type");
-  if (!type) type = lookup(*rs, "rope_scaling.type");
+  const json* type = lookup(*rs, "rope_type");
+  if (!type) type = lookup(*rs, "type");
   if (!type || !type->is_string())
-    return make_error(ErrorCode::kCorrupt, "{}: 'rope_scaling' needs a string 'rope_type' (or 'type')", source);
+    return make_error(ErrorCode::kCorrupt, "{}: '{}' needs a string 'rope_type' (or 'type')", source, key);
   const std::string& t = type->get_ref<const std::string&>();
-  if (t == "default") return Status::Ok();
+  RopeScaling& out = cfg->rope_scaling;
+  if (t == "default") {
+    out = RopeScaling{};
+    return Status::Ok();
+  }
   if (t != "llama3" && t != "linear")
-    return make_error(ErrorCode::kUnsupported, "{}: rope_scaling type '{}' is not supported; supported: llama3, linear",
-                      source, t);
-  out->type = t;
-  LRA_RETURN_IF_ERROR(read_double(*rs, "rope_scaling.factor", source, true, &out->factor));
+    return make_error(ErrorCode::kUnsupported, "{}: {} type '{}' is not supported; supported: llama3, linear", source,
+                      key, t);
+  out.type = t;
+  LRA_RETURN_IF_ERROR(read_double(*rs, sub("factor").c_str(), source, true, &out.factor));
   if (t == "llama3") {
-    LRA_RETURN_IF_ERROR(read_double(*rs, "rope_scaling.low_freq_factor", source, true, &out->low_freq_factor));
-    LRA_RETURN_IF_ERROR(read_double(*rs, "rope_scaling.high_freq_factor", source, true, &out->high_freq_factor));
-    LRA_RETURN_IF_ERROR(read_int(*rs, "rope_scaling.original_max_position_embeddings", source, true,
-                                 &out->original_max_position_embeddings));
+    LRA_RETURN_IF_ERROR(read_double(*rs, sub("low_freq_factor").c_str(), source, true, &out.low_freq_factor));
+    LRA_RETURN_IF_ERROR(read_double(*rs, sub("high_freq_factor").c_str(), source, true, &out.high_freq_factor));
+    LRA_RETURN_IF_ERROR(read_int(*rs, sub("original_max_position_embeddings").c_str(), source, true,
+                                 &out.original_max_position_embeddings));
+  }
+  return Status::Ok();
+}
+
+// Parts of an architecture this engine does not compute, refused rather than ignored.
+Status check_unsupported(const json& j, const std::string& source, const ModelConfig& cfg) {
+  if (cfg.mlp_bias)
+    return make_error(ErrorCode::kUnsupported, "{}: mlp_bias is true; MLP biases are not supported", source);
+  // ACT2FN["silu"] and ["swish"] are the same function; the MLP computes nothing else.
+  if (const json* act = lookup(j, "hidden_act")) {
+    if (!act->is_string())
+      return make_error(ErrorCode::kCorrupt, "{}: 'hidden_act' must be a string, got {}", source, describe(*act));
+    const std::string& a = act->get_ref<const std::string&>();
+    if (a != "silu" && a != "swish")
+      return make_error(ErrorCode::kUnsupported, "{}: hidden_act '{}' is not supported; supported: silu", source, a);
   }
   return Status::Ok();
 }
@@ -177,13 +201,28 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   LRA_RETURN_IF_ERROR(read_int(j, "max_position_embeddings", source, false, &cfg.max_position_embeddings));
   LRA_RETURN_IF_ERROR(read_double(j, "rms_norm_eps", source, false, &cfg.rms_norm_eps));
   LRA_RETURN_IF_ERROR(read_double(j, "rope_theta", source, false, &cfg.rope_theta));
-  LRA_RETURN_IF_ERROR(parse_rope_scaling(j, source, &cfg.rope_scaling));
+  LRA_RETURN_IF_ERROR(parse_rope_scaling(j, "rope_scaling", source, &cfg));
+  LRA_RETURN_IF_ERROR(parse_rope_scaling(j, "rope_parameters", source, &cfg));  // v5's spelling wins
   LRA_RETURN_IF_ERROR(read_bool(j, "tie_word_embeddings", source, &cfg.tie_word_embeddings));
   if (cfg.architecture == "Qwen2ForCausalLM") {
     cfg.attention_bias = true;  // Qwen2 always has q/k/v biases; its config has no key for it
   } else if (cfg.architecture == "LlamaForCausalLM") {
     LRA_RETURN_IF_ERROR(read_bool(j, "attention_bias", source, &cfg.attention_bias));
     LRA_RETURN_IF_ERROR(read_bool(j, "mlp_bias", source, &cfg.mlp_bias));
+  }
+  LRA_RETURN_IF_ERROR(check_unsupported(j, source, cfg));
+  // Sliding-window attention (Mistral; Qwen2 with use_sliding_window) equals full attention over
+  // contexts no longer than the window: the context is capped there instead of attending wrongly.
+  bool windowed = cfg.architecture == "MistralForCausalLM";
+  if (cfg.architecture == "Qwen2ForCausalLM") LRA_RETURN_IF_ERROR(read_bool(j, "use_sliding_window", source, &windowed));
+  if (windowed) {
+    LRA_RETURN_IF_ERROR(read_int(j, "sliding_window", source, false, &cfg.sliding_window));
+    if (cfg.sliding_window < 0)
+      return make_error(ErrorCode::kCorrupt, "{}: sliding_window must be positive, got {}", source, cfg.sliding_window);
+    if (cfg.sliding_window > 0 && cfg.sliding_window < cfg.max_position_embeddings)
+      cfg.max_position_embeddings = cfg.sliding_window;
+    else
+      cfg.sliding_window = 0;  // no narrower than the context: full attention
   }
   LRA_RETURN_IF_ERROR(parse_special_ids(j, source, &cfg));
   // Informational only; newer transformers write "dtype" instead of "torch_dtype".

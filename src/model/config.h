@@ -34,7 +34,11 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (Qwen2 always; Llama when attention_bias=true)
-  bool mlp_bias = false;
+  bool mlp_bias = false;         // parsed to be refused: MLP biases are not computed
+  // Attention window (Mistral, Qwen2 with use_sliding_window) when narrower than the context:
+  // max_position_embeddings is then capped at it (within it, sliding and full attention agree);
+  // 0: none.
+  int sliding_window = 0;
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype;  // informational

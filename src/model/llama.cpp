@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 
 #include "model/rope.h"
 
@@ -24,34 +25,59 @@ Result<ModelWeights> bind_weights(const ModelConfig& c, const WeightStore& st) {
   ModelWeights w;
   const int64_t h = c.hidden_size, q = static_cast<int64_t>(c.num_heads) * c.head_dim,
                 kv = static_cast<int64_t>(c.num_kv_heads) * c.head_dim, inter = c.intermediate_size;
+  std::set<std::string> used;  // every tensor the model reads; any other is an error below
+  auto take = [&](const std::string& name, std::vector<int64_t> shape) {
+    used.insert(name);
+    return load_tensor(st, name, std::move(shape));
+  };
   // Tied checkpoints store the shared matrix once, under either name (torch drops the alias).
   const bool tied_alias = c.tie_word_embeddings && !st.has("model.embed_tokens.weight") && st.has("lm_head.weight");
-  LRA_ASSIGN_OR_RETURN(w.embed,
-                       load_tensor(st, tied_alias ? "lm_head.weight" : "model.embed_tokens.weight", {c.vocab_size, h}));
-  LRA_ASSIGN_OR_RETURN(w.final_norm, load_tensor(st, "model.norm.weight", {h}));
+  LRA_ASSIGN_OR_RETURN(w.embed, take(tied_alias ? "lm_head.weight" : "model.embed_tokens.weight", {c.vocab_size, h}));
+  LRA_ASSIGN_OR_RETURN(w.final_norm, take("model.norm.weight", {h}));
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
+    used.insert("lm_head.weight");  // a tied checkpoint may keep the alias too; HF ties it away
   } else {
-    LRA_ASSIGN_OR_RETURN(w.lm_head, load_tensor(st, "lm_head.weight", {c.vocab_size, h}));
+    LRA_ASSIGN_OR_RETURN(w.lm_head, take("lm_head.weight", {c.vocab_size, h}));
   }
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     LayerWeights lw;
-    LRA_ASSIGN_OR_RETURN(lw.attn_norm, load_tensor(st, p + "input_layernorm.weight", {h}));
-    LRA_ASSIGN_OR_RETURN(lw.wq, load_tensor(st, p + "self_attn.q_proj.weight", {q, h}));
-    LRA_ASSIGN_OR_RETURN(lw.wk, load_tensor(st, p + "self_attn.k_proj.weight", {kv, h}));
-    LRA_ASSIGN_OR_RETURN(lw.wv, load_tensor(st, p + "self_attn.v_proj.weight", {kv, h}));
-    LRA_ASSIGN_OR_RETURN(lw.wo, load_tensor(st, p + "self_attn.o_proj.weight", {h, q}));
+    LRA_ASSIGN_OR_RETURN(lw.attn_norm, take(p + "input_layernorm.weight", {h}));
+    LRA_ASSIGN_OR_RETURN(lw.wq, take(p + "self_attn.q_proj.weight", {q, h}));
+    LRA_ASSIGN_OR_RETURN(lw.wk, take(p + "self_attn.k_proj.weight", {kv, h}));
+    LRA_ASSIGN_OR_RETURN(lw.wv, take(p + "self_attn.v_proj.weight", {kv, h}));
+    LRA_ASSIGN_OR_RETURN(lw.wo, take(p + "self_attn.o_proj.weight", {h, q}));
     if (c.attention_bias) {
-      LRA_ASSIGN_OR_RETURN(lw.bq, load_tensor(st, p + "self_attn.q_proj.bias", {q}));
-      LRA_ASSIGN_OR_RETURN(lw.bk, load_tensor(st, p + "self_attn.k_proj.bias", {kv}));
-      LRA_ASSIGN_OR_RETURN(lw.bv, load_tensor(st, p + "self_attn.v_proj.bias", {kv}));
+      LRA_ASSIGN_OR_RETURN(lw.bq, take(p + "self_attn.q_proj.bias", {q}));
+      LRA_ASSIGN_OR_RETURN(lw.bk, take(p + "self_attn.k_proj.bias", {kv}));
+      LRA_ASSIGN_OR_RETURN(lw.bv, take(p + "self_attn.v_proj.bias", {kv}));
+      // Llama's attention_bias covers o_proj too; Qwen2's o_proj has none.
+      if (c.architecture == "LlamaForCausalLM") {
+        LRA_ASSIGN_OR_RETURN(lw.bo, take(p + "self_attn.o_proj.bias", {h}));
+      }
     }
-    LRA_ASSIGN_OR_RETURN(lw.mlp_norm, load_tensor(st, p + "post_attention_layernorm.weight", {h}));
-    LRA_ASSIGN_OR_RETURN(lw.w_gate, load_tensor(st, p + "mlp.gate_proj.weight", {inter, h}));
-    LRA_ASSIGN_OR_RETURN(lw.w_up, load_tensor(st, p + "mlp.up_proj.weight", {inter, h}));
-    LRA_ASSIGN_OR_RETURN(lw.w_down, load_tensor(st, p + "mlp.down_proj.weight", {h, inter}));
+    LRA_ASSIGN_OR_RETURN(lw.mlp_norm, take(p + "post_attention_layernorm.weight", {h}));
+    LRA_ASSIGN_OR_RETURN(lw.w_gate, take(p + "mlp.gate_proj.weight", {inter, h}));
+    LRA_ASSIGN_OR_RETURN(lw.w_up, take(p + "mlp.up_proj.weight", {inter, h}));
+    LRA_ASSIGN_OR_RETURN(lw.w_down, take(p + "mlp.down_proj.weight", {h, inter}));
     w.layers.push_back(std::move(lw));
+  }
+  // A tensor the model does not read is a part of the checkpoint's model that this one lacks
+  // (a bias, a norm, another architecture's module): computing without it would silently give
+  // other outputs than the model's own code. Old checkpoints' RoPE tables are recomputed.
+  std::vector<std::string> unused;
+  for (const std::string& name : st.names())
+    if (!used.count(name) && !name.ends_with("rotary_emb.inv_freq")) unused.push_back(name);
+  if (!unused.empty()) {
+    const size_t shown = std::min<size_t>(unused.size(), 3);
+    return make_error(ErrorCode::kUnsupported,
+                      "{} holds {} tensor{} this {} model does not use ({}{}): the checkpoint's architecture has "
+                      "parts this engine does not compute; check config.json (architectures, attention_bias, "
+                      "mlp_bias) or convert the checkpoint",
+                      st.source(), unused.size(), unused.size() == 1 ? "" : "s", c.architecture,
+                      fmt::join(unused.begin(), unused.begin() + static_cast<std::ptrdiff_t>(shown), ", "),
+                      unused.size() > shown ? ", ..." : "");
   }
   return w;
 }
@@ -92,7 +118,7 @@ Status LlamaModel::place_weights(const LoadProgress& progress) {
   if (!tied) all.push_back({&w_.lm_head, true});
   for (LayerWeights& lw : w_.layers) {
     for (TensorView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) all.push_back({v, true});
-    for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv}) all.push_back({v, false});
+    for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv, &lw.bo}) all.push_back({v, false});
   }
   int64_t total = 0, done = 0;
   for (const auto& [v, matrix] : all)
@@ -143,12 +169,16 @@ Status LlamaModel::validate_batch(const std::vector<SeqInput>& batch) const {
       if (in.tokens[i] < 0 || in.tokens[i] >= cfg_.vocab_size)
         return make_error(ErrorCode::kInvalidArgument, "token id {} is outside the vocabulary [0, {})",
                           in.tokens[i], cfg_.vocab_size);
+    if (in.start_pos < 0)
+      return make_error(ErrorCode::kInvalidArgument, "sequence {}: start position {} is negative", s, in.start_pos);
     const int64_t end = in.start_pos + in.n_tokens;
     if (cfg_.max_position_embeddings > 0 && end > cfg_.max_position_embeddings)
       return make_error(ErrorCode::kInvalidArgument,
-                        "context of {} tokens exceeds the model's max_position_embeddings ({}); use a shorter "
+                        "context of {} tokens exceeds the model's max_position_embeddings ({}{}); use a shorter "
                         "prompt or fewer generated tokens",
-                        end, cfg_.max_position_embeddings);
+                        end, cfg_.max_position_embeddings,
+                        cfg_.sliding_window > 0 ? ", its sliding_window: attention beyond the window is not supported"
+                                                : "");
   }
   return Status::Ok();
 }

@@ -24,6 +24,7 @@ struct LayerWeights {
   TensorView attn_norm;               // [hidden]
   TensorView wq, wk, wv, wo;          // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
   TensorView bq, bk, bv;              // biases (Qwen2 / attention_bias), data null when absent
+  TensorView bo;                      // [hidden] o_proj bias (Llama with attention_bias), data null when absent
   TensorView mlp_norm;                // [hidden]
   TensorView w_gate, w_up, w_down;    // [inter, hidden] x2, [hidden, inter]
 };

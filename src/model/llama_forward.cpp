@@ -233,7 +233,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
 
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
     {
-      const Backend::MatmulOut o[] = {{&lw.wo, nullptr, &xn.view()}};
+      const Backend::MatmulOut o[] = {{&lw.wo, opt(lw.bo), &xn.view()}};
       const LoraTargetOut lora[] = {{LoraTarget::kO, &xn.view()}};
       LRA_RETURN_IF_ERROR(project_with_lora(be_, l, attn.view(), o, lora, segs, lr_keep, stats_));
     }

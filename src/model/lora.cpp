@@ -151,6 +151,9 @@ Status check_refusals(const ojson& j, const std::string& src) {
       {"layer_replication", "layer_replication is not supported"},
       {"exclude_modules", "exclude_modules is not supported"},
       {"trainable_token_indices", "trainable_token_indices (embedding updates) is not supported"},
+      {"alora_invocation_tokens",
+       "alora_invocation_tokens is set: activated LoRA (applied only from its invocation tokens on) is not supported"},
+      {"target_parameters", "target_parameters (LoRA on raw parameters, e.g. MoE experts) is not supported"},
   };
   for (const auto& [key, why] : refused)
     if (!is_unset(j, key)) return make_error(ErrorCode::kUnsupported, "{}: {}", src, why);

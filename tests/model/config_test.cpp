@@ -129,6 +129,90 @@ TEST(ModelConfig, Llama3RopeScalingBothSpellings) {
   EXPECT_DOUBLE_EQ(linear->rope_scaling.factor, 2.0);
 }
 
+// transformers v5 writes rope_theta and the scaling into rope_parameters (and may drop the
+// legacy keys): both are read from there, and win over the legacy ones.
+TEST(ModelConfig, TransformersV5RopeParameters) {
+  json j = llama_json();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 250000.0}};
+  auto cfg = parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.error().message;
+  EXPECT_EQ(cfg->rope_theta, 250000.0);
+  EXPECT_EQ(cfg->rope_scaling.type, "");
+  j["rope_theta"] = 10000.0;  // a stale legacy key loses
+  j["rope_parameters"] = {{"rope_type", "llama3"},     {"rope_theta", 500000.0},      {"factor", 8.0},
+                          {"low_freq_factor", 1.0},    {"high_freq_factor", 4.0},
+                          {"original_max_position_embeddings", 64}};
+  cfg = parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.error().message;
+  EXPECT_EQ(cfg->rope_theta, 500000.0);
+  EXPECT_EQ(cfg->rope_scaling.type, "llama3");
+  EXPECT_EQ(cfg->rope_scaling.factor, 8.0);
+  EXPECT_EQ(cfg->rope_scaling.original_max_position_embeddings, 64);
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  Error e = parse_error(j);
+  EXPECT_EQ(e.code, ErrorCode::kUnsupported);
+  EXPECT_TRUE(Contains(e.message, "rope_parameters type 'yarn' is not supported"));
+  j["rope_parameters"] = {{"rope_type", "linear"}};
+  e = parse_error(j);
+  EXPECT_TRUE(Contains(e.message, "rope_parameters.factor"));
+}
+
+// Parts of a checkpoint's architecture the forward pass does not compute are refused, not
+// ignored (the model would load and compute something else).
+TEST(ModelConfig, RefusesArchitecturePartsItDoesNotCompute) {
+  json j = llama_json();
+  j["mlp_bias"] = true;
+  Error e = parse_error(j);
+  EXPECT_EQ(e.code, ErrorCode::kUnsupported);
+  EXPECT_TRUE(Contains(e.message, "mlp_bias is true"));
+  j = llama_json();
+  j["hidden_act"] = "gelu";
+  e = parse_error(j);
+  EXPECT_EQ(e.code, ErrorCode::kUnsupported);
+  EXPECT_TRUE(Contains(e.message, "hidden_act 'gelu' is not supported"));
+  j["hidden_act"] = 3;
+  EXPECT_EQ(parse_error(j).code, ErrorCode::kCorrupt);
+  for (const char* act : {"silu", "swish"}) {
+    j["hidden_act"] = act;
+    EXPECT_TRUE(parse(j).ok()) << act;
+  }
+}
+
+// A sliding window narrower than the context caps the context there (where full attention is
+// what sliding-window attention computes); a wider one, or none, changes nothing.
+TEST(ModelConfig, SlidingWindowNarrowerThanTheContextCapsIt) {
+  json j = llama_json();  // max_position_embeddings 256
+  j["architectures"] = {"MistralForCausalLM"};
+  j["sliding_window"] = 64;
+  auto cfg = parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.error().message;
+  EXPECT_EQ(cfg->max_position_embeddings, 64);
+  EXPECT_EQ(cfg->sliding_window, 64);
+  j["sliding_window"] = nullptr;  // Mistral v0.2 and later
+  cfg = parse(j);
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ(cfg->max_position_embeddings, 256);
+  EXPECT_EQ(cfg->sliding_window, 0);
+  j["sliding_window"] = -5;
+  EXPECT_EQ(parse_error(j).code, ErrorCode::kCorrupt);
+  j["architectures"] = {"Qwen2ForCausalLM"};
+  j["sliding_window"] = 64;
+  j["use_sliding_window"] = false;
+  cfg = parse(j);
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ(cfg->max_position_embeddings, 256) << "Qwen2 attends fully unless use_sliding_window";
+  j["use_sliding_window"] = true;
+  cfg = parse(j);
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ(cfg->max_position_embeddings, 64);
+  j["architectures"] = {"LlamaForCausalLM"};  // no window in Llama
+  cfg = parse(j);
+  ASSERT_TRUE(cfg.ok());
+  EXPECT_EQ(cfg->max_position_embeddings, 256);
+}
+
 TEST(ModelConfig, RopeScalingErrors) {
   json j = llama_json();
   j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};

@@ -228,6 +228,11 @@ TEST_F(LoraTest, BadAdaptersGiveClearErrorsAndRegistryKeepsServing) {
       {"layers", [](AdapterFiles& f) { f.config["layers_to_transform"] = {0}; }, ErrorCode::kUnsupported,
        "layers_to_transform is not supported"},
       {"fanin", [](AdapterFiles& f) { f.config["fan_in_fan_out"] = true; }, ErrorCode::kUnsupported, "fan_in_fan_out"},
+      // Loaded as plain LoRA these apply the adapter where PEFT would not.
+      {"alora", [](AdapterFiles& f) { f.config["alora_invocation_tokens"] = {5, 6}; }, ErrorCode::kUnsupported,
+       "activated LoRA"},
+      {"tparams", [](AdapterFiles& f) { f.config["target_parameters"] = {"mlp.experts.gate_up_proj"}; },
+       ErrorCode::kUnsupported, "target_parameters"},
       {"ia3", [](AdapterFiles& f) { f.config["peft_type"] = "IA3"; }, ErrorCode::kUnsupported,
        "peft_type 'IA3' is not supported"},
       {"norank", [](AdapterFiles& f) { f.config.erase("r"); }, ErrorCode::kCorrupt, "'r' must be a positive integer"},
