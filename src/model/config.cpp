@@ -211,6 +211,12 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
     LRA_RETURN_IF_ERROR(read_bool(j, "mlp_bias", source, &cfg.mlp_bias));
   }
   LRA_RETURN_IF_ERROR(check_unsupported(j, source, cfg));
+  // Linear scaling stretches positions by `factor`: configs give the original context (e.g.
+  // 4096 for a 16k model), so the usable one is factor times it, as vLLM derives it. (llama3
+  // configs give the scaled context already.)
+  if (cfg.rope_scaling.type == "linear" && cfg.rope_scaling.factor > 1 && std::isfinite(cfg.rope_scaling.factor))
+    cfg.max_position_embeddings = static_cast<int>(std::min<double>(
+        std::numeric_limits<int>::max(), std::floor(cfg.max_position_embeddings * cfg.rope_scaling.factor)));
   // Sliding-window attention (Mistral; Qwen2 with use_sliding_window) equals full attention over
   // contexts no longer than the window: the context is capped there instead of attending wrongly.
   bool windowed = cfg.architecture == "MistralForCausalLM";

@@ -104,6 +104,9 @@ Result<TensorInfo> parse_entry(const std::string& name, const json& v, uint64_t 
 Result<std::vector<TensorInfo>> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
                                                          const std::string& source,
                                                          std::map<std::string, std::string>* metadata) {
+  // The JSON reader stops at a NUL: bytes after one would go unread (the format pads with spaces).
+  if (const size_t nul = header_json.find('\0'); nul != std::string_view::npos)
+    return make_error(ErrorCode::kCorrupt, "{}: safetensors header has a NUL byte at offset {}", source, nul);
   LRA_ASSIGN_OR_RETURN(json header, parse_json(header_json, source));
   if (!header.is_object()) return make_error(ErrorCode::kCorrupt, "{}: safetensors header is not a JSON object", source);
 
@@ -256,8 +259,14 @@ Result<std::unique_ptr<WeightStore>> WeightStore::open_dir(const std::string& di
     return ws;
   }
   const std::string index_path = (fs::path(dir) / "model.safetensors.index.json").string();
-  if (!fs::exists(index_path, ec))
-    return make_error(ErrorCode::kNotFound, "no model.safetensors or model.safetensors.index.json in {}", dir);
+  if (!fs::exists(index_path, ec)) {
+    const bool bin = fs::exists(fs::path(dir) / "pytorch_model.bin", ec) ||
+                     fs::exists(fs::path(dir) / "pytorch_model.bin.index.json", ec);
+    return make_error(ErrorCode::kNotFound, "no model.safetensors or model.safetensors.index.json in {}{}", dir,
+                      bin ? " (it holds a pytorch_model.bin checkpoint, which is not supported: save it as safetensors, "
+                            "e.g. model.save_pretrained(dir, safe_serialization=True))"
+                          : "");
+  }
 
   LRA_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path));
   LRA_ASSIGN_OR_RETURN(nlohmann::json index, parse_json(text, index_path));

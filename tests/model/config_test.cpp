@@ -127,6 +127,7 @@ TEST(ModelConfig, Llama3RopeScalingBothSpellings) {
   ASSERT_TRUE(linear.ok()) << linear.error().message;
   EXPECT_EQ(linear->rope_scaling.type, "linear");
   EXPECT_DOUBLE_EQ(linear->rope_scaling.factor, 2.0);
+  EXPECT_EQ(linear->max_position_embeddings, 512) << "linear scaling stretches the config's 256 positions";
 }
 
 // transformers v5 writes rope_theta and the scaling into rope_parameters (and may drop the

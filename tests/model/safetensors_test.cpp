@@ -246,6 +246,11 @@ TEST(Safetensors, MissingDirectoryOrFileIsNotFoundWithHint) {
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.error().code, ErrorCode::kNotFound);
   EXPECT_EQ(none.error().message, "no model.safetensors or model.safetensors.index.json in " + empty);
+  std::ofstream(empty + "/pytorch_model.bin") << "pickle";
+  auto bin = WeightStore::open_dir(empty);
+  ASSERT_FALSE(bin.ok());
+  EXPECT_TRUE(Contains(bin.error().message, "pytorch_model.bin checkpoint, which is not supported: save it as safetensors"));
+  fs::remove(empty + "/pytorch_model.bin");
 
   auto file = SafetensorsFile::open(empty + "/nope.safetensors");
   ASSERT_FALSE(file.ok());
@@ -274,6 +279,10 @@ TEST(Safetensors, CorruptFilesGiveClearErrors) {
 
   e = open_error(dir, "badjson.safetensors", raw_file("{\"x\": [1, 2", data16));
   EXPECT_TRUE(Contains(e.message, "invalid JSON"));
+
+  // The JSON reader would stop at the NUL and never read what follows it.
+  e = open_error(dir, "nul.safetensors", raw_file("{" + ok_entry + std::string("}\0garbage", 9), data16));
+  EXPECT_TRUE(Contains(e.message, "header has a NUL byte at offset"));
 
   e = open_error(dir, "notobject.safetensors", raw_file("[1, 2]", ""));
   EXPECT_TRUE(Contains(e.message, "header is not a JSON object"));
