@@ -70,7 +70,10 @@ CLI::Validator number_check(bool strict, double min = 0, double max = 0, const c
         if (max > min && v > max) return fmt::format("must be at most {}{}, not {}", max, unit, text);
         return {};
       },
-      strict ? "POSITIVE" : "NONNEGATIVE");
+      // The label --help shows after the type: the range the check enforces.
+      strict ? std::string("POSITIVE")
+             : max > min ? fmt::format("in [{} - {}]{}", min, max, unit)
+                         : (min == 0 ? std::string("NONNEGATIVE") : fmt::format(">= {}", min)));
 }
 
 }  // namespace
