@@ -70,7 +70,7 @@ Result<AddedVocabulary> AddedVocabulary::build(std::vector<AddedToken> tokens, c
   if (any_single_word) {
     // Rust regex's Unicode \w: Alphabetic (letters, letter numbers, most marks), marks,
     // decimal digits, connector punctuation, ZWNJ/ZWJ.
-    LRA_ASSIGN_OR_RETURN(v.word_char_, Regex::compile(R"(^[\p{L}\p{Nl}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", where));
+    LRA_ASSIGN_OR_RETURN(v.word_char_, Regex::compile(R"(\A[\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}])", where));
   }
   return v;
 }

@@ -17,19 +17,39 @@ constexpr std::string_view kWordClass = "\\p{L}\\p{M}\\p{Nd}\\p{Pc}";
 
 // Rewrites the escapes whose Oniguruma meaning differs from PCRE2's (see Regex). Inside a
 // character class only positive forms can be spliced in; a negated one there is unsupported.
+// Oniguruma also nests classes: a nested positive class is a union, flattened here (BLOOM's
+// `[^(\s|[.,!?…])]`); a negated nested class and class intersection (&&) are refused.
 Result<std::string> to_pcre2(std::string_view p, std::string_view where) {
   std::string out;
   out.reserve(p.size() + 16);
-  bool in_class = false;
-  size_t class_start = 0;  // index in `p` just after '[' or '[^' of the open class
+  int depth = 0;           // character classes open at i (0: outside any)
+  size_t class_start = 0;  // index in `p` just after '[' or '[^' of the innermost open class
   for (size_t i = 0; i < p.size(); ++i) {
     const char c = p[i];
+    const bool in_class = depth > 0;
     if (c != '\\' || i + 1 == p.size()) {
-      if (c == '[' && !in_class) {
-        in_class = true;
+      if (c == '[' && in_class && i + 1 < p.size() && p[i + 1] == ':') {
+        // A POSIX class ([:alpha:]) is the same in both: copied whole.
+        const size_t end = p.find(":]", i + 2);
+        if (end == std::string_view::npos) return tokjson::corrupt(where, "regex has an unterminated [: class");
+        out.append(p.substr(i, end + 2 - i));
+        i = end + 1;
+        continue;
+      }
+      if (c == '[' && in_class) {
+        if (i + 1 < p.size() && p[i + 1] == '^')
+          return tokjson::unsupported(where, "regex with a negated character class nested in another");
+        ++depth;  // a union: its members join the enclosing class
+        class_start = i + 1;
+        continue;
+      }
+      if (c == '&' && in_class && i + 1 < p.size() && p[i + 1] == '&')
+        return tokjson::unsupported(where, "regex character class intersection (&&)");
+      if (c == '[') {
+        depth = 1;
         class_start = i + 1 + (i + 1 < p.size() && p[i + 1] == '^');
       } else if (c == ']' && in_class && i != class_start) {
-        in_class = false;
+        if (--depth > 0) continue;  // a nested class's end: dropped with its start
       }
       out.push_back(c);
       continue;
@@ -85,8 +105,9 @@ Result<std::unique_ptr<Regex>> Regex::compile(std::string_view pattern, std::str
   LRA_ASSIGN_OR_RETURN(const std::string translated, to_pcre2(pattern, where));
   int err = 0;
   PCRE2_SIZE offset = 0;
+  // Oniguruma's ^ and $ are line anchors (Ruby's): PCRE2's multiline mode.
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(translated.data()), translated.size(),
-                                   PCRE2_UTF | PCRE2_UCP, &err, &offset, nullptr);
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MULTILINE, &err, &offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
@@ -103,6 +124,7 @@ Status Regex::find_all(std::string_view s, std::vector<Span>& out) const {
   if (!md) throw std::bad_alloc();  // PCRE2's malloc failed: as operator new would
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(s.data());
   size_t pos = 0;
+  size_t last_end = std::string_view::npos;  // end of the previous match kept
   while (pos <= s.size()) {
     // Subjects are valid UTF-8 by construction (encode() sanitises its input), so skip the
     // per-call check that would make repeated matching quadratic.
@@ -122,7 +144,15 @@ Status Regex::find_all(std::string_view s, std::vector<Span>& out) const {
                         where_, pos, s.size(), reinterpret_cast<const char*>(msg));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+    // As Oniguruma's match iterator (rust-onig's FindMatches): an empty match where the previous
+    // match ended is skipped, not kept.
+    if (ov[0] == ov[1] && ov[1] == last_end) {
+      if (ov[1] >= s.size()) break;
+      pos = ov[1] + unicode::utf8_length(static_cast<unsigned char>(s[ov[1]]));
+      continue;
+    }
     out.push_back({ov[0], ov[1]});
+    last_end = ov[1];
     if (ov[1] > ov[0]) {
       pos = ov[1];
     } else if (ov[1] < s.size()) {

@@ -208,6 +208,53 @@ TEST(TokenizerPreTokenizer, RegexThatGivesUpIsAnErrorNotOnePiece) {
   }
 }
 
+// Oniguruma (HF's regex engine) differences the pattern translation and the match loop follow:
+// nested character classes are unions (BLOOM's real pre-tokenizer uses one); ^ and $ anchor
+// each line; an empty match where the previous match ended is skipped (rust-onig's
+// FindMatches). Negated nested classes and && intersections are refused, not misread.
+TEST(TokenizerPreTokenizer, OnigurumaRegexSemantics) {
+  const json vocab = {{"a", 0}, {"b", 1}, {" ", 2}, {".", 3}, {"\n", 4}, {"X", 5}, {"_", 6}, {"(", 7}};
+  const json model = {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}};
+  auto with = [&](const json& extra) {
+    json j = extra;
+    j["model"] = model;
+    return j;
+  };
+  using V = std::vector<int32_t>;
+  // BLOOM: " ?[^(\s|[.,!?…。，、।۔،])]+" isolates runs of anything but whitespace, '(', '|', ')'
+  // and the listed punctuation (PCRE2 alone fails to compile it).
+  const json bloom = with({{"pre_tokenizer", {{"type", "Split"},
+                                              {"pattern", {{"Regex", " ?[^(\\s|[.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c])]+"}}},
+                                              {"behavior", "Isolated"}}}});
+  auto tok = load(bloom);
+  ASSERT_TRUE(tok);
+  EXPECT_EQ(must_encode(*tok, "ab. (a"), (V{0, 1, 3, 2, 7, 0}));
+  // ^ after a newline (Oniguruma's line anchor): both lines' "a" are replaced.
+  auto caret = load(with({{"normalizer", {{"type", "Replace"}, {"pattern", {{"Regex", "^a"}}}, {"content", "X"}}}}));
+  ASSERT_TRUE(caret);
+  EXPECT_EQ(must_encode(*caret, "ab\nab"), (V{5, 1, 4, 5, 1}));
+  auto dollar = load(with({{"normalizer", {{"type", "Replace"}, {"pattern", {{"Regex", "b$"}}}, {"content", "X"}}}}));
+  ASSERT_TRUE(dollar);
+  EXPECT_EQ(must_encode(*dollar, "ab\nab"), (V{0, 5, 4, 0, 5}));
+  // " *" matches " " then, where it ended, the empty string: skipped, so one "_" per gap.
+  auto empty = load(with({{"normalizer", {{"type", "Replace"}, {"pattern", {{"Regex", " *"}}}, {"content", "_"}}}}));
+  ASSERT_TRUE(empty);
+  EXPECT_EQ(must_encode(*empty, "a b"), (V{6, 0, 6, 1, 6}));
+  for (const char* pattern : {"[a[^b]]", "[a-z&&[^b]]"}) {
+    auto r = Tokenizer::from_json(
+        with({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}}}})
+            .dump(),
+        "", "test/tokenizer.json");
+    ASSERT_FALSE(r.ok()) << pattern;
+    EXPECT_EQ(r.error().code, ErrorCode::kUnsupported) << r.error().message;
+  }
+  // POSIX classes inside a class are copied as they are.
+  auto posix = load(with({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "[[:alpha:].]+"}}},
+                                             {"behavior", "Removed"}}}}));
+  ASSERT_TRUE(posix);
+  EXPECT_EQ(must_encode(*posix, "ab. a"), (V{2}));
+}
+
 TEST(TokenizerPreTokenizer, ByteLevelWithGpt2RegexAndPrefixSpace) {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) {
@@ -256,6 +303,8 @@ TEST(TokenizerAddedTokens, StripAndSingleWord) {
   EXPECT_EQ(must_encode(*tok, "a <r>  b"), (V{0, 2, 11, 1}));  // rstrip takes both spaces after
   EXPECT_EQ(must_encode(*tok, "ab a"), (V{12, 2, 0}));         // a whole word
   EXPECT_EQ(must_encode(*tok, "xab"), (V{3, 0, 1}));           // inside a word: not matched
+  // Rust regex's \w (HF's word test) includes Other_Alphabetic: a circled letter is a word char.
+  EXPECT_EQ(must_encode(*tok, "\u24b6ab").back(), 1) << "ab after \u24b6 is inside a word";
   EXPECT_EQ(tok->token_to_id("<m>"), 10);
   EXPECT_EQ(tok->id_to_token(11), "<r>");
   EXPECT_EQ(tok->decode({0, 10, 1}), "a <m> b");  // no decoder: tokens joined with spaces
