@@ -20,7 +20,8 @@ struct GenerateFlags {
   float temperature = 0.f, top_p = 1.f;
   int top_k = 0;
   uint64_t seed = 0;
-  bool json = false, logits = false, ignore_eos = false;
+  bool json = false, logits = false, ignore_eos = false, keep_special = false;
+  bool prompt_tokens_given = false;  // --prompt-tokens was on the command line (even empty)
 };
 
 int run_generate(const GenerateFlags& f) {
@@ -29,7 +30,9 @@ int run_generate(const GenerateFlags& f) {
   LoadedModel& lm = *loaded;
 
   GenerateRequest req;
-  if (!f.prompt_tokens.empty()) {
+  if (f.prompt_tokens_given) {
+    if (f.prompt_tokens.empty())
+      return report(make_error(ErrorCode::kInvalidArgument, "--prompt-tokens is empty: give ids like 1,450,3"));
     auto ids = parse_id_list(f.prompt_tokens);
     if (!ids.ok()) return report(ids.error());
     req.prompt = *ids;
@@ -58,10 +61,12 @@ int run_generate(const GenerateFlags& f) {
   const bool stream = !f.json && lm.tokenizer;
   std::optional<StreamDecoder> stream_dec;  // only with a tokenizer to decode with
   if (stream) stream_dec.emplace(*lm.tokenizer);
-  // The stop token ends the output: its id is kept, its text is not shown (as vLLM does).
+  // The stop token ends the output: its id is kept, its text is not shown; nor is any other
+  // special token's unless --keep-special-tokens (vLLM's skip_special_tokens, default true).
   auto is_stop = [&](int32_t tok) { return std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end(); };
+  auto hidden = [&](int32_t tok) { return !f.keep_special && lm.tokenizer && lm.tokenizer->is_special(tok); };
   auto result = gen.run({req}, [&](size_t, int32_t tok) {
-    if (stream && !is_stop(tok)) {
+    if (stream && !is_stop(tok) && !hidden(tok)) {
       std::string piece = stream_dec->push(tok);
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
@@ -75,6 +80,7 @@ int run_generate(const GenerateFlags& f) {
     j["output_tokens"] = r.output;
     std::vector<int32_t> shown = r.output;
     if (r.finish_reason == "stop" && !shown.empty()) shown.pop_back();
+    std::erase_if(shown, hidden);
     j["text"] = lm.tokenizer ? nlohmann::json(lm.tokenizer->decode(shown)) : nlohmann::json(nullptr);
     j["finish_reason"] = r.finish_reason;
     if (!f.use.empty()) j["adapter"] = f.use;
@@ -108,13 +114,19 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--use", f->use, "Name of a registered adapter to generate with (default: base model)");
   auto* json = cmd->add_flag("--json", f->json,
                              "Print one JSON object: prompt_tokens, output_tokens (with the stop token, if one ended "
-                             "the output), text (without it), finish_reason (stop: a stop token; length: --max-tokens)");
+                             "the output), text (without it and other special tokens), finish_reason (stop: a stop "
+                             "token; length: --max-tokens)");
   cmd->add_flag("--logits", f->logits,
                 "With --json: add last_logits, the logits at the prompt's last position (the first generated token's "
                 "distribution)")
       ->needs(json);
-  cmd->add_flag("--ignore-eos", f->ignore_eos, "Do not stop at the end-of-sequence token");
+  cmd->add_flag("--ignore-eos", f->ignore_eos,
+                "Do not stop at the end-of-sequence tokens (config.json's and generation_config.json's eos_token_id)");
+  cmd->add_flag("--keep-special-tokens", f->keep_special,
+                "Show special tokens (e.g. <|eot_id|>) in the text; by default they are left out, as vLLM's "
+                "skip_special_tokens does (their ids stay in output_tokens)");
   cmd->callback([f, p, pt, &action] {
+    f->prompt_tokens_given = pt->count() > 0;
     if (p->count() == 0 && pt->count() == 0)
       throw CLI::ValidationError("generate", "one of --prompt or --prompt-tokens is required");
     action = [f] { return run_generate(*f); };

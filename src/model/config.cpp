@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -279,7 +280,21 @@ Result<ModelConfig> load_model_config(const std::string& model_dir) {
   if (!std::filesystem::exists(path, ec))
     return make_error(ErrorCode::kNotFound, "no config.json in {} (is it a Hugging Face model directory?)", model_dir);
   LRA_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
-  return parse_model_config(text, path);
+  LRA_ASSIGN_OR_RETURN(ModelConfig cfg, parse_model_config(text, path));
+  // generation_config.json's eos_token_id is what HF generate() and vLLM stop at (Llama 3
+  // Instruct lists its end-of-turn id <|eot_id|> only there): its ids join config.json's.
+  const std::string gen_path = (std::filesystem::path(model_dir) / "generation_config.json").string();
+  if (std::filesystem::exists(gen_path, ec)) {
+    LRA_ASSIGN_OR_RETURN(std::string gen_text, read_text_file(gen_path));
+    LRA_ASSIGN_OR_RETURN(json gen, parse_json(gen_text, gen_path));
+    if (!gen.is_object()) return make_error(ErrorCode::kCorrupt, "{}: top level is not a JSON object", gen_path);
+    ModelConfig ids;  // only its eos ids are used
+    LRA_RETURN_IF_ERROR(parse_special_ids(gen, gen_path, &ids));
+    for (int id : ids.eos_token_ids)
+      if (std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), id) == cfg.eos_token_ids.end())
+        cfg.eos_token_ids.push_back(id);
+  }
+  return cfg;
 }
 
 }  // namespace lragent

@@ -37,6 +37,10 @@ class HfTokenizer final : public Tokenizer {
   int32_t bos_id() const override { return p_.bos; }
   int32_t eos_id() const override { return p_.eos; }
   bool decode_is_unstable(int32_t id) const override;
+  bool is_special(int32_t id) const override {
+    const AddedToken* t = p_.added.find_id(id);
+    return t != nullptr && t->special;
+  }
 
  private:
   // Token string of `id` as decode() sees it (added tokens first), or null.

@@ -61,6 +61,8 @@ class Tokenizer {
   // Whether decode() may still render this token differently once more ids follow it
   // (a ByteFallback <0xNN> piece joins the byte run after it); StreamDecoder waits on such ids.
   virtual bool decode_is_unstable(int32_t id) const { return false; }
+  // Whether `id` is an added token marked special (HF's skip_special_tokens drops these).
+  virtual bool is_special(int32_t id) const { return false; }
 };
 
 // Incremental detokenizer for streaming output: push ids, get only complete UTF-8 text.

@@ -241,6 +241,53 @@ TEST(Cli, GenerateEdges) {
   EXPECT_NE(r.out.find(end + "\n"), std::string::npos) << r.out;  // streamed: the same text
 }
 
+// As vLLM: special tokens are left out of the text (their ids stay in output_tokens) unless
+// --keep-special-tokens; generation_config.json's eos ids stop generation too; an empty
+// --prompt-tokens is an error, not a BOS-only text prompt.
+TEST(Cli, GenerateSpecialTokensEosAndEmptyPrompt) {
+  const std::string args = " --prompt 'Once upon a time' --max-tokens 140 --ignore-eos --json";
+  CliRun r = run_cli("generate " + model_arg() + args);
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const auto& out = j["output_tokens"];
+  ASSERT_NE(std::find(out.begin(), out.end(), 2), out.end()) << "EOS (special) is generated past the story's end";
+  auto count = [](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = text.find("<|end_story|>"); at != std::string::npos; at = text.find("<|end_story|>", at + 1)) ++n;
+    return n;
+  };
+  const std::string skipped = j["text"];
+  r = run_cli("generate " + model_arg() + args + " --keep-special-tokens");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string kept = nlohmann::json::parse(r.out)["text"];
+  EXPECT_GT(count(kept), count(skipped)) << skipped << "\n---\n" << kept;
+  r = run_cli("generate " + model_arg() + " --prompt 'Once upon a time' --max-tokens 140 --ignore-eos");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, skipped + "\n") << "streamed text is the JSON text";
+
+  // A model directory whose generation_config.json adds the 2nd greedy token as an EOS id.
+  r = run_cli("generate " + model_arg() + " --prompt 'Once upon a time' --max-tokens 4 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const int second = nlohmann::json::parse(r.out)["output_tokens"][1];
+  const std::string dir = testing::temp_dir("gen-config");
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    fs::create_symlink(testing::tinystories_dir() + "/" + f, dir + "/" + f);
+  std::ofstream(dir + "/generation_config.json") << R"({"bos_token_id": 1, "eos_token_id": [2, )" << second << "]}";
+  r = run_cli("generate --model " + shell_quote(dir) + " --prompt 'Once upon a time' --max-tokens 4 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["finish_reason"], "stop");
+  EXPECT_EQ(j["output_tokens"].size(), 2u);
+  std::ofstream(dir + "/generation_config.json") << "[1]";
+  r = run_cli("generate --model " + shell_quote(dir) + " --prompt hi --max-tokens 1");
+  EXPECT_EQ(r.code, 4) << r.err;
+  EXPECT_NE(r.err.find("generation_config.json: top level is not a JSON object"), std::string::npos) << r.err;
+
+  r = run_cli("generate " + model_arg() + " --prompt-tokens '' --max-tokens 1");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--prompt-tokens is empty"), std::string::npos) << r.err;
+}
+
 TEST(Cli, ReplayJsonAndBadScripts) {
   const std::string dir = testing::temp_dir("replay");
   const std::string a = testing::adapters_dir() + "/qv-shared-a-r8/";
