@@ -117,15 +117,20 @@ Result<std::vector<int32_t>> AgentSession::encode(const std::string& text) const
   return tok_->encode(text, /*add_special_tokens=*/false);
 }
 
-Result<Tensor> AgentSession::forward_agent(int a, int64_t begin, int32_t* greedy_out) {
-  auto binding = kv_->bind(a);
-  std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
+SeqInput AgentSession::agent_input(int a, const std::vector<int32_t>& toks, int64_t begin, KvBinding* kv) const {
   SeqInput in;
   in.tokens = toks.data();
   in.n_tokens = static_cast<int>(toks.size());
   in.start_pos = begin;
-  in.kv = binding.get();
+  in.kv = kv;
   in.adapter = adapters_[static_cast<size_t>(a)];
+  return in;
+}
+
+Result<Tensor> AgentSession::forward_agent(int a, int64_t begin, int32_t* greedy_out) {
+  auto binding = kv_->bind(a);
+  std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
+  SeqInput in = agent_input(a, toks, begin, binding.get());
   Tensor logits;
   if (greedy_out) {  // only the greedy pick is wanted: made on the device
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model_.forward_argmax({in}));
@@ -145,12 +150,7 @@ Status AgentSession::catch_up_partial(int a, int64_t& begin) {
   if (begin >= split) return Status::Ok();
   auto binding = kv_->bind(a);
   std::vector<int32_t> toks(traj_.begin() + begin, traj_.begin() + split);  // [split - begin]
-  SeqInput in;
-  in.tokens = toks.data();
-  in.n_tokens = static_cast<int>(toks.size());
-  in.start_pos = begin;
-  in.kv = binding.get();
-  in.adapter = adapters_[static_cast<size_t>(a)];
+  SeqInput in = agent_input(a, toks, begin, binding.get());
   LRA_RETURN_IF_ERROR(model_.forward_kv({in}, layers));
   kv_->advance(a, split);
   partial_[static_cast<size_t>(a)] += split - begin;
@@ -170,16 +170,11 @@ Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bo
   auto binding = kv_->bind(a, /*may_evict=*/!speculative);
   std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
   if (extra) toks.push_back(*extra);
-  SeqInput in;
-  in.tokens = toks.data();
-  in.n_tokens = static_cast<int>(toks.size());
+  SeqInput in = agent_input(a, toks, begin, binding.get());
   if (fed) {
     in.n_tokens = 1;
     in.feed_row = 0;
   }
-  in.start_pos = begin;
-  in.kv = binding.get();
-  in.adapter = adapters_[static_cast<size_t>(a)];
   const RowSampling greedy[1] = {};
   return model_.launch_sample({in}, greedy);
 }
