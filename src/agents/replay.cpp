@@ -164,7 +164,21 @@ bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector
   return std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
 }
 
-Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative) {
+bool AgentSession::ends(const std::vector<std::string>& stop, const AgentDecode& dec, StepResult& r) const {
+  const int32_t last = r.output_tokens.back();
+  if (std::find(dec.stop_ids.begin(), dec.stop_ids.end(), last) != dec.stop_ids.end() || stops(stop, r.output_tokens)) {
+    r.finish_reason = "stop";
+    return true;
+  }
+  if (dec.on_token && !dec.on_token(last)) {
+    r.finish_reason = "abort";
+    return true;
+  }
+  return false;
+}
+
+Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative,
+                                  RowSampling pick) {
   // Only read while the pass is recorded: may go when it returns. A speculative pass drops no
   // other agent's cache for room (it may be thrown away); step by step the same pass would.
   auto binding = kv_->bind(a, /*may_evict=*/!speculative);
@@ -175,8 +189,8 @@ Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bo
     in.n_tokens = 1;
     in.feed_row = 0;
   }
-  const RowSampling greedy[1] = {};
-  return model_.launch_sample({in}, greedy);
+  const RowSampling rows[1] = {pick};
+  return model_.launch_sample({in}, rows);
 }
 
 // Pass t's pick is output token t, at position P = traj_.size(). Before reading it, pass t + 1
@@ -185,14 +199,19 @@ Status AgentSession::launch_agent(int a, int64_t begin, const int32_t* extra, bo
 // pass t + 1 was not wanted: its pick is dropped and P is left unprocessed, so whichever agent
 // runs P next stores its entries over the ones written here (the bookkeeping, not the pages,
 // says what a cache holds). That keeps the caches, and so every later token, as step by step.
+// Sampling: each pass's row (its u) is drawn when the pass is launched, in pass order, so the
+// draws are those of step by step; a speculative pass thrown away wastes one draw of a Sampler
+// that lives only for this step.
 Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& forced,
-                                      const std::vector<std::string>& stop, int64_t begin, StepResult& r) {
+                                      const std::vector<std::string>& stop, const AgentDecode& dec, Sampler& sampler,
+                                      int64_t begin, StepResult& r) {
   if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
   struct DropPending {  // an error return leaves no pick behind for the next step's take_picks
     LlamaModel& m;
     ~DropPending() { m.discard_picks(); }
   } drop_pending{model_};
-  LRA_RETURN_IF_ERROR(launch_agent(a, begin, nullptr, false, /*speculative=*/false));
+  auto row = [&] { return forced.empty() ? sampler.next_row() : RowSampling{}; };
+  LRA_RETURN_IF_ERROR(launch_agent(a, begin, nullptr, false, /*speculative=*/false, row()));
   kv_->advance(a, static_cast<int64_t>(traj_.size()));
   computed_[static_cast<size_t>(a)] += static_cast<int64_t>(traj_.size()) - begin;
   for (int i = 0; i < n; ++i) {
@@ -202,7 +221,7 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
       // A pass that cannot be launched (out of KV memory, past the model's context): token t is
       // still taken, and the step-by-step launch below meets the same error only if the pass
       // is wanted after all (not when token t ends the step), as step-by-step decoding would.
-      next = (forced.empty() ? launch_agent(a, P, nullptr, true, /*speculative=*/true)
+      next = (forced.empty() ? launch_agent(a, P, nullptr, true, /*speculative=*/true, row())
                              : launch_agent(a, P, &forced[static_cast<size_t>(i)], false, /*speculative=*/true))
                  .ok();
     }
@@ -210,7 +229,7 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
     const int32_t tok = forced.empty() ? picked.front() : forced[static_cast<size_t>(i)];
     r.output_tokens.push_back(tok);
     traj_.push_back(tok);
-    if (stops(stop, r.output_tokens)) {
+    if (ends(stop, dec, r)) {
       if (next) {
         auto dropped = model_.take_picks();  // the pass is done: its blocks can go
         if (!dropped.ok()) return dropped.error();
@@ -220,7 +239,7 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
       if (i + 1 < n) kv_->release_beyond(a, P);
       break;
     }
-    if (!next && i + 1 < n) LRA_RETURN_IF_ERROR(launch_agent(a, P, nullptr, false, /*speculative=*/false));
+    if (!next && i + 1 < n) LRA_RETURN_IF_ERROR(launch_agent(a, P, nullptr, false, /*speculative=*/false, row()));
     if (i + 1 < n) {
       kv_->advance(a, P + 1);
       computed_[static_cast<size_t>(a)] += 1;
@@ -229,32 +248,46 @@ Status AgentSession::decode_lookahead(int a, int n, const std::vector<int32_t>& 
   return Status::Ok();
 }
 
-Result<StepResult> AgentSession::run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
-                                           const std::vector<std::string>& stop) {
+int AgentSession::agent_index(const std::string& name) const {
   const auto it = std::find(names_.begin(), names_.end(), name);
-  if (it == names_.end())
+  return it == names_.end() ? -1 : static_cast<int>(it - names_.begin());
+}
+
+void AgentSession::truncate(int64_t tokens) {
+  tokens = std::clamp<int64_t>(tokens, 0, static_cast<int64_t>(traj_.size()));
+  traj_.resize(static_cast<size_t>(tokens));
+  kv_->truncate(tokens);
+}
+
+Result<StepResult> AgentSession::run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
+                                           const std::vector<std::string>& stop, const AgentDecode* decode) {
+  const int a = agent_index(name);
+  if (a < 0)
     return make_error(ErrorCode::kNotFound, "agent '{}' is not registered (register it with --adapter {}=DIR)", name, name);
-  const int a = static_cast<int>(it - names_.begin());
+  static const AgentDecode kReplayDecode;
+  const AgentDecode& dec = decode ? *decode : kReplayDecode;
+  Sampler sampler(dec.sampling);
   const auto t0 = std::chrono::steady_clock::now();
   StepResult r;
   r.agent = name;
+  r.finish_reason = "length";
   int n = forced.empty() ? n_generate : static_cast<int>(forced.size());
   const int vocab = model_.config().vocab_size;
   int64_t begin = kv_->catchup_start(a);
   r.prefilled_tokens = n > 0 ? static_cast<int64_t>(traj_.size()) - begin : 0;
   if (n > 0) LRA_RETURN_IF_ERROR(catch_up_partial(a, begin));
   if (lookahead_ && !keep_logits_ && n > 0) {
-    LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, begin, r));
+    LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, dec, sampler, begin, r));
     n = 0;  // done: the step-by-step loop below runs nothing
   }
   for (int i = 0; i < n; ++i) {
     if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
     int32_t tok = 0;
-    if (keep_logits_) {
+    if (keep_logits_ || !sampler.greedy()) {
       LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin, nullptr));
       const float* row = logits.f32();
-      r.logits.emplace_back(row, row + vocab);
-      tok = Sampler::argmax(row, vocab);
+      if (keep_logits_) r.logits.emplace_back(row, row + vocab);
+      tok = sampler.greedy() ? Sampler::argmax(row, vocab) : sampler.sample(row, vocab);
     } else {  // greedy pick on the device (a GPU backend copies back one id, not the logits)
       LRA_RETURN_IF_ERROR(forward_agent(a, begin, &tok));
     }
@@ -262,7 +295,7 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
     r.output_tokens.push_back(tok);
     begin = static_cast<int64_t>(traj_.size());
     traj_.push_back(tok);
-    if (stops(stop, r.output_tokens)) break;
+    if (ends(stop, dec, r)) break;
   }
   if (tok_) r.text = tok_->decode(r.output_tokens);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/sampler.h"
 #include "kv/sharing.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -34,6 +35,9 @@ Result<std::vector<ReplayStep>> parse_replay_script(const std::string& json_text
 
 struct StepResult {
   std::string agent;               // empty for append steps
+  // generate steps: "stop" (a stop string or stop id ended it), "length" (the token budget),
+  // "abort" (AgentDecode::on_token asked to stop)
+  std::string finish_reason;
   int64_t prefilled_tokens = 0;    // tokens this agent computed in its catch-up
   std::vector<int32_t> output_tokens;
   std::string text;
@@ -62,6 +66,16 @@ struct ReplayOptions {
   std::function<void(size_t, const StepResult&)> on_step;
 };
 
+// How a generate step picks and ends (AgentSession::run_agent); the default is the replay's:
+// greedy, ended by stop strings or the token budget only.
+struct AgentDecode {
+  SamplingParams sampling;          // temperature 0: greedy
+  std::vector<int32_t> stop_ids;    // generation ends after emitting one of these (e.g. EOS)
+  // Called with each generated token as it is taken; returning false ends the step there
+  // (finish_reason "abort"; e.g. a streaming client went away). The token stays in the step.
+  std::function<bool(int32_t)> on_token;
+};
+
 // A trajectory shared by agents, each an adapter (or null for the bare base model).
 class AgentSession {
  public:
@@ -71,10 +85,15 @@ class AgentSession {
                                                       const ReplayOptions& opts);
   const std::vector<int32_t>& trajectory() const { return traj_; }
   void append(const std::vector<int32_t>& ids) { traj_.insert(traj_.end(), ids.begin(), ids.end()); }
+  // Cuts the trajectory back to its first `tokens` positions and forgets every cache entry past
+  // them (TrajectoryKv::truncate): the next agent computes from there.
+  void truncate(int64_t tokens);
   Result<std::vector<int32_t>> encode(const std::string& text) const;
-  // A generate (forced empty) or force step for agent `name`.
+  // A generate (forced empty) or force step for agent `name`; `decode` null: greedy, no stop ids.
   Result<StepResult> run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
-                               const std::vector<std::string>& stop);
+                               const std::vector<std::string>& stop, const AgentDecode* decode = nullptr);
+  // The registered agent of that name, or -1.
+  int agent_index(const std::string& name) const;
   Result<StepResult> run_step(const ReplayStep& step);
   CacheBytes cache_bytes() const { return kv_->bytes(); }
   // Tokens each agent ran through every layer (catch-up and decode), and catch-up tokens it ran
@@ -102,7 +121,8 @@ class AgentSession {
   // Launches agent a's greedy pass over traj_[begin:] followed by `extra` (a token not yet in
   // traj_), or by the in-flight pass's pick when fed; its pick waits in the model (take_picks).
   // speculative: a lookahead pass that may be thrown away (TrajectoryKv::bind's may_evict).
-  Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative);
+  // `pick` is the pass's sampling row (greedy when default).
+  Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative, RowSampling pick = {});
   // Every id is inside the model's vocabulary (`what` names the step kind in the error).
   Status check_ids(const std::vector<int32_t>& ids, const char* what) const;
   // The error for an agent pass with no position to run: an empty trajectory (no BOS) is the
@@ -110,9 +130,12 @@ class AgentSession {
   Error nothing_to_forward(int a, int64_t begin) const;
   // Whether the decoded output contains one of the stop strings (never without a tokenizer).
   bool stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const;
+  // Whether the step ends after its latest output token: a stop string or stop id (r's
+  // finish_reason becomes "stop") or on_token declining more ("abort").
+  bool ends(const std::vector<std::string>& stop, const AgentDecode& dec, StepResult& r) const;
   // run_agent's generate/force loop with decode lookahead (keep_logits_ off).
   Status decode_lookahead(int a, int n, const std::vector<int32_t>& forced, const std::vector<std::string>& stop,
-                          int64_t begin, StepResult& r);
+                          const AgentDecode& dec, Sampler& sampler, int64_t begin, StepResult& r);
 
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;

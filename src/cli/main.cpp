@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
       "  lragent generate --model DIR --prompt TEXT     greedy continuation (add --json --logits for scripts)\n"
       "  lragent replay --model DIR --adapter plan=DIR --adapter action=DIR --kv-share base-lr --script S.json\n"
       "  lragent run --workflow react --model DIR --adapter plan=P --adapter action=A --adapter reflect=R\n"
+      "  lragent serve --model DIR --adapter plan=P --adapter action=A --port 8000   OpenAI-compatible server\n"
       "  lragent bench trace --device cuda --preset llama3.1-8b   the poster's trace benchmark, all modes\n"
       "Run `lragent COMMAND --help` for every flag of a command. Exit codes: 1 input/output failure (e.g. an\n"
       "unwritable output file) or internal error, 2 bad argument, 3 not found, 4 corrupt file, 5 unsupported,\n"
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   lragent::cli::register_run(app, action);
   lragent::cli::register_demo(app, action);
   lragent::cli::register_bench(app, action);
+  lragent::cli::register_serve(app, action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -17,12 +17,12 @@ void SharingFlags::add_page_size(CLI::App* app) {
   app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(cli::in_range(1, 1024));
 }
 
-void SharingFlags::add_to(CLI::App* app) {
+void SharingFlags::add_to(CLI::App* app, const std::string& default_mode, const std::string& modes_help) {
   app->add_option("--kv-share", mode,
                   "KV sharing mode: none (private full caches), full (one full cache), base (shared base cache, "
                   "private low-rank caches), base-lr (shared base and low-rank caches; shared-A adapters), "
-                  "droidspeak (full, with --recompute-layers private)")
-      ->default_val("none");
+                  "droidspeak (full, with --recompute-layers private)" + modes_help)
+      ->default_val(default_mode);
   add_recompute_layers(app);
   add_page_size(app);
   app->add_option("--max-context", max_context,

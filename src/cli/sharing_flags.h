@@ -20,7 +20,9 @@ struct SharingFlags {
   int64_t max_context = 4096;  // tokens each KV stream is sized for
   double kv_memory_gb = 0;     // > 0: one KV arena of this size shared by every cache (no per-cache cap)
   bool no_kv_evict = false;    // SharingOptions::evict_private off
-  void add_to(CLI::App* app);  // every flag
+  // Every flag; `default_mode` is --kv-share's default and `modes_help` describes any mode the
+  // command adds to the five (serve's auto).
+  void add_to(CLI::App* app, const std::string& default_mode = "none", const std::string& modes_help = "");
   void add_page_size(CLI::App* app);
   void add_recompute_layers(CLI::App* app);
   // --kv-share droidspeak without --recompute-layers recomputes layer 0, as DroidSpeak does.

@@ -386,6 +386,17 @@ void TrajectoryKv::release_beyond(int a, int64_t tokens) {
     if (s->pool()) s->release_beyond(tokens);
 }
 
+void TrajectoryKv::truncate(int64_t tokens) {
+  tokens = std::max<int64_t>(tokens, 0);
+  for (auto& p : processed_) p = std::min(p, tokens);
+  shared_ = std::min(shared_, tokens);
+  for (PagedStream* s : {&shared_kv_, &shared_lrk_, &shared_lrv_})
+    if (s->pool()) s->release_beyond(tokens);
+  for (size_t a = 0; a < processed_.size(); ++a)
+    for (PagedStream* s : {&priv_kv_[a], &priv_k_[a], &priv_v_[a]})
+      if (s->pool()) s->release_beyond(tokens);
+}
+
 void TrajectoryKv::advance(int a, int64_t end) {
   auto& p = processed_[static_cast<size_t>(a)];
   p = std::max(p, end);

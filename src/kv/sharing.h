@@ -97,6 +97,10 @@ class TrajectoryKv {
   void release_beyond(int a, int64_t tokens);
   // Agent a has processed positions [0, end).
   void advance(int a, int64_t end);
+  // Forgets every entry at positions >= tokens (the trajectory is cut back there, e.g. a server
+  // request that shares only a prefix of it): no agent has processed them, no stream holds
+  // blocks past them. Entries below stay as they are.
+  void truncate(int64_t tokens);
   CacheBytes bytes() const;
   // The largest bytes() so far (by total()): caches shrink only when an agent's are evicted.
   CacheBytes peak_bytes() const;

@@ -1,0 +1,118 @@
+// `lragent serve`: the OpenAI-compatible server (server/server.h) on a model and its adapters.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/core.h>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "cli/sharing_flags.h"
+#include "server/server.h"
+
+namespace lragent::cli {
+namespace {
+
+struct ServeFlags {
+  ModelFlags model;
+  SharingFlags sharing;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_name;
+  int max_sessions = 4;
+  int64_t max_model_len = 0;
+  std::string api_key;
+  bool quiet = false;
+};
+
+server::Server* g_server = nullptr;  // for the signal handler
+
+void on_signal(int) {
+  if (g_server) g_server->stop();  // closes the listening socket: serve() returns
+}
+
+std::string default_served_name(const ModelFlags& m) {
+  if (m.model_dir.empty()) return "synthetic";
+  std::filesystem::path p(m.model_dir);
+  if (p.filename().empty()) p = p.parent_path();  // "dir/" names "dir"
+  return p.filename().string().empty() ? m.model_dir : p.filename().string();
+}
+
+int run_serve(const ServeFlags& f) {
+  auto loaded = load_model(f.model);
+  if (!loaded.ok()) return report(loaded.error());
+  server::ServerOptions so;
+  so.base_name = f.served_name.empty() ? default_served_name(f.model) : f.served_name;
+  so.pool.max_sessions = f.max_sessions;
+  so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
+  so.max_model_len = f.max_model_len;
+  so.api_key = f.api_key;
+  if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+
+  // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base.
+  const bool is_auto = f.sharing.mode == "auto";
+  auto sharing = f.sharing.options_for(is_auto ? "base-lr" : f.sharing.mode);
+  if (!sharing.ok()) return report(sharing.error());
+  so.pool.replay.sharing = *sharing;
+  auto srv = server::Server::create(*loaded->model, loaded->tokenizer.get(), loaded->adapters.get(), so);
+  if (!srv.ok() && is_auto && srv.error().code == ErrorCode::kInvalidArgument &&
+      srv.error().message.find("shared-A") != std::string::npos) {
+    fmt::print(stderr, "--kv-share auto: the adapters do not share lora_A, so each agent keeps its own low-rank cache "
+                       "(base)\n");
+    so.pool.replay.sharing.mode = ShareMode::kBase;
+    srv = server::Server::create(*loaded->model, loaded->tokenizer.get(), loaded->adapters.get(), so);
+  }
+  if (!srv.ok()) return report(srv.error());
+  server::Server& s = **srv;
+  auto port = s.bind(f.host, f.port);
+  if (!port.ok()) return report(port.error());
+  fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions; kv-share {}, up to {} "
+                     "trajectories of {} tokens). Ctrl-C stops.\n",
+             fmt::join(s.model_names(), ", "), f.host, *port, share_mode_name(s.share_mode()), f.max_sessions,
+             s.max_model_len());
+  std::fflush(stderr);
+  g_server = &s;
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  Status st = s.serve();
+  g_server = nullptr;
+  if (!st.ok()) return report(st.error());
+  fmt::print(stderr, "stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void register_serve(CLI::App& app, std::function<int()>& action) {
+  static ServeFlags flags;
+  ServeFlags* f = &flags;
+  CLI::App* cmd = app.add_subcommand(
+      "serve",
+      "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions; "
+      "requests whose prompts extend one trajectory share its KV cache across adapters");
+  f->model.add_to(cmd, true);
+  f->sharing.add_to(cmd, "auto",
+                    "; auto (default here): base-lr when the adapters share lora_A, else base");
+  cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
+  cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")
+      ->default_val(8000)
+      ->check(cli::in_range(0, 65535));
+  cmd->add_option("--served-model-name", f->served_name,
+                  "Name of the base model in the API (default: the --model directory's name; \"synthetic\" for the "
+                  "built-in model). Adapters are served under their --adapter names");
+  cmd->add_option("--max-sessions", f->max_sessions,
+                  "Trajectories kept between requests, each with its KV memory (--max-context / --kv-memory); the "
+                  "least recently used one makes room for a new one")
+      ->default_val(4)
+      ->check(cli::in_range(1, 4096));
+  cmd->add_option("--max-model-len", f->max_model_len,
+                  "Longest prompt + max_tokens a request may ask for (0: --max-context, capped at the model's "
+                  "context); longer requests get HTTP 400")
+      ->default_val(0)
+      ->check(cli::non_negative());
+  cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
+  cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
+  cmd->callback([f, &action] { action = [f] { return run_serve(*f); }; });
+}
+
+}  // namespace lragent::cli

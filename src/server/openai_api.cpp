@@ -1,0 +1,262 @@
+#include "server/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::json;
+
+Error bad(std::string msg) { return Error{ErrorCode::kInvalidArgument, std::move(msg)}; }
+
+// The field, or null when absent (null and absent mean the default, as in the OpenAI API).
+const json& field(const json& body, const char* name) {
+  static const json kNull;
+  const auto it = body.find(name);
+  return it == body.end() ? kNull : *it;
+}
+
+Result<bool> get_bool(const json& body, const char* name, bool dflt) {
+  const json& v = field(body, name);
+  if (v.is_null()) return dflt;
+  if (!v.is_boolean()) return bad(fmt::format("'{}' must be true or false, not {}", name, v.dump()));
+  return v.get<bool>();
+}
+
+// An integer in [lo, hi]; JSON numbers like 16.0 are accepted (clients written in JavaScript send them).
+Result<int64_t> get_int(const json& body, const char* name, int64_t dflt, int64_t lo, int64_t hi) {
+  const json& v = field(body, name);
+  if (v.is_null()) return dflt;
+  double d = 0;
+  if (v.is_number_integer() || v.is_number_unsigned()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+      return bad(fmt::format("'{}' must be in [{}, {}], not {}", name, lo, hi, v.dump()));
+    const int64_t i = v.is_number_unsigned() ? static_cast<int64_t>(v.get<uint64_t>()) : v.get<int64_t>();
+    if (i < lo || i > hi) return bad(fmt::format("'{}' must be in [{}, {}], not {}", name, lo, hi, i));
+    return i;
+  }
+  if (v.is_number_float()) {
+    d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && d >= static_cast<double>(lo) && d <= static_cast<double>(hi))
+      return static_cast<int64_t>(d);
+  }
+  return bad(fmt::format("'{}' must be an integer in [{}, {}], not {}", name, lo, hi, v.dump()));
+}
+
+Result<double> get_number(const json& body, const char* name, double dflt, double lo, double hi) {
+  const json& v = field(body, name);
+  if (v.is_null()) return dflt;
+  if (!v.is_number()) return bad(fmt::format("'{}' must be a number, not {}", name, v.dump()));
+  const double d = v.get<double>();
+  if (!(d >= lo && d <= hi)) return bad(fmt::format("'{}' must be in [{}, {}], not {}", name, lo, hi, v.dump()));
+  return d;
+}
+
+Result<std::vector<int32_t>> get_ids(const json& v, const std::string& what) {
+  if (!v.is_array()) return bad(fmt::format("{} must be a list of token ids", what));
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const json& e : v) {
+    if (!e.is_number_integer() && !e.is_number_unsigned())
+      return bad(fmt::format("{} must hold integer token ids, not {}", what, e.dump()));
+    if (e.is_number_unsigned() ? e.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+                               : (e.get<int64_t>() < 0 || e.get<int64_t>() > std::numeric_limits<int32_t>::max()))
+      return bad(fmt::format("{} holds {}, which is no token id", what, e.dump()));
+    ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  return ids;
+}
+
+Result<std::vector<PromptInput>> get_prompts(const json& v) {
+  std::vector<PromptInput> out;
+  auto one = [&](const json& p, const std::string& what) -> Status {
+    PromptInput in;
+    if (p.is_string()) {
+      in.text = p.get<std::string>();
+    } else {
+      LRA_ASSIGN_OR_RETURN(in.tokens, get_ids(p, what));
+      in.is_tokens = true;
+      if (in.tokens.empty()) return bad(fmt::format("{} is an empty list of token ids", what));
+    }
+    out.push_back(std::move(in));
+    return Status::Ok();
+  };
+  if (v.is_null()) return bad("'prompt' is missing: give a string, a list of token ids, or a list of either");
+  if (v.is_string()) {
+    LRA_RETURN_IF_ERROR(one(v, "'prompt'"));
+  } else if (!v.is_array()) {
+    return bad(fmt::format("'prompt' must be a string or a list, not {}", v.type_name()));
+  } else if (v.empty()) {
+    return bad("'prompt' is an empty list");
+  } else if (v[0].is_number()) {  // one prompt of token ids
+    LRA_RETURN_IF_ERROR(one(v, "'prompt'"));
+  } else {  // a batch: strings or lists of ids
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!v[i].is_string() && !v[i].is_array())
+        return bad(fmt::format("'prompt'[{}] must be a string or a list of token ids, not {}", i, v[i].type_name()));
+      LRA_RETURN_IF_ERROR(one(v[i], fmt::format("'prompt'[{}]", i)));
+    }
+  }
+  return out;
+}
+
+// An OpenAI option lragent does not implement: accepted only at its neutral value.
+Status neutral(const json& body, const char* name, const json& neutral_value, const char* why) {
+  const json& v = field(body, name);
+  if (v.is_null() || v == neutral_value) return Status::Ok();
+  if (v.is_object() && v.empty() && neutral_value.is_null()) return Status::Ok();
+  return Error{ErrorCode::kUnsupported, fmt::format("'{}' = {} is not supported: {}", name, v.dump(), why)};
+}
+
+}  // namespace
+
+Result<CompletionRequest> parse_completion_request(std::string_view text) {
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded())
+    return bad("the request body is not valid JSON (send a JSON object, Content-Type: application/json)");
+  if (!body.is_object()) return bad(fmt::format("the request body must be a JSON object, not {}", body.type_name()));
+  CompletionRequest r;
+  const json& model = field(body, "model");
+  if (!model.is_null()) {
+    if (!model.is_string()) return bad("'model' must be a string: a name from GET /v1/models");
+    r.model = model.get<std::string>();
+  }
+  LRA_ASSIGN_OR_RETURN(r.prompts, get_prompts(field(body, "prompt")));
+  LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, "max_tokens", 16, 0, 1 << 24));
+  r.max_tokens = static_cast<int>(max_tokens);
+  LRA_ASSIGN_OR_RETURN(int64_t n, get_int(body, "n", 1, 1, 64));
+  r.n = static_cast<int>(n);
+  LRA_ASSIGN_OR_RETURN(double temperature, get_number(body, "temperature", 1.0, 0.0, 100.0));
+  LRA_ASSIGN_OR_RETURN(double top_p, get_number(body, "top_p", 1.0, 0.0, 1.0));
+  if (top_p <= 0.0) return bad("'top_p' must be in (0, 1]: 0 would keep no token");
+  // vLLM: -1 (and 0) turn top-k off.
+  LRA_ASSIGN_OR_RETURN(int64_t top_k, get_int(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max()));
+  r.sampling.temperature = static_cast<float>(temperature);
+  r.sampling.top_p = static_cast<float>(top_p);
+  r.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
+  const json& seed = field(body, "seed");
+  if (!seed.is_null()) {
+    if (!seed.is_number_integer() && !seed.is_number_unsigned()) return bad("'seed' must be an integer");
+    r.sampling.seed = seed.is_number_unsigned() ? seed.get<uint64_t>() : static_cast<uint64_t>(seed.get<int64_t>());
+    r.seeded = true;
+  }
+  const json& stop = field(body, "stop");
+  if (stop.is_string()) {
+    r.stop.push_back(stop.get<std::string>());
+  } else if (stop.is_array()) {
+    for (const json& s : stop) {
+      if (!s.is_string()) return bad("'stop' must be a string or a list of strings");
+      r.stop.push_back(s.get<std::string>());
+    }
+  } else if (!stop.is_null()) {
+    return bad("'stop' must be a string or a list of strings");
+  }
+  if (std::any_of(r.stop.begin(), r.stop.end(), [](const std::string& s) { return s.empty(); }))
+    return bad("'stop' holds an empty string, which would end every completion before its first token");
+  const json& stop_ids = field(body, "stop_token_ids");
+  if (!stop_ids.is_null()) {
+    LRA_ASSIGN_OR_RETURN(r.stop_token_ids, get_ids(stop_ids, "'stop_token_ids'"));
+  }
+  LRA_ASSIGN_OR_RETURN(r.ignore_eos, get_bool(body, "ignore_eos", false));
+  LRA_ASSIGN_OR_RETURN(r.skip_special_tokens, get_bool(body, "skip_special_tokens", true));
+  LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
+  LRA_ASSIGN_OR_RETURN(r.stream, get_bool(body, "stream", false));
+  const json& so = field(body, "stream_options");
+  if (!so.is_null()) {
+    if (!so.is_object()) return bad("'stream_options' must be an object like {\"include_usage\": true}");
+    if (!r.stream) return bad("'stream_options' is only allowed with \"stream\": true");
+    LRA_ASSIGN_OR_RETURN(r.include_usage, get_bool(so, "include_usage", false));
+  }
+  const json& best_of = field(body, "best_of");
+  if (!best_of.is_null() && best_of != json(r.n))
+    return Error{ErrorCode::kUnsupported, "'best_of' other than 'n' is not supported: every completion is returned"};
+  LRA_RETURN_IF_ERROR(neutral(body, "logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
+  LRA_RETURN_IF_ERROR(neutral(body, "logit_bias", json(nullptr), "lragent applies no logit bias"));
+  LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
+  for (const char* p : {"presence_penalty", "frequency_penalty"}) {
+    const json& v = field(body, p);
+    if (!v.is_null() && !(v.is_number() && v.get<double>() == 0.0))
+      return Error{ErrorCode::kUnsupported, fmt::format("'{}' = {} is not supported: lragent applies no penalties; "
+                                                        "leave it out or send 0",
+                                                        p, v.dump())};
+  }
+  const json& rep = field(body, "repetition_penalty");
+  if (!rep.is_null() && !(rep.is_number() && rep.get<double>() == 1.0))
+    return Error{ErrorCode::kUnsupported,
+                 fmt::format("'repetition_penalty' = {} is not supported: lragent applies no penalties; leave it out or send 1",
+                             rep.dump())};
+  return r;
+}
+
+int http_status(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kUnsupported:
+    case ErrorCode::kCorrupt: return 400;
+    case ErrorCode::kNotFound: return 404;
+    case ErrorCode::kOutOfMemory: return 503;
+    case ErrorCode::kIo:
+    case ErrorCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+nlohmann::json error_json(const Error& e) {
+  const int status = http_status(e.code);
+  const char* type = status == 400   ? "invalid_request_error"
+                     : status == 404 ? "not_found_error"
+                     : status == 503 ? "service_unavailable_error"
+                                     : "server_error";
+  json err = {{"message", e.message}, {"type", type}, {"param", nullptr}, {"code", status}};
+  return json{{"error", std::move(err)}};
+}
+
+CompletionText::CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens)
+    : tok_(tok), dec_(tok), stop_(std::move(stop)), skip_special_(skip_special_tokens) {
+  for (const std::string& s : stop_) longest_stop_ = std::max(longest_stop_, s.size());
+}
+
+bool CompletionText::cut_at_stop(size_t from) {
+  size_t best = std::string::npos;
+  for (const std::string& s : stop_) {
+    const size_t at = text_.find(s, from);
+    if (at != std::string::npos && at < best) {
+      best = at;
+      matched_ = s;
+    }
+  }
+  if (best == std::string::npos) return false;
+  text_.resize(best);
+  return true;
+}
+
+std::string CompletionText::take(size_t upto) {
+  upto = std::max(upto, shown_);
+  std::string out = text_.substr(shown_, upto - shown_);
+  shown_ = upto;
+  return out;
+}
+
+std::string CompletionText::push(int32_t id, bool ends_step) {
+  if (matched_ || ends_step || (skip_special_ && tok_.is_special(id))) return {};
+  const size_t before = text_.size();
+  text_ += dec_.push(id);
+  // A stop string that ends in the new piece starts at most longest_stop_ - 1 bytes before it.
+  if (cut_at_stop(before >= longest_stop_ ? before - longest_stop_ + 1 : 0)) return take(text_.size());
+  // Held back: the last longest_stop_ - 1 bytes, which a later piece may complete into a stop string.
+  const size_t hold = longest_stop_ > 0 ? longest_stop_ - 1 : 0;
+  return take(text_.size() > hold ? text_.size() - hold : 0);
+}
+
+std::string CompletionText::finish() {
+  if (!matched_) {
+    const size_t before = text_.size();
+    text_ += dec_.finish();
+    cut_at_stop(before >= longest_stop_ ? before - longest_stop_ + 1 : 0);
+  }
+  return take(text_.size());
+}
+
+}  // namespace lragent::server

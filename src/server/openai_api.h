@@ -1,0 +1,86 @@
+// The OpenAI-compatible completions API as vLLM serves it: parsing a request body into a
+// CompletionRequest, the text a completion shows (stop strings cut, special tokens left out),
+// and the JSON of responses, stream chunks and errors. No HTTP here (server.h does that), so
+// all of it is tested and fuzzed without a socket.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/result.h"
+#include "engine/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lragent::server {
+
+// One prompt: text (tokenized by the server, BOS added as vLLM does) or token ids (used as given).
+struct PromptInput {
+  std::string text;
+  std::vector<int32_t> tokens;
+  bool is_tokens = false;
+};
+
+// POST /v1/completions. Defaults are the OpenAI API's (and vLLM's): max_tokens 16, temperature 1.
+struct CompletionRequest {
+  std::string model;                 // empty: the server's base model
+  std::vector<PromptInput> prompts;  // at least one ("prompt" may be a list)
+  int max_tokens = 16;
+  int n = 1;                         // completions per prompt
+  SamplingParams sampling{1.f, 0, 1.f, 0};
+  bool seeded = false;               // "seed" given; otherwise the server draws one
+  std::vector<std::string> stop;     // stop strings: generation ends there, the string is not shown
+  std::vector<int32_t> stop_token_ids;  // vLLM extension: these ids end generation too
+  bool ignore_eos = false;              // vLLM extension
+  bool skip_special_tokens = true;      // vLLM extension
+  bool echo = false;                    // prepend the prompt's text to each completion
+  bool stream = false;                  // server-sent events
+  bool include_usage = false;           // stream_options.include_usage
+};
+
+// Parses and validates a request body. Errors (kInvalidArgument, or kUnsupported for an OpenAI
+// option lragent does not implement, e.g. logprobs) name the field and say what is allowed.
+// Fields the API does not know are ignored, as vLLM ignores them.
+Result<CompletionRequest> parse_completion_request(std::string_view body);
+
+// The HTTP status of an error: 400 bad or unsupported input, 404 unknown model or route, 503 out
+// of KV memory (retry later, or shorter), 500 anything else.
+int http_status(ErrorCode code);
+// {"error": {"message", "type", "param": null, "code": status}} as the OpenAI API answers.
+nlohmann::json error_json(const Error& e);
+
+// The text of one completion, built token by token: special tokens are left out (unless
+// skip_special_tokens is off) and so is the stop id that ended it; the text ends before the
+// first stop string. push() returns only text that can no longer change: pieces a later token
+// may still merge with (StreamDecoder) and the tail that may be the start of a stop string are
+// held back until finish().
+class CompletionText {
+ public:
+  CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens);
+  // `ends_step`: this is a stop id that ended generation (its text is never shown).
+  std::string push(int32_t id, bool ends_step = false);
+  std::string finish();
+  const std::string& text() const { return text_; }  // everything shown or held back so far
+  // The stop string the text was cut at, if any.
+  const std::optional<std::string>& matched_stop() const { return matched_; }
+
+ private:
+  // Cuts text_ at the earliest stop string at or after `from`; true when cut.
+  bool cut_at_stop(size_t from);
+  std::string take(size_t upto);
+
+  const Tokenizer& tok_;
+  StreamDecoder dec_;
+  std::vector<std::string> stop_;
+  size_t longest_stop_ = 0;
+  bool skip_special_;
+  std::string text_;
+  size_t shown_ = 0;  // bytes of text_ returned by push()
+  std::optional<std::string> matched_;
+};
+
+}  // namespace lragent::server

@@ -1,0 +1,380 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include <fmt/core.h>
+#include <httplib.h>
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::json;
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const Error& e) { send_json(res, http_status(e.code), error_json(e)); }
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}-{:016x}", prefix, rng());
+}
+
+}  // namespace
+
+struct Server::Http {
+  httplib::Server svr;
+  bool bound = false;
+};
+
+// A validated request: the agent and each prompt's ids.
+struct Prepared {
+  CompletionRequest req;
+  std::string agent;
+  std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
+  std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
+};
+
+Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenizer* tok, const AdapterRegistry* adapters,
+                                               ServerOptions opts) {
+  std::unique_ptr<Server> s(new Server());
+  s->model_ = &model;
+  s->tok_ = tok;
+  std::vector<std::string> adapter_names;
+  std::vector<const LoraAdapter*> adapter_ptrs;
+  for (int i = 0; adapters && i < adapters->size(); ++i) {
+    const LoraAdapter& a = adapters->at(i);
+    if (a.name == opts.base_name)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "adapter '{}' has the base model's served name: rename it or pass another --served-model-name",
+                        a.name);
+    adapter_names.push_back(a.name);
+    adapter_ptrs.push_back(&a);
+  }
+  s->names_.push_back(opts.base_name);
+  s->names_.insert(s->names_.end(), adapter_names.begin(), adapter_names.end());
+  int64_t capacity = opts.pool.replay.sharing.max_tokens;
+  if (model.config().max_position_embeddings > 0)
+    capacity = std::min<int64_t>(capacity, model.config().max_position_embeddings);
+  opts.max_model_len = opts.max_model_len > 0 ? std::min(opts.max_model_len, capacity) : capacity;
+  auto groups = SessionPool::groups_for(opts.base_name, adapter_names, adapter_ptrs, opts.pool.replay.sharing.mode);
+  LRA_ASSIGN_OR_RETURN(s->pool_, SessionPool::create(model, tok, std::move(groups), opts.pool));
+  s->opts_ = std::move(opts);
+  s->created_ = unix_now();
+  s->next_seed_ = std::random_device{}();
+  s->http_ = std::make_unique<Http>();
+  s->install_routes();
+  return s;
+}
+
+Server::~Server() { stop(); }
+
+Result<std::string> Server::agent_for(const std::string& model) const {
+  if (model.empty()) return names_.front();
+  if (std::find(names_.begin(), names_.end(), model) != names_.end()) return model;
+  return make_error(ErrorCode::kNotFound, "the model '{}' does not exist; this server serves: {} (GET /v1/models)", model,
+                    fmt::join(names_, ", "));
+}
+
+Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
+  const int vocab = model_->config().vocab_size;
+  if (p.is_tokens) {
+    for (int32_t id : p.tokens)
+      if (id >= vocab)
+        return make_error(ErrorCode::kInvalidArgument, "token id {} in 'prompt' is outside the vocabulary [0, {})", id,
+                          vocab);
+    return p.tokens;
+  }
+  if (!tok_)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "this model has no tokenizer.json: send 'prompt' as a list of token ids");
+  return tok_->encode(p.text, /*add_special_tokens=*/true);
+}
+
+namespace {
+
+Result<Prepared> prepare(const CompletionRequest& req, const std::string& agent, const Tokenizer* tok,
+                         int64_t max_model_len, const std::function<Result<std::vector<int32_t>>(const PromptInput&)>& ids_of) {
+  Prepared p;
+  p.req = req;
+  p.agent = agent;
+  if (!tok && !req.stop.empty())
+    return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
+  for (size_t i = 0; i < req.prompts.size(); ++i) {
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ids_of(req.prompts[i]));
+    if (ids.empty())
+      return make_error(ErrorCode::kInvalidArgument, "'prompt' is empty and this model has no BOS token to start from");
+    const int64_t want = static_cast<int64_t>(ids.size()) + req.max_tokens;
+    if (want > max_model_len)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "this model's maximum context length is {} tokens, but {} were requested ({} in the prompt{}, "
+                        "{} for the completion): shorten the prompt or lower 'max_tokens' (the server's "
+                        "--max-context sets the limit)",
+                        max_model_len, want, ids.size(), req.prompts.size() > 1 ? fmt::format(" {}", i) : "",
+                        req.max_tokens);
+    if (req.echo)
+      p.echo.push_back(req.prompts[i].is_tokens ? (tok ? tok->decode(ids) : std::string()) : req.prompts[i].text);
+    p.ids.push_back(std::move(ids));
+  }
+  return p;
+}
+
+}  // namespace
+
+Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req,
+                                                       const std::function<bool(size_t, const std::string&)>& on_delta) {
+  LRA_ASSIGN_OR_RETURN(std::string agent, agent_for(req.model));
+  LRA_ASSIGN_OR_RETURN(Prepared p, prepare(req, agent, tok_, opts_.max_model_len,
+                                           [this](const PromptInput& in) { return prompt_ids(in); }));
+  std::lock_guard<std::mutex> lock(engine_mu_);
+  std::vector<CompletionChoice> out;
+  bool abandoned = false;
+  for (size_t i = 0; i < p.ids.size(); ++i) {
+    for (int j = 0; j < req.n; ++j) {
+      const size_t index = i * static_cast<size_t>(req.n) + static_cast<size_t>(j);
+      CompletionChoice c;
+      c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
+      if (abandoned) break;
+      LRA_ASSIGN_OR_RETURN(SessionPool::Lease lease, pool_->acquire(agent, p.ids[i]));
+      c.reused_tokens = lease.reused_tokens;
+      c.trajectory = lease.id;
+      AgentDecode dec;
+      dec.sampling = req.sampling;
+      dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
+      if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
+      dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
+      std::optional<CompletionText> text;
+      if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens);
+      std::string shown = req.echo ? p.echo[i] : std::string();
+      auto emit = [&](const std::string& delta) {
+        if (delta.empty() || !on_delta) return true;
+        if (!on_delta(index, delta)) abandoned = true;
+        return !abandoned;
+      };
+      if (!emit(shown)) break;
+      size_t pushed = 0;  // output tokens given to `text`
+      auto is_stop_id = [&](int32_t t) { return std::find(dec.stop_ids.begin(), dec.stop_ids.end(), t) != dec.stop_ids.end(); };
+      dec.on_token = [&](int32_t t) {
+        ++pushed;
+        return text ? emit(text->push(t, is_stop_id(t))) : true;
+      };
+      auto r = lease.session->run_agent(agent, req.max_tokens, {}, req.stop, &dec);
+      if (!r.ok()) {
+        pool_->drop(lease.id);  // its caches may hold a partial pass
+        return r.error();
+      }
+      // The token that ended the step (stop id or stop string) is not given to on_token.
+      for (; pushed < r->output_tokens.size(); ++pushed) {
+        const int32_t t = r->output_tokens[pushed];
+        if (text) emit(text->push(t, r->finish_reason == "stop" && pushed + 1 == r->output_tokens.size() && is_stop_id(t)));
+      }
+      if (text) {
+        emit(text->finish());
+        c.text = shown + text->text();
+        c.stop_reason = text->matched_stop();
+      } else {
+        c.text = shown;
+      }
+      c.finish_reason = abandoned ? "abort" : r->finish_reason;
+      c.completion_tokens = static_cast<int64_t>(r->output_tokens.size());
+      c.prefilled_tokens = r->prefilled_tokens;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+Result<int> Server::bind(const std::string& host, int port) {
+  int bound = -1;
+  if (port == 0) {
+    bound = http_->svr.bind_to_any_port(host);
+  } else if (http_->svr.bind_to_port(host, port)) {
+    bound = port;
+  }
+  if (bound < 0)
+    return make_error(ErrorCode::kIo, "cannot listen on {}:{} (in use, or not an address of this machine): pick "
+                      "another --port or --host", host, port);
+  http_->bound = true;
+  return bound;
+}
+
+Status Server::serve() {
+  if (!http_->bound) return make_error(ErrorCode::kInternal, "Server::serve before bind");
+  if (!http_->svr.listen_after_bind()) return make_error(ErrorCode::kIo, "the server's socket failed");
+  return Status::Ok();
+}
+
+void Server::stop() {
+  if (http_ && http_->svr.is_running()) http_->svr.stop();
+}
+
+void Server::install_routes() {
+  httplib::Server& svr = http_->svr;
+  svr.set_payload_max_length(opts_.max_body_bytes);
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (opts_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_json(res, 401,
+              json{{"error", {{"message", "missing or wrong API key: send \"Authorization: Bearer <key>\" with the "
+                                          "server's --api-key"},
+                              {"type", "authentication_error"},
+                              {"param", nullptr},
+                              {"code", 401}}}});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string msg;
+    if (res.status == 404)
+      msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions",
+                        req.method, req.path);
+    else if (res.status == 413)
+      msg = "the request body is larger than the server accepts";
+    else
+      msg = fmt::format("HTTP {}", res.status);
+    const int status = res.status;
+    const char* type = status == 404 ? "not_found_error" : status >= 500 ? "server_error" : "invalid_request_error";
+    send_json(res, status, json{{"error", {{"message", msg}, {"type", type}, {"param", nullptr}, {"code", status}}}});
+  });
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, Error{ErrorCode::kInternal, fmt::format("internal error: {}", what)});
+  });
+  if (opts_.log) {
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      opts_.log(fmt::format("{} {} {} {}", req.remote_addr, req.method, req.path, res.status));
+    });
+  }
+
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json{{"status", "ok"}}); });
+  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json data = json::array();
+    for (size_t i = 0; i < names_.size(); ++i) {
+      data.push_back({{"id", names_[i]},
+                      {"object", "model"},
+                      {"created", created_},
+                      {"owned_by", "lragent"},
+                      {"root", names_[i]},
+                      {"parent", i == 0 ? json(nullptr) : json(names_[0])},
+                      {"max_model_len", opts_.max_model_len}});
+    }
+    send_json(res, 200, json{{"object", "list"}, {"data", data}});
+  });
+  svr.Get("/lragent/sessions", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(engine_mu_);
+    json list = json::array();
+    for (const SessionPool::Info& s : pool_->sessions()) {
+      json computed = json::object();
+      for (size_t a = 0; a < s.agents.size(); ++a) computed[s.agents[a]] = s.computed[a];
+      list.push_back({{"id", s.id},
+                      {"tokens", s.tokens},
+                      {"agents", s.agents},
+                      {"computed_tokens", computed},
+                      {"cache", {{"base_bytes", s.bytes.base}, {"lr_bytes", s.bytes.lr}, {"full_bytes", s.bytes.full},
+                                 {"total_bytes", s.bytes.total()}}}});
+    }
+    send_json(res, 200, json{{"kv_share", share_mode_name(share_mode())},
+                             {"sessions", list},
+                             {"evicted_sessions", pool_->evicted_sessions()}});
+  });
+  svr.Post("/v1/chat/completions", [](const httplib::Request&, httplib::Response& res) {
+    send_error(res, Error{ErrorCode::kUnsupported,
+                          "chat completions need the model's chat template, which lragent does not render yet: "
+                          "format the conversation as text and POST it to /v1/completions"});
+  });
+  svr.Post("/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
+    auto parsed = parse_completion_request(hreq.body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    CompletionRequest req = std::move(*parsed);
+    const std::string id = random_id("cmpl");
+    const int64_t created = unix_now();
+    auto model_name = agent_for(req.model);
+    if (!model_name.ok()) return send_error(res, model_name.error());
+    auto usage_of = [](const std::vector<CompletionChoice>& cs) {
+      int64_t prompt = 0, completion = 0;
+      for (size_t i = 0; i < cs.size(); ++i) {
+        completion += cs[i].completion_tokens;
+        // A prompt counts once however many completions it has (as vLLM counts).
+        if (i == 0 || cs[i].prompt_tokens != cs[i - 1].prompt_tokens || cs[i].trajectory != cs[i - 1].trajectory)
+          prompt += cs[i].prompt_tokens;
+      }
+      return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+    };
+    auto choice_json = [](size_t index, const CompletionChoice& c, bool with_text) {
+      json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason},
+                {"stop_reason", c.stop_reason ? json(*c.stop_reason) : json(nullptr)}};
+      if (with_text) j["text"] = c.text;
+      else j["text"] = "";
+      return j;
+    };
+    auto lragent_json = [this](const std::vector<CompletionChoice>& cs) {
+      json per = json::array();
+      for (const CompletionChoice& c : cs)
+        per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens}, {"prefilled_tokens", c.prefilled_tokens}});
+      return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
+    };
+    if (!req.stream) {
+      auto r = complete(req);
+      if (!r.ok()) return send_error(res, r.error());
+      json choices = json::array();
+      for (size_t i = 0; i < r->size(); ++i) choices.push_back(choice_json(i, (*r)[i], true));
+      return send_json(res, 200,
+                       json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", *model_name},
+                            {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
+    }
+    // Streaming: errors found before the first byte (unknown model, too long) are HTTP errors;
+    // later ones an error event. Validate now by preparing the prompts.
+    auto checked = prepare(req, *model_name, tok_, opts_.max_model_len,
+                           [this](const PromptInput& in) { return prompt_ids(in); });
+    if (!checked.ok()) return send_error(res, checked.error());
+    const std::string model = *model_name;
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model, usage_of, choice_json,
+                                                           lragent_json](size_t, httplib::DataSink& sink) {
+      auto send = [&sink](const json& j) {
+        const std::string line = "data: " + dump(j) + "\n\n";
+        return sink.write(line.data(), line.size());
+      };
+      auto chunk = [&](json choices) {
+        return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}, {"choices", std::move(choices)}};
+      };
+      auto r = complete(req, [&](size_t index, const std::string& delta) {
+        return send(chunk(json::array({{{"index", index}, {"text", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
+      });
+      if (!r.ok()) {
+        send(error_json(r.error()));
+      } else {
+        for (size_t i = 0; i < r->size(); ++i) send(chunk(json::array({choice_json(i, (*r)[i], false)})));
+        if (req.include_usage) {
+          json last = chunk(json::array());
+          last["usage"] = usage_of(*r);
+          last["lragent"] = lragent_json(*r);
+          send(last);
+        }
+      }
+      const std::string done = "data: [DONE]\n\n";
+      sink.write(done.data(), done.size());
+      sink.done();
+      return true;
+    });
+  });
+}
+
+}  // namespace lragent::server

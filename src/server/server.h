@@ -1,0 +1,95 @@
+// `lragent serve`: an OpenAI-compatible HTTP server (the API vLLM serves) whose models are the
+// base model and its LoRA adapters, as vLLM's --lora-modules. Requests of all of them share KV
+// caches through the SessionPool: an agent whose prompt extends a trajectory another agent
+// wrote reuses that trajectory's base (and, in base-lr, low-rank) cache.
+//
+// Routes:
+//   GET  /health                 200 while the server runs
+//   GET  /v1/models              the served names: the base model, then each adapter (parent: base)
+//   POST /v1/completions         text completions (stream with server-sent events)
+//   POST /v1/chat/completions    400: chat templates are not rendered (use /v1/completions)
+//   GET  /lragent/sessions       the kept trajectories: tokens, cache bytes, tokens each agent computed
+// Requests run one at a time, in arrival order (one engine, no cross-request batching yet).
+// A bad request gets an OpenAI error body with its status (400, 404, 413, 503); the server
+// stays up, and a request that fails mid-way drops only its own trajectory.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "server/openai_api.h"
+#include "server/session_pool.h"
+
+namespace lragent::server {
+
+struct ServerOptions {
+  std::string base_name = "base";  // the base model's served name
+  SessionPoolOptions pool;         // sharing mode, KV sizing, trajectories kept
+  int64_t max_model_len = 0;       // prompt + max_tokens limit (0: the trajectories' capacity)
+  std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
+  size_t max_body_bytes = 32u << 20;
+  // One line per request (method, path, status, time); null: silent.
+  std::function<void(const std::string&)> log;
+};
+
+// What one completion request produced, before it is JSON (the server's core, tested without HTTP).
+struct CompletionChoice {
+  std::string text;
+  std::string finish_reason;             // "stop" | "length" | "abort"
+  std::optional<std::string> stop_reason;  // the stop string, when one ended it
+  int64_t completion_tokens = 0;
+  int64_t prompt_tokens = 0;
+  int64_t reused_tokens = 0;     // prompt tokens the trajectory held already
+  int64_t prefilled_tokens = 0;  // tokens the agent computed to catch up
+  int64_t trajectory = 0;        // SessionPool id
+};
+
+class Server {
+ public:
+  // `tok` may be null (token-id prompts only); `adapters` may be null.
+  static Result<std::unique_ptr<Server>> create(LlamaModel& model, const Tokenizer* tok,
+                                                const AdapterRegistry* adapters, ServerOptions opts);
+  ~Server();
+
+  // Binds host:port (port 0: any free port) and returns the port.
+  Result<int> bind(const std::string& host, int port);
+  // Serves on the bound socket until stop() (blocking).
+  Status serve();
+  void stop();
+
+  // The names GET /v1/models lists, base model first.
+  const std::vector<std::string>& model_names() const { return names_; }
+  ShareMode share_mode() const { return opts_.pool.replay.sharing.mode; }
+  int64_t max_model_len() const { return opts_.max_model_len; }
+
+  // One completion request, as POST /v1/completions runs it: `on_delta(choice_index, text)` gets
+  // each piece of text as it can be shown (streaming); returning false abandons the request
+  // (the client went away). Thread-safe: requests run one at a time.
+  Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req,
+                                                 const std::function<bool(size_t, const std::string&)>& on_delta = {});
+
+ private:
+  Server() = default;
+  struct Http;
+  // The agent a request's "model" names (empty: the base model).
+  Result<std::string> agent_for(const std::string& model) const;
+  Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
+  void install_routes();
+
+  LlamaModel* model_ = nullptr;
+  const Tokenizer* tok_ = nullptr;
+  ServerOptions opts_;
+  std::vector<std::string> names_;
+  std::unique_ptr<SessionPool> pool_;
+  std::mutex engine_mu_;  // one request in the engine at a time
+  std::unique_ptr<Http> http_;
+  int64_t created_ = 0;   // unix time the server started (the models' "created")
+  uint64_t next_seed_ = 0;
+};
+
+}  // namespace lragent::server

@@ -1,0 +1,137 @@
+#include "server/session_pool.h"
+
+#include <algorithm>
+
+namespace lragent::server {
+namespace {
+
+int64_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  const auto [ia, ib] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return static_cast<int64_t>(ia - a.begin());
+}
+
+}  // namespace
+
+std::vector<AgentGroup> SessionPool::groups_for(const std::string& base_name,
+                                                const std::vector<std::string>& adapter_names,
+                                                const std::vector<const LoraAdapter*>& adapters, ShareMode mode) {
+  AgentGroup all{adapter_names, adapters};
+  if (mode == ShareMode::kBaseLr && !adapters.empty()) {
+    return {std::move(all), AgentGroup{{base_name}, {nullptr}}};
+  }
+  all.names.insert(all.names.begin(), base_name);
+  all.adapters.insert(all.adapters.begin(), nullptr);
+  return {std::move(all)};
+}
+
+Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, const Tokenizer* tok,
+                                                         std::vector<AgentGroup> groups, SessionPoolOptions opts) {
+  if (opts.max_sessions < 1)
+    return make_error(ErrorCode::kInvalidArgument, "max_sessions must be at least 1, not {}", opts.max_sessions);
+  std::unique_ptr<SessionPool> p(new SessionPool(model));
+  p->tok_ = tok;
+  p->groups_ = std::move(groups);
+  p->opts_ = std::move(opts);
+  // Each group's trajectory must be possible (e.g. base-lr's shared-A check): fail at start-up,
+  // not at the first request. The sessions made here are kept as the first ones.
+  for (int g = 0; g < static_cast<int>(p->groups_.size()); ++g) {
+    if (static_cast<int>(p->entries_.size()) >= p->opts_.max_sessions) break;
+    LRA_ASSIGN_OR_RETURN(Entry * e, p->create_session(g));
+    (void)e;
+  }
+  return p;
+}
+
+Result<SessionPool::Entry*> SessionPool::create_session(int group) {
+  const AgentGroup& g = groups_[static_cast<size_t>(group)];
+  for (;;) {
+    auto s = AgentSession::create(model_, tok_, g.names, g.adapters, opts_.replay);
+    if (s.ok()) {
+      Entry e;
+      e.session = std::move(*s);
+      e.id = next_id_++;
+      e.group = group;
+      e.last_used = ++tick_;
+      entries_.push_back(std::move(e));
+      return &entries_.back();
+    }
+    // Out of memory: the least recently used trajectory gives its KV memory back, then retry.
+    if (s.error().code != ErrorCode::kOutOfMemory || entries_.empty()) return s.error();
+    const auto lru = std::min_element(entries_.begin(), entries_.end(),
+                                      [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
+    entries_.erase(lru);
+    ++evicted_;
+  }
+}
+
+Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt) {
+  int group = -1;
+  for (size_t g = 0; g < groups_.size() && group < 0; ++g)
+    if (std::find(groups_[g].names.begin(), groups_[g].names.end(), agent) != groups_[g].names.end())
+      group = static_cast<int>(g);
+  if (group < 0) return make_error(ErrorCode::kNotFound, "no agent named '{}'", agent);
+
+  Entry* extend = nullptr;  // a trajectory that is a whole prefix of the prompt (longest)
+  Entry* best = nullptr;    // the longest common prefix otherwise
+  int64_t extend_len = -1, best_len = -1;
+  for (Entry& e : entries_) {
+    if (e.group != group) continue;
+    const std::vector<int32_t>& traj = e.session->trajectory();
+    const int64_t l = common_prefix(traj, prompt);
+    if (l == static_cast<int64_t>(traj.size()) && l > extend_len) {
+      extend = &e;
+      extend_len = l;
+    }
+    if (l > best_len) {
+      best = &e;
+      best_len = l;
+    }
+  }
+  Entry* use = nullptr;
+  int64_t keep = 0;
+  if (extend) {
+    use = extend;
+    keep = extend_len;
+  } else if (best && best_len > 0 && 2 * best_len >= static_cast<int64_t>(prompt.size())) {
+    use = best;
+    keep = best_len;
+  } else {
+    if (static_cast<int>(entries_.size()) >= opts_.max_sessions) {
+      const auto lru = std::min_element(entries_.begin(), entries_.end(),
+                                        [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
+      entries_.erase(lru);
+      ++evicted_;
+    }
+    LRA_ASSIGN_OR_RETURN(use, create_session(group));
+    keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
+  }
+  use->last_used = ++tick_;
+  // The prompt's last position always runs again: its logits pick the first token, and an agent
+  // that processed the whole prompt before (a re-sent request) would have nothing to forward.
+  keep = std::min<int64_t>(keep, static_cast<int64_t>(prompt.size()) - 1);
+  AgentSession& s = *use->session;
+  s.truncate(keep);
+  s.append(std::vector<int32_t>(prompt.begin() + keep, prompt.end()));
+  return Lease{&s, use->id, keep};
+}
+
+void SessionPool::drop(int64_t id) {
+  std::erase_if(entries_, [id](const Entry& e) { return e.id == id; });
+}
+
+std::vector<SessionPool::Info> SessionPool::sessions() const {
+  std::vector<Info> out;
+  for (const Entry& e : entries_) {
+    Info i;
+    i.id = e.id;
+    i.group = e.group;
+    i.tokens = static_cast<int64_t>(e.session->trajectory().size());
+    i.bytes = e.session->cache_bytes();
+    i.agents = e.session->agent_names();
+    i.computed = e.session->computed_per_agent();
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+}  // namespace lragent::server

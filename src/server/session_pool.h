@@ -1,0 +1,93 @@
+// The trajectories a server keeps between requests, so that agents (adapters) that send the
+// same growing text share its KV cache as `lragent replay` agents do.
+//
+// A multi-agent client calls the server once per agent turn, each prompt being the whole
+// trajectory so far: plan's prompt, then that prompt + plan's output + an observation for the
+// action agent, and so on. Each kept trajectory is an AgentSession over all the agents of one
+// group, under the server's sharing mode. A request goes to the trajectory whose tokens share
+// the longest prefix with its prompt:
+//   - a trajectory that is a whole prefix of the prompt is extended (the usual agent turn);
+//   - else one sharing at least half of the prompt is cut back to the common prefix (the client
+//     re-sent a turn, or retokenized the boundary of a previous output differently);
+//   - else a new trajectory is started, the least recently used one making room beyond
+//     max_sessions.
+// There is no copy-on-write fork yet: two conversations that part after a long common prefix
+// keep that prefix in two trajectories.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agents/replay.h"
+
+namespace lragent::server {
+
+// Agents that can share one trajectory: every served model name is in exactly one group (the
+// base model is alone when base-lr's shared low-rank cache cannot hold it; see SessionPool::groups_for).
+struct AgentGroup {
+  std::vector<std::string> names;
+  std::vector<const LoraAdapter*> adapters;  // null: the base model
+};
+
+struct SessionPoolOptions {
+  ReplayOptions replay;  // sharing mode and KV sizing of every trajectory, decode lookahead
+  int max_sessions = 4;  // trajectories kept (each reserves its KV memory when created)
+};
+
+class SessionPool {
+ public:
+  static Result<std::unique_ptr<SessionPool>> create(LlamaModel& model, const Tokenizer* tok,
+                                                     std::vector<AgentGroup> groups, SessionPoolOptions opts);
+  // The groups for a base model named `base_name` and adapters under `mode`: one group holding
+  // them all, except that base-lr keeps the base model apart (its trajectory has no low-rank
+  // rows, and the adapters' shared A would have to be its too).
+  static std::vector<AgentGroup> groups_for(const std::string& base_name, const std::vector<std::string>& adapter_names,
+                                            const std::vector<const LoraAdapter*>& adapters, ShareMode mode);
+
+  struct Lease {
+    AgentSession* session = nullptr;
+    int64_t id = 0;
+    // Prompt tokens kept from the trajectory (all but the last, which always runs again). Whether
+    // this agent computes them anyway is the sharing mode's (StepResult::prefilled_tokens).
+    int64_t reused_tokens = 0;
+  };
+  // The trajectory that will run `agent` on `prompt` (which then is its whole token sequence).
+  // Errors: unknown agent (kNotFound), no memory for a new trajectory (kOutOfMemory).
+  Result<Lease> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
+  // Forgets a trajectory (after a failed request its state is not trusted).
+  void drop(int64_t id);
+
+  struct Info {
+    int64_t id = 0;
+    int group = 0;
+    int64_t tokens = 0;
+    CacheBytes bytes;
+    std::vector<std::string> agents;
+    std::vector<int64_t> computed;  // forward-pass tokens per agent, as in replay
+  };
+  std::vector<Info> sessions() const;
+  int64_t evicted_sessions() const { return evicted_; }
+
+ private:
+  struct Entry {
+    std::unique_ptr<AgentSession> session;
+    int64_t id = 0;
+    int group = 0;
+    uint64_t last_used = 0;
+  };
+  SessionPool(LlamaModel& m) : model_(m) {}
+  Result<Entry*> create_session(int group);
+
+  LlamaModel& model_;
+  const Tokenizer* tok_ = nullptr;
+  std::vector<AgentGroup> groups_;
+  SessionPoolOptions opts_;
+  std::vector<Entry> entries_;
+  int64_t next_id_ = 1;
+  uint64_t tick_ = 0;
+  int64_t evicted_ = 0;
+};
+
+}  // namespace lragent::server

@@ -1,0 +1,201 @@
+// Request parsing and completion text of the OpenAI-compatible API (no HTTP): the defaults of
+// the OpenAI API, every accepted form of a field, errors that name the field, and text that is
+// cut at stop strings identically whether it is streamed or not.
+#include <gtest/gtest.h>
+
+#include "server/openai_api.h"
+#include "test_util.h"
+
+namespace lragent::server {
+namespace {
+
+CompletionRequest parse_ok(const std::string& body) {
+  auto r = parse_completion_request(body);
+  EXPECT_TRUE(r.ok()) << body << ": " << r.error().message;
+  return r.ok() ? *r : CompletionRequest{};
+}
+
+// The error's code, and that its message names `field`.
+void expect_error(const std::string& body, ErrorCode code, const std::string& field) {
+  auto r = parse_completion_request(body);
+  ASSERT_FALSE(r.ok()) << body;
+  EXPECT_EQ(r.error().code, code) << body << ": " << r.error().message;
+  EXPECT_NE(r.error().message.find(field), std::string::npos) << body << ": " << r.error().message;
+}
+
+TEST(OpenAiRequest, DefaultsAreTheOpenAiApis) {
+  CompletionRequest r = parse_ok(R"({"model": "plan", "prompt": "Hello"})");
+  EXPECT_EQ(r.model, "plan");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "Hello");
+  EXPECT_FALSE(r.prompts[0].is_tokens);
+  EXPECT_EQ(r.max_tokens, 16);
+  EXPECT_EQ(r.n, 1);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FALSE(r.seeded);
+  EXPECT_TRUE(r.stop.empty());
+  EXPECT_TRUE(r.skip_special_tokens);
+  EXPECT_FALSE(r.stream || r.echo || r.ignore_eos || r.include_usage);
+  // null means the default; unknown fields are ignored (as vLLM does); no model: the base model.
+  r = parse_ok(R"({"prompt": "x", "max_tokens": null, "temperature": null, "user": "me", "whatever": [1]})");
+  EXPECT_EQ(r.model, "");
+  EXPECT_EQ(r.max_tokens, 16);
+}
+
+TEST(OpenAiRequest, EveryFormOfTheFields) {
+  CompletionRequest r = parse_ok(R"({"prompt": [1, 450, 3], "max_tokens": 7.0, "temperature": 0, "top_p": 0.5,
+      "top_k": -1, "seed": 42, "stop": ["\n", "END"], "stop_token_ids": [2], "ignore_eos": true,
+      "skip_special_tokens": false, "echo": true, "n": 3, "best_of": 3, "stream": true,
+      "stream_options": {"include_usage": true}, "logprobs": null, "presence_penalty": 0,
+      "frequency_penalty": 0.0, "repetition_penalty": 1, "logit_bias": {}})");
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_TRUE(r.prompts[0].is_tokens);
+  EXPECT_EQ(r.prompts[0].tokens, (std::vector<int32_t>{1, 450, 3}));
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.5f);
+  EXPECT_EQ(r.sampling.top_k, 0);  // -1: off, as vLLM
+  EXPECT_TRUE(r.seeded);
+  EXPECT_EQ(r.sampling.seed, 42u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_EQ(r.stop_token_ids, std::vector<int32_t>{2});
+  EXPECT_TRUE(r.ignore_eos && r.echo && r.stream && r.include_usage);
+  EXPECT_FALSE(r.skip_special_tokens);
+  EXPECT_EQ(r.n, 3);
+
+  r = parse_ok(R"({"prompt": ["a", [5, 6]], "stop": "x", "top_k": 40})");
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[0].text, "a");
+  EXPECT_EQ(r.prompts[1].tokens, (std::vector<int32_t>{5, 6}));
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_EQ(r.sampling.top_k, 40);
+}
+
+TEST(OpenAiRequest, BadInputNamesTheField) {
+  expect_error("{bad", ErrorCode::kInvalidArgument, "not valid JSON");
+  expect_error("[1, 2]", ErrorCode::kInvalidArgument, "JSON object");
+  expect_error("{}", ErrorCode::kInvalidArgument, "'prompt' is missing");
+  expect_error(R"({"prompt": 5})", ErrorCode::kInvalidArgument, "'prompt'");
+  expect_error(R"({"prompt": []})", ErrorCode::kInvalidArgument, "empty list");
+  expect_error(R"({"prompt": [1, "a"]})", ErrorCode::kInvalidArgument, "'prompt'");
+  expect_error(R"({"prompt": [[]]})", ErrorCode::kInvalidArgument, "'prompt'[0]");
+  expect_error(R"({"prompt": [-1]})", ErrorCode::kInvalidArgument, "no token id");
+  expect_error(R"({"prompt": [99999999999]})", ErrorCode::kInvalidArgument, "no token id");
+  expect_error(R"({"prompt": "a", "model": 3})", ErrorCode::kInvalidArgument, "'model'");
+  expect_error(R"({"prompt": "a", "max_tokens": -1})", ErrorCode::kInvalidArgument, "'max_tokens'");
+  expect_error(R"({"prompt": "a", "max_tokens": 1.5})", ErrorCode::kInvalidArgument, "'max_tokens'");
+  expect_error(R"({"prompt": "a", "max_tokens": "16"})", ErrorCode::kInvalidArgument, "'max_tokens'");
+  expect_error(R"({"prompt": "a", "n": 0})", ErrorCode::kInvalidArgument, "'n'");
+  expect_error(R"({"prompt": "a", "temperature": -0.5})", ErrorCode::kInvalidArgument, "'temperature'");
+  expect_error(R"({"prompt": "a", "temperature": "hot"})", ErrorCode::kInvalidArgument, "'temperature'");
+  expect_error(R"({"prompt": "a", "top_p": 0})", ErrorCode::kInvalidArgument, "'top_p'");
+  expect_error(R"({"prompt": "a", "top_p": 1.5})", ErrorCode::kInvalidArgument, "'top_p'");
+  expect_error(R"({"prompt": "a", "top_k": -2})", ErrorCode::kInvalidArgument, "'top_k'");
+  expect_error(R"({"prompt": "a", "seed": "x"})", ErrorCode::kInvalidArgument, "'seed'");
+  expect_error(R"({"prompt": "a", "stop": ""})", ErrorCode::kInvalidArgument, "'stop'");
+  expect_error(R"({"prompt": "a", "stop": [1]})", ErrorCode::kInvalidArgument, "'stop'");
+  expect_error(R"({"prompt": "a", "stream": "yes"})", ErrorCode::kInvalidArgument, "'stream'");
+  expect_error(R"({"prompt": "a", "stream_options": {"include_usage": true}})", ErrorCode::kInvalidArgument,
+               "'stream_options'");
+  expect_error(R"({"prompt": "a", "logprobs": 2})", ErrorCode::kUnsupported, "'logprobs'");
+  expect_error(R"({"prompt": "a", "best_of": 4})", ErrorCode::kUnsupported, "'best_of'");
+  expect_error(R"({"prompt": "a", "presence_penalty": 0.5})", ErrorCode::kUnsupported, "'presence_penalty'");
+  expect_error(R"({"prompt": "a", "repetition_penalty": 1.2})", ErrorCode::kUnsupported, "'repetition_penalty'");
+  expect_error(R"({"prompt": "a", "logit_bias": {"5": 10}})", ErrorCode::kUnsupported, "'logit_bias'");
+  expect_error(R"({"prompt": "a", "suffix": "x"})", ErrorCode::kUnsupported, "'suffix'");
+}
+
+TEST(OpenAiRequest, ErrorsMapToHttpStatusAndOpenAiBodies) {
+  EXPECT_EQ(http_status(ErrorCode::kInvalidArgument), 400);
+  EXPECT_EQ(http_status(ErrorCode::kUnsupported), 400);
+  EXPECT_EQ(http_status(ErrorCode::kNotFound), 404);
+  EXPECT_EQ(http_status(ErrorCode::kOutOfMemory), 503);
+  EXPECT_EQ(http_status(ErrorCode::kInternal), 500);
+  const nlohmann::json j = error_json(Error{ErrorCode::kNotFound, "no model"});
+  EXPECT_EQ(j["error"]["message"], "no model");
+  EXPECT_EQ(j["error"]["code"], 404);
+  EXPECT_EQ(j["error"]["type"], "not_found_error");
+}
+
+class CompletionTextTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto t = Tokenizer::load_dir(testing::tinystories_dir());
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    tok_ = std::move(*t);
+  }
+  std::vector<int32_t> ids(const std::string& text) {
+    auto r = tok_->encode(text, false);
+    EXPECT_TRUE(r.ok());
+    return r.ok() ? *r : std::vector<int32_t>{};
+  }
+  // Streams `toks` one by one: the concatenated pieces, which must equal text().
+  std::string stream(CompletionText& ct, const std::vector<int32_t>& toks, const std::vector<bool>& ends = {}) {
+    std::string out;
+    for (size_t i = 0; i < toks.size(); ++i) out += ct.push(toks[i], i < ends.size() && ends[i]);
+    out += ct.finish();
+    EXPECT_EQ(out, ct.text());
+    return out;
+  }
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(CompletionTextTest, StopStringsCutTheTextWhereverTokensSplitThem) {
+  const std::vector<int32_t> toks = ids("The dog ran home. Then the cat slept.");
+  ASSERT_GT(toks.size(), 8u);
+  {
+    CompletionText ct(*tok_, {}, true);
+    EXPECT_EQ(stream(ct, toks), tok_->decode(toks));
+    EXPECT_FALSE(ct.matched_stop());
+  }
+  for (const std::string& stop : {std::string("home."), std::string("e. Th"), std::string("cat"), std::string("T")}) {
+    CompletionText ct(*tok_, {"zzz", stop}, true);
+    const std::string full = tok_->decode(toks);
+    EXPECT_EQ(stream(ct, toks), full.substr(0, full.find(stop))) << stop;
+    ASSERT_TRUE(ct.matched_stop());
+    EXPECT_EQ(*ct.matched_stop(), stop);
+  }
+  // The earliest of several stop strings wins, whichever is listed first.
+  CompletionText ct(*tok_, {"cat", "dog"}, true);
+  stream(ct, toks);
+  EXPECT_EQ(*ct.matched_stop(), "dog");
+}
+
+TEST_F(CompletionTextTest, NothingThatMayBecomeAStopStringIsShownEarly) {
+  const std::vector<int32_t> toks = ids("one two three");
+  CompletionText ct(*tok_, {"two three four"}, true);
+  std::string shown;
+  for (int32_t t : toks) {
+    shown += ct.push(t);
+    // What is shown never includes a prefix of the stop string that a later token could complete.
+    EXPECT_EQ(shown.find("two"), std::string::npos) << shown;
+  }
+  shown += ct.finish();
+  EXPECT_EQ(shown, tok_->decode(toks));  // it never completed: all of it is shown at the end
+}
+
+TEST_F(CompletionTextTest, SpecialTokensAndTheStopIdAreLeftOut) {
+  std::vector<int32_t> toks = ids("Hi there");
+  const int32_t eos = tok_->eos_id();
+  ASSERT_GE(eos, 0);
+  ASSERT_TRUE(tok_->is_special(eos));
+  std::vector<int32_t> with_eos = toks;
+  with_eos.insert(with_eos.begin() + 1, eos);
+  CompletionText skip(*tok_, {}, true);
+  EXPECT_EQ(stream(skip, with_eos), tok_->decode(toks));
+  // skip_special_tokens off shows a special token, but never the stop id that ended generation.
+  CompletionText keep(*tok_, {}, false);
+  const std::string kept = stream(keep, with_eos);
+  EXPECT_NE(kept, tok_->decode(toks));
+  std::vector<int32_t> ended = toks;
+  ended.push_back(eos);
+  std::vector<bool> ends(ended.size(), false);
+  ends.back() = true;
+  CompletionText stop_id(*tok_, {}, false);
+  EXPECT_EQ(stream(stop_id, ended, ends), tok_->decode(toks));
+}
+
+}  // namespace
+}  // namespace lragent::server

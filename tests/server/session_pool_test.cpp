@@ -1,0 +1,210 @@
+// The server's trajectory pool on tinystories-656k with the plan/action/reflect adapters:
+// which trajectory a request lands on, and that a trajectory cut back to a shared prefix
+// (TrajectoryKv::truncate) then computes exactly what a trajectory that never held the cut
+// tokens computes, in every sharing mode.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "server/session_pool.h"
+#include "test_util.h"
+
+namespace lragent::server {
+namespace {
+
+class SessionPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_cpu_backend(2);
+    auto m = LlamaModel::load(testing::tinystories_dir(), *be_);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    model_ = std::move(*m);
+    auto t = Tokenizer::load_dir(testing::tinystories_dir());
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    tok_ = std::move(*t);
+    for (const char* role : {"plan", "action", "reflect"}) {
+      auto a = load_lora_adapter(role, testing::adapters_dir() + "/qv-shared-a-r8/" + role, model_->config());
+      ASSERT_TRUE(a.ok()) << a.error().message;
+      names_.push_back(role);
+      ptrs_.push_back(a->get());
+      adapters_.push_back(std::move(*a));
+    }
+  }
+  static SessionPoolOptions options(ShareMode mode, int max_sessions = 4) {
+    SessionPoolOptions o;
+    o.replay.sharing.mode = mode;
+    o.replay.sharing.max_tokens = 256;
+    if (mode == ShareMode::kDroidSpeak) o.replay.sharing.recompute_layers = {1};
+    o.max_sessions = max_sessions;
+    return o;
+  }
+  std::unique_ptr<SessionPool> pool(ShareMode mode, int max_sessions = 4) {
+    auto p = SessionPool::create(*model_, tok_.get(), SessionPool::groups_for("base", names_, ptrs_, mode),
+                                 options(mode, max_sessions));
+    EXPECT_TRUE(p.ok()) << p.error().message;
+    return p.ok() ? std::move(*p) : nullptr;
+  }
+  std::vector<int32_t> encode(const std::string& text) {
+    auto ids = tok_->encode(text, true);
+    EXPECT_TRUE(ids.ok());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  std::vector<std::unique_ptr<LoraAdapter>> adapters_;
+  std::vector<std::string> names_;
+  std::vector<const LoraAdapter*> ptrs_;
+};
+
+TEST_F(SessionPoolTest, GroupsKeepTheBaseModelApartOnlyUnderBaseLr) {
+  for (ShareMode mode : kAllShareModes) {
+    auto groups = SessionPool::groups_for("base", names_, ptrs_, mode);
+    if (mode == ShareMode::kBaseLr) {
+      ASSERT_EQ(groups.size(), 2u);
+      EXPECT_EQ(groups[0].names, names_);
+      EXPECT_EQ(groups[1].names, std::vector<std::string>{"base"});
+      EXPECT_EQ(groups[1].adapters, std::vector<const LoraAdapter*>{nullptr});
+    } else {
+      ASSERT_EQ(groups.size(), 1u) << share_mode_name(mode);
+      EXPECT_EQ(groups[0].names, (std::vector<std::string>{"base", "plan", "action", "reflect"}));
+    }
+    // Every group can hold a trajectory (base-lr's shared-A check passes with the base apart).
+    EXPECT_NE(pool(mode), nullptr) << share_mode_name(mode);
+  }
+}
+
+TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
+  auto p = pool(ShareMode::kBaseLr, 3);
+  ASSERT_NE(p, nullptr);
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog.\nThought 1:");
+  auto l1 = p->acquire("plan", prompt);
+  ASSERT_TRUE(l1.ok()) << l1.error().message;
+  EXPECT_EQ(l1->reused_tokens, 1);  // the BOS a new trajectory holds
+  auto r1 = l1->session->run_agent("plan", 6, {}, {});
+  ASSERT_TRUE(r1.ok()) << r1.error().message;
+  EXPECT_EQ(r1->prefilled_tokens, static_cast<int64_t>(prompt.size()));
+
+  // The action agent's prompt extends the trajectory (plan's output included).
+  std::vector<int32_t> turn2 = l1->session->trajectory();
+  const std::vector<int32_t> obs = {13, 29909, 29901};  // any ids inside the vocabulary
+  for (int32_t id : obs) turn2.push_back(id % model_->config().vocab_size);
+  auto l2 = p->acquire("action", turn2);
+  ASSERT_TRUE(l2.ok());
+  EXPECT_EQ(l2->id, l1->id);
+  EXPECT_EQ(l2->reused_tokens, static_cast<int64_t>(turn2.size() - obs.size()));
+  auto r2 = l2->session->run_agent("action", 4, {}, {});
+  ASSERT_TRUE(r2.ok()) << r2.error().message;
+  // base-lr: action computes only what no agent has (plan's unprocessed last token and the observation).
+  EXPECT_EQ(r2->prefilled_tokens, static_cast<int64_t>(obs.size()) + 1);
+
+  // A prompt sharing only its first tokens starts another trajectory; the first is kept whole.
+  const size_t before = l2->session->trajectory().size();
+  auto l3 = p->acquire("reflect", encode("Once upon a time the sun was hot."));
+  ASSERT_TRUE(l3.ok());
+  EXPECT_NE(l3->id, l1->id);
+  auto infos = p->sessions();
+  const auto first = std::find_if(infos.begin(), infos.end(), [&](const auto& i) { return i.id == l1->id; });
+  ASSERT_NE(first, infos.end());
+  EXPECT_EQ(first->tokens, static_cast<int64_t>(before));
+
+  // Re-sending the first turn (most of it shared) cuts the trajectory back rather than starting anew.
+  auto l4 = p->acquire("plan", prompt);
+  ASSERT_TRUE(l4.ok());
+  EXPECT_EQ(l4->id, l1->id);
+  EXPECT_EQ(l4->reused_tokens, static_cast<int64_t>(prompt.size()) - 1);
+  EXPECT_EQ(l4->session->trajectory(), prompt);
+
+  // The base model lives in its own group under base-lr.
+  auto l5 = p->acquire("base", prompt);
+  ASSERT_TRUE(l5.ok());
+  EXPECT_NE(l5->id, l1->id);
+  EXPECT_EQ(p->acquire("nobody", prompt).error().code, ErrorCode::kNotFound);
+}
+
+TEST_F(SessionPoolTest, TheLeastRecentlyUsedTrajectoryMakesRoom) {
+  auto p = pool(ShareMode::kBase, 2);
+  ASSERT_NE(p, nullptr);
+  auto a = p->acquire("plan", encode("Alpha alpha alpha alpha."));
+  ASSERT_TRUE(a.ok());
+  const int64_t id_a = a->id;
+  auto b = p->acquire("plan", encode("Beta beta beta beta beta."));
+  ASSERT_TRUE(b.ok());
+  const int64_t id_b = b->id;
+  EXPECT_NE(id_a, id_b);
+  ASSERT_TRUE(p->acquire("action", encode("Alpha alpha alpha alpha. More")).ok());  // touches a
+  auto c = p->acquire("plan", encode("Gamma gamma gamma gamma."));
+  ASSERT_TRUE(c.ok());
+  std::vector<int64_t> ids;
+  for (const auto& i : p->sessions()) ids.push_back(i.id);
+  EXPECT_EQ(ids.size(), 2u);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), id_a), ids.end());
+  EXPECT_EQ(std::find(ids.begin(), ids.end(), id_b), ids.end());
+  EXPECT_EQ(p->evicted_sessions(), 1);
+  p->drop(id_a);
+  EXPECT_EQ(p->sessions().size(), 1u);
+}
+
+// A trajectory cut back to L tokens (then re-extended) computes what one that only ever held
+// those tokens computes: the same tokens and logits, in every mode. Reference: a fresh session
+// where plan is forced through the kept part of its own output, so every kept position has the
+// same origin (plan) as in the cut trajectory.
+TEST_F(SessionPoolTest, ACutTrajectoryComputesAsOneThatNeverHeldTheCutTokens) {
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max.");
+  for (ShareMode mode : kAllShareModes) {
+    SCOPED_TRACE(share_mode_name(mode));
+    SessionPoolOptions o = options(mode);
+    o.replay.keep_logits = true;
+    auto cut_pool = SessionPool::create(*model_, tok_.get(), {AgentGroup{names_, ptrs_}}, o);
+    ASSERT_TRUE(cut_pool.ok()) << cut_pool.error().message;
+    auto l1 = (*cut_pool)->acquire("plan", prompt);
+    ASSERT_TRUE(l1.ok());
+    auto r1 = l1->session->run_agent("plan", 10, {}, {});
+    ASSERT_TRUE(r1.ok()) << r1.error().message;
+    ASSERT_TRUE(l1->session->run_agent("action", 5, {}, {}).ok());  // entries past the cut, from action
+    const std::vector<int32_t> full = l1->session->trajectory();
+    const size_t L = prompt.size() + 6;  // inside plan's output
+    const std::vector<int32_t> kept(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(L));
+    // Plan, whose own entries went past the cut, runs again from it; then reflect.
+    auto l2 = (*cut_pool)->acquire("plan", kept);
+    ASSERT_TRUE(l2.ok());
+    ASSERT_EQ(l2->id, l1->id);
+    std::vector<StepResult> cut, ref;
+    for (const char* agent : {"plan", "reflect"}) {
+      auto r = l2->session->run_agent(agent, 6, {}, {});
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      cut.push_back(std::move(*r));
+    }
+
+    auto fresh = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o.replay);
+    ASSERT_TRUE(fresh.ok());
+    (*fresh)->append(std::vector<int32_t>(prompt.begin() + 1, prompt.end()));  // the session starts with BOS
+    ASSERT_TRUE((*fresh)->run_agent("plan", 0, std::vector<int32_t>(kept.begin() + static_cast<std::ptrdiff_t>(prompt.size()), kept.end()), {}).ok());
+    ASSERT_EQ((*fresh)->trajectory(), kept);
+    for (const char* agent : {"plan", "reflect"}) {
+      auto r = (*fresh)->run_agent(agent, 6, {}, {});
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      ref.push_back(std::move(*r));
+    }
+
+    for (size_t s = 0; s < ref.size(); ++s) {
+      SCOPED_TRACE(ref[s].agent);
+      EXPECT_EQ(cut[s].output_tokens, ref[s].output_tokens);
+      EXPECT_EQ(cut[s].prefilled_tokens, ref[s].prefilled_tokens);
+      ASSERT_EQ(cut[s].logits.size(), ref[s].logits.size());
+      double worst = 0;
+      for (size_t i = 0; i < ref[s].logits.size(); ++i)
+        for (size_t v = 0; v < ref[s].logits[i].size(); ++v)
+          worst = std::max(worst, static_cast<double>(std::abs(cut[s].logits[i][v] - ref[s].logits[i][v])));
+      EXPECT_LT(worst, 1e-5);
+    }
+    // Nothing past the cut is still counted: with only shared caches (action's private ones in the
+    // other modes hold its kept positions, which the reference never gave it) the bytes are equal.
+    if (mode == ShareMode::kFull || mode == ShareMode::kBaseLr)
+      EXPECT_EQ(l2->session->cache_bytes().total(), (*fresh)->cache_bytes().total());
+  }
+}
+
+}  // namespace
+}  // namespace lragent::server
