@@ -1,0 +1,321 @@
+// `lragent serve` over HTTP on tinystories-656k with the plan/action/reflect adapters: a
+// greedy completion is `generate`'s, agents whose prompts extend one trajectory share it,
+// streaming gives the non-streamed text, bad requests get OpenAI error bodies while the
+// server keeps serving, and concurrent clients get what they would get one at a time.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "engine/generator.h"
+#include "server/server.h"
+#include "test_util.h"
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::json;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_cpu_backend(2);
+    auto m = LlamaModel::load(testing::tinystories_dir(), *be_);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    model_ = std::move(*m);
+    auto t = Tokenizer::load_dir(testing::tinystories_dir());
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    tok_ = std::move(*t);
+    for (const char* role : {"plan", "action", "reflect"}) {
+      auto a = load_lora_adapter(role, testing::adapters_dir() + "/qv-shared-a-r8/" + role, model_->config());
+      ASSERT_TRUE(a.ok()) << a.error().message;
+      ASSERT_TRUE(reg_.add(std::move(*a)).ok());
+    }
+  }
+  void TearDown() override { stop(); }
+
+  void start(ShareMode mode, ServerOptions o = {}) {
+    o.base_name = "tiny";
+    o.pool.replay.sharing.mode = mode;
+    o.pool.replay.sharing.max_tokens = 512;
+    auto s = Server::create(*model_, tok_.get(), &reg_, o);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    server_ = std::move(*s);
+    auto port = server_->bind("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.error().message;
+    port_ = *port;
+    thread_ = std::thread([this] { (void)server_->serve(); });
+    // Up once /health answers.
+    for (int i = 0; i < 200; ++i) {
+      httplib::Client c("127.0.0.1", port_);
+      if (auto r = c.Get("/health"); r && r->status == 200) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "the server did not come up";
+  }
+  void stop() {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+  }
+  // POST body; returns (status, parsed body or the raw text as a JSON string).
+  std::pair<int, json> post(const std::string& path, const std::string& body, const httplib::Headers& h = {}) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post(path.c_str(), h, body, "application/json");
+    if (!r) return {-1, json(httplib::to_string(r.error()))};
+    json j = json::parse(r->body, nullptr, false);
+    return {r->status, j.is_discarded() ? json(r->body) : j};
+  }
+  std::pair<int, json> complete(const json& body) { return post("/v1/completions", body.dump()); }
+  // Greedy tokens of `generate` for a prompt (BOS added), stopping at EOS as the server does.
+  std::string generate_text(const std::string& prompt, const std::string& adapter, int max_tokens) {
+    GenerateRequest req;
+    auto ids = tok_->encode(prompt, true);
+    EXPECT_TRUE(ids.ok());
+    req.prompt = *ids;
+    req.max_tokens = max_tokens;
+    req.adapter = adapter.empty() ? nullptr : reg_.find(adapter);
+    req.stop_ids = model_->config().eos_token_ids;
+    Generator gen(*model_, EngineOptions{});
+    auto r = gen.run({req});
+    EXPECT_TRUE(r.ok());
+    std::vector<int32_t> out = (*r)[0].output;
+    if ((*r)[0].finish_reason == "stop") out.pop_back();
+    return tok_->decode(out);
+  }
+
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  AdapterRegistry reg_;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+TEST_F(ServerTest, ModelsListTheBaseModelAndEveryAdapter) {
+  start(ShareMode::kBaseLr);
+  httplib::Client c("127.0.0.1", port_);
+  auto r = c.Get("/v1/models");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["object"], "list");
+  ASSERT_EQ(j["data"].size(), 4u);
+  EXPECT_EQ(j["data"][0]["id"], "tiny");
+  EXPECT_TRUE(j["data"][0]["parent"].is_null());
+  EXPECT_EQ(j["data"][1]["id"], "plan");
+  EXPECT_EQ(j["data"][1]["parent"], "tiny");
+  EXPECT_EQ(j["data"][3]["max_model_len"], 512);
+}
+
+// Exact when the agent computes its prompt itself: a prompt no other agent has computed (any
+// mode), or any prompt under none. (An agent reading another's shared entries differs slightly
+// by design: that is the sharing's approximation, measured by `lragent fidelity`.)
+TEST_F(ServerTest, GreedyCompletionsAreGeneratesForTheBaseModelAndEachAdapter) {
+  for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    start(mode);
+    const std::vector<std::string> prompts = {"Once upon a time, there was a little girl named Lily.",
+                                              "Tom had a big red ball. He liked to play.",
+                                              "The sun was hot and the grass was green."};
+    for (size_t round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < 3; ++i) {
+        const std::string model = std::vector<std::string>{"tiny", "plan", "action"}[i];
+        // none: every model on every prompt; base-lr: each prompt by its first model only.
+        const std::string& prompt = prompts[mode == ShareMode::kNone ? (i + round) % 3 : i];
+        auto [status, j] = complete({{"model", model}, {"prompt", prompt}, {"max_tokens", 24}, {"temperature", 0}});
+        ASSERT_EQ(status, 200) << j.dump();
+        EXPECT_EQ(j["object"], "text_completion");
+        EXPECT_EQ(j["model"], model);
+        EXPECT_EQ(j["choices"][0]["text"], generate_text(prompt, model == "tiny" ? "" : model, 24)) << model;
+        const json& u = j["usage"];
+        EXPECT_EQ(u["prompt_tokens"].get<int64_t>(), static_cast<int64_t>(tok_->encode(prompt, true)->size()));
+        EXPECT_EQ(u["total_tokens"].get<int64_t>(),
+                  u["prompt_tokens"].get<int64_t>() + u["completion_tokens"].get<int64_t>());
+      }
+    }
+    stop();
+  }
+}
+
+TEST_F(ServerTest, AgentsWhosePromptsExtendATrajectoryShareItsCache) {
+  start(ShareMode::kBaseLr);
+  std::string traj = "Question: where is the dog?\nThought 1:";
+  auto [s1, plan] = complete({{"model", "plan"}, {"prompt", traj}, {"max_tokens", 12}, {"temperature", 0}, {"stop", "\n"}});
+  ASSERT_EQ(s1, 200) << plan.dump();
+  const int64_t first_prompt = plan["usage"]["prompt_tokens"];
+  EXPECT_EQ(plan["lragent"]["choices"][0]["prefilled_tokens"].get<int64_t>(), first_prompt);
+  traj += plan["choices"][0]["text"].get<std::string>() + "\nAction 1:";
+  auto [s2, action] = complete({{"model", "action"}, {"prompt", traj}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(s2, 200) << action.dump();
+  const json& lr = action["lragent"]["choices"][0];
+  EXPECT_EQ(lr["trajectory"], plan["lragent"]["choices"][0]["trajectory"]);
+  EXPECT_GE(lr["reused_tokens"].get<int64_t>(), first_prompt);
+  // base-lr: the action agent computes only the tokens no agent had computed.
+  const int64_t prompt2 = action["usage"]["prompt_tokens"];
+  EXPECT_LE(lr["prefilled_tokens"].get<int64_t>(), prompt2 - first_prompt + 1);
+  // The sessions route shows one trajectory holding both agents' work.
+  httplib::Client c("127.0.0.1", port_);
+  auto r = c.Get("/lragent/sessions");
+  ASSERT_TRUE(r);
+  json sessions = json::parse(r->body);
+  EXPECT_EQ(sessions["kv_share"], "base-lr");
+  bool found = false;
+  for (const json& s : sessions["sessions"])
+    if (s["id"] == lr["trajectory"]) {
+      found = true;
+      EXPECT_GT(s["computed_tokens"]["plan"].get<int64_t>(), 0);
+      EXPECT_GT(s["computed_tokens"]["action"].get<int64_t>(), 0);
+      EXPECT_GT(s["cache"]["lr_bytes"].get<int64_t>(), 0);
+    }
+  EXPECT_TRUE(found) << sessions.dump();
+}
+
+// The text of a stream: its deltas per choice, finish reasons, and the usage chunk.
+struct Streamed {
+  std::map<int, std::string> text;
+  std::map<int, std::string> finish;
+  json usage;
+  bool done = false;
+};
+Streamed parse_sse(const std::string& body) {
+  Streamed s;
+  size_t pos = 0;
+  while ((pos = body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = body.find("\n\n", pos);
+    const std::string data = body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") {
+      s.done = true;
+      continue;
+    }
+    json j = json::parse(data);
+    if (j.contains("usage")) s.usage = j["usage"];
+    for (const json& c : j["choices"]) {
+      s.text[c["index"].get<int>()] += c["text"].get<std::string>();
+      if (!c["finish_reason"].is_null()) s.finish[c["index"].get<int>()] = c["finish_reason"];
+    }
+  }
+  return s;
+}
+
+TEST_F(ServerTest, StreamingGivesTheNonStreamedTextAndSeedsRepeat) {
+  start(ShareMode::kBase);
+  json req = {{"model", "reflect"}, {"prompt", "The cat sat on the mat. It was"}, {"max_tokens", 30},
+              {"temperature", 0.9}, {"top_p", 0.95}, {"seed", 7}, {"n", 2}, {"stop", {"!", "."}}};
+  auto [s1, plain] = complete(req);
+  ASSERT_EQ(s1, 200) << plain.dump();
+  ASSERT_EQ(plain["choices"].size(), 2u);
+  auto [s2, again] = complete(req);
+  EXPECT_EQ(again["choices"], plain["choices"]);  // the same seed: the same samples
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}};
+  httplib::Client c("127.0.0.1", port_);
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/event-stream"), std::string::npos);
+  Streamed st = parse_sse(r->body);
+  EXPECT_TRUE(st.done);
+  for (int i = 0; i < 2; ++i) {
+    const json& choice = plain["choices"][static_cast<size_t>(i)];
+    EXPECT_EQ(st.text[i], choice["text"].get<std::string>()) << i;
+    EXPECT_EQ(st.finish[i], choice["finish_reason"].get<std::string>()) << i;
+    // A stop string is never in the text.
+    EXPECT_EQ(choice["text"].get<std::string>().find_first_of("!."), std::string::npos);
+  }
+  EXPECT_EQ(st.usage, plain["usage"]);
+}
+
+TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
+  ServerOptions o;
+  o.max_body_bytes = 4096;
+  start(ShareMode::kBaseLr, o);
+  auto expect = [&](int want, const std::pair<int, json>& got, const std::string& words) {
+    EXPECT_EQ(got.first, want) << got.second.dump();
+    ASSERT_TRUE(got.second.is_object() && got.second.contains("error")) << got.second.dump();
+    EXPECT_EQ(got.second["error"]["code"], want);
+    EXPECT_NE(got.second["error"]["message"].get<std::string>().find(words), std::string::npos) << got.second.dump();
+  };
+  expect(400, post("/v1/completions", "{not json"), "not valid JSON");
+  expect(404, complete({{"model", "nobody"}, {"prompt", "x"}}), "plan");  // the error lists the served names
+  expect(400, complete({{"prompt", "x"}, {"max_tokens", 600}}), "maximum context length is 512");
+  expect(400, complete({{"prompt", std::vector<int>{1, 999999}}}), "outside the vocabulary");
+  expect(400, complete({{"prompt", "x"}, {"logprobs", 1}}), "logprobs");
+  expect(400, post("/v1/chat/completions", R"({"messages": []})"), "/v1/completions");
+  expect(413, post("/v1/completions", json{{"prompt", std::string(8000, 'a')}}.dump()), "larger");
+  expect(404, post("/v1/nothing", "{}"), "no route");
+  // Still serving, with the right answer.
+  auto [status, j] = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}, {"temperature", 0}});
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(j["choices"][0]["text"], generate_text("Once upon a time", "plan", 8));
+}
+
+TEST_F(ServerTest, AnApiKeyIsRequiredWhenSet) {
+  ServerOptions o;
+  o.api_key = "sesame";
+  start(ShareMode::kBase, o);
+  const std::string body = json{{"prompt", "Hi"}, {"max_tokens", 2}}.dump();
+  EXPECT_EQ(post("/v1/completions", body).first, 401);
+  EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "Bearer nope"}}).first, 401);
+  EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "Bearer sesame"}}).first, 200);
+  httplib::Client c("127.0.0.1", port_);
+  EXPECT_EQ(c.Get("/health")->status, 200);  // health needs no key
+}
+
+// A client that goes away mid-stream abandons its request; the next one is served.
+TEST_F(ServerTest, AClientLeavingMidStreamLeavesTheServerWell) {
+  start(ShareMode::kBaseLr);
+  const std::string body = json{{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 400},
+                                {"ignore_eos", true}, {"stream", true}}.dump();
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
+  char buf[256];
+  ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);  // the stream started
+  ::close(fd);
+  auto [status, j] = complete({{"model", "action"}, {"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}});
+  EXPECT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], generate_text("Once upon a time", "action", 6));
+}
+
+// Requests from several clients at once run one at a time, each getting what it would alone
+// (none: no agent's output depends on another's entries).
+TEST_F(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
+  start(ShareMode::kNone);
+  const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily and Ben went", "A big red ball"};
+  const std::vector<std::string> models = {"plan", "action", "reflect", "tiny"};
+  std::vector<std::string> want;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    want.push_back(generate_text(prompts[i], models[i] == "tiny" ? "" : models[i], 10));
+  std::vector<std::string> got(prompts.size() * 3);
+  std::vector<std::thread> clients;
+  for (size_t k = 0; k < got.size(); ++k)
+    clients.emplace_back([&, k] {
+      const size_t i = k % prompts.size();
+      auto [status, j] = complete({{"model", models[i]}, {"prompt", prompts[i]}, {"max_tokens", 10}, {"temperature", 0}});
+      if (status == 200) got[k] = j["choices"][0]["text"];
+    });
+  for (auto& t : clients) t.join();
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k % prompts.size()]) << k;
+}
+
+}  // namespace
+}  // namespace lragent::server
