@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Runs `lragent serve` with the given flags, drives a plan/action/reflect conversation through
+/v1/completions as an agent framework would (each prompt = the trajectory so far), plus a
+sampled streamed request, and prints one JSON object: every completion's text and lragent
+fields, and the sessions. Comparing the output of two runs (e.g. --device cpu and --device cuda
+--dtype f32) checks that the server gives the same answers on both.
+
+  scripts/serve-check.py --bin build/lragent -- --model DIR --adapter plan=P ... [--device cuda]
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return r.read().decode()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/lragent")
+    ap.add_argument("--question", default="Question: Which magazine was started first, Arthur's Magazine or First for Women?\n")
+    ap.add_argument("serve_args", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    args = [x for x in a.serve_args if x != "--"]
+    proc = subprocess.Popen([a.bin, "serve", "--port", "0", "--quiet", *args], stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        t0 = time.time()
+        while port is None and time.time() - t0 < 300:
+            line = proc.stderr.readline()
+            if not line:
+                sys.exit(f"serve exited: {proc.wait()}")
+            m = re.search(r"on http://[^:]+:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+        base = f"http://127.0.0.1:{port}"
+        out = {"turns": []}
+        traj = a.question
+        for step in range(1, 3):
+            for agent, tag, budget in (("plan", f"Thought {step}:", 24), ("action", f"Action {step}:", 12)):
+                traj += tag
+                r = json.loads(post(base, "/v1/completions", {"model": agent, "prompt": traj, "max_tokens": budget,
+                                                              "temperature": 0, "stop": "\n"}))
+                text = r["choices"][0]["text"]
+                out["turns"].append({"agent": agent, "text": text, "finish_reason": r["choices"][0]["finish_reason"],
+                                     "lragent": r["lragent"]["choices"][0], "usage": r["usage"]})
+                traj += text + "\n"
+            traj += f"Observation {step}: nothing found.\n"
+        traj += "Reflect:"
+        body = {"model": "reflect", "prompt": traj, "max_tokens": 16, "temperature": 0.8, "top_p": 0.9, "seed": 5,
+                "stream": True, "stream_options": {"include_usage": True}}
+        events = [json.loads(l[6:]) for l in post(base, "/v1/completions", body).split("\n\n")
+                  if l.startswith("data: ") and l != "data: [DONE]"]
+        out["reflect_stream"] = "".join(c["text"] for e in events for c in e.get("choices", []))
+        body["stream"] = False
+        del body["stream_options"]
+        out["reflect"] = json.loads(post(base, "/v1/completions", body))["choices"][0]["text"]
+        out["stream_equals_plain"] = out["reflect_stream"] == out["reflect"]
+        with urllib.request.urlopen(base + "/lragent/sessions") as r:
+            out["sessions"] = json.loads(r.read().decode())
+        print(json.dumps(out, indent=1))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
