@@ -1,0 +1,73 @@
+// `lragent serve` as a process: --kv-share auto picks base when the adapters do not share A,
+// SIGINT/SIGTERM stop it cleanly, and a port it cannot listen on is one error line.
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "cli_runner.h"
+#include "test_util.h"
+
+namespace lragent {
+namespace {
+
+using testing::shell_quote;
+
+std::string adapters(const std::string& set) {
+  std::string a;
+  for (const char* role : {"plan", "action", "reflect"})
+    a += " --adapter " + std::string(role) + "=" + shell_quote(testing::adapters_dir() + "/" + set + "/" + role);
+  return a;
+}
+
+// Runs serve under `timeout -s SIGNAL SECONDS`: the server must stop on the signal by itself.
+testing::CliRun serve_until(const std::string& signal, int seconds, const std::string& args) {
+  testing::CliRun r;
+  const std::string err_file = testing::temp_dir("serve-cli") + "/err.txt";
+  const std::string cmd = "timeout --preserve-status -k 10 -s " + signal + " " + std::to_string(seconds) + " " +
+                          shell_quote(testing::lragent_bin()) + " serve " + args + " 2>" + shell_quote(err_file);
+  const int status = std::system(cmd.c_str());
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.err = testing::read_file(err_file);
+  return r;
+}
+
+TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
+  const std::string model = "--model " + shell_quote(testing::tinystories_dir());
+  auto r = serve_until("INT", 6, model + adapters("qv-indep-a-r8") + " --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;  // stopped by SIGINT, not killed (timeout would give 124 or 137)
+  EXPECT_NE(r.err.find("do not share lora_A"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kv-share base,"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("stopped"), std::string::npos) << r.err;
+  r = serve_until("TERM", 6, model + adapters("qv-shared-a-r8") + " --port 0 --served-model-name tiny");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("serving tiny, plan, action, reflect"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kv-share base-lr,"), std::string::npos) << r.err;
+}
+
+TEST(ServeCli, APortInUseAndBadFlagsAreOneErrorLine) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+  auto r = testing::run_lragent("serve --port " + std::to_string(port));
+  ::close(fd);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot listen on 127.0.0.1:" + std::to_string(port)), std::string::npos) << r.err;
+  r = testing::run_lragent("serve --port 70000");
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = testing::run_lragent("serve --kv-share everything");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("--kv-share"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace lragent
