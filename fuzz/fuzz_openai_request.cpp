@@ -29,5 +29,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!std::isfinite(q.sampling.temperature) || q.sampling.temperature < 0) __builtin_trap();
   if (!(q.sampling.top_p > 0 && q.sampling.top_p <= 1) || q.sampling.top_k < 0) __builtin_trap();
   if (q.include_usage && !q.stream) __builtin_trap();
+  if (!(q.penalties.repetition > 0) || !std::isfinite(q.penalties.frequency) || !std::isfinite(q.penalties.presence))
+    __builtin_trap();
+  if (q.max_tokens == 0 && !q.echo) __builtin_trap();
   return 0;
 }

@@ -158,15 +158,34 @@ Status AgentSession::catch_up_partial(int a, int64_t& begin) {
   return Status::Ok();
 }
 
-bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const {
+bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output,
+                         bool as_shown) const {
   if (stop.empty() || !tok_) return false;
-  const std::string text = tok_->decode(output);
+  std::string text;
+  if (as_shown) {
+    std::vector<int32_t> shown = output;
+    std::erase_if(shown, [&](int32_t t) { return tok_->is_special(t); });
+    // The output is the trajectory's tail: the token before it is the decoding context.
+    const size_t before = traj_.size() >= output.size() + 1 ? traj_.size() - output.size() - 1 : traj_.size();
+    const int32_t ctx = before < traj_.size() ? traj_[before] : -1;
+    if (ctx >= 0 && !tok_->is_special(ctx) && !tok_->token_bytes(ctx).empty()) {
+      const std::string head = tok_->decode({ctx});
+      shown.insert(shown.begin(), ctx);
+      text = tok_->decode(shown);
+      text = text.rfind(head, 0) == 0 ? text.substr(head.size()) : text;
+    } else {
+      text = tok_->decode(shown);
+    }
+  } else {
+    text = tok_->decode(output);
+  }
   return std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
 }
 
 bool AgentSession::ends(const std::vector<std::string>& stop, const AgentDecode& dec, StepResult& r) const {
   const int32_t last = r.output_tokens.back();
-  if (std::find(dec.stop_ids.begin(), dec.stop_ids.end(), last) != dec.stop_ids.end() || stops(stop, r.output_tokens)) {
+  if (std::find(dec.stop_ids.begin(), dec.stop_ids.end(), last) != dec.stop_ids.end() ||
+      stops(stop, r.output_tokens, dec.stop_text_as_shown)) {
     r.finish_reason = "stop";
     return true;
   }
@@ -276,17 +295,21 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   int64_t begin = kv_->catchup_start(a);
   r.prefilled_tokens = n > 0 ? static_cast<int64_t>(traj_.size()) - begin : 0;
   if (n > 0) LRA_RETURN_IF_ERROR(catch_up_partial(a, begin));
-  if (lookahead_ && !keep_logits_ && n > 0) {
+  const size_t prompt_len = traj_.size();  // penalties' "prompt": the trajectory before this step
+  const bool penalize = dec.penalties.active() && forced.empty();
+  if (lookahead_ && !keep_logits_ && !penalize && n > 0) {
     LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, dec, sampler, begin, r));
     n = 0;  // done: the step-by-step loop below runs nothing
   }
   for (int i = 0; i < n; ++i) {
     if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
     int32_t tok = 0;
-    if (keep_logits_ || !sampler.greedy()) {
+    if (keep_logits_ || !sampler.greedy() || penalize) {
       LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin, nullptr));
-      const float* row = logits.f32();
+      float* row = logits.f32();
       if (keep_logits_) r.logits.emplace_back(row, row + vocab);
+      if (penalize)
+        apply_penalties({row, static_cast<size_t>(vocab)}, {traj_.data(), prompt_len}, r.output_tokens, dec.penalties);
       tok = sampler.greedy() ? Sampler::argmax(row, vocab) : sampler.sample(row, vocab);
     } else {  // greedy pick on the device (a GPU backend copies back one id, not the logits)
       LRA_RETURN_IF_ERROR(forward_agent(a, begin, &tok));

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 
 #include "backend/sampling_ref.h"
 
@@ -17,6 +18,21 @@ struct SamplingParams {
   float top_p = 1.f;        // 1: off
   uint64_t seed = 0;
 };
+
+// vLLM's (and the OpenAI API's) penalties, applied to a row's logits before temperature and
+// the pick: for each token id t, with c_t its count among the generated tokens,
+//   repetition (HF's CTRL rule, over the prompt and the generated tokens): if t occurs,
+//     logit_t = logit_t > 0 ? logit_t / repetition : logit_t * repetition
+//   frequency and presence (generated tokens only): logit_t -= frequency * c_t + presence * [c_t > 0]
+struct PenaltyParams {
+  float repetition = 1.f;  // 1: off
+  float frequency = 0.f;
+  float presence = 0.f;
+  bool active() const { return repetition != 1.f || frequency != 0.f || presence != 0.f; }
+};
+// logits [vocab]; prompt and generated hold ids (ids outside [0, vocab) are ignored).
+void apply_penalties(std::span<float> logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
+                     const PenaltyParams& p);
 
 class Sampler {
  public:

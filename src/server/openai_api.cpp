@@ -126,6 +126,8 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(r.prompts, get_prompts(field(body, "prompt")));
   LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, "max_tokens", 16, 0, 1 << 24));
   r.max_tokens = static_cast<int>(max_tokens);
+  LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
+  if (r.max_tokens == 0 && !r.echo) return bad("'max_tokens' must be at least 1 (0 only with \"echo\": true)");
   LRA_ASSIGN_OR_RETURN(int64_t n, get_int(body, "n", 1, 1, 64));
   r.n = static_cast<int>(n);
   LRA_ASSIGN_OR_RETURN(double temperature, get_number(body, "temperature", 1.0, 0.0, 100.0));
@@ -161,13 +163,13 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   }
   LRA_ASSIGN_OR_RETURN(r.ignore_eos, get_bool(body, "ignore_eos", false));
   LRA_ASSIGN_OR_RETURN(r.skip_special_tokens, get_bool(body, "skip_special_tokens", true));
-  LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
   LRA_ASSIGN_OR_RETURN(r.stream, get_bool(body, "stream", false));
   const json& so = field(body, "stream_options");
   if (!so.is_null()) {
     if (!so.is_object()) return bad("'stream_options' must be an object like {\"include_usage\": true}");
     if (!r.stream) return bad("'stream_options' is only allowed with \"stream\": true");
     LRA_ASSIGN_OR_RETURN(r.include_usage, get_bool(so, "include_usage", false));
+    LRA_RETURN_IF_ERROR(neutral(so, "continuous_usage_stats", json(false), "usage comes in the last event only"));
   }
   const json& best_of = field(body, "best_of");
   if (!best_of.is_null() && best_of != json(r.n))
@@ -175,18 +177,22 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   LRA_RETURN_IF_ERROR(neutral(body, "logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
   LRA_RETURN_IF_ERROR(neutral(body, "logit_bias", json(nullptr), "lragent applies no logit bias"));
   LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
-  for (const char* p : {"presence_penalty", "frequency_penalty"}) {
-    const json& v = field(body, p);
-    if (!v.is_null() && !(v.is_number() && v.get<double>() == 0.0))
-      return Error{ErrorCode::kUnsupported, fmt::format("'{}' = {} is not supported: lragent applies no penalties; "
-                                                        "leave it out or send 0",
-                                                        p, v.dump())};
-  }
-  const json& rep = field(body, "repetition_penalty");
-  if (!rep.is_null() && !(rep.is_number() && rep.get<double>() == 1.0))
-    return Error{ErrorCode::kUnsupported,
-                 fmt::format("'repetition_penalty' = {} is not supported: lragent applies no penalties; leave it out or send 1",
-                             rep.dump())};
+  // vLLM's extensions that would change the output: refused rather than ignored.
+  LRA_RETURN_IF_ERROR(neutral(body, "min_tokens", json(0), "lragent has no minimum length"));
+  LRA_RETURN_IF_ERROR(neutral(body, "min_p", json(0), "lragent samples with temperature, top_k and top_p only"));
+  LRA_RETURN_IF_ERROR(neutral(body, "include_stop_str_in_output", json(false), "the stop string is never in the text"));
+  LRA_RETURN_IF_ERROR(neutral(body, "truncate_prompt_tokens", json(nullptr), "a prompt is never truncated"));
+  LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
+  for (const char* g : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
+    LRA_RETURN_IF_ERROR(neutral(body, g, json(nullptr), "lragent has no guided decoding"));
+  const json& rf = field(body, "response_format");
+  if (!rf.is_null() && !(rf.is_object() && rf.size() == 1 && rf.contains("type") && rf["type"] == json("text")))
+    return Error{ErrorCode::kUnsupported, "'response_format' other than {\"type\": \"text\"} is not supported: lragent has no guided decoding"};
+  LRA_ASSIGN_OR_RETURN(double presence, get_number(body, "presence_penalty", 0.0, -2.0, 2.0));
+  LRA_ASSIGN_OR_RETURN(double frequency, get_number(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  LRA_ASSIGN_OR_RETURN(double repetition, get_number(body, "repetition_penalty", 1.0, 0.0, 100.0));
+  if (repetition <= 0.0) return bad("'repetition_penalty' must be > 0 (1: off)");
+  r.penalties = {static_cast<float>(repetition), static_cast<float>(frequency), static_cast<float>(presence)};
   return r;
 }
 
@@ -213,9 +219,11 @@ nlohmann::json error_json(const Error& e) {
   return json{{"error", std::move(err)}};
 }
 
-CompletionText::CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens)
+CompletionText::CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens,
+                               int32_t context_id)
     : tok_(tok), dec_(tok), stop_(std::move(stop)), skip_special_(skip_special_tokens) {
   for (const std::string& s : stop_) longest_stop_ = std::max(longest_stop_, s.size());
+  if (context_id >= 0 && !tok_.is_special(context_id)) dec_.prime(context_id);
 }
 
 bool CompletionText::cut_at_stop(size_t from) {

@@ -33,6 +33,7 @@ struct CompletionRequest {
   int n = 1;                         // completions per prompt
   SamplingParams sampling{1.f, 0, 1.f, 0};
   bool seeded = false;               // "seed" given; otherwise the server draws one
+  PenaltyParams penalties;           // presence_penalty, frequency_penalty, repetition_penalty (vLLM's)
   std::vector<std::string> stop;     // stop strings: generation ends there, the string is not shown
   std::vector<int32_t> stop_token_ids;  // vLLM extension: these ids end generation too
   bool ignore_eos = false;              // vLLM extension
@@ -60,7 +61,10 @@ nlohmann::json error_json(const Error& e);
 // held back until finish().
 class CompletionText {
  public:
-  CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens);
+  // context_id: the prompt's last token, which the text is decoded after (StreamDecoder::prime;
+  // -1: none), so a completion's first word keeps its leading space as vLLM gives it.
+  CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens,
+                 int32_t context_id = -1);
   // `ends_step`: this is a stop id that ended generation (its text is never shown).
   std::string push(int32_t id, bool ends_step = false);
   std::string finish();

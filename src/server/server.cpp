@@ -4,6 +4,10 @@
 #include <chrono>
 #include <random>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <fmt/core.h>
 #include <httplib.h>
 
@@ -144,17 +148,21 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
       const size_t index = i * static_cast<size_t>(req.n) + static_cast<size_t>(j);
       CompletionChoice c;
       c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
+      c.prompt_index = i;
       if (abandoned) break;
       LRA_ASSIGN_OR_RETURN(SessionPool::Lease lease, pool_->acquire(agent, p.ids[i]));
       c.reused_tokens = lease.reused_tokens;
       c.trajectory = lease.id;
       AgentDecode dec;
       dec.sampling = req.sampling;
+      dec.penalties = req.penalties;
       dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
       if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
       dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
       std::optional<CompletionText> text;
-      if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens);
+      // Decoded after the prompt's last token, as vLLM decodes a completion.
+      if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back());
+      dec.stop_text_as_shown = true;
       std::string shown = req.echo ? p.echo[i] : std::string();
       auto emit = [&](const std::string& delta) {
         if (delta.empty() || !on_delta) return true;
@@ -171,6 +179,11 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
       auto r = lease.session->run_agent(agent, req.max_tokens, {}, req.stop, &dec);
       if (!r.ok()) {
         pool_->drop(lease.id);  // its caches may hold a partial pass
+        if (r.error().code == ErrorCode::kOutOfMemory)  // a trajectory's own KV memory: retrying cannot help
+          return make_error(ErrorCode::kInvalidArgument,
+                            "this request does not fit one trajectory's KV memory ({}): shorten the prompt or lower "
+                            "'max_tokens' (the server's --kv-memory / --max-context set it)",
+                            r.error().message);
         return r.error();
       }
       // The token that ended the step (stop id or stop string) is not given to on_token.
@@ -182,9 +195,13 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
         emit(text->finish());
         c.text = shown + text->text();
         c.stop_reason = text->matched_stop();
-      } else {
-        c.text = shown;
       }
+      if (r->finish_reason == "stop" && !r->output_tokens.empty() && !c.stop_reason) {
+        const int32_t last = r->output_tokens.back();
+        const auto& eos = model_->config().eos_token_ids;
+        if (std::find(eos.begin(), eos.end(), last) == eos.end() || req.ignore_eos) c.stop_token = last;
+      }
+      if (!text) c.text = shown;
       c.finish_reason = abandoned ? "abort" : r->finish_reason;
       c.completion_tokens = static_cast<int64_t>(r->output_tokens.size());
       c.prefilled_tokens = r->prefilled_tokens;
@@ -221,6 +238,14 @@ void Server::stop() {
 void Server::install_routes() {
   httplib::Server& svr = http_->svr;
   svr.set_payload_max_length(opts_.max_body_bytes);
+  const size_t threads = static_cast<size_t>(std::max(opts_.http_threads, 2));
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // SO_REUSEADDR (a restarted server can listen at once) but not httplib's default SO_REUSEPORT,
+  // with which a second server on a busy port would start and take half of its connections.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key)
@@ -294,6 +319,19 @@ void Server::install_routes() {
                              {"sessions", list},
                              {"evicted_sessions", pool_->evicted_sessions()}});
   });
+  // A known route with the wrong method: 405, as vLLM answers.
+  for (const char* route : {"/v1/completions", "/v1/chat/completions"})
+    svr.Get(route, [](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", "POST");
+      send_json(res, 405, json{{"error", {{"message", fmt::format("{} takes POST, not GET", req.path)},
+                                          {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
+    });
+  for (const char* route : {"/v1/models", "/health", "/lragent/sessions"})
+    svr.Post(route, [](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", "GET");
+      send_json(res, 405, json{{"error", {{"message", fmt::format("{} takes GET, not POST", req.path)},
+                                          {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
+    });
   svr.Post("/v1/chat/completions", [](const httplib::Request&, httplib::Response& res) {
     send_error(res, Error{ErrorCode::kUnsupported,
                           "chat completions need the model's chat template, which lragent does not render yet: "
@@ -311,15 +349,14 @@ void Server::install_routes() {
       int64_t prompt = 0, completion = 0;
       for (size_t i = 0; i < cs.size(); ++i) {
         completion += cs[i].completion_tokens;
-        // A prompt counts once however many completions it has (as vLLM counts).
-        if (i == 0 || cs[i].prompt_tokens != cs[i - 1].prompt_tokens || cs[i].trajectory != cs[i - 1].trajectory)
-          prompt += cs[i].prompt_tokens;
+        // A prompt counts once however many completions (n) it has, as vLLM counts.
+        if (i == 0 || cs[i].prompt_index != cs[i - 1].prompt_index) prompt += cs[i].prompt_tokens;
       }
       return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
     };
     auto choice_json = [](size_t index, const CompletionChoice& c, bool with_text) {
       json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason},
-                {"stop_reason", c.stop_reason ? json(*c.stop_reason) : json(nullptr)}};
+                {"stop_reason", c.stop_reason ? json(*c.stop_reason) : c.stop_token ? json(*c.stop_token) : json(nullptr)}};
       if (with_text) j["text"] = c.text;
       else j["text"] = "";
       return j;

@@ -33,6 +33,9 @@ struct ServerOptions {
   int64_t max_model_len = 0;       // prompt + max_tokens limit (0: the trajectories' capacity)
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 32u << 20;
+  // Connection threads: each open connection (a keep-alive client between requests, too) holds
+  // one, so there are many more than requests can run at once (one).
+  int http_threads = 64;
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
 };
@@ -42,6 +45,8 @@ struct CompletionChoice {
   std::string text;
   std::string finish_reason;             // "stop" | "length" | "abort"
   std::optional<std::string> stop_reason;  // the stop string, when one ended it
+  std::optional<int32_t> stop_token;       // the stop id (not EOS), when one ended it (vLLM's stop_reason)
+  size_t prompt_index = 0;
   int64_t completion_tokens = 0;
   int64_t prompt_tokens = 0;
   int64_t reused_tokens = 0;     // prompt tokens the trajectory held already

@@ -89,14 +89,22 @@ Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const 
   }
   Entry* use = nullptr;
   int64_t keep = 0;
+  const auto prompt_len = static_cast<int64_t>(prompt.size());
+  const bool full = static_cast<int>(entries_.size()) >= opts_.max_sessions;
   if (extend) {
     use = extend;
     keep = extend_len;
-  } else if (best && best_len > 0 && 2 * best_len >= static_cast<int64_t>(prompt.size())) {
+  } else if (best && best_len > 0 &&
+             (best_len >= prompt_len - 1 ||         // the prompt lies inside it: a re-sent turn, or n > 1
+              best_len >= best->last_prompt - 1 ||  // it parts within its last completion
+              (full && 2 * best_len >= prompt_len))) {
+    // Cutting it back loses at most a completion, or there is no free slot and it holds most of
+    // the prompt. (A completion's last tokens may tokenize differently once the next prompt's
+    // text follows them: BPE merges across the boundary.)
     use = best;
     keep = best_len;
   } else {
-    if (static_cast<int>(entries_.size()) >= opts_.max_sessions) {
+    if (full) {
       const auto lru = std::min_element(entries_.begin(), entries_.end(),
                                         [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
       entries_.erase(lru);
@@ -106,6 +114,7 @@ Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const 
     keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
   }
   use->last_used = ++tick_;
+  use->last_prompt = prompt_len;
   // The prompt's last position always runs again: its logits pick the first token, and an agent
   // that processed the whole prompt before (a re-sent request) would have nothing to forward.
   keep = std::min<int64_t>(keep, static_cast<int64_t>(prompt.size()) - 1);

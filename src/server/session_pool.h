@@ -7,10 +7,12 @@
 // group, under the server's sharing mode. A request goes to the trajectory whose tokens share
 // the longest prefix with its prompt:
 //   - a trajectory that is a whole prefix of the prompt is extended (the usual agent turn);
-//   - else one sharing at least half of the prompt is cut back to the common prefix (the client
-//     re-sent a turn, or retokenized the boundary of a previous output differently);
-//   - else a new trajectory is started, the least recently used one making room beyond
-//     max_sessions.
+//   - else one is cut back to the common prefix when that loses only its last completion: the
+//     prompt lies inside it (a re-sent turn, n > 1), or the prompt holds all of the last
+//     request's prompt (the client edited the completion, or its end tokenized differently once
+//     text followed it); also, when no slot is free, one that shares at least half of the prompt;
+//   - else a new trajectory is started (the least recently used one making room beyond
+//     max_sessions), so that two conversations that part keep their own trajectories.
 // There is no copy-on-write fork yet: two conversations that part after a long common prefix
 // keep that prefix in two trajectories.
 #pragma once
@@ -76,6 +78,7 @@ class SessionPool {
     int64_t id = 0;
     int group = 0;
     uint64_t last_used = 0;
+    int64_t last_prompt = 0;  // tokens of the latest request's prompt (where its completion began)
   };
   SessionPool(LlamaModel& m) : model_(m) {}
   Result<Entry*> create_session(int group);

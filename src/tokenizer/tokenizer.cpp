@@ -242,6 +242,12 @@ std::string StreamDecoder::push(int32_t id) {
   return out;
 }
 
+void StreamDecoder::prime(int32_t id) {
+  if (!ids_.empty() || tok_.token_bytes(id).empty() || tok_.decode_is_unstable(id)) return;
+  ids_.assign(1, id);
+  emitted_ = tok_.decode(ids_).size();
+}
+
 std::string StreamDecoder::finish() {
   const std::string text = tok_.decode(ids_);
   std::string out = text.size() > emitted_ ? text.substr(emitted_) : std::string();

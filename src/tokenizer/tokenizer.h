@@ -72,6 +72,11 @@ class StreamDecoder {
   explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
   std::string push(int32_t id);
   std::string finish();  // flushes whatever is left (invalid UTF-8 as U+FFFD, as HF does)
+  // Decodes what follows in the context of `id` (e.g. a prompt's last token), whose own text is
+  // not returned: first-token rules such as stripping a leading space then do not apply, as
+  // vLLM's detokenizer decodes a completion after its prompt. Before the first push() only;
+  // an id without bytes (most special tokens) gives no context and is ignored.
+  void prime(int32_t id);
 
  private:
   const Tokenizer& tok_;

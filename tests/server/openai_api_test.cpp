@@ -64,6 +64,13 @@ TEST(OpenAiRequest, EveryFormOfTheFields) {
   EXPECT_TRUE(r.ignore_eos && r.echo && r.stream && r.include_usage);
   EXPECT_FALSE(r.skip_special_tokens);
   EXPECT_EQ(r.n, 3);
+  EXPECT_FALSE(r.penalties.active());
+  r = parse_ok(R"({"prompt": "a", "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+      "max_tokens": 0, "echo": true, "min_tokens": 0, "response_format": {"type": "text"}})");
+  EXPECT_FLOAT_EQ(r.penalties.presence, 0.5f);
+  EXPECT_FLOAT_EQ(r.penalties.frequency, -1.f);
+  EXPECT_FLOAT_EQ(r.penalties.repetition, 1.2f);
+  EXPECT_EQ(r.max_tokens, 0);
 
   r = parse_ok(R"({"prompt": ["a", [5, 6]], "stop": "x", "top_k": 40})");
   ASSERT_EQ(r.prompts.size(), 2u);
@@ -101,8 +108,20 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
                "'stream_options'");
   expect_error(R"({"prompt": "a", "logprobs": 2})", ErrorCode::kUnsupported, "'logprobs'");
   expect_error(R"({"prompt": "a", "best_of": 4})", ErrorCode::kUnsupported, "'best_of'");
-  expect_error(R"({"prompt": "a", "presence_penalty": 0.5})", ErrorCode::kUnsupported, "'presence_penalty'");
-  expect_error(R"({"prompt": "a", "repetition_penalty": 1.2})", ErrorCode::kUnsupported, "'repetition_penalty'");
+  expect_error(R"({"prompt": "a", "presence_penalty": 2.5})", ErrorCode::kInvalidArgument, "'presence_penalty'");
+  expect_error(R"({"prompt": "a", "frequency_penalty": -3})", ErrorCode::kInvalidArgument, "'frequency_penalty'");
+  expect_error(R"({"prompt": "a", "repetition_penalty": 0})", ErrorCode::kInvalidArgument, "'repetition_penalty'");
+  expect_error(R"({"prompt": "a", "max_tokens": 0})", ErrorCode::kInvalidArgument, "'max_tokens'");
+  // vLLM options that would change the output are refused, not ignored.
+  expect_error(R"({"prompt": "a", "min_tokens": 5})", ErrorCode::kUnsupported, "'min_tokens'");
+  expect_error(R"({"prompt": "a", "min_p": 0.1})", ErrorCode::kUnsupported, "'min_p'");
+  expect_error(R"({"prompt": "a", "include_stop_str_in_output": true})", ErrorCode::kUnsupported, "include_stop_str");
+  expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 5})", ErrorCode::kUnsupported, "truncate_prompt_tokens");
+  expect_error(R"({"prompt": "a", "guided_json": {"type": "object"}})", ErrorCode::kUnsupported, "guided_json");
+  expect_error(R"({"prompt": "a", "response_format": {"type": "json_object"}})", ErrorCode::kUnsupported,
+               "response_format");
+  expect_error(R"({"prompt": "a", "stream": true, "stream_options": {"continuous_usage_stats": true}})",
+               ErrorCode::kUnsupported, "continuous_usage_stats");
   expect_error(R"({"prompt": "a", "logit_bias": {"5": 10}})", ErrorCode::kUnsupported, "'logit_bias'");
   expect_error(R"({"prompt": "a", "suffix": "x"})", ErrorCode::kUnsupported, "'suffix'");
 }

@@ -76,7 +76,8 @@ class ServerTest : public ::testing::Test {
     return {r->status, j.is_discarded() ? json(r->body) : j};
   }
   std::pair<int, json> complete(const json& body) { return post("/v1/completions", body.dump()); }
-  // Greedy tokens of `generate` for a prompt (BOS added), stopping at EOS as the server does.
+  // The completion of `generate`'s greedy tokens for a prompt (BOS added), stopping at EOS as
+  // the server does: the text they add to the prompt's (as vLLM's completion text is).
   std::string generate_text(const std::string& prompt, const std::string& adapter, int max_tokens) {
     GenerateRequest req;
     auto ids = tok_->encode(prompt, true);
@@ -90,7 +91,11 @@ class ServerTest : public ::testing::Test {
     EXPECT_TRUE(r.ok());
     std::vector<int32_t> out = (*r)[0].output;
     if ((*r)[0].finish_reason == "stop") out.pop_back();
-    return tok_->decode(out);
+    std::vector<int32_t> all = req.prompt;
+    all.insert(all.end(), out.begin(), out.end());
+    const std::string head = tok_->decode(req.prompt), whole = tok_->decode(all);
+    EXPECT_EQ(whole.rfind(head, 0), 0u) << "the prompt's text is not a prefix of prompt + completion";
+    return whole.substr(head.size());
   }
 
   std::unique_ptr<Backend> be_;
@@ -315,6 +320,100 @@ TEST_F(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
     });
   for (auto& t : clients) t.join();
   for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k % prompts.size()]) << k;
+}
+
+// vLLM's rules found by review: the completion's first word keeps its space (echo shows prompt +
+// completion), list prompts each count in usage, a stop id is the stop_reason, a stop string
+// is matched in the shown text only (a special token's text never stops), wrong methods are 405.
+TEST_F(ServerTest, CompletionDetailsFollowVllm) {
+  start(ShareMode::kNone);
+  const std::string prompt = "Once upon a time";
+  auto [s1, plain] = complete({{"model", "plan"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}});
+  ASSERT_EQ(s1, 200);
+  const std::string text = plain["choices"][0]["text"];
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text[0], ' ') << text;  // decoded after the prompt, not as a sequence start
+  auto [s2, echo] = complete({{"model", "plan"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"echo", true}});
+  EXPECT_EQ(echo["choices"][0]["text"], prompt + text);
+
+  auto [s3, two] = complete({{"model", "plan"}, {"prompt", {prompt, prompt}}, {"max_tokens", 2}, {"temperature", 0}, {"n", 2}});
+  ASSERT_EQ(s3, 200) << two.dump();
+  EXPECT_EQ(two["choices"].size(), 4u);
+  EXPECT_EQ(two["usage"]["prompt_tokens"].get<int64_t>(), 2 * plain["usage"]["prompt_tokens"].get<int64_t>());
+
+  // The first greedy token as a stop id: one token, finish "stop", stop_reason that id.
+  GenerateRequest g;
+  g.prompt = *tok_->encode(prompt, true);
+  g.max_tokens = 1;
+  g.adapter = reg_.find("plan");
+  Generator gen(*model_, EngineOptions{});
+  const int32_t first = gen.run({g}).value()[0].output.at(0);
+  auto [s4, by_id] = complete({{"model", "plan"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0},
+                               {"stop_token_ids", {first}}});
+  ASSERT_EQ(s4, 200) << by_id.dump();
+  EXPECT_EQ(by_id["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(by_id["choices"][0]["stop_reason"], first);
+  EXPECT_EQ(by_id["usage"]["completion_tokens"], 1);
+
+  // This greedy run emits the end-of-story token (ignore_eos goes on past it); its text is not
+  // shown, so a stop string of that text never matches.
+  const std::string eos_text = tok_->id_to_token(model_->config().eos_token_ids.at(0));
+  json story = {{"model", "plan"}, {"prompt", "Once upon a time, there was a cat"}, {"max_tokens", 200},
+                {"temperature", 0}, {"ignore_eos", true}, {"skip_special_tokens", false}};
+  auto [s5, shown] = complete(story);
+  ASSERT_EQ(s5, 200);
+  ASSERT_NE(shown["choices"][0]["text"].get<std::string>().find(eos_text), std::string::npos)
+      << "the fixture no longer emits " << eos_text;
+  story["skip_special_tokens"] = true;
+  story["stop"] = {eos_text};
+  auto [s6, skipped] = complete(story);
+  EXPECT_EQ(skipped["choices"][0]["finish_reason"], "length") << skipped.dump();
+  EXPECT_EQ(skipped["usage"]["completion_tokens"], 200);
+
+  httplib::Client c("127.0.0.1", port_);
+  EXPECT_EQ(c.Get("/v1/completions")->status, 405);
+  EXPECT_EQ(c.Post("/v1/models", "{}", "application/json")->status, 405);
+}
+
+// A request that cannot fit one trajectory's KV memory is the request's fault (400), never a
+// "retry later" 503.
+TEST_F(ServerTest, ARequestLargerThanATrajectorysKvMemoryIsRefused) {
+  ServerOptions o;
+  o.pool.replay.sharing.arena_bytes = 64 << 10;  // a few dozen tokens of this model's caches
+  start(ShareMode::kBaseLr, o);
+  auto [status, j] = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 400},
+                               {"ignore_eos", true}, {"temperature", 0}});
+  EXPECT_EQ(status, 400) << j.dump();
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("KV memory"), std::string::npos) << j.dump();
+  auto [ok, small] = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(ok, 200) << small.dump();
+}
+
+// One server per port: a second one fails to bind (no SO_REUSEPORT sharing of connections),
+// and idle keep-alive connections do not starve other clients of connection threads.
+TEST_F(ServerTest, OneServerPerPortAndIdleConnectionsDoNotStarveOthers) {
+  start(ShareMode::kBase);
+  auto second = Server::create(*model_, tok_.get(), &reg_, ServerOptions{});
+  ASSERT_TRUE(second.ok());
+  auto bound = (*second)->bind("127.0.0.1", port_);
+  EXPECT_FALSE(bound.ok());
+  if (!bound.ok()) EXPECT_NE(bound.error().message.find("cannot listen"), std::string::npos);
+
+  std::vector<int> idle;
+  for (int i = 0; i < 24; ++i) {  // three times httplib's default thread count on 2 cores
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port_));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) idle.push_back(fd);
+  }
+  EXPECT_EQ(idle.size(), 24u);
+  httplib::Client c("127.0.0.1", port_);
+  c.set_read_timeout(4, 0);  // starved, it would wait for the idle connections' 5 s read timeout
+  auto r = c.Get("/health");
+  EXPECT_TRUE(r && r->status == 200);
+  for (int fd : idle) ::close(fd);
 }
 
 }  // namespace

@@ -123,6 +123,80 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   EXPECT_EQ(p->acquire("nobody", prompt).error().code, ErrorCode::kNotFound);
 }
 
+// Two conversations that share a prefix and take turns keep a trajectory each while slots are
+// free (cutting one back for the other would recompute it at every turn); the end of a
+// previous completion that tokenizes differently is cut back instead of copied.
+TEST_F(SessionPoolTest, ConversationsThatPartKeepTheirOwnTrajectories) {
+  auto p = pool(ShareMode::kBaseLr, 4);
+  ASSERT_NE(p, nullptr);
+  std::vector<int32_t> a = encode("Question: where is the red ball? It is under the bed.");
+  std::vector<int32_t> b = encode("Question: where is the red ball? It is in the garden.");
+  int64_t id_a = 0, id_b = 0;
+  for (int turn = 0; turn < 3; ++turn) {
+    auto la = p->acquire("plan", a);
+    ASSERT_TRUE(la.ok());
+    if (turn == 0) id_a = la->id;
+    EXPECT_EQ(la->id, id_a);
+    if (turn > 0) EXPECT_EQ(la->reused_tokens, static_cast<int64_t>(a.size()) - 3);  // all but the new turn
+    ASSERT_TRUE(la->session->run_agent("plan", 2, {}, {}).ok());
+    a = la->session->trajectory();
+    a.insert(a.end(), {13, 13, 13});
+    auto lb = p->acquire("action", b);
+    ASSERT_TRUE(lb.ok());
+    if (turn == 0) id_b = lb->id;
+    EXPECT_EQ(lb->id, id_b);
+    EXPECT_NE(id_b, id_a);
+    ASSERT_TRUE(lb->session->run_agent("action", 2, {}, {}).ok());
+    b = lb->session->trajectory();
+    b.insert(b.end(), {13, 13, 13});
+  }
+  // A next prompt whose last completion tokens differ (retokenized): the trajectory is cut back.
+  std::vector<int32_t> retok(a.begin(), a.end() - 4);
+  retok.insert(retok.end(), {29, 13, 13});
+  auto lr = p->acquire("reflect", retok);
+  ASSERT_TRUE(lr.ok());
+  EXPECT_EQ(lr->id, id_a);
+  EXPECT_EQ(lr->reused_tokens, static_cast<int64_t>(a.size()) - 4);
+}
+
+// A penalized step picks from its logits after the penalties, with the trajectory before the
+// step as the prompt: recomputed here from the raw logits the session keeps.
+TEST_F(SessionPoolTest, PenaltiesApplyOverTheTrajectoryAndTheStepsTokens) {
+  SessionPoolOptions o = options(ShareMode::kBaseLr);
+  o.replay.keep_logits = true;
+  auto s = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o.replay);
+  ASSERT_TRUE(s.ok());
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max.");
+  (*s)->append(std::vector<int32_t>(prompt.begin() + 1, prompt.end()));
+  AgentDecode dec;
+  dec.penalties = {1.3f, 0.8f, 0.4f};
+  auto r = (*s)->run_agent("plan", 24, {}, {}, &dec);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->logits.size(), r->output_tokens.size());
+  const int vocab = model_->config().vocab_size;
+  for (size_t i = 0; i < r->output_tokens.size(); ++i) {
+    std::vector<float> row = r->logits[i];
+    std::vector<int> count(static_cast<size_t>(vocab), 0);
+    std::vector<bool> seen(static_cast<size_t>(vocab), false);
+    for (int32_t t : prompt) seen[static_cast<size_t>(t)] = true;
+    for (size_t j = 0; j < i; ++j) {
+      seen[static_cast<size_t>(r->output_tokens[j])] = true;
+      ++count[static_cast<size_t>(r->output_tokens[j])];
+    }
+    for (size_t t = 0; t < row.size(); ++t) {
+      if (seen[t]) row[t] = row[t] > 0 ? row[t] / 1.3f : row[t] * 1.3f;
+      if (count[t] > 0) row[t] -= 0.8f * static_cast<float>(count[t]) + 0.4f;
+    }
+    EXPECT_EQ(r->output_tokens[i], std::max_element(row.begin(), row.end()) - row.begin()) << i;
+  }
+  // The penalties change this output (else the test shows nothing).
+  (*s)->truncate(static_cast<int64_t>(prompt.size()) - 1);  // the last prompt token runs again
+  (*s)->append({prompt.back()});
+  auto unpenalized = (*s)->run_agent("plan", 24, {}, {});
+  ASSERT_TRUE(unpenalized.ok());
+  EXPECT_NE(unpenalized->output_tokens, r->output_tokens);
+}
+
 TEST_F(SessionPoolTest, TheLeastRecentlyUsedTrajectoryMakesRoom) {
   auto p = pool(ShareMode::kBase, 2);
   ASSERT_NE(p, nullptr);
