@@ -4,10 +4,12 @@
 #include <filesystem>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
+#include "core/text_file.h"
 #include "server/server.h"
 
 namespace lragent::cli {
@@ -22,8 +24,45 @@ struct ServeFlags {
   int max_sessions = 4;
   int64_t max_model_len = 0;
   std::string api_key;
+  std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
   bool quiet = false;
 };
+
+// The chat template: tokenizer_config.json's, or --chat-template's text with the config's BOS.
+// Not having one is no error (only /v1/chat/completions needs it): the reason is kept for that
+// endpoint's answer, and a template lragent cannot render is reported at start-up.
+void set_chat_template(const ServeFlags& f, server::ServerOptions& so) {
+  if (f.model.model_dir.empty()) {
+    so.chat_template_missing = "the built-in model has none";
+    return;
+  }
+  const std::string config_path = (std::filesystem::path(f.model.model_dir) / "tokenizer_config.json").string();
+  nlohmann::json cfg = nlohmann::json::object();
+  if (auto text = read_text_file(config_path); text.ok()) {
+    cfg = nlohmann::json::parse(*text, nullptr, false);
+    if (!cfg.is_object()) cfg = nlohmann::json::object();
+  }
+  std::string source = config_path;
+  if (!f.chat_template.empty()) {
+    auto text = read_text_file(f.chat_template);
+    if (!text.ok()) {
+      so.chat_template_missing = fmt::format("--chat-template {}", text.error().message);
+      fmt::print(stderr, "warning: {}; /v1/chat/completions is off\n", so.chat_template_missing);
+      return;
+    }
+    cfg["chat_template"] = *text;
+    source = f.chat_template;
+  }
+  auto t = server::ChatTemplate::from_tokenizer_config(cfg.dump(), source);
+  if (t.ok()) {
+    so.chat_template = *t;
+    fmt::print(stderr, "chat template: {} ({})\n", server::chat_format_name(t->format), source);
+  } else {
+    so.chat_template_missing = t.error().message;
+    if (t.error().code != ErrorCode::kNotFound)
+      fmt::print(stderr, "warning: {}; /v1/chat/completions is off\n", t.error().message);
+  }
+}
 
 server::Server* g_server = nullptr;  // for the signal handler
 
@@ -48,6 +87,7 @@ int run_serve(const ServeFlags& f) {
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
   if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  set_chat_template(f, so);
 
   // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base.
   const bool is_auto = f.sharing.mode == "auto";
@@ -88,7 +128,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   ServeFlags* f = &flags;
   CLI::App* cmd = app.add_subcommand(
       "serve",
-      "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions; "
+      "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions "
+      "and /v1/chat/completions; "
       "requests whose prompts extend one trajectory share its KV cache across adapters");
   f->model.add_to(cmd, true);
   f->sharing.add_to(cmd, "auto",
@@ -111,6 +152,10 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->default_val(0)
       ->check(cli::non_negative());
   cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
+  cmd->add_option("--chat-template", f->chat_template,
+                  "File holding the chat template for /v1/chat/completions (default: tokenizer_config.json's). "
+                  "lragent has no Jinja engine: it renders the Llama-3-Instruct and Qwen3 templates, recognised by "
+                  "their exact text; any other leaves /v1/chat/completions off (400)");
   cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
   cmd->callback([f, &action] { action = [f] { return run_serve(*f); }; });
 }

