@@ -1,6 +1,7 @@
-// libFuzzer target: arbitrary bytes as the body of POST /v1/completions. The parser must return
-// a request or an error (never crash or throw), and what it accepts must hold the invariants the
-// server relies on.
+// libFuzzer target: arbitrary bytes as the body of POST /v1/completions, of POST
+// /v1/chat/completions (then rendered with each chat template) and as a tokenizer_config.json's
+// chat_template. Each parser must return a value or an error (never crash or throw), and what
+// it accepts must hold the invariants the server relies on.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -9,8 +10,33 @@
 
 #include "server/openai_api.h"
 
+namespace {
+
+void fuzz_chat(const std::string& text) {
+  using namespace lragent::server;
+  auto c = parse_chat_request(text);
+  if (!c.ok()) {
+    if (c.error().message.empty()) __builtin_trap();
+    return;
+  }
+  if (c->messages.empty() || (c->req.max_tokens < 1 && c->req.max_tokens != -1)) __builtin_trap();
+  for (ChatFormat f : {ChatFormat::kLlama3, ChatFormat::kQwen3}) {
+    ChatTemplate t;
+    t.format = f;
+    t.bos_token = "<s>";
+    auto out = t.render(c->messages, c->add_generation_prompt, c->enable_thinking);
+    if (!out.ok()) continue;
+    // Every message's role is written (Llama-3) or its turn opened (Qwen3): the text is not empty.
+    if (out->empty()) __builtin_trap();
+  }
+  (void)ChatTemplate::from_tokenizer_config(text, "<fuzz config>");
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
+  fuzz_chat(text);
   auto r = lragent::server::parse_completion_request(text);
   if (!r.ok()) {
     if (r.error().message.empty()) __builtin_trap();
