@@ -10,6 +10,8 @@
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
 #include "core/text_file.h"
+#include "model/presets.h"
+#include "model/synthetic.h"
 #include "server/server.h"
 
 namespace lragent::cli {
@@ -25,6 +27,9 @@ struct ServeFlags {
   int64_t max_model_len = 0;
   std::string api_key;
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
+  std::string preset;         // a synthetic model with a published model's shapes (benchmarks)
+  int preset_rank = 16;
+  std::string preset_adapters = "shared";
   bool quiet = false;
 };
 
@@ -77,17 +82,37 @@ std::string default_served_name(const ModelFlags& m) {
   return p.filename().string().empty() ? m.model_dir : p.filename().string();
 }
 
+// --preset: random weights with a published model's shapes, generated on the device, and the
+// three role adapters of `bench trace`; the byte tokenizer of the built-in model (ids < 256), so
+// text prompts work, and token-id prompts reach the whole vocabulary. For measuring the server.
+Result<LoadedModel> load_preset(const ServeFlags& f) {
+  LRA_ASSIGN_OR_RETURN(ModelPreset preset, model_preset(f.preset));
+  LoadedModel out;
+  LRA_ASSIGN_OR_RETURN(out.backend, make_backend(f.model));
+  fmt::print(stderr, "preset {}: {} on {}\n", preset.name, preset.description, out.backend->name());
+  LRA_ASSIGN_OR_RETURN(out.model, make_preset_model(preset, *out.backend));
+  out.adapters = std::make_unique<AdapterRegistry>();
+  for (auto& a : make_preset_adapters(preset.config, f.preset_rank, f.preset_adapters == "shared", /*seed=*/16)) {
+    LRA_RETURN_IF_ERROR(upload_adapter(*a, *out.backend));
+    LRA_RETURN_IF_ERROR(out.adapters->add(std::move(a)));
+  }
+  out.tokenizer = make_byte_tokenizer();
+  out.synthetic = true;
+  return out;
+}
+
 int run_serve(const ServeFlags& f) {
-  auto loaded = load_model(f.model);
+  auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
   if (!loaded.ok()) return report(loaded.error());
   server::ServerOptions so;
-  so.base_name = f.served_name.empty() ? default_served_name(f.model) : f.served_name;
+  so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
   so.pool.max_sessions = f.max_sessions;
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
   if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
-  set_chat_template(f, so);
+  if (f.preset.empty()) set_chat_template(f, so);
+  else so.chat_template_missing = "a --preset model has none";
 
   // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base.
   const bool is_auto = f.sharing.mode == "auto";
@@ -157,6 +182,15 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "lragent has no Jinja engine: it renders the Llama-3-Instruct and Qwen3 templates, recognised by "
                   "their exact text; any other leaves /v1/chat/completions off (400)");
   cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
+  auto* preset = cmd->add_option("--preset", f->preset,
+                                 "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b or tiny (random "
+                                 "weights made on the device, byte tokenizer) and bench trace's plan/action/reflect "
+                                 "adapters, instead of --model: for measuring the server");
+  preset->excludes("--model")->excludes("--adapter");
+  cmd->add_option("--preset-rank", f->preset_rank, "--preset adapters' LoRA rank")->default_val(16)->check(cli::in_range(1, 256));
+  cmd->add_option("--preset-adapters", f->preset_adapters, "--preset adapters: shared (one A per layer and module) or independent")
+      ->default_val("shared")
+      ->check(CLI::IsMember({"shared", "independent"}));
   cmd->callback([f, &action] { action = [f] { return run_serve(*f); }; });
 }
 

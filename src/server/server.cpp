@@ -209,6 +209,7 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
       if (!text) c.text = shown;
       c.finish_reason = abandoned ? "abort" : r->finish_reason;
       c.completion_tokens = static_cast<int64_t>(r->output_tokens.size());
+      c.token_ids = r->output_tokens;
       c.prefilled_tokens = r->prefilled_tokens;
       out.push_back(std::move(c));
     }
@@ -392,7 +393,8 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
   auto lragent_json = [this](const std::vector<CompletionChoice>& cs) {
     json per = json::array();
     for (const CompletionChoice& c : cs)
-      per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens}, {"prefilled_tokens", c.prefilled_tokens}});
+      per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens},
+                     {"prefilled_tokens", c.prefilled_tokens}, {"token_ids", c.token_ids}});
     return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
   };
   if (!req.stream) {

@@ -60,6 +60,7 @@ struct CompletionChoice {
   int64_t reused_tokens = 0;     // prompt tokens the trajectory held already
   int64_t prefilled_tokens = 0;  // tokens the agent computed to catch up
   int64_t trajectory = 0;        // SessionPool id
+  std::vector<int32_t> token_ids;  // the generated ids (the stop id included), as vLLM's return_token_ids
 };
 
 class Server {
