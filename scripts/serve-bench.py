@@ -54,8 +54,10 @@ def post(base, body):
 PRESETS = {"llama3.1-8b": (128256, 128000), "ministral-8b": (131072, 1), "tiny": (512, 1)}
 
 
-def run_trace(base, target, seed, budgets, obs_tokens, preset):
-    """One conversation to about `target` tokens. Returns the per-call records and the final length."""
+def run_trace(base, target, seed, budgets, rounds, preset):
+    """One conversation of `rounds` plan/action/observation rounds and a reflect call, its
+    observations sized so that it ends at about `target` tokens (as bench trace sizes its tool
+    observations). Returns the per-call records and the final length."""
     rng = random.Random(seed)
     vocab_hi, bos = PRESETS[preset]
     traj = [bos] + [rng.randrange(2, vocab_hi) for _ in range(600)]  # BOS + system prompt and question
@@ -69,7 +71,9 @@ def run_trace(base, target, seed, budgets, obs_tokens, preset):
                       "prefilled_tokens": lr["prefilled_tokens"], "decoded": len(lr["token_ids"])})
         traj.extend(lr["token_ids"])
 
-    while len(traj) + budgets["plan"] + budgets["action"] + obs_tokens + budgets["reflect"] < target:
+    per_round = budgets["plan"] + budgets["action"] + 8
+    obs_tokens = max(1, (target - len(traj) - rounds * per_round - 8 - budgets["reflect"]) // rounds)
+    for _ in range(rounds):
         step += 1
         traj.extend(rng.randrange(2, vocab_hi) for _ in range(4))  # "Thought k:"
         call("plan", budgets["plan"])
@@ -88,7 +92,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--modes", default="none,full,base,base-lr")
     ap.add_argument("--lengths", default="2048,4096")
-    ap.add_argument("--obs-tokens", type=int, default=400, help="tokens of each tool observation")
+    ap.add_argument("--rounds", type=int, default=6, help="plan/action/observation rounds per conversation")
     ap.add_argument("--out-dir", default="")
     ap.add_argument("--gpu-name", default="")
     ap.add_argument("--commit", default=os.environ.get("LRAGENT_COMMIT", ""))
@@ -101,10 +105,10 @@ def main():
                 "--max-sessions", "1"]
         proc, base = start_server(a.bin, args)
         try:
-            run_trace(base, 1200, 99, budgets, a.obs_tokens, a.preset)  # warm-up: kernels, allocator, graphs
+            run_trace(base, 1200, 99, budgets, 2, a.preset)  # warm-up: kernels, allocator, graphs
             for n in lengths:
                 t0 = time.perf_counter()
-                calls, final = run_trace(base, n, 7, budgets, a.obs_tokens, a.preset)
+                calls, final = run_trace(base, n, 7, budgets, a.rounds, a.preset)
                 wall = time.perf_counter() - t0
                 prefilled = sum(c["prefilled_tokens"] for c in calls)
                 results.append({"mode": mode, "target_tokens": n, "final_tokens": final, "calls": len(calls),
@@ -119,9 +123,10 @@ def main():
     by = {(r["mode"], r["target_tokens"]): r for r in results}
     lines = [f"# lragent serve: multi-agent trace over HTTP ({a.preset}, {a.device})", "",
              f"GPU: {a.gpu_name or 'n/a'} · date: {datetime.date.today()} · commit: {a.commit or 'n/a'}", "",
-             "Each call's prompt is the whole trajectory (token ids); plan 48 / action 24 / reflect 24 tokens decoded "
-             f"per call (greedy, ignore_eos); observations of {a.obs_tokens} tokens. Wall: the client's time for the "
-             "whole conversation; ratio: none's wall / this mode's.", "",
+             f"Each conversation: {a.rounds} plan / action / observation rounds and a reflect call; each call's prompt "
+             "is the whole trajectory (token ids); plan 48 / action 24 / reflect 24 tokens decoded per call (greedy, "
+             "ignore_eos); the observations sized to reach the length. Wall: the client's time for the whole "
+             "conversation; ratio: none's wall / this mode's.", "",
              "| mode | length | calls | prefilled tokens | decoded | wall (s) | tokens/s | speed-up vs none |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:
@@ -137,8 +142,8 @@ def main():
         stem = os.path.join(a.out_dir, f"serve-{tag}-{a.preset}-{datetime.date.today():%Y%m%d}")
         with open(stem + ".json", "w") as f:
             json.dump({"benchmark": "scripts/serve-bench.py", "gpu": a.gpu_name, "device": a.device, "preset": a.preset,
-                       "commit": a.commit, "date_utc": datetime.datetime.utcnow().isoformat() + "Z",
-                       "budgets": budgets, "obs_tokens": a.obs_tokens, "results": results}, f, indent=1)
+                       "commit": a.commit, "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                       "budgets": budgets, "rounds": a.rounds, "results": results}, f, indent=1)
         with open(stem + ".md", "w") as f:
             f.write(md)
 

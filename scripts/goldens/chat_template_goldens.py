@@ -54,6 +54,11 @@ CONVERSATIONS = {
         {"role": "user", "content": "<tool_response>\nresult\n</tool_response>"},
         {"role": "assistant", "content": "<think>y</think>done"},
     ],
+    "extra_roles": [
+        {"role": "developer", "content": "Be terse."},
+        {"role": "user", "content": "hi"},
+        {"role": "function", "content": "42"},
+    ],
     "system_later": [
         {"role": "user", "content": "hi"},
         {"role": "system", "content": "be brief"},
@@ -62,20 +67,31 @@ CONVERSATIONS = {
 }
 
 
+# Meta-Llama-3-Instruct's second template revision: the assistant header only with
+# add_generation_prompt (the first revision, in the npm fixture, always writes it).
+def llama3_agp_variant(template):
+    old = "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
+    assert old in template
+    return template.replace(old, "{% if add_generation_prompt %}" + old + "{% endif %}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--fixtures", default=".fixtures")
     ap.add_argument("--out", default="tests/fixtures/goldens")
     a = ap.parse_args()
     out = {"transformers": __import__("transformers").__version__, "cases": []}
-    for name in ("llama3", "qwen3"):
-        tok = AutoTokenizer.from_pretrained(os.path.join(a.fixtures, name))
+    for name in ("llama3", "llama3-agp", "qwen3"):
+        tok = AutoTokenizer.from_pretrained(os.path.join(a.fixtures, name.split("-")[0]))
+        template = tok.chat_template if name != "llama3-agp" else llama3_agp_variant(tok.chat_template)
+        if name == "llama3-agp":
+            out["llama3_agp_template"] = template
         for conv_name, messages in CONVERSATIONS.items():
             variants = [{"add_generation_prompt": True}, {"add_generation_prompt": False}]
             if name == "qwen3":
                 variants.append({"add_generation_prompt": True, "enable_thinking": False})
             for kw in variants:
-                text = tok.apply_chat_template(messages, tokenize=False, **kw)
+                text = tok.apply_chat_template(messages, tokenize=False, chat_template=template, **kw)
                 out["cases"].append({"tokenizer": name, "conversation": conv_name, "messages": messages, **kw,
                                      "text": text})
     os.makedirs(a.out, exist_ok=True)

@@ -33,40 +33,56 @@ struct ServeFlags {
   bool quiet = false;
 };
 
-// The chat template: tokenizer_config.json's, or --chat-template's text with the config's BOS.
-// Not having one is no error (only /v1/chat/completions needs it): the reason is kept for that
-// endpoint's answer, and a template lragent cannot render is reported at start-up.
-void set_chat_template(const ServeFlags& f, server::ServerOptions& so) {
-  if (f.model.model_dir.empty()) {
+// The chat template: --chat-template's (a file, or the template text itself, as vLLM takes it),
+// else chat_template.jinja beside the model (where transformers >= 4.43 saves it), else
+// tokenizer_config.json's; BOS from tokenizer_config.json. A model without one is no error (only
+// /v1/chat/completions needs it: the reason is kept for that endpoint's answer) and neither is a
+// model template lragent cannot render (a warning); a --chat-template it cannot use is.
+Status set_chat_template(const ServeFlags& f, server::ServerOptions& so) {
+  if (f.model.model_dir.empty() && f.chat_template.empty()) {
     so.chat_template_missing = "the built-in model has none";
-    return;
+    return Status::Ok();
   }
-  const std::string config_path = (std::filesystem::path(f.model.model_dir) / "tokenizer_config.json").string();
+  const std::filesystem::path dir(f.model.model_dir);
   nlohmann::json cfg = nlohmann::json::object();
-  if (auto text = read_text_file(config_path); text.ok()) {
-    cfg = nlohmann::json::parse(*text, nullptr, false);
-    if (!cfg.is_object()) cfg = nlohmann::json::object();
-  }
-  std::string source = config_path;
-  if (!f.chat_template.empty()) {
-    auto text = read_text_file(f.chat_template);
-    if (!text.ok()) {
-      so.chat_template_missing = fmt::format("--chat-template {}", text.error().message);
-      fmt::print(stderr, "warning: {}; /v1/chat/completions is off\n", so.chat_template_missing);
-      return;
+  if (!f.model.model_dir.empty()) {
+    if (auto text = read_text_file((dir / "tokenizer_config.json").string()); text.ok()) {
+      cfg = nlohmann::json::parse(*text, nullptr, false);
+      if (!cfg.is_object()) cfg = nlohmann::json::object();
     }
+  }
+  std::string source = (dir / "tokenizer_config.json").string();
+  std::error_code ec;
+  if (!f.chat_template.empty()) {
+    if (std::filesystem::is_regular_file(f.chat_template, ec)) {
+      auto text = read_text_file(f.chat_template);
+      if (!text.ok()) return make_error(text.error().code, "--chat-template {}", text.error().message);
+      cfg["chat_template"] = *text;
+      source = f.chat_template;
+    } else if (f.chat_template.find("{{") != std::string::npos || f.chat_template.find("{%") != std::string::npos) {
+      cfg["chat_template"] = f.chat_template;
+      source = "--chat-template";
+    } else {
+      return make_error(ErrorCode::kNotFound, "--chat-template {}: no such file (give a template file or its text)",
+                        f.chat_template);
+    }
+  } else if (std::filesystem::is_regular_file(dir / "chat_template.jinja", ec)) {
+    auto text = read_text_file((dir / "chat_template.jinja").string());
+    if (!text.ok()) return text.error();
     cfg["chat_template"] = *text;
-    source = f.chat_template;
+    source = (dir / "chat_template.jinja").string();
   }
   auto t = server::ChatTemplate::from_tokenizer_config(cfg.dump(), source);
   if (t.ok()) {
     so.chat_template = *t;
     fmt::print(stderr, "chat template: {} ({})\n", server::chat_format_name(t->format), source);
-  } else {
-    so.chat_template_missing = t.error().message;
-    if (t.error().code != ErrorCode::kNotFound)
-      fmt::print(stderr, "warning: {}; /v1/chat/completions is off\n", t.error().message);
+    return Status::Ok();
   }
+  if (!f.chat_template.empty()) return t.error();  // asked for explicitly: it must work
+  so.chat_template_missing = t.error().message;
+  if (t.error().code != ErrorCode::kNotFound)
+    fmt::print(stderr, "warning: {}; /v1/chat/completions is off\n", t.error().message);
+  return Status::Ok();
 }
 
 server::Server* g_server = nullptr;  // for the signal handler
@@ -111,8 +127,11 @@ int run_serve(const ServeFlags& f) {
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
   if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
-  if (f.preset.empty()) set_chat_template(f, so);
-  else so.chat_template_missing = "a --preset model has none";
+  if (f.preset.empty()) {
+    if (Status st = set_chat_template(f, so); !st.ok()) return report(st.error());
+  } else {
+    so.chat_template_missing = "a --preset model has none";
+  }
 
   // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base.
   const bool is_auto = f.sharing.mode == "auto";
@@ -178,7 +197,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->check(cli::non_negative());
   cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
   cmd->add_option("--chat-template", f->chat_template,
-                  "File holding the chat template for /v1/chat/completions (default: tokenizer_config.json's). "
+                  "Chat template for /v1/chat/completions: a file or the template text (default: the model's "
+                  "chat_template.jinja, else tokenizer_config.json's). "
                   "lragent has no Jinja engine: it renders the Llama-3-Instruct and Qwen3 templates, recognised by "
                   "their exact text; any other leaves /v1/chat/completions off (400)");
   cmd->add_flag("--quiet", f->quiet, "No access log on stderr");

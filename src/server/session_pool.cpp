@@ -124,6 +124,28 @@ Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const 
   return Lease{&s, use->id, keep};
 }
 
+int64_t SessionPool::capacity_tokens(int64_t upto) {
+  int64_t cap = upto;
+  for (Entry& e : entries_) {
+    TrajectoryKv& kv = e.session->kv();
+    for (int a = 0; a < kv.n_agents(); ++a) {
+      auto fits = [&](int64_t n) {
+        const bool ok = kv.bind(a)->reserve(n).ok();
+        kv.release_beyond(a, 0);
+        return ok;
+      };
+      if (fits(cap)) continue;
+      int64_t lo = 0, hi = cap;  // fits(lo) (0 trivially), !fits(hi)
+      while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        (fits(mid) ? lo : hi) = mid;
+      }
+      cap = lo;
+    }
+  }
+  return cap;
+}
+
 void SessionPool::drop(int64_t id) {
   std::erase_if(entries_, [id](const Entry& e) { return e.id == id; });
 }

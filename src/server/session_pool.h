@@ -70,6 +70,10 @@ class SessionPool {
     std::vector<int64_t> computed;  // forward-pass tokens per agent, as in replay
   };
   std::vector<Info> sessions() const;
+  // The longest trajectory (in tokens, at most `upto`) every agent can run alone in one
+  // trajectory's KV memory: its shared caches and the agent's private ones. Measured by reserving
+  // pages in the fresh trajectories create() made (nothing is computed); call before any request.
+  int64_t capacity_tokens(int64_t upto);
   int64_t evicted_sessions() const { return evicted_; }
 
  private:

@@ -7,6 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "cli_runner.h"
 #include "test_util.h"
 
@@ -45,6 +50,33 @@ TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tiny, plan, action, reflect"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("kv-share base-lr,"), std::string::npos) << r.err;
+}
+
+// The chat template comes from chat_template.jinja beside the model (transformers >= 4.43 saves it
+// there) or --chat-template (a file or the text); a --chat-template that cannot be used stops
+// start-up with one error line.
+TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
+  const std::string cfg_path = testing::fetched_fixtures_dir() + "/llama3/tokenizer_config.json";
+  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << cfg_path << " missing: run scripts/fetch-fixtures.sh";
+  const std::string llama3 = nlohmann::json::parse(testing::read_file(cfg_path))["chat_template"];
+  const std::string dir = testing::temp_dir("serve-chat-model");
+  for (const auto& e : std::filesystem::directory_iterator(testing::tinystories_dir()))
+    std::filesystem::copy(e.path(), dir + "/" + e.path().filename().string());
+  std::ofstream(dir + "/chat_template.jinja") << llama3;
+  auto r = serve_until("INT", 6, "--model " + shell_quote(dir) + " --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("chat template: llama3 (" + dir + "/chat_template.jinja)"), std::string::npos) << r.err;
+
+  const std::string model = "--model " + shell_quote(testing::tinystories_dir());
+  r = serve_until("INT", 6, model + " --port 0 --chat-template " + shell_quote(llama3));  // the text itself
+  EXPECT_NE(r.err.find("chat template: llama3 (--chat-template)"), std::string::npos) << r.err;
+  auto missing = testing::run_lragent("serve " + model + " --chat-template /no/such/template.jinja");
+  EXPECT_EQ(missing.code, 3) << missing.err;
+  EXPECT_NE(missing.err.find("--chat-template /no/such/template.jinja"), std::string::npos) << missing.err;
+  std::ofstream(dir + "/other.jinja") << "{{ messages[0]['content'] }}";
+  auto unknown = testing::run_lragent("serve " + model + " --chat-template " + shell_quote(dir + "/other.jinja"));
+  EXPECT_EQ(unknown.code, 5) << unknown.err;
+  EXPECT_NE(unknown.err.find("not one lragent renders"), std::string::npos) << unknown.err;
 }
 
 TEST(ServeCli, APortInUseAndBadFlagsAreOneErrorLine) {

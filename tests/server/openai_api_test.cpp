@@ -118,6 +118,11 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "include_stop_str_in_output": true})", ErrorCode::kUnsupported, "include_stop_str");
   expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 5})", ErrorCode::kUnsupported, "truncate_prompt_tokens");
   expect_error(R"({"prompt": "a", "guided_json": {"type": "object"}})", ErrorCode::kUnsupported, "guided_json");
+  expect_error(R"({"prompt": "a", "guided_json": {}})", ErrorCode::kUnsupported, "guided_json");  // {} constrains too
+  expect_error(R"({"prompt": "a", "allowed_token_ids": [1, 2]})", ErrorCode::kUnsupported, "allowed_token_ids");
+  expect_error(R"({"prompt": "a", "bad_words": ["x"]})", ErrorCode::kUnsupported, "bad_words");
+  expect_error(R"({"prompt": "a", "use_beam_search": true})", ErrorCode::kUnsupported, "use_beam_search");
+  expect_error(R"({"prompt": "a", "length_penalty": 0.5})", ErrorCode::kUnsupported, "length_penalty");
   expect_error(R"({"prompt": "a", "response_format": {"type": "json_object"}})", ErrorCode::kUnsupported,
                "response_format");
   expect_error(R"({"prompt": "a", "stream": true, "stream_options": {"continuous_usage_stats": true}})",

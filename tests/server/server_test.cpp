@@ -373,6 +373,8 @@ TEST_F(ServerTest, CompletionDetailsFollowVllm) {
 
   httplib::Client c("127.0.0.1", port_);
   EXPECT_EQ(c.Get("/v1/completions")->status, 405);
+  EXPECT_EQ(c.Delete("/v1/chat/completions")->status, 405);
+  EXPECT_EQ(c.Put("/v1/completions", "{}", "application/json")->status, 405);
   EXPECT_EQ(c.Post("/v1/models", "{}", "application/json")->status, 405);
 }
 
@@ -440,18 +442,35 @@ TEST_F(ServerTest, ChatCompletionsRenderTheTemplateAndCompleteIt) {
   EXPECT_NE(tools["error"]["message"].get<std::string>().find("tools"), std::string::npos);
 }
 
-// A request that cannot fit one trajectory's KV memory is the request's fault (400), never a
-// "retry later" 503.
-TEST_F(ServerTest, ARequestLargerThanATrajectorysKvMemoryIsRefused) {
-  ServerOptions o;
-  o.pool.replay.sharing.arena_bytes = 64 << 10;  // a few dozen tokens of this model's caches
-  start(ShareMode::kBaseLr, o);
-  auto [status, j] = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 400},
-                               {"ignore_eos", true}, {"temperature", 0}});
-  EXPECT_EQ(status, 400) << j.dump();
-  EXPECT_NE(j["error"]["message"].get<std::string>().find("KV memory"), std::string::npos) << j.dump();
-  auto [ok, small] = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}});
-  EXPECT_EQ(ok, 200) << small.dump();
+// A KV memory smaller than the context caps max_model_len at what one trajectory holds (as vLLM
+// caps it to its cache): a longer request is refused up front (400), and one of exactly that
+// length runs to its end instead of running out of room there.
+TEST_F(ServerTest, AKvMemorySmallerThanTheContextCapsTheRequests) {
+  for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    ServerOptions o;
+    o.pool.replay.sharing.arena_bytes = 64 << 10;  // a couple of hundred tokens of this model's caches
+    start(mode, o);
+    const int64_t cap = server_->max_model_len();
+    EXPECT_GT(cap, 16);
+    EXPECT_LT(cap, 512);
+    httplib::Client c("127.0.0.1", port_);
+    EXPECT_EQ(json::parse(c.Get("/v1/models")->body)["data"][1]["max_model_len"], cap);
+    const int64_t prompt = static_cast<int64_t>(tok_->encode("Once upon a time", true)->size());
+    auto [too_long, j] = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", cap - prompt + 1},
+                                   {"ignore_eos", true}, {"temperature", 0}});
+    EXPECT_EQ(too_long, 400) << j.dump();
+    EXPECT_NE(j["error"]["message"].get<std::string>().find("maximum context length is " + std::to_string(cap)),
+              std::string::npos) << j.dump();
+    // Every agent in turn, each reading the others' trajectory, to the very end.
+    for (const char* model : {"plan", "action", "tiny"}) {
+      auto [status, full] = complete({{"model", model}, {"prompt", "Once upon a time"}, {"max_tokens", cap - prompt},
+                                      {"ignore_eos", true}, {"temperature", 0}});
+      EXPECT_EQ(status, 200) << model << ": " << full.dump();
+      EXPECT_EQ(full["usage"]["completion_tokens"], cap - prompt) << model;
+    }
+    stop();
+  }
 }
 
 // One server per port: a second one fails to bind (no SO_REUSEPORT sharing of connections),
