@@ -2,6 +2,7 @@
 # One-shot GPU check, run on the device machine from the repository root:
 #   build (CUDA, Release, sm_90a) -> CUDA tests -> SASS/resource summary -> attention bench
 #   -> whole-model bench (8B shapes) -> `lragent replay --device cuda` on tinystories
+#   -> `lragent serve` CPU vs CUDA and the trace over HTTP (bench/results/serve-<gpu>-...)
 #   -> PyTorch SDPA peer -> bench/results/kernels-<gpu>-<date>.{json,md,png} (+ copies under $OUT).
 #
 # Preferred: scripts/device-bundle.sh here first (builds everything on the CPU machine and packs
@@ -50,10 +51,12 @@ elapsed() { echo $(( $(date +%s) - T0 ))s; }
 save() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
-  for f in test.log bench.log model.log replay.log sdpa.log sass.txt; do
+  for f in test.log bench.log model.log replay.log serve.log sdpa.log sass.txt; do
     [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$OUT/$f"
   done
-  for f in "$PREFIX.json" "$PREFIX.md" "$PREFIX.png"; do [ -f "$f" ] && cp "$f" "$OUT/"; done
+  for f in "$PREFIX.json" "$PREFIX.md" "$PREFIX.png" "$RES"/serve-*-"$(date -u +%Y%m%d)".*; do
+    [ -f "$f" ] && cp "$f" "$OUT/"
+  done
   return 0
 }
 
@@ -219,6 +222,42 @@ print(f"replay {aset} {mode:<10} tokens {len(ref)}: cuda f32 identical={f32 == r
 PY
   done
   done
+fi
+save
+if [ -n "$CLI_BIN" ] && [ -x "$CLI_BIN" ]; then
+  # The OpenAI-compatible server: the same conversation on the CPU and the GPU (f32 must give the
+  # CPU's texts), then the multi-agent trace over HTTP per sharing mode (docs/server.md).
+  echo "== lragent serve: CPU vs CUDA, and the trace over HTTP ($(elapsed))"
+  TS=$LRAGENT_SHARED/models/tinystories-656k
+  AD=$LRAGENT_SHARED/adapters/tinystories-656k/qv-shared-a-r8
+  for dev in "cpu" "cuda --dtype f32" "cuda --dtype bf16"; do
+    # shellcheck disable=SC2086
+    timeout 120 python3 scripts/serve-check.py --bin "$CLI_BIN" -- --model "$TS" --adapter plan=$AD/plan \
+      --adapter action=$AD/action --adapter reflect=$AD/reflect --device $dev >"$LOGS/serve-check-${dev// /_}.json" \
+      2>>"$LOGS/serve.log"
+  done
+  python3 - "$LOGS" <<'PY' | tee -a "$LOGS/serve.log"
+import json, sys
+logs = sys.argv[1]
+def load(dev):
+    try:
+        return json.load(open(f"{logs}/serve-check-{dev}.json"))
+    except Exception:
+        return None
+ref = load("cpu")
+for dev in ("cuda_--dtype_f32", "cuda_--dtype_bf16"):
+    d = load(dev)
+    if not ref or not d:
+        print(f"serve-check {dev}: no result"); continue
+    same = [t["text"] for t in d["turns"]] == [t["text"] for t in ref["turns"]]
+    print(f"serve-check {dev}: greedy turns identical to cpu={same}, sampled reflect identical={d['reflect'] == ref['reflect']}, "
+          f"stream = non-stream={d['stream_equals_plain']}")
+PY
+  SB_LENGTHS=4987,9095,17300,33700
+  [ "${QUICK:-0}" = 1 ] && SB_LENGTHS=4987
+  timeout 300 python3 scripts/serve-bench.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b --lengths $SB_LENGTHS \
+    --modes none,full,base,base-lr --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" 2>>"$LOGS/serve.log" |
+    tee -a "$LOGS/serve.log" | tail -8
 fi
 save
 echo "== SDPA peer ($(elapsed))"
