@@ -177,7 +177,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       "requests whose prompts extend one trajectory share its KV cache across adapters");
   f->model.add_to(cmd, true);
   f->sharing.add_to(cmd, "auto",
-                    "; auto (default here): base-lr when the adapters share lora_A, else base");
+                    "; auto (default here): base-lr when the adapters share lora_A, else base. Here --max-context "
+                    "and --kv-memory size each kept trajectory");
   cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
   cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")
       ->default_val(8000)
@@ -191,8 +192,9 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->default_val(4)
       ->check(cli::in_range(1, 4096));
   cmd->add_option("--max-model-len", f->max_model_len,
-                  "Longest prompt + max_tokens a request may ask for (0: --max-context, capped at the model's "
-                  "context); longer requests get HTTP 400")
+                  "Longest prompt + max_tokens a request may ask for (0: --max-context); capped at the model's "
+                  "context and at what one trajectory's --kv-memory holds (measured at start-up). Longer requests "
+                  "get HTTP 400")
       ->default_val(0)
       ->check(cli::non_negative());
   cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
@@ -200,7 +202,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "Chat template for /v1/chat/completions: a file or the template text (default: the model's "
                   "chat_template.jinja, else tokenizer_config.json's). "
                   "lragent has no Jinja engine: it renders the Llama-3-Instruct and Qwen3 templates, recognised by "
-                  "their exact text; any other leaves /v1/chat/completions off (400)");
+                  "their exact text. A --chat-template it cannot render stops start-up; a model's own unknown "
+                  "template leaves /v1/chat/completions answering 400");
   cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
   auto* preset = cmd->add_option("--preset", f->preset,
                                  "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b or tiny (random "
