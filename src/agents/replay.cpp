@@ -158,34 +158,16 @@ Status AgentSession::catch_up_partial(int a, int64_t& begin) {
   return Status::Ok();
 }
 
-bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output,
-                         bool as_shown) const {
+bool AgentSession::stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const {
   if (stop.empty() || !tok_) return false;
-  std::string text;
-  if (as_shown) {
-    std::vector<int32_t> shown = output;
-    std::erase_if(shown, [&](int32_t t) { return tok_->is_special(t); });
-    // The output is the trajectory's tail: the token before it is the decoding context.
-    const size_t before = traj_.size() >= output.size() + 1 ? traj_.size() - output.size() - 1 : traj_.size();
-    const int32_t ctx = before < traj_.size() ? traj_[before] : -1;
-    if (ctx >= 0 && !tok_->is_special(ctx) && !tok_->token_bytes(ctx).empty()) {
-      const std::string head = tok_->decode({ctx});
-      shown.insert(shown.begin(), ctx);
-      text = tok_->decode(shown);
-      text = text.rfind(head, 0) == 0 ? text.substr(head.size()) : text;
-    } else {
-      text = tok_->decode(shown);
-    }
-  } else {
-    text = tok_->decode(output);
-  }
+  const std::string text = tok_->decode(output);
   return std::any_of(stop.begin(), stop.end(), [&](const std::string& s) { return text.find(s) != std::string::npos; });
 }
 
 bool AgentSession::ends(const std::vector<std::string>& stop, const AgentDecode& dec, StepResult& r) const {
   const int32_t last = r.output_tokens.back();
   if (std::find(dec.stop_ids.begin(), dec.stop_ids.end(), last) != dec.stop_ids.end() ||
-      stops(stop, r.output_tokens, dec.stop_text_as_shown)) {
+      stops(stop, r.output_tokens)) {
     r.finish_reason = "stop";
     return true;
   }

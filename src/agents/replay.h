@@ -74,12 +74,10 @@ struct AgentDecode {
   // pick on the host from each step's logits (no decode lookahead).
   PenaltyParams penalties;
   std::vector<int32_t> stop_ids;    // generation ends after emitting one of these (e.g. EOS)
-  // Stop strings are looked for in the text as vLLM shows it: without special tokens, decoded
-  // after the token before the step (so a first word keeps its leading space). Off (the
-  // replay's rule): in decode(step's tokens).
-  bool stop_text_as_shown = false;
-  // Called with each generated token as it is taken; returning false ends the step there
-  // (finish_reason "abort"; e.g. a streaming client went away). The token stays in the step.
+  // Called with each generated token as it is taken (not with a stop id, which ends the step
+  // first); returning false ends the step there (finish_reason "abort": the caller knows why,
+  // e.g. a streaming client went away, or the server found a stop string in its own text). The
+  // token stays in the step.
   std::function<bool(int32_t)> on_token;
 };
 
@@ -136,7 +134,7 @@ class AgentSession {
   // caller's input; anything else a bug.
   Error nothing_to_forward(int a, int64_t begin) const;
   // Whether the decoded output contains one of the stop strings (never without a tokenizer).
-  bool stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output, bool as_shown = false) const;
+  bool stops(const std::vector<std::string>& stop, const std::vector<int32_t>& output) const;
   // Whether the step ends after its latest output token: a stop string or stop id (r's
   // finish_reason becomes "stop") or on_token declining more ("abort").
   bool ends(const std::vector<std::string>& stop, const AgentDecode& dec, StepResult& r) const;

@@ -41,8 +41,7 @@ struct Server::Http {
   bool bound = false;
 };
 
-// A validated request: the agent and each prompt's ids.
-struct Prepared {
+struct Server::Prepared {
   CompletionRequest req;
   std::string agent;
   std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
@@ -115,17 +114,15 @@ Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
   return tok_->encode(p.text, p.add_special_tokens);
 }
 
-namespace {
-
-Result<Prepared> prepare(const CompletionRequest& req, const std::string& agent, const Tokenizer* tok,
-                         int64_t max_model_len, const std::function<Result<std::vector<int32_t>>(const PromptInput&)>& ids_of) {
+Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   Prepared p;
   p.req = req;
-  p.agent = agent;
-  if (!tok && !req.stop.empty())
+  LRA_ASSIGN_OR_RETURN(p.agent, agent_for(req.model));
+  if (!tok_ && !req.stop.empty())
     return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
+  const int64_t max_model_len = opts_.max_model_len;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
-    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, ids_of(req.prompts[i]));
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, prompt_ids(req.prompts[i]));
     if (ids.empty())
       return make_error(ErrorCode::kInvalidArgument, "'prompt' is empty and this model has no BOS token to start from");
     // Chat without max_tokens: the rest of the context, as vLLM.
@@ -141,30 +138,31 @@ Result<Prepared> prepare(const CompletionRequest& req, const std::string& agent,
                         max_model_len, want, ids.size(), req.prompts.size() > 1 ? fmt::format(" {}", i) : "",
                         want - static_cast<int64_t>(ids.size()));
     if (req.echo)
-      p.echo.push_back(req.prompts[i].is_tokens ? (tok ? tok->decode(ids) : std::string()) : req.prompts[i].text);
+      p.echo.push_back(req.prompts[i].is_tokens ? (tok_ ? tok_->decode(ids) : std::string()) : req.prompts[i].text);
     p.ids.push_back(std::move(ids));
   }
   return p;
 }
 
-}  // namespace
-
 Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req,
                                                        const std::function<bool(size_t, const std::string&)>& on_delta) {
-  LRA_ASSIGN_OR_RETURN(std::string agent, agent_for(req.model));
-  LRA_ASSIGN_OR_RETURN(Prepared p, prepare(req, agent, tok_, opts_.max_model_len,
-                                           [this](const PromptInput& in) { return prompt_ids(in); }));
+  LRA_ASSIGN_OR_RETURN(Prepared p, prepare(req));
+  return run(p, on_delta);
+}
+
+Result<std::vector<CompletionChoice>> Server::run(const Prepared& p,
+                                                  const std::function<bool(size_t, const std::string&)>& on_delta) {
+  const CompletionRequest& req = p.req;
   std::lock_guard<std::mutex> lock(engine_mu_);
   std::vector<CompletionChoice> out;
   bool abandoned = false;
-  for (size_t i = 0; i < p.ids.size(); ++i) {
-    for (int j = 0; j < req.n; ++j) {
+  for (size_t i = 0; i < p.ids.size() && !abandoned; ++i) {
+    for (int j = 0; j < req.n && !abandoned; ++j) {
       const size_t index = i * static_cast<size_t>(req.n) + static_cast<size_t>(j);
       CompletionChoice c;
       c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
       c.prompt_index = i;
-      if (abandoned) break;
-      LRA_ASSIGN_OR_RETURN(SessionPool::Lease lease, pool_->acquire(agent, p.ids[i]));
+      LRA_ASSIGN_OR_RETURN(SessionPool::Lease lease, pool_->acquire(p.agent, p.ids[i]));
       c.reused_tokens = lease.reused_tokens;
       c.trajectory = lease.id;
       AgentDecode dec;
@@ -173,11 +171,12 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
       dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
       if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
       dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
+      // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
+      // found in this shown text (CompletionText), which ends the step through on_token; the
+      // engine itself is given none.
       std::optional<CompletionText> text;
-      // Decoded after the prompt's last token, as vLLM decodes a completion.
       if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back());
-      dec.stop_text_as_shown = true;
-      std::string shown = req.echo ? p.echo[i] : std::string();
+      const std::string shown = req.echo ? p.echo[i] : std::string();
       auto emit = [&](const std::string& delta) {
         if (delta.empty() || !on_delta) return true;
         if (!on_delta(index, delta)) abandoned = true;
@@ -185,12 +184,13 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
       };
       if (!emit(shown)) break;
       size_t pushed = 0;  // output tokens given to `text`
-      auto is_stop_id = [&](int32_t t) { return std::find(dec.stop_ids.begin(), dec.stop_ids.end(), t) != dec.stop_ids.end(); };
+      // Every token but a stop id that ends the step (ends() checks those first) comes here.
       dec.on_token = [&](int32_t t) {
         ++pushed;
-        return text ? emit(text->push(t, is_stop_id(t))) : true;
+        if (!text) return true;
+        return emit(text->push(t)) && !text->matched_stop();
       };
-      auto r = lease.session->run_agent(agent, p.budgets[i], {}, req.stop, &dec);
+      auto r = lease.session->run_agent(p.agent, p.budgets[i], {}, {}, &dec);
       if (!r.ok()) {
         pool_->drop(lease.id);  // its caches may hold a partial pass
         if (r.error().code == ErrorCode::kOutOfMemory)  // a trajectory's own KV memory: retrying cannot help
@@ -200,23 +200,25 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
                             r.error().message);
         return r.error();
       }
-      // The token that ended the step (stop id or stop string) is not given to on_token.
-      for (; pushed < r->output_tokens.size(); ++pushed) {
-        const int32_t t = r->output_tokens[pushed];
-        if (text) emit(text->push(t, r->finish_reason == "stop" && pushed + 1 == r->output_tokens.size() && is_stop_id(t)));
-      }
+      // The stop id that ended the step, if one did, was not given to on_token: its text is never shown.
+      for (; pushed < r->output_tokens.size(); ++pushed)
+        if (text) text->push(r->output_tokens[pushed], /*ends_step=*/true);
+      c.text = shown;
       if (text) {
         emit(text->finish());
-        c.text = shown + text->text();
+        c.text += text->text();
         c.stop_reason = text->matched_stop();
       }
-      if (r->finish_reason == "stop" && !r->output_tokens.empty() && !c.stop_reason) {
-        const int32_t last = r->output_tokens.back();
-        const auto& eos = model_->config().eos_token_ids;
-        if (std::find(eos.begin(), eos.end(), last) == eos.end() || req.ignore_eos) c.stop_token = last;
+      if (c.stop_reason) {
+        c.finish_reason = "stop";
+      } else {
+        c.finish_reason = abandoned ? "abort" : r->finish_reason;
+        if (c.finish_reason == "stop" && !r->output_tokens.empty()) {  // a stop id; vLLM names it unless EOS
+          const int32_t last = r->output_tokens.back();
+          const auto& eos = model_->config().eos_token_ids;
+          if (std::find(eos.begin(), eos.end(), last) == eos.end() || req.ignore_eos) c.stop_token = last;
+        }
       }
-      if (!text) c.text = shown;
-      c.finish_reason = abandoned ? "abort" : r->finish_reason;
       c.completion_tokens = static_cast<int64_t>(r->output_tokens.size());
       c.token_ids = r->output_tokens;
       c.prefilled_tokens = r->prefilled_tokens;
@@ -382,8 +384,11 @@ void Server::install_routes() {
 void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
   const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
   const int64_t created = unix_now();
-  auto model_name = agent_for(req.model);
-  if (!model_name.ok()) return send_error(res, model_name.error());
+  // Errors found before the first byte (unknown model, too long) are HTTP errors, also when
+  // streaming; later ones are an error event there.
+  auto prepared = prepare(req);
+  if (!prepared.ok()) return send_error(res, prepared.error());
+  const std::string model = prepared->agent;
   auto usage_of = [](const std::vector<CompletionChoice>& cs) {
     int64_t prompt = 0, completion = 0;
     for (size_t i = 0; i < cs.size(); ++i) {
@@ -415,22 +420,17 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
     return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
   };
   if (!req.stream) {
-    auto r = complete(req);
+    auto r = run(*prepared, {});
     if (!r.ok()) return send_error(res, r.error());
     json choices = json::array();
     for (size_t i = 0; i < r->size(); ++i) choices.push_back(choice_json(i, (*r)[i], true));
     return send_json(res, 200,
                      json{{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                          {"model", *model_name}, {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
+                          {"model", model}, {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
   }
-  // Streaming: errors found before the first byte (unknown model, too long) are HTTP errors;
-  // later ones an error event. Validate now by preparing the prompts.
-  auto checked = prepare(req, *model_name, tok_, opts_.max_model_len,
-                         [this](const PromptInput& in) { return prompt_ids(in); });
-  if (!checked.ok()) return send_error(res, checked.error());
-  const std::string model = *model_name;
+  auto p = std::make_shared<const Prepared>(std::move(*prepared));  // the provider is copied: share the ids
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, req, chat, id, created, model, usage_of, choice_json,
+  res.set_chunked_content_provider("text/event-stream", [this, p, chat, id, created, model, usage_of, choice_json,
                                                          lragent_json](size_t, httplib::DataSink& sink) {
     auto send = [&sink](const json& j) {
       const std::string line = "data: " + dump(j) + "\n\n";
@@ -454,7 +454,7 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
       opened[index] = true;
       return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}})})));
     };
-    auto r = complete(req, [&](size_t index, const std::string& delta) {
+    auto r = run(*p, [&](size_t index, const std::string& delta) {
       if (!open(index)) return false;
       return send(chunk(json::array({piece(index, chat ? json{{"content", delta}} : json(delta))})));
     });
@@ -465,7 +465,7 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
         open(i);
         send(chunk(json::array({choice_json(i, (*r)[i], false)})));
       }
-      if (req.include_usage) {
+      if (p->req.include_usage) {
         json last = chunk(json::array());
         last["usage"] = usage_of(*r);
         last["lragent"] = lragent_json(*r);

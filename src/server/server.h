@@ -92,6 +92,11 @@ class Server {
  private:
   Server() = default;
   struct Http;
+  struct Prepared;  // a validated request: its agent, and each prompt's ids and token budget
+  // Validates a request and tokenizes its prompts (errors: unknown model, too long, bad ids).
+  Result<Prepared> prepare(const CompletionRequest& req) const;
+  // Runs a prepared request (complete()'s second half).
+  Result<std::vector<CompletionChoice>> run(const Prepared& p, const std::function<bool(size_t, const std::string&)>& on_delta);
   // The agent a request's "model" names (empty: the base model).
   Result<std::string> agent_for(const std::string& model) const;
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
