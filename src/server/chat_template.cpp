@@ -2,6 +2,8 @@
 
 #include <cstdint>
 
+#include "tokenizer/unicode.h"
+
 namespace lragent::server {
 namespace {
 
@@ -32,41 +34,26 @@ constexpr Known kKnown[] = {
     {0x2bfdb7aa9754484eull, 4116, ChatFormat::kQwen3, false},
 };
 
-// Python's str.isspace() for one code point (what Jinja's trim strips).
-bool is_py_space(uint32_t c) {
-  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
-}
+// Python's str.isspace(): Unicode White_Space plus the separators U+001C..U+001F.
+bool is_py_space(char32_t c) { return unicode::is_white_space(c) || (c >= 0x1c && c <= 0x1f); }
 
-// Decodes the UTF-8 code point at s[i] (invalid bytes as themselves) and its length.
-uint32_t code_point_at(std::string_view s, size_t i, size_t& len) {
-  const auto b = static_cast<unsigned char>(s[i]);
-  len = 1;
-  if (b < 0x80) return b;
-  const int n = b >= 0xf0 ? 3 : b >= 0xe0 ? 2 : b >= 0xc0 ? 1 : 0;  // continuation bytes
-  if (n == 0 || i + static_cast<size_t>(n) >= s.size()) return b;
-  uint32_t c = b & (0x3f >> n);
-  for (int k = 1; k <= n; ++k) {
-    const auto x = static_cast<unsigned char>(s[i + static_cast<size_t>(k)]);
-    if ((x & 0xc0) != 0x80) return b;
-    c = (c << 6) | (x & 0x3f);
-  }
-  len = static_cast<size_t>(n) + 1;
-  return c;
-}
-
-// Jinja's |trim: Python's str.strip() (Unicode whitespace at both ends).
+// Jinja's |trim: Python's str.strip() (Unicode whitespace at both ends). Message content comes
+// from a parsed JSON body, so it is valid UTF-8; anything else is stripped of ASCII whitespace.
 std::string py_strip(std::string_view s) {
+  if (!unicode::is_valid_utf8(s)) {
+    const size_t b = s.find_first_not_of(" \t\n\r\v\f");
+    return b == std::string_view::npos ? std::string() : std::string(s.substr(b, s.find_last_not_of(" \t\n\r\v\f") - b + 1));
+  }
   size_t begin = 0;
   while (begin < s.size()) {
     size_t len = 0;
-    if (!is_py_space(code_point_at(s, begin, len))) break;
+    if (!is_py_space(unicode::decode_utf8(s, begin, &len))) break;
     begin += len;
   }
   size_t end = begin;  // one past the last non-space code point
   for (size_t i = begin; i < s.size();) {
     size_t len = 0;
-    const bool space = is_py_space(code_point_at(s, i, len));
+    const bool space = is_py_space(unicode::decode_utf8(s, i, &len));
     i += len;
     if (!space) end = i;
   }

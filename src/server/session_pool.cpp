@@ -57,11 +57,16 @@ Result<SessionPool::Entry*> SessionPool::create_session(int group) {
     }
     // Out of memory: the least recently used trajectory gives its KV memory back, then retry.
     if (s.error().code != ErrorCode::kOutOfMemory || entries_.empty()) return s.error();
-    const auto lru = std::min_element(entries_.begin(), entries_.end(),
-                                      [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
-    entries_.erase(lru);
-    ++evicted_;
+    evict_lru();
   }
+}
+
+void SessionPool::evict_lru() {
+  const auto lru = std::min_element(entries_.begin(), entries_.end(),
+                                    [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
+  if (lru == entries_.end()) return;
+  entries_.erase(lru);
+  ++evicted_;
 }
 
 Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt) {
@@ -104,12 +109,7 @@ Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const 
     use = best;
     keep = best_len;
   } else {
-    if (full) {
-      const auto lru = std::min_element(entries_.begin(), entries_.end(),
-                                        [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
-      entries_.erase(lru);
-      ++evicted_;
-    }
+    if (full) evict_lru();
     LRA_ASSIGN_OR_RETURN(use, create_session(group));
     keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
   }

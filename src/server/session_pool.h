@@ -86,6 +86,7 @@ class SessionPool {
   };
   SessionPool(LlamaModel& m) : model_(m) {}
   Result<Entry*> create_session(int group);
+  void evict_lru();  // drops the least recently used trajectory (none: nothing)
 
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;
