@@ -19,27 +19,18 @@
 #include "engine/generator.h"
 #include "server/server.h"
 #include "test_util.h"
+#include "tiny_agents.h"
 
 namespace lragent::server {
 namespace {
 
 using nlohmann::json;
 
-class ServerTest : public ::testing::Test {
+class ServerTest : public testing::TinyAgentsTest {
  protected:
   void SetUp() override {
-    be_ = make_cpu_backend(2);
-    auto m = LlamaModel::load(testing::tinystories_dir(), *be_);
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = std::move(*m);
-    auto t = Tokenizer::load_dir(testing::tinystories_dir());
-    ASSERT_TRUE(t.ok()) << t.error().message;
-    tok_ = std::move(*t);
-    for (const char* role : {"plan", "action", "reflect"}) {
-      auto a = load_lora_adapter(role, testing::adapters_dir() + "/qv-shared-a-r8/" + role, model_->config());
-      ASSERT_TRUE(a.ok()) << a.error().message;
-      ASSERT_TRUE(reg_.add(std::move(*a)).ok());
-    }
+    TinyAgentsTest::SetUp();
+    for (auto& a : adapters_) ASSERT_TRUE(reg_.add(std::move(a)).ok());
   }
   void TearDown() override { stop(); }
 
@@ -99,9 +90,6 @@ class ServerTest : public ::testing::Test {
     return whole.substr(head.size());
   }
 
-  std::unique_ptr<Backend> be_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Tokenizer> tok_;
   AdapterRegistry reg_;
   std::unique_ptr<Server> server_;
   std::thread thread_;

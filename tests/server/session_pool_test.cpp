@@ -8,28 +8,13 @@
 
 #include "server/session_pool.h"
 #include "test_util.h"
+#include "tiny_agents.h"
 
 namespace lragent::server {
 namespace {
 
-class SessionPoolTest : public ::testing::Test {
+class SessionPoolTest : public testing::TinyAgentsTest {
  protected:
-  void SetUp() override {
-    be_ = make_cpu_backend(2);
-    auto m = LlamaModel::load(testing::tinystories_dir(), *be_);
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = std::move(*m);
-    auto t = Tokenizer::load_dir(testing::tinystories_dir());
-    ASSERT_TRUE(t.ok()) << t.error().message;
-    tok_ = std::move(*t);
-    for (const char* role : {"plan", "action", "reflect"}) {
-      auto a = load_lora_adapter(role, testing::adapters_dir() + "/qv-shared-a-r8/" + role, model_->config());
-      ASSERT_TRUE(a.ok()) << a.error().message;
-      names_.push_back(role);
-      ptrs_.push_back(a->get());
-      adapters_.push_back(std::move(*a));
-    }
-  }
   static SessionPoolOptions options(ShareMode mode, int max_sessions = 4) {
     SessionPoolOptions o;
     o.replay.sharing.mode = mode;
@@ -49,13 +34,6 @@ class SessionPoolTest : public ::testing::Test {
     EXPECT_TRUE(ids.ok());
     return ids.ok() ? *ids : std::vector<int32_t>{};
   }
-
-  std::unique_ptr<Backend> be_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Tokenizer> tok_;
-  std::vector<std::unique_ptr<LoraAdapter>> adapters_;
-  std::vector<std::string> names_;
-  std::vector<const LoraAdapter*> ptrs_;
 };
 
 TEST_F(SessionPoolTest, GroupsKeepTheBaseModelApartOnlyUnderBaseLr) {
