@@ -278,12 +278,17 @@ TEST_F(ServerTest, AClientLeavingMidStreamLeavesTheServerWell) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port_));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // A stalled exchange fails here within seconds instead of at ctest's timeout (this test hung
+  // once in CI run 31; the cause is not found yet).
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                            std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
   char buf[256];
-  ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0);  // the stream started
+  ASSERT_GT(::recv(fd, buf, sizeof(buf), 0), 0) << "no byte of the stream within 10 s";  // the stream started
   ::close(fd);
   auto [status, j] = complete({{"model", "action"}, {"prompt", "Once upon a time"}, {"max_tokens", 6}, {"temperature", 0}});
   EXPECT_EQ(status, 200) << j.dump();
