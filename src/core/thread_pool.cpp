@@ -3,6 +3,17 @@
 #include <algorithm>
 
 namespace lragent {
+namespace {
+// True on a pool's worker, and on a caller while it runs chunks: a parallel_for there runs
+// serially (waiting for the pool would wait for itself).
+thread_local bool t_in_pool = false;
+
+struct InPool {
+  bool saved = t_in_pool;
+  InPool() { t_in_pool = true; }
+  ~InPool() { t_in_pool = saved; }
+};
+}  // namespace
 
 ThreadPool::ThreadPool(int n_threads) {
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -27,10 +38,12 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
   grain = std::max<int64_t>(grain, 1);
   const int64_t max_chunks = std::max<int64_t>(1, n / grain);
   const int64_t n_chunks = std::min<int64_t>(max_chunks, static_cast<int64_t>(size()) * 4);
-  if (workers_.empty() || n_chunks <= 1) {
+  if (workers_.empty() || n_chunks <= 1 || t_in_pool) {
     fn(0, n);
     return;
   }
+  std::lock_guard<std::mutex> turn(call_mu_);
+  InPool in_pool;
   std::unique_lock<std::mutex> lock(mu_);
   fn_ = &fn;
   n_ = n;
@@ -53,6 +66,7 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
 }
 
 void ThreadPool::worker_loop() {
+  t_in_pool = true;
   uint64_t seen = 0;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {

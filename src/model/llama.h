@@ -60,6 +60,8 @@ struct ForwardStats {
 // only that last call).
 using LoadProgress = std::function<void(int64_t done, int64_t total)>;
 
+// One caller at a time: a pass uses the backend's scratch, its deferred picks and this model's
+// counters, so callers that share a model take turns (the server holds a lock around the engine).
 class LlamaModel {
  public:
   // Loads config.json + safetensors from `dir`. Missing/mis-shaped tensors are errors naming them.
