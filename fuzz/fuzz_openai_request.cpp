@@ -20,6 +20,7 @@ void fuzz_chat(const std::string& text) {
     return;
   }
   if (c->messages.empty() || (c->req.max_tokens < 1 && c->req.max_tokens != -1)) __builtin_trap();
+  if (c->req.logprobs < -1 || c->req.logprobs > kMaxLogprobs) __builtin_trap();
   for (ChatFormat f : {ChatFormat::kLlama3, ChatFormat::kQwen3}) {
     ChatTemplate t;
     t.format = f;
@@ -58,5 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!(q.penalties.repetition > 0) || !std::isfinite(q.penalties.frequency) || !std::isfinite(q.penalties.presence))
     __builtin_trap();
   if (q.max_tokens == 0 && !q.echo) __builtin_trap();
+  // The server's logprobs JSON takes any count in range; echo with them is refused.
+  if (q.logprobs < -1 || q.logprobs > lragent::server::kMaxLogprobs || (q.logprobs >= 0 && q.echo)) __builtin_trap();
   return 0;
 }

@@ -171,7 +171,8 @@ bool AgentSession::ends(const std::vector<std::string>& stop, const AgentDecode&
     r.finish_reason = "stop";
     return true;
   }
-  if (dec.on_token && !dec.on_token(last)) {
+  const StepLogprobs* lp = r.logprobs.size() == r.output_tokens.size() ? &r.logprobs.back() : nullptr;
+  if (dec.on_token && !dec.on_token(last, lp)) {
     r.finish_reason = "abort";
     return true;
   }
@@ -279,20 +280,26 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   if (n > 0) LRA_RETURN_IF_ERROR(catch_up_partial(a, begin));
   const size_t prompt_len = traj_.size();  // penalties' "prompt": the trajectory before this step
   const bool penalize = dec.penalties.active() && forced.empty();
-  if (lookahead_ && !keep_logits_ && !penalize && n > 0) {
+  const bool want_logprobs = dec.logprobs >= 0 && forced.empty();
+  if (lookahead_ && !keep_logits_ && !penalize && !want_logprobs && n > 0) {
     LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, dec, sampler, begin, r));
     n = 0;  // done: the step-by-step loop below runs nothing
   }
   for (int i = 0; i < n; ++i) {
     if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
     int32_t tok = 0;
-    if (keep_logits_ || !sampler.greedy() || penalize) {
+    if (keep_logits_ || !sampler.greedy() || penalize || want_logprobs) {
       LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin, nullptr));
       float* row = logits.f32();
       if (keep_logits_) r.logits.emplace_back(row, row + vocab);
+      std::vector<float> raw;  // [vocab] the row before penalties (log-probabilities are of the model's output)
+      if (want_logprobs && penalize) raw.assign(row, row + vocab);
       if (penalize)
         apply_penalties({row, static_cast<size_t>(vocab)}, {traj_.data(), prompt_len}, r.output_tokens, dec.penalties);
       tok = sampler.greedy() ? Sampler::argmax(row, vocab) : sampler.sample(row, vocab);
+      if (want_logprobs)
+        r.logprobs.push_back(step_logprobs(penalize ? std::span<const float>(raw) : std::span<const float>(row, vocab),
+                                           tok, dec.logprobs));
     } else {  // greedy pick on the device (a GPU backend copies back one id, not the logits)
       LRA_RETURN_IF_ERROR(forward_agent(a, begin, &tok));
     }

@@ -42,6 +42,7 @@ struct StepResult {
   std::vector<int32_t> output_tokens;
   std::string text;
   std::vector<std::vector<float>> logits;  // [decoded or forced tokens][vocab] (when kept)
+  std::vector<StepLogprobs> logprobs;      // [output_tokens] (when AgentDecode::logprobs >= 0)
   double seconds = 0;
 };
 
@@ -74,11 +75,14 @@ struct AgentDecode {
   // pick on the host from each step's logits (no decode lookahead).
   PenaltyParams penalties;
   std::vector<int32_t> stop_ids;    // generation ends after emitting one of these (e.g. EOS)
+  // >= 0: each generated token's log-probability and its row's `logprobs` most likely tokens
+  // (StepResult::logprobs; decoding then runs step by step, as with penalties).
+  int logprobs = -1;
   // Called with each generated token as it is taken (not with a stop id, which ends the step
-  // first); returning false ends the step there (finish_reason "abort": the caller knows why,
-  // e.g. a streaming client went away, or the server found a stop string in its own text). The
-  // token stays in the step.
-  std::function<bool(int32_t)> on_token;
+  // first), and its log-probabilities when asked for (else null); returning false ends the step
+  // there (finish_reason "abort": the caller knows why, e.g. a streaming client went away, or
+  // the server found a stop string in its own text). The token stays in the step.
+  std::function<bool(int32_t, const StepLogprobs*)> on_token;
 };
 
 // A trajectory shared by agents, each an adapter (or null for the bare base model).

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <vector>
 
 #include "backend/sampling_ref.h"
 
@@ -33,6 +34,21 @@ struct PenaltyParams {
 // logits [vocab]; prompt and generated hold ids (ids outside [0, vocab) are ignored).
 void apply_penalties(std::span<float> logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
                      const PenaltyParams& p);
+
+// A generated token's log-probability and the most likely tokens of its row: the raw model
+// output, log_softmax of the logits before penalties and temperature (vLLM's default
+// logprobs_mode, "raw_logprobs").
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.f;
+};
+struct StepLogprobs {
+  float logprob = 0.f;            // of the token taken
+  std::vector<TokenLogprob> top;  // the `top` most likely, highest first (ties: lower id first)
+};
+// log_softmax over logits [vocab] (in double), the value at `token` and the top `top` entries.
+// NaN logits count as -inf (never among the top).
+StepLogprobs step_logprobs(std::span<const float> logits, int32_t token, int top);
 
 class Sampler {
  public:

@@ -132,7 +132,12 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
   if (r.max_tokens == 0 && !r.echo) return bad("'max_tokens' must be at least 1 (0 only with \"echo\": true)");
   LRA_RETURN_IF_ERROR(parse_common(body, r));
-  LRA_RETURN_IF_ERROR(neutral(body, "logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
+  LRA_ASSIGN_OR_RETURN(int64_t logprobs, get_int(body, "logprobs", -1, 0, kMaxLogprobs));
+  r.logprobs = static_cast<int>(logprobs);
+  if (r.logprobs >= 0 && r.echo)
+    return Error{ErrorCode::kUnsupported,
+                 "'logprobs' with \"echo\": true is not supported: it asks for the prompt's log-probabilities, and "
+                 "lragent does not recompute a prompt whose cache it shares; drop echo"};
   LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
   return r;
 }
@@ -153,8 +158,10 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
     if (!kw.is_object()) return bad("'chat_template_kwargs' must be an object like {\"enable_thinking\": false}");
     LRA_ASSIGN_OR_RETURN(c.enable_thinking, get_bool(kw, "enable_thinking", true));
   }
-  LRA_RETURN_IF_ERROR(neutral(body, "logprobs", json(false), "lragent returns no log-probabilities yet"));
-  LRA_RETURN_IF_ERROR(neutral(body, "top_logprobs", json(0), "lragent returns no log-probabilities yet"));
+  LRA_ASSIGN_OR_RETURN(bool logprobs, get_bool(body, "logprobs", false));
+  LRA_ASSIGN_OR_RETURN(int64_t top, get_int(body, "top_logprobs", -1, 0, kMaxLogprobs));
+  if (top >= 0 && !logprobs) return bad("'top_logprobs' needs \"logprobs\": true");
+  if (logprobs) c.req.logprobs = static_cast<int>(std::max<int64_t>(top, 0));
   LRA_RETURN_IF_ERROR(neutral(body, "echo", json(false), "a chat completion never repeats the conversation"));
   LRA_RETURN_IF_ERROR(neutral(body, "continue_final_message", json(false), "the final message is never continued"));
   LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
@@ -250,6 +257,60 @@ Status parse_common(const json& body, CompletionRequest& r) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string token_text(const Tokenizer* tok, int32_t id) {
+  return tok ? tok->decode({id}) : fmt::format("token_id:{}", id);
+}
+
+float clamp_logprob(float lp) { return std::isnan(lp) || lp < -9999.f ? -9999.f : lp; }
+
+size_t code_points(const std::string& s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+json chat_entry(const Tokenizer* tok, int32_t id, float lp) {
+  const std::string text = token_text(tok, id);
+  json bytes = json::array();
+  for (char c : text) bytes.push_back(static_cast<unsigned char>(c));
+  return json{{"token", text}, {"logprob", clamp_logprob(lp)}, {"bytes", std::move(bytes)}};
+}
+
+}  // namespace
+
+json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids, std::span<const StepLogprobs> lps,
+                   size_t* text_offset) {
+  const size_t n = std::min(ids.size(), lps.size());
+  if (chat) {
+    json content = json::array();
+    for (size_t i = 0; i < n; ++i) {
+      json e = chat_entry(tok, ids[i], lps[i].logprob);
+      json top = json::array();
+      for (const TokenLogprob& t : lps[i].top) top.push_back(chat_entry(tok, t.id, t.logprob));
+      e["top_logprobs"] = std::move(top);
+      content.push_back(std::move(e));
+    }
+    return json{{"content", std::move(content)}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(), offsets = json::array();
+  size_t offset = text_offset ? *text_offset : 0;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string text = token_text(tok, ids[i]);
+    tokens.push_back(text);
+    token_logprobs.push_back(clamp_logprob(lps[i].logprob));
+    // The taken token and the most likely ones (so up to logprobs + 1 entries, as OpenAI's).
+    json top = json::object();
+    top[text] = clamp_logprob(lps[i].logprob);
+    for (const TokenLogprob& t : lps[i].top) top[token_text(tok, t.id)] = clamp_logprob(t.logprob);
+    top_logprobs.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += code_points(text);
+  }
+  if (text_offset) *text_offset = offset;
+  return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+}
 
 int http_status(ErrorCode code) {
   switch (code) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,7 +44,12 @@ struct CompletionRequest {
   bool echo = false;                    // prepend the prompt's text to each completion
   bool stream = false;                  // server-sent events
   bool include_usage = false;           // stream_options.include_usage
+  // -1: none. Otherwise each generated token's log-probability (the model's raw output) and
+  // this many most likely tokens per position: completions' "logprobs" (0-20), chat's
+  // "top_logprobs" (0-20) when "logprobs" is true.
+  int logprobs = -1;
 };
+constexpr int kMaxLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's chat limit
 
 // Parses and validates a request body. Errors (kInvalidArgument, or kUnsupported for an OpenAI
 // option lragent does not implement, e.g. logprobs) name the field and say what is allowed.
@@ -65,6 +71,15 @@ Result<ChatRequest> parse_chat_request(std::string_view body);
 int http_status(ErrorCode code);
 // {"error": {"message", "type", "param": null, "code": status}} as the OpenAI API answers.
 nlohmann::json error_json(const Error& e);
+
+// OpenAI's "logprobs" object for generated tokens `ids` and their log-probabilities `lps`
+// (same length): chat's {"content": [{token, logprob, bytes, top_logprobs: [...]}]}, or the
+// completions API's {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}
+// whose offsets (characters) start at *text_offset, which moves past these tokens (a stream
+// continues it). A token's text is tokenizer.decode([id]) (vLLM's), "token_id:<id>" without a
+// tokenizer; log-probabilities below -9999 (and -inf) are -9999, as vLLM clamps them.
+nlohmann::json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids,
+                             std::span<const StepLogprobs> lps, size_t* text_offset);
 
 // The text of one completion, built token by token: special tokens are left out (unless
 // skip_special_tokens is off) and so is the stop id that ended it; the text ends before the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
+#include <span>
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -144,14 +145,12 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   return p;
 }
 
-Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req,
-                                                       const std::function<bool(size_t, const std::string&)>& on_delta) {
+Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req, const DeltaFn& on_delta) {
   LRA_ASSIGN_OR_RETURN(Prepared p, prepare(req));
   return run(p, on_delta);
 }
 
-Result<std::vector<CompletionChoice>> Server::run(const Prepared& p,
-                                                  const std::function<bool(size_t, const std::string&)>& on_delta) {
+Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const DeltaFn& on_delta) {
   const CompletionRequest& req = p.req;
   std::lock_guard<std::mutex> lock(engine_mu_);
   std::vector<CompletionChoice> out;
@@ -169,6 +168,7 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p,
       dec.sampling = req.sampling;
       dec.penalties = req.penalties;
       dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
+      dec.logprobs = req.logprobs;
       if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
       dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
       // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
@@ -177,17 +177,25 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p,
       std::optional<CompletionText> text;
       if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back());
       const std::string shown = req.echo ? p.echo[i] : std::string();
-      auto emit = [&](const std::string& delta) {
+      CompletionDelta pending;  // tokens (and log-probabilities) not sent with a piece yet
+      pending.index = index;
+      auto emit = [&](std::string delta) {
         if (delta.empty() || !on_delta) return true;
-        if (!on_delta(index, delta)) abandoned = true;
+        pending.text = std::move(delta);
+        if (!on_delta(pending)) abandoned = true;
+        pending.text.clear();
+        pending.token_ids.clear();
+        pending.logprobs.clear();
         return !abandoned;
       };
       if (!emit(shown)) break;
       size_t pushed = 0;  // output tokens given to `text`
       // Every token but a stop id that ends the step (ends() checks those first) comes here.
-      dec.on_token = [&](int32_t t) {
+      dec.on_token = [&](int32_t t, const StepLogprobs* lp) {
         ++pushed;
-        if (!text) return true;
+        pending.token_ids.push_back(t);
+        if (lp) pending.logprobs.push_back(*lp);
+        if (!text) return true;  // no tokenizer, no text: the ids go with the last event
         return emit(text->push(t)) && !text->matched_stop();
       };
       auto r = lease.session->run_agent(p.agent, p.budgets[i], {}, {}, &dec);
@@ -221,6 +229,7 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p,
       }
       c.completion_tokens = static_cast<int64_t>(r->output_tokens.size());
       c.token_ids = r->output_tokens;
+      c.logprobs = std::move(r->logprobs);
       c.prefilled_tokens = r->prefilled_tokens;
       out.push_back(std::move(c));
     }
@@ -402,8 +411,23 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
     return c.stop_reason ? json(*c.stop_reason) : c.stop_token ? json(*c.stop_token) : json(nullptr);
   };
   // A whole choice (non-streaming), or a stream's last event for it (no text).
-  auto choice_json = [chat, stop_reason](size_t index, const CompletionChoice& c, bool whole) {
-    json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}, {"stop_reason", stop_reason(c)}};
+  const bool want_logprobs = req.logprobs >= 0;
+  // The logprobs object of tokens [from, end) of a choice (null when not asked for); `offset`:
+  // the completions API's text offset, continued across a stream's events.
+  auto logprobs_of = [this, chat, want_logprobs](std::span<const int32_t> ids, std::span<const StepLogprobs> lps,
+                                                 size_t* offset) {
+    return want_logprobs ? logprobs_json(tok_, chat, ids, lps, offset) : json(nullptr);
+  };
+  // A whole choice (non-streaming), or a stream's last event for it (no text; the log-probabilities
+  // of its tokens from `sent` on, which no earlier event carried).
+  auto choice_json = [chat, stop_reason, logprobs_of](size_t index, const CompletionChoice& c, bool whole, size_t sent,
+                                                      size_t* offset) {
+    const size_t from = std::min(sent, c.logprobs.size());
+    json j = {{"index", index},
+              {"logprobs", logprobs_of(std::span(c.token_ids).subspan(std::min(sent, c.token_ids.size())),
+                                       std::span(c.logprobs).subspan(from), offset)},
+              {"finish_reason", c.finish_reason},
+              {"stop_reason", stop_reason(c)}};
     if (chat) {
       if (whole) j["message"] = {{"role", "assistant"}, {"content", c.text}};
       else j["delta"] = json::object();
@@ -423,7 +447,10 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
     auto r = run(*prepared, {});
     if (!r.ok()) return send_error(res, r.error());
     json choices = json::array();
-    for (size_t i = 0; i < r->size(); ++i) choices.push_back(choice_json(i, (*r)[i], true));
+    for (size_t i = 0; i < r->size(); ++i) {
+      size_t offset = 0;
+      choices.push_back(choice_json(i, (*r)[i], true, 0, &offset));
+    }
     return send_json(res, 200,
                      json{{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
                           {"model", model}, {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
@@ -431,7 +458,7 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
   auto p = std::make_shared<const Prepared>(std::move(*prepared));  // the provider is copied: share the ids
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [this, p, chat, id, created, model, usage_of, choice_json,
-                                                         lragent_json](size_t, httplib::DataSink& sink) {
+                                                         logprobs_of, lragent_json](size_t, httplib::DataSink& sink) {
     auto send = [&sink](const json& j) {
       const std::string line = "data: " + dump(j) + "\n\n";
       return sink.write(line.data(), line.size());
@@ -440,8 +467,8 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
       return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
                   {"model", model}, {"choices", std::move(choices)}};
     };
-    auto piece = [chat](size_t index, json delta) {
-      json j = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+    auto piece = [chat](size_t index, json delta, json logprobs) {
+      json j = {{"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
       if (chat) j["delta"] = std::move(delta);
       else j["text"] = std::move(delta);
       return j;
@@ -452,18 +479,24 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
       if (opened.size() <= index) opened.resize(index + 1, false);
       if (opened[index]) return true;
       opened[index] = true;
-      return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}})})));
+      return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}}, nullptr)})));
     };
-    auto r = run(*p, [&](size_t index, const std::string& delta) {
-      if (!open(index)) return false;
-      return send(chunk(json::array({piece(index, chat ? json{{"content", delta}} : json(delta))})));
+    // Per choice: tokens whose log-probabilities went out, and the completions API's text offset.
+    std::vector<size_t> sent, offset;
+    auto r = run(*p, [&](const CompletionDelta& d) {
+      if (!open(d.index)) return false;
+      if (sent.size() <= d.index) sent.resize(d.index + 1, 0), offset.resize(d.index + 1, 0);
+      sent[d.index] += d.token_ids.size();
+      json lp = logprobs_of(d.token_ids, d.logprobs, &offset[d.index]);
+      return send(chunk(json::array({piece(d.index, chat ? json{{"content", d.text}} : json(d.text), std::move(lp))})));
     });
     if (!r.ok()) {
       send(error_json(r.error()));
     } else {
       for (size_t i = 0; i < r->size(); ++i) {
         open(i);
-        send(chunk(json::array({choice_json(i, (*r)[i], false)})));
+        if (sent.size() <= i) sent.resize(i + 1, 0), offset.resize(i + 1, 0);
+        send(chunk(json::array({choice_json(i, (*r)[i], false, sent[i], &offset[i])})));
       }
       if (p->req.include_usage) {
         json last = chunk(json::array());

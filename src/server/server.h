@@ -7,7 +7,7 @@
 //   GET  /health                 200 while the server runs
 //   GET  /v1/models              the served names: the base model, then each adapter (parent: base)
 //   POST /v1/completions         text completions (stream with server-sent events)
-//   POST /v1/chat/completions    400: chat templates are not rendered (use /v1/completions)
+//   POST /v1/chat/completions    chat completions (the model's chat template, recognised and rendered in C++)
 //   GET  /lragent/sessions       the kept trajectories: tokens, cache bytes, tokens each agent computed
 // Requests run one at a time, in arrival order (one engine, no cross-request batching yet).
 // A bad request gets an OpenAI error body with its status (400, 404, 413, 503); the server
@@ -63,7 +63,19 @@ struct CompletionChoice {
   int64_t prefilled_tokens = 0;  // tokens the agent computed to catch up
   int64_t trajectory = 0;        // SessionPool id
   std::vector<int32_t> token_ids;  // the generated ids (the stop id included), as vLLM's return_token_ids
+  std::vector<StepLogprobs> logprobs;  // [token_ids] when the request asked for them
 };
+
+// A piece of a streamed completion: its text, and the generated tokens since the last piece
+// with their log-probabilities (when asked for). A token's text may come in a later piece
+// (held back while it could still change) or never (a stop string cuts it).
+struct CompletionDelta {
+  size_t index = 0;  // the choice
+  std::string text;
+  std::vector<int32_t> token_ids;
+  std::vector<StepLogprobs> logprobs;  // [token_ids] or empty
+};
+using DeltaFn = std::function<bool(const CompletionDelta&)>;
 
 class Server {
  public:
@@ -83,11 +95,10 @@ class Server {
   ShareMode share_mode() const { return opts_.pool.replay.sharing.mode; }
   int64_t max_model_len() const { return opts_.max_model_len; }
 
-  // One completion request, as POST /v1/completions runs it: `on_delta(choice_index, text)` gets
-  // each piece of text as it can be shown (streaming); returning false abandons the request
-  // (the client went away). Thread-safe: requests run one at a time.
-  Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req,
-                                                 const std::function<bool(size_t, const std::string&)>& on_delta = {});
+  // One completion request, as POST /v1/completions runs it: `on_delta` gets each piece of text
+  // as it can be shown (streaming); returning false abandons the request (the client went
+  // away). Thread-safe: requests run one at a time.
+  Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
 
  private:
   Server() = default;
@@ -96,7 +107,7 @@ class Server {
   // Validates a request and tokenizes its prompts (errors: unknown model, too long, bad ids).
   Result<Prepared> prepare(const CompletionRequest& req) const;
   // Runs a prepared request (complete()'s second half).
-  Result<std::vector<CompletionChoice>> run(const Prepared& p, const std::function<bool(size_t, const std::string&)>& on_delta);
+  Result<std::vector<CompletionChoice>> run(const Prepared& p, const DeltaFn& on_delta);
   // The agent a request's "model" names (empty: the base model).
   Result<std::string> agent_for(const std::string& model) const;
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;

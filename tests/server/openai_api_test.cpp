@@ -3,6 +3,8 @@
 // cut at stop strings identically whether it is streamed or not.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "server/openai_api.h"
 #include "test_util.h"
 
@@ -106,7 +108,10 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "stream": "yes"})", ErrorCode::kInvalidArgument, "'stream'");
   expect_error(R"({"prompt": "a", "stream_options": {"include_usage": true}})", ErrorCode::kInvalidArgument,
                "'stream_options'");
-  expect_error(R"({"prompt": "a", "logprobs": 2})", ErrorCode::kUnsupported, "'logprobs'");
+  expect_error(R"({"prompt": "a", "logprobs": 21})", ErrorCode::kInvalidArgument, "'logprobs'");
+  expect_error(R"({"prompt": "a", "logprobs": true})", ErrorCode::kInvalidArgument, "'logprobs'");
+  expect_error(R"({"prompt": "a", "logprobs": 2, "echo": true})", ErrorCode::kUnsupported, "echo");
+  expect_error(R"({"prompt": "a", "prompt_logprobs": 1})", ErrorCode::kUnsupported, "'prompt_logprobs'");
   expect_error(R"({"prompt": "a", "best_of": 4})", ErrorCode::kUnsupported, "'best_of'");
   expect_error(R"({"prompt": "a", "presence_penalty": 2.5})", ErrorCode::kInvalidArgument, "'presence_penalty'");
   expect_error(R"({"prompt": "a", "frequency_penalty": -3})", ErrorCode::kInvalidArgument, "'frequency_penalty'");
@@ -129,6 +134,62 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
                ErrorCode::kUnsupported, "continuous_usage_stats");
   expect_error(R"({"prompt": "a", "logit_bias": {"5": 10}})", ErrorCode::kUnsupported, "'logit_bias'");
   expect_error(R"({"prompt": "a", "suffix": "x"})", ErrorCode::kUnsupported, "'suffix'");
+}
+
+// Completions: "logprobs" is the top count (0-20, null: none). Chat: "logprobs": true, with
+// "top_logprobs" (0-20) only alongside it.
+TEST(OpenAiRequest, LogprobsFollowEachApisForm) {
+  EXPECT_EQ(parse_ok(R"({"prompt": "a"})").logprobs, -1);
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "logprobs": null})").logprobs, -1);
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "logprobs": 0})").logprobs, 0);
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "logprobs": 20})").logprobs, 20);
+  auto chat = [](const std::string& extra) {
+    return parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}])" + extra + "}");
+  };
+  EXPECT_EQ(chat("")->req.logprobs, -1);
+  EXPECT_EQ(chat(R"(, "logprobs": false)")->req.logprobs, -1);
+  EXPECT_EQ(chat(R"(, "logprobs": true)")->req.logprobs, 0);
+  EXPECT_EQ(chat(R"(, "logprobs": true, "top_logprobs": 5)")->req.logprobs, 5);
+  for (const char* bad : {R"(, "top_logprobs": 2)", R"(, "logprobs": true, "top_logprobs": 21)", R"(, "logprobs": 3)"}) {
+    auto r = chat(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.error().message.find("logprobs'"), std::string::npos) << r.error().message;
+  }
+}
+
+// The two JSON forms, without a tokenizer (tokens are "token_id:<id>"): -inf and anything
+// below -9999 is -9999 (JSON has no infinity), offsets count characters and continue.
+TEST(OpenAiRequest, LogprobsJsonHasOpenAisShape) {
+  const std::vector<int32_t> ids = {7, 12};
+  std::vector<StepLogprobs> lps(2);
+  lps[0].logprob = -0.25f;
+  lps[0].top = {{7, -0.25f}, {3, -1.5f}};
+  lps[1].logprob = -std::numeric_limits<float>::infinity();
+  lps[1].top = {{4, -0.01f}, {9, -1e6f}};
+  size_t offset = 5;
+  const nlohmann::json c = logprobs_json(nullptr, false, ids, lps, &offset);
+  EXPECT_EQ(c["tokens"], nlohmann::json({"token_id:7", "token_id:12"}));
+  EXPECT_EQ(c["token_logprobs"][0], -0.25);
+  EXPECT_EQ(c["token_logprobs"][1], -9999.0);
+  EXPECT_EQ(c["text_offset"], nlohmann::json({5, 5 + 10}));
+  EXPECT_EQ(offset, 5u + 10 + 11);
+  // The taken token and the top ones (so up to logprobs + 1 entries).
+  EXPECT_EQ(c["top_logprobs"][0], nlohmann::json({{"token_id:7", -0.25}, {"token_id:3", -1.5}}));
+  EXPECT_EQ(c["top_logprobs"][1].size(), 3u);
+  EXPECT_EQ(c["top_logprobs"][1]["token_id:9"], -9999.0);
+
+  const nlohmann::json ch = logprobs_json(nullptr, true, ids, lps, nullptr);
+  ASSERT_EQ(ch["content"].size(), 2u);
+  const nlohmann::json& e = ch["content"][0];
+  EXPECT_EQ(e["token"], "token_id:7");
+  EXPECT_EQ(e["logprob"], -0.25);
+  EXPECT_EQ(e["bytes"], nlohmann::json({'t', 'o', 'k', 'e', 'n', '_', 'i', 'd', ':', '7'}));
+  ASSERT_EQ(e["top_logprobs"].size(), 2u);
+  EXPECT_EQ(e["top_logprobs"][1]["token"], "token_id:3");
+  EXPECT_EQ(e["top_logprobs"][1]["logprob"], -1.5);
+  EXPECT_FALSE(e["top_logprobs"][1].contains("top_logprobs"));
+  EXPECT_EQ(ch["content"][1]["logprob"], -9999.0);
 }
 
 TEST(OpenAiRequest, ErrorsMapToHttpStatusAndOpenAiBodies) {

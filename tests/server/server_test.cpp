@@ -9,8 +9,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 #include <thread>
 
 #include <httplib.h>
@@ -179,6 +182,7 @@ TEST_F(ServerTest, AgentsWhosePromptsExtendATrajectoryShareItsCache) {
 struct Streamed {
   std::map<int, std::string> text;
   std::map<int, std::string> finish;
+  std::map<int, json> logprobs;  // the events' completions logprobs, their lists joined
   json usage;
   bool done = false;
 };
@@ -198,6 +202,11 @@ Streamed parse_sse(const std::string& body) {
     for (const json& c : j["choices"]) {
       s.text[c["index"].get<int>()] += c["text"].get<std::string>();
       if (!c["finish_reason"].is_null()) s.finish[c["index"].get<int>()] = c["finish_reason"];
+      if (!c["logprobs"].is_null()) {
+        json& all = s.logprobs[c["index"].get<int>()];
+        for (const char* list : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+          for (const json& e : c["logprobs"][list]) all[list].push_back(e);
+      }
     }
   }
   return s;
@@ -231,6 +240,146 @@ TEST_F(ServerTest, StreamingGivesTheNonStreamedTextAndSeedsRepeat) {
   EXPECT_EQ(st.usage, plain["usage"]);
 }
 
+// Log-probabilities are the model's: log_softmax of its logits, checked against HF transformers
+// + PEFT (the golden's logits at the prompt's end, and its top-1 minus top-2 logit margin at
+// every greedy step of 64).
+TEST_F(ServerTest, LogprobsAreTheModelsAsHfComputesThem) {
+  start(ShareMode::kBaseLr);
+  const json g = json::parse(testing::read_file(testing::fixtures_dir() + "/goldens/tinystories-qv-shared-a-r8-plan.json"));
+  const json& cs = g["cases"][0];
+  CompletionRequest req;
+  req.model = "plan";
+  PromptInput p;
+  p.tokens = cs["prompt_tokens"].get<std::vector<int32_t>>();
+  p.is_tokens = true;
+  req.prompts = {p};
+  req.max_tokens = 64;
+  req.sampling.temperature = 0;
+  req.ignore_eos = true;  // as the golden: EOS does not stop
+  req.logprobs = 5;
+  auto r = server_->complete(req);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const CompletionChoice& c = (*r)[0];
+  ASSERT_EQ(c.token_ids, cs["output_tokens"].get<std::vector<int32_t>>());
+  ASSERT_EQ(c.logprobs.size(), c.token_ids.size());
+  const std::vector<double> hf = cs["last_logits"].get<std::vector<double>>();
+  double mx = hf[0], sum = 0;
+  for (double x : hf) mx = std::max(mx, x);
+  for (double x : hf) sum += std::exp(x - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<int32_t> order(hf.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return hf[a] > hf[b]; });
+  ASSERT_EQ(c.logprobs[0].top.size(), 5u);
+  for (size_t k = 0; k < 5; ++k) {
+    EXPECT_EQ(c.logprobs[0].top[k].id, order[k]) << k;
+    EXPECT_NEAR(c.logprobs[0].top[k].logprob, hf[static_cast<size_t>(order[k])] - lse, 2e-4) << k;
+  }
+  const std::vector<double> margins = cs["top2_margins"].get<std::vector<double>>();
+  for (size_t i = 0; i < c.token_ids.size(); ++i) {
+    const StepLogprobs& lp = c.logprobs[i];
+    EXPECT_EQ(lp.top[0].id, c.token_ids[i]) << i;  // greedy takes the most likely token
+    EXPECT_EQ(lp.logprob, lp.top[0].logprob) << i;
+    EXPECT_NEAR(lp.top[0].logprob - lp.top[1].logprob, margins[i], 1e-3) << i;
+    EXPECT_LE(lp.top[1].logprob, lp.top[0].logprob);
+  }
+}
+
+// Asking for log-probabilities never changes what is generated (they come from the host
+// path, the tokens otherwise from the device's picks), and they are of the raw output: the
+// distribution before penalties, as vLLM's default.
+TEST_F(ServerTest, LogprobsChangeNoTokenAndAreTakenBeforePenalties) {
+  start(ShareMode::kBaseLr);
+  auto run = [&](const std::vector<int32_t>& prompt, int max_tokens, float temperature, int logprobs, float repetition) {
+    CompletionRequest req;
+    req.model = "action";
+    PromptInput p;
+    p.tokens = prompt;
+    p.is_tokens = true;
+    req.prompts = {p};
+    req.max_tokens = max_tokens;
+    req.sampling.temperature = temperature;
+    req.sampling.seed = 11;
+    req.seeded = true;
+    req.ignore_eos = true;
+    req.logprobs = logprobs;
+    req.penalties.repetition = repetition;
+    auto r = server_->complete(req);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    return r.ok() ? (*r)[0] : CompletionChoice{};
+  };
+  const std::vector<int32_t> prompt = *tok_->encode("The cat and the dog. The cat and the dog. The cat and the", true);
+  const CompletionChoice sampled = run(prompt, 24, 0.9f, -1, 1.f);
+  const CompletionChoice sampled_lp = run(prompt, 24, 0.9f, 3, 1.f);
+  EXPECT_EQ(sampled_lp.token_ids, sampled.token_ids);
+  ASSERT_EQ(sampled_lp.logprobs.size(), sampled.token_ids.size());
+  EXPECT_TRUE(run(prompt, 24, 0.9f, 3, 1.f).logprobs[5].top[0].id == sampled_lp.logprobs[5].top[0].id);
+  const CompletionChoice greedy = run(prompt, 24, 0.f, -1, 1.f);
+  EXPECT_EQ(run(prompt, 24, 0.f, 2, 1.f).token_ids, greedy.token_ids);
+
+  const CompletionChoice penalized = run(prompt, 12, 0.f, 20, 1.8f);
+  ASSERT_EQ(penalized.logprobs.size(), 12u);
+  EXPECT_NE(std::vector<int32_t>(greedy.token_ids.begin(), greedy.token_ids.begin() + 12), penalized.token_ids)
+      << "the penalty changes nothing here: the check below would not tell raw from penalized";
+  // Each step's distribution is the unpenalized model's at that point: the same prefix, run
+  // without penalties for one token.
+  std::vector<int32_t> prefix = prompt;
+  for (size_t i = 0; i < penalized.token_ids.size(); ++i) {
+    const CompletionChoice raw = run(prefix, 1, 0.f, 20, 1.f);
+    ASSERT_EQ(raw.logprobs.size(), 1u);
+    for (size_t k = 0; k < 20; ++k) {
+      EXPECT_EQ(penalized.logprobs[i].top[k].id, raw.logprobs[0].top[k].id) << i << " " << k;
+      EXPECT_NEAR(penalized.logprobs[i].top[k].logprob, raw.logprobs[0].top[k].logprob, 1e-4) << i << " " << k;
+    }
+    for (const TokenLogprob& t : raw.logprobs[0].top)
+      if (t.id == penalized.token_ids[i]) EXPECT_NEAR(penalized.logprobs[i].logprob, t.logprob, 1e-4) << i;
+    prefix.push_back(penalized.token_ids[i]);
+  }
+}
+
+// Over HTTP: the completions and chat forms, and a stream's events carry, joined, the
+// non-streamed log-probabilities (offsets continued across events).
+TEST_F(ServerTest, LogprobsOverHttpStreamedOrNot) {
+  start(ShareMode::kBase);
+  json req = {{"model", "reflect"}, {"prompt", "The cat sat on the mat. It was"}, {"max_tokens", 20},
+              {"temperature", 0}, {"logprobs", 2}, {"stop", "."}};
+  auto [status, plain] = complete(req);
+  ASSERT_EQ(status, 200) << plain.dump();
+  const json& lp = plain["choices"][0]["logprobs"];
+  const std::vector<int32_t> ids = plain["lragent"]["choices"][0]["token_ids"];
+  ASSERT_EQ(lp["tokens"].size(), ids.size());
+  size_t offset = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const std::string token = tok_->decode({ids[i]});
+    EXPECT_EQ(lp["tokens"][i], token);
+    EXPECT_EQ(lp["text_offset"][i], offset);
+    offset += token.size();  // ASCII here: characters are bytes
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
+    EXPECT_EQ(lp["top_logprobs"][i][token], lp["token_logprobs"][i]);
+  }
+  auto [s0, none] = complete({{"model", "reflect"}, {"prompt", "x"}, {"max_tokens", 2}});
+  EXPECT_TRUE(none["choices"][0]["logprobs"].is_null());
+
+  req["stream"] = true;
+  httplib::Client c("127.0.0.1", port_);
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  Streamed st = parse_sse(r->body);
+  EXPECT_EQ(st.text[0], plain["choices"][0]["text"]);
+  // The same tokens and offsets; the values within f32 noise (the stream's prompt is read from
+  // the cache the first request left, computed in other passes).
+  const json& got = st.logprobs[0];
+  EXPECT_EQ(got["tokens"], lp["tokens"]);
+  EXPECT_EQ(got["text_offset"], lp["text_offset"]);
+  ASSERT_EQ(got["token_logprobs"].size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_NEAR(got["token_logprobs"][i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-4) << i;
+    ASSERT_EQ(got["top_logprobs"][i].size(), lp["top_logprobs"][i].size()) << i;
+    for (const auto& [token, value] : lp["top_logprobs"][i].items())
+      EXPECT_NEAR(got["top_logprobs"][i].value(token, 0.0), value.get<double>(), 1e-4) << i << " " << token;
+  }
+}
+
 TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   ServerOptions o;
   o.max_body_bytes = 4096;
@@ -245,7 +394,7 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   expect(404, complete({{"model", "nobody"}, {"prompt", "x"}}), "plan");  // the error lists the served names
   expect(400, complete({{"prompt", "x"}, {"max_tokens", 600}}), "maximum context length is 512");
   expect(400, complete({{"prompt", std::vector<int>{1, 999999}}}), "outside the vocabulary");
-  expect(400, complete({{"prompt", "x"}, {"logprobs", 1}}), "logprobs");
+  expect(400, complete({{"prompt", "x"}, {"logprobs", 1}, {"echo", true}}), "logprobs");
   expect(400, post("/v1/chat/completions", R"({"messages": []})"), "/v1/completions");
   expect(413, post("/v1/completions", json{{"prompt", std::string(8000, 'a')}}.dump()), "larger");
   expect(404, post("/v1/nothing", "{}"), "no route");
@@ -429,6 +578,41 @@ TEST_F(ServerTest, ChatCompletionsRenderTheTemplateAndCompleteIt) {
   EXPECT_TRUE(role_first);
   EXPECT_TRUE(finished);
   EXPECT_EQ(streamed, chat["choices"][0]["message"]["content"]);
+
+  // Chat's logprobs form, streamed or not; ids as the completion of the rendered text gives them.
+  const json lp_req = {{"model", "plan"}, {"messages", messages}, {"max_tokens", 8}, {"temperature", 0},
+                       {"logprobs", true}, {"top_logprobs", 3}};
+  auto [s6, with_lp] = post("/v1/chat/completions", lp_req.dump());
+  ASSERT_EQ(s6, 200) << with_lp.dump();
+  const json& content = with_lp["choices"][0]["logprobs"]["content"];
+  auto [s7, plain_lp] = complete({{"model", "plan"}, {"prompt", ids}, {"max_tokens", 8}, {"temperature", 0}, {"logprobs", 3}});
+  ASSERT_EQ(content.size(), plain_lp["choices"][0]["logprobs"]["tokens"].size());
+  for (size_t i = 0; i < content.size(); ++i) {
+    EXPECT_EQ(content[i]["token"], plain_lp["choices"][0]["logprobs"]["tokens"][i]);
+    EXPECT_EQ(content[i]["logprob"], plain_lp["choices"][0]["logprobs"]["token_logprobs"][i]);
+    EXPECT_EQ(content[i]["top_logprobs"].size(), 3u);
+    EXPECT_EQ(content[i]["bytes"].size(), content[i]["token"].get<std::string>().size());
+  }
+  json lp_stream = lp_req;
+  lp_stream["stream"] = true;
+  auto rs = c.Post("/v1/chat/completions", lp_stream.dump(), "application/json");
+  ASSERT_TRUE(rs && rs->status == 200);
+  json joined = json::array();
+  for (size_t at = 0; (at = rs->body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = rs->body.find("\n\n", at);
+    const std::string data = rs->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    const json event = json::parse(data);
+    const json& l = event["choices"][0]["logprobs"];
+    if (!l.is_null())
+      for (const json& e : l["content"]) joined.push_back(e);
+  }
+  ASSERT_EQ(joined.size(), content.size());
+  for (size_t i = 0; i < content.size(); ++i) {
+    EXPECT_EQ(joined[i]["token"], content[i]["token"]) << i;
+    EXPECT_NEAR(joined[i]["logprob"].get<double>(), content[i]["logprob"].get<double>(), 1e-4) << i;
+  }
 
   auto [s4, bad] = post("/v1/chat/completions", json{{"messages", {{{"role", "robot"}, {"content", "x"}}}}}.dump());
   EXPECT_EQ(s4, 400);
