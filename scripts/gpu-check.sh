@@ -250,8 +250,17 @@ for dev in ("cuda_--dtype_f32", "cuda_--dtype_bf16"):
     if not ref or not d:
         print(f"serve-check {dev}: no result"); continue
     same = [t["text"] for t in d["turns"]] == [t["text"] for t in ref["turns"]]
+    lp, lr = d.get("logprobs"), ref.get("logprobs")
+    lp_err = "n/a"
+    if lp and lr and lp["tokens"] == lr["tokens"]:
+        lp_err = max(abs(a - b) for a, b in zip(lp["token_logprobs"], lr["token_logprobs"]))
+        for ta, tb in zip(lp["top_logprobs"], lr["top_logprobs"]):
+            lp_err = max([lp_err] + [abs(ta[k] - tb[k]) for k in tb if k in ta])
+        lp_err = f"{lp_err:.2e}"
+    elif lp and lr:
+        lp_err = "tokens differ"
     print(f"serve-check {dev}: greedy turns identical to cpu={same}, sampled reflect identical={d['reflect'] == ref['reflect']}, "
-          f"stream = non-stream={d['stream_equals_plain']}")
+          f"stream = non-stream={d['stream_equals_plain']}, logprobs max |diff| vs cpu={lp_err}")
 PY
   SB_LENGTHS=4987,9095,17300,33700
   [ "${QUICK:-0}" = 1 ] && SB_LENGTHS=4987

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs `lragent serve` with the given flags, drives a plan/action/reflect conversation through
 /v1/completions as an agent framework would (each prompt = the trajectory so far), plus a
-sampled streamed request, and prints one JSON object: every completion's text and lragent
+sampled streamed request and a greedy one with logprobs, and prints one JSON object: every completion's text and lragent
 fields, and the sessions. Comparing the output of two runs (e.g. --device cpu and --device cuda
 --dtype f32) checks that the server gives the same answers on both.
 
@@ -63,6 +63,12 @@ def main():
         del body["stream_options"]
         out["reflect"] = json.loads(post(base, "/v1/completions", body))["choices"][0]["text"]
         out["stream_equals_plain"] = out["reflect_stream"] == out["reflect"]
+        # Log-probabilities of a greedy plan turn (the model's log_softmax; compare across devices
+        # with a tolerance).
+        lp = json.loads(post(base, "/v1/completions", {"model": "plan", "prompt": traj, "max_tokens": 8,
+                                                       "temperature": 0, "logprobs": 5}))["choices"][0]["logprobs"]
+        out["logprobs"] = {"tokens": lp["tokens"], "token_logprobs": lp["token_logprobs"],
+                           "top_logprobs": lp["top_logprobs"]}
         with urllib.request.urlopen(base + "/lragent/sessions") as r:
             out["sessions"] = json.loads(r.read().decode())
         print(json.dumps(out, indent=1))
