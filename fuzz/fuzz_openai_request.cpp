@@ -33,11 +33,30 @@ void fuzz_chat(const std::string& text) {
   (void)ChatTemplate::from_tokenizer_config(text, "<fuzz config>");
 }
 
+// /tokenize and /detokenize bodies.
+void fuzz_tokenize(const std::string& text) {
+  using namespace lragent::server;
+  auto t = parse_tokenize_request(text);
+  if (!t.ok()) {
+    if (t.error().message.empty()) __builtin_trap();
+  } else if (t->chat == t->messages.empty()) {  // messages given exactly when chat (and never empty)
+    __builtin_trap();
+  }
+  auto d = parse_detokenize_request(text);
+  if (!d.ok()) {
+    if (d.error().message.empty()) __builtin_trap();
+  } else {
+    for (int32_t id : d->tokens)
+      if (id < 0) __builtin_trap();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   fuzz_chat(text);
+  fuzz_tokenize(text);
   auto r = lragent::server::parse_completion_request(text);
   if (!r.ok()) {
     if (r.error().message.empty()) __builtin_trap();

@@ -174,7 +174,9 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       "serve",
       "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions "
       "and /v1/chat/completions; "
-      "requests whose prompts extend one trajectory share its KV cache across adapters");
+      "requests whose prompts extend one trajectory share its KV cache across adapters. Also GET /health, "
+      "GET /v1/models, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics (Prometheus); "
+      "docs/server.md has every field");
   f->model.add_to(cmd, true);
   f->sharing.add_to(cmd, "auto",
                     "; auto (default here): base-lr when the adapters share lora_A, else base. Here --max-context "

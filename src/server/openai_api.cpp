@@ -260,6 +260,53 @@ Status parse_common(const json& body, CompletionRequest& r) {
 
 namespace {
 
+Result<std::string> get_model(const json& body) {
+  const json& model = field(body, "model");
+  if (model.is_null()) return std::string();
+  if (!model.is_string()) return bad("'model' must be a string: a name from GET /v1/models");
+  return model.get<std::string>();
+}
+
+}  // namespace
+
+Result<TokenizeRequest> parse_tokenize_request(std::string_view text) {
+  LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
+  TokenizeRequest r;
+  LRA_ASSIGN_OR_RETURN(r.model, get_model(body));
+  const json& prompt = field(body, "prompt");
+  const json& messages = field(body, "messages");
+  if (prompt.is_null() == messages.is_null())
+    return bad("give either 'prompt' (a string) or 'messages' (a chat conversation), not both or neither");
+  if (!prompt.is_null()) {
+    if (!prompt.is_string()) return bad(fmt::format("'prompt' must be a string, not {}", prompt.type_name()));
+    r.prompt = prompt.get<std::string>();
+  } else {
+    r.chat = true;
+    LRA_ASSIGN_OR_RETURN(r.messages, parse_chat_messages(messages));
+    LRA_ASSIGN_OR_RETURN(r.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
+    const json& kw = field(body, "chat_template_kwargs");
+    if (!kw.is_null()) {
+      if (!kw.is_object()) return bad("'chat_template_kwargs' must be an object like {\"enable_thinking\": false}");
+      LRA_ASSIGN_OR_RETURN(r.enable_thinking, get_bool(kw, "enable_thinking", true));
+    }
+  }
+  LRA_ASSIGN_OR_RETURN(r.add_special_tokens, get_bool(body, "add_special_tokens", !r.chat));
+  LRA_ASSIGN_OR_RETURN(r.return_token_strs, get_bool(body, "return_token_strs", false));
+  return r;
+}
+
+Result<DetokenizeRequest> parse_detokenize_request(std::string_view text) {
+  LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
+  DetokenizeRequest r;
+  LRA_ASSIGN_OR_RETURN(r.model, get_model(body));
+  const json& tokens = field(body, "tokens");
+  if (tokens.is_null()) return bad("'tokens' is missing: give a list of token ids");
+  LRA_ASSIGN_OR_RETURN(r.tokens, get_ids(tokens, "'tokens'"));
+  return r;
+}
+
+namespace {
+
 std::string token_text(const Tokenizer* tok, int32_t id) {
   return tok ? tok->decode({id}) : fmt::format("token_id:{}", id);
 }

@@ -66,6 +66,27 @@ struct ChatRequest {
 };
 Result<ChatRequest> parse_chat_request(std::string_view body);
 
+// POST /tokenize (vLLM's): a "prompt" string, or chat "messages" (rendered with the chat
+// template as /v1/chat/completions renders them), to token ids.
+struct TokenizeRequest {
+  std::string model;
+  bool chat = false;                  // "messages" given instead of "prompt"
+  std::string prompt;
+  std::vector<ChatMessage> messages;
+  bool add_generation_prompt = true;  // chat
+  bool enable_thinking = true;        // chat: chat_template_kwargs.enable_thinking
+  bool add_special_tokens = true;     // default true for a prompt, false for messages (the template writes BOS)
+  bool return_token_strs = false;     // also each id's vocabulary string
+};
+Result<TokenizeRequest> parse_tokenize_request(std::string_view body);
+
+// POST /detokenize (vLLM's): token ids to text.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+Result<DetokenizeRequest> parse_detokenize_request(std::string_view body);
+
 // The HTTP status of an error: 400 bad or unsupported input, 404 unknown model or route, 503 out
 // of KV memory (retry later, or shorter), 500 anything else.
 int http_status(ErrorCode code);

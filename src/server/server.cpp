@@ -44,6 +44,7 @@ struct Server::Http {
 
 struct Server::Prepared {
   CompletionRequest req;
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
   std::string agent;
   std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
   std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
@@ -152,8 +153,52 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
 
 Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const DeltaFn& on_delta) {
   const CompletionRequest& req = p.req;
+  metrics_.set_queue(0, ++waiting_);  // approximate while another request runs: it is re-set below
   std::lock_guard<std::mutex> lock(engine_mu_);
+  metrics_.set_queue(1, --waiting_);
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> first_token;
   std::vector<CompletionChoice> out;
+  // Counted when the request ends (also on an error: the choices that finished), with the
+  // sharing state it left.
+  struct Finish {
+    Server& s;
+    const Prepared& p;
+    std::vector<CompletionChoice>& out;
+    std::optional<Clock::time_point>& first_token;
+    bool done = false;
+    ~Finish() {
+      if (!done) commit();
+    }
+    void commit() {
+      done = true;
+      RequestRecord rec;
+      rec.model = p.agent;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const CompletionChoice& c = out[i];
+        rec.finish_reasons.push_back(c.finish_reason);
+        rec.generation_tokens += c.completion_tokens;
+        if (i == 0 || c.prompt_index != out[i - 1].prompt_index) rec.prompt_tokens += c.prompt_tokens;
+        rec.reused_tokens += c.reused_tokens;
+        rec.prefilled_tokens += c.prefilled_tokens;
+      }
+      const auto now = Clock::now();
+      if (first_token) rec.ttft_seconds = std::chrono::duration<double>(*first_token - p.arrival).count();
+      rec.e2e_seconds = std::chrono::duration<double>(now - p.arrival).count();
+      s.metrics_.record(rec);
+      KvSnapshot kv;
+      for (const SessionPool::Info& info : s.pool_->sessions()) {
+        if (info.bytes.total() > 0) ++kv.trajectories;  // the pool also keeps a fresh one (BOS only) per group
+        kv.bytes.base += info.bytes.base;
+        kv.bytes.lr += info.bytes.lr;
+        kv.bytes.full += info.bytes.full;
+        kv.bytes.allocated += info.bytes.allocated;
+      }
+      kv.evicted = s.pool_->evicted_sessions();
+      s.metrics_.set_kv(kv);
+      s.metrics_.set_queue(0, s.waiting_.load());
+    }
+  } finish{*this, p, out, first_token};
   bool abandoned = false;
   for (size_t i = 0; i < p.ids.size() && !abandoned; ++i) {
     for (int j = 0; j < req.n && !abandoned; ++j) {
@@ -192,6 +237,7 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
       size_t pushed = 0;  // output tokens given to `text`
       // Every token but a stop id that ends the step (ends() checks those first) comes here.
       dec.on_token = [&](int32_t t, const StepLogprobs* lp) {
+        if (!first_token) first_token = Clock::now();
         ++pushed;
         pending.token_ids.push_back(t);
         if (lp) pending.logprobs.push_back(*lp);
@@ -208,6 +254,7 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
                             r.error().message);
         return r.error();
       }
+      if (!first_token && !r->output_tokens.empty()) first_token = Clock::now();  // a stop id came first
       // The stop id that ended the step, if one did, was not given to on_token: its text is never shown.
       for (; pushed < r->output_tokens.size(); ++pushed)
         if (text) text->push(r->output_tokens[pushed], /*ends_step=*/true);
@@ -234,6 +281,7 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
       out.push_back(std::move(c));
     }
   }
+  finish.commit();  // before `out` is moved into the result
   return out;
 }
 
@@ -289,7 +337,8 @@ void Server::install_routes() {
     if (!res.body.empty()) return;
     std::string msg;
     if (res.status == 404)
-      msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions, POST /v1/chat/completions",
+      msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions, "
+                        "POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics",
                         req.method, req.path);
     else if (res.status == 413)
       msg = "the request body is larger than the server accepts";
@@ -308,6 +357,18 @@ void Server::install_routes() {
     } catch (...) {
     }
     send_error(res, Error{ErrorCode::kInternal, fmt::format("internal error: {}", what)});
+  });
+  // Counted before the answer is written (the logger runs after it: a client could read
+  // /metrics before its own request was counted).
+  svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Known routes by name; anything else as "other" (a scan of random paths must not grow the
+    // metrics without bound).
+    static const char* const kRoutes[] = {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                                          "/lragent/sessions", "/tokenize", "/detokenize", "/metrics"};
+    std::string route = "other";
+    for (const char* r : kRoutes)
+      if (req.path == r) route = r;
+    metrics_.record_http(route, res.status);
   });
   if (opts_.log) {
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
@@ -354,18 +415,60 @@ void Server::install_routes() {
                                           {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
     };
   };
-  for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}) {
     svr.Get(route, wrong_method("POST"));
     svr.Put(route, wrong_method("POST"));
     svr.Delete(route, wrong_method("POST"));
     svr.Patch(route, wrong_method("POST"));
   }
-  for (const char* route : {"/v1/models", "/health", "/lragent/sessions"}) {
+  for (const char* route : {"/v1/models", "/health", "/lragent/sessions", "/metrics"}) {
     svr.Post(route, wrong_method("GET"));
     svr.Put(route, wrong_method("GET"));
     svr.Delete(route, wrong_method("GET"));
     svr.Patch(route, wrong_method("GET"));
   }
+  // Never waits for the engine: the figures are those the last request left (metrics.h).
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  svr.Post("/tokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
+    auto parsed = parse_tokenize_request(hreq.body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
+    if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to tokenize with"});
+    std::string text = parsed->prompt;
+    if (parsed->chat) {
+      if (!opts_.chat_template)
+        return send_error(res, Error{ErrorCode::kUnsupported,
+                                     fmt::format("this server has no chat template ({}): tokenize a 'prompt' instead",
+                                                 opts_.chat_template_missing)});
+      auto rendered = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking);
+      if (!rendered.ok()) return send_error(res, rendered.error());
+      text = std::move(*rendered);
+    }
+    auto ids = tok_->encode(text, parsed->add_special_tokens);
+    if (!ids.ok()) return send_error(res, ids.error());
+    json strs = nullptr;
+    if (parsed->return_token_strs) {
+      strs = json::array();
+      for (int32_t id : *ids) strs.push_back(tok_->id_to_token(id));
+    }
+    send_json(res, 200, json{{"count", ids->size()}, {"max_model_len", opts_.max_model_len}, {"tokens", *ids},
+                             {"token_strs", std::move(strs)}});
+  });
+  svr.Post("/detokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
+    auto parsed = parse_detokenize_request(hreq.body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
+    if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to decode with"});
+    const int vocab = model_->config().vocab_size;
+    for (int32_t id : parsed->tokens)
+      if (id >= vocab)
+        return send_error(res, Error{ErrorCode::kInvalidArgument,
+                                     fmt::format("token id {} in 'tokens' is outside the vocabulary [0, {})", id, vocab)});
+    send_json(res, 200, json{{"prompt", tok_->decode(parsed->tokens)}});
+  });
   svr.Post("/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
     auto parsed = parse_completion_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());

@@ -9,11 +9,14 @@
 //   POST /v1/completions         text completions (stream with server-sent events)
 //   POST /v1/chat/completions    chat completions (the model's chat template, recognised and rendered in C++)
 //   GET  /lragent/sessions       the kept trajectories: tokens, cache bytes, tokens each agent computed
+//   POST /tokenize, /detokenize  vLLM's: a prompt (or chat messages) to ids, ids to text
+//   GET  /metrics                Prometheus counters (server/metrics.h)
 // Requests run one at a time, in arrival order (one engine, no cross-request batching yet).
 // A bad request gets an OpenAI error body with its status (400, 404, 413, 503); the server
 // stays up, and a request that fails mid-way drops only its own trajectory.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/session_pool.h"
 
@@ -122,6 +126,8 @@ class Server {
   std::vector<std::string> names_;
   std::unique_ptr<SessionPool> pool_;
   std::mutex engine_mu_;  // one request in the engine at a time
+  std::atomic<int64_t> waiting_{0};  // requests waiting for engine_mu_
+  Metrics metrics_;
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;

@@ -380,6 +380,91 @@ TEST_F(ServerTest, LogprobsOverHttpStreamedOrNot) {
   }
 }
 
+// vLLM's /tokenize and /detokenize: the tokenizer's ids (BOS as asked), vocabulary strings,
+// decode back to the text; errors name the cause.
+TEST_F(ServerTest, TokenizeAndDetokenizeAreTheTokenizers) {
+  start(ShareMode::kBaseLr);
+  const std::string text = "Once upon a time, there was a little girl named Lily.";
+  auto [s1, t] = post("/tokenize", json{{"model", "plan"}, {"prompt", text}}.dump());
+  ASSERT_EQ(s1, 200) << t.dump();
+  const std::vector<int32_t> with_bos = *tok_->encode(text, true);
+  EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), with_bos);
+  EXPECT_EQ(t["count"], with_bos.size());
+  EXPECT_EQ(t["max_model_len"], 512);
+  EXPECT_TRUE(t["token_strs"].is_null());
+  auto [s2, plain] = post("/tokenize", json{{"prompt", text}, {"add_special_tokens", false}, {"return_token_strs", true}}.dump());
+  ASSERT_EQ(s2, 200) << plain.dump();
+  const std::vector<int32_t> ids = *tok_->encode(text, false);
+  EXPECT_EQ(plain["tokens"].get<std::vector<int32_t>>(), ids);
+  ASSERT_EQ(plain["token_strs"].size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(plain["token_strs"][i], tok_->id_to_token(ids[i]));
+  auto [s3, back] = post("/detokenize", json{{"model", "action"}, {"tokens", ids}}.dump());
+  ASSERT_EQ(s3, 200) << back.dump();
+  EXPECT_EQ(back["prompt"], text);
+
+  auto expect = [](std::pair<int, json> got, int status, const std::string& words) {
+    EXPECT_EQ(got.first, status) << got.second.dump();
+    EXPECT_NE(got.second.dump().find(words), std::string::npos) << got.second.dump();
+  };
+  expect(post("/tokenize", json{{"prompt", "x"}, {"messages", json::array()}}.dump()), 400, "not both");
+  expect(post("/tokenize", json{{"prompt", 5}}.dump()), 400, "'prompt'");
+  expect(post("/tokenize", json{{"model", "nobody"}, {"prompt", "x"}}.dump()), 404, "nobody");
+  expect(post("/tokenize", json{{"messages", {{{"role", "user"}, {"content", "x"}}}}}.dump()), 400, "chat template");
+  expect(post("/detokenize", json{{"tokens", {1, 999999}}}.dump()), 400, "outside the vocabulary");
+  expect(post("/detokenize", json{{"tokens", "abc"}}.dump()), 400, "'tokens'");
+  expect(post("/detokenize", "{}"), 400, "'tokens'");
+  httplib::Client c("127.0.0.1", port_);
+  EXPECT_EQ(c.Get("/tokenize")->status, 405);
+}
+
+// GET /metrics counts what the requests did, as their responses reported it: tokens per model,
+// the prompt tokens a trajectory already held, the agent's catch-up, finish reasons, HTTP
+// answers, and the KV bytes the trajectories keep.
+TEST_F(ServerTest, MetricsCountWhatTheRequestsDid) {
+  start(ShareMode::kBaseLr);
+  const std::string prompt = "Once upon a time, there was a little girl named Lily.";
+  auto [s1, plan] = complete({{"model", "plan"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}});
+  ASSERT_EQ(s1, 200);
+  // The action agent reads the plan's trajectory: its prompt extends it.
+  const std::vector<int32_t> next = [&] {
+    std::vector<int32_t> v = *tok_->encode(prompt, true);
+    for (const json& id : plan["lragent"]["choices"][0]["token_ids"]) v.push_back(id.get<int32_t>());
+    return v;
+  }();
+  auto [s2, action] = complete({{"model", "action"}, {"prompt", next}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}});
+  ASSERT_EQ(s2, 200) << action.dump();
+  const int64_t reused = action["lragent"]["choices"][0]["reused_tokens"];
+  EXPECT_GT(reused, 0);
+  auto [s3, missing] = post("/v1/nothing", "{}");
+  EXPECT_EQ(s3, 404);
+  httplib::Client c("127.0.0.1", port_);
+  auto r = c.Get("/metrics");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  EXPECT_NE(r->get_header_value("Content-Type").find("text/plain; version=0.0.4"), std::string::npos);
+  const std::string& t = r->body;
+  auto value = [&](const std::string& series) {
+    const size_t at = t.find("\n" + series + " ");
+    EXPECT_NE(at, std::string::npos) << series << "\n" << t;
+    return at == std::string::npos ? -1.0 : std::stod(t.substr(at + series.size() + 2));
+  };
+  EXPECT_EQ(value("lragent:prompt_tokens_total{model_name=\"plan\"}"), plan["usage"]["prompt_tokens"].get<double>());
+  EXPECT_EQ(value("lragent:generation_tokens_total{model_name=\"plan\"}"), plan["usage"]["completion_tokens"].get<double>());
+  EXPECT_EQ(value("lragent:prompt_tokens_total{model_name=\"action\"}"), static_cast<double>(next.size()));
+  EXPECT_EQ(value("lragent:prompt_tokens_reused_total{model_name=\"action\"}"), static_cast<double>(reused));
+  EXPECT_EQ(value("lragent:prefill_tokens_total{model_name=\"action\"}"),
+            action["lragent"]["choices"][0]["prefilled_tokens"].get<double>());
+  EXPECT_EQ(value("lragent:request_success_total{model_name=\"action\",finished_reason=\"length\"}"), 1);
+  EXPECT_EQ(value("lragent:time_to_first_token_seconds_count{model_name=\"plan\"}"), 1);
+  EXPECT_EQ(value("lragent:http_requests_total{route=\"/v1/completions\",status=\"200\"}"), 2);
+  EXPECT_EQ(value("lragent:http_requests_total{route=\"other\",status=\"404\"}"), 1);
+  EXPECT_EQ(value("lragent:num_requests_running"), 0);
+  EXPECT_EQ(value("lragent:trajectories"), 1);  // one trajectory shared by both agents
+  EXPECT_GT(value("lragent:kv_cache_bytes{kind=\"base\"}"), 0);
+  EXPECT_GT(value("lragent:kv_cache_bytes{kind=\"lr\"}"), 0);
+  EXPECT_EQ(c.Post("/metrics", "", "text/plain")->status, 405);
+}
+
 TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   ServerOptions o;
   o.max_body_bytes = 4096;

@@ -1,0 +1,132 @@
+#include "server/metrics.h"
+
+#include <fmt/core.h>
+
+namespace lragent::server {
+namespace {
+
+// A label value with Prometheus' escapes (backslash, double quote, newline).
+std::string label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+void header(std::string& out, const std::string& name, const char* type, const std::string& help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+}  // namespace
+
+void Histogram::observe(double seconds) {
+  for (size_t i = 0; i < kBounds.size(); ++i)
+    if (seconds <= kBounds[i]) {
+      ++buckets_[i];
+      break;
+    }
+  ++count_;
+  sum_ += seconds;
+}
+
+std::string Histogram::render(const std::string& name, const std::string& labels) const {
+  std::string out;
+  uint64_t cumulative = 0;
+  const std::string sep = labels.empty() ? "" : ",";
+  for (size_t i = 0; i < kBounds.size(); ++i) {
+    cumulative += buckets_[i];
+    out += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, kBounds[i], cumulative);
+  }
+  out += fmt::format("{}_bucket{{{}{}le=\"+Inf\"}} {}\n", name, labels, sep, count_);
+  const std::string braces = labels.empty() ? "" : "{" + labels + "}";
+  out += fmt::format("{}_sum{} {}\n{}_count{} {}\n", name, braces, sum_, name, braces, count_);
+  return out;
+}
+
+void Metrics::record(const RequestRecord& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PerModel& m = models_[r.model];
+  m.prompt += r.prompt_tokens;
+  m.generation += r.generation_tokens;
+  m.reused += r.reused_tokens;
+  m.prefilled += r.prefilled_tokens;
+  for (const std::string& f : r.finish_reasons) ++m.finished[f];
+  if (r.ttft_seconds >= 0) m.ttft.observe(r.ttft_seconds);
+  m.e2e.observe(r.e2e_seconds);
+}
+
+void Metrics::record_http(const std::string& route, int status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++http_[{route, status}];
+}
+
+void Metrics::set_kv(const KvSnapshot& kv) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_ = kv;
+}
+
+void Metrics::set_queue(int64_t running, int64_t waiting) {
+  std::lock_guard<std::mutex> lock(mu_);
+  running_ = running;
+  waiting_ = waiting;
+}
+
+std::string Metrics::render() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string out;
+  header(out, "lragent:num_requests_running", "gauge", "Requests in the engine (one at a time).");
+  out += fmt::format("lragent:num_requests_running {}\n", running_);
+  header(out, "lragent:num_requests_waiting", "gauge", "Requests waiting for the engine.");
+  out += fmt::format("lragent:num_requests_waiting {}\n", waiting_);
+
+  auto per_model = [&](const char* name, const char* help, auto value) {
+    header(out, name, "counter", help);
+    for (const auto& [model, m] : models_) out += fmt::format("{}{{model_name=\"{}\"}} {}\n", name, label(model), value(m));
+  };
+  per_model("lragent:prompt_tokens_total", "Prompt tokens of finished requests (each prompt once).",
+            [](const PerModel& m) { return m.prompt; });
+  per_model("lragent:generation_tokens_total", "Generated tokens.", [](const PerModel& m) { return m.generation; });
+  per_model("lragent:prompt_tokens_reused_total",
+            "Prompt tokens a kept trajectory already held (its caches were reused, not recomputed).",
+            [](const PerModel& m) { return m.reused; });
+  per_model("lragent:prefill_tokens_total",
+            "Tokens the agent computed to catch up before decoding (under base-lr and full, only those no agent "
+            "had computed).",
+            [](const PerModel& m) { return m.prefilled; });
+  header(out, "lragent:request_success_total", "counter", "Finished completions (choices) by finish reason.");
+  for (const auto& [model, m] : models_)
+    for (const auto& [reason, n] : m.finished)
+      out += fmt::format("lragent:request_success_total{{model_name=\"{}\",finished_reason=\"{}\"}} {}\n", label(model),
+                         label(reason), n);
+  header(out, "lragent:time_to_first_token_seconds", "histogram", "Arrival to the first generated token.");
+  for (const auto& [model, m] : models_)
+    out += m.ttft.render("lragent:time_to_first_token_seconds", fmt::format("model_name=\"{}\"", label(model)));
+  header(out, "lragent:e2e_request_latency_seconds", "histogram", "Arrival to the last token.");
+  for (const auto& [model, m] : models_)
+    out += m.e2e.render("lragent:e2e_request_latency_seconds", fmt::format("model_name=\"{}\"", label(model)));
+
+  header(out, "lragent:http_requests_total", "counter", "HTTP answers by route and status.");
+  for (const auto& [key, n] : http_)
+    out += fmt::format("lragent:http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", label(key.first), key.second, n);
+
+  header(out, "lragent:trajectories", "gauge", "Trajectories kept that hold cache entries (each one's caches shared by its agents).");
+  out += fmt::format("lragent:trajectories {}\n", kv_.trajectories);
+  header(out, "lragent:trajectories_evicted_total", "counter", "Trajectories dropped for a new one (least recently used).");
+  out += fmt::format("lragent:trajectories_evicted_total {}\n", kv_.evicted);
+  header(out, "lragent:kv_cache_bytes", "gauge",
+         "KV cache bytes of the kept trajectories: base (X·W0, shared), lr (X·A, low-rank), full (private).");
+  out += fmt::format("lragent:kv_cache_bytes{{kind=\"base\"}} {}\n", kv_.bytes.base);
+  out += fmt::format("lragent:kv_cache_bytes{{kind=\"lr\"}} {}\n", kv_.bytes.lr);
+  out += fmt::format("lragent:kv_cache_bytes{{kind=\"full\"}} {}\n", kv_.bytes.full);
+  header(out, "lragent:kv_cache_allocated_bytes", "gauge", "Bytes of the pages holding those caches.");
+  out += fmt::format("lragent:kv_cache_allocated_bytes {}\n", kv_.bytes.allocated);
+  return out;
+}
+
+}  // namespace lragent::server

@@ -1,0 +1,81 @@
+// The server's counters, exposed as Prometheus text at GET /metrics (as vLLM's /metrics, with
+// the prefix "lragent:"). Besides vLLM's usual ones (requests, prompt and generation tokens,
+// time to first token, request latency, KV bytes) it counts what sharing saves: prompt tokens a
+// kept trajectory already held, and the tokens agents actually computed to catch up.
+//
+// Thread-safe; GET /metrics never waits for the engine (the KV figures are a snapshot the
+// engine leaves after each request).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kv/sharing.h"
+
+namespace lragent::server {
+
+// A Prometheus histogram of seconds: cumulative bucket counts, sum and count.
+class Histogram {
+ public:
+  static constexpr std::array<double, 14> kBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
+                                                     0.1,   0.25,  0.5,  1.0,  2.5,  5.0,  10.0};
+  void observe(double seconds);
+  // The name_bucket{labels,le=...} / name_sum{labels} / name_count{labels} lines (`labels`:
+  // e.g. model_name="plan", may be empty); the caller writes # HELP and # TYPE once per name.
+  std::string render(const std::string& name, const std::string& labels) const;
+  uint64_t count() const { return count_; }
+  double sum() const { return sum_; }
+
+ private:
+  std::array<uint64_t, kBounds.size()> buckets_{};  // [bounds] observations <= the bound (not cumulative)
+  uint64_t count_ = 0;
+  double sum_ = 0;
+};
+
+// One finished request, as run() saw it.
+struct RequestRecord {
+  std::string model;                         // the served name
+  std::vector<std::string> finish_reasons;   // [choices]
+  int64_t prompt_tokens = 0;                 // each prompt once (usage's count)
+  int64_t generation_tokens = 0;
+  int64_t reused_tokens = 0;     // prompt tokens the kept trajectories already held (all choices)
+  int64_t prefilled_tokens = 0;  // tokens the agent computed to catch up (all choices)
+  double ttft_seconds = -1;      // arrival to the first generated token (< 0: none was generated)
+  double e2e_seconds = 0;        // arrival to the end
+};
+
+// The sharing state after a request: the kept trajectories and their cache bytes.
+struct KvSnapshot {
+  int64_t trajectories = 0;  // holding cache entries
+  int64_t evicted = 0;
+  CacheBytes bytes;  // summed over the trajectories
+};
+
+class Metrics {
+ public:
+  void record(const RequestRecord& r);
+  // Every HTTP answer: its route (unknown paths count as "other") and status.
+  void record_http(const std::string& route, int status);
+  void set_kv(const KvSnapshot& kv);
+  void set_queue(int64_t running, int64_t waiting);
+  // Prometheus text exposition format 0.0.4.
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  struct PerModel {
+    int64_t prompt = 0, generation = 0, reused = 0, prefilled = 0;
+    std::map<std::string, int64_t> finished;  // finish_reason -> choices
+    Histogram ttft, e2e;
+  };
+  std::map<std::string, PerModel> models_;
+  std::map<std::pair<std::string, int>, int64_t> http_;  // (route, status) -> answers
+  KvSnapshot kv_;
+  int64_t running_ = 0, waiting_ = 0;
+};
+
+}  // namespace lragent::server
