@@ -51,12 +51,29 @@ void fuzz_tokenize(const std::string& text) {
   }
 }
 
+
+// A completion's text through the Hermes tool-call parser; a JSON value through Python's dumps.
+void fuzz_tool_calls(const std::string& text) {
+  using namespace lragent::server;
+  const ParsedToolCalls p = parse_hermes_tool_calls(text);
+  if (p.calls.empty() ? p.content != text : text.compare(0, p.content.size(), p.content) != 0) __builtin_trap();
+  for (const ToolCall& c : p.calls)
+    if (nlohmann::ordered_json::parse(c.arguments, nullptr, false).is_discarded()) __builtin_trap();
+  const auto v = nlohmann::ordered_json::parse(text, nullptr, false);
+  if (!v.is_discarded()) {
+    // What it writes reads back as the same value (when the strings were valid UTF-8).
+    const auto back = nlohmann::ordered_json::parse(python_json_dumps(v), nullptr, false);
+    if (back.is_discarded()) __builtin_trap();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   fuzz_chat(text);
   fuzz_tokenize(text);
+  fuzz_tool_calls(text);
   auto r = lragent::server::parse_completion_request(text);
   if (!r.ok()) {
     if (r.error().message.empty()) __builtin_trap();

@@ -67,6 +67,66 @@ CONVERSATIONS = {
 }
 
 
+# Tool definitions and calls (Qwen3 only: the Llama-3 templates have no place for them), in the
+# OpenAI API's form as a client sends them; vllm_tools / vllm_messages turn them into what vLLM
+# hands the template.
+SEARCH = {"type": "function", "function": {
+    "name": "search", "description": "Search Wikipedia; returns the first paragraph.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "default": 3}},
+                   "required": ["query"]}}}
+LOOKUP = {"function": {"parameters": {"type": "object", "properties": {"keyword": {"type": "string",
+                                                                                  "description": "caf\u00e9 \u2014 \"quoted\"\n"}}},
+                       "name": "lookup", "strict": True}, "type": "function"}
+FINISH = {"type": "function", "function": {"name": "finish"}}
+TOOL_CASES = {
+    "tool_defs": ([{"role": "system", "content": "You are the action agent."},
+                   {"role": "user", "content": "Which magazine was started first?"}], [SEARCH, LOOKUP, FINISH]),
+    "tool_defs_no_system": ([{"role": "user", "content": "hi"}], [FINISH]),
+    "tool_calls": ([
+        {"role": "user", "content": "Search for Toy Story."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"Toy Story\", \"limit\": 3}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Toy Story is a 1995 film."},
+        {"role": "assistant", "content": "Found it.", "tool_calls": [
+            {"id": "call_2", "type": "function", "function": {"name": "lookup", "arguments": "{\"keyword\":\"Pixar\",\"opts\":{\"z\":0.5,\"a\":[1,true,null,1e-05]},\"u\":\"\u00e9\\n\"}"}},
+            {"id": "call_3", "type": "function", "function": {"name": "finish", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "call_2", "content": "Pixar made it."},
+    ], [SEARCH, LOOKUP, FINISH]),
+    "tool_calls_thinking": ([
+        {"role": "user", "content": "Look it up."},
+        {"role": "assistant", "content": "<think>\nI should search.\n</think>\n\nSearching.", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{\"query\": \"x\"}"}}]},
+        {"role": "tool", "content": "nothing"},
+    ], [SEARCH]),
+}
+
+
+def vllm_tools(tools):
+    """vLLM's [tool.model_dump() for tool in request.tools]: declared fields first (absent: None),
+    extras after, in their order."""
+    out = []
+    for t in tools:
+        f = t["function"]
+        fn = {k: f.get(k) for k in ("name", "description", "parameters")}
+        fn.update({k: v for k, v in f.items() if k not in fn})
+        norm = {"type": "function", "function": fn}
+        norm.update({k: v for k, v in t.items() if k not in norm})
+        out.append(norm)
+    return out
+
+
+def vllm_messages(messages):
+    """vLLM parses an assistant's tool-call arguments (JSON text) before rendering."""
+    out = json.loads(json.dumps(messages))
+    for m in out:
+        if m["role"] == "assistant" and isinstance(m.get("tool_calls"), list):
+            for c in m["tool_calls"]:
+                c["function"]["arguments"] = json.loads(c["function"]["arguments"])
+        if m.get("content") is None:
+            m["content"] = ""
+    return out
+
+
 # Meta-Llama-3-Instruct's second template revision: the assistant header only with
 # add_generation_prompt (the first revision, in the npm fixture, always writes it).
 def llama3_agp_variant(template):
@@ -80,7 +140,7 @@ def main():
     ap.add_argument("--fixtures", default=".fixtures")
     ap.add_argument("--out", default="tests/fixtures/goldens")
     a = ap.parse_args()
-    out = {"transformers": __import__("transformers").__version__, "cases": []}
+    out = {"transformers": __import__("transformers").__version__, "cases": [], "tool_cases": []}
     for name in ("llama3", "llama3-agp", "qwen3"):
         tok = AutoTokenizer.from_pretrained(os.path.join(a.fixtures, name.split("-")[0]))
         template = tok.chat_template if name != "llama3-agp" else llama3_agp_variant(tok.chat_template)
@@ -94,11 +154,18 @@ def main():
                 text = tok.apply_chat_template(messages, tokenize=False, chat_template=template, **kw)
                 out["cases"].append({"tokenizer": name, "conversation": conv_name, "messages": messages, **kw,
                                      "text": text})
+        if name == "qwen3":
+            for conv_name, (messages, tools) in TOOL_CASES.items():
+                for kw in ({"add_generation_prompt": True}, {"add_generation_prompt": False}):
+                    text = tok.apply_chat_template(vllm_messages(messages), tools=vllm_tools(tools), tokenize=False,
+                                                   chat_template=template, **kw)
+                    out["tool_cases"].append({"tokenizer": name, "conversation": conv_name, "messages": messages,
+                                              "tools": tools, **kw, "text": text})
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "chat_templates.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1, ensure_ascii=False)
-    print(f"{len(out['cases'])} cases -> {path}")
+    print(f"{len(out['cases'])} cases, {len(out['tool_cases'])} tool cases -> {path}")
 
 
 if __name__ == "__main__":

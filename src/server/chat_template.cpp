@@ -8,6 +8,7 @@ namespace lragent::server {
 namespace {
 
 using nlohmann::json;
+using nlohmann::ordered_json;
 
 // FNV-1a over the template text: templates are recognised by their exact bytes.
 uint64_t fnv1a(std::string_view s) {
@@ -91,9 +92,21 @@ Result<std::string> render_llama3(const std::vector<ChatMessage>& msgs, const st
   return out;
 }
 
-Result<std::string> render_qwen3(const std::vector<ChatMessage>& msgs, bool add_generation_prompt, bool enable_thinking) {
+Result<std::string> render_qwen3(const std::vector<ChatMessage>& msgs, bool add_generation_prompt, bool enable_thinking,
+                                 const std::vector<std::string>& tools) {
   std::string out;
-  if (!msgs.empty() && msgs[0].role == "system") out += "<|im_start|>system\n" + msgs[0].content + "<|im_end|>\n";
+  if (!tools.empty()) {
+    out += "<|im_start|>system\n";
+    if (!msgs.empty() && msgs[0].role == "system") out += msgs[0].content + "\n\n";
+    out += "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with "
+           "function signatures within <tools></tools> XML tags:\n<tools>";
+    for (const std::string& t : tools) out += "\n" + t;
+    out += "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+           "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+           "<args-json-object>}\n</tool_call><|im_end|>\n";
+  } else if (!msgs.empty() && msgs[0].role == "system") {
+    out += "<|im_start|>system\n" + msgs[0].content + "<|im_end|>\n";
+  }
   // The last user turn that is a real query (not a wrapped tool response): thinking is kept in
   // the assistant turns after it only.
   int64_t last_query = static_cast<int64_t>(msgs.size()) - 1;
@@ -121,6 +134,11 @@ Result<std::string> render_qwen3(const std::vector<ChatMessage>& msgs, bool add_
         out += "<|im_start|>assistant\n<think>\n" + rstrip_nl(lstrip_nl(reasoning)) + "\n</think>\n\n" + lstrip_nl(content);
       else
         out += "<|im_start|>assistant\n" + content;
+      for (size_t k = 0; k < m.tool_calls.size(); ++k) {
+        if (k > 0 || !content.empty()) out += "\n";
+        out += "<tool_call>\n{\"name\": \"" + m.tool_calls[k].name + "\", \"arguments\": " + m.tool_calls[k].arguments +
+               "}\n</tool_call>";
+      }
       out += "<|im_end|>\n";
     } else if (m.role == "tool") {
       if (i == 0 || msgs[i - 1].role != "tool") out += "<|im_start|>user";
@@ -186,16 +204,119 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                         bool enable_thinking) const {
+                                         bool enable_thinking, const std::vector<std::string>& tools) const {
+  if (!supports_tools()) {
+    if (!tools.empty())
+      return make_error(ErrorCode::kUnsupported,
+                        "'tools' is not supported with the {} chat template, which has no place for tool definitions: "
+                        "describe the tools in the system message",
+                        chat_format_name(format));
+    for (size_t i = 0; i < messages.size(); ++i)
+      if (!messages[i].tool_calls.empty())
+        return make_error(ErrorCode::kUnsupported,
+                          "'messages'[{}]: tool_calls are not supported with the {} chat template, which has no place "
+                          "for them",
+                          i, chat_format_name(format));
+  }
   switch (format) {
     case ChatFormat::kLlama3:
       return render_llama3(messages, bos_token, add_generation_prompt || generation_prompt_always);
-    case ChatFormat::kQwen3: return render_qwen3(messages, add_generation_prompt, enable_thinking);
+    case ChatFormat::kQwen3: return render_qwen3(messages, add_generation_prompt, enable_thinking, tools);
   }
   return make_error(ErrorCode::kInternal, "unknown chat format");
 }
 
+std::string python_json_dumps(const ordered_json& v) {
+  switch (v.type()) {
+    case ordered_json::value_t::array: {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + python_json_dumps(v[i]);
+      return out + "]";
+    }
+    case ordered_json::value_t::object: {
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [key, value] : v.items()) {
+        out += (first ? "" : ", ") + ordered_json(key).dump(-1, ' ', false, ordered_json::error_handler_t::replace) + ": " +
+               python_json_dumps(value);
+        first = false;
+      }
+      return out + "}";
+    }
+    default:  // scalars: nlohmann writes strings (escapes, \u00XX) and numbers as Python's json does
+      return v.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  }
+}
+
+Result<std::vector<std::string>> parse_chat_tools(const ordered_json& tools) {
+  std::vector<std::string> out;
+  if (tools.is_null()) return out;
+  if (!tools.is_array())
+    return make_error(ErrorCode::kInvalidArgument, "'tools' must be a list of {{\"type\": \"function\", \"function\": {{...}}}}");
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ordered_json& t = tools[i];
+    if (!t.is_object() || t.value("type", ordered_json("function")) != ordered_json("function") ||
+        !t.contains("function") || !t["function"].is_object())
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'tools'[{}] must be {{\"type\": \"function\", \"function\": {{\"name\", \"description\", "
+                        "\"parameters\"}}}}",
+                        i);
+    const ordered_json& f = t["function"];
+    if (!f.contains("name") || !f["name"].is_string())
+      return make_error(ErrorCode::kInvalidArgument, "'tools'[{}].function has no \"name\" string", i);
+    if (f.contains("description") && !f["description"].is_null() && !f["description"].is_string())
+      return make_error(ErrorCode::kInvalidArgument, "'tools'[{}].function.description must be a string", i);
+    if (f.contains("parameters") && !f["parameters"].is_null() && !f["parameters"].is_object())
+      return make_error(ErrorCode::kInvalidArgument, "'tools'[{}].function.parameters must be a JSON schema object", i);
+    // vLLM's pydantic model_dump: declared fields first (absent ones null), then the extras.
+    ordered_json fn = ordered_json::object();
+    for (const char* k : {"name", "description", "parameters"}) fn[k] = f.contains(k) ? f[k] : ordered_json(nullptr);
+    for (const auto& [k, v] : f.items())
+      if (!fn.contains(k)) fn[k] = v;
+    ordered_json norm = ordered_json::object();
+    norm["type"] = "function";
+    norm["function"] = std::move(fn);
+    for (const auto& [k, v] : t.items())
+      if (!norm.contains(k)) norm[k] = v;
+    out.push_back(python_json_dumps(norm));
+  }
+  return out;
+}
+
+ParsedToolCalls parse_hermes_tool_calls(const std::string& text) {
+  static const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
+  ParsedToolCalls out;
+  const size_t first = text.find(kOpen);
+  if (first == std::string::npos) {
+    out.content = text;
+    return out;
+  }
+  // The regex <tool_call>(.*?)</tool_call>|<tool_call>(.*) (DOTALL): closed blocks, then the
+  // rest after an unclosed one.
+  for (size_t at = first; at != std::string::npos;) {
+    const size_t body = at + kOpen.size();
+    const size_t close = text.find(kClose, body);
+    const std::string inner = text.substr(body, close == std::string::npos ? std::string::npos : close - body);
+    const ordered_json j = ordered_json::parse(inner, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments")) {
+      out.calls.clear();
+      out.content = text;
+      return out;
+    }
+    out.calls.push_back({j["name"].get<std::string>(), python_json_dumps(j["arguments"])});
+    if (close == std::string::npos) break;
+    at = text.find(kOpen, close + kClose.size());
+  }
+  out.content = text.substr(0, first);
+  return out;
+}
+
 Result<std::vector<ChatMessage>> parse_chat_messages(const json& messages) {
+  return parse_chat_messages(ordered_json::parse(messages.dump(-1, ' ', false, json::error_handler_t::replace)));
+}
+
+Result<std::vector<ChatMessage>> parse_chat_messages(const ordered_json& messages) {
+  using json = ordered_json;  // the body below reads the client's order
   if (!messages.is_array() || messages.empty())
     return make_error(ErrorCode::kInvalidArgument, "'messages' must be a non-empty list of {{\"role\", \"content\"}}");
   std::vector<ChatMessage> out;
@@ -232,8 +353,32 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const json& messages) {
     } else {
       return make_error(ErrorCode::kInvalidArgument, "'messages'[{}].content must be a string or a list of text parts", i);
     }
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null() && !(m["tool_calls"].is_array() && m["tool_calls"].empty()))
-      return make_error(ErrorCode::kUnsupported, "'messages'[{}]: tool_calls are not supported (no tool-call rendering)", i);
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      const json& calls = m["tool_calls"];
+      if (!calls.is_array()) return make_error(ErrorCode::kInvalidArgument, "'messages'[{}].tool_calls must be a list", i);
+      if (!calls.empty() && msg.role != "assistant")
+        return make_error(ErrorCode::kInvalidArgument, "'messages'[{}]: only an assistant message has tool_calls", i);
+      for (size_t k = 0; k < calls.size(); ++k) {
+        // {"id", "type": "function", "function": {"name", "arguments": JSON text}}; the template
+        // also takes the function's fields directly.
+        const json& c = calls[k];
+        const json* f = c.is_object() && c.contains("function") ? &c["function"] : &c;
+        if (!f->is_object() || !f->contains("name") || !(*f)["name"].is_string() || !f->contains("arguments"))
+          return make_error(ErrorCode::kInvalidArgument,
+                            "'messages'[{}].tool_calls[{}] must be {{\"function\": {{\"name\", \"arguments\"}}}}", i, k);
+        const json& args = (*f)["arguments"];
+        json parsed = args;
+        if (args.is_string()) {  // the OpenAI API's form: JSON text, parsed as vLLM parses it
+          parsed = json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          if (parsed.is_discarded())
+            return make_error(ErrorCode::kInvalidArgument,
+                              "'messages'[{}].tool_calls[{}].function.arguments is not valid JSON text", i, k);
+        }
+        // A string after parsing is written as it is (the template's `arguments is string`).
+        msg.tool_calls.push_back(
+            {(*f)["name"].get<std::string>(), parsed.is_string() ? parsed.get<std::string>() : python_json_dumps(parsed)});
+      }
+    }
     if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
       msg.reasoning_content = m["reasoning_content"].get<std::string>();
     out.push_back(std::move(msg));

@@ -22,11 +22,24 @@ enum class ChatFormat {
 };
 const char* chat_format_name(ChatFormat f);
 
+// A function call of an assistant turn. Its arguments are kept as the JSON text the template
+// writes: Python's json.dumps of the parsed arguments (vLLM parses the OpenAI API's arguments
+// string before rendering; the template's tojson dumps it again, keys in their order).
+struct ToolCall {
+  std::string name;
+  std::string arguments;
+};
+
 struct ChatMessage {
   std::string role;     // system | developer | user | assistant | tool | function
   std::string content;  // text parts joined with "\n"
   std::optional<std::string> reasoning_content;  // Qwen3: an assistant turn's thinking, given apart
+  std::vector<ToolCall> tool_calls;              // assistant
 };
+
+// Python's json.dumps(value, ensure_ascii=False) (Jinja's tojson as transformers defines it):
+// ", " and ": " separators, keys in their order, non-ASCII as is.
+std::string python_json_dumps(const nlohmann::ordered_json& value);
 
 struct ChatTemplate {
   ChatFormat format = ChatFormat::kLlama3;
@@ -37,14 +50,36 @@ struct ChatTemplate {
   // a list). kNotFound: it has none; kUnsupported: one lragent does not render.
   static Result<ChatTemplate> from_tokenizer_config(std::string_view config_json, const std::string& source);
 
-  // What apply_chat_template(messages, tokenize=False, add_generation_prompt, enable_thinking)
-  // gives. Errors: a role the template has no place for (kInvalidArgument).
+  // What apply_chat_template(messages, tokenize=False, add_generation_prompt, enable_thinking,
+  // tools) gives; `tools`: each tool's JSON text (python_json_dumps of its vLLM form,
+  // parse_chat_tools). Errors: tools or tool calls with a template that has no place for them
+  // (kUnsupported).
   Result<std::string> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                             bool enable_thinking = true) const;
+                             bool enable_thinking = true, const std::vector<std::string>& tools = {}) const;
+  // Whether the template writes tool definitions and calls (Qwen3's Hermes-style <tool_call>).
+  bool supports_tools() const { return format == ChatFormat::kQwen3; }
 };
 
 // The "messages" of a chat request: role and content (a string, or a list of {"type": "text",
-// "text"} parts); errors name the message and field.
+// "text"} parts), an assistant's tool_calls; errors name the message and field. Ordered JSON
+// keeps the keys of tool-call arguments in the client's order, as the template writes them.
+Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::ordered_json& messages);
 Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::json& messages);
+
+// A chat request's "tools" ([{"type": "function", "function": {"name", "description",
+// "parameters"}}]) as the JSON texts the template writes: each in vLLM's form (its pydantic
+// model_dump: type, then function with name, description and parameters, null when absent,
+// then any other keys as given).
+Result<std::vector<std::string>> parse_chat_tools(const nlohmann::ordered_json& tools);
+
+// vLLM's Hermes tool parser (Qwen models): the <tool_call>{"name", "arguments"}</tool_call>
+// blocks of a completion (a last unclosed one too). Found: `content` is the text before the
+// first block (empty: none) and each call's arguments are json.dumps of the parsed ones. A
+// block that is not such JSON: no calls, the whole text is content.
+struct ParsedToolCalls {
+  std::vector<ToolCall> calls;
+  std::string content;
+};
+ParsedToolCalls parse_hermes_tool_calls(const std::string& text);
 
 }  // namespace lragent::server

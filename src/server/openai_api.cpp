@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 namespace lragent::server {
 namespace {
@@ -144,8 +145,15 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
 
 Result<ChatRequest> parse_chat_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
+  // Messages and tools keep the client's key order (the template writes them as JSON).
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+  static const nlohmann::ordered_json kNull;
+  auto ordered_field = [&](const char* name) -> const nlohmann::ordered_json& {
+    const auto it = ordered.find(name);
+    return it == ordered.end() ? kNull : *it;
+  };
   ChatRequest c;
-  LRA_ASSIGN_OR_RETURN(c.messages, parse_chat_messages(field(body, "messages")));
+  LRA_ASSIGN_OR_RETURN(c.messages, parse_chat_messages(ordered_field("messages")));
   // max_completion_tokens (the current name) wins over max_tokens; neither: the rest of the context.
   const char* budget = field(body, "max_completion_tokens").is_null() ? "max_tokens" : "max_completion_tokens";
   LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, budget, -1, 1, 1 << 24));
@@ -165,14 +173,19 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   LRA_RETURN_IF_ERROR(neutral(body, "echo", json(false), "a chat completion never repeats the conversation"));
   LRA_RETURN_IF_ERROR(neutral(body, "continue_final_message", json(false), "the final message is never continued"));
   LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
-  const json& tools = field(body, "tools");
-  if (!tools.is_null() && !(tools.is_array() && tools.empty()))
-    return Error{ErrorCode::kUnsupported, "'tools' is not supported: lragent renders no tool definitions; describe "
-                                          "the tools in the system message"};
-  LRA_RETURN_IF_ERROR(neutral(body, "functions", json(nullptr), "lragent renders no tool definitions"));
+  LRA_ASSIGN_OR_RETURN(c.tools, parse_chat_tools(ordered_field("tools")));
+  LRA_RETURN_IF_ERROR(neutral(body, "functions", json(nullptr), "give the functions as 'tools'"));
   const json& choice = field(body, "tool_choice");
   if (!choice.is_null() && choice != json("none") && choice != json("auto"))
-    return Error{ErrorCode::kUnsupported, "'tool_choice' is not supported: lragent calls no tools"};
+    return Error{ErrorCode::kUnsupported,
+                 "'tool_choice' = " + choice.dump() +
+                     " is not supported: forcing a call needs constrained decoding, which lragent lacks; use \"auto\" "
+                     "or \"none\""};
+  c.parse_tool_calls = !c.tools.empty() && choice != json("none");
+  if (c.parse_tool_calls && c.req.stream)
+    return Error{ErrorCode::kUnsupported,
+                 "streaming with 'tools' is not supported (tool calls are parsed from the whole completion): send "
+                 "\"stream\": false, or \"tool_choice\": \"none\" to stream the raw text"};
   return c;
 }
 
@@ -282,7 +295,12 @@ Result<TokenizeRequest> parse_tokenize_request(std::string_view text) {
     r.prompt = prompt.get<std::string>();
   } else {
     r.chat = true;
-    LRA_ASSIGN_OR_RETURN(r.messages, parse_chat_messages(messages));
+    // In the client's key order, as chat completions read them.
+    const auto ordered = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    LRA_ASSIGN_OR_RETURN(r.messages, parse_chat_messages(ordered["messages"]));
+    if (ordered.contains("tools")) {
+      LRA_ASSIGN_OR_RETURN(r.tools, parse_chat_tools(ordered["tools"]));
+    }
     LRA_ASSIGN_OR_RETURN(r.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
     const json& kw = field(body, "chat_template_kwargs");
     if (!kw.is_null()) {
@@ -357,6 +375,22 @@ json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids
   if (text_offset) *text_offset = offset;
   return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
               {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+}
+
+json chat_message_json(const std::string& text, bool parse_tool_calls, bool* called) {
+  json m = {{"role", "assistant"}, {"content", text}, {"tool_calls", json::array()}};
+  if (called) *called = false;
+  if (!parse_tool_calls) return m;
+  ParsedToolCalls parsed = parse_hermes_tool_calls(text);
+  if (parsed.calls.empty()) return m;
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  m["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
+  for (const ToolCall& call : parsed.calls)
+    m["tool_calls"].push_back({{"id", fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng())},
+                               {"type", "function"},
+                               {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  if (called) *called = true;
+  return m;
 }
 
 int http_status(ErrorCode code) {

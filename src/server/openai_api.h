@@ -63,6 +63,10 @@ struct ChatRequest {
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // vLLM extension
   bool enable_thinking = true;        // chat_template_kwargs.enable_thinking (Qwen3)
+  std::vector<std::string> tools;     // each tool's JSON text for the template (parse_chat_tools)
+  // tool_choice "auto" (the default with tools): the completion's tool calls are parsed out of
+  // its text (parse_hermes_tool_calls); "none": the tools are shown, the text is left as is.
+  bool parse_tool_calls = false;
 };
 Result<ChatRequest> parse_chat_request(std::string_view body);
 
@@ -75,6 +79,7 @@ struct TokenizeRequest {
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // chat
   bool enable_thinking = true;        // chat: chat_template_kwargs.enable_thinking
+  std::vector<std::string> tools;     // chat: as /v1/chat/completions renders them (parse_chat_tools)
   bool add_special_tokens = true;     // default true for a prompt, false for messages (the template writes BOS)
   bool return_token_strs = false;     // also each id's vocabulary string
 };
@@ -101,6 +106,13 @@ nlohmann::json error_json(const Error& e);
 // tokenizer; log-probabilities below -9999 (and -inf) are -9999, as vLLM clamps them.
 nlohmann::json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids,
                              std::span<const StepLogprobs> lps, size_t* text_offset);
+
+// A chat completion's "message": {"role": "assistant", "content", "tool_calls": []}. With
+// parse_tool_calls, the calls of vLLM's Hermes parser (parse_hermes_tool_calls) each as
+// {"id": "chatcmpl-tool-<hex>", "type": "function", "function": {"name", "arguments"}}, the text
+// before them as content (null when empty); *called says whether any was found (the choice's
+// finish_reason is then "tool_calls").
+nlohmann::json chat_message_json(const std::string& text, bool parse_tool_calls, bool* called);
 
 // The text of one completion, built token by token: special tokens are left out (unless
 // skip_special_tokens is off) and so is the stop id that ended it; the text ends before the

@@ -443,7 +443,8 @@ void Server::install_routes() {
         return send_error(res, Error{ErrorCode::kUnsupported,
                                      fmt::format("this server has no chat template ({}): tokenize a 'prompt' instead",
                                                  opts_.chat_template_missing)});
-      auto rendered = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking);
+      auto rendered = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking,
+                                                  parsed->tools);
       if (!rendered.ok()) return send_error(res, rendered.error());
       text = std::move(*rendered);
     }
@@ -482,18 +483,19 @@ void Server::install_routes() {
                                                opts_.chat_template_missing)});
     auto parsed = parse_chat_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());
-    auto text = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking);
+    auto text = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking,
+                                            parsed->tools);
     if (!text.ok()) return send_error(res, text.error());
     CompletionRequest req = std::move(parsed->req);
     PromptInput p;
     p.text = std::move(*text);
     p.add_special_tokens = false;  // the template wrote BOS (or wants none), as vLLM tokenizes chat
     req.prompts = {std::move(p)};
-    respond(std::move(req), /*chat=*/true, res);
+    respond(std::move(req), /*chat=*/true, res, parsed->parse_tool_calls);
   });
 }
 
-void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
+void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, bool tool_calls) {
   const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
   const int64_t created = unix_now();
   // Errors found before the first byte (unknown model, too long) are HTTP errors, also when
@@ -523,7 +525,7 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
   };
   // A whole choice (non-streaming), or a stream's last event for it (no text; the log-probabilities
   // of its tokens from `sent` on, which no earlier event carried).
-  auto choice_json = [chat, stop_reason, logprobs_of](size_t index, const CompletionChoice& c, bool whole, size_t sent,
+  auto choice_json = [chat, tool_calls, stop_reason, logprobs_of](size_t index, const CompletionChoice& c, bool whole, size_t sent,
                                                       size_t* offset) {
     const size_t from = std::min(sent, c.logprobs.size());
     json j = {{"index", index},
@@ -532,8 +534,13 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res) {
               {"finish_reason", c.finish_reason},
               {"stop_reason", stop_reason(c)}};
     if (chat) {
-      if (whole) j["message"] = {{"role", "assistant"}, {"content", c.text}};
-      else j["delta"] = json::object();
+      if (whole) {
+        bool called = false;
+        j["message"] = chat_message_json(c.text, tool_calls, &called);
+        if (called) j["finish_reason"] = "tool_calls";
+      } else {
+        j["delta"] = json::object();
+      }
     } else {
       j["text"] = whole ? c.text : "";
     }

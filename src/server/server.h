@@ -117,8 +117,8 @@ class Server {
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
   void install_routes();
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
-  // chat: the chat.completion objects.
-  void respond(CompletionRequest req, bool chat, httplib::Response& res);
+  // chat: the chat.completion objects; tool_calls: parse each completion's calls (not streaming).
+  void respond(CompletionRequest req, bool chat, httplib::Response& res, bool tool_calls = false);
 
   LlamaModel* model_ = nullptr;
   const Tokenizer* tok_ = nullptr;

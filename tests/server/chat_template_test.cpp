@@ -76,11 +76,92 @@ TEST(ChatTemplate, UnknownTemplatesAndBadMessagesAreRefused) {
   EXPECT_EQ(parse_chat_messages(json::parse(R"([{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}])"))
                 .error()
                 .code,
-            ErrorCode::kUnsupported);
+            ErrorCode::kInvalidArgument);  // a call without function name and arguments
+  EXPECT_FALSE(parse_chat_messages(json::parse(
+                   R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}])"))
+                   .ok());
+  EXPECT_FALSE(parse_chat_messages(json::parse(
+                   R"([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}])"))
+                   .ok());
   auto parts = parse_chat_messages(json::parse(R"([{"role": "user", "content": [{"type": "text", "text": "a"},
       {"type": "text", "text": "b"}]}])"));
   ASSERT_TRUE(parts.ok());
   EXPECT_EQ(parts->at(0).content, "a\nb");
+}
+
+// Tool definitions and calls against transformers (Qwen3; the tools and arguments in vLLM's
+// form, as vLLM hands them to the template: tests/fixtures/goldens/chat_templates.json's
+// tool_cases), read in order (the template writes keys as the client sent them).
+TEST(ChatTemplate, ToolsRenderAsVllmHandsThemToTransformers) {
+  const std::string path = fixture_config("qwen3");
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " missing: run scripts/fetch-fixtures.sh";
+  auto t = ChatTemplate::from_tokenizer_config(testing::read_file(path), path);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_TRUE(t->supports_tools());
+  const auto goldens =
+      nlohmann::ordered_json::parse(testing::read_file(testing::fixtures_dir() + "/goldens/chat_templates.json"));
+  int checked = 0;
+  for (const auto& c : goldens["tool_cases"]) {
+    auto msgs = parse_chat_messages(c["messages"]);
+    ASSERT_TRUE(msgs.ok()) << msgs.error().message;
+    auto tools = parse_chat_tools(c["tools"]);
+    ASSERT_TRUE(tools.ok()) << tools.error().message;
+    auto text = t->render(*msgs, c["add_generation_prompt"].get<bool>(), true, *tools);
+    ASSERT_TRUE(text.ok()) << text.error().message;
+    EXPECT_EQ(*text, c["text"].get<std::string>()) << c["conversation"];
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+
+  // Llama-3's templates have no place for tools: refused, not dropped.
+  const std::string llama = fixture_config("llama3");
+  if (std::filesystem::exists(llama)) {
+    auto l = ChatTemplate::from_tokenizer_config(testing::read_file(llama), llama);
+    ASSERT_TRUE(l.ok());
+    auto msgs = parse_chat_messages(json::parse(R"([{"role": "user", "content": "x"}])"));
+    EXPECT_EQ(l->render(*msgs, true, true, {"{}"}).error().code, ErrorCode::kUnsupported);
+    auto calls = parse_chat_messages(json::parse(
+        R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}])"));
+    ASSERT_TRUE(calls.ok());
+    EXPECT_EQ(l->render(*calls, true).error().code, ErrorCode::kUnsupported);
+  }
+  EXPECT_FALSE(parse_chat_tools(nlohmann::ordered_json::parse(R"([{"type": "function"}])")).ok());
+  EXPECT_FALSE(parse_chat_tools(nlohmann::ordered_json::parse(R"([{"type": "web", "function": {"name": "f"}}])")).ok());
+  EXPECT_FALSE(parse_chat_tools(nlohmann::ordered_json::parse(R"({"name": "f"})")).ok());
+}
+
+TEST(ChatTemplate, PythonJsonDumpsMatchesPythons) {
+  using oj = nlohmann::ordered_json;
+  // Outputs of Python 3's json.dumps(json.loads(text), ensure_ascii=False).
+  EXPECT_EQ(python_json_dumps(oj::parse(R"({"b": 1, "a": [true, null, 0.5, 1e-05, -3], "c": {}})")),
+            R"({"b": 1, "a": [true, null, 0.5, 1e-05, -3], "c": {}})");
+  EXPECT_EQ(python_json_dumps(oj::parse(R"({"s":"caf\u00e9\n\"q\"\\\u0001","e":[]})")),
+            R"({"s": "café\n\"q\"\\\u0001", "e": []})");
+  EXPECT_EQ(python_json_dumps(oj::parse("1e16")), "1e+16");
+  EXPECT_EQ(python_json_dumps(oj::parse("2.0")), "2.0");
+}
+
+// vLLM's Hermes parser: the calls out of <tool_call> blocks (the last may be unclosed), the text
+// before the first as content; a block that is not a call leaves the whole text as content.
+TEST(ChatTemplate, HermesToolCallsAreParsedAsVllmParsesThem) {
+  ParsedToolCalls none = parse_hermes_tool_calls("just text");
+  EXPECT_TRUE(none.calls.empty());
+  EXPECT_EQ(none.content, "just text");
+  ParsedToolCalls two = parse_hermes_tool_calls(
+      "Let me search.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\":\"x\",\"k\":2}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"finish\", \"arguments\": {}}\n</tool_call>");
+  ASSERT_EQ(two.calls.size(), 2u);
+  EXPECT_EQ(two.content, "Let me search.\n");
+  EXPECT_EQ(two.calls[0].name, "search");
+  EXPECT_EQ(two.calls[0].arguments, R"({"query": "x", "k": 2})");  // json.dumps, keys in order
+  EXPECT_EQ(two.calls[1].arguments, "{}");
+  ParsedToolCalls unclosed = parse_hermes_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}");
+  ASSERT_EQ(unclosed.calls.size(), 1u);
+  EXPECT_EQ(unclosed.content, "");
+  ParsedToolCalls bad = parse_hermes_tool_calls("x<tool_call>{\"name\": \"f\"}</tool_call>");
+  EXPECT_TRUE(bad.calls.empty());
+  EXPECT_EQ(bad.content, "x<tool_call>{\"name\": \"f\"}</tool_call>");
+  EXPECT_TRUE(parse_hermes_tool_calls("<tool_call>not json</tool_call>").calls.empty());
 }
 
 }  // namespace

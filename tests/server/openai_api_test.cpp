@@ -158,6 +158,51 @@ TEST(OpenAiRequest, LogprobsFollowEachApisForm) {
   }
 }
 
+// Chat tools: rendered in vLLM's form; tool_choice auto (default) parses calls, none leaves the
+// text; forcing a call or streaming parsed calls is refused with the reason.
+TEST(OpenAiRequest, ChatToolsAndToolChoice) {
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": 2}}}])";
+  auto c = parse_chat_request("{" + msgs + ", " + tools + "}");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_EQ(c->tools.size(), 1u);
+  EXPECT_EQ(c->tools[0], R"({"type": "function", "function": {"name": "f", "description": null, "parameters": {"z": 1, "a": 2}}})");
+  EXPECT_TRUE(c->parse_tool_calls);
+  auto none = parse_chat_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none", "stream": true})");
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_FALSE(none->parse_tool_calls);
+  EXPECT_FALSE(parse_chat_request("{" + msgs + "}")->parse_tool_calls);
+  for (const std::string extra : {R"(, "tool_choice": "required")", R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})",
+                                  R"(, "stream": true)"}) {
+    auto r = parse_chat_request("{" + msgs + ", " + tools + extra + "}");
+    ASSERT_FALSE(r.ok()) << extra;
+    EXPECT_EQ(r.error().code, ErrorCode::kUnsupported) << extra;
+  }
+  EXPECT_EQ(parse_chat_request("{" + msgs + R"(, "tools": [{"type": "function"}]})").error().code,
+            ErrorCode::kInvalidArgument);
+}
+
+TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
+  const std::string text = "Searching.<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"x\"}}\n</tool_call>";
+  bool called = true;
+  nlohmann::json plain = chat_message_json(text, false, &called);
+  EXPECT_FALSE(called);
+  EXPECT_EQ(plain["content"], text);
+  EXPECT_EQ(plain["tool_calls"], nlohmann::json::array());
+  nlohmann::json m = chat_message_json(text, true, &called);
+  EXPECT_TRUE(called);
+  EXPECT_EQ(m["role"], "assistant");
+  EXPECT_EQ(m["content"], "Searching.");
+  ASSERT_EQ(m["tool_calls"].size(), 1u);
+  EXPECT_EQ(m["tool_calls"][0]["type"], "function");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "search");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], R"({"q": "x"})");
+  EXPECT_EQ(m["tool_calls"][0]["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+  EXPECT_TRUE(chat_message_json("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", true, &called)["content"].is_null());
+  EXPECT_EQ(chat_message_json("no calls", true, &called)["content"], "no calls");
+  EXPECT_FALSE(called);
+}
+
 // The two JSON forms, without a tokenizer (tokens are "token_id:<id>"): -inf and anything
 // below -9999 is -9999 (JSON has no infinity), offsets count characters and continue.
 TEST(OpenAiRequest, LogprobsJsonHasOpenAisShape) {

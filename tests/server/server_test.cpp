@@ -706,6 +706,35 @@ TEST_F(ServerTest, ChatCompletionsRenderTheTemplateAndCompleteIt) {
   EXPECT_NE(tools["error"]["message"].get<std::string>().find("tools"), std::string::npos);
 }
 
+// Tools with Qwen3's template (on the tiny model: the plumbing): the definitions are in the
+// prompt (/tokenize with the same messages and tools counts what usage counts), the message has
+// its tool_calls list, and a request that forces a call is refused.
+TEST_F(ServerTest, ChatToolsAreRenderedIntoThePrompt) {
+  const std::string cfg_path = testing::fetched_fixtures_dir() + "/qwen3/tokenizer_config.json";
+  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << cfg_path << " missing: run scripts/fetch-fixtures.sh";
+  auto t = ChatTemplate::from_tokenizer_config(testing::read_file(cfg_path), cfg_path);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  ServerOptions o;
+  o.chat_template = *t;
+  start(ShareMode::kBaseLr, o);
+  const json messages = json::array({{{"role", "user"}, {"content", "Once upon a time"}}});
+  const json tools = json::array({{{"type", "function"},
+                                   {"function", {{"name", "search"}, {"parameters", {{"type", "object"}}}}}}});
+  auto [s1, with_tools] = post("/v1/chat/completions", json{{"model", "action"}, {"messages", messages}, {"tools", tools},
+                                                             {"max_tokens", 4}, {"temperature", 0}}.dump());
+  ASSERT_EQ(s1, 200) << with_tools.dump();
+  auto [s2, count] = post("/tokenize", json{{"messages", messages}, {"tools", tools}}.dump());
+  ASSERT_EQ(s2, 200) << count.dump();
+  EXPECT_EQ(with_tools["usage"]["prompt_tokens"], count["count"]);
+  auto [s3, bare] = post("/tokenize", json{{"messages", messages}}.dump());
+  EXPECT_GT(count["count"].get<int>(), bare["count"].get<int>() + 20);  // the tool block is in the prompt
+  EXPECT_TRUE(with_tools["choices"][0]["message"]["tool_calls"].is_array());
+  auto [s4, forced] = post("/v1/chat/completions", json{{"messages", messages}, {"tools", tools},
+                                                        {"tool_choice", "required"}}.dump());
+  EXPECT_EQ(s4, 400);
+  EXPECT_NE(forced["error"]["message"].get<std::string>().find("tool_choice"), std::string::npos);
+}
+
 // A KV memory smaller than the context caps max_model_len at what one trajectory holds (as vLLM
 // caps it to its cache): a longer request is refused up front (400), and one of exactly that
 // length runs to its end instead of running out of room there.
