@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -261,6 +263,28 @@ void AgentSession::truncate(int64_t tokens) {
   kv_->truncate(tokens);
 }
 
+// vLLM's logits processors on one row: before the penalties, logit_bias and min_tokens (the stop
+// ids out while fewer than min_tokens are generated); after them (sampled rows only), min_p on the
+// tempered distribution: p_i >= min_p * p_max  <=>  logit_i >= max + T * ln(min_p).
+void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, size_t generated, bool before_penalties) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const auto vocab = static_cast<int64_t>(row.size());
+  if (before_penalties) {
+    for (const auto& [id, bias] : dec.logit_bias)
+      if (id >= 0 && id < vocab) row[static_cast<size_t>(id)] += bias;
+    if (static_cast<int64_t>(generated) < dec.min_tokens)
+      for (int32_t id : dec.stop_ids)
+        if (id >= 0 && id < vocab) row[static_cast<size_t>(id)] = neg_inf;
+    return;
+  }
+  if (!(dec.min_p > 0.f) || !(dec.sampling.temperature > 0.f)) return;
+  float mx = neg_inf;
+  for (float x : row) mx = std::max(mx, x);
+  const float floor = mx + dec.sampling.temperature * std::log(dec.min_p);
+  for (float& x : row)
+    if (x < floor) x = neg_inf;
+}
+
 Result<StepResult> AgentSession::run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
                                            const std::vector<std::string>& stop, const AgentDecode* decode) {
   const int a = agent_index(name);
@@ -281,24 +305,29 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   const size_t prompt_len = traj_.size();  // penalties' "prompt": the trajectory before this step
   const bool penalize = dec.penalties.active() && forced.empty();
   const bool want_logprobs = dec.logprobs >= 0 && forced.empty();
-  if (lookahead_ && !keep_logits_ && !penalize && !want_logprobs && n > 0) {
+  const bool shape = forced.empty() && (!dec.logit_bias.empty() || dec.min_tokens > 0 || dec.min_p > 0.f);
+  if (lookahead_ && !keep_logits_ && !penalize && !want_logprobs && !shape && n > 0) {
     LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, dec, sampler, begin, r));
     n = 0;  // done: the step-by-step loop below runs nothing
   }
   for (int i = 0; i < n; ++i) {
     if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
     int32_t tok = 0;
-    if (keep_logits_ || !sampler.greedy() || penalize || want_logprobs) {
+    if (keep_logits_ || !sampler.greedy() || penalize || want_logprobs || shape) {
       LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin, nullptr));
       float* row = logits.f32();
       if (keep_logits_) r.logits.emplace_back(row, row + vocab);
-      std::vector<float> raw;  // [vocab] the row before penalties (log-probabilities are of the model's output)
-      if (want_logprobs && penalize) raw.assign(row, row + vocab);
+      const bool changed = penalize || shape;
+      std::vector<float> raw;  // [vocab] the model's row (log-probabilities are of its output)
+      if (want_logprobs && changed) raw.assign(row, row + vocab);
+      if (shape) shape_logits({row, static_cast<size_t>(vocab)}, dec, r.output_tokens.size(), /*before_penalties=*/true);
       if (penalize)
         apply_penalties({row, static_cast<size_t>(vocab)}, {traj_.data(), prompt_len}, r.output_tokens, dec.penalties);
+      if (shape && !sampler.greedy())
+        shape_logits({row, static_cast<size_t>(vocab)}, dec, r.output_tokens.size(), /*before_penalties=*/false);
       tok = sampler.greedy() ? Sampler::argmax(row, vocab) : sampler.sample(row, vocab);
       if (want_logprobs)
-        r.logprobs.push_back(step_logprobs(penalize ? std::span<const float>(raw) : std::span<const float>(row, vocab),
+        r.logprobs.push_back(step_logprobs(changed ? std::span<const float>(raw) : std::span<const float>(row, vocab),
                                            tok, dec.logprobs));
     } else {  // greedy pick on the device (a GPU backend copies back one id, not the logits)
       LRA_RETURN_IF_ERROR(forward_agent(a, begin, &tok));

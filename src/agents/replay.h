@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,11 @@ struct AgentDecode {
   // >= 0: each generated token's log-probability and its row's `logprobs` most likely tokens
   // (StepResult::logprobs; decoding then runs step by step, as with penalties).
   int logprobs = -1;
+  // vLLM's logits processors, in vLLM's order: logit_bias and min_tokens, then the penalties,
+  // then temperature and min_p, then top-k / top-p. Any of them picks on the host, step by step.
+  std::vector<std::pair<int32_t, float>> logit_bias;  // added to those ids' logits
+  int min_tokens = 0;  // stop_ids cannot be picked before this many tokens (their logits are -inf)
+  float min_p = 0.f;   // sampled rows keep only tokens of probability >= min_p x the top one's
   // Called with each generated token as it is taken (not with a stop id, which ends the step
   // first), and its log-probabilities when asked for (else null); returning false ends the step
   // there (finish_reason "abort": the caller knows why, e.g. a streaming client went away, or
@@ -132,6 +138,7 @@ class AgentSession {
   // speculative: a lookahead pass that may be thrown away (TrajectoryKv::bind's may_evict).
   // `pick` is the pass's sampling row (greedy when default).
   Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative, RowSampling pick = {});
+  static void shape_logits(std::span<float> row, const AgentDecode& dec, size_t generated, bool before_penalties);
   // Every id is inside the model's vocabulary (`what` names the step kind in the error).
   Status check_ids(const std::vector<int32_t>& ids, const char* what) const;
   // The error for an agent pass with no position to run: an empty trajectory (no BOS) is the

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 
@@ -133,6 +134,8 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
   if (r.max_tokens == 0 && !r.echo) return bad("'max_tokens' must be at least 1 (0 only with \"echo\": true)");
   LRA_RETURN_IF_ERROR(parse_common(body, r));
+  if (r.min_tokens > r.max_tokens)
+    return bad(fmt::format("'min_tokens' ({}) must not exceed 'max_tokens' ({})", r.min_tokens, r.max_tokens));
   LRA_ASSIGN_OR_RETURN(int64_t logprobs, get_int(body, "logprobs", -1, 0, kMaxLogprobs));
   r.logprobs = static_cast<int>(logprobs);
   if (r.logprobs >= 0 && r.echo)
@@ -160,6 +163,8 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   if (max_tokens < 0 && !field(body, budget).is_null()) return bad(fmt::format("'{}' must be at least 1", budget));
   c.req.max_tokens = static_cast<int>(max_tokens);
   LRA_RETURN_IF_ERROR(parse_common(body, c.req));
+  if (c.req.max_tokens >= 0 && c.req.min_tokens > c.req.max_tokens)
+    return bad(fmt::format("'min_tokens' ({}) must not exceed '{}' ({})", c.req.min_tokens, budget, c.req.max_tokens));
   LRA_ASSIGN_OR_RETURN(c.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
   const json& kw = field(body, "chat_template_kwargs");
   if (!kw.is_null()) {
@@ -243,10 +248,24 @@ Status parse_common(const json& body, CompletionRequest& r) {
   const json& best_of = field(body, "best_of");
   if (!best_of.is_null() && best_of != json(r.n))
     return Error{ErrorCode::kUnsupported, "'best_of' other than 'n' is not supported: every completion is returned"};
-  LRA_RETURN_IF_ERROR(neutral(body, "logit_bias", json(nullptr), "lragent applies no logit bias"));
-  // vLLM's extensions that would change the output: refused rather than ignored.
-  LRA_RETURN_IF_ERROR(neutral(body, "min_tokens", json(0), "lragent has no minimum length"));
-  LRA_RETURN_IF_ERROR(neutral(body, "min_p", json(0), "lragent samples with temperature, top_k and top_p only"));
+  const json& bias = field(body, "logit_bias");
+  if (!bias.is_null()) {
+    if (!bias.is_object()) return bad("'logit_bias' must be an object of token id (a string) to bias, like {\"50256\": -100}");
+    for (const auto& [key, value] : bias.items()) {
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id > std::numeric_limits<int32_t>::max())
+        return bad(fmt::format("'logit_bias' key \"{}\" is not a token id", key));
+      if (!value.is_number() || !std::isfinite(value.get<double>()))
+        return bad(fmt::format("'logit_bias'[\"{}\"] must be a number", key));
+      r.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(std::clamp(value.get<double>(), -100.0, 100.0)));
+    }
+  }
+  // vLLM's extensions.
+  LRA_ASSIGN_OR_RETURN(int64_t min_tokens, get_int(body, "min_tokens", 0, 0, 1 << 24));
+  r.min_tokens = static_cast<int>(min_tokens);
+  LRA_ASSIGN_OR_RETURN(double min_p, get_number(body, "min_p", 0.0, 0.0, 1.0));
+  r.min_p = static_cast<float>(min_p);
   LRA_RETURN_IF_ERROR(neutral(body, "include_stop_str_in_output", json(false), "the stop string is never in the text"));
   LRA_RETURN_IF_ERROR(neutral(body, "truncate_prompt_tokens", json(nullptr), "a prompt is never truncated"));
   LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
@@ -417,19 +436,26 @@ nlohmann::json error_json(const Error& e) {
 }
 
 CompletionText::CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens,
-                               int32_t context_id)
-    : tok_(tok), dec_(tok), stop_(std::move(stop)), skip_special_(skip_special_tokens) {
+                               int32_t context_id, int min_tokens)
+    : tok_(tok), dec_(tok), stop_(std::move(stop)), skip_special_(skip_special_tokens), min_tokens_(min_tokens) {
   for (const std::string& s : stop_) longest_stop_ = std::max(longest_stop_, s.size());
   if (context_id >= 0 && !tok_.is_special(context_id)) dec_.prime(context_id);
 }
 
-bool CompletionText::cut_at_stop(size_t from) {
+bool CompletionText::cut_at_stop(size_t end_after) {
+  if (pushed_ < min_tokens_) return false;
+  const size_t from = end_after >= longest_stop_ ? end_after - longest_stop_ + 1 : 0;
   size_t best = std::string::npos;
   for (const std::string& s : stop_) {
-    const size_t at = text_.find(s, from);
-    if (at != std::string::npos && at < best) {
-      best = at;
-      matched_ = s;
+    // The first match of s that ends after end_after (one wholly before it was looked for with an
+    // earlier piece, or lies before min_tokens).
+    for (size_t at = text_.find(s, from); at != std::string::npos; at = text_.find(s, at + 1)) {
+      if (at + s.size() <= end_after) continue;
+      if (at < best) {
+        best = at;
+        matched_ = s;
+      }
+      break;
     }
   }
   if (best == std::string::npos) return false;
@@ -445,11 +471,11 @@ std::string CompletionText::take(size_t upto) {
 }
 
 std::string CompletionText::push(int32_t id, bool ends_step) {
+  ++pushed_;
   if (matched_ || ends_step || (skip_special_ && tok_.is_special(id))) return {};
   const size_t before = text_.size();
   text_ += dec_.push(id);
-  // A stop string that ends in the new piece starts at most longest_stop_ - 1 bytes before it.
-  if (cut_at_stop(before >= longest_stop_ ? before - longest_stop_ + 1 : 0)) return take(text_.size());
+  if (cut_at_stop(before)) return take(text_.size());
   // Held back: the last longest_stop_ - 1 bytes, which a later piece may complete into a stop string.
   const size_t hold = longest_stop_ > 0 ? longest_stop_ - 1 : 0;
   return take(text_.size() > hold ? text_.size() - hold : 0);
@@ -459,7 +485,7 @@ std::string CompletionText::finish() {
   if (!matched_) {
     const size_t before = text_.size();
     text_ += dec_.finish();
-    cut_at_stop(before >= longest_stop_ ? before - longest_stop_ + 1 : 0);
+    cut_at_stop(before);
   }
   return take(text_.size());
 }

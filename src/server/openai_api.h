@@ -48,6 +48,11 @@ struct CompletionRequest {
   // this many most likely tokens per position: completions' "logprobs" (0-20), chat's
   // "top_logprobs" (0-20) when "logprobs" is true.
   int logprobs = -1;
+  // vLLM's logits processors (AgentDecode): OpenAI's logit_bias ({"id": bias}, clamped to
+  // [-100, 100] as vLLM clamps), vLLM's min_tokens (no stop id nor stop string before it) and min_p.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int min_tokens = 0;
+  float min_p = 0.f;
 };
 constexpr int kMaxLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's chat limit
 
@@ -123,8 +128,10 @@ class CompletionText {
  public:
   // context_id: the prompt's last token, which the text is decoded after (StreamDecoder::prime;
   // -1: none), so a completion's first word keeps its leading space as vLLM gives it.
+  // min_tokens: stop strings are looked for only from the min_tokens-th token on (vLLM's rule: a
+  // match must end in text that token or a later one added).
   CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens,
-                 int32_t context_id = -1);
+                 int32_t context_id = -1, int min_tokens = 0);
   // `ends_step`: this is a stop id that ended generation (its text is never shown).
   std::string push(int32_t id, bool ends_step = false);
   std::string finish();
@@ -133,8 +140,9 @@ class CompletionText {
   const std::optional<std::string>& matched_stop() const { return matched_; }
 
  private:
-  // Cuts text_ at the earliest stop string at or after `from`; true when cut.
-  bool cut_at_stop(size_t from);
+  // Cuts text_ at the earliest stop string that ends after byte `end_after` (one starting at most
+  // longest_stop_ - 1 bytes before it); true when cut.
+  bool cut_at_stop(size_t end_after);
   std::string take(size_t upto);
 
   const Tokenizer& tok_;
@@ -145,6 +153,8 @@ class CompletionText {
   std::string text_;
   size_t shown_ = 0;  // bytes of text_ returned by push()
   std::optional<std::string> matched_;
+  int min_tokens_ = 0;
+  int pushed_ = 0;  // ids given to push()
 };
 
 }  // namespace lragent::server

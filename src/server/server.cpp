@@ -122,6 +122,10 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   LRA_ASSIGN_OR_RETURN(p.agent, agent_for(req.model));
   if (!tok_ && !req.stop.empty())
     return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
+  for (const auto& [id, bias] : req.logit_bias)
+    if (id >= model_->config().vocab_size)
+      return make_error(ErrorCode::kInvalidArgument, "token id {} in 'logit_bias' is outside the vocabulary [0, {})", id,
+                        model_->config().vocab_size);
   const int64_t max_model_len = opts_.max_model_len;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, prompt_ids(req.prompts[i]));
@@ -214,13 +218,16 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
       dec.penalties = req.penalties;
       dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
       dec.logprobs = req.logprobs;
+      dec.logit_bias = req.logit_bias;
+      dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
+      dec.min_p = req.min_p;
       if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
       dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
       // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
       // found in this shown text (CompletionText), which ends the step through on_token; the
       // engine itself is given none.
       std::optional<CompletionText> text;
-      if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back());
+      if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back(), dec.min_tokens);
       const std::string shown = req.echo ? p.echo[i] : std::string();
       CompletionDelta pending;  // tokens (and log-probabilities) not sent with a piece yet
       pending.index = index;

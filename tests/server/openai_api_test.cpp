@@ -118,8 +118,14 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "repetition_penalty": 0})", ErrorCode::kInvalidArgument, "'repetition_penalty'");
   expect_error(R"({"prompt": "a", "max_tokens": 0})", ErrorCode::kInvalidArgument, "'max_tokens'");
   // vLLM options that would change the output are refused, not ignored.
-  expect_error(R"({"prompt": "a", "min_tokens": 5})", ErrorCode::kUnsupported, "'min_tokens'");
-  expect_error(R"({"prompt": "a", "min_p": 0.1})", ErrorCode::kUnsupported, "'min_p'");
+  expect_error(R"({"prompt": "a", "min_tokens": 17})", ErrorCode::kInvalidArgument, "'min_tokens'");  // > max_tokens 16
+  expect_error(R"({"prompt": "a", "min_tokens": -1})", ErrorCode::kInvalidArgument, "'min_tokens'");
+  expect_error(R"({"prompt": "a", "min_p": 1.5})", ErrorCode::kInvalidArgument, "'min_p'");
+  expect_error(R"({"prompt": "a", "logit_bias": {"x": 1}})", ErrorCode::kInvalidArgument, "'logit_bias'");
+  expect_error(R"({"prompt": "a", "logit_bias": {"-1": 1}})", ErrorCode::kInvalidArgument, "'logit_bias'");
+  expect_error(R"({"prompt": "a", "logit_bias": {"1.5": 1}})", ErrorCode::kInvalidArgument, "'logit_bias'");
+  expect_error(R"({"prompt": "a", "logit_bias": {"5": "up"}})", ErrorCode::kInvalidArgument, "'logit_bias'");
+  expect_error(R"({"prompt": "a", "logit_bias": [5]})", ErrorCode::kInvalidArgument, "'logit_bias'");
   expect_error(R"({"prompt": "a", "include_stop_str_in_output": true})", ErrorCode::kUnsupported, "include_stop_str");
   expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 5})", ErrorCode::kUnsupported, "truncate_prompt_tokens");
   expect_error(R"({"prompt": "a", "guided_json": {"type": "object"}})", ErrorCode::kUnsupported, "guided_json");
@@ -132,8 +138,21 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
                "response_format");
   expect_error(R"({"prompt": "a", "stream": true, "stream_options": {"continuous_usage_stats": true}})",
                ErrorCode::kUnsupported, "continuous_usage_stats");
-  expect_error(R"({"prompt": "a", "logit_bias": {"5": 10}})", ErrorCode::kUnsupported, "'logit_bias'");
   expect_error(R"({"prompt": "a", "suffix": "x"})", ErrorCode::kUnsupported, "'suffix'");
+}
+
+// vLLM's logits processors: logit_bias clamped to [-100, 100] as vLLM clamps it, min_tokens, min_p.
+TEST(OpenAiRequest, LogitBiasMinTokensAndMinP) {
+  CompletionRequest r = parse_ok(R"({"prompt": "a", "logit_bias": {"5": 10, "7": -300.5}, "min_tokens": 4, "min_p": 0.05})");
+  ASSERT_EQ(r.logit_bias.size(), 2u);
+  EXPECT_EQ(r.logit_bias[0], (std::pair<int32_t, float>{5, 10.f}));
+  EXPECT_EQ(r.logit_bias[1], (std::pair<int32_t, float>{7, -100.f}));
+  EXPECT_EQ(r.min_tokens, 4);
+  EXPECT_FLOAT_EQ(r.min_p, 0.05f);
+  auto chat = parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": 40})");
+  ASSERT_TRUE(chat.ok()) << chat.error().message;  // no max_tokens: the rest of the context
+  EXPECT_EQ(chat->req.min_tokens, 40);
+  EXPECT_FALSE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "min_tokens": 9, "max_tokens": 8})").ok());
 }
 
 // Completions: "logprobs" is the top count (0-20, null: none). Chat: "logprobs": true, with
@@ -291,6 +310,28 @@ TEST_F(CompletionTextTest, StopStringsCutTheTextWhereverTokensSplitThem) {
   CompletionText ct(*tok_, {"cat", "dog"}, true);
   stream(ct, toks);
   EXPECT_EQ(*ct.matched_stop(), "dog");
+}
+
+// min_tokens: a stop string is looked for only in text the min_tokens-th token or a later one
+// added (vLLM's rule); streamed or not, the same text.
+TEST_F(CompletionTextTest, StopStringsWaitForMinTokens) {
+  const std::vector<int32_t> toks = ids("The dog ran home. Then the cat slept. The end.");
+  auto text_with = [&](int min_tokens) {
+    CompletionText ct(*tok_, {"."}, true, -1, min_tokens);
+    const std::string streamed = stream(ct, toks);
+    return ct.text();
+  };
+  EXPECT_EQ(text_with(0), "The dog ran home");
+  // The first period's token is among the first min_tokens: the next period stops it.
+  size_t first_period = 0;
+  for (size_t i = 0; i < toks.size(); ++i)
+    if (tok_->decode({toks.begin(), toks.begin() + static_cast<long>(i) + 1}).find('.') != std::string::npos) {
+      first_period = i;
+      break;
+    }
+  EXPECT_EQ(text_with(static_cast<int>(first_period) + 2), "The dog ran home. Then the cat slept");
+  EXPECT_EQ(text_with(static_cast<int>(first_period) + 1), "The dog ran home");  // that token is the min_tokens-th
+  EXPECT_EQ(text_with(static_cast<int>(toks.size()) + 5), tok_->decode(toks));  // never armed: no stop
 }
 
 TEST_F(CompletionTextTest, NothingThatMayBecomeAStopStringIsShownEarly) {

@@ -337,6 +337,68 @@ TEST_F(ServerTest, LogprobsChangeNoTokenAndAreTakenBeforePenalties) {
   }
 }
 
+// vLLM's logits processors, each checked by what it must do to the greedy choice: logit_bias
+// moves the pick, min_tokens keeps a stop id (and a stop string) out, min_p = 1 leaves only the
+// top token (so a sampled request is greedy), min_p = 0 changes nothing.
+TEST_F(ServerTest, LogitBiasMinTokensAndMinPDoWhatVllmsDo) {
+  start(ShareMode::kBase);
+  const std::string prompt = "Once upon a time, there was a little girl named Lily.";
+  auto run = [&](json extra) {
+    json body = {{"model", "plan"}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}, {"ignore_eos", true},
+                 {"logprobs", 2}};
+    body.update(extra);
+    auto [status, j] = complete(body);
+    EXPECT_EQ(status, 200) << j.dump();
+    return j;
+  };
+  const json greedy = run(json::object());
+  const std::vector<int32_t> g = greedy["lragent"]["choices"][0]["token_ids"];
+  // The first step's runner-up (top_logprobs has the taken token and the top 2; vocabulary
+  // strings as keys, so find the id by decoding).
+  std::vector<int32_t> first_top;
+  const json first = run({{"max_tokens", 1}, {"logprobs", 2}});
+  ASSERT_EQ(g[0], first["lragent"]["choices"][0]["token_ids"][0]);
+  int32_t runner_up = -1;
+  for (int32_t id = 0; id < model_->config().vocab_size && runner_up < 0; ++id)
+    if (id != g[0] && first["choices"][0]["logprobs"]["top_logprobs"][0].contains(tok_->decode({id})) &&
+        tok_->decode({id}) != tok_->decode({g[0]}))
+      runner_up = id;
+  ASSERT_GE(runner_up, 0);
+
+  const json pushed = run({{"logit_bias", {{std::to_string(g[0]), -100}}}, {"max_tokens", 1}});
+  EXPECT_EQ(pushed["lragent"]["choices"][0]["token_ids"][0], runner_up);
+  const json forced = run({{"logit_bias", {{std::to_string(runner_up), 100}}}, {"max_tokens", 5}});
+  EXPECT_EQ(forced["lragent"]["choices"][0]["token_ids"], json(std::vector<int32_t>(5, runner_up)));
+  // logprobs stay the model's: the biased token's reported log-probability is its raw one.
+  EXPECT_EQ(pushed["choices"][0]["logprobs"]["top_logprobs"][0], first["choices"][0]["logprobs"]["top_logprobs"][0]);
+
+  // The greedy first token as a stop id: it ends at once, unless min_tokens keeps it out.
+  const json stopped = run({{"stop_token_ids", {g[0]}}});
+  EXPECT_EQ(stopped["usage"]["completion_tokens"], 1);
+  const json held = run({{"stop_token_ids", {g[0]}}, {"min_tokens", 3}});
+  const std::vector<int32_t> h = held["lragent"]["choices"][0]["token_ids"];
+  ASSERT_GE(h.size(), 3u);
+  EXPECT_EQ(h[0], runner_up);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(h[i], g[0]) << i;
+  // A stop string in the first token's text: min_tokens delays it.
+  const std::string word = greedy["choices"][0]["text"].get<std::string>().substr(0, 3);
+  ASSERT_EQ(word.size(), 3u);
+  EXPECT_LT(run({{"stop", word}})["choices"][0]["text"].get<std::string>().size(), 3u);
+  EXPECT_GE(run({{"stop", word}, {"min_tokens", 4}})["usage"]["completion_tokens"], 4);
+
+  const json sampled_top = run({{"temperature", 1.0}, {"seed", 3}, {"min_p", 1.0}});
+  EXPECT_EQ(sampled_top["lragent"]["choices"][0]["token_ids"], greedy["lragent"]["choices"][0]["token_ids"]);
+  const json sampled = run({{"temperature", 1.0}, {"seed", 3}});
+  EXPECT_NE(sampled["lragent"]["choices"][0]["token_ids"], greedy["lragent"]["choices"][0]["token_ids"])
+      << "this seed samples the greedy tokens: min_p = 1 above would prove nothing";
+  EXPECT_EQ(run({{"temperature", 1.0}, {"seed", 3}, {"min_p", 0.0}})["lragent"]["choices"][0]["token_ids"],
+            sampled["lragent"]["choices"][0]["token_ids"]);
+
+  auto [bad, err] = complete({{"prompt", prompt}, {"logit_bias", {{"999999", 5}}}});
+  EXPECT_EQ(bad, 400);
+  EXPECT_NE(err["error"]["message"].get<std::string>().find("logit_bias"), std::string::npos);
+}
+
 // Over HTTP: the completions and chat forms, and a stream's events carry, joined, the
 // non-streamed log-probabilities (offsets continued across events).
 TEST_F(ServerTest, LogprobsOverHttpStreamedOrNot) {
