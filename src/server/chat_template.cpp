@@ -1,6 +1,11 @@
 #include "server/chat_template.h"
 
+#include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+
+#include <fmt/core.h>
 
 #include "tokenizer/unicode.h"
 
@@ -226,6 +231,62 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
   return make_error(ErrorCode::kInternal, "unknown chat format");
 }
 
+bool json_depth_within(std::string_view text, int max_depth) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// Python's float repr: the shortest digits that read back, in exponent form when the decimal
+// exponent is below -4 or at least 16 ("1e-05", "1e+16"), else positional with ".0" when whole.
+std::string python_float(double d) {
+  if (!std::isfinite(d)) return std::isnan(d) ? "NaN" : (d > 0 ? "Infinity" : "-Infinity");
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), d, std::chars_format::scientific);
+  std::string sci(buf, res.ptr);  // "-d.ddde+XX"
+  const size_t e = sci.find('e');
+  const int exp10 = std::stoi(sci.substr(e + 1));
+  std::string mant = sci.substr(0, e);
+  const bool neg = !mant.empty() && mant[0] == '-';
+  if (neg) mant.erase(0, 1);
+  std::string digits;
+  for (char c : mant)
+    if (c != '.') digits += c;
+  std::string out = neg ? "-" : "";
+  if (exp10 < -4 || exp10 >= 16) {
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    out += fmt::format("e{}{:02d}", exp10 < 0 ? '-' : '+', std::abs(exp10));
+  } else if (exp10 < 0) {
+    out += "0." + std::string(static_cast<size_t>(-exp10 - 1), '0') + digits;
+  } else {
+    const size_t int_len = static_cast<size_t>(exp10) + 1;
+    if (digits.size() <= int_len) {
+      out += digits + std::string(int_len - digits.size(), '0') + ".0";
+    } else {
+      out += digits.substr(0, int_len) + "." + digits.substr(int_len);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string python_json_dumps(const ordered_json& v) {
   switch (v.type()) {
     case ordered_json::value_t::array: {
@@ -243,7 +304,9 @@ std::string python_json_dumps(const ordered_json& v) {
       }
       return out + "}";
     }
-    default:  // scalars: nlohmann writes strings (escapes, \u00XX) and numbers as Python's json does
+    case ordered_json::value_t::number_float:
+      return python_float(v.get<double>());
+    default:  // strings (escapes, \u00XX), integers, booleans, null: nlohmann writes them as Python's json does
       return v.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
   }
 }
@@ -297,7 +360,8 @@ ParsedToolCalls parse_hermes_tool_calls(const std::string& text) {
     const size_t body = at + kOpen.size();
     const size_t close = text.find(kClose, body);
     const std::string inner = text.substr(body, close == std::string::npos ? std::string::npos : close - body);
-    const ordered_json j = ordered_json::parse(inner, nullptr, /*allow_exceptions=*/false);
+    const ordered_json j = json_depth_within(inner) ? ordered_json::parse(inner, nullptr, /*allow_exceptions=*/false)
+                                                    : ordered_json(ordered_json::value_t::discarded);
     if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments")) {
       out.calls.clear();
       out.content = text;
@@ -363,12 +427,15 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const ordered_json& message
         // also takes the function's fields directly.
         const json& c = calls[k];
         const json* f = c.is_object() && c.contains("function") ? &c["function"] : &c;
-        if (!f->is_object() || !f->contains("name") || !(*f)["name"].is_string() || !f->contains("arguments"))
+        if (!f->is_object() || !f->contains("name") || !(*f)["name"].is_string())
           return make_error(ErrorCode::kInvalidArgument,
                             "'messages'[{}].tool_calls[{}] must be {{\"function\": {{\"name\", \"arguments\"}}}}", i, k);
-        const json& args = (*f)["arguments"];
+        static const json kNoArguments;
+        const json& args = f->contains("arguments") ? (*f)["arguments"] : kNoArguments;
         json parsed = args;
-        if (args.is_string()) {  // the OpenAI API's form: JSON text, parsed as vLLM parses it
+        if (args.is_null() || (args.is_string() && args.get<std::string>().empty())) {
+          parsed = json::object();  // vLLM's reading of a call without arguments
+        } else if (args.is_string()) {  // the OpenAI API's form: JSON text, parsed as vLLM parses it
           parsed = json::parse(args.get<std::string>(), nullptr, /*allow_exceptions=*/false);
           if (parsed.is_discarded())
             return make_error(ErrorCode::kInvalidArgument,

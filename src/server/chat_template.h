@@ -37,6 +37,12 @@ struct ChatMessage {
   std::vector<ToolCall> tool_calls;              // assistant
 };
 
+// JSON text nested at most `max_depth` arrays/objects deep (brackets inside strings do not
+// count). Request bodies and model output are checked before they are parsed: a value nested
+// a million deep would overflow the stack of every recursive walk over it (dump, copy).
+constexpr int kMaxJsonDepth = 256;
+bool json_depth_within(std::string_view text, int max_depth = kMaxJsonDepth);
+
 // Python's json.dumps(value, ensure_ascii=False) (Jinja's tojson as transformers defines it):
 // ", " and ": " separators, keys in their order, non-ASCII as is.
 std::string python_json_dumps(const nlohmann::ordered_json& value);

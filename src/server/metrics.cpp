@@ -25,9 +25,21 @@ void header(std::string& out, const std::string& name, const char* type, const s
 
 }  // namespace
 
+const std::vector<double>& Histogram::ttft_bounds() {
+  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+                                        1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+  return b;
+}
+
+const std::vector<double>& Histogram::e2e_bounds() {
+  static const std::vector<double> b = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                                        30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+  return b;
+}
+
 void Histogram::observe(double seconds) {
-  for (size_t i = 0; i < kBounds.size(); ++i)
-    if (seconds <= kBounds[i]) {
+  for (size_t i = 0; i < bounds_.size(); ++i)
+    if (seconds <= bounds_[i]) {
       ++buckets_[i];
       break;
     }
@@ -39,9 +51,9 @@ std::string Histogram::render(const std::string& name, const std::string& labels
   std::string out;
   uint64_t cumulative = 0;
   const std::string sep = labels.empty() ? "" : ",";
-  for (size_t i = 0; i < kBounds.size(); ++i) {
+  for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += buckets_[i];
-    out += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, kBounds[i], cumulative);
+    out += fmt::format("{}_bucket{{{}{}le=\"{}\"}} {}\n", name, labels, sep, bounds_[i], cumulative);
   }
   out += fmt::format("{}_bucket{{{}{}le=\"+Inf\"}} {}\n", name, labels, sep, count_);
   const std::string braces = labels.empty() ? "" : "{" + labels + "}";
@@ -71,19 +83,13 @@ void Metrics::set_kv(const KvSnapshot& kv) {
   kv_ = kv;
 }
 
-void Metrics::set_queue(int64_t running, int64_t waiting) {
-  std::lock_guard<std::mutex> lock(mu_);
-  running_ = running;
-  waiting_ = waiting;
-}
-
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
   header(out, "lragent:num_requests_running", "gauge", "Requests in the engine (one at a time).");
-  out += fmt::format("lragent:num_requests_running {}\n", running_);
+  out += fmt::format("lragent:num_requests_running {}\n", running_.load());
   header(out, "lragent:num_requests_waiting", "gauge", "Requests waiting for the engine.");
-  out += fmt::format("lragent:num_requests_waiting {}\n", waiting_);
+  out += fmt::format("lragent:num_requests_waiting {}\n", waiting_.load());
 
   auto per_model = [&](const char* name, const char* help, auto value) {
     header(out, name, "counter", help);

@@ -7,7 +7,7 @@
 // engine leaves after each request).
 #pragma once
 
-#include <array>
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -21,8 +21,10 @@ namespace lragent::server {
 // A Prometheus histogram of seconds: cumulative bucket counts, sum and count.
 class Histogram {
  public:
-  static constexpr std::array<double, 14> kBounds = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08,
-                                                     0.1,   0.25,  0.5,  1.0,  2.5,  5.0,  10.0};
+  // vLLM's buckets (its time-to-first-token and end-to-end latency histograms).
+  static const std::vector<double>& ttft_bounds();
+  static const std::vector<double>& e2e_bounds();
+  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size(), 0) {}
   void observe(double seconds);
   // The name_bucket{labels,le=...} / name_sum{labels} / name_count{labels} lines (`labels`:
   // e.g. model_name="plan", may be empty); the caller writes # HELP and # TYPE once per name.
@@ -31,7 +33,8 @@ class Histogram {
   double sum() const { return sum_; }
 
  private:
-  std::array<uint64_t, kBounds.size()> buckets_{};  // [bounds] observations <= the bound (not cumulative)
+  std::vector<double> bounds_;     // [buckets] upper bounds, ascending
+  std::vector<uint64_t> buckets_;  // [buckets] observations in (previous bound, bound] (not cumulative)
   uint64_t count_ = 0;
   double sum_ = 0;
 };
@@ -61,7 +64,14 @@ class Metrics {
   // Every HTTP answer: its route (unknown paths count as "other") and status.
   void record_http(const std::string& route, int status);
   void set_kv(const KvSnapshot& kv);
-  void set_queue(int64_t running, int64_t waiting);
+  // A request starts waiting for the engine, takes it, leaves it (each counted as it happens, so
+  // the gauges hold whatever the threads' order).
+  void request_waiting() { ++waiting_; }
+  void request_running() {
+    --waiting_;
+    ++running_;
+  }
+  void request_done() { --running_; }
   // Prometheus text exposition format 0.0.4.
   std::string render() const;
 
@@ -70,12 +80,12 @@ class Metrics {
   struct PerModel {
     int64_t prompt = 0, generation = 0, reused = 0, prefilled = 0;
     std::map<std::string, int64_t> finished;  // finish_reason -> choices
-    Histogram ttft, e2e;
+    Histogram ttft{Histogram::ttft_bounds()}, e2e{Histogram::e2e_bounds()};
   };
   std::map<std::string, PerModel> models_;
   std::map<std::pair<std::string, int>, int64_t> http_;  // (route, status) -> answers
   KvSnapshot kv_;
-  int64_t running_ = 0, waiting_ = 0;
+  std::atomic<int64_t> running_{0}, waiting_{0};
 };
 
 }  // namespace lragent::server

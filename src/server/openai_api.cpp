@@ -113,6 +113,8 @@ Status neutral(const json& body, const char* name, const json& neutral_value, co
 }
 
 Result<json> parse_body(std::string_view text) {
+  if (!json_depth_within(text))
+    return bad(fmt::format("the request body nests arrays and objects more than {} deep", kMaxJsonDepth));
   json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded())
     return bad("the request body is not valid JSON (send a JSON object, Content-Type: application/json)");
@@ -186,6 +188,8 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
                  "'tool_choice' = " + choice.dump() +
                      " is not supported: forcing a call needs constrained decoding, which lragent lacks; use \"auto\" "
                      "or \"none\""};
+  if (!choice.is_null() && c.tools.empty())
+    return bad("'tool_choice' needs 'tools': give the tool definitions, or leave tool_choice out");
   c.parse_tool_calls = !c.tools.empty() && choice != json("none");
   if (c.parse_tool_calls && c.req.stream)
     return Error{ErrorCode::kUnsupported,
@@ -320,6 +324,9 @@ Result<TokenizeRequest> parse_tokenize_request(std::string_view text) {
     if (ordered.contains("tools")) {
       LRA_ASSIGN_OR_RETURN(r.tools, parse_chat_tools(ordered["tools"]));
     }
+    // As chat completions refuse them: the count would otherwise differ from the request's.
+    LRA_RETURN_IF_ERROR(neutral(body, "continue_final_message", json(false), "the final message is never continued"));
+    LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
     LRA_ASSIGN_OR_RETURN(r.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
     const json& kw = field(body, "chat_template_kwargs");
     if (!kw.is_null()) {
@@ -350,9 +357,6 @@ std::string token_text(const Tokenizer* tok, int32_t id) {
 
 float clamp_logprob(float lp) { return std::isnan(lp) || lp < -9999.f ? -9999.f : lp; }
 
-size_t code_points(const std::string& s) {
-  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
-}
 
 json chat_entry(const Tokenizer* tok, int32_t id, float lp) {
   const std::string text = token_text(tok, id);
@@ -362,6 +366,10 @@ json chat_entry(const Tokenizer* tok, int32_t id, float lp) {
 }
 
 }  // namespace
+
+size_t utf8_chars(std::string_view s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
 
 json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids, std::span<const StepLogprobs> lps,
                    size_t* text_offset) {
@@ -389,27 +397,26 @@ json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids
     for (const TokenLogprob& t : lps[i].top) top[token_text(tok, t.id)] = clamp_logprob(t.logprob);
     top_logprobs.push_back(std::move(top));
     offsets.push_back(offset);
-    offset += code_points(text);
+    offset += utf8_chars(text);
   }
   if (text_offset) *text_offset = offset;
   return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
               {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
 }
 
-json chat_message_json(const std::string& text, bool parse_tool_calls, bool* called) {
-  json m = {{"role", "assistant"}, {"content", text}, {"tool_calls", json::array()}};
-  if (called) *called = false;
-  if (!parse_tool_calls) return m;
+void put_chat_message(json& choice, const std::string& text, bool parse_tool_calls) {
+  json& m = choice["message"];
+  m = {{"role", "assistant"}, {"content", text}, {"tool_calls", json::array()}};
+  if (!parse_tool_calls) return;
   ParsedToolCalls parsed = parse_hermes_tool_calls(text);
-  if (parsed.calls.empty()) return m;
+  if (parsed.calls.empty()) return;
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   m["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
   for (const ToolCall& call : parsed.calls)
     m["tool_calls"].push_back({{"id", fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng())},
                                {"type", "function"},
                                {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
-  if (called) *called = true;
-  return m;
+  choice["finish_reason"] = "tool_calls";
 }
 
 int http_status(ErrorCode code) {

@@ -111,13 +111,15 @@ nlohmann::json error_json(const Error& e);
 // tokenizer; log-probabilities below -9999 (and -inf) are -9999, as vLLM clamps them.
 nlohmann::json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids,
                              std::span<const StepLogprobs> lps, size_t* text_offset);
+// Characters (code points) of UTF-8 text, as Python's len() counts them (text_offset's unit).
+size_t utf8_chars(std::string_view s);
 
-// A chat completion's "message": {"role": "assistant", "content", "tool_calls": []}. With
+// Sets a chat choice's "message": {"role": "assistant", "content", "tool_calls": []}. With
 // parse_tool_calls, the calls of vLLM's Hermes parser (parse_hermes_tool_calls) each as
 // {"id": "chatcmpl-tool-<hex>", "type": "function", "function": {"name", "arguments"}}, the text
-// before them as content (null when empty); *called says whether any was found (the choice's
-// finish_reason is then "tool_calls").
-nlohmann::json chat_message_json(const std::string& text, bool parse_tool_calls, bool* called);
+// before them as content (null when empty), and the choice's finish_reason "tool_calls" when
+// any was found.
+void put_chat_message(nlohmann::json& choice, const std::string& text, bool parse_tool_calls);
 
 // The text of one completion, built token by token: special tokens are left out (unless
 // skip_special_tokens is off) and so is the stop id that ended it; the text ends before the

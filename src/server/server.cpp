@@ -157,9 +157,9 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
 
 Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const DeltaFn& on_delta) {
   const CompletionRequest& req = p.req;
-  metrics_.set_queue(0, ++waiting_);  // approximate while another request runs: it is re-set below
+  metrics_.request_waiting();
   std::lock_guard<std::mutex> lock(engine_mu_);
-  metrics_.set_queue(1, --waiting_);
+  metrics_.request_running();
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> first_token;
   std::vector<CompletionChoice> out;
@@ -200,7 +200,7 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
       }
       kv.evicted = s.pool_->evicted_sessions();
       s.metrics_.set_kv(kv);
-      s.metrics_.set_queue(0, s.waiting_.load());
+      s.metrics_.request_done();
     }
   } finish{*this, p, out, first_token};
   bool abandoned = false;
@@ -542,9 +542,7 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
               {"stop_reason", stop_reason(c)}};
     if (chat) {
       if (whole) {
-        bool called = false;
-        j["message"] = chat_message_json(c.text, tool_calls, &called);
-        if (called) j["finish_reason"] = "tool_calls";
+        put_chat_message(j, c.text, tool_calls);
       } else {
         j["delta"] = json::object();
       }
@@ -598,13 +596,16 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
       opened[index] = true;
       return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}}, nullptr)})));
     };
-    // Per choice: tokens whose log-probabilities went out, and the completions API's text offset.
+    // Per choice: tokens whose log-probabilities went out, and the characters of text streamed
+    // (each event's text_offset starts there, as vLLM's previous_text_lens).
     std::vector<size_t> sent, offset;
     auto r = run(*p, [&](const CompletionDelta& d) {
       if (!open(d.index)) return false;
       if (sent.size() <= d.index) sent.resize(d.index + 1, 0), offset.resize(d.index + 1, 0);
       sent[d.index] += d.token_ids.size();
-      json lp = logprobs_of(d.token_ids, d.logprobs, &offset[d.index]);
+      size_t at = offset[d.index];
+      json lp = logprobs_of(d.token_ids, d.logprobs, &at);
+      offset[d.index] += utf8_chars(d.text);
       return send(chunk(json::array({piece(d.index, chat ? json{{"content", d.text}} : json(d.text), std::move(lp))})));
     });
     if (!r.ok()) {

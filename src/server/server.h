@@ -16,7 +16,6 @@
 // stays up, and a request that fails mid-way drops only its own trajectory.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -126,7 +125,6 @@ class Server {
   std::vector<std::string> names_;
   std::unique_ptr<SessionPool> pool_;
   std::mutex engine_mu_;  // one request in the engine at a time
-  std::atomic<int64_t> waiting_{0};  // requests waiting for engine_mu_
   Metrics metrics_;
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")

@@ -83,6 +83,13 @@ TEST(ChatTemplate, UnknownTemplatesAndBadMessagesAreRefused) {
   EXPECT_FALSE(parse_chat_messages(json::parse(
                    R"([{"role": "user", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}])"))
                    .ok());
+  // A call without arguments ("", null or none) has {} as vLLM reads it.
+  for (const char* args : {R"("arguments": "")", R"("arguments": null)", R"("x": 1)"}) {
+    auto m = parse_chat_messages(json::parse(std::string(R"([{"role": "assistant", "tool_calls": [{"function": {"name": "f", )") +
+                                             args + "}}]}]"));
+    ASSERT_TRUE(m.ok()) << args << ": " << m.error().message;
+    EXPECT_EQ(m->at(0).tool_calls.at(0).arguments, "{}") << args;
+  }
   auto parts = parse_chat_messages(json::parse(R"([{"role": "user", "content": [{"type": "text", "text": "a"},
       {"type": "text", "text": "b"}]}])"));
   ASSERT_TRUE(parts.ok());
@@ -137,8 +144,18 @@ TEST(ChatTemplate, PythonJsonDumpsMatchesPythons) {
             R"({"b": 1, "a": [true, null, 0.5, 1e-05, -3], "c": {}})");
   EXPECT_EQ(python_json_dumps(oj::parse(R"({"s":"caf\u00e9\n\"q\"\\\u0001","e":[]})")),
             R"({"s": "café\n\"q\"\\\u0001", "e": []})");
+  // Python's float repr, e.g. [repr(x) for x in (1e16, 2.0, 1e15, 1234567890123456.0, 0.0001, 1e-05, -0.5, 123.456, 1.5e300, 0.0)]
   EXPECT_EQ(python_json_dumps(oj::parse("1e16")), "1e+16");
   EXPECT_EQ(python_json_dumps(oj::parse("2.0")), "2.0");
+  EXPECT_EQ(python_json_dumps(oj::parse("1e15")), "1000000000000000.0");
+  EXPECT_EQ(python_json_dumps(oj::parse("1234567890123456.0")), "1234567890123456.0");
+  EXPECT_EQ(python_json_dumps(oj::parse("0.0001")), "0.0001");
+  EXPECT_EQ(python_json_dumps(oj::parse("0.00001")), "1e-05");
+  EXPECT_EQ(python_json_dumps(oj::parse("-0.5")), "-0.5");
+  EXPECT_EQ(python_json_dumps(oj::parse("123.456")), "123.456");
+  EXPECT_EQ(python_json_dumps(oj::parse("1.5e300")), "1.5e+300");
+  EXPECT_EQ(python_json_dumps(oj::parse("0.0")), "0.0");
+  EXPECT_EQ(python_json_dumps(oj::parse("[12, -3]")), "[12, -3]");
 }
 
 // vLLM's Hermes parser: the calls out of <tool_call> blocks (the last may be unclosed), the text

@@ -20,7 +20,7 @@ double value_of(const std::string& text, const std::string& series) {
 }
 
 TEST(Metrics, HistogramBucketsAreCumulativeWithInfSumAndCount) {
-  Histogram h;
+  Histogram h({0.001, 0.005, 0.5, 1.0, 10.0});
   for (double s : {0.0005, 0.003, 0.003, 0.7, 42.0}) h.observe(s);
   const std::string text = h.render("x_seconds", "model_name=\"plan\"");
   EXPECT_EQ(value_of(text, "x_seconds_bucket{model_name=\"plan\",le=\"0.001\"}"), 1);
@@ -65,7 +65,8 @@ TEST(Metrics, CountersPerModelAndTheKvSnapshot) {
   kv.bytes.lr = 60;
   kv.bytes.allocated = 2048;
   m.set_kv(kv);
-  m.set_queue(1, 3);
+  for (int i = 0; i < 4; ++i) m.request_waiting();
+  m.request_running();
   const std::string t = m.render();
   EXPECT_EQ(value_of(t, "lragent:prompt_tokens_total{model_name=\"plan\"}"), 20);
   EXPECT_EQ(value_of(t, "lragent:generation_tokens_total{model_name=\"plan\"}"), 14);

@@ -199,17 +199,33 @@ TEST(OpenAiRequest, ChatToolsAndToolChoice) {
   }
   EXPECT_EQ(parse_chat_request("{" + msgs + R"(, "tools": [{"type": "function"}]})").error().code,
             ErrorCode::kInvalidArgument);
+  EXPECT_EQ(parse_chat_request("{" + msgs + R"(, "tool_choice": "auto"})").error().code, ErrorCode::kInvalidArgument);
+  // Nested past kMaxJsonDepth: refused before any recursive walk (one a million deep overflowed the stack).
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto r = parse_chat_request("{" + msgs + R"(, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": )" +
+                              deep + "}}}]}");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("deep"), std::string::npos);
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": )" + deep + "}").ok());
+  EXPECT_TRUE(json_depth_within(R"({"a": "[[[[[[", "b": [[1]]})", 3));  // brackets in strings do not count
+  EXPECT_FALSE(json_depth_within("[[[[1]]]]", 3));
 }
 
 TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
   const std::string text = "Searching.<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"x\"}}\n</tool_call>";
-  bool called = true;
-  nlohmann::json plain = chat_message_json(text, false, &called);
-  EXPECT_FALSE(called);
+  auto message = [](const std::string& t, bool parse, std::string* finish = nullptr) {
+    nlohmann::json choice = {{"index", 0}, {"finish_reason", "stop"}};
+    put_chat_message(choice, t, parse);
+    if (finish) *finish = choice["finish_reason"];
+    return choice["message"];
+  };
+  std::string finish;
+  nlohmann::json plain = message(text, false, &finish);
+  EXPECT_EQ(finish, "stop");
   EXPECT_EQ(plain["content"], text);
   EXPECT_EQ(plain["tool_calls"], nlohmann::json::array());
-  nlohmann::json m = chat_message_json(text, true, &called);
-  EXPECT_TRUE(called);
+  nlohmann::json m = message(text, true, &finish);
+  EXPECT_EQ(finish, "tool_calls");
   EXPECT_EQ(m["role"], "assistant");
   EXPECT_EQ(m["content"], "Searching.");
   ASSERT_EQ(m["tool_calls"].size(), 1u);
@@ -217,9 +233,9 @@ TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
   EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "search");
   EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], R"({"q": "x"})");
   EXPECT_EQ(m["tool_calls"][0]["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
-  EXPECT_TRUE(chat_message_json("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", true, &called)["content"].is_null());
-  EXPECT_EQ(chat_message_json("no calls", true, &called)["content"], "no calls");
-  EXPECT_FALSE(called);
+  EXPECT_TRUE(message("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", true)["content"].is_null());
+  EXPECT_EQ(message("no calls", true, &finish)["content"], "no calls");
+  EXPECT_EQ(finish, "stop");
 }
 
 // The two JSON forms, without a tokenizer (tokens are "token_id:<id>"): -inf and anything

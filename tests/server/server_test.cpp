@@ -403,10 +403,18 @@ TEST_F(ServerTest, LogitBiasMinTokensAndMinPDoWhatVllmsDo) {
 // non-streamed log-probabilities (offsets continued across events).
 TEST_F(ServerTest, LogprobsOverHttpStreamedOrNot) {
   start(ShareMode::kBase);
-  json req = {{"model", "reflect"}, {"prompt", "The cat sat on the mat. It was"}, {"max_tokens", 20},
-              {"temperature", 0}, {"logprobs", 2}, {"stop", "."}};
+  json req = {{"model", "reflect"}, {"prompt", "The cat sat on the mat. It was"}, {"max_tokens", 20}, {"temperature", 0}};
+  // A stop string of 6 characters from the middle of the greedy text: the stream holds text
+  // back while it could still become that string, so tokens go out before their text.
+  auto [s_free, free_run] = complete(req);
+  ASSERT_EQ(s_free, 200);
+  const std::string free_text = free_run["choices"][0]["text"];
+  ASSERT_GE(free_text.size(), 20u) << free_text;
+  req["stop"] = free_text.substr(10, 6);
+  req["logprobs"] = 2;
   auto [status, plain] = complete(req);
   ASSERT_EQ(status, 200) << plain.dump();
+  EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
   const json& lp = plain["choices"][0]["logprobs"];
   const std::vector<int32_t> ids = plain["lragent"]["choices"][0]["token_ids"];
   ASSERT_EQ(lp["tokens"].size(), ids.size());
@@ -414,8 +422,8 @@ TEST_F(ServerTest, LogprobsOverHttpStreamedOrNot) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const std::string token = tok_->decode({ids[i]});
     EXPECT_EQ(lp["tokens"][i], token);
-    EXPECT_EQ(lp["text_offset"][i], offset);
-    offset += token.size();  // ASCII here: characters are bytes
+    EXPECT_EQ(lp["text_offset"][i], offset);  // non-streamed: the token strings' running length
+    offset += utf8_chars(token);
     EXPECT_LE(lp["top_logprobs"][i].size(), 3u);
     EXPECT_EQ(lp["top_logprobs"][i][token], lp["token_logprobs"][i]);
   }
@@ -426,20 +434,40 @@ TEST_F(ServerTest, LogprobsOverHttpStreamedOrNot) {
   httplib::Client c("127.0.0.1", port_);
   auto r = c.Post("/v1/completions", req.dump(), "application/json");
   ASSERT_TRUE(r && r->status == 200);
-  Streamed st = parse_sse(r->body);
-  EXPECT_EQ(st.text[0], plain["choices"][0]["text"]);
-  // The same tokens and offsets; the values within f32 noise (the stream's prompt is read from
-  // the cache the first request left, computed in other passes).
-  const json& got = st.logprobs[0];
-  EXPECT_EQ(got["tokens"], lp["tokens"]);
-  EXPECT_EQ(got["text_offset"], lp["text_offset"]);
-  ASSERT_EQ(got["token_logprobs"].size(), ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    EXPECT_NEAR(got["token_logprobs"][i].get<double>(), lp["token_logprobs"][i].get<double>(), 1e-4) << i;
-    ASSERT_EQ(got["top_logprobs"][i].size(), lp["top_logprobs"][i].size()) << i;
-    for (const auto& [token, value] : lp["top_logprobs"][i].items())
-      EXPECT_NEAR(got["top_logprobs"][i].value(token, 0.0), value.get<double>(), 1e-4) << i << " " << token;
+  // Each event's offsets start at the characters streamed before it (vLLM's previous_text_lens).
+  std::string streamed;
+  std::vector<std::string> tokens;
+  std::vector<double> values;
+  bool ahead = false;  // an event carried tokens whose text was not out yet
+  size_t token_chars = 0;
+  for (size_t at = 0; (at = r->body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = r->body.find("\n\n", at);
+    const std::string data = r->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    const json event = json::parse(data);
+    const json& choice = event["choices"][0];
+    if (!choice["logprobs"].is_null()) {
+      const json& l = choice["logprobs"];
+      size_t expect = utf8_chars(streamed);
+      for (size_t k = 0; k < l["tokens"].size(); ++k) {
+        EXPECT_EQ(l["text_offset"][k], expect) << data;
+        expect += utf8_chars(l["tokens"][k].get<std::string>());
+        tokens.push_back(l["tokens"][k]);
+        values.push_back(l["token_logprobs"][k]);
+        token_chars += l["tokens"][k].get<std::string>().size();
+      }
+    }
+    streamed += choice["text"].get<std::string>();
+    ahead |= token_chars > streamed.size() + 3;
   }
+  EXPECT_EQ(streamed, plain["choices"][0]["text"]);
+  EXPECT_TRUE(ahead) << "no event sent tokens ahead of their text: the held-back case is not exercised";
+  EXPECT_EQ(json(tokens), lp["tokens"]);
+  ASSERT_EQ(values.size(), ids.size());
+  // The values within f32 noise (the stream's prompt is read from the cache the first request
+  // left, computed in other passes).
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_NEAR(values[i], lp["token_logprobs"][i].get<double>(), 1e-4) << i;
 }
 
 // vLLM's /tokenize and /detokenize: the tokenizer's ids (BOS as asked), vocabulary strings,
