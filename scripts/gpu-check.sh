@@ -259,8 +259,10 @@ for dev in ("cuda_--dtype_f32", "cuda_--dtype_bf16"):
         lp_err = f"{lp_err:.2e}"
     elif lp and lr:
         lp_err = "tokens differ"
+    shaped = d.get("shaped") == ref.get("shaped")
     print(f"serve-check {dev}: greedy turns identical to cpu={same}, sampled reflect identical={d['reflect'] == ref['reflect']}, "
-          f"stream = non-stream={d['stream_equals_plain']}, logprobs max |diff| vs cpu={lp_err}")
+          f"stream = non-stream={d['stream_equals_plain']}, logprobs max |diff| vs cpu={lp_err}, "
+          f"logit_bias/min_tokens/min_p sample identical={shaped}")
 PY
   SB_LENGTHS=4987,9095,17300,33700
   [ "${QUICK:-0}" = 1 ] && SB_LENGTHS=4987

@@ -69,6 +69,16 @@ def main():
                                                        "temperature": 0, "logprobs": 5}))["choices"][0]["logprobs"]
         out["logprobs"] = {"tokens": lp["tokens"], "token_logprobs": lp["token_logprobs"],
                            "top_logprobs": lp["top_logprobs"]}
+        # vLLM's logits processors (picked on the host): a bias, a minimum length over EOS, and
+        # min_p on a sampled request.
+        shaped = json.loads(post(base, "/v1/completions", {
+            "model": "action", "prompt": traj, "max_tokens": 12, "temperature": 0.8, "seed": 9, "min_p": 0.2,
+            "min_tokens": 6, "logit_bias": {"13": 4.0}}))
+        out["shaped"] = {"text": shaped["choices"][0]["text"], "token_ids": shaped["lragent"]["choices"][0]["token_ids"]}
+        with urllib.request.urlopen(base + "/metrics") as r:
+            metrics = r.read().decode()
+        out["metrics_prompt_tokens_reused"] = sum(
+            float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("lragent:prompt_tokens_reused_total{"))
         with urllib.request.urlopen(base + "/lragent/sessions") as r:
             out["sessions"] = json.loads(r.read().decode())
         print(json.dumps(out, indent=1))
