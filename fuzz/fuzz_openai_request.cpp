@@ -59,6 +59,17 @@ void fuzz_tool_calls(const std::string& text) {
   if (p.calls.empty() ? p.content != text : text.compare(0, p.content.size(), p.content) != 0) __builtin_trap();
   for (const ToolCall& c : p.calls)
     if (nlohmann::ordered_json::parse(c.arguments, nullptr, false).is_discarded()) __builtin_trap();
+  // Streamed in pieces of 1-7 bytes: what goes out as content is the parsed content (or the text).
+  ToolCallStream stream;
+  std::string shown;
+  for (size_t at = 0, k = 0; at < text.size(); ++k) {
+    const size_t n = std::min(text.size() - at, 1 + k % 7);
+    shown += stream.push(text.substr(at, n));
+    at += n;
+  }
+  const ToolCallStream::End end = stream.finish(text);
+  if (shown + end.content != (p.calls.empty() ? text : p.content) || end.tool_calls.size() != p.calls.size())
+    __builtin_trap();
   const auto v = nlohmann::ordered_json::parse(text, nullptr, false);
   if (!v.is_discarded()) {
     // What it writes reads back as the same value (when the strings were valid UTF-8).

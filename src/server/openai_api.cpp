@@ -191,10 +191,6 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   if (!choice.is_null() && c.tools.empty())
     return bad("'tool_choice' needs 'tools': give the tool definitions, or leave tool_choice out");
   c.parse_tool_calls = !c.tools.empty() && choice != json("none");
-  if (c.parse_tool_calls && c.req.stream)
-    return Error{ErrorCode::kUnsupported,
-                 "streaming with 'tools' is not supported (tool calls are parsed from the whole completion): send "
-                 "\"stream\": false, or \"tool_choice\": \"none\" to stream the raw text"};
   return c;
 }
 
@@ -404,16 +400,60 @@ json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids
               {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
 }
 
+namespace {
+
+std::string tool_call_id() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
+}
+
+}  // namespace
+
+std::string ToolCallStream::push(const std::string& piece) {
+  static const std::string kOpen = "<tool_call>";
+  text_ += piece;
+  if (in_call_) return {};
+  const size_t at = text_.find(kOpen, sent_ >= kOpen.size() ? sent_ - kOpen.size() + 1 : 0);
+  size_t upto = text_.size();
+  if (at != std::string::npos) {
+    in_call_ = true;
+    upto = at;
+  } else {  // hold back a tail that a later piece may complete into "<tool_call>"
+    for (size_t k = std::min(kOpen.size() - 1, text_.size()); k > 0; --k)
+      if (text_.compare(text_.size() - k, k, kOpen, 0, k) == 0) {
+        upto = text_.size() - k;
+        break;
+      }
+  }
+  upto = std::max(upto, sent_);
+  std::string out = text_.substr(sent_, upto - sent_);
+  sent_ = upto;
+  return out;
+}
+
+ToolCallStream::End ToolCallStream::finish(const std::string& text) {
+  End end;
+  const ParsedToolCalls parsed = parse_hermes_tool_calls(text);
+  const std::string& content = parsed.calls.empty() ? text : parsed.content;
+  if (content.size() > sent_) end.content = content.substr(sent_);
+  for (size_t k = 0; k < parsed.calls.size(); ++k)
+    end.tool_calls.push_back({{"index", k},
+                              {"id", tool_call_id()},
+                              {"type", "function"},
+                              {"function", {{"name", parsed.calls[k].name}, {"arguments", parsed.calls[k].arguments}}}});
+  sent_ = text.size();
+  return end;
+}
+
 void put_chat_message(json& choice, const std::string& text, bool parse_tool_calls) {
   json& m = choice["message"];
   m = {{"role", "assistant"}, {"content", text}, {"tool_calls", json::array()}};
   if (!parse_tool_calls) return;
   ParsedToolCalls parsed = parse_hermes_tool_calls(text);
   if (parsed.calls.empty()) return;
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
   m["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
   for (const ToolCall& call : parsed.calls)
-    m["tool_calls"].push_back({{"id", fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng())},
+    m["tool_calls"].push_back({{"id", tool_call_id()},
                                {"type", "function"},
                                {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
   choice["finish_reason"] = "tool_calls";

@@ -121,6 +121,27 @@ size_t utf8_chars(std::string_view s);
 // any was found.
 void put_chat_message(nlohmann::json& choice, const std::string& text, bool parse_tool_calls);
 
+// A streamed chat completion whose tool calls are parsed (vLLM's Hermes parser, streamed): its
+// text goes out as content until a "<tool_call>" could begin there, and is held from that point;
+// at the end the calls go out in one delta (clients join tool_call deltas by index), or, when the
+// held text holds no valid call, the rest as content.
+class ToolCallStream {
+ public:
+  // The content to send now out of the next piece of shown text.
+  std::string push(const std::string& piece);
+  struct End {
+    std::string content;      // content not sent yet
+    nlohmann::json tool_calls = nlohmann::json::array();  // [{"index", "id", "type", "function": {"name", "arguments"}}]
+  };
+  // `text`: the whole completion text (what push() was given, joined).
+  End finish(const std::string& text);
+
+ private:
+  std::string text_;
+  size_t sent_ = 0;        // bytes of text_ sent as content
+  bool in_call_ = false;   // "<tool_call>" seen: nothing more goes out before finish()
+};
+
 // The text of one completion, built token by token: special tokens are left out (unless
 // skip_special_tokens is off) and so is the stop id that ended it; the text ends before the
 // first stop string. push() returns only text that can no longer change: pieces a later token

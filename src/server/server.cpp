@@ -572,8 +572,9 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
   }
   auto p = std::make_shared<const Prepared>(std::move(*prepared));  // the provider is copied: share the ids
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, p, chat, id, created, model, usage_of, choice_json,
-                                                         logprobs_of, lragent_json](size_t, httplib::DataSink& sink) {
+  res.set_chunked_content_provider("text/event-stream", [this, p, chat, tool_calls, id, created, model, usage_of,
+                                                         choice_json, logprobs_of,
+                                                         lragent_json](size_t, httplib::DataSink& sink) {
     auto send = [&sink](const json& j) {
       const std::string line = "data: " + dump(j) + "\n\n";
       return sink.write(line.data(), line.size());
@@ -599,22 +600,37 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
     // Per choice: tokens whose log-probabilities went out, and the characters of text streamed
     // (each event's text_offset starts there, as vLLM's previous_text_lens).
     std::vector<size_t> sent, offset;
+    std::vector<ToolCallStream> calls;  // per choice, when tool calls are parsed
+    auto grow = [&](size_t index) {
+      if (sent.size() <= index) sent.resize(index + 1, 0), offset.resize(index + 1, 0), calls.resize(index + 1);
+    };
     auto r = run(*p, [&](const CompletionDelta& d) {
       if (!open(d.index)) return false;
-      if (sent.size() <= d.index) sent.resize(d.index + 1, 0), offset.resize(d.index + 1, 0);
+      grow(d.index);
       sent[d.index] += d.token_ids.size();
       size_t at = offset[d.index];
       json lp = logprobs_of(d.token_ids, d.logprobs, &at);
       offset[d.index] += utf8_chars(d.text);
-      return send(chunk(json::array({piece(d.index, chat ? json{{"content", d.text}} : json(d.text), std::move(lp))})));
+      const std::string text = tool_calls ? calls[d.index].push(d.text) : d.text;
+      if (text.empty() && lp.is_null()) return true;  // held back (a tool call may be starting)
+      return send(chunk(json::array({piece(d.index, chat ? json{{"content", text}} : json(text), std::move(lp))})));
     });
     if (!r.ok()) {
       send(error_json(r.error()));
     } else {
       for (size_t i = 0; i < r->size(); ++i) {
         open(i);
-        if (sent.size() <= i) sent.resize(i + 1, 0), offset.resize(i + 1, 0);
-        send(chunk(json::array({choice_json(i, (*r)[i], false, sent[i], &offset[i])})));
+        grow(i);
+        json last = choice_json(i, (*r)[i], false, sent[i], &offset[i]);
+        if (tool_calls) {
+          ToolCallStream::End end = calls[i].finish((*r)[i].text);
+          if (!end.content.empty()) send(chunk(json::array({piece(i, {{"content", end.content}}, nullptr)})));
+          if (!end.tool_calls.empty()) {
+            send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)})));
+            last["finish_reason"] = "tool_calls";
+          }
+        }
+        send(chunk(json::array({std::move(last)})));
       }
       if (p->req.include_usage) {
         json last = chunk(json::array());

@@ -191,8 +191,8 @@ TEST(OpenAiRequest, ChatToolsAndToolChoice) {
   ASSERT_TRUE(none.ok()) << none.error().message;
   EXPECT_FALSE(none->parse_tool_calls);
   EXPECT_FALSE(parse_chat_request("{" + msgs + "}")->parse_tool_calls);
-  for (const std::string extra : {R"(, "tool_choice": "required")", R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})",
-                                  R"(, "stream": true)"}) {
+  EXPECT_TRUE(parse_chat_request("{" + msgs + ", " + tools + R"(, "stream": true})")->parse_tool_calls);
+  for (const std::string extra : {R"(, "tool_choice": "required")", R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})"}) {
     auto r = parse_chat_request("{" + msgs + ", " + tools + extra + "}");
     ASSERT_FALSE(r.ok()) << extra;
     EXPECT_EQ(r.error().code, ErrorCode::kUnsupported) << extra;
@@ -236,6 +236,42 @@ TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
   EXPECT_TRUE(message("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", true)["content"].is_null());
   EXPECT_EQ(message("no calls", true, &finish)["content"], "no calls");
   EXPECT_EQ(finish, "stop");
+}
+
+// Streamed tool calls: content goes out until a "<tool_call>" could begin (a split tag is held),
+// the calls come whole at the end with their index; text that holds no valid call is content.
+TEST(OpenAiRequest, ToolCallStreamHoldsBackFromTheCall) {
+  ToolCallStream a;
+  std::string shown;
+  const std::vector<std::string> pieces = {"Let me ", "search.<tool", "_call>\n{\"name\": ", "\"s\", \"arguments\": {\"q\": 1}}",
+                                           "\n</tool_call>"};
+  std::string text;
+  for (const std::string& p : pieces) {
+    shown += a.push(p);
+    text += p;
+    EXPECT_EQ(shown.find('<'), std::string::npos) << shown;
+  }
+  EXPECT_EQ(shown, "Let me search.");
+  ToolCallStream::End end = a.finish(text);
+  EXPECT_EQ(end.content, "");
+  ASSERT_EQ(end.tool_calls.size(), 1u);
+  EXPECT_EQ(end.tool_calls[0]["index"], 0);
+  EXPECT_EQ(end.tool_calls[0]["function"]["name"], "s");
+  EXPECT_EQ(end.tool_calls[0]["function"]["arguments"], R"({"q": 1})");
+  EXPECT_EQ(end.tool_calls[0]["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+
+  ToolCallStream b;  // not a call: all of it is content in the end
+  EXPECT_EQ(b.push("a<tool_call>oops"), "a");
+  EXPECT_EQ(b.finish("a<tool_call>oops").content, "<tool_call>oops");
+  ToolCallStream c;  // a tail that only looked like the start of one
+  EXPECT_EQ(c.push("hello <tool"), "hello ");
+  EXPECT_EQ(c.push("box> done"), "<toolbox> done");
+  ToolCallStream::End rest = c.finish("hello <toolbox> done");
+  EXPECT_EQ(rest.content, "");
+  EXPECT_TRUE(rest.tool_calls.empty());
+  ToolCallStream d;
+  EXPECT_EQ(d.push("x <tool"), "x ");
+  EXPECT_EQ(d.finish("x <tool").content, "<tool");
 }
 
 // The two JSON forms, without a tokenizer (tokens are "token_id:<id>"): -inf and anything

@@ -819,6 +819,26 @@ TEST_F(ServerTest, ChatToolsAreRenderedIntoThePrompt) {
   auto [s3, bare] = post("/tokenize", json{{"messages", messages}}.dump());
   EXPECT_GT(count["count"].get<int>(), bare["count"].get<int>() + 20);  // the tool block is in the prompt
   EXPECT_TRUE(with_tools["choices"][0]["message"]["tool_calls"].is_array());
+  // Streamed with tools: the content joined is the non-streamed content, the same finish.
+  httplib::Client c("127.0.0.1", port_);
+  auto rs = c.Post("/v1/chat/completions",
+                   json{{"model", "action"}, {"messages", messages}, {"tools", tools}, {"max_tokens", 4},
+                        {"temperature", 0}, {"stream", true}}.dump(),
+                   "application/json");
+  ASSERT_TRUE(rs && rs->status == 200);
+  std::string content, finish;
+  for (size_t at = 0; (at = rs->body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = rs->body.find("\n\n", at);
+    const std::string data = rs->body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") break;
+    const json event = json::parse(data);
+    const json& ch = event["choices"][0];
+    if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(content, with_tools["choices"][0]["message"]["content"]);
+  EXPECT_EQ(finish, with_tools["choices"][0]["finish_reason"]);
   auto [s4, forced] = post("/v1/chat/completions", json{{"messages", messages}, {"tools", tools},
                                                         {"tool_choice", "required"}}.dump());
   EXPECT_EQ(s4, 400);
