@@ -67,7 +67,7 @@ void fuzz_tool_calls(const std::string& text) {
     shown += stream.push(text.substr(at, n));
     at += n;
   }
-  const ToolCallStream::End end = stream.finish(text);
+  const ToolCallStream::End end = stream.finish();
   if (shown + end.content != (p.calls.empty() ? text : p.content) || end.tool_calls.size() != p.calls.size())
     __builtin_trap();
   const auto v = nlohmann::ordered_json::parse(text, nullptr, false);

@@ -431,17 +431,17 @@ std::string ToolCallStream::push(const std::string& piece) {
   return out;
 }
 
-ToolCallStream::End ToolCallStream::finish(const std::string& text) {
+ToolCallStream::End ToolCallStream::finish() {
   End end;
-  const ParsedToolCalls parsed = parse_hermes_tool_calls(text);
-  const std::string& content = parsed.calls.empty() ? text : parsed.content;
+  const ParsedToolCalls parsed = parse_hermes_tool_calls(text_);
+  const std::string& content = parsed.calls.empty() ? text_ : parsed.content;
   if (content.size() > sent_) end.content = content.substr(sent_);
   for (size_t k = 0; k < parsed.calls.size(); ++k)
     end.tool_calls.push_back({{"index", k},
                               {"id", tool_call_id()},
                               {"type", "function"},
                               {"function", {{"name", parsed.calls[k].name}, {"arguments", parsed.calls[k].arguments}}}});
-  sent_ = text.size();
+  sent_ = text_.size();
   return end;
 }
 

@@ -133,8 +133,8 @@ class ToolCallStream {
     std::string content;      // content not sent yet
     nlohmann::json tool_calls = nlohmann::json::array();  // [{"index", "id", "type", "function": {"name", "arguments"}}]
   };
-  // `text`: the whole completion text (what push() was given, joined).
-  End finish(const std::string& text);
+  // After the last piece: the rest of the content, and the calls parsed out of the whole text.
+  End finish();
 
  private:
   std::string text_;

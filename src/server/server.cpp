@@ -4,6 +4,7 @@
 #include <chrono>
 #include <random>
 #include <span>
+#include <tuple>
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -29,6 +30,17 @@ void send_json(httplib::Response& res, int status, const json& j) {
 }
 
 void send_error(httplib::Response& res, const Error& e) { send_json(res, http_status(e.code), error_json(e)); }
+
+// Prompt and completion tokens of a request's choices; a prompt counts once however many
+// completions (n) it has, as vLLM counts.
+std::pair<int64_t, int64_t> count_tokens(const std::vector<CompletionChoice>& cs) {
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    completion += cs[i].completion_tokens;
+    if (i == 0 || cs[i].prompt_index != cs[i - 1].prompt_index) prompt += cs[i].prompt_tokens;
+  }
+  return {prompt, completion};
+}
 
 std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
@@ -101,13 +113,31 @@ Result<std::string> Server::agent_for(const std::string& model) const {
                     fmt::join(names_, ", "));
 }
 
-Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
+Status Server::check_vocab(std::span<const int32_t> ids, const char* field) const {
   const int vocab = model_->config().vocab_size;
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      return make_error(ErrorCode::kInvalidArgument, "token id {} in '{}' is outside the vocabulary [0, {})", id, field,
+                        vocab);
+  return Status::Ok();
+}
+
+Error Server::no_chat_template() const {
+  return Error{ErrorCode::kUnsupported,
+               fmt::format("this server has no chat template ({}): format the conversation as text and POST it to "
+                           "/v1/completions (or /tokenize it as a 'prompt')",
+                           opts_.chat_template_missing)};
+}
+
+Result<std::string> Server::render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                        bool enable_thinking, const std::vector<std::string>& tools) const {
+  if (!opts_.chat_template) return no_chat_template();
+  return opts_.chat_template->render(messages, add_generation_prompt, enable_thinking, tools);
+}
+
+Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
   if (p.is_tokens) {
-    for (int32_t id : p.tokens)
-      if (id >= vocab)
-        return make_error(ErrorCode::kInvalidArgument, "token id {} in 'prompt' is outside the vocabulary [0, {})", id,
-                          vocab);
+    LRA_RETURN_IF_ERROR(check_vocab(p.tokens, "prompt"));
     return p.tokens;
   }
   if (!tok_)
@@ -122,10 +152,7 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   LRA_ASSIGN_OR_RETURN(p.agent, agent_for(req.model));
   if (!tok_ && !req.stop.empty())
     return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
-  for (const auto& [id, bias] : req.logit_bias)
-    if (id >= model_->config().vocab_size)
-      return make_error(ErrorCode::kInvalidArgument, "token id {} in 'logit_bias' is outside the vocabulary [0, {})", id,
-                        model_->config().vocab_size);
+  for (const auto& [id, bias] : req.logit_bias) LRA_RETURN_IF_ERROR(check_vocab({&id, 1}, "logit_bias"));
   const int64_t max_model_len = opts_.max_model_len;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, prompt_ids(req.prompts[i]));
@@ -178,11 +205,9 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
       done = true;
       RequestRecord rec;
       rec.model = p.agent;
-      for (size_t i = 0; i < out.size(); ++i) {
-        const CompletionChoice& c = out[i];
+      std::tie(rec.prompt_tokens, rec.generation_tokens) = count_tokens(out);
+      for (const CompletionChoice& c : out) {
         rec.finish_reasons.push_back(c.finish_reason);
-        rec.generation_tokens += c.completion_tokens;
-        if (i == 0 || c.prompt_index != out[i - 1].prompt_index) rec.prompt_tokens += c.prompt_tokens;
         rec.reused_tokens += c.reused_tokens;
         rec.prefilled_tokens += c.prefilled_tokens;
       }
@@ -446,12 +471,7 @@ void Server::install_routes() {
     if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to tokenize with"});
     std::string text = parsed->prompt;
     if (parsed->chat) {
-      if (!opts_.chat_template)
-        return send_error(res, Error{ErrorCode::kUnsupported,
-                                     fmt::format("this server has no chat template ({}): tokenize a 'prompt' instead",
-                                                 opts_.chat_template_missing)});
-      auto rendered = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking,
-                                                  parsed->tools);
+      auto rendered = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools);
       if (!rendered.ok()) return send_error(res, rendered.error());
       text = std::move(*rendered);
     }
@@ -470,11 +490,7 @@ void Server::install_routes() {
     if (!parsed.ok()) return send_error(res, parsed.error());
     if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
     if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to decode with"});
-    const int vocab = model_->config().vocab_size;
-    for (int32_t id : parsed->tokens)
-      if (id >= vocab)
-        return send_error(res, Error{ErrorCode::kInvalidArgument,
-                                     fmt::format("token id {} in 'tokens' is outside the vocabulary [0, {})", id, vocab)});
+    if (Status in_vocab = check_vocab(parsed->tokens, "tokens"); !in_vocab.ok()) return send_error(res, in_vocab.error());
     send_json(res, 200, json{{"prompt", tok_->decode(parsed->tokens)}});
   });
   svr.Post("/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
@@ -483,15 +499,10 @@ void Server::install_routes() {
     respond(std::move(*parsed), /*chat=*/false, res);
   });
   svr.Post("/v1/chat/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
-    if (!opts_.chat_template)
-      return send_error(res, Error{ErrorCode::kUnsupported,
-                                   fmt::format("this server has no chat template ({}): format the conversation as "
-                                               "text and POST it to /v1/completions",
-                                               opts_.chat_template_missing)});
+    if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
     auto parsed = parse_chat_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());
-    auto text = opts_.chat_template->render(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking,
-                                            parsed->tools);
+    auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools);
     if (!text.ok()) return send_error(res, text.error());
     CompletionRequest req = std::move(parsed->req);
     PromptInput p;
@@ -511,18 +522,12 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
   if (!prepared.ok()) return send_error(res, prepared.error());
   const std::string model = prepared->agent;
   auto usage_of = [](const std::vector<CompletionChoice>& cs) {
-    int64_t prompt = 0, completion = 0;
-    for (size_t i = 0; i < cs.size(); ++i) {
-      completion += cs[i].completion_tokens;
-      // A prompt counts once however many completions (n) it has, as vLLM counts.
-      if (i == 0 || cs[i].prompt_index != cs[i - 1].prompt_index) prompt += cs[i].prompt_tokens;
-    }
+    const auto [prompt, completion] = count_tokens(cs);
     return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
   };
   auto stop_reason = [](const CompletionChoice& c) {
     return c.stop_reason ? json(*c.stop_reason) : c.stop_token ? json(*c.stop_token) : json(nullptr);
   };
-  // A whole choice (non-streaming), or a stream's last event for it (no text).
   const bool want_logprobs = req.logprobs >= 0;
   // The logprobs object of tokens [from, end) of a choice (null when not asked for); `offset`:
   // the completions API's text offset, continued across a stream's events.
@@ -623,7 +628,7 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
         grow(i);
         json last = choice_json(i, (*r)[i], false, sent[i], &offset[i]);
         if (tool_calls) {
-          ToolCallStream::End end = calls[i].finish((*r)[i].text);
+          ToolCallStream::End end = calls[i].finish();
           if (!end.content.empty()) send(chunk(json::array({piece(i, {{"content", end.content}}, nullptr)})));
           if (!end.tool_calls.empty()) {
             send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)})));

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -114,6 +115,13 @@ class Server {
   // The agent a request's "model" names (empty: the base model).
   Result<std::string> agent_for(const std::string& model) const;
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
+  // Every id inside the model's vocabulary; the error names the request field.
+  Status check_vocab(std::span<const int32_t> ids, const char* field) const;
+  // The conversation through the server's chat template (as /v1/chat/completions and /tokenize
+  // render it); no_chat_template() is the error when the server has none.
+  Result<std::string> render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                  bool enable_thinking, const std::vector<std::string>& tools) const;
+  Error no_chat_template() const;
   void install_routes();
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
   // chat: the chat.completion objects; tool_calls: parse each completion's calls (not streaming).

@@ -245,14 +245,12 @@ TEST(OpenAiRequest, ToolCallStreamHoldsBackFromTheCall) {
   std::string shown;
   const std::vector<std::string> pieces = {"Let me ", "search.<tool", "_call>\n{\"name\": ", "\"s\", \"arguments\": {\"q\": 1}}",
                                            "\n</tool_call>"};
-  std::string text;
   for (const std::string& p : pieces) {
     shown += a.push(p);
-    text += p;
     EXPECT_EQ(shown.find('<'), std::string::npos) << shown;
   }
   EXPECT_EQ(shown, "Let me search.");
-  ToolCallStream::End end = a.finish(text);
+  ToolCallStream::End end = a.finish();
   EXPECT_EQ(end.content, "");
   ASSERT_EQ(end.tool_calls.size(), 1u);
   EXPECT_EQ(end.tool_calls[0]["index"], 0);
@@ -262,16 +260,16 @@ TEST(OpenAiRequest, ToolCallStreamHoldsBackFromTheCall) {
 
   ToolCallStream b;  // not a call: all of it is content in the end
   EXPECT_EQ(b.push("a<tool_call>oops"), "a");
-  EXPECT_EQ(b.finish("a<tool_call>oops").content, "<tool_call>oops");
+  EXPECT_EQ(b.finish().content, "<tool_call>oops");
   ToolCallStream c;  // a tail that only looked like the start of one
   EXPECT_EQ(c.push("hello <tool"), "hello ");
   EXPECT_EQ(c.push("box> done"), "<toolbox> done");
-  ToolCallStream::End rest = c.finish("hello <toolbox> done");
+  ToolCallStream::End rest = c.finish();
   EXPECT_EQ(rest.content, "");
   EXPECT_TRUE(rest.tool_calls.empty());
   ToolCallStream d;
   EXPECT_EQ(d.push("x <tool"), "x ");
-  EXPECT_EQ(d.finish("x <tool").content, "<tool");
+  EXPECT_EQ(d.finish().content, "<tool");
 }
 
 // The two JSON forms, without a tokenizer (tokens are "token_id:<id>"): -inf and anything
