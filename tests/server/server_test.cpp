@@ -178,6 +178,23 @@ TEST_F(ServerTest, AgentsWhosePromptsExtendATrajectoryShareItsCache) {
   EXPECT_TRUE(found) << sessions.dump();
 }
 
+// A server-sent-event body's events, parsed, up to "data: [DONE]" (*done says whether it came).
+std::vector<json> sse_events(const std::string& body, bool* done = nullptr) {
+  std::vector<json> events;
+  if (done) *done = false;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      if (done) *done = true;
+      break;
+    }
+    events.push_back(json::parse(data));
+  }
+  return events;
+}
+
 // The text of a stream: its deltas per choice, finish reasons, and the usage chunk.
 struct Streamed {
   std::map<int, std::string> text;
@@ -188,16 +205,7 @@ struct Streamed {
 };
 Streamed parse_sse(const std::string& body) {
   Streamed s;
-  size_t pos = 0;
-  while ((pos = body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = body.find("\n\n", pos);
-    const std::string data = body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (data == "[DONE]") {
-      s.done = true;
-      continue;
-    }
-    json j = json::parse(data);
+  for (const json& j : sse_events(body, &s.done)) {
     if (j.contains("usage")) s.usage = j["usage"];
     for (const json& c : j["choices"]) {
       s.text[c["index"].get<int>()] += c["text"].get<std::string>();
@@ -440,18 +448,13 @@ TEST_F(ServerTest, LogprobsOverHttpStreamedOrNot) {
   std::vector<double> values;
   bool ahead = false;  // an event carried tokens whose text was not out yet
   size_t token_chars = 0;
-  for (size_t at = 0; (at = r->body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = r->body.find("\n\n", at);
-    const std::string data = r->body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") break;
-    const json event = json::parse(data);
+  for (const json& event : sse_events(r->body)) {
     const json& choice = event["choices"][0];
     if (!choice["logprobs"].is_null()) {
       const json& l = choice["logprobs"];
       size_t expect = utf8_chars(streamed);
       for (size_t k = 0; k < l["tokens"].size(); ++k) {
-        EXPECT_EQ(l["text_offset"][k], expect) << data;
+        EXPECT_EQ(l["text_offset"][k], expect) << event.dump();
         expect += utf8_chars(l["tokens"][k].get<std::string>());
         tokens.push_back(l["tokens"][k]);
         values.push_back(l["token_logprobs"][k]);
@@ -737,13 +740,8 @@ TEST_F(ServerTest, ChatCompletionsRenderTheTemplateAndCompleteIt) {
   ASSERT_TRUE(r && r->status == 200);
   std::string streamed;
   bool role_first = false, finished = false;
-  size_t pos = 0, events = 0;
-  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = r->body.find("\n\n", pos);
-    const std::string data = r->body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (data == "[DONE]") break;
-    json j = json::parse(data);
+  size_t events = 0;
+  for (const json& j : sse_events(r->body)) {
     EXPECT_EQ(j["object"], "chat.completion.chunk");
     const json& d = j["choices"][0]["delta"];
     if (events++ == 0) role_first = d.value("role", "") == "assistant";
@@ -773,12 +771,7 @@ TEST_F(ServerTest, ChatCompletionsRenderTheTemplateAndCompleteIt) {
   auto rs = c.Post("/v1/chat/completions", lp_stream.dump(), "application/json");
   ASSERT_TRUE(rs && rs->status == 200);
   json joined = json::array();
-  for (size_t at = 0; (at = rs->body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = rs->body.find("\n\n", at);
-    const std::string data = rs->body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") break;
-    const json event = json::parse(data);
+  for (const json& event : sse_events(rs->body)) {
     const json& l = event["choices"][0]["logprobs"];
     if (!l.is_null())
       for (const json& e : l["content"]) joined.push_back(e);
@@ -827,12 +820,7 @@ TEST_F(ServerTest, ChatToolsAreRenderedIntoThePrompt) {
                    "application/json");
   ASSERT_TRUE(rs && rs->status == 200);
   std::string content, finish;
-  for (size_t at = 0; (at = rs->body.find("data: ", at)) != std::string::npos;) {
-    const size_t end = rs->body.find("\n\n", at);
-    const std::string data = rs->body.substr(at + 6, end - at - 6);
-    at = end;
-    if (data == "[DONE]") break;
-    const json event = json::parse(data);
+  for (const json& event : sse_events(rs->body)) {
     const json& ch = event["choices"][0];
     if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
     if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
