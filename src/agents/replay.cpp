@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agents/agent_turn.h"
 #include "core/text_file.h"
 #include "engine/sampler.h"
 
@@ -127,22 +128,6 @@ SeqInput AgentSession::agent_input(int a, const std::vector<int32_t>& toks, int6
   in.kv = kv;
   in.adapter = adapters_[static_cast<size_t>(a)];
   return in;
-}
-
-Result<Tensor> AgentSession::forward_agent(int a, int64_t begin, int32_t* greedy_out) {
-  auto binding = kv_->bind(a);
-  std::vector<int32_t> toks(traj_.begin() + begin, traj_.end());  // [n] tokens to run
-  SeqInput in = agent_input(a, toks, begin, binding.get());
-  Tensor logits;
-  if (greedy_out) {  // only the greedy pick is wanted: made on the device
-    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model_.forward_argmax({in}));
-    *greedy_out = ids.front();
-  } else {
-    LRA_ASSIGN_OR_RETURN(logits, model_.forward({in}));
-  }
-  kv_->advance(a, static_cast<int64_t>(traj_.size()));
-  computed_[static_cast<size_t>(a)] += static_cast<int64_t>(toks.size());
-  return logits;
 }
 
 Status AgentSession::catch_up_partial(int a, int64_t& begin) {
@@ -287,60 +272,20 @@ void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, si
 
 Result<StepResult> AgentSession::run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
                                            const std::vector<std::string>& stop, const AgentDecode* decode) {
-  const int a = agent_index(name);
-  if (a < 0)
-    return make_error(ErrorCode::kNotFound, "agent '{}' is not registered (register it with --adapter {}=DIR)", name, name);
   static const AgentDecode kReplayDecode;
-  const AgentDecode& dec = decode ? *decode : kReplayDecode;
-  Sampler sampler(dec.sampling);
-  const auto t0 = std::chrono::steady_clock::now();
-  StepResult r;
-  r.agent = name;
-  r.finish_reason = "length";
-  int n = forced.empty() ? n_generate : static_cast<int>(forced.size());
-  const int vocab = model_.config().vocab_size;
-  int64_t begin = kv_->catchup_start(a);
-  r.prefilled_tokens = n > 0 ? static_cast<int64_t>(traj_.size()) - begin : 0;
-  if (n > 0) LRA_RETURN_IF_ERROR(catch_up_partial(a, begin));
-  const size_t prompt_len = traj_.size();  // penalties' "prompt": the trajectory before this step
-  const bool penalize = dec.penalties.active() && forced.empty();
-  const bool want_logprobs = dec.logprobs >= 0 && forced.empty();
-  const bool shape = forced.empty() && (!dec.logit_bias.empty() || dec.min_tokens > 0 || dec.min_p > 0.f);
-  if (lookahead_ && !keep_logits_ && !penalize && !want_logprobs && !shape && n > 0) {
-    LRA_RETURN_IF_ERROR(decode_lookahead(a, n, forced, stop, dec, sampler, begin, r));
-    n = 0;  // done: the step-by-step loop below runs nothing
+  LRA_ASSIGN_OR_RETURN(std::unique_ptr<AgentTurn> turn,
+                       AgentTurn::start(*this, name, n_generate, forced, stop, decode ? *decode : kReplayDecode));
+  if (lookahead_ && !turn->host_ && !turn->done()) {
+    LRA_RETURN_IF_ERROR(decode_lookahead(turn->a_, turn->n_, turn->forced_, turn->stop_, turn->dec_, *turn->sampler_,
+                                         turn->begin_, turn->r_));
+    turn->done_ = true;
   }
-  for (int i = 0; i < n; ++i) {
-    if (static_cast<int64_t>(traj_.size()) == begin) return nothing_to_forward(a, begin);
-    int32_t tok = 0;
-    if (keep_logits_ || !sampler.greedy() || penalize || want_logprobs || shape) {
-      LRA_ASSIGN_OR_RETURN(Tensor logits, forward_agent(a, begin, nullptr));
-      float* row = logits.f32();
-      if (keep_logits_) r.logits.emplace_back(row, row + vocab);
-      const bool changed = penalize || shape;
-      std::vector<float> raw;  // [vocab] the model's row (log-probabilities are of its output)
-      if (want_logprobs && changed) raw.assign(row, row + vocab);
-      if (shape) shape_logits({row, static_cast<size_t>(vocab)}, dec, r.output_tokens.size(), /*before_penalties=*/true);
-      if (penalize)
-        apply_penalties({row, static_cast<size_t>(vocab)}, {traj_.data(), prompt_len}, r.output_tokens, dec.penalties);
-      if (shape && !sampler.greedy())
-        shape_logits({row, static_cast<size_t>(vocab)}, dec, r.output_tokens.size(), /*before_penalties=*/false);
-      tok = sampler.greedy() ? Sampler::argmax(row, vocab) : sampler.sample(row, vocab);
-      if (want_logprobs)
-        r.logprobs.push_back(step_logprobs(changed ? std::span<const float>(raw) : std::span<const float>(row, vocab),
-                                           tok, dec.logprobs));
-    } else {  // greedy pick on the device (a GPU backend copies back one id, not the logits)
-      LRA_RETURN_IF_ERROR(forward_agent(a, begin, &tok));
-    }
-    if (!forced.empty()) tok = forced[static_cast<size_t>(i)];
-    r.output_tokens.push_back(tok);
-    begin = static_cast<int64_t>(traj_.size());
-    traj_.push_back(tok);
-    if (ends(stop, dec, r)) break;
+  AgentTurn* const one[1] = {turn.get()};
+  while (!turn->done()) {  // step by step: the turn's passes alone, its catch-up in one pass
+    const Status st = step_turns(model_, one, std::numeric_limits<int64_t>::max()).front();
+    if (!st.ok()) return st.error();
   }
-  if (tok_) r.text = tok_->decode(r.output_tokens);
-  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return r;
+  return turn->result();
 }
 
 Status AgentSession::check_ids(const std::vector<int32_t>& ids, const char* what) const {

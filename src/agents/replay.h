@@ -123,12 +123,10 @@ class AgentSession {
   void keep_logits(bool on) { keep_logits_ = on; }
 
  private:
+  friend class AgentTurn;  // runs a step a pass at a time (agents/agent_turn.h)
   AgentSession(LlamaModel& m) : model_(m) {}
-  // Forwards traj_[begin:] for agent a: the last row's logits, or (greedy_out given) only its
-  // greedy pick, made on the backend's device.
   // Agent a's pass over `toks` (which must outlive it) from position `begin`, through `kv`.
   SeqInput agent_input(int a, const std::vector<int32_t>& toks, int64_t begin, KvBinding* kv) const;
-  Result<Tensor> forward_agent(int a, int64_t begin, int32_t* greedy_out);
   // The part of agent a's catch-up from `begin` that needs fewer layers than the model has
   // (TrajectoryKv::catchup_layers): run through those only; `begin` moves past it. The positions
   // the shared layers do not hold yet, and the last one (its logits are read), are left.

@@ -1,0 +1,184 @@
+#include "agents/agent_turn.h"
+
+#include <algorithm>
+
+namespace lragent {
+
+Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::string& name, int n_generate,
+                                                    std::vector<int32_t> forced, std::vector<std::string> stop,
+                                                    AgentDecode decode) {
+  const int a = s.agent_index(name);
+  if (a < 0)
+    return make_error(ErrorCode::kNotFound, "agent '{}' is not registered (register it with --adapter {}=DIR)", name, name);
+  std::unique_ptr<AgentTurn> t(new AgentTurn(s));
+  t->t0_ = std::chrono::steady_clock::now();
+  t->a_ = a;
+  t->forced_ = std::move(forced);
+  t->stop_ = std::move(stop);
+  t->dec_ = std::move(decode);
+  t->sampler_ = std::make_unique<Sampler>(t->dec_.sampling);
+  t->r_.agent = name;
+  t->r_.finish_reason = "length";
+  t->n_ = t->forced_.empty() ? n_generate : static_cast<int>(t->forced_.size());
+  t->begin_ = s.kv_->catchup_start(a);
+  const auto traj = static_cast<int64_t>(s.traj_.size());
+  t->r_.prefilled_tokens = t->n_ > 0 ? traj - t->begin_ : 0;
+  if (t->n_ > 0) LRA_RETURN_IF_ERROR(s.catch_up_partial(a, t->begin_));
+  t->prompt_len_ = s.traj_.size();
+  const bool free_pick = t->forced_.empty();
+  t->penalize_ = t->dec_.penalties.active() && free_pick;
+  t->want_logprobs_ = t->dec_.logprobs >= 0 && free_pick;
+  t->shape_ = free_pick && (!t->dec_.logit_bias.empty() || t->dec_.min_tokens > 0 || t->dec_.min_p > 0.f);
+  t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_;
+  t->done_ = t->n_ <= 0;
+  return t;
+}
+
+AgentTurn::~AgentTurn() = default;
+
+int64_t AgentTurn::pending_tokens() const {
+  return done_ ? 0 : std::max<int64_t>(static_cast<int64_t>(s_.traj_.size()) - begin_, 1);
+}
+
+Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
+  if (done_) return make_error(ErrorCode::kInternal, "AgentTurn::next_pass after the step ended");
+  const auto end = static_cast<int64_t>(s_.traj_.size());
+  if (end == begin_) return s_.nothing_to_forward(a_, begin_);
+  Pass p;
+  p.produces_token = end - begin_ <= std::max<int64_t>(max_tokens, 1);
+  chunk_end_ = p.produces_token ? end : begin_ + std::max<int64_t>(max_tokens, 1);
+  binding_.reset();  // a binding of an earlier try of this pass goes first (it pins the agent's caches)
+  binding_ = s_.kv_->bind(a_);
+  toks_.assign(s_.traj_.begin() + begin_, s_.traj_.begin() + chunk_end_);
+  p.input = s_.agent_input(a_, toks_, begin_, binding_.get());
+  if (p.produces_token) {
+    // One draw per token, in token order (as step by step), however often the pass is retried.
+    if (!drawn_ && forced_.empty()) pick_ = sampler_->next_row();
+    drawn_ = true;
+    p.pick = forced_.empty() ? pick_ : RowSampling{};
+    p.host_logits = host_;
+  }
+  return p;
+}
+
+Status AgentTurn::complete(float* row, int32_t picked) {
+  if (done_ || !binding_) return make_error(ErrorCode::kInternal, "AgentTurn::complete without a pass");
+  binding_.reset();
+  s_.kv_->advance(a_, chunk_end_);
+  s_.computed_[static_cast<size_t>(a_)] += chunk_end_ - begin_;
+  begin_ = chunk_end_;
+  if (begin_ < static_cast<int64_t>(s_.traj_.size())) return Status::Ok();  // a catch-up chunk: no pick
+  int32_t tok = picked;
+  if (host_) {
+    if (!row) return make_error(ErrorCode::kInternal, "AgentTurn::complete: the pass needs its logits row");
+    const int vocab = s_.model_.config().vocab_size;
+    const std::span<float> logits(row, static_cast<size_t>(vocab));
+    if (s_.keep_logits_) r_.logits.emplace_back(row, row + vocab);
+    const bool changed = penalize_ || shape_;
+    std::vector<float> raw;  // [vocab] the model's row (log-probabilities are of its output)
+    if (want_logprobs_ && changed) raw.assign(row, row + vocab);
+    const size_t generated = r_.output_tokens.size();
+    if (shape_) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/true);
+    if (penalize_) apply_penalties(logits, {s_.traj_.data(), prompt_len_}, r_.output_tokens, dec_.penalties);
+    if (shape_ && !sampler_->greedy()) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/false);
+    tok = sampler_->greedy() ? Sampler::argmax(row, vocab) : sample_row(row, vocab, pick_);
+    if (want_logprobs_)
+      r_.logprobs.push_back(step_logprobs(changed ? std::span<const float>(raw) : std::span<const float>(logits), tok,
+                                          dec_.logprobs));
+  }
+  drawn_ = false;
+  if (!forced_.empty()) tok = forced_[r_.output_tokens.size()];
+  r_.output_tokens.push_back(tok);
+  begin_ = static_cast<int64_t>(s_.traj_.size());
+  s_.traj_.push_back(tok);  // the step's last token is left for whoever runs next
+  if (s_.ends(stop_, dec_, r_) || static_cast<int>(r_.output_tokens.size()) >= n_) done_ = true;
+  return Status::Ok();
+}
+
+StepResult AgentTurn::result() {
+  if (s_.tok_) r_.text = s_.tok_->decode(r_.output_tokens);
+  r_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  return std::move(r_);
+}
+
+namespace {
+
+// One forward pass over `passes` (each turn's, in order); completes every turn or none.
+Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::span<const AgentTurn::Pass> passes) {
+  std::vector<SeqInput> batch;
+  std::vector<RowSampling> picks;  // [passes] one row each (all_logits is never set)
+  bool host = false;
+  for (const AgentTurn::Pass& p : passes) {
+    batch.push_back(p.input);
+    picks.push_back(p.pick);
+    host = host || p.host_logits;
+  }
+  if (host) {  // some turn needs its row: every row comes to the host, the others picked there
+    LRA_ASSIGN_OR_RETURN(Tensor logits, model.forward(batch));
+    const int vocab = model.config().vocab_size;
+    for (size_t i = 0; i < passes.size(); ++i) {
+      float* row = logits.f32() + static_cast<int64_t>(i) * vocab;
+      const AgentTurn::Pass& p = passes[i];
+      const int32_t id = p.produces_token && !p.host_logits ? sample_row(row, vocab, p.pick) : 0;
+      LRA_RETURN_IF_ERROR(turns[i]->complete(p.host_logits ? row : nullptr, id));
+    }
+    return Status::Ok();
+  }
+  LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model.forward_sample(batch, picks));
+  for (size_t i = 0; i < passes.size(); ++i) LRA_RETURN_IF_ERROR(turns[i]->complete(nullptr, ids[i]));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<Status> step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens) {
+  std::vector<Status> status(turns.size(), Status::Ok());
+  // Tokens each turn's pass gets: decodes (and one-token catch-ups) first, then catch-up chunks
+  // in order from what is left; with no decode running the first catch-up gets the whole budget.
+  std::vector<int64_t> give(turns.size(), 0);
+  int64_t left = std::max<int64_t>(max_batch_tokens, 1);
+  for (size_t i = 0; i < turns.size(); ++i)
+    if (turns[i]->pending_tokens() == 1) {
+      give[i] = 1;
+      --left;
+    }
+  for (size_t i = 0; i < turns.size() && left > 0; ++i)
+    if (turns[i]->pending_tokens() > 1) {
+      give[i] = std::min(turns[i]->pending_tokens(), left);
+      left -= give[i];
+    }
+  std::vector<AgentTurn*> run;
+  std::vector<AgentTurn::Pass> passes;
+  std::vector<size_t> index;  // [run] the turn's index in `turns`
+  for (size_t i = 0; i < turns.size(); ++i) {
+    if (give[i] == 0) continue;
+    auto p = turns[i]->next_pass(give[i]);
+    if (!p.ok()) {
+      status[i] = p.error();
+      continue;
+    }
+    run.push_back(turns[i]);
+    passes.push_back(*p);
+    index.push_back(i);
+  }
+  if (run.empty()) return status;
+  const Status batched = run_passes(model, run, passes);
+  if (batched.ok() || run.size() == 1) {
+    if (!batched.ok()) status[index.front()] = batched;
+    return status;
+  }
+  // Which turn's pass failed is not known: each runs alone (no turn advanced, and what the failed
+  // pass wrote to a cache is past what the bookkeeping says it holds, so it is written again).
+  model.discard_picks();
+  for (size_t k = 0; k < run.size(); ++k) {
+    auto p = run[k]->next_pass(give[index[k]]);
+    if (!p.ok()) {
+      status[index[k]] = p.error();
+      continue;
+    }
+    status[index[k]] = run_passes(model, {&run[k], 1}, {&*p, 1});
+  }
+  return status;
+}
+
+}  // namespace lragent

@@ -1,0 +1,89 @@
+// One agent's generate (or force) step on an AgentSession, run one forward pass at a time, so
+// that a scheduler can put the passes of many steps, on different trajectories, into one batch
+// (continuous batching across requests: the server's engine loop).
+//
+// A turn's passes: its catch-up (the trajectory positions the agent has not processed, as the
+// sharing mode defines them), in chunks of at most the token budget it is given, the last chunk
+// picking the first token; then one pass per generated token. Each pass's pick is made either on
+// the backend's device (only the id comes back) or, when the step needs the row's logits
+// (penalties, logit_bias, min_tokens, min_p, logprobs, kept logits), on the host. The tokens are
+// those of AgentSession::run_agent's step-by-step loop, which is this class run alone.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "agents/replay.h"
+
+namespace lragent {
+
+class AgentTurn {
+ public:
+  // Starts agent `name`'s step on `session` (n_generate tokens, or `forced` ones when not empty).
+  // A droidspeak catch-up over the positions the shared layers hold already runs here, in a
+  // pass of its own (it runs fewer layers). The session must not run another step until this one
+  // is done, and must outlive it.
+  static Result<std::unique_ptr<AgentTurn>> start(AgentSession& session, const std::string& name, int n_generate,
+                                                  std::vector<int32_t> forced, std::vector<std::string> stop,
+                                                  AgentDecode decode);
+  ~AgentTurn();
+
+  bool done() const { return done_; }
+  // Tokens of the next pass, were it given no budget (1 while decoding).
+  int64_t pending_tokens() const;
+
+  // The next pass. `max_tokens` (>= 1) bounds a catch-up chunk; a chunk short of the catch-up's
+  // end picks nothing (produces_token false). The input points into this turn and holds its KV
+  // binding: it is valid until complete() or the next call of next_pass() (which may be called
+  // again, e.g. to run the pass alone after a batch failed; the token it picks is the same).
+  struct Pass {
+    SeqInput input;
+    bool produces_token = false;
+    bool host_logits = false;  // complete() needs the row's logits
+    RowSampling pick;          // the device pick's parameters (its u drawn once per token)
+  };
+  Result<Pass> next_pass(int64_t max_tokens);
+  // The pass ran. `row` [vocab]: its logits when host_logits (may be changed in place), else
+  // null; `picked`: the device's pick otherwise. Ends the step at a stop, on_token declining, or
+  // the token budget.
+  Status complete(float* row, int32_t picked);
+  // The step's result (call once, when done()).
+  StepResult result();
+
+ private:
+  friend class AgentSession;  // run_agent runs a turn that picks on the device with decode lookahead
+  AgentTurn(AgentSession& s) : s_(s) {}
+
+  AgentSession& s_;
+  int a_ = 0;
+  int n_ = 0;                  // tokens to produce
+  std::vector<int32_t> forced_;
+  std::vector<std::string> stop_;
+  AgentDecode dec_;
+  std::unique_ptr<Sampler> sampler_;
+  StepResult r_;
+  std::chrono::steady_clock::time_point t0_;
+  int64_t begin_ = 0;          // first trajectory position the agent has not processed
+  int64_t chunk_end_ = 0;      // end of the pending pass's positions
+  size_t prompt_len_ = 0;      // penalties' "prompt": the trajectory before this step
+  bool host_ = false;          // every token pass picks on the host
+  bool penalize_ = false, want_logprobs_ = false, shape_ = false;
+  bool drawn_ = false;         // pick_ holds the next token's draw
+  RowSampling pick_;
+  std::vector<int32_t> toks_;  // [chunk] the pending pass's tokens
+  std::unique_ptr<KvBinding> binding_;
+  bool done_ = false;
+};
+
+// One forward pass over the next pass of each turn in `turns` (none of them done, each on its own
+// session), their catch-up chunks sharing `max_batch_tokens` (decode passes first, then catch-ups
+// in order; a turn left without budget sits this pass out, but the pass always makes progress).
+// When the batched pass fails, each turn's pass runs alone, so that only a turn whose own pass
+// fails gets an error. Returns one status per turn.
+std::vector<Status> step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens);
+
+}  // namespace lragent
