@@ -1,6 +1,8 @@
 #include "server/server.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cassert>
 #include <chrono>
 #include <random>
 #include <span>
@@ -12,6 +14,8 @@
 
 #include <fmt/core.h>
 #include <httplib.h>
+
+#include "agents/agent_turn.h"
 
 namespace lragent::server {
 namespace {
@@ -97,6 +101,8 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
     opts.max_model_len = fits;
   }
   s->opts_ = std::move(opts);
+  s->publish_sessions();
+  s->engine_ = std::thread([srv = s.get()] { srv->engine_loop(); });
   s->created_ = unix_now();
   s->next_seed_ = std::random_device{}();
   s->http_ = std::make_unique<Http>();
@@ -104,7 +110,17 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   return s;
 }
 
-Server::~Server() { stop(); }
+Server::~Server() {
+  stop();
+  if (engine_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      stopping_ = true;
+    }
+    queue_cv_.notify_all();
+    engine_.join();
+  }
+}
 
 Result<std::string> Server::agent_for(const std::string& model) const {
   if (model.empty()) return names_.front();
@@ -182,139 +198,295 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
   return run(p, on_delta);
 }
 
-Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const DeltaFn& on_delta) {
-  const CompletionRequest& req = p.req;
-  metrics_.request_waiting();
-  std::lock_guard<std::mutex> lock(engine_mu_);
-  metrics_.request_running();
+struct Server::ChoiceRun {
+  CompletionChoice c;
+  int64_t lease = 0;                    // its trajectory (SessionPool id)
+  std::optional<CompletionText> text;   // the shown text and its stop strings (with a tokenizer)
+  std::string shown;                    // the echoed prompt
+  CompletionDelta pending;              // tokens (and log-probabilities) not sent with a piece yet
+  size_t pushed = 0;                    // output tokens given to `text`
+  std::unique_ptr<AgentTurn> turn;
+};
+
+// A request between its handler thread (which waits in run()) and the engine thread. The fields
+// under `mu` pass pieces and the end to the handler; the rest is the engine's, and the handler
+// reads `out` and `error` only once `finished` is set, after which the engine never touches it.
+struct Server::Job {
   using Clock = std::chrono::steady_clock;
-  std::optional<Clock::time_point> first_token;
+  const Prepared* p = nullptr;
+  bool streaming = false;
+  std::atomic<bool> cancelled{false};  // the handler's on_delta declined: the client went away
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<CompletionDelta> deltas;  // under mu: pieces for the handler
+  bool finished = false;                // under mu
+  std::optional<Error> error;
   std::vector<CompletionChoice> out;
-  // Counted when the request ends (also on an error: the choices that finished), with the
-  // sharing state it left.
-  struct Finish {
-    Server& s;
-    const Prepared& p;
-    std::vector<CompletionChoice>& out;
-    std::optional<Clock::time_point>& first_token;
-    bool done = false;
-    ~Finish() {
-      if (!done) commit();
+  // Engine thread only.
+  size_t next = 0;           // the next choice to start (prompt next / n, sample next % n)
+  bool running = false;      // counted as running in the metrics
+  bool abandoned = false;    // the engine saw `cancelled`
+  bool ended = false;        // in ended_
+  std::optional<Clock::time_point> first_token;
+  std::unique_ptr<ChoiceRun> run;
+  size_t choices() const { return p->ids.size() * static_cast<size_t>(p->req.n); }
+};
+
+Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const DeltaFn& on_delta) {
+  Job job;
+  job.p = &p;
+  job.streaming = static_cast<bool>(on_delta);
+  metrics_.request_waiting();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (stopping_) {
+      metrics_.request_running();
+      metrics_.request_done();
+      return make_error(ErrorCode::kInternal, "the server is shutting down");
     }
-    void commit() {
-      done = true;
-      RequestRecord rec;
-      rec.model = p.agent;
-      std::tie(rec.prompt_tokens, rec.generation_tokens) = count_tokens(out);
-      for (const CompletionChoice& c : out) {
-        rec.finish_reasons.push_back(c.finish_reason);
-        rec.reused_tokens += c.reused_tokens;
-        rec.prefilled_tokens += c.prefilled_tokens;
-      }
-      const auto now = Clock::now();
-      if (first_token) rec.ttft_seconds = std::chrono::duration<double>(*first_token - p.arrival).count();
-      rec.e2e_seconds = std::chrono::duration<double>(now - p.arrival).count();
-      s.metrics_.record(rec);
-      KvSnapshot kv;
-      for (const SessionPool::Info& info : s.pool_->sessions()) {
-        if (info.bytes.total() > 0) ++kv.trajectories;  // the pool also keeps a fresh one (BOS only) per group
-        kv.bytes.base += info.bytes.base;
-        kv.bytes.lr += info.bytes.lr;
-        kv.bytes.full += info.bytes.full;
-        kv.bytes.allocated += info.bytes.allocated;
-      }
-      kv.evicted = s.pool_->evicted_sessions();
-      s.metrics_.set_kv(kv);
-      s.metrics_.request_done();
+    queue_.push_back(&job);
+  }
+  queue_cv_.notify_one();
+  for (bool finished = false; !finished;) {
+    std::vector<CompletionDelta> deltas;
+    {
+      std::unique_lock<std::mutex> lock(job.mu);
+      job.cv.wait(lock, [&] { return job.finished || !job.deltas.empty(); });
+      deltas.swap(job.deltas);
+      finished = job.finished;
     }
-  } finish{*this, p, out, first_token};
-  bool abandoned = false;
-  for (size_t i = 0; i < p.ids.size() && !abandoned; ++i) {
-    for (int j = 0; j < req.n && !abandoned; ++j) {
-      const size_t index = i * static_cast<size_t>(req.n) + static_cast<size_t>(j);
-      CompletionChoice c;
-      c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
-      c.prompt_index = i;
-      LRA_ASSIGN_OR_RETURN(SessionPool::Lease lease, pool_->acquire(p.agent, p.ids[i]));
-      c.reused_tokens = lease.reused_tokens;
-      c.trajectory = lease.id;
-      AgentDecode dec;
-      dec.sampling = req.sampling;
-      dec.penalties = req.penalties;
-      dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
-      dec.logprobs = req.logprobs;
-      dec.logit_bias = req.logit_bias;
-      dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
-      dec.min_p = req.min_p;
-      if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
-      dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
-      // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
-      // found in this shown text (CompletionText), which ends the step through on_token; the
-      // engine itself is given none.
-      std::optional<CompletionText> text;
-      if (tok_) text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back(), dec.min_tokens);
-      const std::string shown = req.echo ? p.echo[i] : std::string();
-      CompletionDelta pending;  // tokens (and log-probabilities) not sent with a piece yet
-      pending.index = index;
-      auto emit = [&](std::string delta) {
-        if (delta.empty() || !on_delta) return true;
-        pending.text = std::move(delta);
-        if (!on_delta(pending)) abandoned = true;
-        pending.text.clear();
-        pending.token_ids.clear();
-        pending.logprobs.clear();
-        return !abandoned;
-      };
-      if (!emit(shown)) break;
-      size_t pushed = 0;  // output tokens given to `text`
-      // Every token but a stop id that ends the step (ends() checks those first) comes here.
-      dec.on_token = [&](int32_t t, const StepLogprobs* lp) {
-        if (!first_token) first_token = Clock::now();
-        ++pushed;
-        pending.token_ids.push_back(t);
-        if (lp) pending.logprobs.push_back(*lp);
-        if (!text) return true;  // no tokenizer, no text: the ids go with the last event
-        return emit(text->push(t)) && !text->matched_stop();
-      };
-      auto r = lease.session->run_agent(p.agent, p.budgets[i], {}, {}, &dec);
-      if (!r.ok()) {
-        pool_->drop(lease.id);  // its caches may hold a partial pass
-        if (r.error().code == ErrorCode::kOutOfMemory)  // a trajectory's own KV memory: retrying cannot help
-          return make_error(ErrorCode::kInvalidArgument,
-                            "this request does not fit one trajectory's KV memory ({}): shorten the prompt or lower "
-                            "'max_tokens' (the server's --kv-memory / --max-context set it)",
-                            r.error().message);
-        return r.error();
-      }
-      if (!first_token && !r->output_tokens.empty()) first_token = Clock::now();  // a stop id came first
-      // The stop id that ended the step, if one did, was not given to on_token: its text is never shown.
-      for (; pushed < r->output_tokens.size(); ++pushed)
-        if (text) text->push(r->output_tokens[pushed], /*ends_step=*/true);
-      c.text = shown;
-      if (text) {
-        emit(text->finish());
-        c.text += text->text();
-        c.stop_reason = text->matched_stop();
-      }
-      if (c.stop_reason) {
-        c.finish_reason = "stop";
-      } else {
-        c.finish_reason = abandoned ? "abort" : r->finish_reason;
-        if (c.finish_reason == "stop" && !r->output_tokens.empty()) {  // a stop id; vLLM names it unless EOS
-          const int32_t last = r->output_tokens.back();
-          const auto& eos = model_->config().eos_token_ids;
-          if (std::find(eos.begin(), eos.end(), last) == eos.end() || req.ignore_eos) c.stop_token = last;
+    for (const CompletionDelta& d : deltas)
+      if (!job.cancelled.load() && !on_delta(d)) job.cancelled.store(true);
+  }
+  if (job.error) return *job.error;
+  return std::move(job.out);
+}
+
+void Server::engine_loop() {
+  std::vector<Job*> active;  // admitted, in arrival order
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      if (stopping_) {
+        active.insert(active.end(), queue_.begin(), queue_.end());
+        queue_.clear();
+        lock.unlock();
+        for (Job* j : active) {
+          if (j->run) pool_->drop(j->run->lease);  // its pass is cut short
+          j->run.reset();
+          end_job(*j, Error{ErrorCode::kInternal, "the server is shutting down"});
         }
+        active.clear();
+      } else {
+        active.insert(active.end(), queue_.begin(), queue_.end());
+        queue_.clear();
       }
-      c.completion_tokens = static_cast<int64_t>(r->output_tokens.size());
-      c.token_ids = r->output_tokens;
-      c.logprobs = std::move(r->logprobs);
-      c.prefilled_tokens = r->prefilled_tokens;
-      out.push_back(std::move(c));
+    }
+    for (Job* j : active)
+      if (!j->run && !j->ended) start_choice(*j);
+    std::vector<AgentTurn*> turns;
+    std::vector<Job*> owners;  // [turns]
+    for (Job* j : active) {
+      if (!j->run || j->ended) continue;
+      if (j->run->turn->done()) {  // nothing to generate (echo with max_tokens 0)
+        end_choice(*j, Status::Ok());
+        continue;
+      }
+      turns.push_back(j->run->turn.get());
+      owners.push_back(j);
+    }
+    if (!turns.empty()) {
+      const std::vector<Status> st = step_turns(*model_, turns, opts_.max_batch_tokens);
+      for (size_t k = 0; k < turns.size(); ++k)
+        if (!st[k].ok() || turns[k]->done()) end_choice(*owners[k], st[k]);
+    }
+    const bool progress = !turns.empty() || !ended_.empty();
+    // Handed back last: a handler may destroy its job as soon as it sees `finished`.
+    for (Job* j : ended_) {
+      std::erase(active, j);
+      {
+        std::lock_guard<std::mutex> lock(j->mu);
+        j->finished = true;
+      }
+      j->cv.notify_all();
+    }
+    ended_.clear();
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      if (stopping_ && active.empty() && queue_.empty()) return;
+    }
+    // A job waits only for a trajectory another running job holds, so some turn always runs;
+    // should none, wait for a new request rather than spin.
+    assert((progress || active.empty()) && "every admitted request waits: no running turn to release a trajectory");
+    if (!progress && !active.empty()) {
+      std::unique_lock<std::mutex> lock(queue_mu_);
+      queue_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stopping_ || !queue_.empty(); });
     }
   }
-  finish.commit();  // before `out` is moved into the result
-  return out;
+}
+
+bool Server::emit(Job& job, ChoiceRun& run, std::string text) {
+  if (job.cancelled.load()) job.abandoned = true;
+  if (text.empty() || !job.streaming) return !job.abandoned;
+  run.pending.text = std::move(text);
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.deltas.push_back(std::move(run.pending));
+  }
+  job.cv.notify_one();
+  const size_t index = run.pending.index;
+  run.pending = CompletionDelta{};
+  run.pending.index = index;
+  return !job.abandoned;
+}
+
+void Server::start_choice(Job& job) {
+  const Prepared& p = *job.p;
+  const CompletionRequest& req = p.req;
+  if (job.abandoned || job.next >= job.choices()) return end_job(job, std::nullopt);
+  const size_t i = job.next / static_cast<size_t>(req.n);
+  const size_t j = job.next % static_cast<size_t>(req.n);
+  auto lease = pool_->acquire(p.agent, p.ids[i]);
+  if (!lease.ok()) return end_job(job, lease.error());
+  if (!*lease) return;  // its trajectory (or every slot) runs another request: next time
+  if (!job.running) {
+    metrics_.request_running();
+    job.running = true;
+  }
+  auto run = std::make_unique<ChoiceRun>();
+  ChoiceRun& cr = *run;
+  cr.lease = (*lease)->id;
+  cr.c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
+  cr.c.prompt_index = i;
+  cr.c.reused_tokens = (*lease)->reused_tokens;
+  cr.c.trajectory = (*lease)->id;
+  cr.pending.index = job.next;
+  AgentDecode dec;
+  dec.sampling = req.sampling;
+  dec.penalties = req.penalties;
+  dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
+  dec.logprobs = req.logprobs;
+  dec.logit_bias = req.logit_bias;
+  dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
+  dec.min_p = req.min_p;
+  if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
+  dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
+  // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
+  // found in this shown text (CompletionText), which ends the step through on_token; the
+  // engine itself is given none.
+  if (tok_) cr.text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back(), dec.min_tokens);
+  cr.shown = req.echo ? p.echo[i] : std::string();
+  // Every token but a stop id that ends the step (ends() checks those first) comes here.
+  dec.on_token = [this, &job, &cr](int32_t t, const StepLogprobs* lp) {
+    if (!job.first_token) job.first_token = Job::Clock::now();
+    ++cr.pushed;
+    cr.pending.token_ids.push_back(t);
+    if (lp) cr.pending.logprobs.push_back(*lp);
+    if (!cr.text) return emit(job, cr, {});  // no tokenizer, no text: the ids go with the last piece
+    return emit(job, cr, cr.text->push(t)) && !cr.text->matched_stop();
+  };
+  ++job.next;
+  if (!emit(job, cr, cr.shown)) {
+    pool_->release(cr.lease);
+    return end_job(job, std::nullopt);
+  }
+  auto turn = AgentTurn::start(*(*lease)->session, p.agent, p.budgets[i], {}, {}, std::move(dec));
+  if (!turn.ok()) {
+    pool_->drop(cr.lease);  // a droidspeak catch-up may have run part way
+    return end_job(job, turn.error());
+  }
+  cr.turn = std::move(*turn);
+  job.run = std::move(run);
+}
+
+void Server::end_choice(Job& job, const Status& st) {
+  ChoiceRun& cr = *job.run;
+  if (!st.ok()) {
+    pool_->drop(cr.lease);  // its caches may hold a partial pass
+    job.run.reset();
+    if (st.error().code == ErrorCode::kOutOfMemory)  // a trajectory's own KV memory: retrying cannot help
+      return end_job(job, Error{ErrorCode::kInvalidArgument,
+                                fmt::format("this request does not fit one trajectory's KV memory ({}): shorten the "
+                                            "prompt or lower 'max_tokens' (the server's --kv-memory / --max-context "
+                                            "set it)",
+                                            st.error().message)});
+    return end_job(job, st.error());
+  }
+  const CompletionRequest& req = job.p->req;
+  StepResult r = cr.turn->result();
+  pool_->release(cr.lease);
+  CompletionChoice& c = cr.c;
+  if (!job.first_token && !r.output_tokens.empty()) job.first_token = Job::Clock::now();  // a stop id came first
+  // The stop id that ended the step, if one did, was not given to on_token: its text is never shown.
+  for (; cr.pushed < r.output_tokens.size(); ++cr.pushed)
+    if (cr.text) cr.text->push(r.output_tokens[cr.pushed], /*ends_step=*/true);
+  c.text = cr.shown;
+  if (cr.text) {
+    emit(job, cr, cr.text->finish());
+    c.text += cr.text->text();
+    c.stop_reason = cr.text->matched_stop();
+  }
+  if (c.stop_reason) {
+    c.finish_reason = "stop";
+  } else {
+    c.finish_reason = job.abandoned ? "abort" : r.finish_reason;
+    if (c.finish_reason == "stop" && !r.output_tokens.empty()) {  // a stop id; vLLM names it unless EOS
+      const int32_t last = r.output_tokens.back();
+      const auto& eos = model_->config().eos_token_ids;
+      if (std::find(eos.begin(), eos.end(), last) == eos.end() || req.ignore_eos) c.stop_token = last;
+    }
+  }
+  c.completion_tokens = static_cast<int64_t>(r.output_tokens.size());
+  c.token_ids = r.output_tokens;
+  c.logprobs = std::move(r.logprobs);
+  c.prefilled_tokens = r.prefilled_tokens;
+  job.out.push_back(std::move(c));
+  job.run.reset();
+  if (job.abandoned || job.next >= job.choices()) end_job(job, std::nullopt);
+}
+
+void Server::end_job(Job& job, std::optional<Error> error) {
+  if (job.ended) return;
+  job.ended = true;
+  if (!job.running) metrics_.request_running();
+  publish_sessions();
+  // Counted also on an error: the choices that finished, with the sharing state the request left.
+  RequestRecord rec;
+  rec.model = job.p->agent;
+  std::tie(rec.prompt_tokens, rec.generation_tokens) = count_tokens(job.out);
+  for (const CompletionChoice& c : job.out) {
+    rec.finish_reasons.push_back(c.finish_reason);
+    rec.reused_tokens += c.reused_tokens;
+    rec.prefilled_tokens += c.prefilled_tokens;
+  }
+  const auto now = Job::Clock::now();
+  if (job.first_token) rec.ttft_seconds = std::chrono::duration<double>(*job.first_token - job.p->arrival).count();
+  rec.e2e_seconds = std::chrono::duration<double>(now - job.p->arrival).count();
+  metrics_.record(rec);
+  KvSnapshot kv;
+  {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    for (const SessionPool::Info& info : sessions_) {
+      if (info.bytes.total() > 0) ++kv.trajectories;  // the pool also keeps a fresh one (BOS only) per group
+      kv.bytes.base += info.bytes.base;
+      kv.bytes.lr += info.bytes.lr;
+      kv.bytes.full += info.bytes.full;
+      kv.bytes.allocated += info.bytes.allocated;
+    }
+    kv.evicted = evicted_sessions_;
+  }
+  metrics_.set_kv(kv);
+  metrics_.request_done();
+  job.error = std::move(error);
+  ended_.push_back(&job);
+}
+
+void Server::publish_sessions() {
+  std::vector<SessionPool::Info> infos = pool_->sessions();
+  std::lock_guard<std::mutex> lock(sessions_mu_);
+  sessions_ = std::move(infos);
+  evicted_sessions_ = pool_->evicted_sessions();
 }
 
 Result<int> Server::bind(const std::string& host, int port) {
@@ -423,9 +595,9 @@ void Server::install_routes() {
     send_json(res, 200, json{{"object", "list"}, {"data", data}});
   });
   svr.Get("/lragent/sessions", [this](const httplib::Request&, httplib::Response& res) {
-    std::lock_guard<std::mutex> lock(engine_mu_);
+    std::lock_guard<std::mutex> lock(sessions_mu_);
     json list = json::array();
-    for (const SessionPool::Info& s : pool_->sessions()) {
+    for (const SessionPool::Info& s : sessions_) {
       json computed = json::object();
       for (size_t a = 0; a < s.agents.size(); ++a) computed[s.agents[a]] = s.computed[a];
       list.push_back({{"id", s.id},
@@ -437,7 +609,7 @@ void Server::install_routes() {
     }
     send_json(res, 200, json{{"kv_share", share_mode_name(share_mode())},
                              {"sessions", list},
-                             {"evicted_sessions", pool_->evicted_sessions()}});
+                             {"evicted_sessions", evicted_sessions_}});
   });
   // A known route with the wrong method: 405, as vLLM answers.
   auto wrong_method = [](const char* allow) {

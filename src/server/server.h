@@ -11,18 +11,26 @@
 //   GET  /lragent/sessions       the kept trajectories: tokens, cache bytes, tokens each agent computed
 //   POST /tokenize, /detokenize  vLLM's: a prompt (or chat messages) to ids, ids to text
 //   GET  /metrics                Prometheus counters (server/metrics.h)
-// Requests run one at a time, in arrival order (one engine, no cross-request batching yet).
+// Requests are batched: one engine thread runs a forward pass at a time over the next pass of
+// every running request (continuous batching, as vLLM's scheduler: decode tokens first, then
+// prompt catch-ups in chunks within --max-num-batched-tokens), each on its own trajectory and
+// with its own adapter. A request whose trajectory another request is running (the next turn of
+// that conversation, or a second choice of one prompt) waits for it; so does one that needs a
+// trajectory slot while every slot is running a request (--max-sessions bounds how many run).
 // A bad request gets an OpenAI error body with its status (400, 404, 413, 503); the server
 // stays up, and a request that fails mid-way drops only its own trajectory.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/metrics.h"
@@ -39,6 +47,9 @@ struct ServerOptions {
   std::string base_name = "base";  // the base model's served name
   SessionPoolOptions pool;         // sharing mode, KV sizing, trajectories kept
   int64_t max_model_len = 0;       // prompt + max_tokens limit (0: the trajectories' capacity)
+  // Tokens of one forward pass (vLLM's max_num_batched_tokens): every running request's decode
+  // token, then prompt catch-ups in chunks from what is left.
+  int64_t max_batch_tokens = 2048;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 32u << 20;
   // Connection threads: each open connection (a keep-alive client between requests, too) holds
@@ -100,8 +111,9 @@ class Server {
   int64_t max_model_len() const { return opts_.max_model_len; }
 
   // One completion request, as POST /v1/completions runs it: `on_delta` gets each piece of text
-  // as it can be shown (streaming); returning false abandons the request (the client went
-  // away). Thread-safe: requests run one at a time.
+  // as it can be shown (streaming), called on the calling thread; returning false abandons the
+  // request (the client went away; the engine ends it at its next token). Thread-safe: requests
+  // from many threads run batched together.
   Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
 
  private:
@@ -110,8 +122,23 @@ class Server {
   struct Prepared;  // a validated request: its agent, and each prompt's ids and token budget
   // Validates a request and tokenizes its prompts (errors: unknown model, too long, bad ids).
   Result<Prepared> prepare(const CompletionRequest& req) const;
-  // Runs a prepared request (complete()'s second half).
+  // Runs a prepared request (complete()'s second half): hands it to the engine thread and passes
+  // its pieces to on_delta until it ends.
   Result<std::vector<CompletionChoice>> run(const Prepared& p, const DeltaFn& on_delta);
+  struct Job;        // a request in the engine
+  struct ChoiceRun;  // the choice of a Job running now
+  // The engine thread: admits requests, starts their choices, runs one batched pass at a time.
+  void engine_loop();
+  // Starts the job's next choice when its trajectory is free (else it waits); may end the job.
+  void start_choice(Job& job);
+  // The running choice ended (its turn done, or failed with `st`); may end the job.
+  void end_choice(Job& job, const Status& st);
+  // Counts the job in the metrics and queues it for its handler (ended_); nothing touches it after.
+  void end_job(Job& job, std::optional<Error> error);
+  // A piece of a choice's text for a streaming client; false when the client went away.
+  bool emit(Job& job, ChoiceRun& run, std::string text);
+  // Copies the pool's state for /lragent/sessions and /metrics (engine thread).
+  void publish_sessions();
   // The agent a request's "model" names (empty: the base model).
   Result<std::string> agent_for(const std::string& model) const;
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
@@ -131,9 +158,19 @@ class Server {
   const Tokenizer* tok_ = nullptr;
   ServerOptions opts_;
   std::vector<std::string> names_;
-  std::unique_ptr<SessionPool> pool_;
-  std::mutex engine_mu_;  // one request in the engine at a time
+  std::unique_ptr<SessionPool> pool_;  // the engine thread's alone
   Metrics metrics_;
+  // Requests handed to the engine thread, not admitted yet.
+  std::mutex queue_mu_;
+  std::condition_variable queue_cv_;
+  std::deque<Job*> queue_;
+  bool stopping_ = false;
+  std::vector<Job*> ended_;  // engine thread: jobs ended in this iteration, handed back after it
+  std::thread engine_;
+  // The pool's state as the engine last left it (GET /lragent/sessions never waits for a pass).
+  mutable std::mutex sessions_mu_;
+  std::vector<SessionPool::Info> sessions_;
+  int64_t evicted_sessions_ = 0;
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;

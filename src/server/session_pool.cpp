@@ -56,20 +56,30 @@ Result<SessionPool::Entry*> SessionPool::create_session(int group) {
       return &entries_.back();
     }
     // Out of memory: the least recently used trajectory gives its KV memory back, then retry.
-    if (s.error().code != ErrorCode::kOutOfMemory || entries_.empty()) return s.error();
-    evict_lru();
+    if (s.error().code != ErrorCode::kOutOfMemory || !evict_lru()) return s.error();
   }
 }
 
-void SessionPool::evict_lru() {
-  const auto lru = std::min_element(entries_.begin(), entries_.end(),
-                                    [](const Entry& a, const Entry& b) { return a.last_used < b.last_used; });
-  if (lru == entries_.end()) return;
+bool SessionPool::evict_lru() {
+  auto lru = entries_.end();
+  for (auto it = entries_.begin(); it != entries_.end(); ++it)
+    if (!it->held && (lru == entries_.end() || it->last_used < lru->last_used)) lru = it;
+  if (lru == entries_.end()) return false;
   entries_.erase(lru);
   ++evicted_;
+  return true;
 }
 
-Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt) {
+bool SessionPool::any_held() const {
+  return std::any_of(entries_.begin(), entries_.end(), [](const Entry& e) { return e.held; });
+}
+
+void SessionPool::release(int64_t id) {
+  for (Entry& e : entries_)
+    if (e.id == id) e.held = false;
+}
+
+Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt) {
   int group = -1;
   for (size_t g = 0; g < groups_.size() && group < 0; ++g)
     if (std::find(groups_[g].names.begin(), groups_[g].names.end(), agent) != groups_[g].names.end())
@@ -109,10 +119,18 @@ Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const 
     use = best;
     keep = best_len;
   } else {
-    if (full) evict_lru();
-    LRA_ASSIGN_OR_RETURN(use, create_session(group));
+    if (full && !evict_lru()) return std::optional<Lease>();  // every slot runs a request
+    auto made = create_session(group);
+    if (!made.ok()) {
+      // Out of memory with only held trajectories left to drop: one will be released.
+      if (made.error().code == ErrorCode::kOutOfMemory && any_held()) return std::optional<Lease>();
+      return made.error();
+    }
+    use = *made;
     keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
   }
+  if (use->held) return std::optional<Lease>();  // it runs another request: this one waits its turn there
+  use->held = true;
   use->last_used = ++tick_;
   use->last_prompt = prompt_len;
   // The prompt's last position always runs again: its logits pick the first token, and an agent
@@ -121,7 +139,7 @@ Result<SessionPool::Lease> SessionPool::acquire(const std::string& agent, const 
   AgentSession& s = *use->session;
   s.truncate(keep);
   s.append(std::vector<int32_t>(prompt.begin() + keep, prompt.end()));
-  return Lease{&s, use->id, keep};
+  return std::optional<Lease>(Lease{&s, use->id, keep});
 }
 
 int64_t SessionPool::capacity_tokens(int64_t upto) {

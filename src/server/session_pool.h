@@ -14,11 +14,13 @@
 //   - else a new trajectory is started (the least recently used one making room beyond
 //     max_sessions), so that two conversations that part keep their own trajectories.
 // There is no copy-on-write fork yet: two conversations that part after a long common prefix
-// keep that prefix in two trajectories.
+// keep that prefix in two trajectories, and two requests that belong on one trajectory (parallel
+// agents on one prompt) run one after the other on it.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,9 +57,14 @@ class SessionPool {
     // this agent computes them anyway is the sharing mode's (StepResult::prefilled_tokens).
     int64_t reused_tokens = 0;
   };
-  // The trajectory that will run `agent` on `prompt` (which then is its whole token sequence).
+  // The trajectory that will run `agent` on `prompt` (which then is its whole token sequence),
+  // held by the caller until release(). nullopt: the trajectory the prompt belongs on is held by
+  // another request, or room for a new one can only be made by dropping a held one; ask again
+  // when a request releases its trajectory. Held trajectories are never cut back or dropped.
   // Errors: unknown agent (kNotFound), no memory for a new trajectory (kOutOfMemory).
-  Result<Lease> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
+  Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
+  // The request running on trajectory `id` is done with it.
+  void release(int64_t id);
   // Forgets a trajectory (after a failed request its state is not trusted).
   void drop(int64_t id);
 
@@ -83,10 +90,13 @@ class SessionPool {
     int group = 0;
     uint64_t last_used = 0;
     int64_t last_prompt = 0;  // tokens of the latest request's prompt (where its completion began)
+    bool held = false;        // a request runs on it (acquire() until release())
   };
   SessionPool(LlamaModel& m) : model_(m) {}
   Result<Entry*> create_session(int group);
-  void evict_lru();  // drops the least recently used trajectory (none: nothing)
+  // Drops the least recently used trajectory no request holds; false when every one is held.
+  bool evict_lru();
+  bool any_held() const;
 
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;

@@ -29,6 +29,13 @@ class SessionPoolTest : public testing::TinyAgentsTest {
     EXPECT_TRUE(p.ok()) << p.error().message;
     return p.ok() ? std::move(*p) : nullptr;
   }
+  // One request at a time: the lease is released at once (it must not be waiting for another).
+  static Result<SessionPool::Lease> acquire(SessionPool& p, const std::string& agent, const std::vector<int32_t>& prompt) {
+    LRA_ASSIGN_OR_RETURN(std::optional<SessionPool::Lease> l, p.acquire(agent, prompt));
+    if (!l) return make_error(ErrorCode::kInternal, "the pool made a lone request wait");
+    p.release(l->id);
+    return *l;
+  }
   std::vector<int32_t> encode(const std::string& text) {
     auto ids = tok_->encode(text, true);
     EXPECT_TRUE(ids.ok());
@@ -57,7 +64,7 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   auto p = pool(ShareMode::kBaseLr, 3);
   ASSERT_NE(p, nullptr);
   const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog.\nThought 1:");
-  auto l1 = p->acquire("plan", prompt);
+  auto l1 = acquire(*p, "plan", prompt);
   ASSERT_TRUE(l1.ok()) << l1.error().message;
   EXPECT_EQ(l1->reused_tokens, 1);  // the BOS a new trajectory holds
   auto r1 = l1->session->run_agent("plan", 6, {}, {});
@@ -68,7 +75,7 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   std::vector<int32_t> turn2 = l1->session->trajectory();
   const std::vector<int32_t> obs = {13, 29909, 29901};  // any ids inside the vocabulary
   for (int32_t id : obs) turn2.push_back(id % model_->config().vocab_size);
-  auto l2 = p->acquire("action", turn2);
+  auto l2 = acquire(*p, "action", turn2);
   ASSERT_TRUE(l2.ok());
   EXPECT_EQ(l2->id, l1->id);
   EXPECT_EQ(l2->reused_tokens, static_cast<int64_t>(turn2.size() - obs.size()));
@@ -79,7 +86,7 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
 
   // A prompt sharing only its first tokens starts another trajectory; the first is kept whole.
   const size_t before = l2->session->trajectory().size();
-  auto l3 = p->acquire("reflect", encode("Once upon a time the sun was hot."));
+  auto l3 = acquire(*p, "reflect", encode("Once upon a time the sun was hot."));
   ASSERT_TRUE(l3.ok());
   EXPECT_NE(l3->id, l1->id);
   auto infos = p->sessions();
@@ -88,17 +95,17 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   EXPECT_EQ(first->tokens, static_cast<int64_t>(before));
 
   // Re-sending the first turn (most of it shared) cuts the trajectory back rather than starting anew.
-  auto l4 = p->acquire("plan", prompt);
+  auto l4 = acquire(*p, "plan", prompt);
   ASSERT_TRUE(l4.ok());
   EXPECT_EQ(l4->id, l1->id);
   EXPECT_EQ(l4->reused_tokens, static_cast<int64_t>(prompt.size()) - 1);
   EXPECT_EQ(l4->session->trajectory(), prompt);
 
   // The base model lives in its own group under base-lr.
-  auto l5 = p->acquire("base", prompt);
+  auto l5 = acquire(*p, "base", prompt);
   ASSERT_TRUE(l5.ok());
   EXPECT_NE(l5->id, l1->id);
-  EXPECT_EQ(p->acquire("nobody", prompt).error().code, ErrorCode::kNotFound);
+  EXPECT_EQ(acquire(*p, "nobody", prompt).error().code, ErrorCode::kNotFound);
 }
 
 // Two conversations that share a prefix and take turns keep a trajectory each while slots are
@@ -111,7 +118,7 @@ TEST_F(SessionPoolTest, ConversationsThatPartKeepTheirOwnTrajectories) {
   std::vector<int32_t> b = encode("Question: where is the red ball? It is in the garden.");
   int64_t id_a = 0, id_b = 0;
   for (int turn = 0; turn < 3; ++turn) {
-    auto la = p->acquire("plan", a);
+    auto la = acquire(*p, "plan", a);
     ASSERT_TRUE(la.ok());
     if (turn == 0) id_a = la->id;
     EXPECT_EQ(la->id, id_a);
@@ -119,7 +126,7 @@ TEST_F(SessionPoolTest, ConversationsThatPartKeepTheirOwnTrajectories) {
     ASSERT_TRUE(la->session->run_agent("plan", 2, {}, {}).ok());
     a = la->session->trajectory();
     a.insert(a.end(), {13, 13, 13});
-    auto lb = p->acquire("action", b);
+    auto lb = acquire(*p, "action", b);
     ASSERT_TRUE(lb.ok());
     if (turn == 0) id_b = lb->id;
     EXPECT_EQ(lb->id, id_b);
@@ -131,7 +138,7 @@ TEST_F(SessionPoolTest, ConversationsThatPartKeepTheirOwnTrajectories) {
   // A next prompt whose last completion tokens differ (retokenized): the trajectory is cut back.
   std::vector<int32_t> retok(a.begin(), a.end() - 4);
   retok.insert(retok.end(), {29, 13, 13});
-  auto lr = p->acquire("reflect", retok);
+  auto lr = acquire(*p, "reflect", retok);
   ASSERT_TRUE(lr.ok());
   EXPECT_EQ(lr->id, id_a);
   EXPECT_EQ(lr->reused_tokens, static_cast<int64_t>(a.size()) - 4);
@@ -178,15 +185,15 @@ TEST_F(SessionPoolTest, PenaltiesApplyOverTheTrajectoryAndTheStepsTokens) {
 TEST_F(SessionPoolTest, TheLeastRecentlyUsedTrajectoryMakesRoom) {
   auto p = pool(ShareMode::kBase, 2);
   ASSERT_NE(p, nullptr);
-  auto a = p->acquire("plan", encode("Alpha alpha alpha alpha."));
+  auto a = acquire(*p, "plan", encode("Alpha alpha alpha alpha."));
   ASSERT_TRUE(a.ok());
   const int64_t id_a = a->id;
-  auto b = p->acquire("plan", encode("Beta beta beta beta beta."));
+  auto b = acquire(*p, "plan", encode("Beta beta beta beta beta."));
   ASSERT_TRUE(b.ok());
   const int64_t id_b = b->id;
   EXPECT_NE(id_a, id_b);
-  ASSERT_TRUE(p->acquire("action", encode("Alpha alpha alpha alpha. More")).ok());  // touches a
-  auto c = p->acquire("plan", encode("Gamma gamma gamma gamma."));
+  ASSERT_TRUE(acquire(*p, "action", encode("Alpha alpha alpha alpha. More")).ok());  // touches a
+  auto c = acquire(*p, "plan", encode("Gamma gamma gamma gamma."));
   ASSERT_TRUE(c.ok());
   std::vector<int64_t> ids;
   for (const auto& i : p->sessions()) ids.push_back(i.id);
@@ -196,6 +203,48 @@ TEST_F(SessionPoolTest, TheLeastRecentlyUsedTrajectoryMakesRoom) {
   EXPECT_EQ(p->evicted_sessions(), 1);
   p->drop(id_a);
   EXPECT_EQ(p->sessions().size(), 1u);
+}
+
+// A request whose trajectory runs another request waits (nullopt) rather than cutting it back or
+// starting a copy, and a held trajectory is never dropped to make room.
+TEST_F(SessionPoolTest, AHeldTrajectoryMakesItsNextRequestWaitAndIsNeverDropped) {
+  auto p = pool(ShareMode::kBase, 2);  // one group: the pool starts with one fresh trajectory
+  ASSERT_NE(p, nullptr);
+  const std::vector<int32_t> alpha = encode("Alpha alpha alpha alpha.");
+  auto a = p->acquire("plan", alpha);
+  ASSERT_TRUE(a.ok() && a->has_value());
+  std::vector<int32_t> next = alpha;
+  next.push_back(13);
+  auto waits = p->acquire("action", next);  // the next turn of a's conversation
+  ASSERT_TRUE(waits.ok());
+  EXPECT_FALSE(waits->has_value());
+  auto resent = p->acquire("plan", alpha);  // n > 1: the same prompt again
+  ASSERT_TRUE(resent.ok());
+  EXPECT_FALSE(resent->has_value());
+  // Another conversation takes the second slot; a third finds both held: it waits, nothing is dropped.
+  auto b = p->acquire("plan", encode("Beta beta beta beta beta."));
+  ASSERT_TRUE(b.ok() && b->has_value());
+  EXPECT_NE((*b)->id, (*a)->id);
+  auto c = p->acquire("plan", encode("Gamma gamma gamma gamma."));
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->has_value());
+  EXPECT_EQ(p->evicted_sessions(), 0);
+  EXPECT_EQ(p->sessions().size(), 2u);
+  EXPECT_EQ((*a)->session->trajectory(), alpha);  // untouched by the waiting requests
+  // Released, a's trajectory takes its next turn; b's released slot then makes room for gamma.
+  p->release((*a)->id);
+  auto a2 = p->acquire("action", next);
+  ASSERT_TRUE(a2.ok() && a2->has_value());
+  EXPECT_EQ((*a2)->id, (*a)->id);
+  EXPECT_EQ((*a2)->reused_tokens, static_cast<int64_t>(alpha.size()));
+  auto c2 = p->acquire("plan", encode("Gamma gamma gamma gamma."));
+  ASSERT_TRUE(c2.ok());
+  EXPECT_FALSE(c2->has_value());  // a (held again) and b (held) fill both slots
+  p->release((*b)->id);
+  auto c3 = p->acquire("plan", encode("Gamma gamma gamma gamma."));
+  ASSERT_TRUE(c3.ok() && c3->has_value());
+  EXPECT_EQ(p->evicted_sessions(), 1);
+  EXPECT_NE((*c3)->id, (*b)->id);
 }
 
 // A trajectory cut back to L tokens (then re-extended) computes what one that only ever held
@@ -210,7 +259,7 @@ TEST_F(SessionPoolTest, ACutTrajectoryComputesAsOneThatNeverHeldTheCutTokens) {
     o.replay.keep_logits = true;
     auto cut_pool = SessionPool::create(*model_, tok_.get(), {AgentGroup{names_, ptrs_}}, o);
     ASSERT_TRUE(cut_pool.ok()) << cut_pool.error().message;
-    auto l1 = (*cut_pool)->acquire("plan", prompt);
+    auto l1 = acquire(**cut_pool, "plan", prompt);
     ASSERT_TRUE(l1.ok());
     auto r1 = l1->session->run_agent("plan", 10, {}, {});
     ASSERT_TRUE(r1.ok()) << r1.error().message;
@@ -219,7 +268,7 @@ TEST_F(SessionPoolTest, ACutTrajectoryComputesAsOneThatNeverHeldTheCutTokens) {
     const size_t L = prompt.size() + 6;  // inside plan's output
     const std::vector<int32_t> kept(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(L));
     // Plan, whose own entries went past the cut, runs again from it; then reflect.
-    auto l2 = (*cut_pool)->acquire("plan", kept);
+    auto l2 = acquire(**cut_pool, "plan", kept);
     ASSERT_TRUE(l2.ok());
     ASSERT_EQ(l2->id, l1->id);
     std::vector<StepResult> cut, ref;
