@@ -131,8 +131,10 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
 
 }  // namespace
 
-std::vector<Status> step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens) {
-  std::vector<Status> status(turns.size(), Status::Ok());
+TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens) {
+  TurnStep out;
+  out.status.assign(turns.size(), Status::Ok());
+  std::vector<Status>& status = out.status;
   // Tokens each turn's pass gets: decodes (and one-token catch-ups) first, then catch-up chunks
   // in order from what is left; with no decode running the first catch-up gets the whole budget.
   std::vector<int64_t> give(turns.size(), 0);
@@ -160,12 +162,14 @@ std::vector<Status> step_turns(LlamaModel& model, std::span<AgentTurn* const> tu
     run.push_back(turns[i]);
     passes.push_back(*p);
     index.push_back(i);
+    out.tokens += p->input.n_tokens;
   }
-  if (run.empty()) return status;
+  out.sequences = static_cast<int64_t>(run.size());
+  if (run.empty()) return out;
   const Status batched = run_passes(model, run, passes);
   if (batched.ok() || run.size() == 1) {
     if (!batched.ok()) status[index.front()] = batched;
-    return status;
+    return out;
   }
   // Which turn's pass failed is not known: each runs alone (no turn advanced, and what the failed
   // pass wrote to a cache is past what the bookkeeping says it holds, so it is written again).
@@ -178,7 +182,7 @@ std::vector<Status> step_turns(LlamaModel& model, std::span<AgentTurn* const> tu
     }
     status[index[k]] = run_passes(model, {&run[k], 1}, {&*p, 1});
   }
-  return status;
+  return out;
 }
 
 }  // namespace lragent

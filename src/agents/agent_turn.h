@@ -83,7 +83,12 @@ class AgentTurn {
 // session), their catch-up chunks sharing `max_batch_tokens` (decode passes first, then catch-ups
 // in order; a turn left without budget sits this pass out, but the pass always makes progress).
 // When the batched pass fails, each turn's pass runs alone, so that only a turn whose own pass
-// fails gets an error. Returns one status per turn.
-std::vector<Status> step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens);
+// fails gets an error.
+struct TurnStep {
+  std::vector<Status> status;  // [turns]
+  int64_t sequences = 0;       // turns the pass served
+  int64_t tokens = 0;          // tokens it ran
+};
+TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens);
 
 }  // namespace lragent

@@ -282,7 +282,7 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   }
   AgentTurn* const one[1] = {turn.get()};
   while (!turn->done()) {  // step by step: the turn's passes alone, its catch-up in one pass
-    const Status st = step_turns(model_, one, std::numeric_limits<int64_t>::max()).front();
+    const Status st = step_turns(model_, one, std::numeric_limits<int64_t>::max()).status.front();
     if (!st.ok()) return st.error();
   }
   return turn->result();

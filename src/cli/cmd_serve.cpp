@@ -24,6 +24,7 @@ struct ServeFlags {
   int port = 8000;
   std::string served_name;
   int max_sessions = 4;
+  int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;
   std::string api_key;
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
@@ -123,6 +124,7 @@ int run_serve(const ServeFlags& f) {
   server::ServerOptions so;
   so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
   so.pool.max_sessions = f.max_sessions;
+  so.max_batch_tokens = f.max_batched_tokens;
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
@@ -190,9 +192,16 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "built-in model). Adapters are served under their --adapter names");
   cmd->add_option("--max-sessions", f->max_sessions,
                   "Trajectories kept between requests, each with its KV memory (--max-context / --kv-memory); the "
-                  "least recently used one makes room for a new one")
+                  "least recently used one makes room for a new one. Requests on different trajectories run "
+                  "batched together, so this also bounds how many run at once (a request whose trajectory runs "
+                  "another one waits for it)")
       ->default_val(4)
       ->check(cli::in_range(1, 4096));
+  cmd->add_option("--max-num-batched-tokens", f->max_batched_tokens,
+                  "Tokens of one batched forward pass (vLLM's flag): every running request's next token, then "
+                  "prompts in chunks of what is left, so a long prompt does not stall the others' decoding")
+      ->default_val(2048)
+      ->check(cli::in_range(1, 1 << 20));
   cmd->add_option("--max-model-len", f->max_model_len,
                   "Longest prompt + max_tokens a request may ask for (0: --max-context); capped at the model's "
                   "context and at what one trajectory's --kv-memory holds (measured at start-up). Longer requests "

@@ -37,6 +37,11 @@ const std::vector<double>& Histogram::e2e_bounds() {
   return b;
 }
 
+const std::vector<double>& Histogram::iteration_token_bounds() {
+  static const std::vector<double> b = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+  return b;
+}
+
 void Histogram::observe(double seconds) {
   for (size_t i = 0; i < bounds_.size(); ++i)
     if (seconds <= bounds_[i]) {
@@ -78,6 +83,13 @@ void Metrics::record_http(const std::string& route, int status) {
   ++http_[{route, status}];
 }
 
+void Metrics::record_pass(int64_t sequences, int64_t tokens) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++passes_;
+  pass_sequences_ += sequences;
+  pass_tokens_.observe(static_cast<double>(tokens));
+}
+
 void Metrics::set_kv(const KvSnapshot& kv) {
   std::lock_guard<std::mutex> lock(mu_);
   kv_ = kv;
@@ -86,7 +98,7 @@ void Metrics::set_kv(const KvSnapshot& kv) {
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
-  header(out, "lragent:num_requests_running", "gauge", "Requests in the engine (one at a time).");
+  header(out, "lragent:num_requests_running", "gauge", "Requests in the engine (their passes batched together).");
   out += fmt::format("lragent:num_requests_running {}\n", running_.load());
   header(out, "lragent:num_requests_waiting", "gauge", "Requests waiting for the engine.");
   out += fmt::format("lragent:num_requests_waiting {}\n", waiting_.load());
@@ -120,6 +132,14 @@ std::string Metrics::render() const {
   header(out, "lragent:http_requests_total", "counter", "HTTP answers by route and status.");
   for (const auto& [key, n] : http_)
     out += fmt::format("lragent:http_requests_total{{route=\"{}\",status=\"{}\"}} {}\n", label(key.first), key.second, n);
+
+  header(out, "lragent:engine_passes_total", "counter", "Batched forward passes the engine ran.");
+  out += fmt::format("lragent:engine_passes_total {}\n", passes_);
+  header(out, "lragent:engine_pass_sequences_total", "counter",
+         "Requests served by those passes, summed (over engine_passes_total: the mean batch).");
+  out += fmt::format("lragent:engine_pass_sequences_total {}\n", pass_sequences_);
+  header(out, "lragent:iteration_tokens_total", "histogram", "Tokens of one engine pass (decode tokens and prompt chunks).");
+  out += pass_tokens_.render("lragent:iteration_tokens_total", "");
 
   header(out, "lragent:trajectories", "gauge", "Trajectories kept that hold cache entries (each one's caches shared by its agents).");
   out += fmt::format("lragent:trajectories {}\n", kv_.trajectories);

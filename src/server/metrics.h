@@ -1,6 +1,6 @@
 // The server's counters, exposed as Prometheus text at GET /metrics (as vLLM's /metrics, with
 // the prefix "lragent:"). Besides vLLM's usual ones (requests, prompt and generation tokens,
-// time to first token, request latency, KV bytes) it counts what sharing saves: prompt tokens a
+// time to first token, request latency, tokens per engine pass, KV bytes) it counts what sharing saves: prompt tokens a
 // kept trajectory already held, and the tokens agents actually computed to catch up.
 //
 // Thread-safe; GET /metrics never waits for the engine (the KV figures are a snapshot the
@@ -24,6 +24,8 @@ class Histogram {
   // vLLM's buckets (its time-to-first-token and end-to-end latency histograms).
   static const std::vector<double>& ttft_bounds();
   static const std::vector<double>& e2e_bounds();
+  // vLLM's iteration_tokens_total buckets (tokens of one engine pass).
+  static const std::vector<double>& iteration_token_bounds();
   explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size(), 0) {}
   void observe(double seconds);
   // The name_bucket{labels,le=...} / name_sum{labels} / name_count{labels} lines (`labels`:
@@ -72,6 +74,8 @@ class Metrics {
     ++running_;
   }
   void request_done() { --running_; }
+  // One batched forward pass of the engine: the requests it served and the tokens it ran.
+  void record_pass(int64_t sequences, int64_t tokens);
   // Prometheus text exposition format 0.0.4.
   std::string render() const;
 
@@ -85,6 +89,8 @@ class Metrics {
   std::map<std::string, PerModel> models_;
   std::map<std::pair<std::string, int>, int64_t> http_;  // (route, status) -> answers
   KvSnapshot kv_;
+  int64_t passes_ = 0, pass_sequences_ = 0;
+  Histogram pass_tokens_{Histogram::iteration_token_bounds()};
   std::atomic<int64_t> running_{0}, waiting_{0};
 };
 

@@ -297,9 +297,10 @@ void Server::engine_loop() {
       owners.push_back(j);
     }
     if (!turns.empty()) {
-      const std::vector<Status> st = step_turns(*model_, turns, opts_.max_batch_tokens);
+      const TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens);
+      metrics_.record_pass(step.sequences, step.tokens);
       for (size_t k = 0; k < turns.size(); ++k)
-        if (!st[k].ok() || turns[k]->done()) end_choice(*owners[k], st[k]);
+        if (!step.status[k].ok() || turns[k]->done()) end_choice(*owners[k], step.status[k]);
     }
     const bool progress = !turns.empty() || !ended_.empty();
     // Handed back last: a handler may destroy its job as soon as it sees `finished`.

@@ -545,6 +545,11 @@ TEST_F(ServerTest, MetricsCountWhatTheRequestsDid) {
   EXPECT_EQ(value("lragent:generation_tokens_total{model_name=\"plan\"}"), plan["usage"]["completion_tokens"].get<double>());
   EXPECT_EQ(value("lragent:prompt_tokens_total{model_name=\"action\"}"), static_cast<double>(next.size()));
   EXPECT_EQ(value("lragent:prompt_tokens_reused_total{model_name=\"action\"}"), static_cast<double>(reused));
+  // One request at a time: a pass per generated token (the prompt's pass picks the first), each serving one request.
+  const double generated = plan["usage"]["completion_tokens"].get<double>() + action["usage"]["completion_tokens"].get<double>();
+  EXPECT_EQ(value("lragent:engine_passes_total"), generated);
+  EXPECT_EQ(value("lragent:engine_pass_sequences_total"), generated);
+  EXPECT_EQ(value("lragent:iteration_tokens_total_count"), generated);
   EXPECT_EQ(value("lragent:prefill_tokens_total{model_name=\"action\"}"),
             action["lragent"]["choices"][0]["prefilled_tokens"].get<double>());
   EXPECT_EQ(value("lragent:request_success_total{model_name=\"action\",finished_reason=\"length\"}"), 1);
@@ -624,8 +629,8 @@ TEST_F(ServerTest, AClientLeavingMidStreamLeavesTheServerWell) {
   EXPECT_EQ(j["choices"][0]["text"], want);
 }
 
-// Requests from several clients at once run one at a time, each getting what it would alone
-// (none: no agent's output depends on another's entries).
+// Requests from several clients at once each get what they would alone (none: no agent's output
+// depends on another's entries), whichever order they run in and whatever they are batched with.
 TEST_F(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
   start(ShareMode::kNone);
   const std::vector<std::string> prompts = {"Once upon a time", "The little dog", "Lily and Ben went", "A big red ball"};
@@ -643,6 +648,79 @@ TEST_F(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
     });
   for (auto& t : clients) t.join();
   for (size_t k = 0; k < got.size(); ++k) EXPECT_EQ(got[k], want[k % prompts.size()]) << k;
+}
+
+// Requests that arrive while another runs join its passes: each gets what it gets alone (greedy,
+// seeded, with logprobs, streamed or not, on the base model or an adapter), a request for the
+// trajectory the first one holds waits for it, and /metrics counts passes that served several.
+TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone) {
+  const std::vector<json> bodies = {
+      {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 150}, {"ignore_eos", true}, {"temperature", 0}},
+      {{"model", "action"}, {"prompt", "The little dog ran"}, {"max_tokens", 30}, {"temperature", 0.8}, {"seed", 5}},
+      {{"model", "reflect"}, {"prompt", "Lily and Ben went to the park. They"}, {"max_tokens", 25}, {"temperature", 0},
+       {"logprobs", 2}, {"ignore_eos", true}},
+      {{"model", "tiny"}, {"prompt", "A big red ball"}, {"max_tokens", 20}, {"temperature", 0}},
+      {{"model", "action"}, {"prompt", "Once upon a time"}, {"max_tokens", 15}, {"temperature", 0}},  // the first's trajectory
+  };
+  auto request = [&](const json& body) {
+    auto r = parse_completion_request(body.dump());
+    EXPECT_TRUE(r.ok());
+    return *r;
+  };
+  start(ShareMode::kBaseLr);
+  std::vector<CompletionChoice> alone;
+  for (const json& b : bodies) {
+    auto r = server_->complete(request(b));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    alone.push_back((*r)[0]);
+  }
+  stop();
+  start(ShareMode::kBaseLr);
+  std::vector<std::optional<CompletionChoice>> got(bodies.size());
+  std::vector<std::thread> later;
+  std::string streamed;  // the first request's pieces
+  auto run = [&](size_t i, const DeltaFn& on_delta) {
+    auto r = server_->complete(request(bodies[i]), on_delta);
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    if (r.ok()) got[i] = (*r)[0];
+  };
+  // The others are sent once the first has begun, with most of its 150 tokens to go.
+  run(0, [&](const CompletionDelta& d) {
+    if (later.empty())
+      for (size_t i = 1; i < bodies.size(); ++i)
+        later.emplace_back(run, i, i % 2 ? DeltaFn{} : DeltaFn([](const CompletionDelta&) { return true; }));
+    streamed += d.text;
+    return true;
+  });
+  for (auto& t : later) t.join();
+  ASSERT_EQ(later.size(), bodies.size() - 1);
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(got[i]);
+    EXPECT_EQ(got[i]->token_ids, alone[i].token_ids);
+    EXPECT_EQ(got[i]->text, alone[i].text);
+    EXPECT_EQ(got[i]->finish_reason, alone[i].finish_reason);
+    ASSERT_EQ(got[i]->logprobs.size(), alone[i].logprobs.size());
+    for (size_t k = 0; k < alone[i].logprobs.size(); ++k)
+      EXPECT_NEAR(got[i]->logprobs[k].logprob, alone[i].logprobs[k].logprob, 1e-4);
+  }
+  EXPECT_EQ(streamed, alone[0].text);
+  EXPECT_EQ(alone[2].logprobs.size(), 25u);
+  EXPECT_EQ(got[4]->trajectory, got[0]->trajectory);  // it waited for the first, then cut it back
+  httplib::Client c("127.0.0.1", port_);
+  auto m = c.Get("/metrics");
+  ASSERT_TRUE(m);
+  auto value = [&](const std::string& series) {
+    const size_t at = m->body.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
+  };
+  const double passes = value("lragent:engine_passes_total"), served = value("lragent:engine_pass_sequences_total");
+  double generated = 0;
+  for (const auto& g : got) generated += static_cast<double>(g->completion_tokens);
+  EXPECT_EQ(served, generated);  // a pass per request per generated token, however batched
+  EXPECT_LT(passes, served - 40) << "the requests did not share passes";
+  EXPECT_EQ(value("lragent:num_requests_running"), 0);
+  EXPECT_EQ(value("lragent:num_requests_waiting"), 0);
 }
 
 // vLLM's rules found by review: the completion's first word keeps its space (echo shows prompt +

@@ -1,4 +1,4 @@
-// The fixture the server tests share: tinystories-656k on a 2-thread CPU backend, its tokenizer,
+// The fixture the server and agent-turn tests share: tinystories-656k on a 2-thread CPU backend, its tokenizer,
 // and the plan/action/reflect adapters of qv-shared-a-r8 (the agents).
 #pragma once
 

@@ -1,0 +1,215 @@
+// AgentTurn and step_turns on tinystories-656k with the plan/action/reflect adapters: turns of
+// several trajectories batched into one pass pick what each picks run alone (AgentSession::run_agent
+// with decode lookahead, the replay's and the trace bench's path), their catch-ups chunked by the
+// token budget; a pass that fails fails only its own turn.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "agents/agent_turn.h"
+#include "tiny_agents.h"
+
+namespace lragent {
+namespace {
+
+class AgentTurnTest : public testing::TinyAgentsTest {
+ protected:
+  std::unique_ptr<AgentSession> session(ShareMode mode, int64_t max_tokens = 256) {
+    ReplayOptions o;
+    o.sharing.mode = mode;
+    o.sharing.max_tokens = max_tokens;
+    o.sharing.evict_private = false;
+    if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+    auto s = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o);
+    EXPECT_TRUE(s.ok()) << s.error().message;
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::vector<int32_t> encode(const std::string& text) {
+    auto ids = tok_->encode(text, false);
+    EXPECT_TRUE(ids.ok());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+
+  // One request of the batch: a trajectory, what runs on it before, and the step.
+  struct Case {
+    ShareMode mode;
+    std::string text;
+    std::string before;  // an agent that runs 5 tokens first (empty: none), so the step catches up
+    std::string agent;
+    int n;
+    AgentDecode dec;
+  };
+  std::vector<Case> cases() {
+    std::vector<Case> cs;
+    cs.push_back({ShareMode::kBaseLr, "Once upon a time, there was a little dog named Max. He liked", "plan", "action", 20, {}});
+    AgentDecode sampled;
+    sampled.sampling = {0.9f, 40, 0.95f, 7};
+    cs.push_back({ShareMode::kNone, "Lily and Ben went to the park with their mom.", "reflect", "plan", 17, sampled});
+    AgentDecode logprobs;
+    logprobs.logprobs = 3;
+    logprobs.penalties = {1.2f, 0.3f, 0.f};
+    cs.push_back({ShareMode::kBase, "The sun was hot and the birds sang in the big green tree.", "", "reflect", 12, logprobs});
+    AgentDecode shaped;
+    shaped.sampling = {1.0f, 0, 1.f, 11};
+    shaped.min_p = 0.1f;
+    shaped.logit_bias = {{13, -5.f}};
+    cs.push_back({ShareMode::kDroidSpeak, "A big red ball rolled down the hill and a cat ran after it.", "action", "plan", 9, shaped});
+    cs.push_back({ShareMode::kFull, "Tom had a toy car.", "", "plan", 1, {}});
+    return cs;
+  }
+  // The session of a case with its prompt in place and `before` run.
+  std::unique_ptr<AgentSession> prepare(const Case& c) {
+    auto s = session(c.mode);
+    if (!s) return nullptr;
+    s->append(encode(c.text));
+    if (!c.before.empty()) EXPECT_TRUE(s->run_agent(c.before, 5, {}, {}).ok());
+    return s;
+  }
+};
+
+TEST_F(AgentTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
+  const std::vector<Case> cs = cases();
+  std::vector<StepResult> alone;
+  std::vector<std::vector<int64_t>> alone_computed;
+  for (const Case& c : cs) {
+    auto s = prepare(c);
+    ASSERT_NE(s, nullptr);
+    auto r = s->run_agent(c.agent, c.n, {}, {}, &c.dec);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    alone.push_back(std::move(*r));
+    alone_computed.push_back(s->computed_per_agent());
+  }
+  for (int64_t budget : {int64_t{7}, int64_t{1} << 20}) {
+    SCOPED_TRACE(budget);
+    std::vector<std::unique_ptr<AgentSession>> sessions;
+    std::vector<std::unique_ptr<AgentTurn>> turns;
+    for (const Case& c : cs) {
+      sessions.push_back(prepare(c));
+      ASSERT_NE(sessions.back(), nullptr);
+      auto t = AgentTurn::start(*sessions.back(), c.agent, c.n, {}, {}, c.dec);
+      ASSERT_TRUE(t.ok()) << t.error().message;
+      turns.push_back(std::move(*t));
+    }
+    int passes = 0;
+    int64_t most = 0;  // largest batch
+    for (;;) {
+      std::vector<AgentTurn*> live;
+      for (auto& t : turns)
+        if (!t->done()) live.push_back(t.get());
+      if (live.empty()) break;
+      const TurnStep step = step_turns(*model_, live, budget);
+      for (const Status& st : step.status) ASSERT_TRUE(st.ok()) << st.error().message;
+      EXPECT_LE(step.tokens, std::max<int64_t>(budget, step.sequences));  // decodes may pass a tiny budget
+      most = std::max(most, step.sequences);
+      ASSERT_LT(++passes, 1000);
+    }
+    EXPECT_EQ(most, static_cast<int64_t>(cs.size()));
+    for (size_t i = 0; i < cs.size(); ++i) {
+      SCOPED_TRACE(i);
+      const StepResult r = turns[i]->result();
+      EXPECT_EQ(r.output_tokens, alone[i].output_tokens);
+      EXPECT_EQ(r.text, alone[i].text);
+      EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
+      EXPECT_EQ(r.prefilled_tokens, alone[i].prefilled_tokens);
+      EXPECT_EQ(sessions[i]->computed_per_agent(), alone_computed[i]);
+      ASSERT_EQ(r.logprobs.size(), alone[i].logprobs.size());
+      for (size_t k = 0; k < r.logprobs.size(); ++k) {
+        EXPECT_NEAR(r.logprobs[k].logprob, alone[i].logprobs[k].logprob, 1e-4);
+        ASSERT_EQ(r.logprobs[k].top.size(), 3u);
+        for (size_t t = 0; t < 3; ++t) EXPECT_EQ(r.logprobs[k].top[t].id, alone[i].logprobs[k].top[t].id);
+      }
+    }
+  }
+  // The cases differ from what greedy steps of their agents give (else sampling shows nothing).
+  auto greedy = prepare(cs[1]);
+  auto g = greedy->run_agent(cs[1].agent, cs[1].n, {}, {});
+  ASSERT_TRUE(g.ok());
+  EXPECT_NE(g->output_tokens, alone[1].output_tokens);
+}
+
+// A catch-up longer than the budget runs in chunks of the budget, picking only at its end, and
+// picks what one pass over it picks (logits within f32 rounding).
+TEST_F(AgentTurnTest, ACatchUpRunsInChunksOfTheBudget) {
+  const std::string text = "Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball.";
+  auto whole = session(ShareMode::kBaseLr);
+  whole->append(encode(text));
+  whole->keep_logits(true);
+  auto ref = whole->run_agent("plan", 3, {}, {});
+  ASSERT_TRUE(ref.ok());
+
+  auto s = session(ShareMode::kBaseLr);
+  s->append(encode(text));
+  s->keep_logits(true);
+  auto t = AgentTurn::start(*s, "plan", 3, {}, {}, AgentDecode{});
+  ASSERT_TRUE(t.ok());
+  AgentTurn* one[1] = {t->get()};
+  const int64_t prompt = static_cast<int64_t>(s->trajectory().size());
+  int64_t pending = (*t)->pending_tokens();
+  EXPECT_EQ(pending, prompt);
+  while (pending > 1) {
+    const TurnStep step = step_turns(*model_, one, 10);
+    ASSERT_TRUE(step.status[0].ok());
+    EXPECT_EQ(step.tokens, std::min<int64_t>(pending, 10));
+    EXPECT_EQ(s->trajectory().size(), static_cast<size_t>(prompt) + (pending <= 10 ? 1 : 0));  // a pick only at the end
+    pending = (*t)->pending_tokens();
+  }
+  while (!(*t)->done()) ASSERT_TRUE(step_turns(*model_, one, 10).status[0].ok());
+  const StepResult r = (*t)->result();
+  EXPECT_EQ(r.output_tokens, ref->output_tokens);
+  ASSERT_EQ(r.logits.size(), ref->logits.size());
+  double worst = 0;
+  for (size_t i = 0; i < r.logits.size(); ++i)
+    for (size_t v = 0; v < r.logits[i].size(); ++v)
+      worst = std::max(worst, static_cast<double>(std::abs(r.logits[i][v] - ref->logits[i][v])));
+  EXPECT_LT(worst, 1e-4);
+  EXPECT_EQ(s->computed_per_agent()[0], static_cast<int64_t>(prompt) + 2);  // the prompt and 2 decode passes
+}
+
+// A turn whose trajectory runs out of KV memory fails alone; the turns batched with it go on and
+// pick what they pick alone.
+TEST_F(AgentTurnTest, APassThatFailsFailsOnlyItsTurn) {
+  const std::vector<Case> cs = cases();
+  std::vector<StepResult> alone;
+  for (size_t i = 0; i < 2; ++i) {
+    auto s = prepare(cs[i]);
+    auto r = s->run_agent(cs[i].agent, cs[i].n, {}, {}, &cs[i].dec);
+    ASSERT_TRUE(r.ok());
+    alone.push_back(std::move(*r));
+  }
+  std::vector<std::unique_ptr<AgentSession>> sessions;
+  sessions.push_back(prepare(cs[0]));
+  auto small = session(ShareMode::kNone, 32);  // room for 32 positions
+  small->append(encode("Once upon a time, there was a little dog named Max."));
+  sessions.push_back(std::move(small));
+  sessions.push_back(prepare(cs[1]));
+  std::vector<std::unique_ptr<AgentTurn>> turns;
+  const std::vector<std::pair<std::string, int>> steps = {{cs[0].agent, cs[0].n}, {"plan", 40}, {cs[1].agent, cs[1].n}};
+  for (size_t i = 0; i < 3; ++i) {
+    auto t = AgentTurn::start(*sessions[i], steps[i].first, steps[i].second, {}, {},
+                              i == 0 ? cs[0].dec : i == 2 ? cs[1].dec : AgentDecode{});
+    ASSERT_TRUE(t.ok());
+    turns.push_back(std::move(*t));
+  }
+  bool failed = false;
+  for (int pass = 0; pass < 1000; ++pass) {
+    std::vector<AgentTurn*> live;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < turns.size(); ++i)
+      if (turns[i] && !turns[i]->done()) live.push_back(turns[i].get()), which.push_back(i);
+    if (live.empty()) break;
+    const TurnStep step = step_turns(*model_, live, 1 << 20);
+    for (size_t k = 0; k < live.size(); ++k) {
+      if (step.status[k].ok()) continue;
+      EXPECT_EQ(which[k], 1u) << step.status[k].error().message;
+      EXPECT_EQ(step.status[k].error().code, ErrorCode::kOutOfMemory);
+      turns[which[k]].reset();
+      failed = true;
+    }
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_EQ(turns[0]->result().output_tokens, alone[0].output_tokens);
+  EXPECT_EQ(turns[2]->result().output_tokens, alone[1].output_tokens);
+}
+
+}  // namespace
+}  // namespace lragent
