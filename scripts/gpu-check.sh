@@ -269,6 +269,12 @@ PY
   timeout 300 python3 scripts/serve-bench.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b --lengths $SB_LENGTHS \
     --modes none,full,base,base-lr --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" 2>>"$LOGS/serve.log" |
     tee -a "$LOGS/serve.log" | tail -8
+  # Batching across requests: C independent clients at once against one at a time.
+  SC_LEVELS=1,2,4,8,16
+  [ "${QUICK:-0}" = 1 ] && SC_LEVELS=1,8
+  timeout 240 python3 scripts/serve-concurrency.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b \
+    --levels $SC_LEVELS --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" 2>>"$LOGS/serve.log" |
+    tee -a "$LOGS/serve.log" | tail -9
 fi
 save
 echo "== SDPA peer ($(elapsed))"

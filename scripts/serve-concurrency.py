@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""What batching across requests gives the clients of `lragent serve`: C independent clients
+send their requests at once, and the server runs their passes together (continuous batching).
+
+One server (`--preset` synthetic weights with a real model's shapes and its plan/action/reflect
+adapters) serves every level. At each concurrency C, C clients each send one completion request
+at the same moment: its own prompt (random token ids, --prompt tokens), an adapter in turn
+(plan, action, reflect), --max-tokens tokens decoded (greedy, ignore_eos). Per level it records
+the wall time until the last response, the aggregate generated tokens/s, each client's latency,
+and from /metrics the engine's passes and the requests they served (the mean batch). The
+speed-up at C is C x (the time of one request alone) / (the wall time of C at once): how much
+sooner C requests end than run one after another.
+
+Writes bench/results/serve-concurrency-<gpu>-<preset>-<date>.json, .md and .png (with --out-dir;
+the plot when matplotlib is there), with GPU name, date and commit; prints the markdown.
+
+  scripts/serve-concurrency.py --bin build-cuda/lragent --device cuda --preset llama3.1-8b \\
+      --levels 1,2,4,8,16 [--out-dir bench/results]
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+serve_bench = __import__("serve-bench")  # start_server, post, PRESETS
+
+
+def metric(base, name):
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def run_level(base, c, prompt_tokens, max_tokens, preset, seed):
+    vocab_hi, bos = serve_bench.PRESETS[preset]
+    rng = random.Random(seed)
+    agents = ["plan", "action", "reflect"]
+    bodies = [{"model": agents[i % 3], "prompt": [bos] + [rng.randrange(2, vocab_hi) for _ in range(prompt_tokens - 1)],
+               "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(c)]
+    out = [None] * c
+    start = threading.Barrier(c + 1)
+
+    def client(i):
+        start.wait()
+        r, wall = serve_bench.post(base, bodies[i])
+        out[i] = {"latency_s": wall, "tokens": r["usage"]["completion_tokens"]}
+
+    passes0 = metric(base, "lragent:engine_passes_total")
+    served0 = metric(base, "lragent:engine_pass_sequences_total")
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(c)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    passes = metric(base, "lragent:engine_passes_total") - passes0
+    served = metric(base, "lragent:engine_pass_sequences_total") - served0
+    tokens = sum(o["tokens"] for o in out)
+    lat = sorted(o["latency_s"] for o in out)
+    return {"concurrency": c, "wall_s": wall, "generated_tokens": tokens, "tokens_per_s": tokens / wall,
+            "latency_mean_s": sum(lat) / c, "latency_max_s": lat[-1], "engine_passes": passes,
+            "mean_batch": served / passes if passes else float("nan")}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="build/lragent")
+    ap.add_argument("--preset", default="tiny", choices=sorted(serve_bench.PRESETS))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kv-share", default="base-lr")
+    ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--prompt", type=int, default=512, help="prompt tokens per request")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens each request decodes")
+    ap.add_argument("--out-dir", default="")
+    ap.add_argument("--gpu-name", default="")
+    ap.add_argument("--commit", default=os.environ.get("LRAGENT_COMMIT", ""))
+    a = ap.parse_args()
+    levels = [int(x) for x in a.levels.split(",")]
+    args = ["--preset", a.preset, "--device", a.device, "--kv-share", a.kv_share, "--max-context",
+            str(a.prompt + a.max_tokens + 64), "--max-sessions", str(max(levels) + 1)]
+    proc, base = serve_bench.start_server(a.bin, args)
+    results = []
+    try:
+        run_level(base, 2, a.prompt, 16, a.preset, 1)  # warm-up: kernels, allocator, graphs
+        for i, c in enumerate(levels):
+            r = run_level(base, c, a.prompt, a.max_tokens, a.preset, 100 + i)
+            results.append(r)
+            print(f"C={c:3d}: {r['wall_s']:6.2f} s, {r['tokens_per_s']:8.1f} tok/s, mean batch {r['mean_batch']:.2f}",
+                  file=sys.stderr)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    one = next((r for r in results if r["concurrency"] == 1), None)
+    for r in results:
+        r["speedup_vs_one_at_a_time"] = r["concurrency"] * one["wall_s"] / r["wall_s"] if one else None
+    lines = [f"# lragent serve: concurrent clients ({a.preset}, {a.device}, --kv-share {a.kv_share})", "",
+             f"GPU: {a.gpu_name or 'n/a'} · date: {datetime.date.today()} · commit: {a.commit or 'n/a'}", "",
+             f"C clients send one request each at once: its own {a.prompt}-token prompt, an adapter in turn "
+             f"(plan / action / reflect), {a.max_tokens} tokens decoded (greedy, ignore_eos), over HTTP. Speed-up: "
+             "C x (one request's wall time) / (C requests' wall time), i.e. against running them one after another. "
+             "Mean batch: requests served per engine pass (from /metrics).", "",
+             "| clients | wall (s) | generated tokens/s | mean latency (s) | max latency (s) | mean batch | speed-up vs one at a time |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in results:
+        sp = f"{r['speedup_vs_one_at_a_time']:.2f}x" if r["speedup_vs_one_at_a_time"] else "n/a"
+        lines.append(f"| {r['concurrency']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | {r['latency_mean_s']:.2f} | "
+                     f"{r['latency_max_s']:.2f} | {r['mean_batch']:.2f} | {sp} |")
+    md = "\n".join(lines) + "\n"
+    print(md)
+    if a.out_dir:
+        os.makedirs(a.out_dir, exist_ok=True)
+        tag = re.sub(r"[^a-z0-9]+", "-", (a.gpu_name or a.device).lower()).strip("-")
+        stem = os.path.join(a.out_dir, f"serve-concurrency-{tag}-{a.preset}-{datetime.date.today():%Y%m%d}")
+        with open(stem + ".json", "w") as f:
+            json.dump({"benchmark": "scripts/serve-concurrency.py", "gpu": a.gpu_name, "device": a.device,
+                       "preset": a.preset, "kv_share": a.kv_share, "commit": a.commit,
+                       "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(), "prompt_tokens": a.prompt,
+                       "max_tokens": a.max_tokens, "results": results}, f, indent=1)
+        with open(stem + ".md", "w") as f:
+            f.write(md)
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+            fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
+            cs = [r["concurrency"] for r in results]
+            ax[0].plot(cs, [r["tokens_per_s"] for r in results], "o-")
+            ax[0].set(xlabel="concurrent clients", ylabel="generated tokens/s", xscale="log", title="throughput")
+            ax[1].plot(cs, [r["latency_mean_s"] for r in results], "o-")
+            ax[1].set(xlabel="concurrent clients", ylabel="mean latency (s)", xscale="log", title="latency")
+            for x in ax:
+                x.grid(alpha=0.3)
+            fig.suptitle(f"lragent serve, {a.preset}, {a.gpu_name or a.device}")
+            fig.tight_layout()
+            fig.savefig(stem + ".png", dpi=110)
+        except ImportError:
+            print("matplotlib is not installed: no plot", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
