@@ -283,26 +283,18 @@ void Server::engine_loop() {
         queue_.clear();
       }
     }
-    for (Job* j : active)
-      if (!j->run && !j->ended) start_choice(*j);
-    std::vector<AgentTurn*> turns;
-    std::vector<Job*> owners;  // [turns]
-    for (Job* j : active) {
-      if (!j->run || j->ended) continue;
-      if (j->run->turn->done()) {  // nothing to generate (echo with max_tokens 0)
-        end_choice(*j, Status::Ok());
-        continue;
+    bool ran = false;
+    try {
+      ran = engine_pass(active);
+    } catch (const std::exception& e) {  // the server stays up: the requests of this pass fail
+      for (Job* j : active) {
+        if (j->ended) continue;
+        if (j->run) pool_->drop(j->run->lease);
+        j->run.reset();
+        end_job(*j, Error{ErrorCode::kInternal, fmt::format("internal error: {}", e.what())});
       }
-      turns.push_back(j->run->turn.get());
-      owners.push_back(j);
     }
-    if (!turns.empty()) {
-      const TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens);
-      metrics_.record_pass(step.sequences, step.tokens);
-      for (size_t k = 0; k < turns.size(); ++k)
-        if (!step.status[k].ok() || turns[k]->done()) end_choice(*owners[k], step.status[k]);
-    }
-    const bool progress = !turns.empty() || !ended_.empty();
+    const bool progress = ran || !ended_.empty();
     // Handed back last: a handler may destroy its job as soon as it sees `finished`.
     for (Job* j : ended_) {
       std::erase(active, j);
@@ -325,6 +317,28 @@ void Server::engine_loop() {
       queue_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stopping_ || !queue_.empty(); });
     }
   }
+}
+
+bool Server::engine_pass(const std::vector<Job*>& active) {
+  for (Job* j : active)
+    if (!j->run && !j->ended) start_choice(*j);
+  std::vector<AgentTurn*> turns;
+  std::vector<Job*> owners;  // [turns]
+  for (Job* j : active) {
+    if (!j->run || j->ended) continue;
+    if (j->run->turn->done()) {  // nothing to generate (echo with max_tokens 0)
+      end_choice(*j, Status::Ok());
+      continue;
+    }
+    turns.push_back(j->run->turn.get());
+    owners.push_back(j);
+  }
+  if (turns.empty()) return false;
+  const TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens);
+  metrics_.record_pass(step.sequences, step.tokens);
+  for (size_t k = 0; k < turns.size(); ++k)
+    if (!step.status[k].ok() || turns[k]->done()) end_choice(*owners[k], step.status[k]);
+  return true;
 }
 
 bool Server::emit(Job& job, ChoiceRun& run, std::string text) {

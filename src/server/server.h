@@ -129,6 +129,9 @@ class Server {
   struct ChoiceRun;  // the choice of a Job running now
   // The engine thread: admits requests, starts their choices, runs one batched pass at a time.
   void engine_loop();
+  // One iteration over the admitted jobs: starts the choices that can start and runs one batched
+  // pass over the running ones; false when no pass ran (every job waits, or none is left).
+  bool engine_pass(const std::vector<Job*>& active);
   // Starts the job's next choice when its trajectory is free (else it waits); may end the job.
   void start_choice(Job& job);
   // The running choice ended (its turn done, or failed with `st`); may end the job.
