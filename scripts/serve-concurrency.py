@@ -100,6 +100,7 @@ def main():
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+        sys.stderr.write(proc.stderr.read())  # the server's exit report (e.g. LRAGENT_CUDA_GRAPH_STATS=1)
     one = next((r for r in results if r["concurrency"] == 1), None)
     for r in results:
         r["speedup_vs_one_at_a_time"] = r["concurrency"] * one["wall_s"] / r["wall_s"] if one else None

@@ -470,6 +470,15 @@ Status AdapterRegistry::add(std::unique_ptr<LoraAdapter> adapter) {
   return Status::Ok();
 }
 
+bool LoraModule::same_a_as(const LoraModule& o) const {
+  // A registry found them equal: no compare of A (a batched decode step asks this for every
+  // layer, target and pair of adapters in the batch: 256 KB compared each time at 8B, r = 16).
+  if (this == &o || (a_lead && a_lead == o.a_lead)) return true;
+  // Different A hashes never compare; equal ones from different registries (or none) do.
+  if (rank != o.rank || a_hash != o.a_hash || a.numel() != o.a.numel()) return false;
+  return std::memcmp(a.view().data, o.a.view().data, a.view().nbytes()) == 0;
+}
+
 const LoraAdapter* AdapterRegistry::find(const std::string& name) const {
   for (const auto& a : adapters_)
     if (a->name == name) return a.get();
@@ -496,8 +505,11 @@ void AdapterRegistry::rebuild_groups() {
         if (it == classes.end()) classes.push_back({static_cast<int>(i)});
         else it->push_back(static_cast<int>(i));
       }
-      for (auto& c : classes)
+      for (auto& c : classes) {
+        const LoraModule* lead = &*adapters_[static_cast<size_t>(c[0])]->layers[l][t];
+        for (int i : c) adapters_[static_cast<size_t>(i)]->layers[l][t]->a_lead = lead;
         if (c.size() >= 2) groups_.push_back({static_cast<int>(l), static_cast<LoraTarget>(t), std::move(c)});
+      }
     }
 }
 

@@ -27,6 +27,12 @@ struct LoraModule {
   Tensor a;            // [r, in_features] f32
   Tensor b;            // [out_features, r] f32
   uint64_t a_hash = 0; // hash of the raw A bytes as stored in the file
+  // Set by the AdapterRegistry that holds this module: the first registered module (same layer
+  // and target) with a bit-identical A, itself when none; null outside a registry.
+  const LoraModule* a_lead = nullptr;
+  // Whether this module's A is bit-identical to `o`'s: true at once when one registry found them
+  // so (the same a_lead), else the hashes and then a compare of the matrices decide.
+  bool same_a_as(const LoraModule& o) const;
   // Copies on a non-CPU serving backend (upload_adapter), in its weight dtype; empty on the CPU.
   Tensor a_dev;        // [r, in_features]
   Tensor b_dev;        // [out_features, r]

@@ -1,7 +1,6 @@
 #include "model/lora_apply.h"
 
 #include <cassert>
-#include <cstring>
 
 namespace lragent {
 namespace {
@@ -10,12 +9,6 @@ const LoraModule* module_of(const LoraAdapter* a, int layer, LoraTarget t) {
   if (!a) return nullptr;
   const auto& m = a->layers[static_cast<size_t>(layer)][static_cast<size_t>(t)];
   return m ? &*m : nullptr;
-}
-
-bool same_a(const LoraModule& x, const LoraModule& y) {
-  if (&x == &y) return true;
-  if (x.rank != y.rank || x.a_hash != y.a_hash || x.a.numel() != y.a.numel()) return false;
-  return std::memcmp(x.a.view().data, y.a.view().data, x.a.view().nbytes()) == 0;
 }
 
 // Segments of one target whose adapters share a bit-identical A: one x·A for all of them.
@@ -63,7 +56,7 @@ Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<
       g.lead = lead;
       for (size_t u = s; u < segs.size(); ++u) {
         const LoraModule* m = module_of(segs[u].adapter, layer, targets[t].target);
-        if (done[u] || !m || !same_a(*lead, *m)) continue;
+        if (done[u] || !m || !lead->same_a_as(*m)) continue;
         done[u] = true;
         g.members.push_back(u);
         for (int64_t r = 0; r < segs[u].n_rows; ++r) g.row_ids.push_back(static_cast<int32_t>(segs[u].row_begin + r));

@@ -172,6 +172,35 @@ TEST_F(LoraTest, MixedRegistryGroupsOnlyWithinEachSet) {
   }
   EXPECT_TRUE(Contains(reg.describe_groups(),
                        "q_proj: {qv-shared-a-r8/plan, qv-shared-a-r8/action, qv-shared-a-r8/reflect} share A"));
+  // same_a_as (what a batched pass asks, answered from the registry's a_lead without comparing A)
+  // is the compare of the matrices, for every pair of modules, and for a module outside the
+  // registry (no a_lead: compared).
+  auto outside = load("outside", fixture("qv-shared-a-r8", "plan"));
+  int same = 0, pairs = 0;
+  for (size_t l = 0; l < 2; ++l)
+    for (int t = 0; t < kNumLoraTargets; ++t)
+      for (int i = 0; i < reg.size(); ++i) {
+        const auto& mi = reg.at(i).layers[l][static_cast<size_t>(t)];
+        if (!mi) continue;
+        ASSERT_NE(mi->a_lead, nullptr);
+        for (int j = 0; j < reg.size(); ++j) {
+          const auto& mj = reg.at(j).layers[l][static_cast<size_t>(t)];
+          if (!mj) continue;
+          const bool equal = mi->a.shape() == mj->a.shape() &&
+                             std::memcmp(mi->a.f32(), mj->a.f32(), mi->a.view().nbytes()) == 0;
+          EXPECT_EQ(mi->same_a_as(*mj), equal) << l << " " << t << " " << i << " " << j;
+          EXPECT_EQ(mi->a_lead == mj->a_lead, equal);
+          same += equal && i != j;
+          ++pairs;
+        }
+        const auto& mo = outside->layers[l][static_cast<size_t>(t)];
+        if (mo) {
+          EXPECT_EQ(mo->a_lead, nullptr);
+          EXPECT_EQ(mo->same_a_as(*mi), i < 3) << "the outside plan shares A with qv-shared-a-r8 only";
+        }
+      }
+  EXPECT_EQ(same, 2 * 12 * 3);  // 12 groups of 3: 6 ordered pairs each
+  EXPECT_GT(pairs, same);
 }
 
 TEST_F(LoraTest, BadAdaptersGiveClearErrorsAndRegistryKeepsServing) {

@@ -17,6 +17,26 @@ bool fuse_lora() {
 }
 }  // namespace
 
+namespace {
+// Rows up to which weight products take the GEMV kernels rather than cuBLASLt's GEMM: 1. The
+// kernels take up to kGemvMaxRows, but past one row they re-read x from L1 for every row and fall
+// behind cuBLASLt (Llama-3.1-8B shapes through `lragent serve`, H200, scripts/serve-concurrency.py:
+// 4 requests decoding together 1.80 s with the kernels for 2-8 rows against 1.17 s with cuBLASLt,
+// 8 requests 3.09 s against 1.54 s; one request 0.69 s either way).
+// LRAGENT_GEMV_MAX_ROWS (1..kGemvMaxRows, read once) sets it, for measuring on the device.
+int64_t gemv_max_rows() {
+  static const int64_t n = [] {
+    const char* v = std::getenv("LRAGENT_GEMV_MAX_ROWS");
+    const int64_t k = v ? std::atoll(v) : 1;
+    return std::clamp<int64_t>(k, 1, lc::kGemvMaxRows);
+  }();
+  return n;
+}
+bool weight_gemv_ok(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t rows, int64_t in) {
+  return rows <= gemv_max_rows() && lc::gemv_bf16_ok(w, ldw, x, ldx, rows, in);
+}
+}  // namespace
+
 void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorView* bias, TensorView& y, float alpha,
             float beta) {
   assert(x.rank() == 2 && w.rank() == 2 && y.rank() == 2 && "matmul takes 2-D tensors");
@@ -28,7 +48,7 @@ void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorV
   int64_t ldx = row_stride_of(x);
   const int64_t ldy = row_stride_of(y);
   wrote(y.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
-  if (w.dtype == DType::kBF16 && lc::gemv_bf16_ok(w.data, row_stride_of(w), x.f32(), ldx, n, in)) {
+  if (w.dtype == DType::kBF16 && weight_gemv_ok(w.data, row_stride_of(w), x.f32(), ldx, n, in)) {
     // Decode-sized: a bandwidth-bound GEMV on the f32 activations beats cuBLASLt's GEMM here.
     const void* wd = w.data;
     const int64_t ldw = row_stride_of(w);
@@ -63,7 +83,7 @@ void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> o
   bool grouped = outs.size() >= 2 && n > 0;
   for (const MatmulOut& o : outs)
     grouped = grouped && o.w->dtype == DType::kBF16 && o.w->dim(1) == in &&
-              lc::gemv_bf16_ok(o.w->data, row_stride_of(*o.w), x.f32(), ldx, n, in);
+              weight_gemv_ok(o.w->data, row_stride_of(*o.w), x.f32(), ldx, n, in);
   if (!grouped) {
     Backend::matmul_group(x, outs);
     return;
@@ -298,8 +318,8 @@ void CudaBackend::matmul_swiglu(const TensorView& x, const TensorView& w_gate, c
   const bool gemv = fuse && n > 0 && w_gate.dtype == DType::kBF16 && w_up.dtype == DType::kBF16 &&
                     w_up.dim(0) == out && w_gate.dim(1) == in && w_up.dim(1) == in && gate.dim(1) == out &&
                     gate.data != x.data &&
-                    lc::gemv_bf16_ok(w_gate.data, row_stride_of(w_gate), x.f32(), ldx, n, in) &&
-                    lc::gemv_bf16_ok(w_up.data, row_stride_of(w_up), x.f32(), ldx, n, in);
+                    weight_gemv_ok(w_gate.data, row_stride_of(w_gate), x.f32(), ldx, n, in) &&
+                    weight_gemv_ok(w_up.data, row_stride_of(w_up), x.f32(), ldx, n, in);
   if (!gemv) {
     Backend::matmul_swiglu(x, w_gate, w_up, gate, up);
     return;
@@ -343,7 +363,7 @@ void CudaBackend::convert(const void* src, lc::Elem st, int64_t lds, void* dst, 
 
 void* CudaBackend::make_shadow(const TensorView& y, int64_t rows, int64_t cols) {
   shadow_ = {};
-  if (dtype_ != DType::kBF16 || row_stride_of(y) != cols || rows <= lc::kGemvMaxRows) return nullptr;
+  if (dtype_ != DType::kBF16 || row_stride_of(y) != cols || rows <= gemv_max_rows()) return nullptr;
   // Optional: without memory for it the GEMMs convert instead.
   void* b = try_scratch(2, static_cast<size_t>(rows * cols) * 2);
   if (b) shadow_ = {y.data, rows, cols, b};
