@@ -298,10 +298,10 @@ void Server::engine_loop() {
     // Handed back last: a handler may destroy its job as soon as it sees `finished`.
     for (Job* j : ended_) {
       std::erase(active, j);
-      {
-        std::lock_guard<std::mutex> lock(j->mu);
-        j->finished = true;
-      }
+      // Notified under the lock: the handler, once it sees `finished`, destroys the job (its cv
+      // with it), and it cannot look before this thread lets go of the mutex.
+      std::lock_guard<std::mutex> lock(j->mu);
+      j->finished = true;
       j->cv.notify_all();
     }
     ended_.clear();
