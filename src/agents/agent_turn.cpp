@@ -136,18 +136,22 @@ TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_
   out.status.assign(turns.size(), Status::Ok());
   std::vector<Status>& status = out.status;
   // Tokens each turn's pass gets: decodes (and one-token catch-ups) first, then catch-up chunks
-  // in order from what is left; with no decode running the first catch-up gets the whole budget.
+  // in order from what is left. The budget bounds how long decoding turns wait for a pass; with
+  // none in it, the first catch-up runs whole (chunks would only make it slower).
   std::vector<int64_t> give(turns.size(), 0);
   int64_t left = std::max<int64_t>(max_batch_tokens, 1);
+  bool decoding = false;
   for (size_t i = 0; i < turns.size(); ++i)
     if (turns[i]->pending_tokens() == 1) {
       give[i] = 1;
       --left;
+      decoding = true;
     }
-  for (size_t i = 0; i < turns.size() && left > 0; ++i)
+  for (size_t i = 0; i < turns.size() && (left > 0 || !decoding); ++i)
     if (turns[i]->pending_tokens() > 1) {
-      give[i] = std::min(turns[i]->pending_tokens(), left);
+      give[i] = decoding ? std::min(turns[i]->pending_tokens(), left) : turns[i]->pending_tokens();
       left -= give[i];
+      decoding = true;  // the catch-ups after it share what is left, if anything
     }
   std::vector<AgentTurn*> run;
   std::vector<AgentTurn::Pass> passes;

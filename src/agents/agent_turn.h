@@ -81,7 +81,8 @@ class AgentTurn {
 
 // One forward pass over the next pass of each turn in `turns` (none of them done, each on its own
 // session), their catch-up chunks sharing `max_batch_tokens` (decode passes first, then catch-ups
-// in order; a turn left without budget sits this pass out, but the pass always makes progress).
+// in order; a turn left without budget sits this pass out). A pass without a decode runs its
+// first catch-up whole: the budget is there so that decoding turns do not wait long.
 // When the batched pass fails, each turn's pass runs alone, so that only a turn whose own pass
 // fails gets an error.
 struct TurnStep {

@@ -199,7 +199,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->check(cli::in_range(1, 4096));
   cmd->add_option("--max-num-batched-tokens", f->max_batched_tokens,
                   "Tokens of one batched forward pass (vLLM's flag): every running request's next token, then "
-                  "prompts in chunks of what is left, so a long prompt does not stall the others' decoding")
+                  "prompts in chunks of what is left, so a long prompt does not stall the others' decoding (with "
+                  "nothing decoding, a prompt runs in one pass)")
       ->default_val(2048)
       ->check(cli::in_range(1, 1 << 20));
   cmd->add_option("--max-model-len", f->max_model_len,

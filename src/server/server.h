@@ -48,7 +48,8 @@ struct ServerOptions {
   SessionPoolOptions pool;         // sharing mode, KV sizing, trajectories kept
   int64_t max_model_len = 0;       // prompt + max_tokens limit (0: the trajectories' capacity)
   // Tokens of one forward pass (vLLM's max_num_batched_tokens): every running request's decode
-  // token, then prompt catch-ups in chunks from what is left.
+  // token, then prompt catch-ups in chunks from what is left (a pass with no decode runs its
+  // first catch-up whole).
   int64_t max_batch_tokens = 2048;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 32u << 20;

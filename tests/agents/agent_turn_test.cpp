@@ -127,9 +127,10 @@ TEST_F(AgentTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
   EXPECT_NE(g->output_tokens, alone[1].output_tokens);
 }
 
-// A catch-up longer than the budget runs in chunks of the budget, picking only at its end, and
-// picks what one pass over it picks (logits within f32 rounding).
-TEST_F(AgentTurnTest, ACatchUpRunsInChunksOfTheBudget) {
+// Beside a decoding turn, a catch-up longer than what the budget leaves runs in chunks of it,
+// picking only at its end, and picks what one pass over it picks (logits within f32 rounding);
+// alone, a catch-up runs whole whatever the budget.
+TEST_F(AgentTurnTest, ACatchUpBesideDecodingRunsInChunksOfTheBudget) {
   const std::string text = "Once upon a time, there was a little girl named Lily. She loved to play in the park with her red ball.";
   auto whole = session(ShareMode::kBaseLr);
   whole->append(encode(text));
@@ -137,23 +138,37 @@ TEST_F(AgentTurnTest, ACatchUpRunsInChunksOfTheBudget) {
   auto ref = whole->run_agent("plan", 3, {}, {});
   ASSERT_TRUE(ref.ok());
 
+  auto other = session(ShareMode::kNone);  // decodes throughout
+  other->append(encode("Tom had a toy car."));
+  auto d = AgentTurn::start(*other, "action", 60, {}, {}, AgentDecode{});
+  ASSERT_TRUE(d.ok());
+  AgentTurn* alone[1] = {d->get()};
+  const TurnStep first = step_turns(*model_, alone, 2);
+  ASSERT_TRUE(first.status[0].ok());
+  EXPECT_EQ(first.tokens, static_cast<int64_t>(other->trajectory().size()) - 1);  // whole, not 2
+  ASSERT_EQ((*d)->pending_tokens(), 1);
+
   auto s = session(ShareMode::kBaseLr);
   s->append(encode(text));
   s->keep_logits(true);
   auto t = AgentTurn::start(*s, "plan", 3, {}, {}, AgentDecode{});
   ASSERT_TRUE(t.ok());
-  AgentTurn* one[1] = {t->get()};
+  AgentTurn* both[2] = {d->get(), t->get()};
   const int64_t prompt = static_cast<int64_t>(s->trajectory().size());
   int64_t pending = (*t)->pending_tokens();
   EXPECT_EQ(pending, prompt);
+  int chunks = 0;
   while (pending > 1) {
-    const TurnStep step = step_turns(*model_, one, 10);
-    ASSERT_TRUE(step.status[0].ok());
-    EXPECT_EQ(step.tokens, std::min<int64_t>(pending, 10));
-    EXPECT_EQ(s->trajectory().size(), static_cast<size_t>(prompt) + (pending <= 10 ? 1 : 0));  // a pick only at the end
+    const TurnStep step = step_turns(*model_, both, 10);
+    ASSERT_TRUE(step.status[0].ok() && step.status[1].ok());
+    EXPECT_EQ(step.sequences, 2);
+    EXPECT_EQ(step.tokens, 1 + std::min<int64_t>(pending, 9));  // the decode token, then what is left
+    EXPECT_EQ(s->trajectory().size(), static_cast<size_t>(prompt) + (pending <= 9 ? 1 : 0));  // a pick only at the end
     pending = (*t)->pending_tokens();
+    ++chunks;
   }
-  while (!(*t)->done()) ASSERT_TRUE(step_turns(*model_, one, 10).status[0].ok());
+  EXPECT_EQ(chunks, (prompt + 8) / 9);
+  while (!(*t)->done()) ASSERT_TRUE(step_turns(*model_, both, 10).status[1].ok());
   const StepResult r = (*t)->result();
   EXPECT_EQ(r.output_tokens, ref->output_tokens);
   ASSERT_EQ(r.logits.size(), ref->logits.size());
