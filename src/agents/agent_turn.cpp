@@ -95,6 +95,8 @@ Status AgentTurn::complete(float* row, int32_t picked) {
   return Status::Ok();
 }
 
+void AgentTurn::abort_pass() { binding_.reset(); }
+
 StepResult AgentTurn::result() {
   if (s_.tok_) r_.text = s_.tok_->decode(r_.output_tokens);
   r_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
@@ -103,8 +105,11 @@ StepResult AgentTurn::result() {
 
 namespace {
 
-// One forward pass over `passes` (each turn's, in order); completes every turn or none.
-Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::span<const AgentTurn::Pass> passes) {
+// One forward pass over `passes` (each turn's, in order). A failed forward completes no turn and
+// is the error returned; after a forward that ran, each turn's completion has its own status in
+// `done` (a turn that completed must not run the pass again).
+Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::span<const AgentTurn::Pass> passes,
+                  std::span<Status> done) {
   std::vector<SeqInput> batch;
   std::vector<RowSampling> picks;  // [passes] one row each (all_logits is never set)
   bool host = false;
@@ -120,12 +125,12 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
       float* row = logits.f32() + static_cast<int64_t>(i) * vocab;
       const AgentTurn::Pass& p = passes[i];
       const int32_t id = p.produces_token && !p.host_logits ? sample_row(row, vocab, p.pick) : 0;
-      LRA_RETURN_IF_ERROR(turns[i]->complete(p.host_logits ? row : nullptr, id));
+      done[i] = turns[i]->complete(p.host_logits ? row : nullptr, id);
     }
     return Status::Ok();
   }
   LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model.forward_sample(batch, picks));
-  for (size_t i = 0; i < passes.size(); ++i) LRA_RETURN_IF_ERROR(turns[i]->complete(nullptr, ids[i]));
+  for (size_t i = 0; i < passes.size(); ++i) done[i] = turns[i]->complete(nullptr, ids[i]);
   return Status::Ok();
 }
 
@@ -170,22 +175,30 @@ TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_
   }
   out.sequences = static_cast<int64_t>(run.size());
   if (run.empty()) return out;
-  const Status batched = run_passes(model, run, passes);
-  if (batched.ok() || run.size() == 1) {
-    if (!batched.ok()) status[index.front()] = batched;
-    return out;
-  }
-  // Which turn's pass failed is not known: each runs alone (no turn advanced, and what the failed
-  // pass wrote to a cache is past what the bookkeeping says it holds, so it is written again).
-  model.discard_picks();
-  for (size_t k = 0; k < run.size(); ++k) {
-    auto p = run[k]->next_pass(give[index[k]]);
-    if (!p.ok()) {
-      status[index[k]] = p.error();
-      continue;
+  std::vector<Status> done(run.size(), Status::Ok());  // [run]
+  const Status batched = run_passes(model, run, passes, done);
+  if (batched.ok()) {
+    for (size_t k = 0; k < run.size(); ++k) status[index[k]] = done[k];
+  } else if (run.size() == 1) {
+    status[index.front()] = batched;
+  } else {
+    // Which turn's pass failed is not known: each runs alone (no turn advanced, and what the
+    // failed pass wrote to a cache is past what the bookkeeping says it holds: written again).
+    model.discard_picks();
+    for (size_t k = 0; k < run.size(); ++k) {
+      auto p = run[k]->next_pass(give[index[k]]);
+      if (!p.ok()) {
+        status[index[k]] = p.error();
+        continue;
+      }
+      Status alone = Status::Ok();
+      const Status ran = run_passes(model, {&run[k], 1}, {&*p, 1}, {&alone, 1});
+      status[index[k]] = ran.ok() ? alone : ran;
     }
-    status[index[k]] = run_passes(model, {&run[k], 1}, {&*p, 1});
   }
+  // A turn whose pass failed lets go of its KV binding now: its session may be dropped first.
+  for (size_t i = 0; i < turns.size(); ++i)
+    if (!status[i].ok()) turns[i]->abort_pass();
   return out;
 }
 

@@ -51,6 +51,9 @@ class AgentTurn {
   // null; `picked`: the device's pick otherwise. Ends the step at a stop, on_token declining, or
   // the token budget.
   Status complete(float* row, int32_t picked);
+  // The pending pass failed and will not complete: releases its KV binding (which pins the
+  // session's caches), so the session may go before the turn. step_turns calls it.
+  void abort_pass();
   // The step's result (call once, when done()).
   StepResult result();
 
@@ -84,7 +87,7 @@ class AgentTurn {
 // in order; a turn left without budget sits this pass out). A pass without a decode runs its
 // first catch-up whole: the budget is there so that decoding turns do not wait long.
 // When the batched pass fails, each turn's pass runs alone, so that only a turn whose own pass
-// fails gets an error.
+// fails gets an error (and is left with no pass: abort_pass).
 struct TurnStep {
   std::vector<Status> status;  // [turns]
   int64_t sequences = 0;       // turns the pass served

@@ -470,13 +470,19 @@ Status AdapterRegistry::add(std::unique_ptr<LoraAdapter> adapter) {
   return Status::Ok();
 }
 
+namespace {
+// Bit-identical A: the hash (of the file bytes) narrows, a compare of the f32 matrices confirms.
+bool a_bits_equal(const LoraModule& x, const LoraModule& y) {
+  return x.a_hash == y.a_hash && x.a.shape() == y.a.shape() &&
+         std::memcmp(x.a.view().data, y.a.view().data, x.a.view().nbytes()) == 0;
+}
+}  // namespace
+
 bool LoraModule::same_a_as(const LoraModule& o) const {
   // A registry found them equal: no compare of A (a batched decode step asks this for every
   // layer, target and pair of adapters in the batch: 256 KB compared each time at 8B, r = 16).
   if (this == &o || (a_lead && a_lead == o.a_lead)) return true;
-  // Different A hashes never compare; equal ones from different registries (or none) do.
-  if (rank != o.rank || a_hash != o.a_hash || a.numel() != o.a.numel()) return false;
-  return std::memcmp(a.view().data, o.a.view().data, a.view().nbytes()) == 0;
+  return a_bits_equal(*this, o);  // different hashes never compare; equal ones (another registry, or none) do
 }
 
 const LoraAdapter* AdapterRegistry::find(const std::string& name) const {
@@ -497,9 +503,7 @@ void AdapterRegistry::rebuild_groups() {
         const auto& m = adapters_[i]->layers[l][t];
         if (!m) continue;
         auto same = [&](const std::vector<int>& c) {
-          const LoraModule& r = *adapters_[static_cast<size_t>(c[0])]->layers[l][t];
-          return r.a_hash == m->a_hash && r.a.shape() == m->a.shape() &&
-                 std::memcmp(r.a.view().data, m->a.view().data, m->a.view().nbytes()) == 0;
+          return a_bits_equal(*adapters_[static_cast<size_t>(c[0])]->layers[l][t], *m);
         };
         auto it = std::find_if(classes.begin(), classes.end(), same);
         if (it == classes.end()) classes.push_back({static_cast<int>(i)});

@@ -247,6 +247,9 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
     queue_.push_back(&job);
   }
   queue_cv_.notify_one();
+  // The job lives in this frame: this thread waits for `finished` whatever happens, an exception
+  // from on_delta included (it cancels the request and is rethrown once the engine let go).
+  std::exception_ptr thrown;
   for (bool finished = false; !finished;) {
     std::vector<CompletionDelta> deltas;
     {
@@ -255,9 +258,17 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
       deltas.swap(job.deltas);
       finished = job.finished;
     }
-    for (const CompletionDelta& d : deltas)
-      if (!job.cancelled.load() && !on_delta(d)) job.cancelled.store(true);
+    for (const CompletionDelta& d : deltas) {
+      if (job.cancelled.load()) break;
+      try {
+        if (!on_delta(d)) job.cancelled.store(true);
+      } catch (...) {
+        thrown = std::current_exception();
+        job.cancelled.store(true);
+      }
+    }
   }
+  if (thrown) std::rethrow_exception(thrown);
   if (job.error) return *job.error;
   return std::move(job.out);
 }
@@ -272,11 +283,7 @@ void Server::engine_loop() {
         active.insert(active.end(), queue_.begin(), queue_.end());
         queue_.clear();
         lock.unlock();
-        for (Job* j : active) {
-          if (j->run) pool_->drop(j->run->lease);  // its pass is cut short
-          j->run.reset();
-          end_job(*j, Error{ErrorCode::kInternal, "the server is shutting down"});
-        }
+        for (Job* j : active) fail_choice(*j, Error{ErrorCode::kInternal, "the server is shutting down"});
         active.clear();
       } else {
         active.insert(active.end(), queue_.begin(), queue_.end());
@@ -284,15 +291,18 @@ void Server::engine_loop() {
       }
     }
     bool ran = false;
+    // The server stays up: an exception fails the requests that were starting or running (those
+    // with a choice), not the waiting ones.
+    auto fail_running = [&](const std::string& what) {
+      for (Job* j : active)
+        if (j->run && !j->ended) fail_choice(*j, Error{ErrorCode::kInternal, "internal error: " + what});
+    };
     try {
       ran = engine_pass(active);
-    } catch (const std::exception& e) {  // the server stays up: the requests of this pass fail
-      for (Job* j : active) {
-        if (j->ended) continue;
-        if (j->run) pool_->drop(j->run->lease);
-        j->run.reset();
-        end_job(*j, Error{ErrorCode::kInternal, fmt::format("internal error: {}", e.what())});
-      }
+    } catch (const std::exception& e) {
+      fail_running(e.what());
+    } catch (...) {
+      fail_running("unknown exception");
     }
     const bool progress = ran || !ended_.empty();
     // Handed back last: a handler may destroy its job as soon as it sees `finished`.
@@ -369,8 +379,9 @@ void Server::start_choice(Job& job) {
     metrics_.request_running();
     job.running = true;
   }
-  auto run = std::make_unique<ChoiceRun>();
-  ChoiceRun& cr = *run;
+  // Held from here: every way out drops or releases it (fail_choice, end_choice), an exception too.
+  job.run = std::make_unique<ChoiceRun>();
+  ChoiceRun& cr = *job.run;
   cr.lease = (*lease)->id;
   cr.c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
   cr.c.prompt_index = i;
@@ -402,31 +413,35 @@ void Server::start_choice(Job& job) {
     return emit(job, cr, cr.text->push(t)) && !cr.text->matched_stop();
   };
   ++job.next;
-  if (!emit(job, cr, cr.shown)) {
+  if (!emit(job, cr, cr.shown)) {  // the client went away: nothing ran on the trajectory
     pool_->release(cr.lease);
+    job.run.reset();
     return end_job(job, std::nullopt);
   }
   auto turn = AgentTurn::start(*(*lease)->session, p.agent, p.budgets[i], {}, {}, std::move(dec));
-  if (!turn.ok()) {
-    pool_->drop(cr.lease);  // a droidspeak catch-up may have run part way
-    return end_job(job, turn.error());
-  }
+  if (!turn.ok()) return fail_choice(job, turn.error());  // a droidspeak catch-up may have run part way
   cr.turn = std::move(*turn);
-  job.run = std::move(run);
+}
+
+void Server::fail_choice(Job& job, Error error) {
+  // The turn goes before its trajectory: it may hold a KV binding into the trajectory's caches.
+  std::unique_ptr<ChoiceRun> run = std::move(job.run);
+  const int64_t lease = run ? run->lease : 0;
+  run.reset();
+  if (lease > 0) pool_->drop(lease);  // its caches may hold a partial pass
+  end_job(job, std::move(error));
 }
 
 void Server::end_choice(Job& job, const Status& st) {
   ChoiceRun& cr = *job.run;
   if (!st.ok()) {
-    pool_->drop(cr.lease);  // its caches may hold a partial pass
-    job.run.reset();
     if (st.error().code == ErrorCode::kOutOfMemory)  // a trajectory's own KV memory: retrying cannot help
-      return end_job(job, Error{ErrorCode::kInvalidArgument,
-                                fmt::format("this request does not fit one trajectory's KV memory ({}): shorten the "
-                                            "prompt or lower 'max_tokens' (the server's --kv-memory / --max-context "
-                                            "set it)",
-                                            st.error().message)});
-    return end_job(job, st.error());
+      return fail_choice(job, Error{ErrorCode::kInvalidArgument,
+                                    fmt::format("this request does not fit one trajectory's KV memory ({}): shorten "
+                                                "the prompt or lower 'max_tokens' (the server's --kv-memory / "
+                                                "--max-context set it)",
+                                                st.error().message)});
+    return fail_choice(job, st.error());
   }
   const CompletionRequest& req = job.p->req;
   StepResult r = cr.turn->result();
@@ -464,6 +479,8 @@ void Server::end_choice(Job& job, const Status& st) {
 void Server::end_job(Job& job, std::optional<Error> error) {
   if (job.ended) return;
   job.ended = true;
+  job.error = std::move(error);
+  ended_.push_back(&job);  // first: whatever happens below, its handler gets it back
   if (!job.running) metrics_.request_running();
   publish_sessions();
   // Counted also on an error: the choices that finished, with the sharing state the request left.
@@ -493,8 +510,6 @@ void Server::end_job(Job& job, std::optional<Error> error) {
   }
   metrics_.set_kv(kv);
   metrics_.request_done();
-  job.error = std::move(error);
-  ended_.push_back(&job);
 }
 
 void Server::publish_sessions() {

@@ -18,7 +18,8 @@
 // that conversation, or a second choice of one prompt) waits for it; so does one that needs a
 // trajectory slot while every slot is running a request (--max-sessions bounds how many run).
 // A bad request gets an OpenAI error body with its status (400, 404, 413, 503); the server
-// stays up, and a request that fails mid-way drops only its own trajectory.
+// stays up, and a request whose pass fails drops only its own trajectory (an exception on the
+// engine thread fails the requests running then).
 #pragma once
 
 #include <condition_variable>
@@ -54,7 +55,7 @@ struct ServerOptions {
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 32u << 20;
   // Connection threads: each open connection (a keep-alive client between requests, too) holds
-  // one, so there are many more than requests can run at once (one).
+  // one, so there are many more than requests that run at once.
   int http_threads = 256;
   // Seconds an idle keep-alive connection keeps its thread (httplib's default is 5).
   int keep_alive_seconds = 2;
@@ -137,6 +138,8 @@ class Server {
   void start_choice(Job& job);
   // The running choice ended (its turn done, or failed with `st`); may end the job.
   void end_choice(Job& job, const Status& st);
+  // Ends the job with `error`, dropping the trajectory of its choice if one runs (after its turn).
+  void fail_choice(Job& job, Error error);
   // Counts the job in the metrics and queues it for its handler (ended_); nothing touches it after.
   void end_job(Job& job, std::optional<Error> error);
   // A piece of a choice's text for a streaming client; false when the client went away.

@@ -184,8 +184,11 @@ TEST_F(AgentTurnTest, ACatchUpBesideDecodingRunsInChunksOfTheBudget) {
 // pick what they pick alone.
 TEST_F(AgentTurnTest, APassThatFailsFailsOnlyItsTurn) {
   const std::vector<Case> cs = cases();
+  // Greedy, sampled (a device pick: its retried pass must use the same draw) and logprobs with
+  // penalties (host rows, so the batch's rows all come to the host).
+  const std::vector<size_t> healthy = {0, 1, 2};
   std::vector<StepResult> alone;
-  for (size_t i = 0; i < 2; ++i) {
+  for (size_t i : healthy) {
     auto s = prepare(cs[i]);
     auto r = s->run_agent(cs[i].agent, cs[i].n, {}, {}, &cs[i].dec);
     ASSERT_TRUE(r.ok());
@@ -197,11 +200,12 @@ TEST_F(AgentTurnTest, APassThatFailsFailsOnlyItsTurn) {
   small->append(encode("Once upon a time, there was a little dog named Max."));
   sessions.push_back(std::move(small));
   sessions.push_back(prepare(cs[1]));
+  sessions.push_back(prepare(cs[2]));
   std::vector<std::unique_ptr<AgentTurn>> turns;
-  const std::vector<std::pair<std::string, int>> steps = {{cs[0].agent, cs[0].n}, {"plan", 40}, {cs[1].agent, cs[1].n}};
-  for (size_t i = 0; i < 3; ++i) {
-    auto t = AgentTurn::start(*sessions[i], steps[i].first, steps[i].second, {}, {},
-                              i == 0 ? cs[0].dec : i == 2 ? cs[1].dec : AgentDecode{});
+  for (size_t i = 0; i < 4; ++i) {
+    const Case* c = i == 1 ? nullptr : &cs[i == 0 ? 0 : i - 1];
+    auto t = c ? AgentTurn::start(*sessions[i], c->agent, c->n, {}, {}, c->dec)
+               : AgentTurn::start(*sessions[i], "plan", 40, {}, {}, AgentDecode{});
     ASSERT_TRUE(t.ok());
     turns.push_back(std::move(*t));
   }
@@ -217,6 +221,9 @@ TEST_F(AgentTurnTest, APassThatFailsFailsOnlyItsTurn) {
       if (step.status[k].ok()) continue;
       EXPECT_EQ(which[k], 1u) << step.status[k].error().message;
       EXPECT_EQ(step.status[k].error().code, ErrorCode::kOutOfMemory);
+      // The failed turn holds no binding any more: its session can go first (as the server drops
+      // a failed request's trajectory; the sanitizer build would see a use after free).
+      sessions[which[k]].reset();
       turns[which[k]].reset();
       failed = true;
     }
@@ -224,6 +231,10 @@ TEST_F(AgentTurnTest, APassThatFailsFailsOnlyItsTurn) {
   EXPECT_TRUE(failed);
   EXPECT_EQ(turns[0]->result().output_tokens, alone[0].output_tokens);
   EXPECT_EQ(turns[2]->result().output_tokens, alone[1].output_tokens);
+  const StepResult lp = turns[3]->result();
+  EXPECT_EQ(lp.output_tokens, alone[2].output_tokens);
+  ASSERT_EQ(lp.logprobs.size(), alone[2].logprobs.size());
+  for (size_t k = 0; k < lp.logprobs.size(); ++k) EXPECT_NEAR(lp.logprobs[k].logprob, alone[2].logprobs[k].logprob, 1e-4);
 }
 
 }  // namespace

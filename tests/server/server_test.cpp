@@ -602,7 +602,7 @@ TEST_F(ServerTest, AnApiKeyIsRequiredWhenSet) {
 // A client that goes away mid-stream abandons its request; the next one is served.
 TEST_F(ServerTest, AClientLeavingMidStreamLeavesTheServerWell) {
   // Computed before the server runs: the abandoned stream may still be generating when the next
-  // request is answered (it can take the engine after it), and one model serves one caller at a time.
+  // request is answered, and a model serves one caller at a time (the server's engine thread).
   const std::string want = generate_text("Once upon a time", "action", 6);
   start(ShareMode::kBaseLr);
   const std::string body = json{{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 400},
@@ -706,7 +706,10 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
   }
   EXPECT_EQ(streamed, alone[0].text);
   EXPECT_EQ(alone[2].logprobs.size(), 25u);
-  EXPECT_EQ(got[4]->trajectory, got[0]->trajectory);  // it waited for the first, then cut it back
+  // The fifth (the first's prompt, another agent) waited for the first's trajectory and cut it back.
+  EXPECT_EQ(got[4]->trajectory, got[0]->trajectory);
+  EXPECT_EQ(got[0]->reused_tokens, 1);  // a fresh trajectory: BOS
+  EXPECT_EQ(got[4]->reused_tokens, got[4]->prompt_tokens - 1);
   httplib::Client c("127.0.0.1", port_);
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
@@ -718,9 +721,54 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
   double generated = 0;
   for (const auto& g : got) generated += static_cast<double>(g->completion_tokens);
   EXPECT_EQ(served, generated);  // a pass per request per generated token, however batched
-  EXPECT_LT(passes, served - 40) << "the requests did not share passes";
+  EXPECT_LT(passes + 10, served) << "the requests did not share passes";
   EXPECT_EQ(value("lragent:num_requests_running"), 0);
   EXPECT_EQ(value("lragent:num_requests_waiting"), 0);
+}
+
+// A server destroyed with a request running and one waiting for its trajectory ends both with an
+// error, and nothing is used after it is gone (the sanitizer build checks).
+TEST_F(ServerTest, StoppingWithRequestsInFlightEndsThemWithAnError) {
+  start(ShareMode::kBaseLr);
+  Server* s = server_.get();
+  auto request = [](const char* model) {
+    CompletionRequest r;
+    r.model = model;
+    PromptInput p;
+    p.text = "Once upon a time";
+    r.prompts = {p};
+    r.max_tokens = 400;
+    r.ignore_eos = true;
+    return r;
+  };
+  std::atomic<int> pieces{0};
+  std::optional<Error> running, waiting;
+  std::thread a([&] {
+    auto r = s->complete(request("plan"), [&](const CompletionDelta&) {
+      ++pieces;
+      return true;
+    });
+    if (!r.ok()) running = r.error();
+  });
+  while (pieces.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread b([&] {
+    auto r = s->complete(request("action"));  // the same prompt: waits for the first's trajectory
+    if (!r.ok()) waiting = r.error();
+  });
+  // Stopped once the second is inside the server (waiting: the first holds its trajectory).
+  httplib::Client c("127.0.0.1", port_);
+  for (int i = 0; i < 5000; ++i) {
+    auto m = c.Get("/metrics");
+    if (m && m->body.find("\nlragent:num_requests_waiting 1\n") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  stop();
+  a.join();
+  b.join();
+  ASSERT_TRUE(running.has_value()) << "the 400-token request finished before the server stopped";
+  EXPECT_NE(running->message.find("shutting down"), std::string::npos) << running->message;
+  ASSERT_TRUE(waiting.has_value());
+  EXPECT_NE(waiting->message.find("shutting down"), std::string::npos) << waiting->message;
 }
 
 // vLLM's rules found by review: the completion's first word keeps its space (echo shows prompt +

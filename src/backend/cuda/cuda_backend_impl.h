@@ -158,7 +158,6 @@ class CudaBackend final : public Backend {
   void attention(const AttentionParams& p) override;
 
  private:
-  // Graphs: passes of at most this many rows are recorded (decode steps, agent batches).
   // Passes of up to this many rows are recorded as CUDA graphs (decode steps of up to 8 sequences).
   // 32 was measured worse (`lragent serve`, Llama-3.1-8B shapes, H200, 16 requests decoding
   // together: 2.50 s against 2.04 s eager): its passes were re-captured and updated ~1 in 6 steps,
