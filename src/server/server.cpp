@@ -421,6 +421,7 @@ void Server::start_choice(Job& job) {
   auto turn = AgentTurn::start(*(*lease)->session, p.agent, p.budgets[i], {}, {}, std::move(dec));
   if (!turn.ok()) return fail_choice(job, turn.error());  // a droidspeak catch-up may have run part way
   cr.turn = std::move(*turn);
+  publish_sessions();  // GET /lragent/sessions shows it running
 }
 
 void Server::fail_choice(Job& job, Error error) {
@@ -631,6 +632,7 @@ void Server::install_routes() {
       json computed = json::object();
       for (size_t a = 0; a < s.agents.size(); ++a) computed[s.agents[a]] = s.computed[a];
       list.push_back({{"id", s.id},
+                      {"running", s.running},
                       {"tokens", s.tokens},
                       {"agents", s.agents},
                       {"computed_tokens", computed},

@@ -174,6 +174,7 @@ std::vector<SessionPool::Info> SessionPool::sessions() const {
     Info i;
     i.id = e.id;
     i.group = e.group;
+    i.running = e.held;
     i.tokens = static_cast<int64_t>(e.session->trajectory().size());
     i.bytes = e.session->cache_bytes();
     i.agents = e.session->agent_names();

@@ -71,6 +71,7 @@ class SessionPool {
   struct Info {
     int64_t id = 0;
     int group = 0;
+    bool running = false;  // a request holds it (acquire() until release())
     int64_t tokens = 0;
     CacheBytes bytes;
     std::vector<std::string> agents;

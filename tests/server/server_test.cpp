@@ -762,6 +762,13 @@ TEST_F(ServerTest, StoppingWithRequestsInFlightEndsThemWithAnError) {
     if (m && m->body.find("\nlragent:num_requests_waiting 1\n") != std::string::npos) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // The first one's trajectory is the one running.
+  auto sessions = c.Get("/lragent/sessions");
+  ASSERT_TRUE(sessions);
+  int running_sessions = 0;
+  const json listed = json::parse(sessions->body);
+  for (const json& t : listed["sessions"]) running_sessions += t["running"].get<bool>() ? 1 : 0;
+  EXPECT_EQ(running_sessions, 1) << sessions->body;
   stop();
   a.join();
   b.join();

@@ -229,7 +229,8 @@ TEST_F(SessionPoolTest, AHeldTrajectoryMakesItsNextRequestWaitAndIsNeverDropped)
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE(c->has_value());
   EXPECT_EQ(p->evicted_sessions(), 0);
-  EXPECT_EQ(p->sessions().size(), 2u);
+  ASSERT_EQ(p->sessions().size(), 2u);
+  for (const auto& info : p->sessions()) EXPECT_TRUE(info.running) << info.id;
   EXPECT_EQ((*a)->session->trajectory(), alpha);  // untouched by the waiting requests
   // Released, a's trajectory takes its next turn; b's released slot then makes room for gamma.
   p->release((*a)->id);
@@ -241,6 +242,7 @@ TEST_F(SessionPoolTest, AHeldTrajectoryMakesItsNextRequestWaitAndIsNeverDropped)
   ASSERT_TRUE(c2.ok());
   EXPECT_FALSE(c2->has_value());  // a (held again) and b (held) fill both slots
   p->release((*b)->id);
+  for (const auto& info : p->sessions()) EXPECT_EQ(info.running, info.id == (*a)->id) << info.id;
   auto c3 = p->acquire("plan", encode("Gamma gamma gamma gamma."));
   ASSERT_TRUE(c3.ok() && c3->has_value());
   EXPECT_EQ(p->evicted_sessions(), 1);
