@@ -1,6 +1,7 @@
 #include "agents/agent_turn.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace lragent {
 
@@ -96,6 +97,19 @@ Status AgentTurn::complete(float* row, int32_t picked) {
 }
 
 void AgentTurn::abort_pass() { binding_.reset(); }
+
+Status AgentTurn::run_alone() {
+  if (s_.lookahead_ && !host_ && !done_) {
+    LRA_RETURN_IF_ERROR(s_.decode_lookahead(a_, n_, forced_, stop_, dec_, *sampler_, begin_, r_));
+    done_ = true;
+  }
+  AgentTurn* const self[1] = {this};
+  while (!done_) {
+    const TurnStep step = step_turns(s_.model_, self, std::numeric_limits<int64_t>::max());
+    LRA_RETURN_IF_ERROR(step.status.front());
+  }
+  return Status::Ok();
+}
 
 StepResult AgentTurn::result() {
   if (s_.tok_) r_.text = s_.tok_->decode(r_.output_tokens);

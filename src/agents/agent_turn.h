@@ -54,11 +54,13 @@ class AgentTurn {
   // The pending pass failed and will not complete: releases its KV binding (which pins the
   // session's caches), so the session may go before the turn. step_turns calls it.
   void abort_pass();
+  // Runs the whole step with no other turn (AgentSession::run_agent): with the session's decode
+  // lookahead when no pass needs its logits on the host, else pass by pass, the catch-up in one.
+  Status run_alone();
   // The step's result (call once, when done()).
   StepResult result();
 
  private:
-  friend class AgentSession;  // run_agent runs a turn that picks on the device with decode lookahead
   AgentTurn(AgentSession& s) : s_(s) {}
 
   AgentSession& s_;

@@ -275,16 +275,7 @@ Result<StepResult> AgentSession::run_agent(const std::string& name, int n_genera
   static const AgentDecode kReplayDecode;
   LRA_ASSIGN_OR_RETURN(std::unique_ptr<AgentTurn> turn,
                        AgentTurn::start(*this, name, n_generate, forced, stop, decode ? *decode : kReplayDecode));
-  if (lookahead_ && !turn->host_ && !turn->done()) {
-    LRA_RETURN_IF_ERROR(decode_lookahead(turn->a_, turn->n_, turn->forced_, turn->stop_, turn->dec_, *turn->sampler_,
-                                         turn->begin_, turn->r_));
-    turn->done_ = true;
-  }
-  AgentTurn* const one[1] = {turn.get()};
-  while (!turn->done()) {  // step by step: the turn's passes alone, its catch-up in one pass
-    const Status st = step_turns(model_, one, std::numeric_limits<int64_t>::max()).status.front();
-    if (!st.ok()) return st.error();
-  }
+  LRA_RETURN_IF_ERROR(turn->run_alone());
   return turn->result();
 }
 

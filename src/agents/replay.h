@@ -147,7 +147,7 @@ class AgentSession {
   // Whether the step ends after its latest output token: a stop string or stop id (r's
   // finish_reason becomes "stop") or on_token declining more ("abort").
   bool ends(const std::vector<std::string>& stop, const AgentDecode& dec, StepResult& r) const;
-  // run_agent's generate/force loop with decode lookahead (keep_logits_ off).
+  // A generate/force step's loop with decode lookahead (AgentTurn::run_alone, keep_logits_ off).
   Status decode_lookahead(int a, int n, const std::vector<int32_t>& forced, const std::vector<std::string>& stop,
                           const AgentDecode& dec, Sampler& sampler, int64_t begin, StepResult& r);
 
