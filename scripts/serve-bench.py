@@ -85,6 +85,22 @@ def run_trace(base, target, seed, budgets, rounds, preset):
     return calls, len(traj)
 
 
+def write_results(a, name, script, md, fields):
+    """Writes <out_dir>/<name>-<gpu>-<preset>-<date>.json (the run's metadata and `fields`) and .md
+    (`md`); returns the path without its extension. `a`: the parsed arguments (out_dir, gpu_name,
+    device, preset, commit)."""
+    os.makedirs(a.out_dir, exist_ok=True)
+    tag = re.sub(r"[^a-z0-9]+", "-", (a.gpu_name or a.device).lower()).strip("-")
+    stem = os.path.join(a.out_dir, f"{name}-{tag}-{a.preset}-{datetime.date.today():%Y%m%d}")
+    meta = {"benchmark": script, "gpu": a.gpu_name, "device": a.device, "preset": a.preset, "commit": a.commit,
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+    with open(stem + ".json", "w") as f:
+        json.dump({**meta, **fields}, f, indent=1)
+    with open(stem + ".md", "w") as f:
+        f.write(md)
+    return stem
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="build/lragent")
@@ -137,15 +153,8 @@ def main():
     md = "\n".join(lines) + "\n"
     print(md)
     if a.out_dir:
-        os.makedirs(a.out_dir, exist_ok=True)
-        tag = re.sub(r"[^a-z0-9]+", "-", (a.gpu_name or a.device).lower()).strip("-")
-        stem = os.path.join(a.out_dir, f"serve-{tag}-{a.preset}-{datetime.date.today():%Y%m%d}")
-        with open(stem + ".json", "w") as f:
-            json.dump({"benchmark": "scripts/serve-bench.py", "gpu": a.gpu_name, "device": a.device, "preset": a.preset,
-                       "commit": a.commit, "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                       "budgets": budgets, "rounds": a.rounds, "results": results}, f, indent=1)
-        with open(stem + ".md", "w") as f:
-            f.write(md)
+        write_results(a, "serve", "scripts/serve-bench.py", md,
+                      {"budgets": budgets, "rounds": a.rounds, "results": results})
 
 
 if __name__ == "__main__":

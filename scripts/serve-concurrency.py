@@ -19,7 +19,6 @@ the plot when matplotlib is there), with GPU name, date and commit; prints the m
 """
 import argparse
 import datetime
-import json
 import os
 import random
 import re
@@ -29,7 +28,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-serve_bench = __import__("serve-bench")  # start_server, post, PRESETS
+serve_bench = __import__("serve-bench")  # start_server, post, PRESETS, write_results
 
 
 def metric(base, name):
@@ -119,16 +118,9 @@ def main():
     md = "\n".join(lines) + "\n"
     print(md)
     if a.out_dir:
-        os.makedirs(a.out_dir, exist_ok=True)
-        tag = re.sub(r"[^a-z0-9]+", "-", (a.gpu_name or a.device).lower()).strip("-")
-        stem = os.path.join(a.out_dir, f"serve-concurrency-{tag}-{a.preset}-{datetime.date.today():%Y%m%d}")
-        with open(stem + ".json", "w") as f:
-            json.dump({"benchmark": "scripts/serve-concurrency.py", "gpu": a.gpu_name, "device": a.device,
-                       "preset": a.preset, "kv_share": a.kv_share, "commit": a.commit,
-                       "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(), "prompt_tokens": a.prompt,
-                       "max_tokens": a.max_tokens, "results": results}, f, indent=1)
-        with open(stem + ".md", "w") as f:
-            f.write(md)
+        stem = serve_bench.write_results(a, "serve-concurrency", "scripts/serve-concurrency.py", md,
+                                         {"kv_share": a.kv_share, "prompt_tokens": a.prompt,
+                                          "max_tokens": a.max_tokens, "results": results})
         try:
             import matplotlib
             matplotlib.use("Agg")
