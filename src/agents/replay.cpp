@@ -242,6 +242,15 @@ int AgentSession::agent_index(const std::string& name) const {
   return it == names_.end() ? -1 : static_cast<int>(it - names_.begin());
 }
 
+Status AgentSession::start_from(const AgentSession& src, int64_t tokens) {
+  if (src.names_ != names_ || src.adapters_ != adapters_)
+    return make_error(ErrorCode::kInvalidArgument, "a session can start only from a session of the same agents");
+  tokens = std::clamp<int64_t>(tokens, 0, static_cast<int64_t>(src.traj_.size()));
+  LRA_RETURN_IF_ERROR(kv_->copy_prefix(*src.kv_, tokens));
+  traj_.assign(src.traj_.begin(), src.traj_.begin() + tokens);
+  return Status::Ok();
+}
+
 void AgentSession::truncate(int64_t tokens) {
   tokens = std::clamp<int64_t>(tokens, 0, static_cast<int64_t>(traj_.size()));
   traj_.resize(static_cast<size_t>(tokens));

@@ -104,6 +104,10 @@ class AgentSession {
   // them (TrajectoryKv::truncate): the next agent computes from there.
   void truncate(int64_t tokens);
   Result<std::vector<int32_t>> encode(const std::string& text) const;
+  // Makes this session, a fresh one of the same agents, `src`'s first `tokens` positions: their
+  // tokens and every cache entry src holds for them, copied (TrajectoryKv::copy_prefix) so that
+  // no agent computes them again. Its compute counts start at zero. On error it stays fresh.
+  Status start_from(const AgentSession& src, int64_t tokens);
   // A generate (forced empty) or force step for agent `name`; `decode` null: greedy, no stop ids.
   Result<StepResult> run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
                                const std::vector<std::string>& stop, const AgentDecode* decode = nullptr);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 namespace lragent {
 
@@ -173,6 +174,52 @@ void PagedStream::clear() {
   if (pool_)
     for (int32_t b : table_) pool_->release(b);
   table_.clear();
+}
+
+Status copy_rows(const PagedStream& src, PagedStream& dst, int64_t n_tokens) {
+  if (n_tokens <= 0) return Status::Ok();
+  const BlockPool* sp = src.pool();
+  const BlockPool* dp = dst.pool();
+  if (!sp || !dp || sp->n_layers() != dp->n_layers() || sp->page_size() != dp->page_size() ||
+      sp->width() != dp->width() || sp->dtype() != dp->dtype())
+    return make_error(ErrorCode::kInvalidArgument, "KV copy: pools '{}' and '{}' differ in geometry or dtype",
+                      sp ? sp->name() : "(none)", dp ? dp->name() : "(none)");
+  if (src.capacity() < n_tokens || dst.capacity() < n_tokens)
+    return make_error(ErrorCode::kInvalidArgument, "KV copy of {} rows: the source holds {}, the destination {}",
+                      n_tokens, src.capacity(), dst.capacity());
+  Backend* be = sp->arena().backend();
+  if (be != dp->arena().backend())
+    return make_error(ErrorCode::kInvalidArgument, "KV copy: pools '{}' and '{}' live on different devices",
+                      sp->name(), dp->name());
+  const DType dt = sp->dtype();
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  const int64_t block_rows_bytes = static_cast<int64_t>(sp->page_size()) * sp->width() * es;  // one layer of a block
+  const size_t n_blocks = static_cast<size_t>((n_tokens + sp->page_size() - 1) / sp->page_size());
+  const std::vector<int32_t>& st = src.table();
+  const std::vector<int32_t>& dt_table = dst.table();
+  // A block's rows of one layer take `step` granules; block b + step follows block b in memory
+  // (block ids count granules from the arena's start, layer planes at a fixed offset).
+  const int32_t s_step = static_cast<int32_t>((block_rows_bytes + KvArena::kGranule - 1) / KvArena::kGranule);
+  for (int l = 0; l < sp->n_layers(); ++l) {
+    const PagedView sv = sp->layer_view(l, st.data());
+    const PagedView dv = dp->layer_view(l, dt_table.data());
+    for (size_t i = 0; i < n_blocks;) {
+      size_t j = i + 1;  // [i, j): a run consecutive in both pools
+      while (j < n_blocks && st[j] == st[j - 1] + s_step && dt_table[j] == dt_table[j - 1] + s_step) ++j;
+      const int64_t bytes = static_cast<int64_t>(j - i - 1) * s_step * KvArena::kGranule + block_rows_bytes;
+      const char* from = static_cast<const char*>(sv.data) + static_cast<int64_t>(st[i]) * KvArena::kGranule;
+      char* to = static_cast<char*>(dv.data) + static_cast<int64_t>(dt_table[i]) * KvArena::kGranule;
+      if (!be) {
+        std::memcpy(to, from, static_cast<size_t>(bytes));
+      } else {
+        const TensorView s(dt, {bytes / es}, const_cast<char*>(from), be->device());
+        TensorView d(dt, {bytes / es}, to, be->device());
+        be->copy(s, d);
+      }
+      i = j;
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace lragent

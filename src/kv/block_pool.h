@@ -144,6 +144,15 @@ class PagedStream {
   std::vector<int32_t> table_;
 };
 
+// Copies the first n_tokens rows of every layer of `src` into `dst`, a stream of another pool of
+// the same geometry (layers, page size, width, dtype) that already holds blocks for them
+// (reserve): a trajectory started from another's prefix gets those entries without computing
+// them. Rows of consecutive blocks go in one copy per layer; on a backend the copies are queued
+// on its stream behind the passes issued before (both arenas must be that backend's memory).
+// The rows past n_tokens in its last block are copied too (they are dst's, never read before
+// they are written). Errors: geometries differ, or a stream holds fewer rows (kInvalidArgument).
+Status copy_rows(const PagedStream& src, PagedStream& dst, int64_t n_tokens);
+
 // K and V caches live in one pool of 2n planes for n layers: planes [0, n) hold K rows, [n, 2n) V
 // rows. K and V of a token then share one block id and one block table, so the attention kernels
 // compute one address per key for both (with two tables, v6's producer loads both: on the 8B

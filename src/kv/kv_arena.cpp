@@ -42,6 +42,7 @@ Result<std::unique_ptr<KvArena>> KvArena::create(int64_t bytes, Backend* backend
   a->slab_bytes_ = slab_bytes;
   a->n_slabs_ = n_slabs;
   const int64_t total = n_slabs * slab_bytes;
+  a->backend_ = backend;
   if (backend) {
     a->dtype_ = backend->cache_dtype();
     a->storage_ = backend->alloc(DType::kU8, {total});

@@ -43,6 +43,8 @@ class KvArena {
   KvArena& operator=(const KvArena&) = delete;
 
   DType dtype() const { return dtype_; }
+  // The backend whose memory holds the arena; null: host memory.
+  Backend* backend() const { return backend_; }
   char* base() const { return static_cast<char*>(storage_.view().data); }
   int64_t slab_bytes() const { return slab_bytes_; }
   int64_t n_slabs() const { return n_slabs_; }
@@ -74,6 +76,7 @@ class KvArena {
   void detach(const BlockPool* p);
 
   DType dtype_ = DType::kF32;
+  Backend* backend_ = nullptr;
   int64_t slab_bytes_ = 0, n_slabs_ = 0;
   std::string where_;
   Tensor storage_;                       // [n_slabs * slab_bytes] bytes

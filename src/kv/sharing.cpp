@@ -403,6 +403,45 @@ void TrajectoryKv::advance(int a, int64_t end) {
   shared_ = std::max(shared_, end);
 }
 
+Status TrajectoryKv::copy_prefix(const TrajectoryKv& src, int64_t tokens) {
+  if (&src == this) return make_error(ErrorCode::kInvalidArgument, "KV copy: a trajectory cannot copy itself");
+  if (src.opts_.mode != opts_.mode || src.adapters_ != adapters_ || src.cfg_.num_layers != cfg_.num_layers ||
+      src.cfg_.num_kv_heads != cfg_.num_kv_heads || src.cfg_.head_dim != cfg_.head_dim ||
+      src.opts_.page_size != opts_.page_size || src.opts_.recompute_layers != opts_.recompute_layers)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "KV copy: the trajectories differ in model, agents, sharing mode or page size");
+  if (shared_ > 0 || std::any_of(processed_.begin(), processed_.end(), [](int64_t p) { return p > 0; }))
+    return make_error(ErrorCode::kInvalidArgument, "KV copy: the destination trajectory already holds entries");
+  tokens = std::max<int64_t>(tokens, 0);
+  const int64_t shared = std::min(src.shared_, tokens);
+  std::vector<int64_t> processed(processed_.size());
+  for (size_t a = 0; a < processed.size(); ++a) processed[a] = std::min(src.processed_[a], tokens);
+  auto copy = [](const PagedStream& from, PagedStream& to, int64_t n) -> Status {
+    if (!to.pool() || n <= 0) return Status::Ok();
+    LRA_RETURN_IF_ERROR(to.reserve(n));
+    return copy_rows(from, to, n);
+  };
+  auto copy_all = [&]() -> Status {
+    LRA_RETURN_IF_ERROR(copy(src.shared_kv_, shared_kv_, shared));
+    LRA_RETURN_IF_ERROR(copy(src.shared_lrk_, shared_lrk_, shared));
+    LRA_RETURN_IF_ERROR(copy(src.shared_lrv_, shared_lrv_, shared));
+    for (size_t a = 0; a < processed.size(); ++a) {
+      LRA_RETURN_IF_ERROR(copy(src.priv_kv_[a], priv_kv_[a], processed[a]));
+      LRA_RETURN_IF_ERROR(copy(src.priv_k_[a], priv_k_[a], processed[a]));
+      LRA_RETURN_IF_ERROR(copy(src.priv_v_[a], priv_v_[a], processed[a]));
+    }
+    return Status::Ok();
+  };
+  if (Status st = copy_all(); !st.ok()) {
+    truncate(0);  // gives back what was reserved: the trajectory stays empty
+    return st;
+  }
+  shared_ = shared;
+  processed_ = std::move(processed);
+  peak_ = CacheBytes{};
+  return Status::Ok();
+}
+
 CacheBytes TrajectoryKv::peak_bytes() const {
   const CacheBytes now = bytes();
   return now.total() > peak_.total() ? now : peak_;

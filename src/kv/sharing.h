@@ -97,6 +97,14 @@ class TrajectoryKv {
   void release_beyond(int a, int64_t tokens);
   // Agent a has processed positions [0, end).
   void advance(int a, int64_t end);
+  // Starts this trajectory, which must hold no entries yet, with `src`'s entries at positions
+  // [0, tokens): the shared ones and each agent's private ones there, copied block by block
+  // (copy_rows) instead of computed, and each agent's processed positions with them. A request
+  // that parts from a trajectory another request is running (or that shares only a prefix with
+  // it) starts from a copy of that prefix. src must be a trajectory of the same model, agents
+  // (adapters) and mode. Errors: a mismatch (kInvalidArgument), no room (kOutOfMemory); on error
+  // this trajectory is left empty.
+  Status copy_prefix(const TrajectoryKv& src, int64_t tokens);
   // Forgets every entry at positions >= tokens (the trajectory is cut back there, e.g. a server
   // request that shares only a prefix of it): no agent has processed them, no stream holds
   // blocks past them. Entries below stay as they are.

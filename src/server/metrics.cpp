@@ -145,6 +145,12 @@ std::string Metrics::render() const {
   out += fmt::format("lragent:trajectories {}\n", kv_.trajectories);
   header(out, "lragent:trajectories_evicted_total", "counter", "Trajectories dropped for a new one (least recently used).");
   out += fmt::format("lragent:trajectories_evicted_total {}\n", kv_.evicted);
+  header(out, "lragent:trajectories_copied_total", "counter",
+         "Trajectories started as a copy of another's prefix (a request beside the one running on it, or parting from it).");
+  out += fmt::format("lragent:trajectories_copied_total {}\n", kv_.copied);
+  header(out, "lragent:trajectory_copied_tokens_total", "counter",
+         "Prompt tokens those copies took over (their cache entries copied, not computed).");
+  out += fmt::format("lragent:trajectory_copied_tokens_total {}\n", kv_.copied_tokens);
   header(out, "lragent:kv_cache_bytes", "gauge",
          "KV cache bytes of the kept trajectories: base (X·W0, shared), lr (X·A, low-rank), full (private).");
   out += fmt::format("lragent:kv_cache_bytes{{kind=\"base\"}} {}\n", kv_.bytes.base);

@@ -57,6 +57,7 @@ struct RequestRecord {
 struct KvSnapshot {
   int64_t trajectories = 0;  // holding cache entries
   int64_t evicted = 0;
+  int64_t copied = 0, copied_tokens = 0;  // trajectories started as a copy of another's prefix, and its tokens
   CacheBytes bytes;  // summed over the trajectories
 };
 

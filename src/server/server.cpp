@@ -508,6 +508,8 @@ void Server::end_job(Job& job, std::optional<Error> error) {
       kv.bytes.allocated += info.bytes.allocated;
     }
     kv.evicted = evicted_sessions_;
+    kv.copied = copied_sessions_;
+    kv.copied_tokens = copied_tokens_;
   }
   metrics_.set_kv(kv);
   metrics_.request_done();
@@ -518,6 +520,8 @@ void Server::publish_sessions() {
   std::lock_guard<std::mutex> lock(sessions_mu_);
   sessions_ = std::move(infos);
   evicted_sessions_ = pool_->evicted_sessions();
+  copied_sessions_ = pool_->copied_sessions();
+  copied_tokens_ = pool_->copied_tokens();
 }
 
 Result<int> Server::bind(const std::string& host, int port) {
@@ -641,7 +645,8 @@ void Server::install_routes() {
     }
     send_json(res, 200, json{{"kv_share", share_mode_name(share_mode())},
                              {"sessions", list},
-                             {"evicted_sessions", evicted_sessions_}});
+                             {"evicted_sessions", evicted_sessions_},
+                             {"copied_sessions", copied_sessions_}});
   });
   // A known route with the wrong method: 405, as vLLM answers.
   auto wrong_method = [](const char* allow) {

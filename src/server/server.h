@@ -178,6 +178,7 @@ class Server {
   mutable std::mutex sessions_mu_;
   std::vector<SessionPool::Info> sessions_;
   int64_t evicted_sessions_ = 0;
+  int64_t copied_sessions_ = 0, copied_tokens_ = 0;
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;

@@ -60,6 +60,31 @@ Result<SessionPool::Entry*> SessionPool::create_session(int group) {
   }
 }
 
+Result<std::optional<SessionPool::Entry*>> SessionPool::new_session(int group, int64_t keep_id) {
+  // The trajectory to copy from must survive making room for its copy.
+  Entry* pin = find(keep_id);
+  const bool was_held = pin && pin->held;
+  if (pin) pin->held = true;
+  Result<std::optional<Entry*>> out = std::optional<Entry*>();
+  if (static_cast<int>(entries_.size()) < opts_.max_sessions || evict_lru()) {
+    auto made = create_session(group);
+    if (made.ok()) {
+      out = std::optional<Entry*>(*made);
+    } else if (made.error().code != ErrorCode::kOutOfMemory || !any_held()) {
+      // Out of memory with only held trajectories left to drop waits for one to be released.
+      out = made.error();
+    }
+  }
+  if (Entry* p = find(keep_id)) p->held = was_held;  // create_session moved the entries
+  return out;
+}
+
+SessionPool::Entry* SessionPool::find(int64_t id) {
+  for (Entry& e : entries_)
+    if (e.id == id) return &e;
+  return nullptr;
+}
+
 bool SessionPool::evict_lru() {
   auto lru = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
@@ -118,18 +143,49 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
     // text follows them: BPE merges across the boundary.)
     use = best;
     keep = best_len;
-  } else {
-    if (full && !evict_lru()) return std::optional<Lease>();  // every slot runs a request
-    auto made = create_session(group);
-    if (!made.ok()) {
-      // Out of memory with only held trajectories left to drop: one will be released.
-      if (made.error().code == ErrorCode::kOutOfMemory && any_held()) return std::optional<Lease>();
-      return made.error();
-    }
-    use = *made;
-    keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
   }
-  if (use->held) return std::optional<Lease>();  // it runs another request: this one waits its turn there
+  // A new trajectory starts as a copy of the prompt's longest prefix another one holds (its
+  // cache entries copied, not computed): the one this request belongs on while another request
+  // runs on it (parallel agents on one prompt, a turn sent early), or the one it parts from.
+  int64_t copy_id = 0, copy_len = 0;
+  if (use && use->held) {
+    // Where an agent reads entries another computed (full, droidspeak's shared layers, base-lr),
+    // a copy taken while the running request still computes the prompt would make this request
+    // compute it again beside it: wait until it is computed (but its last position: the last
+    // token of a completion is never computed in its own trajectory). In none and base every
+    // agent computes every position it reads anyway, so the copy is taken at once.
+    const ShareMode mode = opts_.replay.sharing.mode;
+    const bool reads_others = mode == ShareMode::kFull || mode == ShareMode::kDroidSpeak || mode == ShareMode::kBaseLr;
+    if (reads_others && use->session->kv().shared_tokens() < std::min(keep, prompt_len - 1) - 1)
+      return std::optional<Lease>();
+    copy_id = use->id;
+    copy_len = keep;
+    use = nullptr;
+  } else if (!use && best && best_len >= opts_.replay.sharing.page_size) {
+    // At least a page in common (as vLLM's prefix cache shares whole blocks): less is not worth
+    // tying a new conversation to another's entries.
+    copy_id = best->id;
+    copy_len = best_len;
+  }
+  if (!use) {
+    auto made = new_session(group, copy_id);
+    if (!made.ok()) return made.error();
+    if (!*made) return std::optional<Lease>();  // every slot runs a request, or only they hold memory: wait
+    use = **made;
+    keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
+    if (copy_id > 0) {
+      const Entry* from = find(copy_id);
+      assert(from && "the trajectory to copy from is held while the new one is made");
+      const int64_t n = std::min(copy_len, prompt_len - 1);
+      // Should the copy not fit (it always should: the new trajectory has the same KV memory),
+      // the prefix is computed instead.
+      if (n > keep && use->session->start_from(*from->session, n).ok()) {
+        keep = n;
+        ++copied_;
+        copied_tokens_ += n;
+      }
+    }
+  }
   use->held = true;
   use->last_used = ++tick_;
   use->last_prompt = prompt_len;

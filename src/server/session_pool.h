@@ -13,9 +13,12 @@
 //     text followed it); also, when no slot is free, one that shares at least half of the prompt;
 //   - else a new trajectory is started (the least recently used one making room beyond
 //     max_sessions), so that two conversations that part keep their own trajectories.
-// There is no copy-on-write fork yet: two conversations that part after a long common prefix
-// keep that prefix in two trajectories, and two requests that belong on one trajectory (parallel
-// agents on one prompt) run one after the other on it.
+// A new trajectory never computes what another already holds: it starts as a copy of the
+// prompt's longest common prefix with a kept trajectory (AgentSession::start_from). So a request
+// whose trajectory another request is running (parallel agents on one prompt, a turn sent early)
+// runs beside it on a copy instead of waiting, and a conversation that parts from another after
+// a long common prefix does not compute that prefix again. The copy holds its own KV memory (no
+// copy-on-write block sharing yet: the prefix is stored twice).
 #pragma once
 
 #include <cstdint>
@@ -58,9 +61,12 @@ class SessionPool {
     int64_t reused_tokens = 0;
   };
   // The trajectory that will run `agent` on `prompt` (which then is its whole token sequence),
-  // held by the caller until release(). nullopt: the trajectory the prompt belongs on is held by
-  // another request, or room for a new one can only be made by dropping a held one; ask again
-  // when a request releases its trajectory. Held trajectories are never cut back or dropped.
+  // held by the caller until release(). The one this prompt belongs on, when another request
+  // holds it, is copied into a new slot, once that request has computed the common prefix where
+  // this agent would read its entries (full, droidspeak, base-lr). nullopt: that prefix is still
+  // being computed, every slot holds a trajectory a request runs on, or room for a new one can
+  // only be made by dropping a held one; ask again after the next engine pass. Held
+  // trajectories are never cut back or dropped.
   // Errors: unknown agent (kNotFound), no memory for a new trajectory (kOutOfMemory).
   Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
   // The request running on trajectory `id` is done with it.
@@ -83,6 +89,9 @@ class SessionPool {
   // pages in the fresh trajectories create() made (nothing is computed); call before any request.
   int64_t capacity_tokens(int64_t upto);
   int64_t evicted_sessions() const { return evicted_; }
+  // Trajectories started as a copy of another's prefix, and the prompt tokens those copies held.
+  int64_t copied_sessions() const { return copied_; }
+  int64_t copied_tokens() const { return copied_tokens_; }
 
  private:
   struct Entry {
@@ -95,6 +104,11 @@ class SessionPool {
   };
   SessionPool(LlamaModel& m) : model_(m) {}
   Result<Entry*> create_session(int group);
+  // A new trajectory of `group`, dropping the least recently used unheld one (never keep_id) when
+  // every slot is taken or memory is short. nullopt: only held trajectories could make room.
+  // Entry pointers taken before it are invalid after it.
+  Result<std::optional<Entry*>> new_session(int group, int64_t keep_id);
+  Entry* find(int64_t id);
   // Drops the least recently used trajectory no request holds; false when every one is held.
   bool evict_lru();
   bool any_held() const;
@@ -107,6 +121,7 @@ class SessionPool {
   int64_t next_id_ = 1;
   uint64_t tick_ = 0;
   int64_t evicted_ = 0;
+  int64_t copied_ = 0, copied_tokens_ = 0;
 };
 
 }  // namespace lragent::server

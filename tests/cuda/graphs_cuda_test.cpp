@@ -414,6 +414,46 @@ TEST(CudaAgents, EvictionUnderAKvMemoryBudgetKeepsTheTokens) {
   }
 }
 
+// A session started as a copy of another's prefix (AgentSession::start_from: its pages copied
+// on the device between two KV arenas, as the server does for a request beside the one running
+// on a trajectory) computes what the original computes from there, in bf16 with graphs and
+// lookahead, in every mode: the same tokens and bit-identical logits (the same entries, the same
+// kernels). The copy is taken while the original's last pass may still run on the stream.
+TEST(CudaAgents, ACopiedTrajectoryComputesAsTheOriginal) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA agents test skipped";
+  AgentsSetup ag;
+  ASSERT_TRUE(make_agents(DType::kBF16, ag));
+  for (ShareMode mode : kAllShareModes) {
+    ReplayOptions ro;
+    ro.sharing.mode = mode;
+    ro.sharing.max_tokens = 1024;
+    if (mode == ShareMode::kDroidSpeak) ro.sharing.recompute_layers = {0};
+    auto orig = AgentSession::create(*ag.model, nullptr, ag.names, ag.ptrs, ro);
+    auto copy = AgentSession::create(*ag.model, nullptr, ag.names, ag.ptrs, ro);
+    ASSERT_TRUE(orig.ok() && copy.ok());
+    (*orig)->append(ag.prompt);
+    for (int a = 0; a < 2; ++a) ASSERT_TRUE((*orig)->run_agent(ag.names[static_cast<size_t>(a)], 17 + a, {}, {}).ok());
+    const auto n = static_cast<int64_t>((*orig)->trajectory().size());
+    Status st = (*copy)->start_from(**orig, n);
+    ASSERT_TRUE(st.ok()) << share_mode_name(mode) << ": " << st.error().message;
+    ASSERT_EQ((*copy)->trajectory(), (*orig)->trajectory());
+    (*orig)->keep_logits(true);
+    (*copy)->keep_logits(true);
+    for (AgentSession* s : {orig->get(), copy->get()}) s->append({7, 8, 9});
+    for (int a : {2, 0}) {  // an agent that ran nothing, then one whose private caches were copied
+      const std::string& name = ag.names[static_cast<size_t>(a)];
+      auto r0 = (*orig)->run_agent(name, 12, {}, {});
+      auto r1 = (*copy)->run_agent(name, 12, {}, {});
+      ASSERT_TRUE(r0.ok() && r1.ok()) << share_mode_name(mode);
+      EXPECT_EQ(r1->output_tokens, r0->output_tokens) << share_mode_name(mode) << " " << name;
+      EXPECT_EQ(r1->prefilled_tokens, r0->prefilled_tokens) << share_mode_name(mode) << " " << name;
+      ASSERT_EQ(r1->logits.size(), r0->logits.size());
+      for (size_t i = 0; i < r0->logits.size(); ++i)
+        ASSERT_TRUE(r1->logits[i] == r0->logits[i]) << share_mode_name(mode) << " " << name << " step " << i;
+    }
+  }
+}
+
 struct Case {
   DType dt;
   Scenario sc;

@@ -176,5 +176,59 @@ TEST(KvArena, BadGeometryAndSlabErrors) {
   EXPECT_EQ(BlockPool::blocks_per_slab(3, 3 * 512, 65536), 42);             // planes of 21760 bytes
 }
 
+// copy_rows between pools of two arenas: every row of the first n tokens arrives, whatever the
+// block tables (runs of consecutive blocks, scattered blocks, blocks in several slabs), at
+// awkward lengths; nothing past the copied blocks is touched; mismatches are errors.
+TEST(KvArena, CopyRowsBetweenPoolsOfTwoArenas) {
+  constexpr int kLayers = 3, kPage = 4;
+  constexpr int64_t kWidth = 5;  // 80-byte rows of a block's layer: granules hold one block's layer each
+  auto value = [](int l, int64_t t, int64_t c) { return static_cast<float>(l * 100000 + t * 10) + c * 1e-2f; };
+  for (int64_t n : {1, 4, 17, 97}) {
+    SCOPED_TRACE(n);
+    // Small slabs (several per stream); the first half of the source's blocks interleaved with a
+    // neighbour's (scattered), the rest consecutive (copied in runs).
+    auto a1 = KvArena::create(64 * 1024, nullptr, 1024 * kLayers);
+    auto a2 = KvArena::create(64 * 1024, nullptr, 2048 * kLayers);
+    ASSERT_TRUE(a1.ok() && a2.ok());
+    auto sp = BlockPool::create("src", kLayers, kPage, kWidth, a1->get());
+    auto dp = BlockPool::create("dst", kLayers, kPage, kWidth, a2->get());
+    ASSERT_TRUE(sp.ok() && dp.ok());
+    PagedStream src(sp->get()), neighbour(sp->get()), dst(dp->get()), filler(dp->get());
+    for (int64_t t = 0; t < n; t += kPage) {  // src, neighbour, src, ... in one pool
+      ASSERT_TRUE(src.reserve(t + 1).ok());
+      if (2 * t < n) ASSERT_TRUE(neighbour.reserve(t + 1).ok());
+    }
+    ASSERT_TRUE(filler.reserve(3).ok());  // dst's blocks start past the pool's first
+    ASSERT_TRUE(dst.reserve(n + 2 * kPage).ok());  // more blocks than the copy fills
+    for (int l = 0; l < kLayers; ++l) {
+      const PagedView sv = src.view(l), dv = dst.view(l);
+      for (int64_t t = 0; t < src.capacity(); ++t)
+        for (int64_t c = 0; c < kWidth; ++c) sv.row(t)[c] = value(l, t, c);
+      for (int64_t t = 0; t < dst.capacity(); ++t)
+        for (int64_t c = 0; c < kWidth; ++c) dv.row(t)[c] = -1.f;
+    }
+    ASSERT_TRUE(copy_rows(src, dst, n).ok());
+    const int64_t copied_blocks = (n + kPage - 1) / kPage;
+    for (int l = 0; l < kLayers; ++l) {
+      const PagedView dv = dst.view(l);
+      for (int64_t t = 0; t < dst.capacity(); ++t)
+        for (int64_t c = 0; c < kWidth; ++c) {
+          const float want = t < copied_blocks * kPage ? value(l, t, c) : -1.f;
+          ASSERT_EQ(dv.row(t)[c], want) << "layer " << l << " token " << t << " value " << c;
+        }
+    }
+    EXPECT_TRUE(copy_rows(src, dst, 0).ok());
+    // More rows than a stream holds, and pools of another geometry, are refused.
+    EXPECT_EQ(copy_rows(src, dst, src.capacity() + 1).error().code, ErrorCode::kInvalidArgument);
+    auto wide = BlockPool::create("wide", kLayers, kPage, kWidth + 1, a2->get());
+    ASSERT_TRUE(wide.ok());
+    PagedStream w(wide->get());
+    ASSERT_TRUE(w.reserve(n).ok());
+    auto bad = copy_rows(src, w, n);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().message.find("geometry"), std::string::npos) << bad.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace lragent

@@ -652,7 +652,8 @@ TEST_F(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
 
 // Requests that arrive while another runs join its passes: each gets what it gets alone (greedy,
 // seeded, with logprobs, streamed or not, on the base model or an adapter), a request for the
-// trajectory the first one holds waits for it, and /metrics counts passes that served several.
+// trajectory the first one holds runs on a copy of it, and /metrics counts passes that served
+// several and the copy.
 TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone) {
   const std::vector<json> bodies = {
       {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 150}, {"ignore_eos", true}, {"temperature", 0}},
@@ -706,10 +707,13 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
   }
   EXPECT_EQ(streamed, alone[0].text);
   EXPECT_EQ(alone[2].logprobs.size(), 25u);
-  // The fifth (the first's prompt, another agent) waited for the first's trajectory and cut it back.
-  EXPECT_EQ(got[4]->trajectory, got[0]->trajectory);
+  // The fifth (the first's prompt, another agent) ran beside the first on a copy of its
+  // trajectory, reading the prompt entries the first computed (base-lr: it computed only the
+  // prompt's last position), and got what it gets on the first's trajectory afterwards.
+  EXPECT_NE(got[4]->trajectory, got[0]->trajectory);
   EXPECT_EQ(got[0]->reused_tokens, 1);  // a fresh trajectory: BOS
   EXPECT_EQ(got[4]->reused_tokens, got[4]->prompt_tokens - 1);
+  EXPECT_EQ(got[4]->prefilled_tokens, 1);
   httplib::Client c("127.0.0.1", port_);
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
@@ -724,12 +728,16 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
   EXPECT_LT(passes + 10, served) << "the requests did not share passes";
   EXPECT_EQ(value("lragent:num_requests_running"), 0);
   EXPECT_EQ(value("lragent:num_requests_waiting"), 0);
+  EXPECT_EQ(value("lragent:trajectories_copied_total"), 1);
+  EXPECT_EQ(value("lragent:trajectory_copied_tokens_total"), static_cast<double>(got[4]->reused_tokens));
 }
 
 // A server destroyed with a request running and one waiting for its trajectory ends both with an
 // error, and nothing is used after it is gone (the sanitizer build checks).
 TEST_F(ServerTest, StoppingWithRequestsInFlightEndsThemWithAnError) {
-  start(ShareMode::kBaseLr);
+  ServerOptions o;
+  o.pool.max_sessions = 1;  // the second request cannot run on a copy: it waits
+  start(ShareMode::kBaseLr, o);
   Server* s = server_.get();
   auto request = [](const char* model) {
     CompletionRequest r;

@@ -205,9 +205,10 @@ TEST_F(SessionPoolTest, TheLeastRecentlyUsedTrajectoryMakesRoom) {
   EXPECT_EQ(p->sessions().size(), 1u);
 }
 
-// A request whose trajectory runs another request waits (nullopt) rather than cutting it back or
-// starting a copy, and a held trajectory is never dropped to make room.
-TEST_F(SessionPoolTest, AHeldTrajectoryMakesItsNextRequestWaitAndIsNeverDropped) {
+// A request whose trajectory runs another request starts on a copy of it in a free slot (it
+// neither waits nor cuts the held one back); when every slot is held it waits (nullopt), and a
+// held trajectory is never dropped to make room.
+TEST_F(SessionPoolTest, AHeldTrajectoryIsCopiedForAnotherRequestAndNeverDropped) {
   auto p = pool(ShareMode::kBase, 2);  // one group: the pool starts with one fresh trajectory
   ASSERT_NE(p, nullptr);
   const std::vector<int32_t> alpha = encode("Alpha alpha alpha alpha.");
@@ -215,38 +216,180 @@ TEST_F(SessionPoolTest, AHeldTrajectoryMakesItsNextRequestWaitAndIsNeverDropped)
   ASSERT_TRUE(a.ok() && a->has_value());
   std::vector<int32_t> next = alpha;
   next.push_back(13);
-  auto waits = p->acquire("action", next);  // the next turn of a's conversation
-  ASSERT_TRUE(waits.ok());
-  EXPECT_FALSE(waits->has_value());
-  auto resent = p->acquire("plan", alpha);  // n > 1: the same prompt again
+  auto copy = p->acquire("action", next);  // the next turn of a's conversation, sent early
+  ASSERT_TRUE(copy.ok() && copy->has_value());
+  EXPECT_NE((*copy)->id, (*a)->id);
+  EXPECT_EQ((*copy)->session->trajectory(), next);
+  EXPECT_EQ((*copy)->reused_tokens, static_cast<int64_t>(alpha.size()));
+  EXPECT_EQ(p->copied_sessions(), 1);
+  EXPECT_EQ(p->copied_tokens(), static_cast<int64_t>(alpha.size()));
+  auto resent = p->acquire("plan", alpha);  // n > 1: the same prompt again; both slots are held
   ASSERT_TRUE(resent.ok());
   EXPECT_FALSE(resent->has_value());
-  // Another conversation takes the second slot; a third finds both held: it waits, nothing is dropped.
-  auto b = p->acquire("plan", encode("Beta beta beta beta beta."));
-  ASSERT_TRUE(b.ok() && b->has_value());
-  EXPECT_NE((*b)->id, (*a)->id);
   auto c = p->acquire("plan", encode("Gamma gamma gamma gamma."));
   ASSERT_TRUE(c.ok());
   EXPECT_FALSE(c->has_value());
   EXPECT_EQ(p->evicted_sessions(), 0);
   ASSERT_EQ(p->sessions().size(), 2u);
   for (const auto& info : p->sessions()) EXPECT_TRUE(info.running) << info.id;
-  EXPECT_EQ((*a)->session->trajectory(), alpha);  // untouched by the waiting requests
-  // Released, a's trajectory takes its next turn; b's released slot then makes room for gamma.
+  EXPECT_EQ((*a)->session->trajectory(), alpha);  // untouched by the others
+  // Released, a's trajectory takes the re-sent request; the copy's released slot then makes room
+  // for gamma (a new conversation: nothing in common but BOS, so nothing is copied).
   p->release((*a)->id);
-  auto a2 = p->acquire("action", next);
+  auto a2 = p->acquire("plan", alpha);
   ASSERT_TRUE(a2.ok() && a2->has_value());
   EXPECT_EQ((*a2)->id, (*a)->id);
-  EXPECT_EQ((*a2)->reused_tokens, static_cast<int64_t>(alpha.size()));
   auto c2 = p->acquire("plan", encode("Gamma gamma gamma gamma."));
   ASSERT_TRUE(c2.ok());
-  EXPECT_FALSE(c2->has_value());  // a (held again) and b (held) fill both slots
-  p->release((*b)->id);
-  for (const auto& info : p->sessions()) EXPECT_EQ(info.running, info.id == (*a)->id) << info.id;
+  EXPECT_FALSE(c2->has_value());  // a (held again) and the copy (held) fill both slots
+  p->release((*copy)->id);
   auto c3 = p->acquire("plan", encode("Gamma gamma gamma gamma."));
   ASSERT_TRUE(c3.ok() && c3->has_value());
   EXPECT_EQ(p->evicted_sessions(), 1);
-  EXPECT_NE((*c3)->id, (*b)->id);
+  EXPECT_NE((*c3)->id, (*copy)->id);
+  EXPECT_EQ(p->copied_sessions(), 1);
+}
+
+// Parallel agents on one prompt under base-lr: the second waits while the first still computes
+// the prompt (a copy then would make it compute the prompt again), then runs on a copy that holds
+// the prompt's entries and computes only its last position. In none, whose agents read only their
+// own entries, the copy is taken at once.
+TEST_F(SessionPoolTest, AParallelAgentCopiesThePromptOnceItIsComputed) {
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max.");
+  for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    auto made = SessionPool::create(*model_, tok_.get(), {AgentGroup{names_, ptrs_}}, options(mode));
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    SessionPool& p = **made;
+    auto first = p.acquire("plan", prompt);
+    ASSERT_TRUE(first.ok() && first->has_value());
+    auto second = p.acquire("action", prompt);
+    ASSERT_TRUE(second.ok());
+    if (mode == ShareMode::kBaseLr) {
+      EXPECT_FALSE(second->has_value()) << "copied before the prompt was computed";
+      ASSERT_TRUE((*first)->session->run_agent("plan", 4, {}, {}).ok());  // computes the prompt, then decodes
+      second = p.acquire("action", prompt);
+      ASSERT_TRUE(second.ok());
+    }
+    ASSERT_TRUE(second->has_value());
+    EXPECT_NE((*second)->id, (*first)->id);
+    EXPECT_EQ((*second)->reused_tokens, static_cast<int64_t>(prompt.size()) - 1);
+    auto r = (*second)->session->run_agent("action", 4, {}, {});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r->prefilled_tokens, mode == ShareMode::kBaseLr ? 1 : static_cast<int64_t>(prompt.size()));
+  }
+}
+
+// A request that lands on a copy of a held trajectory computes exactly what it computes on that
+// trajectory once it is released (the old way: waiting for it), in every mode: the same tokens,
+// logits and catch-up, and so the same entries (base modes: the base rows plan computed, which
+// the second agent could not have computed itself). plan, whose private caches were copied,
+// catches up from where they end, as on the original.
+TEST_F(SessionPoolTest, ACopiedTrajectoryComputesAsTheOneItCopies) {
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max.");
+  for (ShareMode mode : kAllShareModes) {
+    SCOPED_TRACE(share_mode_name(mode));
+    SessionPoolOptions o = options(mode);
+    o.replay.keep_logits = true;
+    auto made = SessionPool::create(*model_, tok_.get(), {AgentGroup{names_, ptrs_}}, o);
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    SessionPool& p = **made;
+    auto held = p.acquire("plan", prompt);
+    ASSERT_TRUE(held.ok() && held->has_value());
+    AgentSession& orig = *(*held)->session;
+    ASSERT_TRUE(orig.run_agent("plan", 8, {}, {}).ok());
+    ASSERT_TRUE(orig.run_agent("action", 5, {}, {}).ok());  // plan and action hold entries
+    std::vector<int32_t> next = orig.trajectory();
+    const std::vector<int32_t> obs = encode(" Observation: the dog ran.");
+    next.insert(next.end(), obs.begin() + 1, obs.end());  // without its BOS
+
+    auto copied = p.acquire("reflect", next);  // orig is still held: a copy
+    ASSERT_TRUE(copied.ok() && copied->has_value());
+    ASSERT_NE((*copied)->id, (*held)->id);
+    EXPECT_EQ((*copied)->reused_tokens, static_cast<int64_t>(orig.trajectory().size()));
+    std::vector<StepResult> on_copy, on_orig;
+    for (const char* agent : {"reflect", "plan"}) {
+      auto r = (*copied)->session->run_agent(agent, 6, {}, {});
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      on_copy.push_back(std::move(*r));
+    }
+    const std::vector<int64_t> copy_computed = (*copied)->session->computed_per_agent();
+    p.release((*copied)->id);
+    p.release((*held)->id);
+
+    auto back = p.acquire("reflect", next);  // the original, extended
+    ASSERT_TRUE(back.ok() && back->has_value());
+    ASSERT_EQ((*back)->id, (*held)->id);
+    const std::vector<int64_t> before = orig.computed_per_agent();
+    for (const char* agent : {"reflect", "plan"}) {
+      auto r = orig.run_agent(agent, 6, {}, {});
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      on_orig.push_back(std::move(*r));
+    }
+    for (size_t s = 0; s < on_orig.size(); ++s) {
+      SCOPED_TRACE(on_orig[s].agent);
+      EXPECT_EQ(on_copy[s].output_tokens, on_orig[s].output_tokens);
+      EXPECT_EQ(on_copy[s].prefilled_tokens, on_orig[s].prefilled_tokens);
+      ASSERT_EQ(on_copy[s].logits.size(), on_orig[s].logits.size());
+      for (size_t i = 0; i < on_orig[s].logits.size(); ++i) ASSERT_EQ(on_copy[s].logits[i], on_orig[s].logits[i]) << i;
+    }
+    // The copy's agents computed what the original's computed for these steps, no more.
+    for (size_t a = 0; a < copy_computed.size(); ++a)
+      EXPECT_EQ(copy_computed[a], orig.computed_per_agent()[a] - before[a]) << names_[a];
+    EXPECT_EQ((*copied)->session->cache_bytes().total(), orig.cache_bytes().total());
+    EXPECT_EQ(p.copied_sessions(), 1);
+  }
+}
+
+// A conversation that parts from a kept one after at least a page in common starts as a copy of
+// that prefix (its entries are not computed again) when cutting the kept one back would lose
+// more than its last completion; with private caches (none) it then computes what a pool that
+// never held the other conversation computes.
+TEST_F(SessionPoolTest, AConversationThatPartsStartsFromACopyOfTheCommonPrefix) {
+  const std::vector<int32_t> shared_part = encode("Once upon a time, there was a little dog named Max. Max liked to run and play in the sun with his friends. One day, Max saw a big red ball near the old tree");
+  ASSERT_GE(shared_part.size(), 17u);  // more than a page (16)
+  const std::vector<int32_t> tail_a = encode(" in the park with his ball.");
+  const std::vector<int32_t> tail_b = encode(" to the big red barn every day.");
+  auto with = [&](const std::vector<int32_t>& tail) {
+    std::vector<int32_t> v = shared_part;
+    v.insert(v.end(), tail.begin() + 1, tail.end());  // without its BOS
+    return v;
+  };
+  const std::vector<int32_t> a = with(tail_a), b = with(tail_b);
+  SessionPoolOptions o = options(ShareMode::kNone);
+  o.replay.keep_logits = true;
+  auto made = SessionPool::create(*model_, tok_.get(), {AgentGroup{names_, ptrs_}}, o);
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  SessionPool& p = **made;
+  auto la = acquire(p, "plan", a);
+  ASSERT_TRUE(la.ok()) << la.error().message;
+  ASSERT_TRUE(la->session->run_agent("plan", 12, {}, {}).ok());
+  // b shares only shared_part with a's trajectory: a new trajectory, a copy of that part.
+  auto lb = acquire(p, "plan", b);
+  ASSERT_TRUE(lb.ok()) << lb.error().message;
+  EXPECT_NE(lb->id, la->id);
+  const auto common = static_cast<int64_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+  EXPECT_EQ(lb->reused_tokens, common);
+  EXPECT_EQ(p.copied_sessions(), 1);
+  EXPECT_EQ(la->session->trajectory().size(), a.size() + 12);  // a's trajectory is not cut back
+  auto on_copy = lb->session->run_agent("plan", 8, {}, {});
+  ASSERT_TRUE(on_copy.ok()) << on_copy.error().message;
+  EXPECT_EQ(on_copy->prefilled_tokens, static_cast<int64_t>(b.size()) - common);
+
+  auto fresh_pool = SessionPool::create(*model_, tok_.get(), {AgentGroup{names_, ptrs_}}, o);
+  ASSERT_TRUE(fresh_pool.ok());
+  auto lf = acquire(**fresh_pool, "plan", b);
+  ASSERT_TRUE(lf.ok());
+  auto ref = lf->session->run_agent("plan", 8, {}, {});
+  ASSERT_TRUE(ref.ok()) << ref.error().message;
+  EXPECT_EQ(ref->prefilled_tokens, static_cast<int64_t>(b.size()));  // BOS too: a fresh trajectory computed nothing
+  EXPECT_EQ(on_copy->output_tokens, ref->output_tokens);
+  ASSERT_EQ(on_copy->logits.size(), ref->logits.size());
+  double worst = 0;
+  for (size_t i = 0; i < ref->logits.size(); ++i)
+    for (size_t v = 0; v < ref->logits[i].size(); ++v)
+      worst = std::max(worst, static_cast<double>(std::abs(on_copy->logits[i][v] - ref->logits[i][v])));
+  EXPECT_LT(worst, 1e-4);
 }
 
 // A trajectory cut back to L tokens (then re-extended) computes what one that only ever held
