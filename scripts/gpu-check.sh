@@ -18,7 +18,8 @@
 #
 # Env: OUT (copy results there), LRAGENT_COMMIT (commit id to report; else the checkout's HEAD),
 #      JOBS (default 16), QUICK=1 (bench only 8k shapes; for smoke runs),
-#      FORCE_DIRECT=1 (use the direct nvcc build even when CMake works).
+#      FORCE_DIRECT=1 (use the direct nvcc build even when CMake works),
+#      SKIP_KERNEL_BENCH=1 (tests, replay and serve stages only).
 set -u
 set -o pipefail
 cd "$(dirname "$0")/.."
@@ -167,6 +168,9 @@ fi
 save
 
 # ---------------------------------------------------------------- benchmarks
+# SKIP_KERNEL_BENCH=1: no kernel, model or GEMV bench, SDPA peer nor kernels report (a change that
+# leaves the kernels alone: tests, replay and the serve stages only).
+[ "${SKIP_KERNEL_BENCH:-0}" = 1 ] && BENCH_BIN="" MODEL_BIN=""
 BQ=()
 [ "${QUICK:-0}" = 1 ] && BQ=(--quick)
 if [ -n "$BENCH_BIN" ]; then
@@ -278,8 +282,16 @@ PY
   timeout 240 python3 scripts/serve-concurrency.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b \
     --levels $SC_LEVELS --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" 2>>"$LOGS/serve.log" |
     tee -a "$LOGS/serve.log" | tail -9
+  # Parallel agents on one prompt: each runs on a copy of the first's trajectory, against the same
+  # requests one after another (docs/server.md).
+  FO_LEVELS=1,3,8
+  [ "${QUICK:-0}" = 1 ] && FO_LEVELS=1,3
+  timeout 240 python3 scripts/serve-concurrency.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b --shared-prompt \
+    --prompt 4096 --levels $FO_LEVELS --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" 2>>"$LOGS/serve.log" |
+    tee -a "$LOGS/serve.log" | tail -7
 fi
 save
+if [ "${SKIP_KERNEL_BENCH:-0}" != 1 ]; then
 echo "== SDPA peer ($(elapsed))"
 timeout 150 python3 bench/cuda/sdpa_peer.py --out "$LOGS/sdpa_peer.json" "${BQ[@]}" 2>&1 | tee "$LOGS/sdpa.log" | tail -12
 
@@ -291,6 +303,7 @@ python3 bench/cuda/make_report.py --ours "$LOGS/attention_bench.json" --sdpa "$L
   --tests "$TESTS" --out-prefix "$PREFIX" \
   --meta "gpu=$GPU" "date=$DATE" "commit=$COMMIT" "build=$BUILD_MODE" "nvcc=$($NVCC --version | tail -1)" \
   "elapsed_s=$(( $(date +%s) - T0 ))"
+fi
 
 save
 echo "== gpu-check done in $(elapsed); tests: $TESTS"

@@ -11,6 +11,13 @@ and from /metrics the engine's passes and the requests they served (the mean bat
 speed-up at C is C x (the time of one request alone) / (the wall time of C at once): how much
 sooner C requests end than run one after another.
 
+--shared-prompt: the C clients are parallel agents given one prompt (a fan-out: plan, action,
+reflect, ... reading the same trajectory). The server runs each beside the first on a copy of the
+first's trajectory once the first has computed the prompt (docs/server.md). The baseline is then
+measured, not derived: the same C requests sent one after another on another fresh prompt (each
+reusing what the previous computed, as the server ran them before copies existed: they waited for
+the first's trajectory). Written as serve-fanout-*.
+
 Writes bench/results/serve-concurrency-<gpu>-<preset>-<date>.json, .md and .png (with --out-dir;
 the plot when matplotlib is there), with GPU name, date and commit; prints the markdown.
 
@@ -38,12 +45,27 @@ def metric(base, name):
     return float(m.group(1)) if m else float("nan")
 
 
-def run_level(base, c, prompt_tokens, max_tokens, preset, seed):
+def bodies_for(c, prompt_tokens, max_tokens, preset, seed, shared):
     vocab_hi, bos = serve_bench.PRESETS[preset]
     rng = random.Random(seed)
     agents = ["plan", "action", "reflect"]
-    bodies = [{"model": agents[i % 3], "prompt": [bos] + [rng.randrange(2, vocab_hi) for _ in range(prompt_tokens - 1)],
-               "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(c)]
+    one = [bos] + [rng.randrange(2, vocab_hi) for _ in range(prompt_tokens - 1)]
+    return [{"model": agents[i % 3],
+             "prompt": one if shared else [bos] + [rng.randrange(2, vocab_hi) for _ in range(prompt_tokens - 1)],
+             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(c)]
+
+
+def run_sequential(base, c, prompt_tokens, max_tokens, preset, seed, shared):
+    """The same kind of C requests sent one after another: the wall time until the last answer."""
+    bodies = bodies_for(c, prompt_tokens, max_tokens, preset, seed, shared)
+    t0 = time.perf_counter()
+    for b in bodies:
+        serve_bench.post(base, b)
+    return time.perf_counter() - t0
+
+
+def run_level(base, c, prompt_tokens, max_tokens, preset, seed, shared=False):
+    bodies = bodies_for(c, prompt_tokens, max_tokens, preset, seed, shared)
     out = [None] * c
     start = threading.Barrier(c + 1)
 
@@ -54,6 +76,7 @@ def run_level(base, c, prompt_tokens, max_tokens, preset, seed):
 
     passes0 = metric(base, "lragent:engine_passes_total")
     served0 = metric(base, "lragent:engine_pass_sequences_total")
+    copied0 = metric(base, "lragent:trajectories_copied_total")
     threads = [threading.Thread(target=client, args=(i,)) for i in range(c)]
     for t in threads:
         t.start()
@@ -64,11 +87,16 @@ def run_level(base, c, prompt_tokens, max_tokens, preset, seed):
     wall = time.perf_counter() - t0
     passes = metric(base, "lragent:engine_passes_total") - passes0
     served = metric(base, "lragent:engine_pass_sequences_total") - served0
+    copied = metric(base, "lragent:trajectories_copied_total") - copied0
     tokens = sum(o["tokens"] for o in out)
     lat = sorted(o["latency_s"] for o in out)
     return {"concurrency": c, "wall_s": wall, "generated_tokens": tokens, "tokens_per_s": tokens / wall,
             "latency_mean_s": sum(lat) / c, "latency_max_s": lat[-1], "engine_passes": passes,
-            "mean_batch": served / passes if passes else float("nan")}
+            "mean_batch": served / passes if passes else float("nan"), "trajectories_copied": copied}
+
+
+def head_rule(head):
+    return "|" + " ---: |" * (head.count("|") - 1)
 
 
 def main():
@@ -80,6 +108,8 @@ def main():
     ap.add_argument("--levels", default="1,2,4,8")
     ap.add_argument("--prompt", type=int, default=512, help="prompt tokens per request")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens each request decodes")
+    ap.add_argument("--shared-prompt", action="store_true",
+                    help="the clients are parallel agents on one prompt (baseline: the same requests one after another)")
     ap.add_argument("--out-dir", default="")
     ap.add_argument("--gpu-name", default="")
     ap.add_argument("--commit", default=os.environ.get("LRAGENT_COMMIT", ""))
@@ -90,9 +120,11 @@ def main():
     proc, base = serve_bench.start_server(a.bin, args)
     results = []
     try:
-        run_level(base, 2, a.prompt, 16, a.preset, 1)  # warm-up: kernels, allocator, graphs
+        run_level(base, 2, a.prompt, 16, a.preset, 1, a.shared_prompt)  # warm-up: kernels, allocator, graphs
         for i, c in enumerate(levels):
-            r = run_level(base, c, a.prompt, a.max_tokens, a.preset, 100 + i)
+            r = run_level(base, c, a.prompt, a.max_tokens, a.preset, 100 + i, a.shared_prompt)
+            if a.shared_prompt:  # a fresh prompt of its own (seed): nothing of it is cached
+                r["sequential_wall_s"] = run_sequential(base, c, a.prompt, a.max_tokens, a.preset, 200 + i, True)
             results.append(r)
             print(f"C={c:3d}: {r['wall_s']:6.2f} s, {r['tokens_per_s']:8.1f} tok/s, mean batch {r['mean_batch']:.2f}",
                   file=sys.stderr)
@@ -102,25 +134,44 @@ def main():
         sys.stderr.write(proc.stderr.read())  # the server's exit report (e.g. LRAGENT_CUDA_GRAPH_STATS=1)
     one = next((r for r in results if r["concurrency"] == 1), None)
     for r in results:
-        r["speedup_vs_one_at_a_time"] = r["concurrency"] * one["wall_s"] / r["wall_s"] if one else None
-    lines = [f"# lragent serve: concurrent clients ({a.preset}, {a.device}, --kv-share {a.kv_share})", "",
-             f"GPU: {a.gpu_name or 'n/a'} · date: {datetime.date.today()} · commit: {a.commit or 'n/a'}", "",
-             f"C clients send one request each at once: its own {a.prompt}-token prompt, an adapter in turn "
-             f"(plan / action / reflect), {a.max_tokens} tokens decoded (greedy, ignore_eos), over HTTP. Speed-up: "
-             "C x (one request's wall time) / (C requests' wall time), i.e. against running them one after another. "
-             "Mean batch: requests served per engine pass (from /metrics).", "",
-             "| clients | wall (s) | generated tokens/s | mean latency (s) | max latency (s) | mean batch | speed-up vs one at a time |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        if a.shared_prompt:
+            r["speedup_vs_one_at_a_time"] = r["sequential_wall_s"] / r["wall_s"]
+        else:
+            r["speedup_vs_one_at_a_time"] = r["concurrency"] * one["wall_s"] / r["wall_s"] if one else None
+    if a.shared_prompt:
+        title = f"# lragent serve: parallel agents on one prompt ({a.preset}, {a.device}, --kv-share {a.kv_share})"
+        what = (f"C clients send one request each at once, all on one {a.prompt}-token prompt (parallel agents reading "
+                f"one trajectory), an adapter in turn (plan / action / reflect), {a.max_tokens} tokens decoded (greedy, "
+                "ignore_eos), over HTTP. The first computes the prompt; the others run beside it on copies of its "
+                "trajectory once it has (copied: trajectories copied, from /metrics). One after another: the same C "
+                "requests on another fresh prompt sent in turn, measured in the same run (each reuses the prompt the "
+                "first computed). Speed-up: that time / the wall time at once.")
+        head = ("| clients | wall (s) | one after another (s) | generated tokens/s | mean latency (s) | max latency (s) "
+                "| mean batch | copied | speed-up vs one after another |")
+        lines_fmt = lambda r, sp: (f"| {r['concurrency']} | {r['wall_s']:.2f} | {r['sequential_wall_s']:.2f} | "
+                                   f"{r['tokens_per_s']:.0f} | {r['latency_mean_s']:.2f} | {r['latency_max_s']:.2f} | "
+                                   f"{r['mean_batch']:.2f} | {r['trajectories_copied']:.0f} | {sp} |")
+    else:
+        title = f"# lragent serve: concurrent clients ({a.preset}, {a.device}, --kv-share {a.kv_share})"
+        what = (f"C clients send one request each at once: its own {a.prompt}-token prompt, an adapter in turn "
+                f"(plan / action / reflect), {a.max_tokens} tokens decoded (greedy, ignore_eos), over HTTP. Speed-up: "
+                "C x (one request's wall time) / (C requests' wall time), i.e. against running them one after another.")
+        head = "| clients | wall (s) | generated tokens/s | mean latency (s) | max latency (s) | mean batch | speed-up vs one at a time |"
+        lines_fmt = lambda r, sp: (f"| {r['concurrency']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | "
+                                   f"{r['latency_mean_s']:.2f} | {r['latency_max_s']:.2f} | {r['mean_batch']:.2f} | {sp} |")
+    lines = [title, "", f"GPU: {a.gpu_name or 'n/a'} · date: {datetime.date.today()} · commit: {a.commit or 'n/a'}", "",
+             what + " Mean batch: requests served per engine pass (from /metrics).", "",
+             head, head_rule(head)]
     for r in results:
         sp = f"{r['speedup_vs_one_at_a_time']:.2f}x" if r["speedup_vs_one_at_a_time"] else "n/a"
-        lines.append(f"| {r['concurrency']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | {r['latency_mean_s']:.2f} | "
-                     f"{r['latency_max_s']:.2f} | {r['mean_batch']:.2f} | {sp} |")
+        lines.append(lines_fmt(r, sp))
     md = "\n".join(lines) + "\n"
     print(md)
     if a.out_dir:
-        stem = serve_bench.write_results(a, "serve-concurrency", "scripts/serve-concurrency.py", md,
-                                         {"kv_share": a.kv_share, "prompt_tokens": a.prompt,
-                                          "max_tokens": a.max_tokens, "results": results})
+        stem = serve_bench.write_results(a, "serve-fanout" if a.shared_prompt else "serve-concurrency",
+                                         "scripts/serve-concurrency.py", md,
+                                         {"kv_share": a.kv_share, "prompt_tokens": a.prompt, "max_tokens": a.max_tokens,
+                                          "shared_prompt": a.shared_prompt, "results": results})
         try:
             import matplotlib
             matplotlib.use("Agg")
@@ -129,8 +180,14 @@ def main():
             cs = [r["concurrency"] for r in results]
             ax[0].plot(cs, [r["tokens_per_s"] for r in results], "o-")
             ax[0].set(xlabel="concurrent clients", ylabel="generated tokens/s", xscale="log", title="throughput")
-            ax[1].plot(cs, [r["latency_mean_s"] for r in results], "o-")
-            ax[1].set(xlabel="concurrent clients", ylabel="mean latency (s)", xscale="log", title="latency")
+            if a.shared_prompt:
+                ax[1].plot(cs, [r["wall_s"] for r in results], "o-", label="at once (copies)")
+                ax[1].plot(cs, [r["sequential_wall_s"] for r in results], "s--", label="one after another")
+                ax[1].set(xlabel="agents on one prompt", ylabel="wall time (s)", xscale="log", title="all answered")
+                ax[1].legend()
+            else:
+                ax[1].plot(cs, [r["latency_mean_s"] for r in results], "o-")
+                ax[1].set(xlabel="concurrent clients", ylabel="mean latency (s)", xscale="log", title="latency")
             for x in ax:
                 x.grid(alpha=0.3)
             fig.suptitle(f"lragent serve, {a.preset}, {a.gpu_name or a.device}")

@@ -193,8 +193,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--max-sessions", f->max_sessions,
                   "Trajectories kept between requests, each with its KV memory (--max-context / --kv-memory); the "
                   "least recently used one makes room for a new one. Requests on different trajectories run "
-                  "batched together, so this also bounds how many run at once (a request whose trajectory runs "
-                  "another one waits for it)")
+                  "batched together, so this also bounds how many run at once (a request whose trajectory another "
+                  "one runs starts on a copy of it when a slot is free, else waits)")
       ->default_val(4)
       ->check(cli::in_range(1, 4096));
   cmd->add_option("--max-num-batched-tokens", f->max_batched_tokens,
