@@ -190,6 +190,9 @@ def main():
                 ax[1].set(xlabel="concurrent clients", ylabel="mean latency (s)", xscale="log", title="latency")
             for x in ax:
                 x.grid(alpha=0.3)
+                x.set_xticks(cs)
+                x.set_xticklabels([str(c) for c in cs])
+                x.minorticks_off()
             fig.suptitle(f"lragent serve, {a.preset}, {a.gpu_name or a.device}")
             fig.tight_layout()
             fig.savefig(stem + ".png", dpi=110)
