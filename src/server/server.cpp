@@ -199,6 +199,7 @@ Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& 
 }
 
 struct Server::ChoiceRun {
+  size_t index = 0;                     // the choice (prompt index * n + sample)
   CompletionChoice c;
   int64_t lease = 0;                    // its trajectory (SessionPool id)
   std::optional<CompletionText> text;   // the shown text and its stop strings (with a tokenizer)
@@ -228,7 +229,10 @@ struct Server::Job {
   bool abandoned = false;    // the engine saw `cancelled`
   bool ended = false;        // in ended_
   std::optional<Clock::time_point> first_token;
-  std::unique_ptr<ChoiceRun> run;
+  // The choices running now: several at once when they can (n > 1, several prompts), each on its
+  // own trajectory (a copy of the one its prompt belongs on while another choice runs there).
+  std::vector<std::unique_ptr<ChoiceRun>> runs;
+  std::vector<std::optional<CompletionChoice>> done;  // [choices()] the finished ones
   size_t choices() const { return p->ids.size() * static_cast<size_t>(p->req.n); }
 };
 
@@ -283,7 +287,7 @@ void Server::engine_loop() {
         active.insert(active.end(), queue_.begin(), queue_.end());
         queue_.clear();
         lock.unlock();
-        for (Job* j : active) fail_choice(*j, Error{ErrorCode::kInternal, "the server is shutting down"});
+        for (Job* j : active) fail_job(*j, Error{ErrorCode::kInternal, "the server is shutting down"});
         active.clear();
       } else {
         active.insert(active.end(), queue_.begin(), queue_.end());
@@ -295,7 +299,7 @@ void Server::engine_loop() {
     // with a choice), not the waiting ones.
     auto fail_running = [&](const std::string& what) {
       for (Job* j : active)
-        if (j->run && !j->ended) fail_choice(*j, Error{ErrorCode::kInternal, "internal error: " + what});
+        if (!j->runs.empty() && !j->ended) fail_job(*j, Error{ErrorCode::kInternal, "internal error: " + what});
     };
     try {
       ran = engine_pass(active);
@@ -331,23 +335,31 @@ void Server::engine_loop() {
 
 bool Server::engine_pass(const std::vector<Job*>& active) {
   for (Job* j : active)
-    if (!j->run && !j->ended) start_choice(*j);
-  std::vector<AgentTurn*> turns;
-  std::vector<Job*> owners;  // [turns]
-  for (Job* j : active) {
-    if (!j->run || j->ended) continue;
-    if (j->run->turn->done()) {  // nothing to generate (echo with max_tokens 0)
-      end_choice(*j, Status::Ok());
-      continue;
+    while (!j->ended && start_choice(*j)) {
     }
-    turns.push_back(j->run->turn.get());
-    owners.push_back(j);
+  std::vector<AgentTurn*> turns;
+  std::vector<std::pair<Job*, ChoiceRun*>> owners, finished;  // [turns]; nothing to generate
+  for (Job* j : active) {
+    if (j->ended) continue;
+    for (const auto& r : j->runs) {
+      if (r->turn->done()) {  // nothing to generate (echo with max_tokens 0)
+        finished.emplace_back(j, r.get());
+        continue;
+      }
+      turns.push_back(r->turn.get());
+      owners.emplace_back(j, r.get());
+    }
   }
+  // A choice that ends successfully never ends another choice of its job.
+  for (auto [j, r] : finished) end_choice(*j, *r, Status::Ok());
   if (turns.empty()) return false;
   const TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens);
   metrics_.record_pass(step.sequences, step.tokens);
-  for (size_t k = 0; k < turns.size(); ++k)
-    if (!step.status[k].ok() || turns[k]->done()) end_choice(*owners[k], step.status[k]);
+  for (size_t k = 0; k < turns.size(); ++k) {
+    // A failed choice fails its whole job (its other choices with it): skip what it ended.
+    if (owners[k].first->ended) continue;
+    if (!step.status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, step.status[k]);
+  }
   return true;
 }
 
@@ -366,22 +378,30 @@ bool Server::emit(Job& job, ChoiceRun& run, std::string text) {
   return !job.abandoned;
 }
 
-void Server::start_choice(Job& job) {
+bool Server::start_choice(Job& job) {
   const Prepared& p = *job.p;
   const CompletionRequest& req = p.req;
-  if (job.abandoned || job.next >= job.choices()) return end_job(job, std::nullopt);
+  if (job.done.empty()) job.done.resize(job.choices());
+  if (job.abandoned || job.next >= job.choices()) {
+    if (job.runs.empty()) end_job(job, std::nullopt);
+    return false;
+  }
   const size_t i = job.next / static_cast<size_t>(req.n);
   const size_t j = job.next % static_cast<size_t>(req.n);
   auto lease = pool_->acquire(p.agent, p.ids[i]);
-  if (!lease.ok()) return end_job(job, lease.error());
-  if (!*lease) return;  // its trajectory (or every slot) runs another request: next time
+  if (!lease.ok()) {
+    fail_job(job, lease.error());
+    return false;
+  }
+  if (!*lease) return false;  // no trajectory for it yet (see SessionPool::acquire): next time
   if (!job.running) {
     metrics_.request_running();
     job.running = true;
   }
-  // Held from here: every way out drops or releases it (fail_choice, end_choice), an exception too.
-  job.run = std::make_unique<ChoiceRun>();
-  ChoiceRun& cr = *job.run;
+  // Held from here: every way out drops or releases it (fail_job, end_choice), an exception too.
+  job.runs.push_back(std::make_unique<ChoiceRun>());
+  ChoiceRun& cr = *job.runs.back();
+  cr.index = job.next;
   cr.lease = (*lease)->id;
   cr.c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
   cr.c.prompt_index = i;
@@ -415,34 +435,38 @@ void Server::start_choice(Job& job) {
   ++job.next;
   if (!emit(job, cr, cr.shown)) {  // the client went away: nothing ran on the trajectory
     pool_->release(cr.lease);
-    job.run.reset();
-    return end_job(job, std::nullopt);
+    job.runs.pop_back();
+    if (job.runs.empty()) end_job(job, std::nullopt);
+    return false;
   }
   auto turn = AgentTurn::start(*(*lease)->session, p.agent, p.budgets[i], {}, {}, std::move(dec));
-  if (!turn.ok()) return fail_choice(job, turn.error());  // a droidspeak catch-up may have run part way
+  if (!turn.ok()) {  // a droidspeak catch-up may have run part way
+    fail_job(job, turn.error());
+    return false;
+  }
   cr.turn = std::move(*turn);
   publish_sessions();  // GET /lragent/sessions shows it running
+  return true;
 }
 
-void Server::fail_choice(Job& job, Error error) {
-  // The turn goes before its trajectory: it may hold a KV binding into the trajectory's caches.
-  std::unique_ptr<ChoiceRun> run = std::move(job.run);
-  const int64_t lease = run ? run->lease : 0;
-  run.reset();
-  if (lease > 0) pool_->drop(lease);  // its caches may hold a partial pass
+void Server::fail_job(Job& job, Error error) {
+  // The turns go before their trajectories: each may hold a KV binding into its trajectory's caches.
+  std::vector<int64_t> leases;
+  for (const auto& r : job.runs) leases.push_back(r->lease);
+  job.runs.clear();
+  for (int64_t lease : leases) pool_->drop(lease);  // their caches may hold a partial pass
   end_job(job, std::move(error));
 }
 
-void Server::end_choice(Job& job, const Status& st) {
-  ChoiceRun& cr = *job.run;
+void Server::end_choice(Job& job, ChoiceRun& cr, const Status& st) {
   if (!st.ok()) {
     if (st.error().code == ErrorCode::kOutOfMemory)  // a trajectory's own KV memory: retrying cannot help
-      return fail_choice(job, Error{ErrorCode::kInvalidArgument,
+      return fail_job(job, Error{ErrorCode::kInvalidArgument,
                                     fmt::format("this request does not fit one trajectory's KV memory ({}): shorten "
                                                 "the prompt or lower 'max_tokens' (the server's --kv-memory / "
                                                 "--max-context set it)",
                                                 st.error().message)});
-    return fail_choice(job, st.error());
+    return fail_job(job, st.error());
   }
   const CompletionRequest& req = job.p->req;
   StepResult r = cr.turn->result();
@@ -472,9 +496,9 @@ void Server::end_choice(Job& job, const Status& st) {
   c.token_ids = r.output_tokens;
   c.logprobs = std::move(r.logprobs);
   c.prefilled_tokens = r.prefilled_tokens;
-  job.out.push_back(std::move(c));
-  job.run.reset();
-  if (job.abandoned || job.next >= job.choices()) end_job(job, std::nullopt);
+  job.done[cr.index] = std::move(c);
+  std::erase_if(job.runs, [&cr](const std::unique_ptr<ChoiceRun>& r) { return r.get() == &cr; });
+  if (job.runs.empty() && (job.abandoned || job.next >= job.choices())) end_job(job, std::nullopt);
 }
 
 void Server::end_job(Job& job, std::optional<Error> error) {
@@ -482,6 +506,8 @@ void Server::end_job(Job& job, std::optional<Error> error) {
   job.ended = true;
   job.error = std::move(error);
   ended_.push_back(&job);  // first: whatever happens below, its handler gets it back
+  for (std::optional<CompletionChoice>& c : job.done)  // in choice order, however they finished
+    if (c) job.out.push_back(std::move(*c));
   if (!job.running) metrics_.request_running();
   publish_sessions();
   // Counted also on an error: the choices that finished, with the sharing state the request left.

@@ -128,18 +128,19 @@ class Server {
   // its pieces to on_delta until it ends.
   Result<std::vector<CompletionChoice>> run(const Prepared& p, const DeltaFn& on_delta);
   struct Job;        // a request in the engine
-  struct ChoiceRun;  // the choice of a Job running now
+  struct ChoiceRun;  // a choice of a Job running now
   // The engine thread: admits requests, starts their choices, runs one batched pass at a time.
   void engine_loop();
   // One iteration over the admitted jobs: starts the choices that can start and runs one batched
   // pass over the running ones; false when no pass ran (every job waits, or none is left).
   bool engine_pass(const std::vector<Job*>& active);
-  // Starts the job's next choice when its trajectory is free (else it waits); may end the job.
-  void start_choice(Job& job);
-  // The running choice ended (its turn done, or failed with `st`); may end the job.
-  void end_choice(Job& job, const Status& st);
-  // Ends the job with `error`, dropping the trajectory of its choice if one runs (after its turn).
-  void fail_choice(Job& job, Error error);
+  // Starts the job's next choice when a trajectory can be had for it (SessionPool::acquire; else
+  // it waits); true when it started. May end the job.
+  bool start_choice(Job& job);
+  // A running choice ended (its turn done, or failed with `st`: the whole job fails); may end the job.
+  void end_choice(Job& job, ChoiceRun& run, const Status& st);
+  // Ends the job with `error`, dropping the trajectories of its running choices (after their turns).
+  void fail_job(Job& job, Error error);
   // Counts the job in the metrics and queues it for its handler (ended_); nothing touches it after.
   void end_job(Job& job, std::optional<Error> error);
   // A piece of a choice's text for a streaming client; false when the client went away.

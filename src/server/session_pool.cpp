@@ -149,15 +149,18 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   // runs on it (parallel agents on one prompt, a turn sent early), or the one it parts from.
   int64_t copy_id = 0, copy_len = 0;
   if (use && use->held) {
-    // Where an agent reads entries another computed (full, droidspeak's shared layers, base-lr),
-    // a copy taken while the running request still computes the prompt would make this request
-    // compute it again beside it: wait until it is computed (but its last position: the last
-    // token of a completion is never computed in its own trajectory). In none and base every
-    // agent computes every position it reads anyway, so the copy is taken at once.
+    // When the running request computes entries this agent would read (the same agent, e.g. a
+    // second choice of one prompt; or any agent in full, droidspeak's shared layers and base-lr),
+    // a copy taken before they are computed would make this request compute them again beside
+    // it: wait until they are (but the last position: a completion's last token is never
+    // computed in its own trajectory). Else (another agent in none or base, where each agent
+    // computes every position it reads) the copy is taken at once.
     const ShareMode mode = opts_.replay.sharing.mode;
     const bool reads_others = mode == ShareMode::kFull || mode == ShareMode::kDroidSpeak || mode == ShareMode::kBaseLr;
-    if (reads_others && use->session->kv().shared_tokens() < std::min(keep, prompt_len - 1) - 1)
-      return std::optional<Lease>();
+    const TrajectoryKv& kv = use->session->kv();
+    const int64_t need = std::min(keep, prompt_len - 1) - 1;
+    if (reads_others && kv.shared_tokens() < need) return std::optional<Lease>();
+    if (use->agent == agent && kv.processed(use->session->agent_index(agent)) < need) return std::optional<Lease>();
     copy_id = use->id;
     copy_len = keep;
     use = nullptr;
@@ -187,6 +190,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
     }
   }
   use->held = true;
+  use->agent = agent;
   use->last_used = ++tick_;
   use->last_prompt = prompt_len;
   // The prompt's last position always runs again: its logits pick the first token, and an agent

@@ -63,10 +63,10 @@ class SessionPool {
   // The trajectory that will run `agent` on `prompt` (which then is its whole token sequence),
   // held by the caller until release(). The one this prompt belongs on, when another request
   // holds it, is copied into a new slot, once that request has computed the common prefix where
-  // this agent would read its entries (full, droidspeak, base-lr). nullopt: that prefix is still
-  // being computed, every slot holds a trajectory a request runs on, or room for a new one can
-  // only be made by dropping a held one; ask again after the next engine pass. Held
-  // trajectories are never cut back or dropped.
+  // this agent would read its entries (full, droidspeak, base-lr; or the same agent). nullopt:
+  // that prefix is still being computed, every slot holds a trajectory a request runs on, or room
+  // for a new one can only be made by dropping a held one; ask again after the next engine pass.
+  // Held trajectories are never cut back or dropped.
   // Errors: unknown agent (kNotFound), no memory for a new trajectory (kOutOfMemory).
   Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
   // The request running on trajectory `id` is done with it.
@@ -101,6 +101,7 @@ class SessionPool {
     uint64_t last_used = 0;
     int64_t last_prompt = 0;  // tokens of the latest request's prompt (where its completion began)
     bool held = false;        // a request runs on it (acquire() until release())
+    std::string agent;        // the agent of the latest request on it
   };
   SessionPool(LlamaModel& m) : model_(m) {}
   Result<Entry*> create_session(int group);

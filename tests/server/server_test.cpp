@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <set>
 #include <thread>
 
 #include <httplib.h>
@@ -730,6 +731,50 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
   EXPECT_EQ(value("lragent:num_requests_waiting"), 0);
   EXPECT_EQ(value("lragent:trajectories_copied_total"), 1);
   EXPECT_EQ(value("lragent:trajectory_copied_tokens_total"), static_cast<double>(got[4]->reused_tokens));
+}
+
+// A request's choices (n > 1) run at once, each on its own trajectory (a copy of the first's once
+// it has computed the prompt, the same agent reading its entries), batched into the same passes,
+// and each is what a request of its own with that choice's seed gives.
+TEST_F(ServerTest, ChoicesOfOneRequestRunAtOnceEachAsARequestOfItsOwn) {
+  for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    start(mode);
+    httplib::Client c("127.0.0.1", port_);
+    auto value = [&](const std::string& series) {
+      auto m = c.Get("/metrics");
+      if (!m) return -1.0;
+      const size_t at = m->body.find("\n" + series + " ");
+      return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
+    };
+    json body = {{"model", "plan"},   {"prompt", "Once upon a time, there was a little dog"},
+                 {"max_tokens", 40},  {"temperature", 0.9},
+                 {"seed", 11},        {"n", 3},
+                 {"ignore_eos", true}};
+    const double passes0 = value("lragent:engine_passes_total");
+    const double served0 = value("lragent:engine_pass_sequences_total");
+    auto [st, many] = complete(body);
+    ASSERT_EQ(st, 200) << many.dump();
+    ASSERT_EQ(many["choices"].size(), 3u);
+    const double passes = value("lragent:engine_passes_total") - passes0;
+    const double served = value("lragent:engine_pass_sequences_total") - served0;
+    EXPECT_EQ(served, 120);                  // 3 choices x 40 tokens, a pass per token each
+    EXPECT_LT(passes, 60) << "the choices did not share passes";
+    EXPECT_EQ(value("lragent:trajectories_copied_total"), 2);
+    std::set<int64_t> trajectories;
+    for (const json& ch : many["lragent"]["choices"]) trajectories.insert(ch["trajectory"].get<int64_t>());
+    EXPECT_EQ(trajectories.size(), 3u);
+    for (int j = 0; j < 3; ++j) {
+      json one = body;
+      one["n"] = 1;
+      one["seed"] = 11 + j;
+      auto [st1, alone] = complete(one);
+      ASSERT_EQ(st1, 200);
+      EXPECT_EQ(many["choices"][j]["index"], j);
+      EXPECT_EQ(many["choices"][j]["text"], alone["choices"][0]["text"]) << j;
+    }
+    stop();
+  }
 }
 
 // A server destroyed with a request running and one waiting for its trajectory ends both with an

@@ -253,7 +253,7 @@ TEST_F(SessionPoolTest, AHeldTrajectoryIsCopiedForAnotherRequestAndNeverDropped)
 // Parallel agents on one prompt under base-lr: the second waits while the first still computes
 // the prompt (a copy then would make it compute the prompt again), then runs on a copy that holds
 // the prompt's entries and computes only its last position. In none, whose agents read only their
-// own entries, the copy is taken at once.
+// own entries, another agent's copy is taken at once; the same agent's waits.
 TEST_F(SessionPoolTest, AParallelAgentCopiesThePromptOnceItIsComputed) {
   const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max.");
   for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
@@ -278,6 +278,22 @@ TEST_F(SessionPoolTest, AParallelAgentCopiesThePromptOnceItIsComputed) {
     ASSERT_TRUE(r.ok()) << r.error().message;
     EXPECT_EQ(r->prefilled_tokens, mode == ShareMode::kBaseLr ? 1 : static_cast<int64_t>(prompt.size()));
   }
+  // The same agent again (a second choice of one prompt) in none: it reads its own entries, so it
+  // waits for them even there, then computes only the last position.
+  auto made = SessionPool::create(*model_, tok_.get(), {AgentGroup{names_, ptrs_}}, options(ShareMode::kNone));
+  ASSERT_TRUE(made.ok());
+  SessionPool& p = **made;
+  auto first = p.acquire("plan", prompt);
+  ASSERT_TRUE(first.ok() && first->has_value());
+  auto second = p.acquire("plan", prompt);
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->has_value()) << "copied before the prompt was computed";
+  ASSERT_TRUE((*first)->session->run_agent("plan", 4, {}, {}).ok());
+  second = p.acquire("plan", prompt);
+  ASSERT_TRUE(second.ok() && second->has_value());
+  auto r = (*second)->session->run_agent("plan", 4, {}, {});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->prefilled_tokens, 1);
 }
 
 // A request that lands on a copy of a held trajectory computes exactly what it computes on that
