@@ -269,7 +269,8 @@ for dev in ("cuda_--dtype_f32", "cuda_--dtype_bf16"):
     note = " (bf16: rounding depends on the pass's rows)" if "bf16" in dev else ""
     print(f"serve-check {dev}: greedy turns identical to cpu={same}, sampled reflect identical={d['reflect'] == ref['reflect']}, "
           f"stream = non-stream={d['stream_equals_plain']}{note}, logprobs max |diff| vs cpu={lp_err}, "
-          f"logit_bias/min_tokens/min_p sample identical={shaped}")
+          f"logit_bias/min_tokens/min_p sample identical={shaped}, n=3 at once identical to cpu={d.get('n3') == ref.get('n3')} "
+          f"(choices alike={len(set(d.get('n3') or [''])) == 1}, trajectories {d.get('n3_trajectories')}, copies {d.get('trajectories_copied')})")
 PY
   SB_LENGTHS=4987,9095,17300,33700
   [ "${QUICK:-0}" = 1 ] && SB_LENGTHS=4987

@@ -75,8 +75,16 @@ def main():
             "model": "action", "prompt": traj, "max_tokens": 12, "temperature": 0.8, "seed": 9, "min_p": 0.2,
             "min_tokens": 6, "logit_bias": {"13": 4.0}}))
         out["shaped"] = {"text": shaped["choices"][0]["text"], "token_ids": shaped["lragent"]["choices"][0]["token_ids"]}
+        # Three greedy choices of one request run at once, the second and third on copies of the
+        # first's trajectory: each must be the single greedy completion.
+        many = json.loads(post(base, "/v1/completions", {"model": "reflect", "prompt": traj, "max_tokens": 16,
+                                                         "temperature": 0, "n": 3}))
+        out["n3"] = [c["text"] for c in many["choices"]]
+        out["n3_trajectories"] = len({c["trajectory"] for c in many["lragent"]["choices"]})
         with urllib.request.urlopen(base + "/metrics") as r:
             metrics = r.read().decode()
+        out["trajectories_copied"] = sum(
+            float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("lragent:trajectories_copied_total "))
         out["metrics_prompt_tokens_reused"] = sum(
             float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("lragent:prompt_tokens_reused_total{"))
         with urllib.request.urlopen(base + "/lragent/sessions") as r:
