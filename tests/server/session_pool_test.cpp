@@ -44,6 +44,17 @@ class SessionPoolTest : public testing::TinyAgentsTest {
     EXPECT_TRUE(p.ok()) << p.error().message;
     return p.ok() ? std::move(*p) : nullptr;
   }
+  // Each agent in turn generates n tokens on the session; the steps' results.
+  static std::vector<StepResult> run_each(AgentSession& s, std::initializer_list<const char*> agents, int n) {
+    std::vector<StepResult> out;
+    for (const char* agent : agents) {
+      auto r = s.run_agent(agent, n, {}, {});
+      EXPECT_TRUE(r.ok()) << agent << ": " << r.error().message;
+      if (!r.ok()) break;
+      out.push_back(std::move(*r));
+    }
+    return out;
+  }
   // The largest |difference| between two steps' logits (same shape).
   static double worst_logit_diff(const StepResult& a, const StepResult& b) {
     EXPECT_EQ(a.logits.size(), b.logits.size());
@@ -338,12 +349,8 @@ TEST_F(SessionPoolTest, ACopiedTrajectoryComputesAsTheOneItCopies) {
     ASSERT_TRUE(copied.ok() && copied->has_value());
     ASSERT_NE((*copied)->id, (*held)->id);
     EXPECT_EQ((*copied)->reused_tokens, static_cast<int64_t>(orig.trajectory().size()));
-    std::vector<StepResult> on_copy, on_orig;
-    for (const char* agent : {"reflect", "plan"}) {
-      auto r = (*copied)->session->run_agent(agent, 6, {}, {});
-      ASSERT_TRUE(r.ok()) << r.error().message;
-      on_copy.push_back(std::move(*r));
-    }
+    const std::vector<StepResult> on_copy = run_each(*(*copied)->session, {"reflect", "plan"}, 6);
+    ASSERT_EQ(on_copy.size(), 2u);
     const std::vector<int64_t> copy_computed = (*copied)->session->computed_per_agent();
     p.release((*copied)->id);
     p.release((*held)->id);
@@ -352,11 +359,8 @@ TEST_F(SessionPoolTest, ACopiedTrajectoryComputesAsTheOneItCopies) {
     ASSERT_TRUE(back.ok() && back->has_value());
     ASSERT_EQ((*back)->id, (*held)->id);
     const std::vector<int64_t> before = orig.computed_per_agent();
-    for (const char* agent : {"reflect", "plan"}) {
-      auto r = orig.run_agent(agent, 6, {}, {});
-      ASSERT_TRUE(r.ok()) << r.error().message;
-      on_orig.push_back(std::move(*r));
-    }
+    const std::vector<StepResult> on_orig = run_each(orig, {"reflect", "plan"}, 6);
+    ASSERT_EQ(on_orig.size(), 2u);
     for (size_t s = 0; s < on_orig.size(); ++s) {
       SCOPED_TRACE(on_orig[s].agent);
       EXPECT_EQ(on_copy[s].output_tokens, on_orig[s].output_tokens);
@@ -439,23 +443,16 @@ TEST_F(SessionPoolTest, ACutTrajectoryComputesAsOneThatNeverHeldTheCutTokens) {
     auto l2 = acquire(*cut_pool, "plan", kept);
     ASSERT_TRUE(l2.ok());
     ASSERT_EQ(l2->id, l1->id);
-    std::vector<StepResult> cut, ref;
-    for (const char* agent : {"plan", "reflect"}) {
-      auto r = l2->session->run_agent(agent, 6, {}, {});
-      ASSERT_TRUE(r.ok()) << r.error().message;
-      cut.push_back(std::move(*r));
-    }
+    const std::vector<StepResult> cut = run_each(*l2->session, {"plan", "reflect"}, 6);
+    ASSERT_EQ(cut.size(), 2u);
 
     auto fresh = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o.replay);
     ASSERT_TRUE(fresh.ok());
     (*fresh)->append(std::vector<int32_t>(prompt.begin() + 1, prompt.end()));  // the session starts with BOS
     ASSERT_TRUE((*fresh)->run_agent("plan", 0, std::vector<int32_t>(kept.begin() + static_cast<std::ptrdiff_t>(prompt.size()), kept.end()), {}).ok());
     ASSERT_EQ((*fresh)->trajectory(), kept);
-    for (const char* agent : {"plan", "reflect"}) {
-      auto r = (*fresh)->run_agent(agent, 6, {}, {});
-      ASSERT_TRUE(r.ok()) << r.error().message;
-      ref.push_back(std::move(*r));
-    }
+    const std::vector<StepResult> ref = run_each(**fresh, {"plan", "reflect"}, 6);
+    ASSERT_EQ(ref.size(), 2u);
 
     for (size_t s = 0; s < ref.size(); ++s) {
       SCOPED_TRACE(ref[s].agent);
