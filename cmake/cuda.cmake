@@ -75,6 +75,10 @@ target_compile_options(lragent_attention_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA
 add_executable(lragent_gemv_bench ${PROJECT_SOURCE_DIR}/bench/cuda/gemv_bench.cu)
 target_link_libraries(lragent_gemv_bench PRIVATE lragent_cuda CUDA::cudart)
 target_compile_options(lragent_gemv_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
+# cuBLASLt's heuristic choice against its fastest candidate on few-row decode GEMMs.
+add_executable(lragent_lt_small_m_bench ${PROJECT_SOURCE_DIR}/bench/cuda/lt_small_m_bench.cu)
+target_link_libraries(lragent_lt_small_m_bench PRIVATE CUDA::cublasLt CUDA::cudart)
+target_compile_options(lragent_lt_small_m_bench PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:${LRAGENT_CUDA_FLAGS}>)
 
 # The whole model through the engine on the GPU (host C++ over lragent_lib's CUDA backend).
 add_executable(lragent_model_bench ${PROJECT_SOURCE_DIR}/bench/cuda/model_bench.cpp)

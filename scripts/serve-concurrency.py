@@ -110,13 +110,14 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens each request decodes")
     ap.add_argument("--shared-prompt", action="store_true",
                     help="the clients are parallel agents on one prompt (baseline: the same requests one after another)")
+    ap.add_argument("--server-args", default="", help="more `lragent serve` flags, e.g. \"--enforce-eager\"")
     ap.add_argument("--out-dir", default="")
     ap.add_argument("--gpu-name", default="")
     ap.add_argument("--commit", default=os.environ.get("LRAGENT_COMMIT", ""))
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
     args = ["--preset", a.preset, "--device", a.device, "--kv-share", a.kv_share, "--max-context",
-            str(a.prompt + a.max_tokens + 64), "--max-sessions", str(max(levels) + 1)]
+            str(a.prompt + a.max_tokens + 64), "--max-sessions", str(max(levels) + 1)] + a.server_args.split()
     proc, base = serve_bench.start_server(a.bin, args)
     results = []
     try:

@@ -35,6 +35,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   const char* env_sampling = std::getenv("LRAGENT_CUDA_DEVICE_SAMPLING");  // "0": pick on the host
   be->device_sampling_ = !(env_sampling && std::string(env_sampling) == "0");
   be->attn_kernel_ = prefill_kernel;
+  if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_MAX_ROWS"); g && *g)
+    be->graph_max_rows_ = std::max<int64_t>(std::atoll(g), 0);
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
     const std::string spec = f;
     const size_t colon = spec.find(':');
@@ -234,7 +236,7 @@ void CudaBackend::begin_pass(int64_t n_rows) {
   for (void* p : overflow_done_) free_async(p);  // the previous passes' overflow, read by now (stream order)
   overflow_done_.clear();
   if (failed_) return;  // ops are skipped until take_error(): nothing to record
-  if (!graphs_ || n_rows > kGraphMaxRows || n_rows <= 0) return;
+  if (!graphs_ || n_rows > graph_max_rows_ || n_rows <= 0) return;
   if (g_arena_live != 0) return;  // a previous pass's activation is still alive: no reset
   if (arena_want_ > act_bytes_) {
     // Grow the arena; graphs baked the old addresses in.

@@ -163,6 +163,7 @@ class CudaBackend final : public Backend {
   // together: 2.50 s against 2.04 s eager): its passes were re-captured and updated ~1 in 6 steps,
   // 1.2 s of graph building in all.
   static constexpr int64_t kGraphMaxRows = 8;
+  int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides it (measuring)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
   // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
   void read_ids(const int32_t* ids, int64_t rows, int32_t* out);
