@@ -42,7 +42,8 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   cmake -S . -B build-cuda -G Ninja -DLRAGENT_CUDA=ON -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" \
     -DCMAKE_BUILD_TYPE=Release -DLRAGENT_BUILD_BENCH=OFF >/dev/null
   # Only the CUDA targets: the CPU suite already ran above.
-  cmake --build build-cuda -j "$JOBS" --target lragent_cuda lragent_cuda_tests lragent_attention_bench lragent_gemv_bench
+  cmake --build build-cuda -j "$JOBS" --target lragent_cuda lragent_cuda_tests lragent_attention_bench lragent_gemv_bench \
+    lragent_lt_small_m_bench
   ./build-cuda/lragent_cuda_tests 2>&1 | tail -n 3  # skips with a message without a GPU
 else
   echo "== CUDA compile check skipped: nvcc not found"
