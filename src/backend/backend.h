@@ -86,6 +86,8 @@ struct GraphStats {
   // Captures discarded (an op failed or did something a capture forbids): that shape then runs
   // op by op.
   int64_t capture_failures = 0;
+  // Attention launches that served several sequences at once (attention_batch), and those sequences.
+  int64_t batched_attention = 0, batched_attention_seqs = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).
@@ -264,6 +266,12 @@ class Backend {
   }
   // Causal attention of one sequence over its paged cache (see AttentionParams).
   virtual void attention(const AttentionParams& p) = 0;
+  // The attention of every sequence of a pass (each its own caches and adapter); a backend may
+  // run several as one launch (the CUDA backend: decode rows of sequences in different
+  // trajectories and agents). The same results as attention() on each, up to summation order.
+  virtual void attention_batch(std::span<const AttentionParams> ps) {
+    for (const AttentionParams& p : ps) attention(p);
+  }
 
  private:
   std::deque<std::vector<int32_t>> deferred_picks_;  // the default lookahead's queue, oldest first

@@ -198,6 +198,10 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     be_.rope_pair_lora(q.view(), k_base.view(), pos.data(), inv_freq_.data(), q_lora);
     if (own_k_full) be_.rope(k_full.view(), pos.data(), inv_freq_.data());
 
+    // Every sequence's entries, then every sequence's attention in one call (the backend may
+    // batch sequences of different trajectories and adapters into one launch).
+    std::vector<AttentionParams> attn_ps;
+    attn_ps.reserve(batch.size());
     for (size_t s = 0; s < batch.size(); ++s) {
       const SeqInput& in = batch[s];
       const LoraSegment& sg = segs[s];
@@ -227,9 +231,10 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       p.inv_freq = inv_freq_.data();
       p.out = attn.f32() + sg.row_begin * qw;
       in.kv->attention_views(l, p);
-      be_.attention(p);
+      attn_ps.push_back(p);
     }
     if (entries_only) break;
+    be_.attention_batch(attn_ps);
 
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
     {

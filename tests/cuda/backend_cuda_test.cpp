@@ -490,6 +490,105 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
   }
 }
 
+// attention_batch over the decode rows of a pass whose sequences live in different trajectories:
+// each sequence's K, V and LRv pools in a KV arena of its own, each its own adapter's B (two
+// sequences share one), awkward context lengths, one sequence without a V term between others
+// (the run is split there). Against the CPU backend's attention, sequence by sequence. In bf16
+// the CUDA backend must have served the two runs of LoRA rows with one launch each.
+TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
+  REQUIRE_GPU();
+  const DType dt = GetParam();
+  auto gpu = cuda_backend(dt);
+  auto cpu = make_cpu_backend(2);
+  ASSERT_TRUE(gpu);
+  constexpr int kHd = 128, kHeads = 8, kKv = 2, kPage = 16, kRank = 16;
+  const int64_t width = static_cast<int64_t>(kKv) * kHd, row = static_cast<int64_t>(kHeads) * kHd;
+  const std::vector<int> ctx = {97, 1, 4097, 300, 17, 65};
+  const std::vector<int> b_of = {0, 1, -1, 0, 2, 1};  // which B each sequence's adapter has (-1: none)
+  const auto n = static_cast<int64_t>(ctx.size());
+  Tensor q = random_host({n, kHeads, kHd}, 21);
+  std::vector<Tensor> bs;
+  for (int b = 0; b < 3; ++b) bs.push_back(random_host({width, kRank}, 30 + static_cast<uint32_t>(b), 0.3f));
+  std::vector<float> outs[2];
+  Backend* bes[2] = {cpu.get(), gpu.get()};
+  const GraphStats before = gpu->graph_stats();
+  for (int side = 0; side < 2; ++side) {
+    Backend& be = *bes[side];
+    Backend* pb = pool_backend(be);
+    std::vector<std::unique_ptr<BlockPool>> pools;  // [n, 3] K, V, LRv
+    std::vector<std::vector<int32_t>> tables;       // [n, 3] block tables
+    std::vector<int32_t> q_pos(static_cast<size_t>(n));
+    std::vector<Tensor> keep;  // device copies alive until the attention ran
+    for (int64_t s = 0; s < n; ++s) {
+      const int c = ctx[static_cast<size_t>(s)];
+      const int64_t blocks = (c + kPage - 1) / kPage;
+      std::vector<int32_t> slots(static_cast<size_t>(c));
+      for (int i = 0; i < c; ++i) slots[static_cast<size_t>(i)] = i;
+      q_pos[static_cast<size_t>(s)] = c - 1;
+      const int64_t widths[3] = {width, width, kRank};
+      for (int k = 0; k < 3; ++k) {
+        auto pool = BlockPool::create("seq" + std::to_string(s), 1, kPage, widths[k], blocks + 3, pb);
+        ASSERT_TRUE(pool.ok()) << pool.error().message;
+        std::vector<int32_t> t;
+        for (int64_t b = 0; b < blocks + 3; ++b) {
+          auto id = (*pool)->allocate();
+          ASSERT_TRUE(id.ok());
+          t.push_back(*id);
+        }
+        std::reverse(t.begin(), t.end());  // blocks out of order
+        Tensor h = random_host({c, widths[k]}, static_cast<uint32_t>(100 + 3 * s + k));
+        Tensor d = side ? be.upload(h.view(), DType::kF32) : Tensor();
+        be.store_rows(side ? d.view() : h.view(), (*pool)->layer_view(0, t.data()), slots.data());
+        keep.push_back(std::move(d));
+        pools.push_back(std::move(*pool));
+        tables.push_back(std::move(t));
+      }
+    }
+    Tensor qd = side ? be.upload(q.view(), DType::kF32) : Tensor();
+    std::vector<Tensor> bd;
+    for (const Tensor& b : bs) bd.push_back(side ? be.upload(b.view(), be.weight_dtype()) : Tensor());
+    Tensor out = be.alloc(DType::kF32, {n, kHeads, kHd});
+    std::vector<AttentionParams> ps;
+    for (int64_t s = 0; s < n; ++s) {
+      const auto us = static_cast<size_t>(s);
+      AttentionParams p;
+      p.n_heads = kHeads;
+      p.n_kv_heads = kKv;
+      p.head_dim = kHd;
+      p.softmax_scale = 1.f / std::sqrt(static_cast<float>(kHd));
+      p.n_q = 1;
+      p.q = (side ? qd : q).f32() + s * row;
+      p.q_pos = &q_pos[us];
+      p.n_ctx = ctx[us];
+      p.k = pools[3 * us]->layer_view(0, tables[3 * us].data());
+      p.v = pools[3 * us + 1]->layer_view(0, tables[3 * us + 1].data());
+      if (b_of[us] >= 0) {
+        const TensorView b = side ? bd[static_cast<size_t>(b_of[us])].view() : bs[static_cast<size_t>(b_of[us])].view();
+        p.v_lr = {pools[3 * us + 2]->layer_view(0, tables[3 * us + 2].data()), b.data, kRank, 0.7f, b.dtype};
+      }
+      p.out = out.f32() + s * row;
+      ps.push_back(p);
+    }
+    be.attention_batch(ps);
+    outs[side] = host_values(be, out.view());
+    for (size_t i = 0; i < pools.size(); ++i)
+      for (int32_t b : tables[i]) pools[i]->release(b);
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    const auto from = outs[0].begin() + s * row;
+    const std::vector<float> ref(from, from + row), got(outs[1].begin() + s * row, outs[1].begin() + (s + 1) * row);
+    EXPECT_LE(rel_l2(got, ref), dt == DType::kF32 ? 1e-5 : 1e-2) << "sequence " << s << " ctx " << ctx[static_cast<size_t>(s)];
+  }
+  const GraphStats after = gpu->graph_stats();
+  std::printf("  attention_batch %s: %lld launches served %lld sequences at once\n", dtype_name(dt),
+              static_cast<long long>(after.batched_attention - before.batched_attention),
+              static_cast<long long>(after.batched_attention_seqs - before.batched_attention_seqs));
+  if (dt == DType::kBF16) {  // [0, 1] and [3, 4, 5]: the row without a V term splits the run
+    EXPECT_EQ(after.batched_attention - before.batched_attention, 2);
+    EXPECT_EQ(after.batched_attention_seqs - before.batched_attention_seqs, 5);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::kF32, DType::kBF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

@@ -56,6 +56,10 @@ struct DevLowRank {
   DevPagedView lr;             // [n_ctx, rank] rows of X·A, K side pre-RoPE
   const bf16* b = nullptr;     // [n_kv_heads·head_dim, rank] lora_B (row-major)
   int64_t b_agent_stride = 0;  // agents mode: elements between agents' B matrices
+  // Decode batches of sequences with different adapters: device [n_seqs] B of each sequence
+  // (used instead of b, which must still be set). Only the v4 decode kernel takes it, V side
+  // only; attention() refuses it where v4 would not run (attention_v4_applies).
+  const bf16* const* b_seq = nullptr;
   int rank = 0;
   float scale = 0.f;
   LRAGENT_HD bool active() const { return b != nullptr && rank > 0; }
@@ -119,6 +123,9 @@ cudaError_t attention(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6Wg
 // Whether attention() accepts p: the shape and alignment checks it runs first, without launching
 // (tests check each rejected field against a params set this accepts).
 bool attention_params_ok(const AttnParams& p);
+// Whether p runs v4's decode kernel (one query per sequence or agents mode, no K-side term,
+// V rank <= 16, split counters and aligned outputs/workspace): the kernel that takes b_seq.
+bool attention_v4_applies(const AttnParams& p);
 
 // The version whose kernel the calling thread's latest attention() call launched (tests and
 // diagnostics: a test asking for v6 can check that v6, not a fallback, was what it checked).

@@ -353,7 +353,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
     if constexpr (R > 0) {
       const int rank = p.v_lr.rank;
       const int64_t agent = p.agents ? r / G : 0;
-      const bf16* brow = p.v_lr.b + agent * p.v_lr.b_agent_stride + (static_cast<int64_t>(g) * D + d) * rank;
+      const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
+      const bf16* brow = b + (static_cast<int64_t>(g) * D + d) * rank;
       for (int k = 0; k < rank; ++k) v += olr_s[r][k] * __bfloat162float(brow[k]);
     }
     const float out = v * inv_l_s[r];
@@ -478,6 +479,8 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
 }
 
 }  // namespace
+
+bool attention_v4_applies(const AttnParams& p) { return use_v4(p); }
 
 int attention_v4_num_splits(const AttnParams& p) { return use_v4(p) ? choose_splits(p) : attention_v3_num_splits(p); }
 

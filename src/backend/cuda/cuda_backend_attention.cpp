@@ -21,7 +21,7 @@ void sig_of(lc::GraphTape& t, const lc::DevPagedView& d) {
 }
 void sig_of(lc::GraphTape& t, const lc::DevLowRank& d) {
   sig_of(t, d.lr);
-  t.sig(d.b, d.b_agent_stride, d.rank, d.scale);
+  t.sig(d.b, d.b_agent_stride, d.b_seq, d.rank, d.scale);
 }
 void sig_of(lc::GraphTape& t, const lc::AttnParams& a) {
   t.sig(a.n_heads, a.n_kv_heads, a.head_dim, a.softmax_scale, a.n_seqs, a.q_start, a.ctx_len, a.max_q, a.max_ctx,
@@ -222,6 +222,157 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
   a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
   launch("attention", [a, kernel] { return lc::attention(a, kernel); });
+}
+
+void CudaBackend::attention_batch(std::span<const AttentionParams> ps) {
+  // Runs of consecutive decode rows that can share a launch; everything else one by one.
+  for (size_t i = 0; i < ps.size();) {
+    size_t j = i + 1;
+    if (batch_attention_ && ps[i].n_q == 1 && decode_batchable(ps[i], ps[i], 0))
+      while (j < ps.size() && decode_batchable(ps[i], ps[j], j - i)) ++j;
+    if (j - i >= 2 && run_decode_batch(ps.subspan(i, j - i))) {
+      i = j;
+      continue;
+    }
+    for (; i < j; ++i) attention(ps[i]);
+  }
+}
+
+bool CudaBackend::decode_batchable(const AttentionParams& first, const AttentionParams& p, size_t k) const {
+  const int64_t row = static_cast<int64_t>(first.n_heads) * first.head_dim;
+  auto same_layout = [](const PagedView& a, const PagedView& b) {
+    return a.dtype == b.dtype && a.page_size == b.page_size && a.row_stride == b.row_stride &&
+           a.block_step() == b.block_step();
+  };
+  if (p.n_q != 1 || p.n_ctx < 1 || p.k_lr.active() || !fast_attention_ok(p)) return false;
+  if (p.n_heads != first.n_heads || p.n_kv_heads != first.n_kv_heads || p.head_dim != first.head_dim ||
+      p.softmax_scale != first.softmax_scale)
+    return false;
+  if (!same_layout(p.k, first.k) || !same_layout(p.v, first.v)) return false;
+  if (p.v_lr.active() != first.v_lr.active()) return false;
+  if (p.v_lr.active() && (p.v_lr.rank != first.v_lr.rank || p.v_lr.scale != first.v_lr.scale ||
+                          p.v_lr.b_dtype != first.v_lr.b_dtype || !same_layout(p.v_lr.lr, first.v_lr.lr)))
+    return false;
+  // One launch reads q and writes out as consecutive rows.
+  return p.q == first.q + static_cast<int64_t>(k) * row && p.out == first.out + static_cast<int64_t>(k) * row;
+}
+
+bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
+  const AttentionParams& p0 = ps.front();
+  const auto n = static_cast<int64_t>(ps.size());
+  int64_t max_ctx = 0;
+  for (const AttentionParams& p : ps) max_ctx = std::max<int64_t>(max_ctx, p.n_ctx);
+  const int64_t sized = sized_ctx(max_ctx);
+  // Block tables [n, stride], each sequence's entries rebased onto the lowest data address of
+  // the batch: its caches live in its own KV arena, and block ids count granules from there.
+  // Arena bases and layer planes are granule aligned, so the rebasing is exact; it fails only
+  // when the arenas lie more than int32 blocks apart.
+  auto rebased = [&](auto view_of, std::vector<int32_t>& table) -> const void* {
+    const PagedView& v0 = view_of(p0);
+    const int64_t page = v0.page_size, stride = (sized + page - 1) / page;
+    const int64_t block_bytes = v0.block_step() * static_cast<int64_t>(dtype_size(v0.dtype));
+    const char* base = static_cast<const char*>(v0.data);
+    for (const AttentionParams& p : ps) base = std::min(base, static_cast<const char*>(view_of(p).data));
+    table.assign(static_cast<size_t>(n * stride), 0);
+    for (int64_t s = 0; s < n; ++s) {
+      const PagedView& v = view_of(ps[static_cast<size_t>(s)]);
+      const int64_t delta = static_cast<const char*>(v.data) - base;
+      if (delta % block_bytes != 0) return nullptr;
+      const int64_t pages = (ps[static_cast<size_t>(s)].n_ctx + page - 1) / page;
+      for (int64_t j = 0; j < stride; ++j) {
+        const int64_t b = static_cast<int64_t>(v.table[std::min(j, pages - 1)]) + delta / block_bytes;
+        if (b > INT32_MAX) return nullptr;
+        table[static_cast<size_t>(s * stride + j)] = static_cast<int32_t>(b);
+      }
+    }
+    return base;
+  };
+  std::vector<int32_t> kt, vt, lt;
+  const void* kbase = rebased([](const AttentionParams& p) -> const PagedView& { return p.k; }, kt);
+  const void* vbase = rebased([](const AttentionParams& p) -> const PagedView& { return p.v; }, vt);
+  const bool lr = p0.v_lr.active();
+  const void* lbase = lr ? rebased([](const AttentionParams& p) -> const PagedView& { return p.v_lr.lr; }, lt) : nullptr;
+  if (!kbase || !vbase || (lr && !lbase)) return false;
+
+  const int64_t row = static_cast<int64_t>(p0.n_heads) * p0.head_dim, q_elems = n * row;
+  lc::AttnParams a;
+  a.n_heads = p0.n_heads;
+  a.n_kv_heads = p0.n_kv_heads;
+  a.head_dim = p0.head_dim;
+  a.softmax_scale = p0.softmax_scale;
+  a.n_seqs = static_cast<int>(n);
+  a.max_q = 1;
+  a.max_ctx = static_cast<int>(sized);
+  a.out_f32 = p0.out;
+  a.stream = stream_;
+  a.split_counters = split_counters_;
+  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
+  auto view = [&](const PagedView& v, const void* base, const std::vector<int32_t>& table) {
+    lc::DevPagedView d;
+    d.data = static_cast<const lc::bf16*>(base);
+    d.table = static_cast<const int32_t*>(dev_bytes(table.data(), table.size() * 4));
+    d.table_stride = static_cast<int64_t>(table.size()) / n;
+    d.page_size = v.page_size;
+    d.row_stride = v.row_stride;
+    d.block_stride = v.block_step();
+    return d;
+  };
+  a.k = view(p0.k, kbase, kt);
+  a.v = view(p0.v, vbase, vt);
+  std::vector<const void*> bs;
+  if (lr) {
+    a.v_lr.lr = view(p0.v_lr.lr, lbase, lt);
+    a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
+    a.v_lr.rank = p0.v_lr.rank;
+    a.v_lr.scale = p0.v_lr.scale;
+    for (const AttentionParams& p : ps) bs.push_back(p.v_lr.b);
+  }
+  const lc::AttnKernel kernel = attn_kernel_;
+  const size_t ws = lc::attention_plan(a, kernel).workspace_bytes;
+  void* workspace = nullptr;
+  if (tape_->recording()) {
+    workspace = ws > 0 ? pass_alloc(ws) : nullptr;
+  } else {
+    if (ws > attn_ws_bytes_) {
+      free_async(attn_workspace_);
+      attn_workspace_ = raw_alloc(ws);
+      attn_ws_bytes_ = attn_workspace_ ? ws : 0;
+    }
+    workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
+  }
+  a.workspace = workspace;
+  a.workspace_bytes = !workspace ? 0 : tape_->recording() ? ws : attn_ws_bytes_;
+  // The kernel check needs q and the metadata only to be set; v4 is decided by the shapes.
+  a.q = reinterpret_cast<const lc::bf16*>(uintptr_t{256});
+  a.q_start = a.ctx_len = reinterpret_cast<const int32_t*>(uintptr_t{256});
+  if (!lc::attention_v4_applies(a)) return false;  // (its staged tables stay unused in the pass)
+
+  lc::bf16* qb = nullptr;
+  const auto q0 = reinterpret_cast<uintptr_t>(q_shadow_.f32), qp = reinterpret_cast<uintptr_t>(p0.q);
+  if (q_shadow_.f32 && qp >= q0 && (qp - q0) % 4 == 0 &&
+      static_cast<int64_t>((qp - q0) / 4) + q_elems <= q_shadow_.rows) {
+    qb = static_cast<lc::bf16*>(q_shadow_.bf16) + (qp - q0) / 4;  // rope_pair wrote it
+  } else {
+    qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(q_elems) * 2));
+    convert(p0.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems);
+  }
+  std::vector<int32_t> meta(static_cast<size_t>(2 * n + 1));  // q_start[0..n], ctx_len[n]
+  for (int64_t s = 0; s <= n; ++s) meta[static_cast<size_t>(s)] = static_cast<int32_t>(s);
+  for (int64_t s = 0; s < n; ++s) meta[static_cast<size_t>(n + 1 + s)] = ps[static_cast<size_t>(s)].n_ctx;
+  const int32_t* dmeta = dev_ints(meta.data(), static_cast<int64_t>(meta.size()));
+  a.q = qb;
+  a.q_start = dmeta;
+  a.ctx_len = dmeta + n + 1;
+  if (lr) a.v_lr.b_seq = static_cast<const lc::bf16* const*>(dev_bytes(bs.data(), bs.size() * sizeof(void*)));
+  wrote(p0.out, static_cast<size_t>(q_elems) * 4);
+  if (tape_->recording()) {
+    rec("attention_batch");
+    sig_of(*tape_, a);
+  }
+  launch("attention", [a, kernel] { return lc::attention(a, kernel); });
+  ++batched_attn_;
+  batched_attn_seqs_ += n;
+  return true;
 }
 
 }  // namespace lragent::cuda_impl

@@ -108,7 +108,9 @@ class CudaBackend final : public Backend {
   void set_matmul_only_outputs(bool on) override { matmul_only_ = on; }
   GraphStats graph_stats() const override {
     const lc::TapeStats& t = tape_->stats();
-    return {t.passes, t.replayed, t.captured, t.eager, t.updated, t.record_ms, host_picks_, t.capture_failures};
+    return {t.passes,     t.replayed,         t.captured,          t.eager,
+            t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
+            batched_attn_, batched_attn_seqs_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -156,6 +158,7 @@ class CudaBackend final : public Backend {
   void store_rows_multi(std::span<const StoreJob> jobs) override;
 
   void attention(const AttentionParams& p) override;
+  void attention_batch(std::span<const AttentionParams> ps) override;
 
  private:
   // Passes of up to this many rows are recorded as CUDA graphs (decode steps of up to 8 sequences).
@@ -164,6 +167,7 @@ class CudaBackend final : public Backend {
   // 1.2 s of graph building in all.
   static constexpr int64_t kGraphMaxRows = 8;
   int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides it (measuring)
+  bool batch_attention_ = true;             // attention_batch's shared launches (LRAGENT_CUDA_BATCH_ATTENTION=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
   // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
   void read_ids(const int32_t* ids, int64_t rows, int32_t* out);
@@ -293,6 +297,14 @@ class CudaBackend final : public Backend {
   lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens, const int32_t* table = nullptr);
 
   void run_fast_attention(const AttentionParams& p);
+  // Whether ps[k] can join a decode batch led by ps[0] (attention_batch): one query, the fast
+  // kernels' layouts, no K-side term, the same shapes and V rank/scale, q and out rows following
+  // ps[0]'s.
+  bool decode_batchable(const AttentionParams& first, const AttentionParams& p, size_t k) const;
+  // ps (>= 2 decode_batchable rows) as one launch of v4's decode kernel: each sequence's block
+  // tables rebased onto one base address per cache, its B from a per-sequence array. False when
+  // that cannot be (addresses too far apart, v4 would not run): nothing was launched.
+  bool run_decode_batch(std::span<const AttentionParams> ps);
   // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
   // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
@@ -343,6 +355,7 @@ class CudaBackend final : public Backend {
   static constexpr int64_t kMaxIdsHost = 1 << 16;
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
   int64_t host_picks_ = 0;         // GraphStats::host_picks
+  int64_t batched_attn_ = 0, batched_attn_seqs_ = 0;  // GraphStats::batched_attention(_seqs)
   // Decode lookahead (sample_rows_deferred): the latest deferred picks on the device (a fixed
   // buffer, so recorded passes bake its address in), the pinned slots they come back to and an
   // event per slot; the queue of passes whose picks are not taken.
