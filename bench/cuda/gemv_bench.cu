@@ -17,19 +17,12 @@
 #include <vector>
 
 #include "backend/cuda/ops.cuh"
+#include "bench_check.cuh"
 
 namespace lc = lragent::cuda;
 
 namespace {
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "error: %s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 struct Shape {
   const char* name;

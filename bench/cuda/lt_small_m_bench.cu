@@ -19,16 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "bench_check.cuh"
+
 namespace {
 
-#define CK(x)                                                                                        \
-  do {                                                                                               \
-    cudaError_t e_ = (x);                                                                            \
-    if (e_ != cudaSuccess) {                                                                         \
-      std::fprintf(stderr, "error: %s failed: %s (line %d)\n", #x, cudaGetErrorString(e_), __LINE__); \
-      std::exit(1);                                                                                  \
-    }                                                                                                \
-  } while (0)
 #define CB(x)                                                                            \
   do {                                                                                   \
     cublasStatus_t s_ = (x);                                                             \

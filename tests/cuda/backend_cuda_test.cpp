@@ -80,14 +80,20 @@ Tensor nan_host(int64_t rows, int64_t cols) {
   return t;
 }
 
-class CudaOps : public ::testing::TestWithParam<DType> {};
+// Every op test: the CUDA backend in the test's dtype, and a CPU backend as the reference.
+class CudaOps : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override {
+    REQUIRE_GPU();
+    gpu = cuda_backend(GetParam());
+    cpu = make_cpu_backend(2);
+    ASSERT_TRUE(gpu);
+  }
+  std::unique_ptr<Backend> gpu, cpu;
+};
 
 TEST_P(CudaOps, MatmulMatchesCpu) {
-  REQUIRE_GPU();
   const DType dt = GetParam();
-  auto gpu = cuda_backend(dt);
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   struct Shape { int64_t n, in, out; };
     // n <= 8 with in % 8 == 0 takes the GEMV kernel in bf16; the rest cuBLASLt.
   for (Shape s : {Shape{1, 17, 97}, Shape{17, 64, 33}, Shape{97, 128, 4097}, Shape{4, 1, 5}, Shape{1, 256, 300},
@@ -115,11 +121,7 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
 // the fused decode GEMV (n <= 8, in % 8 == 0, bf16) and the fallback (cuBLASLt + SwiGLU kernel),
 // at odd heights (a block's last pair half-used), a single pair (out 1) and the 8B MLP width.
 TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
-  REQUIRE_GPU();
   const DType dt = GetParam();
-  auto gpu = cuda_backend(dt);
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   struct Shape { int64_t n, in, out; };
   for (Shape s : {Shape{1, 64, 17}, Shape{1, 8, 1}, Shape{3, 4096, 97}, Shape{8, 2048, 4099}, Shape{1, 4096, 14336},
                   Shape{2, 16384, 33}, Shape{9, 64, 97}, Shape{4, 17, 5}, Shape{5, 256, 1031}}) {
@@ -139,11 +141,7 @@ TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
 }
 
 TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
-  REQUIRE_GPU();
   const DType dt = GetParam();
-  auto gpu = cuda_backend(dt);
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   for (int64_t n : {1, 17, 97}) {
     const int64_t d = 96, heads = 3, hd = 32;
     Tensor x = random_host({n, d}, 5), w = random_host({d}, 6);
@@ -198,11 +196,7 @@ TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
 // launch takes, rows at the fused kernel's limit and past it (cuBLASLt fallback), and y as rows
 // in the middle of a larger tensor. Outputs that must be written everywhere start as NaN.
 TEST_P(CudaOps, MatmulGroupAndLoraExpandMatchCpu) {
-  REQUIRE_GPU();
   const DType dt = GetParam();
-  auto gpu = cuda_backend(dt);
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   for (int64_t n : {1, 3, 8, 9}) {
     const int64_t in = 4096;
     const std::vector<int64_t> heights = {97, 16, 4, 1031, 1, 64, 8, 33, 5, 16, 17};
@@ -292,11 +286,7 @@ TEST_P(CudaOps, MatmulGroupAndLoraExpandMatchCpu) {
 // the CPU's lora_expand + rope_pair; batches where some tokens have no adapter, two adapters of
 // different ranks, and a batch past the fused limit (the fallback: expand kernel, then RoPE).
 TEST_P(CudaOps, RopePairLoraMatchesCpu) {
-  REQUIRE_GPU();
   const DType dt = GetParam();
-  auto gpu = cuda_backend(dt);
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   for (int64_t hd : {64, 128}) {
     for (int64_t n : {1, 3, 8, 9}) {
       const int64_t ha = 4, hb = 2, width = ha * hd;
@@ -353,10 +343,6 @@ TEST_P(CudaOps, RopePairLoraMatchesCpu) {
 // never picked) at awkward widths, up to a Llama-3 vocabulary. sample_rows (temperature, top-k,
 // top-p) has its own file: sampling_cuda_test.cpp.
 TEST_P(CudaOps, ArgmaxRowsMatchesCpu) {
-  REQUIRE_GPU();
-  auto gpu = cuda_backend(GetParam());
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   for (int64_t cols : {1, 4, 17, 1025, 4100, 32004, 128256}) {
     for (int64_t rows : {1, 3, 8}) {
       Tensor x = random_host({rows, cols}, static_cast<uint32_t>(cols + rows));
@@ -376,10 +362,6 @@ TEST_P(CudaOps, ArgmaxRowsMatchesCpu) {
 }
 
 TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
-  REQUIRE_GPU();
-  auto gpu = cuda_backend(GetParam());
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   Tensor c = Tensor::empty(DType::kF32, {4097}), d = gpu->alloc(DType::kF32, {4097});
   cpu->fill_random(c.view(), 42, 0.02f);
   gpu->fill_random(d.view(), 42, 0.02f);
@@ -396,11 +378,7 @@ TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
 // each backend, every combination of the LR terms, head dims that take the tuned kernels (64,
 // 128 with bf16) and the generic one (8, 32), page sizes 1 and 16, GQA 1 and 4.
 TEST_P(CudaOps, AttentionMatchesCpu) {
-  REQUIRE_GPU();
   const DType dt = GetParam();
-  auto gpu = cuda_backend(dt);
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   struct Case { int hd, heads, kv_heads, n_ctx, n_q, page, rank; bool k_lr, v_lr; };
   const Case cases[] = {
       {8, 4, 1, 97, 17, 1, 8, true, true},      {32, 4, 4, 17, 1, 16, 4, false, true},
@@ -496,11 +474,7 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
 // (the run is split there). Against the CPU backend's attention, sequence by sequence. In bf16
 // the CUDA backend must have served the two runs of LoRA rows with one launch each.
 TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
-  REQUIRE_GPU();
   const DType dt = GetParam();
-  auto gpu = cuda_backend(dt);
-  auto cpu = make_cpu_backend(2);
-  ASSERT_TRUE(gpu);
   constexpr int kHd = 128, kHeads = 8, kKv = 2, kPage = 16, kRank = 16;
   const int64_t width = static_cast<int64_t>(kKv) * kHd, row = static_cast<int64_t>(kHeads) * kHd;
   const std::vector<int> ctx = {97, 1, 4097, 300, 17, 65};

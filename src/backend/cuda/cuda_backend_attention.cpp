@@ -161,17 +161,18 @@ lc::DevPagedView CudaBackend::dev_view(const PagedView& v, int64_t n_tokens, con
   return d;
 }
 
+const lc::bf16* CudaBackend::q_bf16(const float* q, int64_t elems) {
+  const auto q0 = reinterpret_cast<uintptr_t>(q_shadow_.f32), qp = reinterpret_cast<uintptr_t>(q);
+  if (q_shadow_.f32 && qp >= q0 && (qp - q0) % 4 == 0 && static_cast<int64_t>((qp - q0) / 4) + elems <= q_shadow_.rows)
+    return static_cast<const lc::bf16*>(q_shadow_.bf16) + (qp - q0) / 4;  // rope_pair wrote it
+  auto* qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(elems) * 2));
+  convert(q, lc::Elem::kF32, elems, qb, lc::Elem::kBF16, elems, 1, elems);
+  return qb;
+}
+
 void CudaBackend::run_fast_attention(const AttentionParams& p) {
   const int64_t q_elems = static_cast<int64_t>(p.n_q) * p.n_heads * p.head_dim;
-  lc::bf16* qb = nullptr;
-  const auto q0 = reinterpret_cast<uintptr_t>(q_shadow_.f32), qp = reinterpret_cast<uintptr_t>(p.q);
-  if (q_shadow_.f32 && qp >= q0 && (qp - q0) % 4 == 0 &&
-      static_cast<int64_t>((qp - q0) / 4) + q_elems <= q_shadow_.rows) {
-    qb = static_cast<lc::bf16*>(q_shadow_.bf16) + (qp - q0) / 4;  // rope_pair wrote it
-  } else {
-    qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(q_elems) * 2));
-    convert(p.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems);
-  }
+  const lc::bf16* qb = q_bf16(p.q, q_elems);
   const int32_t meta[3] = {0, p.n_q, p.n_ctx};  // q_start[0..1], ctx_len[0]
   const auto* dmeta = dev_ints(meta, 3);
   lc::AttnParams a;
@@ -347,15 +348,7 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   a.q_start = a.ctx_len = reinterpret_cast<const int32_t*>(uintptr_t{256});
   if (!lc::attention_v4_applies(a)) return false;  // (its staged tables stay unused in the pass)
 
-  lc::bf16* qb = nullptr;
-  const auto q0 = reinterpret_cast<uintptr_t>(q_shadow_.f32), qp = reinterpret_cast<uintptr_t>(p0.q);
-  if (q_shadow_.f32 && qp >= q0 && (qp - q0) % 4 == 0 &&
-      static_cast<int64_t>((qp - q0) / 4) + q_elems <= q_shadow_.rows) {
-    qb = static_cast<lc::bf16*>(q_shadow_.bf16) + (qp - q0) / 4;  // rope_pair wrote it
-  } else {
-    qb = static_cast<lc::bf16*>(scratch(1, static_cast<size_t>(q_elems) * 2));
-    convert(p0.q, lc::Elem::kF32, q_elems, qb, lc::Elem::kBF16, q_elems, 1, q_elems);
-  }
+  const lc::bf16* qb = q_bf16(p0.q, q_elems);
   std::vector<int32_t> meta(static_cast<size_t>(2 * n + 1));  // q_start[0..n], ctx_len[n]
   for (int64_t s = 0; s <= n; ++s) meta[static_cast<size_t>(s)] = static_cast<int32_t>(s);
   for (int64_t s = 0; s < n; ++s) meta[static_cast<size_t>(n + 1 + s)] = ps[static_cast<size_t>(s)].n_ctx;

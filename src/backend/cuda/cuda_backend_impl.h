@@ -297,6 +297,9 @@ class CudaBackend final : public Backend {
   lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens, const int32_t* table = nullptr);
 
   void run_fast_attention(const AttentionParams& p);
+  // q [elems] f32 as bf16 for the tuned kernels: the bf16 copy rope_pair made when it covers q
+  // (q_shadow_), else converted into scratch.
+  const lc::bf16* q_bf16(const float* q, int64_t elems);
   // Whether ps[k] can join a decode batch led by ps[0] (attention_batch): one query, the fast
   // kernels' layouts, no K-side term, the same shapes and V rank/scale, q and out rows following
   // ps[0]'s.
