@@ -264,6 +264,12 @@ class Backend {
   virtual void store_rows_multi(std::span<const StoreJob> jobs) {
     for (const StoreJob& j : jobs) store_rows(j.rows, j.dst, j.slots);
   }
+  // Between these, a backend may hold the stores back and run them together at the end (one
+  // launch for the stores of every sequence of a pass); the rows and their slots are read when
+  // store_rows(_multi) is called, so the callers' arrays need not outlive that call. Nothing may
+  // read those caches before end_store_batch().
+  virtual void begin_store_batch() {}
+  virtual void end_store_batch() {}
   // Causal attention of one sequence over its paged cache (see AttentionParams).
   virtual void attention(const AttentionParams& p) = 0;
   // The attention of every sequence of a pass (each its own caches and adapter); a backend may

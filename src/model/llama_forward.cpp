@@ -202,6 +202,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     // batch sequences of different trajectories and adapters into one launch).
     std::vector<AttentionParams> attn_ps;
     attn_ps.reserve(batch.size());
+    be_.begin_store_batch();  // every sequence's stores in one launch (the caches are read below)
     for (size_t s = 0; s < batch.size(); ++s) {
       const SeqInput& in = batch[s];
       const LoraSegment& sg = segs[s];
@@ -233,6 +234,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       in.kv->attention_views(l, p);
       attn_ps.push_back(p);
     }
+    be_.end_store_batch();
     if (entries_only) break;
     be_.attention_batch(attn_ps);
 

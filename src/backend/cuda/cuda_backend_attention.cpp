@@ -48,31 +48,45 @@ void CudaBackend::store_rows(const TensorView& rows, const PagedView& dst, const
 }
 
 void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
-  if (jobs.size() > static_cast<size_t>(lc::kMaxStoreJobs)) {
-    Backend::store_rows_multi(jobs);  // one launch per kMaxStoreJobs would do; no caller has more
-    return;
-  }
-  std::array<lc::StoreJobDev, lc::kMaxStoreJobs> dj{};
-  int nj = 0;
+  std::vector<lc::StoreJobDev> dj;
+  dj.reserve(jobs.size());
   for (const StoreJob& j : jobs) {
     const int64_t n = j.rows.dim(0), width = j.rows.numel() / std::max<int64_t>(n, 1);
     if (n == 0) continue;
     int64_t max_slot = 0;
     for (int64_t i = 0; i < n; ++i) max_slot = std::max<int64_t>(max_slot, j.slots[i]);
-    lc::StoreJobDev& d = dj[static_cast<size_t>(nj++)];
+    lc::StoreJobDev& d = dj.emplace_back();
     d.rows = j.rows.f32();
     d.n = n;
     d.width = width;
     d.dst = paged(j.dst, max_slot + 1);
-    d.slots = dev_ints(j.slots, n);
+    d.slots = dev_ints(j.slots, n);  // staged now: the caller's array may go
     if (tape_->recording()) {
       rec("store_job", d.rows, d.n, d.width, d.slots);
       sig_of(*tape_, d.dst);
     }
   }
-  if (nj == 0) return;
-  rec("store_rows_multi", nj);
-  launch("store_rows", [=, this] { return lc::store_rows_multi(dj.data(), nj, stream_); });
+  if (store_batching_) {
+    pending_stores_.insert(pending_stores_.end(), dj.begin(), dj.end());
+    return;
+  }
+  launch_stores(dj);
+}
+
+void CudaBackend::end_store_batch() {
+  store_batching_ = false;
+  launch_stores(pending_stores_);
+  pending_stores_.clear();
+}
+
+void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
+  for (size_t at = 0; at < jobs.size(); at += lc::kMaxStoreJobs) {
+    std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
+    const int nj = static_cast<int>(std::min<size_t>(lc::kMaxStoreJobs, jobs.size() - at));
+    std::copy_n(jobs.begin() + static_cast<std::ptrdiff_t>(at), nj, chunk.begin());
+    rec("store_rows_multi", nj);
+    launch("store_rows", [=, this] { return lc::store_rows_multi(chunk.data(), nj, stream_); });
+  }
 }
 
 void CudaBackend::attention(const AttentionParams& p) {

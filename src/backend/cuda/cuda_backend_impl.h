@@ -157,6 +157,8 @@ class CudaBackend final : public Backend {
 
   void store_rows_multi(std::span<const StoreJob> jobs) override;
 
+  void begin_store_batch() override { store_batching_ = true; }
+  void end_store_batch() override;
   void attention(const AttentionParams& p) override;
   void attention_batch(std::span<const AttentionParams> ps) override;
 
@@ -167,6 +169,10 @@ class CudaBackend final : public Backend {
   // 1.2 s of graph building in all.
   static constexpr int64_t kGraphMaxRows = 8;
   int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides it (measuring)
+  bool store_batching_ = false;              // begin_store_batch .. end_store_batch
+  std::vector<lc::StoreJobDev> pending_stores_;  // held back until end_store_batch
+  // Launches jobs in launches of up to lc::kMaxStoreJobs.
+  void launch_stores(std::span<const lc::StoreJobDev> jobs);
   bool batch_attention_ = true;             // attention_batch's shared launches (LRAGENT_CUDA_BATCH_ATTENTION=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
   // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.

@@ -141,8 +141,9 @@ struct PagedDev {
 };
 
 // Writes rows [n, width] (f32) into a paged cache at token slots[i] (on the device), converting;
-// up to kMaxStoreJobs such stores in one launch (a layer's K and V, base and LR rows).
-constexpr int kMaxStoreJobs = 4;
+// up to kMaxStoreJobs such stores in one launch (a layer's K and V, base and LR rows, of every
+// sequence of a pass: Backend::begin_store_batch).
+constexpr int kMaxStoreJobs = 16;
 struct StoreJobDev {
   const float* rows = nullptr;  // [n, width] f32
   int64_t n = 0, width = 0;
