@@ -87,6 +87,10 @@ class TrajectoryKv {
   // every other mode all of them (their private entries are in every layer, or there is no
   // catch-up). Positions from shared_tokens() on, and the one whose logits are read, run all.
   int catchup_layers() const;
+  // Whether an agent's catch-up costs less over positions another agent computed: it starts past
+  // them (full, base-lr) or runs fewer layers there (droidspeak's partial catch-up). In none and
+  // base every agent computes every position it reads, whoever computed it before.
+  bool reads_others_entries() const { return !per_agent_catchup() || catchup_layers() < cfg_.num_layers; }
   // Binding for agent a's next forward pass over positions [catchup_start(a), ...). A pass that
   // may not happen (decode lookahead's speculative pass) binds with may_evict false: running out
   // of room is then an error instead of dropping other agents' caches for a pass that may be

@@ -163,6 +163,8 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   const bool kv_only = kv_layers >= 0;
   const int n_layers = kv_only ? kv_layers : c.num_layers;
   if (c.num_layers > 0) be_.rms_norm(h.view(), w_.layers[0].attn_norm, eps, xn.view());
+  std::vector<AttentionParams> attn_ps;  // [batch] this layer's attention of every sequence
+  attn_ps.reserve(batch.size());
   for (int l = 0; l < n_layers; ++l) {
     const LayerWeights& lw = w_.layers[static_cast<size_t>(l)];
     // forward_kv's last layer: its entries are all the pass wants; its attention and MLP would
@@ -200,8 +202,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
 
     // Every sequence's entries, then every sequence's attention in one call (the backend may
     // batch sequences of different trajectories and adapters into one launch).
-    std::vector<AttentionParams> attn_ps;
-    attn_ps.reserve(batch.size());
+    attn_ps.clear();
     be_.begin_store_batch();  // every sequence's stores in one launch (the caches are read below)
     for (size_t s = 0; s < batch.size(); ++s) {
       const SeqInput& in = batch[s];

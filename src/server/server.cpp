@@ -240,6 +240,7 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
   Job job;
   job.p = &p;
   job.streaming = static_cast<bool>(on_delta);
+  job.done.resize(job.choices());
   metrics_.request_waiting();
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -381,7 +382,6 @@ bool Server::emit(Job& job, ChoiceRun& run, std::string text) {
 bool Server::start_choice(Job& job) {
   const Prepared& p = *job.p;
   const CompletionRequest& req = p.req;
-  if (job.done.empty()) job.done.resize(job.choices());
   if (job.abandoned || job.next >= job.choices()) {
     if (job.runs.empty()) end_job(job, std::nullopt);
     return false;

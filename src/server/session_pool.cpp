@@ -42,7 +42,7 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
   return p;
 }
 
-Result<SessionPool::Entry*> SessionPool::create_session(int group) {
+Result<SessionPool::Entry*> SessionPool::create_session(int group, int64_t spare) {
   const AgentGroup& g = groups_[static_cast<size_t>(group)];
   for (;;) {
     auto s = AgentSession::create(model_, tok_, g.names, g.adapters, opts_.replay);
@@ -56,27 +56,17 @@ Result<SessionPool::Entry*> SessionPool::create_session(int group) {
       return &entries_.back();
     }
     // Out of memory: the least recently used trajectory gives its KV memory back, then retry.
-    if (s.error().code != ErrorCode::kOutOfMemory || !evict_lru()) return s.error();
+    if (s.error().code != ErrorCode::kOutOfMemory || !evict_lru(spare)) return s.error();
   }
 }
 
-Result<std::optional<SessionPool::Entry*>> SessionPool::new_session(int group, int64_t keep_id) {
-  // The trajectory to copy from must survive making room for its copy.
-  Entry* pin = find(keep_id);
-  const bool was_held = pin && pin->held;
-  if (pin) pin->held = true;
-  Result<std::optional<Entry*>> out = std::optional<Entry*>();
-  if (static_cast<int>(entries_.size()) < opts_.max_sessions || evict_lru()) {
-    auto made = create_session(group);
-    if (made.ok()) {
-      out = std::optional<Entry*>(*made);
-    } else if (made.error().code != ErrorCode::kOutOfMemory || !any_held()) {
-      // Out of memory with only held trajectories left to drop waits for one to be released.
-      out = made.error();
-    }
-  }
-  if (Entry* p = find(keep_id)) p->held = was_held;  // create_session moved the entries
-  return out;
+Result<std::optional<SessionPool::Entry*>> SessionPool::new_session(int group, int64_t spare) {
+  if (static_cast<int>(entries_.size()) >= opts_.max_sessions && !evict_lru(spare)) return std::optional<Entry*>();
+  auto made = create_session(group, spare);
+  if (made.ok()) return std::optional<Entry*>(*made);
+  // Out of memory with only held trajectories left to drop waits for one to be released.
+  if (made.error().code == ErrorCode::kOutOfMemory && any_held()) return std::optional<Entry*>();
+  return made.error();
 }
 
 SessionPool::Entry* SessionPool::find(int64_t id) {
@@ -85,10 +75,10 @@ SessionPool::Entry* SessionPool::find(int64_t id) {
   return nullptr;
 }
 
-bool SessionPool::evict_lru() {
+bool SessionPool::evict_lru(int64_t spare) {
   auto lru = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
-    if (!it->held && (lru == entries_.end() || it->last_used < lru->last_used)) lru = it;
+    if (!it->held && it->id != spare && (lru == entries_.end() || it->last_used < lru->last_used)) lru = it;
   if (lru == entries_.end()) return false;
   entries_.erase(lru);
   ++evicted_;
@@ -150,16 +140,13 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   int64_t copy_id = 0, copy_len = 0;
   if (use && use->held) {
     // When the running request computes entries this agent would read (the same agent, e.g. a
-    // second choice of one prompt; or any agent in full, droidspeak's shared layers and base-lr),
-    // a copy taken before they are computed would make this request compute them again beside
-    // it: wait until they are (but the last position: a completion's last token is never
-    // computed in its own trajectory). Else (another agent in none or base, where each agent
-    // computes every position it reads) the copy is taken at once.
-    const ShareMode mode = opts_.replay.sharing.mode;
-    const bool reads_others = mode == ShareMode::kFull || mode == ShareMode::kDroidSpeak || mode == ShareMode::kBaseLr;
+    // second choice of one prompt; or any agent where catch-ups read others' entries,
+    // TrajectoryKv::reads_others_entries), a copy taken before they are computed would make this
+    // request compute them again beside it: wait until they are (but the last position: a
+    // completion's last token is never computed in its own trajectory). Else the copy is taken at once.
     const TrajectoryKv& kv = use->session->kv();
     const int64_t need = std::min(keep, prompt_len - 1) - 1;
-    if (reads_others && kv.shared_tokens() < need) return std::optional<Lease>();
+    if (kv.reads_others_entries() && kv.shared_tokens() < need) return std::optional<Lease>();
     if (use->agent == agent && kv.processed(use->session->agent_index(agent)) < need) return std::optional<Lease>();
     copy_id = use->id;
     copy_len = keep;

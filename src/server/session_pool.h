@@ -104,14 +104,15 @@ class SessionPool {
     std::string agent;        // the agent of the latest request on it
   };
   SessionPool(LlamaModel& m) : model_(m) {}
-  Result<Entry*> create_session(int group);
-  // A new trajectory of `group`, dropping the least recently used unheld one (never keep_id) when
-  // every slot is taken or memory is short. nullopt: only held trajectories could make room.
-  // Entry pointers taken before it are invalid after it.
-  Result<std::optional<Entry*>> new_session(int group, int64_t keep_id);
+  // A new trajectory of `group`; out of memory, the least recently used unheld one other than
+  // `spare` makes room. Entry pointers taken before it are invalid after it.
+  Result<Entry*> create_session(int group, int64_t spare = 0);
+  // The same when every slot is taken, too. nullopt: only held trajectories (or `spare`, the one
+  // a copy is made from) could make room.
+  Result<std::optional<Entry*>> new_session(int group, int64_t spare);
   Entry* find(int64_t id);
-  // Drops the least recently used trajectory no request holds; false when every one is held.
-  bool evict_lru();
+  // Drops the least recently used trajectory no request holds, never `spare`; false when none can go.
+  bool evict_lru(int64_t spare = 0);
   bool any_held() const;
 
   LlamaModel& model_;

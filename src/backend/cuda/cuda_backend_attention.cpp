@@ -48,14 +48,13 @@ void CudaBackend::store_rows(const TensorView& rows, const PagedView& dst, const
 }
 
 void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
-  std::vector<lc::StoreJobDev> dj;
-  dj.reserve(jobs.size());
+  // Queued on pending_stores_, launched now unless a store batch holds them back.
   for (const StoreJob& j : jobs) {
     const int64_t n = j.rows.dim(0), width = j.rows.numel() / std::max<int64_t>(n, 1);
     if (n == 0) continue;
     int64_t max_slot = 0;
     for (int64_t i = 0; i < n; ++i) max_slot = std::max<int64_t>(max_slot, j.slots[i]);
-    lc::StoreJobDev& d = dj.emplace_back();
+    lc::StoreJobDev& d = pending_stores_.emplace_back();
     d.rows = j.rows.f32();
     d.n = n;
     d.width = width;
@@ -66,11 +65,7 @@ void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
       sig_of(*tape_, d.dst);
     }
   }
-  if (store_batching_) {
-    pending_stores_.insert(pending_stores_.end(), dj.begin(), dj.end());
-    return;
-  }
-  launch_stores(dj);
+  if (!store_batching_) end_store_batch();
 }
 
 void CudaBackend::end_store_batch() {
@@ -278,6 +273,41 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   int64_t max_ctx = 0;
   for (const AttentionParams& p : ps) max_ctx = std::max<int64_t>(max_ctx, p.n_ctx);
   const int64_t sized = sized_ctx(max_ctx);
+  const int64_t row = static_cast<int64_t>(p0.n_heads) * p0.head_dim, q_elems = n * row;
+  const bool lr = p0.v_lr.active();
+  lc::AttnParams a;
+  a.n_heads = p0.n_heads;
+  a.n_kv_heads = p0.n_kv_heads;
+  a.head_dim = p0.head_dim;
+  a.softmax_scale = p0.softmax_scale;
+  a.n_seqs = static_cast<int>(n);
+  a.max_q = 1;
+  a.max_ctx = static_cast<int>(sized);
+  a.out_f32 = p0.out;
+  a.stream = stream_;
+  a.split_counters = split_counters_;
+  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
+  if (lr) {
+    a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
+    a.v_lr.rank = p0.v_lr.rank;
+    a.v_lr.scale = p0.v_lr.scale;
+  }
+  const lc::AttnKernel kernel = attn_kernel_;
+  const size_t ws = lc::attention_plan(a, kernel).workspace_bytes;
+  if (tape_->recording()) {
+    a.workspace = ws > 0 ? pass_alloc(ws) : nullptr;
+    a.workspace_bytes = a.workspace ? ws : 0;
+  } else {
+    if (ws > attn_ws_bytes_) {
+      free_async(attn_workspace_);
+      attn_workspace_ = raw_alloc(ws);
+      attn_ws_bytes_ = attn_workspace_ ? ws : 0;
+    }
+    a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
+    a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
+  }
+  if (!lc::attention_v4_applies(a)) return false;  // decided by the shapes, before anything is staged
+
   // Block tables [n, stride], each sequence's entries rebased onto the lowest data address of
   // the batch: its caches live in its own KV arena, and block ids count granules from there.
   // Arena bases and layer planes are granule aligned, so the rebasing is exact; it fails only
@@ -305,23 +335,8 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   std::vector<int32_t> kt, vt, lt;
   const void* kbase = rebased([](const AttentionParams& p) -> const PagedView& { return p.k; }, kt);
   const void* vbase = rebased([](const AttentionParams& p) -> const PagedView& { return p.v; }, vt);
-  const bool lr = p0.v_lr.active();
   const void* lbase = lr ? rebased([](const AttentionParams& p) -> const PagedView& { return p.v_lr.lr; }, lt) : nullptr;
   if (!kbase || !vbase || (lr && !lbase)) return false;
-
-  const int64_t row = static_cast<int64_t>(p0.n_heads) * p0.head_dim, q_elems = n * row;
-  lc::AttnParams a;
-  a.n_heads = p0.n_heads;
-  a.n_kv_heads = p0.n_kv_heads;
-  a.head_dim = p0.head_dim;
-  a.softmax_scale = p0.softmax_scale;
-  a.n_seqs = static_cast<int>(n);
-  a.max_q = 1;
-  a.max_ctx = static_cast<int>(sized);
-  a.out_f32 = p0.out;
-  a.stream = stream_;
-  a.split_counters = split_counters_;
-  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
   auto view = [&](const PagedView& v, const void* base, const std::vector<int32_t>& table) {
     lc::DevPagedView d;
     d.data = static_cast<const lc::bf16*>(base);
@@ -337,30 +352,8 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   std::vector<const void*> bs;
   if (lr) {
     a.v_lr.lr = view(p0.v_lr.lr, lbase, lt);
-    a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
-    a.v_lr.rank = p0.v_lr.rank;
-    a.v_lr.scale = p0.v_lr.scale;
     for (const AttentionParams& p : ps) bs.push_back(p.v_lr.b);
   }
-  const lc::AttnKernel kernel = attn_kernel_;
-  const size_t ws = lc::attention_plan(a, kernel).workspace_bytes;
-  void* workspace = nullptr;
-  if (tape_->recording()) {
-    workspace = ws > 0 ? pass_alloc(ws) : nullptr;
-  } else {
-    if (ws > attn_ws_bytes_) {
-      free_async(attn_workspace_);
-      attn_workspace_ = raw_alloc(ws);
-      attn_ws_bytes_ = attn_workspace_ ? ws : 0;
-    }
-    workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
-  }
-  a.workspace = workspace;
-  a.workspace_bytes = !workspace ? 0 : tape_->recording() ? ws : attn_ws_bytes_;
-  // The kernel check needs q and the metadata only to be set; v4 is decided by the shapes.
-  a.q = reinterpret_cast<const lc::bf16*>(uintptr_t{256});
-  a.q_start = a.ctx_len = reinterpret_cast<const int32_t*>(uintptr_t{256});
-  if (!lc::attention_v4_applies(a)) return false;  // (its staged tables stay unused in the pass)
 
   const lc::bf16* qb = q_bf16(p0.q, q_elems);
   std::vector<int32_t> meta(static_cast<size_t>(2 * n + 1));  // q_start[0..n], ctx_len[n]
