@@ -49,10 +49,10 @@ def bodies_for(c, prompt_tokens, max_tokens, preset, seed, shared):
     vocab_hi, bos = serve_bench.PRESETS[preset]
     rng = random.Random(seed)
     agents = ["plan", "action", "reflect"]
-    one = [bos] + [rng.randrange(2, vocab_hi) for _ in range(prompt_tokens - 1)]
-    return [{"model": agents[i % 3],
-             "prompt": one if shared else [bos] + [rng.randrange(2, vocab_hi) for _ in range(prompt_tokens - 1)],
-             "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True} for i in range(c)]
+    prompt = lambda: [bos] + [rng.randrange(2, vocab_hi) for _ in range(prompt_tokens - 1)]
+    one = prompt() if shared else None
+    return [{"model": agents[i % 3], "prompt": one if shared else prompt(), "max_tokens": max_tokens,
+             "temperature": 0, "ignore_eos": True} for i in range(c)]
 
 
 def run_sequential(base, c, prompt_tokens, max_tokens, preset, seed, shared):
