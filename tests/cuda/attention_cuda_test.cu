@@ -682,6 +682,36 @@ TEST(CudaAttention, SharedBaseMultiAgentDecode) {
   expect_ran({lc::AttnKernel::kV1Mma, lc::AttnKernel::kV4Decode}, "SharedBaseMultiAgentDecode");
 }
 
+// v4 at two row tiles (17..32 rows of a kv head, eight warps): 8 agents at G = 4 (the 8-agent
+// benchmark's shape), 5 agents at G = 4 (20 rows: the second tile part-filled), 3 at G = 8, 17
+// at G = 1, and plain decode at G = 32 (one query of 32 heads per kv head, three sequences);
+// V ranks 0 / 8 / 16, D 64 and 128, page sizes 1 and 16, contexts 1 / 97 / 4097, forced 1, 13 and
+// 128 splits. Every case must have run v4 (not a fallback) for the requests that allow it.
+TEST(CudaAttention, DecodeV4TwoRowTiles) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 650;
+  struct Shape {
+    int group, agents;  // agents 0: plain decode of three sequences
+  };
+  const Shape shapes[] = {{4, 8}, {4, 5}, {8, 3}, {1, 17}, {32, 0}};
+  const int ranks[] = {0, 8, 16};
+  const int splits[] = {0, 1, 13, 128};
+  int n = 0;
+  for (int d : {64, 128})
+    for (const Shape& sh : shapes)
+      for (int ctx : {1, 97, 4097}) {
+        const int rv = ranks[n % 3], page = n % 2 ? 1 : 16, sp = splits[n % 4];
+        ++n;
+        Case c = sh.agents ? make(d, sh.group, page, {ctx}, {sh.agents}, 0, rv)
+                           : make(d, sh.group, page, {ctx, 97, 1}, {1, 1, 1}, 0, rv);
+        c.agents = sh.agents > 0;
+        c.splits = sp;
+        reset_ran();
+        run_case(c, seed++);
+        EXPECT_GT(g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)], 0) << c.name() << ": v4 did not run";
+      }
+}
+
 TEST(CudaAttention, RejectsUnsupportedShapes) {
   SKIP_WITHOUT_GPU();
   lc::AttnParams p;

@@ -103,9 +103,10 @@ enum class AttnKernel {
                  // K/V smem fragment feeds two mmas), 2 blocks/SM, 2-stage ring. Plain and Flash-LoRA
                  // V (rank <= 16) at d=128; everything else (K term, agents, d=64, rank > 16) runs v2,
                  // which sends decode to v1.
-  kV4Decode = 4,  // v3 plus a decode kernel (one query per sequence, or agents mode with N·G <= 16
-                  // rows; no K term, V rank <= 16): the four warps split each key tile, split-K
-                  // merged by the last block of each kv head (needs split_counters).
+  kV4Decode = 4,  // v3 plus a decode kernel (one query per sequence, or agents mode; N·G <= 32
+                  // rows as one or two m16 tiles; no K term, V rank <= 16): four warps per row
+                  // tile split each key tile, split-K merged by the last block of each kv head
+                  // (needs split_counters).
   kV5Wgmma = 5,   // v4 plus a Hopper wgmma prefill kernel (2 warpgroups x 64 rows, Q/K/V read by
                   // wgmma from swizzled shared memory, P from registers) at d=128 with K and V
                   // ranks 8/16 (or none), no agents; elsewhere (and without an sm_90a build or

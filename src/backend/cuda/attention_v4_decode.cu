@@ -22,14 +22,17 @@
 //     memory at D = 128: Q tile + a 2-stage K/V/LRv ring); pdl_release() first thing, so the
 //     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
 //   * Agents mode (N agents' decode queries over one shared base and LR cache, each with its own
-//     B_v) when the N·G rows of a kv head fit the one m16 tile (the poster's 3 agents at G = 4):
-//     the rows are the agents' heads, and each row expands its own agent's B_v. More rows run v1
-//     (one block per kv head and tile, each reading the K/V again, measured slower than v1's one
-//     block of 64 rows: docs/cuda.md).
-// Shapes: no K-side term, V-side rank <= 16, one query per sequence (max_q 1) or agents mode with
-// N·G <= 16, G <= 16, D in {64, 128}, split_counters present with room for n_seqs x n_kv_heads.
-// Everything else runs v3 (which sends decode without those conditions on to v2 and v1).
-// Template: D = head_dim, R = rank capacity (0: no LR term, 16).
+//     B_v): the rows are the agents' heads, and each row expands its own agent's B_v.
+//   * Two row tiles (17..32 rows of a kv head: 8 agents at G = 4, or G = 32): eight warps, two
+//     sets of four, one m16 tile each; both sets read the same K/V stages, so the pages are read
+//     once for all 32 rows. Each warp keeps one tile's state, as with one tile (earlier tries that
+//     read the K/V once per tile, or gave each of four warps both tiles, were no faster than v1:
+//     docs/cuda.md). Q fragments are re-read from shared memory every key tile at two tiles: the
+//     eight warps' registers must fit two blocks per SM.
+// Shapes: no K-side term, V-side rank <= 16, one query per sequence (max_q 1) or agents mode, with
+// rows (N·G, or G) <= 32, D in {64, 128}, split_counters present with room for n_seqs x
+// n_kv_heads. Everything else runs v3 (which sends decode without those conditions on to v2 and
+// v1). Template: D = head_dim, R = rank capacity (0: no LR term, 16), MT = m16 row tiles (1, 2).
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
 #include "backend/cuda/device_props.h"
@@ -43,15 +46,18 @@ namespace {
 
 using namespace detail;
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
-constexpr int kBN = 64;             // keys per tile (16 per warp)
-constexpr int kRows = 16;           // one m16 tile: the G query heads of a kv head
-constexpr int kMaxSplits = 128;     // splits of one kv head (the merge's weights: [kMaxSplits, kRows] f32)
+constexpr int kKeyWarps = 4;   // warps that split a key tile (16 keys each) for one row tile
+constexpr int kBN = 64;        // keys per tile
+constexpr int kTileRows = 16;  // one m16 tile
+constexpr int kMaxRowTiles = 2;
+constexpr int kMaxSplits = 128;  // splits of one kv head (the merge's weights: [kMaxSplits, rows] f32)
 constexpr int kStages = 2;
 
-template <int D, int R>
+template <int D, int R, int MT>
 struct Smem {
+  static constexpr int kRows = kTileRows * MT;  // the block's query rows (agents x G heads)
+  static constexpr int kWarps = kKeyWarps * MT;
+  static constexpr int kThreads = 32 * kWarps;
   static constexpr int KS = D + 8;  // padded row (elements): conflict-free ldmatrix
   static constexpr int RS = R + 8;
   static constexpr int kQ = 0;                              // [kRows, KS]
@@ -60,11 +66,12 @@ struct Smem {
   static constexpr int kLv = kV + kStages * kBN * KS;       // [kStages, kBN, RS] (R > 0)
   static constexpr int kEnd = kLv + (R > 0 ? kStages * kBN * RS : 0);
   static constexpr size_t bytes = static_cast<size_t>(kEnd) * sizeof(bf16);
-  // The merge reuses the K/V ring as f32: [kWarps, kRows, D] O + [kWarps, kRows, 16] O_lr.
-  static_assert((kWarps * kRows * (D + 4 + 16)) * sizeof(float) <= 2 * kStages * kBN * KS * sizeof(bf16),
-                "the warp merge fits in the K/V ring");
-  static_assert(kMaxSplits * kRows * sizeof(float) <= kStages * kBN * KS * sizeof(bf16),
-                "the split merge's weights fit in the K ring");
+  // After the key loop the merges reuse the whole buffer (Q included: the last tile's barrier has
+  // passed every read of it) as f32: [kKeyWarps, kRows, D + 4] O + [kKeyWarps, kRows, 16] O_lr.
+  static constexpr int kDP = D + 4;  // f32 row stride: rows gq land on different banks
+  static_assert((kKeyWarps * kRows * (kDP + (R > 0 ? 16 : 0))) * sizeof(float) <= bytes,
+                "the warp merge fits in shared memory");
+  static_assert(kMaxSplits * kRows * sizeof(float) <= bytes, "the split merge's weights fit in shared memory");
 };
 
 struct V4Launch {
@@ -75,22 +82,26 @@ struct V4Launch {
   float* part_lse = nullptr;  // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
 };
 
-template <int D, int R>
-__global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
-  using L = Smem<D, R>;
+template <int D, int R, int MT>
+__global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, 2)
+    attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
+  using L = Smem<D, R, MT>;
   constexpr int KS = L::KS, RS = L::RS;
+  constexpr int kRows = L::kRows, kWarps = L::kWarps, kThreads = L::kThreads;
   constexpr int KT_D = D / 16;  // k-steps of QK^T over head_dim
   constexpr int NT_D = D / 8;   // n-tiles of P·V over head_dim
   constexpr int CPR = D / 8;    // 16-byte chunks per K/V row
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* const sm = reinterpret_cast<bf16*>(smem_raw);
-  __shared__ float m_s[kWarps][kRows], l_s[kWarps][kRows];  // per-warp softmax state
+  __shared__ float m_s[kKeyWarps][kRows], l_s[kKeyWarps][kRows];  // per key-warp softmax state of each row
   __shared__ float olr_s[kRows][16];                          // merged P·LRv (R > 0)
   __shared__ bool last_s;
   pdl_release();  // the PDL-launched o-projection may be scheduled; it waits for our completion
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int gq = lane >> 2, tq = lane & 3;
+  const int kw = warp % kKeyWarps;           // this warp's 16 keys of every tile
+  const int r0 = (warp / kKeyWarps) * kTileRows;  // its row tile's first row
   const int split = blockIdx.x, g = blockIdx.y, s = blockIdx.z;
   const int G = p.n_heads / p.n_kv_heads;
   const SeqInfo si = seq_info(p, s);
@@ -168,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   if (n_tiles > 0) tile_addr(0, a0);
   pdl_wait();
 
-  float o[NT_D][4];  // this warp's O for rows gq, gq + 8 (unnormalised)
+  float o[NT_D][4];  // this warp's O for rows r0 + gq, r0 + gq + 8 (unnormalised)
 #pragma unroll
   for (int n = 0; n < NT_D; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   float olr[2][4] = {};  // this warp's P·LRv, ranks 0..15
@@ -184,7 +195,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
     }
     tile_issue(0, a0);
     cp_async_commit();
+    // Q fragments of this warp's row tile: held in registers at one tile; at two, re-read every
+    // key tile (ldmatrix from shared memory is cheap next to the K/V loads; the registers are not).
+    constexpr bool kQRegs = MT == 1;
     uint32_t qf[KT_D][4];
+    const bf16* const qs = sm + L::kQ + (r0 + (lane & 15)) * KS + (lane >> 4) * 8;
     for (int t = 0; t < n_tiles; ++t) {
       if (t + 1 < n_tiles) {  // stage (t+1) % 2 was freed by the barrier that ended tile t-1
         load_tile(t + 1);
@@ -194,20 +209,20 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
         cp_async_wait<0>();
       }
       __syncthreads();
-      if (t == 0) {
+      if (kQRegs && t == 0) {
 #pragma unroll
-        for (int kk = 0; kk < KT_D; ++kk)
-          ldmatrix_x4(qf[kk], sm + L::kQ + (lane & 15) * KS + kk * 16 + (lane >> 4) * 8);
+        for (int kk = 0; kk < KT_D; ++kk) ldmatrix_x4(qf[kk], qs + kk * 16);
       }
       const int st = t % kStages;
-      const int key0 = kb + t * kBN + warp * 16;  // this warp's first key
-      const bf16* cK = sm + L::kK + (st * kBN + warp * 16) * KS;
-      const bf16* cV = sm + L::kV + (st * kBN + warp * 16) * KS;
+      const int key0 = kb + t * kBN + kw * 16;  // this warp's first key
+      const bf16* cK = sm + L::kK + (st * kBN + kw * 16) * KS;
+      const bf16* cV = sm + L::kV + (st * kBN + kw * 16) * KS;
 
       // S = Q·K^T over this warp's 16 keys (n8 tiles: keys 0..7, 8..15).
       float sc[2][4] = {};
 #pragma unroll
       for (int kk = 0; kk < KT_D; ++kk) {
+        if (!kQRegs) ldmatrix_x4(qf[kk], qs + kk * 16);
         uint32_t b[4];
         ldmatrix_x4(b, cK + ((lane >> 4) * 8 + (lane & 7)) * KS + kk * 16 + ((lane >> 3) & 1) * 8);
         mma_bf16(sc[0], qf[kk], b[0], b[1]);
@@ -274,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
           olr[n][2] *= alpha[1];
           olr[n][3] *= alpha[1];
         }
-        const bf16* cLv = sm + L::kLv + (st * kBN + warp * 16) * RS;
+        const bf16* cLv = sm + L::kLv + (st * kBN + kw * 16) * RS;
         uint32_t b[4];
         ldmatrix_x4_trans(b, cLv + (((lane >> 3) & 1) * 8 + (lane & 7)) * RS + (lane >> 4) * 8);
         mma_bf16(olr[0], pa, b[0], b[1]);
@@ -284,36 +299,36 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
     }
   }
 
-  // ---- merge the four warps: O = Σ_w 2^(m_w - M) O_w, l = Σ_w 2^(m_w - M) l_w ----
-  // Only the RB real rows are written (rows gq and gq + 8 of each warp), at a padded stride.
-  constexpr int DP = D + 4;  // f32 row stride: rows gq land on different banks
-  float* const oacc = reinterpret_cast<float*>(sm + L::kK);  // [kWarps, kRows, DP]
-  float* const lacc = oacc + kWarps * kRows * DP;            // [kWarps, kRows, 16] (R > 0)
+  // ---- merge the four key warps of each row: O = Σ_w 2^(m_w - M) O_w, l = Σ_w 2^(m_w - M) l_w ----
+  // Only the RB real rows are written (rows r0 + gq and r0 + gq + 8 of each warp), at a padded stride.
+  constexpr int DP = L::kDP;
+  float* const oacc = reinterpret_cast<float*>(sm);   // [kKeyWarps, kRows, DP]
+  float* const lacc = oacc + kKeyWarps * kRows * DP;  // [kKeyWarps, kRows, 16] (R > 0)
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     float l = l_run[hh];
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     if (tq == 0) {
-      m_s[warp][gq + hh * 8] = m_run[hh];
-      l_s[warp][gq + hh * 8] = l;
+      m_s[kw][r0 + gq + hh * 8] = m_run[hh];
+      l_s[kw][r0 + gq + hh * 8] = l;
     }
   }
   __syncthreads();
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
-    const int r = gq + hh * 8;
+    const int r = r0 + gq + hh * 8;
     if (r >= RB) continue;
     float mm = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][r]);
+    for (int w = 0; w < kKeyWarps; ++w) mm = fmaxf(mm, m_s[w][r]);
     const float f = m_run[hh] == -INFINITY ? 0.f : fast_exp2(m_run[hh] - mm);
-    float* row = oacc + (warp * kRows + r) * DP + 2 * tq;
+    float* row = oacc + (kw * kRows + r) * DP + 2 * tq;
 #pragma unroll
     for (int n = 0; n < NT_D; ++n)
       *reinterpret_cast<float2*>(row + n * 8) = make_float2(o[n][hh * 2] * f, o[n][hh * 2 + 1] * f);
     if constexpr (R > 0) {
-      float* lrow = lacc + (warp * kRows + r) * 16 + 2 * tq;
+      float* lrow = lacc + (kw * kRows + r) * 16 + 2 * tq;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
         *reinterpret_cast<float2*>(lrow + n * 8) = make_float2(olr[n][hh * 2] * f, olr[n][hh * 2 + 1] * f);
@@ -324,9 +339,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   if (tid < RB) {
     float mm = -INFINITY, l = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][tid]);
+    for (int w = 0; w < kKeyWarps; ++w) mm = fmaxf(mm, m_s[w][tid]);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) l += m_s[w][tid] == -INFINITY ? 0.f : fast_exp2(m_s[w][tid] - mm) * l_s[w][tid];
+    for (int w = 0; w < kKeyWarps; ++w)
+      l += m_s[w][tid] == -INFINITY ? 0.f : fast_exp2(m_s[w][tid] - mm) * l_s[w][tid];
     inv_l_s[tid] = l > 0.f ? 1.f / l : 0.f;
     lse_s[tid] = l > 0.f ? mm + log2f(l) : -INFINITY;
   }
@@ -335,37 +351,69 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
     for (int e = tid; e < RB * 16; e += kThreads) {
       float v = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) v += lacc[(w * kRows + e / 16) * 16 + e % 16];
+      for (int w = 0; w < kKeyWarps; ++w) v += lacc[(w * kRows + e / 16) * 16 + e % 16];
       olr_s[e / 16][e % 16] = v * p.v_lr.scale;
     }
     __syncthreads();
   }
 
   // Thread per (row, dimension) of the RB real rows: sum the warps, add the LR expansion (the
-  // row's agent's B_v in agents mode), normalise.
+  // row's agent's B_v in agents mode), normalise. A thread's elements go in batches of kEB whose
+  // B_v rows are all loaded before any is used: one L2 round trip per batch instead of one per
+  // element (which cost the 8-agent Flash-LoRA decode, 16 elements a thread, more than its
+  // K/V reads).
   const bool split_out = x.n_splits > 1;
   const int64_t split_stride = static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;  // between splits' partials
-  for (int e = tid; e < RB * D; e += kThreads) {
-    const int r = e / D, d = e % D;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += oacc[(w * kRows + r) * DP + d];
+  constexpr int kEB = 4;
+  for (int e0 = tid; e0 < RB * D; e0 += kEB * kThreads) {
+    uint32_t bw[kEB][8];  // B_v row of each element as bf16 pairs (ranks 0..15; zero past the rank)
     if constexpr (R > 0) {
       const int rank = p.v_lr.rank;
-      const int64_t agent = p.agents ? r / G : 0;
-      const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
-      const bf16* brow = b + (static_cast<int64_t>(g) * D + d) * rank;
-      for (int k = 0; k < rank; ++k) v += olr_s[r][k] * __bfloat162float(brow[k]);
+#pragma unroll
+      for (int i = 0; i < kEB; ++i) {
+        const int e = e0 + i * kThreads, r = e / D, d = e % D;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) bw[i][k] = 0u;
+        if (e >= RB * D) continue;
+        const int64_t agent = p.agents ? r / G : 0;
+        const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
+        const bf16* brow = b + (static_cast<int64_t>(g) * D + d) * rank;
+        if (rank == 16 && reinterpret_cast<uintptr_t>(brow) % 16 == 0) {
+          const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(brow));
+          const uint4 w1 = __ldg(reinterpret_cast<const uint4*>(brow) + 1);
+          bw[i][0] = w0.x, bw[i][1] = w0.y, bw[i][2] = w0.z, bw[i][3] = w0.w;
+          bw[i][4] = w1.x, bw[i][5] = w1.y, bw[i][6] = w1.z, bw[i][7] = w1.w;
+        } else {  // B rows start 4-byte aligned (b is, and rank % 4 == 0): bf16 pairs
+#pragma unroll
+          for (int k = 0; k < 8; ++k)
+            if (2 * k < rank) bw[i][k] = __ldg(reinterpret_cast<const unsigned int*>(brow) + k);
+        }
+      }
     }
-    const float out = v * inv_l_s[r];
-    if (split_out) {
-      const int64_t prow = split * split_stride + part_row(r);
-      x.part_o[prow * D + d] = out;
-      if (d == 0) x.part_lse[prow] = lse_s[r];
-    } else {
-      const int64_t off = out_row(r) * D + d;
-      if (p.out) p.out[off] = __float2bfloat16(out);
-      if (p.out_f32) p.out_f32[off] = out;
+#pragma unroll
+    for (int i = 0; i < kEB; ++i) {
+      const int e = e0 + i * kThreads, r = e / D, d = e % D;
+      if (e >= RB * D) break;
+      float v = 0.f;
+#pragma unroll
+      for (int w = 0; w < kKeyWarps; ++w) v += oacc[(w * kRows + r) * DP + d];
+      if constexpr (R > 0) {
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bw[i][k]));
+          v = fmaf(olr_s[r][2 * k], f.x, fmaf(olr_s[r][2 * k + 1], f.y, v));
+        }
+      }
+      const float out = v * inv_l_s[r];
+      if (split_out) {
+        const int64_t prow = split * split_stride + part_row(r);
+        x.part_o[prow * D + d] = out;
+        if (d == 0) x.part_lse[prow] = lse_s[r];
+      } else {
+        const int64_t off = out_row(r) * D + d;
+        if (p.out) p.out[off] = __float2bfloat16(out);
+        if (p.out_f32) p.out_f32[off] = out;
+      }
     }
   }
   if (!split_out) return;
@@ -384,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_v4_decode_kernel(const AttnP
   // Every row at once (a row at a time was four serial chains of L2 round trips): the weights
   // 2^(lse - max) / Σ of all (split, row) pairs in shared memory, a warp per row; then one
   // thread per 4 dimensions of a row sums the splits with 16-byte loads.
-  float* const wts = reinterpret_cast<float*>(sm + L::kK);  // [n_splits, RB]
+  float* const wts = reinterpret_cast<float*>(sm);  // [n_splits, RB]
   for (int e = tid; e < x.n_splits * RB; e += kThreads)
     wts[e] = __ldcg(x.part_lse + (e / RB) * split_stride + part_row(e % RB));
   __syncthreads();
@@ -438,10 +486,12 @@ double split_waves() {
   return w;
 }
 
+// Query rows of one (sequence, kv head): the agents' heads, or the G heads of one decode query.
+int v4_rows(const AttnParams& p) { return (p.agents ? p.max_q : 1) * (p.n_heads / p.n_kv_heads); }
+
 bool use_v4(const AttnParams& p) {
-  const int G = p.n_heads / p.n_kv_heads;
-  return !p.k_lr.active() && (!p.v_lr.active() || p.v_lr.rank <= 16) &&
-         (p.agents ? p.max_q * G <= kRows : p.max_q == 1) && G <= kRows && p.split_counters != nullptr &&
+  return !p.k_lr.active() && (!p.v_lr.active() || p.v_lr.rank <= 16) && (p.agents || p.max_q == 1) &&
+         v4_rows(p) <= kMaxRowTiles * kTileRows && p.split_counters != nullptr &&
          p.split_counters_capacity >= static_cast<int64_t>(p.n_seqs) * p.n_kv_heads &&
          // the merge's 16-byte loads and stores
          reinterpret_cast<uintptr_t>(p.out_f32) % 16 == 0 && reinterpret_cast<uintptr_t>(p.out) % 8 == 0 &&
@@ -466,16 +516,21 @@ int choose_splits(const AttnParams& p) {
   return (tiles + tps - 1) / tps;
 }
 
-template <int D, int R>
-cudaError_t launch(const AttnParams& p, const V4Launch& x) {
-  using L = Smem<D, R>;
+template <int D, int R, int MT>
+cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
+  using L = Smem<D, R, MT>;
   static const bool configured = [] {
-    return cudaFuncSetAttribute(attn_v4_decode_kernel<D, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    return cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(L::bytes)) == cudaSuccess;
   }();
   if (!configured) return cudaErrorInvalidConfiguration;
   const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
-  return launch_pdl(attn_v4_decode_kernel<D, R>, grid, dim3(kThreads), L::bytes, p.stream, p, x);
+  return launch_pdl(attn_v4_decode_kernel<D, R, MT>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
+}
+
+template <int D, int R>
+cudaError_t launch(const AttnParams& p, const V4Launch& x) {
+  return v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
 }
 
 }  // namespace
