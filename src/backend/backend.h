@@ -88,6 +88,9 @@ struct GraphStats {
   int64_t capture_failures = 0;
   // Attention launches that served several sequences at once (attention_batch), and those sequences.
   int64_t batched_attention = 0, batched_attention_seqs = 0;
+  // Prefill attentions whose K-side LoRA term was materialised (K_full written once, then plain
+  // attention) instead of rebuilt per tile inside the kernel.
+  int64_t materialized_k = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

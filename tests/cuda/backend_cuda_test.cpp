@@ -376,7 +376,9 @@ TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
 
 // Paged attention through the Backend interface: caches written with store_rows into pools of
 // each backend, every combination of the LR terms, head dims that take the tuned kernels (64,
-// 128 with bf16) and the generic one (8, 32), page sizes 1 and 16, GQA 1 and 4.
+// 128 with bf16) and the generic one (8, 32), page sizes 1 and 16, GQA 1, 4 and 8. Prefill chunks
+// of >= 1024 query rows (n_q x G) with a K term take it materialised in bf16 (GraphStats::
+// materialized_k counts them; ranks 4, 8, 16, with and without the V term): those must match too.
 TEST_P(CudaOps, AttentionMatchesCpu) {
   const DType dt = GetParam();
   struct Case { int hd, heads, kv_heads, n_ctx, n_q, page, rank; bool k_lr, v_lr; };
@@ -385,8 +387,11 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
       {64, 8, 2, 97, 17, 16, 16, false, true},  {128, 8, 2, 4097, 1, 16, 16, false, true},
       {128, 4, 1, 300, 97, 16, 16, true, true}, {128, 4, 4, 1, 1, 1, 0, false, false},
       {64, 16, 2, 1000, 128, 16, 64, false, false},
+      {128, 8, 2, 2000, 300, 16, 16, true, true},  {128, 8, 2, 1500, 256, 1, 8, true, false},
+      {64, 16, 2, 1100, 128, 16, 4, true, true},
   };
   for (const Case& c : cases) {
+    const int64_t materialized_before = gpu->graph_stats().materialized_k;
     const int64_t width = static_cast<int64_t>(c.kv_heads) * c.hd;
     const int64_t blocks = (c.n_ctx + c.page - 1) / c.page;
     Tensor kh = random_host({c.n_ctx, width}, 11), vh = random_host({c.n_ctx, width}, 12);
@@ -419,7 +424,9 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
           ASSERT_TRUE(id.ok()) << id.error().message;
           ids.push_back(*id);
         }
-        for (int64_t b = 0; b < blocks; ++b) tables[i].push_back(ids[static_cast<size_t>((b * 5 + 3) % blocks)]);
+        // A seeded shuffle (a stride permutation such as (5b + 3) mod n repeats ids when 5 divides n).
+        std::shuffle(ids.begin(), ids.end(), std::mt19937(static_cast<uint32_t>(7 + i)));
+        tables[i] = std::move(ids);
       }
       struct Release {
         BlockPool** pools;
@@ -463,6 +470,10 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
     EXPECT_LE(e, dt == DType::kF32 ? 1e-5 : 1e-2)
         << "hd " << c.hd << " heads " << c.heads << "/" << c.kv_heads << " ctx " << c.n_ctx << " q " << c.n_q
         << " page " << c.page << " rank " << c.rank << (c.k_lr ? " K-LoRA" : "") << (c.v_lr ? " V-LoRA" : "");
+    const bool materializes = dt == DType::kBF16 && c.k_lr && (c.hd == 64 || c.hd == 128) &&
+                              static_cast<int64_t>(c.n_q) * (c.heads / c.kv_heads) >= 1024;
+    EXPECT_EQ(gpu->graph_stats().materialized_k - materialized_before, materializes ? 1 : 0)
+        << "hd " << c.hd << " ctx " << c.n_ctx << " q " << c.n_q << ": K materialised or not as expected";
     std::printf("  attention %s hd=%d heads=%d/%d ctx=%d q=%d page=%d rank=%d k_lr=%d v_lr=%d rel_l2=%.2e\n",
                 dtype_name(dt), c.hd, c.heads, c.kv_heads, c.n_ctx, c.n_q, c.page, c.rank, c.k_lr, c.v_lr, e);
   }

@@ -166,6 +166,83 @@ __global__ void __launch_bounds__(kMatThreads) materialize_v_kernel(const AttnPa
   }
 }
 
+// K_full = K_base + RoPE(s·LRk·B_k^T) into a dense buffer: a block covers `tpb` tokens and
+// blockDim.x of the row's n_kv·D/2 rotation pairs (blockIdx.y: which ones), a thread one pair
+// (g·D + i, g·D + i + D/2) of every token, with that pair's two B_k rows (s folded in, zero past
+// the rank) in registers; the tokens' LRk rows are staged in shared memory.
+constexpr int kMatKTokens = 64;
+__global__ void materialize_k_kernel(const AttnParams p, bf16* k_full, bf16* v_dense, int tpb) {
+  constexpr int R = kMaterializeKMaxRank;
+  const int t0 = blockIdx.x * tpb;
+  const int ctx = p.ctx_len[0];
+  if (t0 >= ctx) return;
+  const int n = min(tpb, ctx - t0);
+  const int D = p.head_dim, half = D / 2, rank = p.k_lr.rank;
+  const int64_t width = static_cast<int64_t>(p.n_kv_heads) * D;
+  const int kshift = detail::ilog2(p.k.page_size), lshift = detail::ilog2(p.k_lr.lr.page_size);
+  __shared__ float lr_s[kMatKTokens][R];  // [token][rank], zero past the rank
+  __shared__ int64_t koff_s[kMatKTokens], voff_s[kMatKTokens];
+  for (int e = threadIdx.x; e < n * R; e += blockDim.x) {
+    const int t = e / R, r = e % R;
+    lr_s[t][r] = r < rank ? __bfloat162float(p.k_lr.lr.data[detail::paged_offset(p.k_lr.lr, 0, t0 + t, lshift) + r])
+                          : 0.f;
+  }
+  const int vshift = detail::ilog2(p.v.page_size);
+  for (int t = threadIdx.x; t < n; t += blockDim.x) {
+    koff_s[t] = detail::paged_offset(p.k, 0, t0 + t, kshift);
+    voff_s[t] = detail::paged_offset(p.v, 0, t0 + t, vshift);
+  }
+  const int pair = blockIdx.y * blockDim.x + threadIdx.x;
+  const int g = pair / half, i = pair % half;
+  const int64_t ca = static_cast<int64_t>(g) * D + i, cb = ca + half;  // the pair's columns
+  float ba[R], bb[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    ba[r] = r < rank ? p.k_lr.scale * __bfloat162float(p.k_lr.b[ca * rank + r]) : 0.f;
+    bb[r] = r < rank ? p.k_lr.scale * __bfloat162float(p.k_lr.b[cb * rank + r]) : 0.f;
+  }
+  const float freq = p.inv_freq[i];
+  __syncthreads();
+  // kBatch tokens at a time, their K_base values loaded before any is used: one DRAM round trip
+  // per batch instead of one per token (the stores between would keep the loads in order).
+  constexpr int kBatch = 8;
+  for (int tb = 0; tb < n; tb += kBatch) {
+    float ka[kBatch], kc[kBatch];
+    bf16 va[kBatch], vc[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int t = min(tb + u, n - 1);
+      ka[u] = __bfloat162float(__ldg(p.k.data + koff_s[t] + ca));
+      kc[u] = __bfloat162float(__ldg(p.k.data + koff_s[t] + cb));
+      if (v_dense) {
+        va[u] = __ldg(p.v.data + voff_s[t] + ca);
+        vc[u] = __ldg(p.v.data + voff_s[t] + cb);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int t = tb + u;
+      if (t >= n) break;
+      float da = 0.f, db = 0.f;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        da = fmaf(lr_s[t][r], ba[r], da);
+        db = fmaf(lr_s[t][r], bb[r], db);
+      }
+      float sn, cs;
+      sincosf(static_cast<float>(t0 + t) * freq, &sn, &cs);  // the RoPE ops' expression
+      bf16* out = k_full + static_cast<int64_t>(t0 + t) * width;
+      out[ca] = __float2bfloat16(ka[u] + (da * cs - db * sn));
+      out[cb] = __float2bfloat16(kc[u] + (db * cs + da * sn));
+      if (v_dense) {
+        bf16* vo = v_dense + static_cast<int64_t>(t0 + t) * width;
+        vo[ca] = va[u];
+        vo[cb] = vc[u];
+      }
+    }
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -256,6 +333,26 @@ cudaError_t materialize_v(const AttnParams& p, bf16* v_full) {
   }
   const dim3 grid((p.max_ctx + kMatTokens - 1) / kMatTokens, p.n_seqs);
   materialize_v_kernel<<<grid, kMatThreads, 0, p.stream>>>(p, v_full);
+  return cudaGetLastError();
+}
+
+bool materialize_k_applies(const AttnParams& p) {
+  const int pairs = p.n_kv_heads * p.head_dim / 2;
+  return params_ok(p) && p.k_lr.active() && p.k_lr.rank <= kMaterializeKMaxRank && p.n_seqs == 1 && p.inv_freq &&
+         (pairs <= 256 || (pairs % 256 == 0 && pairs <= 1024));
+}
+
+cudaError_t materialize_k(const AttnParams& p, bf16* k_full, bf16* v_dense) {
+  if (!materialize_k_applies(p) || !k_full) return cudaErrorInvalidValue;
+  // Blocks of at most 256 pairs (two resident per SM at the kernel's registers), about eight
+  // blocks per SM over the context, 4..kMatKTokens tokens each.
+  const int threads = p.n_kv_heads * p.head_dim / 2;
+  const int per_block = threads <= 256 ? threads : 256;
+  const int col_blocks = threads / per_block;
+  const int64_t want = std::max<int64_t>(1, 8 * static_cast<int64_t>(sm_count()) / col_blocks);
+  const int tpb = static_cast<int>(std::clamp<int64_t>((p.max_ctx + want - 1) / want, 4, kMatKTokens));
+  const dim3 grid((p.max_ctx + tpb - 1) / tpb, col_blocks);
+  materialize_k_kernel<<<grid, per_block, 0, p.stream>>>(p, k_full, v_dense, tpb);
   return cudaGetLastError();
 }
 

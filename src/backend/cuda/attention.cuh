@@ -153,4 +153,19 @@ AttnPlan attention_plan(const AttnParams& p, AttnKernel kernel = AttnKernel::kV6
 // table, page size and row stride). Adapter 0 only (not agents mode).
 cudaError_t materialize_v(const AttnParams& p, bf16* v_full);
 
+// The K side's materialisation, used for prefill chunks (where the per-tile rebuild of the fused
+// K term costs more than the chunk's attention; docs/cuda.md): writes
+//   k_full[t, g·D + c] = K_base[t, g·D + c] + RoPE_t(s_k·LRk_t·B_k^T)[g·D + c]
+// for tokens t < ctx_len[0] of the one sequence (n_seqs == 1) into the dense, row-major
+// [max_ctx, n_kv_heads·head_dim] buffer k_full (bf16), rotating pairs (c, c + D/2) by t·inv_freq.
+// v_dense (optional, same shape): V's rows copied alongside, so that the attention after it finds
+// K and V under one block table (the prefill kernels address both with one lookup then; a dense K
+// beside a paged V ran the Flash-LoRA V kernel 1.6x slower on an H200).
+// Needs what materialize_k_applies() checks: an active K term of rank <= kMaterializeKMaxRank,
+// one sequence, inv_freq, and n_kv_heads·head_dim / 2 rotation pairs of at most 256, or a
+// multiple of 256 up to 1024.
+constexpr int kMaterializeKMaxRank = 16;
+bool materialize_k_applies(const AttnParams& p);
+cudaError_t materialize_k(const AttnParams& p, bf16* k_full, bf16* v_dense = nullptr);
+
 }  // namespace lragent::cuda

@@ -37,6 +37,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   be->attn_kernel_ = prefill_kernel;
   if (const char* b = std::getenv("LRAGENT_CUDA_BATCH_ATTENTION"); b && std::string(b) == "0")
     be->batch_attention_ = false;  // one launch per sequence, as before attention_batch (measuring)
+  if (const char* m = std::getenv("LRAGENT_CUDA_MATERIALIZE_K"); m && std::string(m) == "0")
+    be->materialize_k_ = false;  // prefill rebuilds K per tile in the kernel, as before (measuring)
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_MAX_ROWS"); g && *g)
     be->graph_max_rows_ = std::max<int64_t>(std::atoll(g), 0);
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
@@ -105,9 +107,10 @@ CudaBackend::~CudaBackend() {
     const lc::TapeStats& t = tape_->stats();
     fmt::print(stderr,
                "CUDA graphs: {} recorded passes: {} replayed, {} captured, {} updated, {} eager, {} capture "
-               "failures; {:.1f} ms building graphs; {} attention launches served {} sequences at once\n",
+               "failures; {:.1f} ms building graphs; {} attention launches served {} sequences at once; {} "
+               "prefill attentions materialised K\n",
                t.passes, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms, batched_attn_,
-               batched_attn_seqs_);
+               batched_attn_seqs_, materialized_k_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
     double total = 0;

@@ -110,7 +110,7 @@ class CudaBackend final : public Backend {
     const lc::TapeStats& t = tape_->stats();
     return {t.passes,     t.replayed,         t.captured,          t.eager,
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
-            batched_attn_, batched_attn_seqs_};
+            batched_attn_, batched_attn_seqs_, materialized_k_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -174,6 +174,7 @@ class CudaBackend final : public Backend {
   // Launches jobs in launches of up to lc::kMaxStoreJobs.
   void launch_stores(std::span<const lc::StoreJobDev> jobs);
   bool batch_attention_ = true;             // attention_batch's shared launches (LRAGENT_CUDA_BATCH_ATTENTION=0: off)
+  bool materialize_k_ = true;               // prefill's K-side LoRA term materialised (LRAGENT_CUDA_MATERIALIZE_K=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
   // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
   void read_ids(const int32_t* ids, int64_t rows, int32_t* out);
@@ -303,6 +304,9 @@ class CudaBackend final : public Backend {
   lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens, const int32_t* table = nullptr);
 
   void run_fast_attention(const AttentionParams& p);
+  // A prefill chunk's K-side LoRA term, materialised: K_full into a dense scratch buffer, `a`
+  // then reading it as its K with no K term (see the .cpp). Leaves `a` alone where it does not apply.
+  void materialize_k_full(const AttentionParams& p, lc::AttnParams& a);
   // q [elems] f32 as bf16 for the tuned kernels: the bf16 copy rope_pair made when it covers q
   // (q_shadow_), else converted into scratch.
   const lc::bf16* q_bf16(const float* q, int64_t elems);
@@ -365,6 +369,9 @@ class CudaBackend final : public Backend {
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
   int64_t host_picks_ = 0;         // GraphStats::host_picks
   int64_t batched_attn_ = 0, batched_attn_seqs_ = 0;  // GraphStats::batched_attention(_seqs)
+  int64_t materialized_k_ = 0;                        // GraphStats::materialized_k
+  // Identity block table [pages] (0, 1, 2, ...) of the dense K_full buffer (materialise_k_full).
+  std::vector<int32_t> dense_table_;
   // Decode lookahead (sample_rows_deferred): the latest deferred picks on the device (a fixed
   // buffer, so recorded passes bake its address in), the pinned slots they come back to and an
   // event per slot; the queue of passes whose picks are not taken.
