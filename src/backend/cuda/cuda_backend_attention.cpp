@@ -212,7 +212,8 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   a.stream = stream_;
   a.split_counters = split_counters_;
   a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
-  if (a.k_lr.active()) materialize_k_full(p, a);  // a complete AttnParams: its checks apply
+  // A complete AttnParams first: materialize_k_applies checks it as attention() would.
+  void* const kv_copy = a.k_lr.active() ? materialize_k_full(p, a) : nullptr;
   // Workspace for the split count the kernel will pick (a prefill chunk runs unsplit; sizing
   // for the maximum splits x queries would ask for gigabytes).
   const lc::AttnKernel kernel = attn_kernel_;
@@ -233,6 +234,7 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
   a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
   launch("attention", [a, kernel] { return lc::attention(a, kernel); });
+  free_async(kv_copy);  // after the attention, in stream order
 }
 
 // Query rows (n_q x G) from which a prefill chunk materialises its K-side LoRA term. The fused
@@ -243,18 +245,22 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
 // over the context is the whole cost.
 constexpr int64_t kMaterializeKRows = 1024;
 
-void CudaBackend::materialize_k_full(const AttentionParams& p, lc::AttnParams& a) {
+void* CudaBackend::materialize_k_full(const AttentionParams& p, lc::AttnParams& a) {
   const int64_t rows = static_cast<int64_t>(p.n_q) * (p.n_heads / p.n_kv_heads);
   const int64_t width = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
-  if (!materialize_k_ || rows < kMaterializeKRows || !lc::materialize_k_applies(a)) return;
+  if (!materialize_k_ || rows < kMaterializeKRows || !lc::materialize_k_applies(a)) return nullptr;
   // K_full and a copy of V, each [pages * kPage, width] bf16, token t at row t: both read through
   // one identity block table (the prefill kernels then address K and V with one lookup; a dense
   // K beside the paged V ran 1.6x slower).
   constexpr int kPage = 16;
   const int64_t pages = (static_cast<int64_t>(a.max_ctx) + kPage - 1) / kPage;
   const int64_t elems = pages * kPage * width;
-  auto* kfull = static_cast<lc::bf16*>(try_scratch(6, static_cast<size_t>(elems) * 4));
-  if (!kfull) return;  // no device memory for it: the kernel rebuilds K per tile instead
+  // Allocated per chunk and freed after its attention (stream-ordered), not kept as scratch: at
+  // long contexts it is hundreds of MB that later allocations may need.
+  const bool recording = tape_->recording();
+  const size_t bytes = static_cast<size_t>(elems) * 4;
+  auto* kfull = static_cast<lc::bf16*>(recording ? pass_alloc(bytes) : raw_alloc(bytes));
+  if (!kfull) return nullptr;  // no device memory for it: the kernel rebuilds K per tile instead
   lc::bf16* vdense = kfull + elems;
   if (static_cast<int64_t>(dense_table_.size()) < pages) {
     const size_t from = dense_table_.size();
@@ -277,6 +283,7 @@ void CudaBackend::materialize_k_full(const AttentionParams& p, lc::AttnParams& a
   a.v.data = vdense;
   a.k_lr = lc::DevLowRank{};
   ++materialized_k_;
+  return recording ? nullptr : kfull;
 }
 
 void CudaBackend::attention_batch(std::span<const AttentionParams> ps) {

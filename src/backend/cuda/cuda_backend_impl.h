@@ -304,9 +304,11 @@ class CudaBackend final : public Backend {
   lc::DevPagedView dev_view(const PagedView& v, int64_t n_tokens, const int32_t* table = nullptr);
 
   void run_fast_attention(const AttentionParams& p);
-  // A prefill chunk's K-side LoRA term, materialised: K_full into a dense scratch buffer, `a`
-  // then reading it as its K with no K term (see the .cpp). Leaves `a` alone where it does not apply.
-  void materialize_k_full(const AttentionParams& p, lc::AttnParams& a);
+  // A prefill chunk's K-side LoRA term, materialised: K_full (and V's copy) into a dense buffer,
+  // `a` then reading them with no K term (see the .cpp). Leaves `a` alone where it does not apply.
+  // Returns the buffer when the caller frees it after the attention's launch (eager passes; a
+  // recorded pass's comes from its arena), else null.
+  void* materialize_k_full(const AttentionParams& p, lc::AttnParams& a);
   // q [elems] f32 as bf16 for the tuned kernels: the bf16 copy rope_pair made when it covers q
   // (q_shadow_), else converted into scratch.
   const lc::bf16* q_bf16(const float* q, int64_t elems);
