@@ -356,23 +356,44 @@ int main(int argc, char** argv) {
     } variants[] = {{"plain", false, false}, {"flash_lora_v_r16", true, false}, {"flash_lora_kv_r16", true, true}};
     // The default kernel's variants and materialise-then-attend, interleaved: their ratios are
     // the acceptance figures.
-    auto materialise_then_attend = [&](int rep) {
-      lc::AttnParams p = params(rep, true, false);
+    // Materialise-then-attend on given params: V_full to HBM, then plain attention over it.
+    auto materialise_v = [&](lc::AttnParams p) {
       CK(lc::materialize_v(p, P.vfull));
       p.v.data = P.vfull;
       p.v_lr = lc::DevLowRank{};
       CK(lc::attention(p));
     };
     // The K side materialised (what the CUDA backend runs for a prefill chunk of >= 1024 query
-    // rows with a K term): K_full = K_base + RoPE(s·LRk·B_k^T) written densely, then the
-    // Flash-LoRA V kernel with no K term over it.
-    auto materialise_k_then_attend = [&](int rep) {
-      lc::AttnParams p = params(rep, true, true);
-      CK(lc::materialize_k(p, P.kfull, P.vdense));
+    // rows with a K term): K_full = K_base + RoPE(s·LRk·B_k^T) and V's dense copy under one
+    // identity table, then the Flash-LoRA V kernel with no K term over them.
+    auto dense_kv = [&](lc::AttnParams p) {
       p.k = view(P.kfull, P.dense_table, 0, kWidth);
       p.v = view(P.vdense, P.dense_table, 0, kWidth);
       p.k_lr = lc::DevLowRank{};
-      CK(lc::attention(p));
+      return p;
+    };
+    auto materialise_k = [&](const lc::AttnParams& p) {
+      CK(lc::materialize_k(p, P.kfull, P.vdense));
+      CK(lc::attention(dense_kv(p)));
+    };
+    auto materialise_then_attend = [&](int rep) { materialise_v(params(rep, true, false)); };
+    auto materialise_k_then_attend = [&](int rep) { materialise_k(params(rep, true, true)); };
+    // Consistency at full size, same inputs: the fused kernel into out, `materialised` into
+    // out2; their relative L2 as a check row.
+    auto check_same = [&](const char* name, const char* label, const lc::AttnParams& fused,
+                          const std::function<void(lc::AttnParams)>& materialised) {
+      CK(lc::attention(fused));
+      lc::AttnParams p = fused;
+      p.out = out2;
+      materialised(p);
+      CK(cudaDeviceSynchronize());
+      Result c;
+      c.group = "check";
+      c.name = name;
+      c.ctx = ctx;
+      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(n_q) * kHeads * kD));
+      std::printf("check    %s ctx=%d rel_l2=%s\n", label, ctx, c.note.c_str());
+      results.push_back(c);
     };
     std::vector<std::function<void(int)>> fns;
     for (const auto& var : variants)
@@ -404,61 +425,28 @@ int main(int argc, char** argv) {
         report(r2);
       }
     }
-    {  // materialise-then-attend: V_full to HBM, then plain attention over it
+    // A prefill row of this context (the chunk's FLOPs; bytes as each variant moves them).
+    auto prefill_row = [&](const char* name, const Stats& t, double bytes) {
       Result r;
       r.group = "prefill";
-      r.name = "materialise_then_attend_r16";
+      r.name = name;
       r.ctx = ctx;
       r.n_q = n_q;
       r.seqs = 1;
-      r.t = st[std::size(variants)];
+      r.t = t;
       r.flops = flops;
-      r.bytes = kv_bytes + lr_bytes + 2.0 * ctx * kWidth * 2;
-      report(r);
-      // Consistency at full size: FLA vs materialise (same inputs).
-      lc::AttnParams p = params(0, true, false);
-      CK(lc::attention(p));
-      p.out = out2;
-      CK(lc::materialize_v(p, P.vfull));
-      p.v.data = P.vfull;
-      p.v_lr = lc::DevLowRank{};
-      CK(lc::attention(p));
-      CK(cudaDeviceSynchronize());
-      Result c;
-      c.group = "check";
-      c.name = "fla_vs_materialise_rel_l2";
-      c.ctx = ctx;
-      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(n_q) * kHeads * kD));
-      std::printf("check    fla vs materialise ctx=%d rel_l2=%s\n", ctx, c.note.c_str());
-      results.push_back(c);
-    }
+      r.bytes = bytes;
+      return r;
+    };
+    // materialise-then-attend: V_full to HBM, then plain attention over it
+    report(prefill_row("materialise_then_attend_r16", st[std::size(variants)],
+                       kv_bytes + lr_bytes + 2.0 * ctx * kWidth * 2));
+    check_same("fla_vs_materialise_rel_l2", "fla vs materialise", params(0, true, false), materialise_v);
     {  // K materialised, then Flash-LoRA V: against the fused FLA+K kernel on the same inputs
-      Result r;
-      r.group = "prefill";
-      r.name = "materialise_k_flash_lora_kv_r16";
-      r.ctx = ctx;
-      r.n_q = n_q;
-      r.seqs = 1;
-      r.t = st[std::size(variants) + 1];
-      r.flops = flops;
-      r.bytes = kv_bytes + 2 * lr_bytes + 2.0 * ctx * kWidth * 2;
+      const Result r = prefill_row("materialise_k_flash_lora_kv_r16", st[std::size(variants) + 1],
+                                   kv_bytes + 2 * lr_bytes + 2.0 * ctx * kWidth * 2);
       report(r);
-      lc::AttnParams p = params(0, true, true);
-      CK(lc::attention(p));
-      p.out = out2;
-      CK(lc::materialize_k(p, P.kfull, P.vdense));
-      p.k = view(P.kfull, P.dense_table, 0, kWidth);
-      p.v = view(P.vdense, P.dense_table, 0, kWidth);
-      p.k_lr = lc::DevLowRank{};
-      CK(lc::attention(p));
-      CK(cudaDeviceSynchronize());
-      Result c;
-      c.group = "check";
-      c.name = "fla_kv_vs_materialise_k_rel_l2";
-      c.ctx = ctx;
-      c.note = std::to_string(rel_l2(out, out2, static_cast<size_t>(n_q) * kHeads * kD));
-      std::printf("check    fla+k vs materialise k ctx=%d rel_l2=%s\n", ctx, c.note.c_str());
-      results.push_back(c);
+      check_same("fla_kv_vs_materialise_k_rel_l2", "fla+k vs materialise k", params(0, true, true), materialise_k);
       // Its two parts apart: the materialisation (K_full and V's dense copy) alone, and the
       // attention over them.
       Result a1 = r, a2 = r;
@@ -469,13 +457,7 @@ int main(int argc, char** argv) {
       a1.bytes = 4.0 * ctx * kWidth * 2 + lr_bytes;
       report(a1);
       a2.name = "part_attend_dense_kv_fla_v";
-      a2.t = time_it([&](int rep) {
-        lc::AttnParams q = params(rep, true, true);
-        q.k = view(P.kfull, P.dense_table, 0, kWidth);
-        q.v = view(P.vdense, P.dense_table, 0, kWidth);
-        q.k_lr = lc::DevLowRank{};
-        CK(lc::attention(q));
-      }, warmup, reps);
+      a2.t = time_it([&](int rep) { CK(lc::attention(dense_kv(params(rep, true, true)))); }, warmup, reps);
       report(a2);
     }
     CK(cudaFree(d_ctx));
