@@ -214,16 +214,23 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
   // A complete AttnParams first: materialize_k_applies checks it as attention() would.
   void* const kv_copy = a.k_lr.active() ? materialize_k_full(p, a) : nullptr;
-  // Workspace for the split count the kernel will pick (a prefill chunk runs unsplit; sizing
-  // for the maximum splits x queries would ask for gigabytes).
   const lc::AttnKernel kernel = attn_kernel_;
+  set_attn_workspace(a, kernel);
+  if (tape_->recording()) {
+    rec("attention");
+    sig_of(*tape_, a);
+  }
+  launch("attention", [a, kernel] { return lc::attention(a, kernel); });
+  free_async(kv_copy);  // after the attention, in stream order (null when recording)
+}
+
+void CudaBackend::set_attn_workspace(lc::AttnParams& a, lc::AttnKernel kernel) {
+  // Sized for the split count the kernel will pick (a prefill chunk runs unsplit; sizing for the
+  // maximum splits x queries would ask for gigabytes).
   const size_t ws = lc::attention_plan(a, kernel).workspace_bytes;
   if (tape_->recording()) {
     a.workspace = ws > 0 ? pass_alloc(ws) : nullptr;
     a.workspace_bytes = a.workspace ? ws : 0;
-    rec("attention");
-    sig_of(*tape_, a);
-    launch("attention", [a, kernel] { return lc::attention(a, kernel); });
     return;
   }
   if (ws > attn_ws_bytes_) {
@@ -233,15 +240,13 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   }
   a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
   a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
-  launch("attention", [a, kernel] { return lc::attention(a, kernel); });
-  free_async(kv_copy);  // after the attention, in stream order
 }
 
 // Query rows (n_q x G) from which a prefill chunk materialises its K-side LoRA term. The fused
 // kernel rebuilds K_base + RoPE(s·LRk·B_k^T) for every key tile in every block of 128 rows, which
 // made a 1024-query chunk 2.3x the plain kernel's time (H200, 8B shapes; docs/cuda.md); written
-// once, K_full costs one pass over the context (read K_base and LRk, write K_full), then the plain
-// (or Flash-LoRA V) kernel reads it. Decode and short chunks keep the fused term: there one pass
+// once, K_full costs one pass over the context (read K_base, V and LRk; write K_full and V's dense
+// copy), then the plain (or Flash-LoRA V) kernel reads them. Decode and short chunks keep the fused term: there one pass
 // over the context is the whole cost.
 constexpr int64_t kMaterializeKRows = 1024;
 
@@ -268,7 +273,7 @@ void* CudaBackend::materialize_k_full(const AttentionParams& p, lc::AttnParams& 
     for (size_t i = from; i < dense_table_.size(); ++i) dense_table_[i] = static_cast<int32_t>(i);
   }
   const lc::AttnParams m = a;  // reads the paged K, the K term and inv_freq as `a` holds them
-  if (tape_->recording()) {
+  if (recording) {
     rec("materialize_k", kfull);
     sig_of(*tape_, m);
   }
@@ -345,19 +350,7 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
     a.v_lr.scale = p0.v_lr.scale;
   }
   const lc::AttnKernel kernel = attn_kernel_;
-  const size_t ws = lc::attention_plan(a, kernel).workspace_bytes;
-  if (tape_->recording()) {
-    a.workspace = ws > 0 ? pass_alloc(ws) : nullptr;
-    a.workspace_bytes = a.workspace ? ws : 0;
-  } else {
-    if (ws > attn_ws_bytes_) {
-      free_async(attn_workspace_);
-      attn_workspace_ = raw_alloc(ws);
-      attn_ws_bytes_ = attn_workspace_ ? ws : 0;
-    }
-    a.workspace = ws > 0 && attn_ws_bytes_ >= ws ? attn_workspace_ : nullptr;
-    a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
-  }
+  set_attn_workspace(a, kernel);
   if (!lc::attention_v4_applies(a)) return false;  // decided by the shapes, before anything is staged
 
   // Block tables [n, stride], each sequence's entries rebased onto the lowest data address of

@@ -309,6 +309,9 @@ class CudaBackend final : public Backend {
   // Returns the buffer when the caller frees it after the attention's launch (eager passes; a
   // recorded pass's comes from its arena), else null.
   void* materialize_k_full(const AttentionParams& p, lc::AttnParams& a);
+  // a.workspace for the split count `kernel` picks: the pass's arena when recording, else the
+  // backend's attention workspace, grown as needed (none when out of memory: the launch runs unsplit).
+  void set_attn_workspace(lc::AttnParams& a, lc::AttnKernel kernel);
   // q [elems] f32 as bf16 for the tuned kernels: the bf16 copy rope_pair made when it covers q
   // (q_shadow_), else converted into scratch.
   const lc::bf16* q_bf16(const float* q, int64_t elems);
@@ -372,7 +375,7 @@ class CudaBackend final : public Backend {
   int64_t host_picks_ = 0;         // GraphStats::host_picks
   int64_t batched_attn_ = 0, batched_attn_seqs_ = 0;  // GraphStats::batched_attention(_seqs)
   int64_t materialized_k_ = 0;                        // GraphStats::materialized_k
-  // Identity block table [pages] (0, 1, 2, ...) of the dense K_full buffer (materialise_k_full).
+  // Identity block table [pages] (0, 1, 2, ...) of the dense K_full and V copies (materialize_k_full).
   std::vector<int32_t> dense_table_;
   // Decode lookahead (sample_rows_deferred): the latest deferred picks on the device (a fixed
   // buffer, so recorded passes bake its address in), the pinned slots they come back to and an
