@@ -251,6 +251,32 @@ class Backend {
     matmul_group(x, outs);
     silu_mul(gate, up, gate);
   }
+  // RMSNorm folded into the products that read it: whether rms_norm_matmul_group and
+  // rms_norm_matmul_swiglu compute from h directly, never writing the normed rows, for passes of
+  // `rows` rows (the CUDA decode GEMVs do: an 8B decode step then runs no norm kernel). A model
+  // uses the two only when this holds; it then adds the residual inside the o and down
+  // projections (matmul's beta = 1) instead of add_rms_norm.
+  virtual bool folds_rms_norm(int64_t rows) const {
+    (void)rows;
+    return false;
+  }
+  // outs = (h / rms(h) · norm_w) · w^T (matmul_group of the normed rows). By default rms_norm into
+  // the scratch xn [rows, d], then matmul_group; xn's contents afterwards are unspecified.
+  virtual void rms_norm_matmul_group(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,
+                                     std::span<const MatmulOut> outs) {
+    rms_norm(h, norm_w, eps, xn);
+    if (outs.size() == 1)
+      matmul(xn, *outs[0].w, outs[0].bias, *outs[0].y);
+    else
+      matmul_group(xn, outs);
+  }
+  // matmul_swiglu of the normed rows of h (xn and up: scratch, as above).
+  virtual void rms_norm_matmul_swiglu(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,
+                                      const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
+                                      TensorView& up) {
+    rms_norm(h, norm_w, eps, xn);
+    matmul_swiglu(xn, w_gate, w_up, gate, up);
+  }
   // y += x (same shape)
   virtual void add(TensorView& y, const TensorView& x) = 0;
   // out[n, d] = table[ids[n], :] (table in any float dtype)

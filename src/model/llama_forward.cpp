@@ -162,7 +162,17 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool kv_only = kv_layers >= 0;
   const int n_layers = kv_only ? kv_layers : c.num_layers;
-  if (c.num_layers > 0) be_.rms_norm(h.view(), w_.layers[0].attn_norm, eps, xn.view());
+  // Decode-sized passes on a backend whose products fold RMSNorm in (folds_rms_norm): a layer
+  // without LoRA terms reads h through rms_norm_matmul_* and adds its o and down projections
+  // straight into h (beta = 1), so it runs no norm or residual-add kernel. Other layers norm into
+  // xn as before; xn_fresh says whether xn holds the norm the next projection reads.
+  const bool fold = be_.folds_rms_norm(n);
+  auto adapts_any = [&](int l) {
+    for (int t = 0; t < kNumLoraTargets; ++t)
+      if (adapts(l, static_cast<LoraTarget>(t))) return true;
+    return false;
+  };
+  bool xn_fresh = false;
   std::vector<AttentionParams> attn_ps;  // [batch] this layer's attention of every sequence
   attn_ps.reserve(batch.size());
   for (int l = 0; l < n_layers; ++l) {
@@ -172,6 +182,10 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     const bool entries_only = kv_only && l + 1 == n_layers;
     // h is the residual stream entering layer l; xn = attn_norm(h) (the previous layer's last op).
     if (hook_) hook_(hook_ctx_, l, h.view());
+
+    const bool fold_l = fold && !adapts_any(l);
+    if (!fold_l && !xn_fresh) be_.rms_norm(h.view(), lw.attn_norm, eps, xn.view());
+    xn_fresh = false;  // every path below overwrites xn or leaves it stale
 
     TensorView q2 = as2d(q, qw), kb2 = as2d(k_base, kvw);
     // Full K/V = base + LoRA delta, only when some binding stores full entries (the base modes
@@ -194,7 +208,13 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
           {LoraTarget::kQ, &q2, nullptr, nullptr, &q_lora},
           {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k},
           {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v}};
-      LRA_RETURN_IF_ERROR(project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_));
+      if (fold_l) {  // no adapter here: no LR rows, no q expands
+        lr_k.assign(segs.size(), TensorView{});
+        lr_v.assign(segs.size(), TensorView{});
+        be_.rms_norm_matmul_group(h.view(), lw.attn_norm, eps, xn.view(), qkv);
+      } else {
+        LRA_RETURN_IF_ERROR(project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_));
+      }
     }
 
     be_.rope_pair_lora(q.view(), k_base.view(), pos.data(), inv_freq_.data(), q_lora);
@@ -239,6 +259,13 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     if (entries_only) break;
     be_.attention_batch(attn_ps);
 
+    if (fold_l) {
+      // h += attn · W_o, then gate = silu(norm(h) · W_gate) * (norm(h) · W_up), h += gate · W_down.
+      be_.matmul(attn.view(), lw.wo, opt(lw.bo), h.view(), 1.f, 1.f);
+      be_.rms_norm_matmul_swiglu(h.view(), lw.mlp_norm, eps, xn.view(), lw.w_gate, lw.w_up, gate.view(), up.view());
+      be_.matmul(gate.view(), lw.w_down, nullptr, h.view(), 1.f, 1.f);
+      continue;
+    }
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
     {
       const Backend::MatmulOut o[] = {{&lw.wo, opt(lw.bo), &xn.view()}};
@@ -261,10 +288,13 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       const LoraTargetOut lora[] = {{LoraTarget::kDown, &xn.view()}};
       LRA_RETURN_IF_ERROR(project_with_lora(be_, l, gate.view(), down, lora, segs, lr_keep, stats_));
     }
-    if (l + 1 < c.num_layers)  // h += mlp; xn = the next layer's attn_norm(h)
+    if (l + 1 < c.num_layers && !(fold && !adapts_any(l + 1))) {
+      // h += mlp; xn = the next layer's attn_norm(h)
       be_.add_rms_norm(h.view(), xn.view(), w_.layers[static_cast<size_t>(l) + 1].attn_norm, eps, xn.view());
-    else
-      be_.add(h.view(), xn.view());
+      xn_fresh = true;
+    } else {
+      be_.add(h.view(), xn.view());  // the last layer, or the next one reads h through its products
+    }
   }
   if (kv_only) return Tensor();
   if (hook_) hook_(hook_ctx_, c.num_layers, h.view());
@@ -279,9 +309,15 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   Tensor seln = be_.alloc(DType::kF32, {n_out, hid});              // [n_out, hidden]
   Tensor logits = be_.alloc(DType::kF32, {n_out, c.vocab_size});  // [n_out, vocab]
   if (!sel.view().data || !seln.view().data || !logits.view().data) return out_of_memory();
-  be_.gather_rows(h.view(), out_rows.data(), n_out, sel.view());
-  be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
-  be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
+  if (fold && n_out == n) {
+    // Every row's logits (a decode step): no gather, and the final norm folded into lm_head.
+    const Backend::MatmulOut head[] = {{&w_.lm_head, nullptr, &logits.view()}};
+    be_.rms_norm_matmul_group(h.view(), w_.final_norm, eps, seln.view(), head);
+  } else {
+    be_.gather_rows(h.view(), out_rows.data(), n_out, sel.view());
+    be_.rms_norm(sel.view(), w_.final_norm, eps, seln.view());
+    be_.matmul(seln.view(), w_.lm_head, nullptr, logits.view());
+  }
   if (picks && deferred) {
     if (rows.empty()) {
       const std::vector<RowSampling> greedy(static_cast<size_t>(n_out));

@@ -140,6 +140,65 @@ TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
   }
 }
 
+// RMSNorm folded into the products that read it (rms_norm_matmul_group / _swiglu) against the
+// CPU's rms_norm then matmul_group / matmul_swiglu: one row of up to 12288 values in bf16 takes
+// the GEMV's norm mode (its normed rows are never written: xn stays NaN), other rows, wider ones
+// and f32 the fallback. Norm
+// weights f32 and bf16; widths 8 to 4104 (pieces split over 1 to 8 warps); 1 to 4097 outputs in
+// up to three matrices; a mean far from zero (the sum of squares must be over the whole row).
+TEST_P(CudaOps, RmsNormFoldedProductsMatchCpu) {
+  const DType dt = GetParam();
+  struct Shape { int64_t n, in; std::vector<int64_t> outs; };
+  for (const Shape& s : {Shape{1, 64, {17, 97, 1}}, Shape{1, 4096, {4097}}, Shape{1, 8, {5, 3}},
+                         Shape{1, 4104, {33, 1031}}, Shape{3, 256, {97, 17}}, Shape{1, 14336, {97}}}) {
+    for (DType gt : {DType::kF32, DType::kBF16}) {
+      Tensor h = random_host({s.n, s.in}, 21), g = random_host({s.in}, 22, 0.5f);
+      for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] += 3.f;
+      // Multiples of 1/64 below 2: exact in bf16, so both backends scale by the same g.
+      for (int64_t i = 0; i < g.numel(); ++i) g.f32()[i] = std::clamp(std::round(g.f32()[i] * 64.f), -127.f, 127.f) / 64.f;
+      Tensor hd = gpu->upload(h.view(), DType::kF32), gd = gpu->upload(g.view(), gt);
+      Tensor xc = Tensor::empty(DType::kF32, {s.n, s.in});
+      cpu->rms_norm(h.view(), g.view(), 1e-5f, xc.view());
+      std::vector<Tensor> ws, wds, ycs, yds;
+      for (size_t i = 0; i < s.outs.size(); ++i) {
+        ws.push_back(random_host({s.outs[i], s.in}, 30 + static_cast<uint32_t>(i)));
+        wds.push_back(gpu->upload(ws.back().view(), dt));
+        ycs.push_back(Tensor::empty(DType::kF32, {s.n, s.outs[i]}));
+        yds.push_back(gpu->upload(nan_host(s.n, s.outs[i]).view(), DType::kF32));
+      }
+      std::vector<Backend::MatmulOut> oc, od;
+      for (size_t i = 0; i < s.outs.size(); ++i) {
+        oc.push_back({&ws[i].view(), nullptr, &ycs[i].view()});
+        od.push_back({&wds[i].view(), nullptr, &yds[i].view()});
+      }
+      cpu->matmul_group(xc.view(), oc);
+      Tensor xn = gpu->upload(nan_host(s.n, s.in).view(), DType::kF32);
+      gpu->rms_norm_matmul_group(hd.view(), gd.view(), 1e-5f, xn.view(), od);
+      const bool folded = gpu->folds_rms_norm(s.n);
+      EXPECT_EQ(folded, dt == DType::kBF16 && s.n == 1) << "which passes fold (LRAGENT_GEMV_MAX_ROWS unset)";
+      const std::string what = std::to_string(s.n) + "x" + std::to_string(s.in) + (gt == DType::kBF16 ? " g bf16" : " g f32");
+      for (size_t i = 0; i < s.outs.size(); ++i)
+        EXPECT_LE(rel_l2(host_values(*gpu, yds[i].view()), host_values(*cpu, ycs[i].view())), tol(dt))
+            << "rms_norm_matmul_group " << what << " out " << s.outs[i];
+      if (folded && s.n * s.in * 4 <= 48 * 1024) {  // norm mode: the normed rows fit a block's shared memory
+        const std::vector<float> xv = host_values(*gpu, xn.view());
+        EXPECT_TRUE(std::all_of(xv.begin(), xv.end(), [](float v) { return std::isnan(v); }))
+            << "the folded norm wrote its normed rows " << what;
+      }
+      // SwiGLU over the first output's height (gate = ws[0], up = a second matrix).
+      const int64_t o = s.outs[0];
+      Tensor wu = random_host({o, s.in}, 40), wud = gpu->upload(wu.view(), dt);
+      Tensor gc = Tensor::empty(DType::kF32, {s.n, o}), uc = Tensor::empty(DType::kF32, {s.n, o});
+      cpu->matmul_swiglu(xc.view(), ws[0].view(), wu.view(), gc.view(), uc.view());
+      Tensor gdv = gpu->upload(nan_host(s.n, o).view(), DType::kF32), udv = gpu->alloc(DType::kF32, {s.n, o});
+      gpu->rms_norm_matmul_swiglu(hd.view(), gd.view(), 1e-5f, xn.view(), wds[0].view(), wud.view(), gdv.view(),
+                                  udv.view());
+      EXPECT_LE(rel_l2(host_values(*gpu, gdv.view()), host_values(*cpu, gc.view())), tol(dt))
+          << "rms_norm_matmul_swiglu " << what << " out " << o;
+    }
+  }
+}
+
 TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
   const DType dt = GetParam();
   for (int64_t n : {1, 17, 97}) {

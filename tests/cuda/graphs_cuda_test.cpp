@@ -240,54 +240,71 @@ TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
   EXPECT_LE(e16_v6, 3e-2);
 }
 
-// Batch-1 decode steps without adapters take the decode GEMVs (SwiGLU in the gate/up GEMV's
-// epilogue), RoPE's bf16 copy of q and the v4 decode attention (head_dim 128): every step's
-// logits against the CPU's, which runs the separate ops.
+// Batch-1 decode steps take the decode GEMVs (SwiGLU in the gate/up GEMV's epilogue; in bf16
+// the RMSNorms folded into the GEMVs of every layer without LoRA terms, whose residual adds go
+// into the o and down projections), RoPE's bf16 copy of q and the v4 decode attention (head_dim
+// 128): every step's logits against the CPU's, which runs the separate ops. Without an adapter,
+// and with one that adapts only layer 0 or only layer 1 (a layer that folds after one that
+// does not, and the other way round).
 TEST(CudaDecode, NoAdapterDecodeMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA decode test skipped";
   const int prompt = 97, steps = 6;
   std::vector<int32_t> ids(prompt + steps);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(5 + (i * 31) % 240);
-  auto run = [&](Backend& be) {
+  // adapted_layer: -1 none, else the one layer the adapter keeps.
+  auto run = [&](Backend& be, int adapted_layer) {
     std::vector<float> out;
     auto model = make_synthetic_model(spec(), be);
     EXPECT_TRUE(model.ok());
     if (!model.ok()) return out;
     const ModelConfig& c = (*model)->config();
+    std::unique_ptr<LoraAdapter> adapter;
+    if (adapted_layer >= 0) {
+      adapter = std::move(make_synthetic_adapters(c, 8, 3).front());
+      for (int l = 0; l < c.num_layers; ++l)
+        if (l != adapted_layer)
+          for (auto& m : adapter->layers[static_cast<size_t>(l)]) m.reset();
+      if (Status st = upload_adapter(*adapter, be); !st.ok()) {
+        ADD_FAILURE() << st.error().message;
+        return out;
+      }
+    }
     auto pools = KvPools::create(c, 16, KvPools::blocks_for(1, prompt + steps, 16), "decode-test", &be);
     EXPECT_TRUE(pools.ok());
     if (!pools.ok()) return out;
     FullKvCache kv(pools->kv.get());
-    SeqInput pre{ids.data(), prompt, 0, &kv, nullptr, false};
+    SeqInput pre{ids.data(), prompt, 0, &kv, adapter.get(), false};
     EXPECT_TRUE((*model)->forward({pre}).ok());
     for (int t = 0; t < steps; ++t) {
-      SeqInput in{ids.data() + prompt + t, 1, prompt + t, &kv, nullptr, false};
+      SeqInput in{ids.data() + prompt + t, 1, prompt + t, &kv, adapter.get(), false};
       auto lg = (*model)->forward({in});
       EXPECT_TRUE(lg.ok());
       if (lg.ok()) out.insert(out.end(), lg->f32(), lg->f32() + lg->numel());
     }
     return out;
   };
-  std::vector<float> ref, f32, bf16;
-  {
-    auto cpu = make_cpu_backend(4);
-    ref = run(*cpu);
+  for (int adapted_layer : {-1, 0, 1}) {
+    std::vector<float> ref, f32, bf16;
+    {
+      auto cpu = make_cpu_backend(4);
+      ref = run(*cpu, adapted_layer);
+    }
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      CudaBackendOptions o;
+      o.dtype = dt;
+      auto be = make_cuda_backend(o);
+      ASSERT_TRUE(be.ok()) << be.error().message;
+      (dt == DType::kF32 ? f32 : bf16) = run(**be, adapted_layer);
+    }
+    ASSERT_EQ(ref.size(), f32.size());
+    ASSERT_EQ(ref.size(), bf16.size());
+    const double e32 = rel_l2(f32.data(), ref.data(), static_cast<int64_t>(ref.size()));
+    const double e16 = rel_l2(bf16.data(), ref.data(), static_cast<int64_t>(ref.size()));
+    std::printf("  decode %d steps after %d tokens, adapted layer %d, logits vs CPU: f32 rel_l2 %.2e, bf16 rel_l2 %.2e\n",
+                steps, prompt, adapted_layer, e32, e16);
+    EXPECT_LE(e32, 1e-4) << "adapted layer " << adapted_layer;
+    EXPECT_LE(e16, 3e-2) << "adapted layer " << adapted_layer;
   }
-  for (DType dt : {DType::kF32, DType::kBF16}) {
-    CudaBackendOptions o;
-    o.dtype = dt;
-    auto be = make_cuda_backend(o);
-    ASSERT_TRUE(be.ok()) << be.error().message;
-    (dt == DType::kF32 ? f32 : bf16) = run(**be);
-  }
-  ASSERT_EQ(ref.size(), f32.size());
-  ASSERT_EQ(ref.size(), bf16.size());
-  const double e32 = rel_l2(f32.data(), ref.data(), static_cast<int64_t>(ref.size()));
-  const double e16 = rel_l2(bf16.data(), ref.data(), static_cast<int64_t>(ref.size()));
-  std::printf("  decode %d steps after %d tokens, logits vs CPU: f32 rel_l2 %.2e, bf16 rel_l2 %.2e\n", steps, prompt,
-              e32, e16);
-  EXPECT_LE(e32, 1e-4);
-  EXPECT_LE(e16, 3e-2);
 }
 
 // The agents tests' set-up: a CUDA backend of `dt`, the synthetic model, its role adapters

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 #include <vector>
@@ -148,6 +149,12 @@ class CudaBackend final : public Backend {
   void silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) override;
   void matmul_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
                      TensorView& up) override;
+  bool folds_rms_norm(int64_t rows) const override;
+  void rms_norm_matmul_group(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,
+                             std::span<const MatmulOut> outs) override;
+  void rms_norm_matmul_swiglu(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,
+                              const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
+                              TensorView& up) override;
 
   void add(TensorView& y, const TensorView& x) override;
 
@@ -173,6 +180,14 @@ class CudaBackend final : public Backend {
   std::vector<lc::StoreJobDev> pending_stores_;  // held back until end_store_batch
   // Launches jobs in launches of up to lc::kMaxStoreJobs.
   void launch_stores(std::span<const lc::StoreJobDev> jobs);
+  // Grouped decode GEMV launches of `outs` (all GEMV-eligible), in norm mode when `norm` is given.
+  void launch_gemv_group(const TensorView& x, std::span<const MatmulOut> outs, const lc::GemvNorm* norm);
+  // The fused SwiGLU GEMV (norm mode when `norm` is given); false: the operands need the fallback.
+  bool gemv_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
+                   const lc::GemvNorm* norm);
+  // The GEMV norm operand for the RMSNorm of h's rows by norm_w, or none when the pass does not
+  // fold norms (folds_rms_norm) or the kernel cannot take norm_w.
+  std::optional<lc::GemvNorm> gemv_norm_of(const TensorView& h, const TensorView& norm_w, float eps) const;
   bool batch_attention_ = true;             // attention_batch's shared launches (LRAGENT_CUDA_BATCH_ATTENTION=0: off)
   bool materialize_k_ = true;               // prefill's K-side LoRA term materialised (LRAGENT_CUDA_MATERIALIZE_K=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass

@@ -101,7 +101,15 @@ void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> o
       return;
     }
   }
+  launch_gemv_group(x, outs, nullptr);
+}
+
+void CudaBackend::launch_gemv_group(const TensorView& x, std::span<const MatmulOut> outs, const lc::GemvNorm* norm) {
+  const int64_t n = x.dim(0), in = x.dim(1);
+  const int64_t ldx = row_stride_of(x);
   const float* xd = x.f32();
+  const lc::GemvNorm nm = norm ? *norm : lc::GemvNorm{};
+  const bool has_norm = norm != nullptr;
   for (size_t first = 0; first < outs.size(); first += lc::kMaxGemvSegs) {
     const std::span<const MatmulOut> part = outs.subspan(first, std::min<size_t>(lc::kMaxGemvSegs, outs.size() - first));
     std::array<lc::GemvSeg, lc::kMaxGemvSegs> segs{};
@@ -114,11 +122,50 @@ void CudaBackend::matmul_group(const TensorView& x, std::span<const MatmulOut> o
       sg = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
       rec("gemv_seg", sg.w, sg.ldw, sg.y, sg.ldy, sg.out);
     }
-    rec("gemv_group", xd, ldx, n, in, n_segs);
-    launch("matmul.gemv",
-           [=, this] { return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_); });
+    rec("gemv_group", xd, ldx, n, in, n_segs, nm.w, nm.t, nm.eps);
+    launch("matmul.gemv", [=, this] {
+      return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_, has_norm ? &nm : nullptr);
+    });
   }
   for (const MatmulOut& o : outs) add_bias_if(o.bias, *o.y, n, o.w->dim(0));
+}
+
+namespace {
+// LRAGENT_CUDA_FOLD_NORM=0: decode passes keep their RMSNorm kernels (for measuring the folding).
+bool fold_norm_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LRAGENT_CUDA_FOLD_NORM");
+    return !v || std::atoi(v) != 0;
+  }();
+  return on;
+}
+}  // namespace
+
+bool CudaBackend::folds_rms_norm(int64_t rows) const {
+  return fold_norm_enabled() && dtype_ == DType::kBF16 && rows >= 1 && rows <= gemv_max_rows();
+}
+
+std::optional<lc::GemvNorm> CudaBackend::gemv_norm_of(const TensorView& h, const TensorView& norm_w, float eps) const {
+  if (!folds_rms_norm(h.rank() == 2 ? h.dim(0) : 0) || norm_w.numel() != h.dim(1)) return std::nullopt;
+  const lc::GemvNorm nm{norm_w.data, elem_of(norm_w.dtype), eps};
+  if (!lc::gemv_norm_ok(nm, h.dim(0), h.dim(1))) return std::nullopt;
+  return nm;
+}
+
+void CudaBackend::rms_norm_matmul_group(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,
+                                        std::span<const MatmulOut> outs) {
+  const int64_t n = h.dim(0), in = h.dim(1);
+  const std::optional<lc::GemvNorm> nm = gemv_norm_of(h, norm_w, eps);
+  bool ok = nm.has_value() && !outs.empty();
+  for (const MatmulOut& o : outs)
+    ok = ok && o.w->dtype == DType::kBF16 && o.w->dim(1) == in && o.y->data != h.data &&
+         weight_gemv_ok(o.w->data, row_stride_of(*o.w), h.f32(), row_stride_of(h), n, in);
+  if (!ok) {
+    Backend::rms_norm_matmul_group(h, norm_w, eps, xn, outs);
+    return;
+  }
+  shadow_ = {};  // no normed rows (nor their bf16 copy) are written
+  launch_gemv_group(h, outs, &*nm);
 }
 
 void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
@@ -308,6 +355,19 @@ void CudaBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorV
 
 void CudaBackend::matmul_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up,
                                 TensorView& gate, TensorView& up) {
+  if (!gemv_swiglu(x, w_gate, w_up, gate, nullptr)) Backend::matmul_swiglu(x, w_gate, w_up, gate, up);
+}
+
+void CudaBackend::rms_norm_matmul_swiglu(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,
+                                         const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
+                                         TensorView& up) {
+  const std::optional<lc::GemvNorm> nm = gemv_norm_of(h, norm_w, eps);
+  if (!nm || !gemv_swiglu(h, w_gate, w_up, gate, &*nm))
+    Backend::rms_norm_matmul_swiglu(h, norm_w, eps, xn, w_gate, w_up, gate, up);
+}
+
+bool CudaBackend::gemv_swiglu(const TensorView& x, const TensorView& w_gate, const TensorView& w_up, TensorView& gate,
+                              const lc::GemvNorm* norm) {
   const int64_t n = x.dim(0), in = x.dim(1), out = w_gate.dim(0);
   const int64_t ldx = row_stride_of(x), ldy = row_stride_of(gate);
   // LRAGENT_CUDA_FUSE_SWIGLU=0: the two-kernel path (for measuring the fusion on the device).
@@ -320,19 +380,20 @@ void CudaBackend::matmul_swiglu(const TensorView& x, const TensorView& w_gate, c
                     gate.data != x.data &&
                     weight_gemv_ok(w_gate.data, row_stride_of(w_gate), x.f32(), ldx, n, in) &&
                     weight_gemv_ok(w_up.data, row_stride_of(w_up), x.f32(), ldx, n, in);
-  if (!gemv) {
-    Backend::matmul_swiglu(x, w_gate, w_up, gate, up);
-    return;
-  }
+  if (!gemv) return false;
   wrote(gate.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
   shadow_ = {};  // the GEMV path reads f32 activations; no bf16 copy is made
   const void *wg = w_gate.data, *wu = w_up.data;
   const int64_t ldg = row_stride_of(w_gate), ldu = row_stride_of(w_up);
   const float* xd = x.f32();
   float* yd = gate.f32();
-  rec("gemv_swiglu", wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out);
-  launch("matmul.gemv_swiglu",
-         [=, this] { return lc::gemv_bf16_swiglu(wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, stream_); });
+  const lc::GemvNorm nm = norm ? *norm : lc::GemvNorm{};
+  const bool has_norm = norm != nullptr;
+  rec("gemv_swiglu", wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, nm.w, nm.t, nm.eps);
+  launch("matmul.gemv_swiglu", [=, this] {
+    return lc::gemv_bf16_swiglu(wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, stream_, has_norm ? &nm : nullptr);
+  });
+  return true;
 }
 
 void CudaBackend::add(TensorView& y, const TensorView& x) {

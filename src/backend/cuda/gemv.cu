@@ -17,11 +17,24 @@
 //   - SwiGLU mode (gemv_bf16_swiglu): the gate and up rows of the same index o are computed in
 //     the same block (the first half of its warps take gate rows, the second half the matching
 //     up rows), and the block writes silu(gate) · up: the separate SwiGLU kernel and its launch
-//     gap (32 per 8B decode step) are gone, and the gate/up outputs never reach memory.
+//     gap (32 per 8B decode step) are gone, and the gate/up outputs never reach memory;
+//   - norm mode (GemvNorm; gemv_norm_kernel): x is the residual stream h and the products read
+//     its RMSNorm, (h / rms(h) · g) · w^T, without the normed rows ever reaching memory: the
+//     RMSNorm kernel before each GEMV group (65 per 8B decode step) and its launch gap are gone.
+//     Each block norms h into shared memory once, then each warp streams whole rows one after
+//     another (the grid is the blocks that fit at once), its next row's first weights in flight
+//     while it finishes the current one. Tried first and dropped (H200, 8B decode step with
+//     lookahead, against 4.72 ms without folding):
+//       - summing h² while streaming and scaling each chunk's weights by g read from L1: 6.47 ms
+//         (the extra L1 traffic of g);
+//       - the v2 kernel's tiles of 8 rows looped over by resident blocks: 5.04 ms (every tile
+//         ends in two block barriers with no weights in flight).
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/device_props.h"
 #include "backend/cuda/ops.cuh"
@@ -45,6 +58,10 @@ struct GemvArgs {
   int64_t in, out;  // out = end[n_segs - 1]
   float alpha, beta;
   int wpr;  // warps per output row (1, 2, 4, 8)
+  // Norm mode: g [in] (f32 or bf16); x's rows are normed first (see gemv_norm_kernel).
+  const void* norm_w;
+  int norm_bf16;
+  float norm_eps;
 };
 // SwiGLU mode: 2 segments (gate, up) of the same height; y[0] gets silu(gate) · up. Rows are
 // taken in pairs: a block's kWarps / wpr rows are kWarps / (2 wpr) gate rows, then the same up rows.
@@ -162,6 +179,176 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) 
   }
 }
 
+// Norm mode's staged row: x's values of 16-byte weight chunk cc are 8 floats, two float4 halves.
+// In each group of 32 chunks the first halves come first, then the second halves, so that lane k
+// reading chunk 32·i + k reads float4s k and 32 + k of the group: a warp's shared-memory request
+// is 512 contiguous bytes (4 wavefronts), where the plain layout's 32-byte lane stride takes 8.
+// A row takes padded_in(in) floats.
+__host__ __device__ constexpr int64_t staged_row_floats(int64_t in) { return (in + 255) / 256 * 256; }
+__device__ __forceinline__ int staged_float4(int j) {  // float4 j of the row (j = 2 · chunk + half)
+  const int cc = j >> 1;
+  return (cc >> 5) * 64 + (j & 1) * 32 + (cc & 31);
+}
+
+// Norm mode's staging: x's R rows normed into shared memory, xs[r][j] = g[j] · (x[r][j] / rms(x[r])),
+// the RMSNorm kernels' expression, laid out as above. Every thread of the block takes part (it
+// has barriers).
+template <int R>
+__device__ void stage_normed(const GemvArgs& a, float* xs, float (&red)[kWarps][R]) {
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n4 = static_cast<int>(a.in / 4);
+  const int row4 = static_cast<int>(staged_row_floats(a.in) / 4);  // float4s per staged row
+  float4* xs4 = reinterpret_cast<float4*>(xs);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float ss = 0.f;
+    for (int j = tid; j < n4; j += blockDim.x) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx) + j);
+      xs4[r * row4 + staged_float4(j)] = v;
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+    if (lane == 0) red[warp][r] = ss;
+  }
+  __syncthreads();
+  float inv[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float t = 0.f;
+    for (int w = 0; w < kWarps; ++w) t += red[w][r];
+    inv[r] = 1.0f / sqrtf(t / static_cast<float>(a.in) + a.norm_eps);
+  }
+  for (int j = tid; j < n4; j += blockDim.x) {
+    float4 g;
+    if (a.norm_bf16) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(a.norm_w) + j);
+      const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+      const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+      g = make_float4(lo.x, lo.y, hi.x, hi.y);
+    } else {
+      g = __ldg(reinterpret_cast<const float4*>(a.norm_w) + j);
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int k = r * row4 + staged_float4(j);
+      const float4 v = xs4[k];
+      xs4[k] = make_float4(g.x * (v.x * inv[r]), g.y * (v.y * inv[r]), g.z * (v.z * inv[r]), g.w * (v.w * inv[r]));
+    }
+  }
+  __syncthreads();
+}
+
+// Norm mode: each warp streams whole output rows (SwiGLU: the gate row, then the up row of the
+// same index) as one flat sequence of weight batches, rows blockIdx.x · kWarps + warp + k · stride;
+// the batch after the current one, of this row or of the next, is always in flight. Rows and
+// chunks are 32-bit (the host checks).
+template <int R, bool kSwiGLU>
+__global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(const GemvArgs a) {
+  extern __shared__ float4 xs_dyn[];  // [R][staged_row_floats(in)] x's normed rows (f32), staged layout
+  __shared__ float red[kWarps][R];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int units = static_cast<int>(kSwiGLU ? a.end[0] : a.out);  // rows (SwiGLU: row pairs)
+  const int stride = gridDim.x * kWarps;
+  const int chunks = static_cast<int>(a.in / 8);  // 16-byte chunks of a weight row
+  constexpr int kSub = kSwiGLU ? 2 : 1;           // rows per unit
+  const float4* xs = xs_dyn;
+  const int row4 = static_cast<int>(staged_row_floats(a.in) / 4);
+  // Unit u's segment and row within it (SwiGLU: sub picks gate or up).
+  auto locate = [&](int u, int sub, int& seg, int& o) {
+    if constexpr (kSwiGLU) {
+      seg = sub;
+      o = u;
+    } else {
+      seg = 0;
+      while (seg + 1 < a.n_segs && u >= a.end[seg]) ++seg;
+      o = u - (seg > 0 ? static_cast<int>(a.end[seg - 1]) : 0);
+    }
+  };
+  auto row_ptr = [&](int u, int sub) {
+    int seg, o;
+    locate(u, sub, seg, o);
+    return reinterpret_cast<const uint4*>(a.w[seg] + int64_t{o} * a.ldw[seg]);
+  };
+  auto load = [&](uint4 (&wv)[kUnroll], const uint4* wr, int c) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int cc = c + 32 * u;
+      wv[u] = cc < chunks ? ld_stream(wr + cc) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  int unit = blockIdx.x * kWarps + warp, sub = 0, c = lane;  // the batch in `cur`
+  const uint4* wr = unit < units ? row_ptr(unit, 0) : nullptr;
+  uint4 cur[kUnroll], nxt[kUnroll];
+  // The first weights do not depend on the previous kernel: with programmatic dependent launch
+  // they are in flight while it finishes; h is read only after griddepcontrol.wait.
+  if (wr) load(cur, wr, c);
+  pdl_wait();
+  pdl_release();
+  stage_normed<R>(a, reinterpret_cast<float*>(xs_dyn), red);
+  float acc[R], gate[R];  // gate: SwiGLU's finished gate dot of the unit
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = gate[r] = 0.f;
+  while (unit < units) {
+    // The next batch: further along this row, or the first of the next row (or unit).
+    int nunit = unit, nsub = sub, nc = c + 32 * kUnroll;
+    const bool row_ends = nc >= chunks;
+    if (row_ends) {
+      nc = lane;
+      if (++nsub == kSub) nsub = 0, nunit += stride;
+    }
+    const uint4* nwr = !row_ends ? wr : (nunit < units ? row_ptr(nunit, nsub) : nullptr);
+    if (nwr) load(nxt, nwr, nc);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int cc = c + 32 * u;
+      if (cc >= chunks) break;
+      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&cur[u]);
+      float wf[8];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(w2[i]);
+        wf[2 * i] = f.x;
+        wf[2 * i + 1] = f.y;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        // Chunk cc = 32·i + lane: its halves are float4s lane and 32 + lane of group i.
+        const float4* xp = xs + r * row4 + (cc >> 5) * 64 + lane;
+        const float4 p = xp[0], q = xp[32];
+        acc[r] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
+                  wf[6] * q.z + wf[7] * q.w;
+      }
+    }
+    if (row_ends) {
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        for (int off = 16; off > 0; off >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], off);
+      if (kSwiGLU && sub == 0) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) gate[r] = acc[r];
+      } else {
+        int seg, o;
+        locate(unit, sub, seg, o);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (lane != r) continue;
+          if constexpr (kSwiGLU) {
+            a.y[0][r * a.ldy[0] + o] = gate[r] / (1.0f + expf(-gate[r])) * acc[r];  // silu_mul_kernel's expression
+          } else {
+            float* yo = a.y[seg] + r * a.ldy[seg] + o;
+            *yo = a.beta == 0.f ? a.alpha * acc[r] : a.alpha * acc[r] + a.beta * *yo;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+    unit = nunit, sub = nsub, c = nc, wr = nwr;
+  }
+}
+
 // Tuning knobs, read once (for measuring alternatives on the device without rebuilding):
 //   LRAGENT_GEMV_WAVES    fraction of an SM's 64 resident warps the split aims for (default 0.25:
 //                         a row is split over several warps only while the rows give fewer than 16
@@ -173,6 +360,10 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) 
 //   LRAGENT_GEMV_MINCHUNK 16-byte chunks a piece keeps at least (default 128: an 8B decode step
 //                         measured 6.56 ms against 6.74 with 64 and 6.66 with 256, H100, at 2 waves)
 //   LRAGENT_GEMV_PDL      0: plain launches instead of programmatic dependent launch
+//   LRAGENT_GEMV_NORM_PDL 1: norm mode launched with PDL too (default 0: H200, 8B decode step with
+//                         lookahead 4.83 ms with it against 4.60 without, 3 interleaved rounds;
+//                         the unfolded step 4.74. Its blocks, resident while the previous GEMV
+//                         drains, fill every slot the persistent grid was sized for)
 double env_or(const char* name, double def) {
   const char* v = std::getenv(name);
   return v ? std::atof(v) : def;
@@ -181,6 +372,7 @@ struct Knobs {
   double waves = env_or("LRAGENT_GEMV_WAVES", 0.25);
   int64_t min_chunk = static_cast<int64_t>(env_or("LRAGENT_GEMV_MINCHUNK", 128));
   bool pdl = env_or("LRAGENT_GEMV_PDL", 1) != 0;
+  bool norm_pdl = env_or("LRAGENT_GEMV_NORM_PDL", 0) != 0;
 };
 const Knobs& knobs() {
   static const Knobs k;
@@ -212,19 +404,35 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   const int64_t rows_per_block = kWarps / a.wpr;
   const int64_t units = swiglu ? a.end[0] : a.out;  // rows (pairs) the grid covers
   const int64_t per_block = swiglu ? rows_per_block / 2 : rows_per_block;
-  const unsigned grid = static_cast<unsigned>((units + per_block - 1) / per_block);
+  unsigned grid = static_cast<unsigned>((units + per_block - 1) / per_block);
+  // Norm mode: x's normed rows in shared memory; a warp per row, the grid at most the blocks that
+  // fit at once (each warp then loops over rows).
+  const size_t smem = a.norm_w ? static_cast<size_t>(rows * staged_row_floats(a.in)) * 4 : 0;
   // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits
   // on it before reading x; see the kernel). Captured into graphs as a programmatic edge.
-  const bool pdl = knobs().pdl;
+  const bool pdl = a.norm_w ? knobs().norm_pdl : knobs().pdl;
   auto go = [&](auto kernel) -> cudaError_t {
-    if (pdl) return launch_pdl(kernel, dim3(grid), dim3(kWarps * 32), 0, s, a);
-    kernel<<<grid, kWarps * 32, 0, s>>>(a);
+    if (a.norm_w) {
+      int per_sm = 0;
+      const cudaError_t e =
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, static_cast<int>(smem));
+      if (e != cudaSuccess) return e;
+      grid = static_cast<unsigned>(std::min<int64_t>((units + kWarps - 1) / kWarps, std::max(per_sm, 1) * int64_t{sm_count()}));
+    }
+    if (pdl) return launch_pdl(kernel, dim3(grid), dim3(kWarps * 32), smem, s, a);
+    kernel<<<grid, kWarps * 32, smem, s>>>(a);
     return cudaGetLastError();
+  };
+  // Four kernels per row count (SwiGLU or not, norm mode or not), chosen at run time.
+  auto pick = [&](auto r) -> cudaError_t {
+    constexpr int R = decltype(r)::value;
+    if (a.norm_w) return swiglu ? go(gemv_norm_kernel<R, true>) : go(gemv_norm_kernel<R, false>);
+    return swiglu ? go(gemv_v2_kernel<R, true>) : go(gemv_v2_kernel<R, false>);
   };
   switch (rows) {
 #define LRA_GEMV2_CASE(R) \
   case R:                 \
-    return swiglu ? go(gemv_v2_kernel<R, true>) : go(gemv_v2_kernel<R, false>);
+    return pick(std::integral_constant<int, R>{});
     LRA_GEMV2_CASE(1) LRA_GEMV2_CASE(2) LRA_GEMV2_CASE(3) LRA_GEMV2_CASE(4)
     LRA_GEMV2_CASE(5) LRA_GEMV2_CASE(6) LRA_GEMV2_CASE(7) LRA_GEMV2_CASE(8)
 #undef LRA_GEMV2_CASE
@@ -255,12 +463,22 @@ bool fill_segments(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx,
   a.out = end;
   return true;
 }
+
+// Norm mode's operands into a (false: a norm the kernel cannot take; null: no norm).
+bool set_norm(const GemvNorm* norm, int64_t rows, GemvArgs& a) {
+  if (!norm) return true;
+  if (!gemv_norm_ok(*norm, rows, a.in) || a.out > INT32_MAX) return false;
+  a.norm_w = norm->w;
+  a.norm_bf16 = norm->t == Elem::kBF16;
+  a.norm_eps = norm->eps;
+  return true;
+}
 }  // namespace
 
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                              float alpha, float beta, cudaStream_t s) {
+                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm) {
   GemvArgs a{};
-  if (!fill_segments(segs, n_segs, x, ldx, rows, in, a)) return cudaErrorInvalidValue;
+  if (!fill_segments(segs, n_segs, x, ldx, rows, in, a) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
   a.alpha = alpha;
   a.beta = beta;
   if (a.out == 0) return cudaSuccess;
@@ -269,11 +487,11 @@ cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, i
 
 cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
                              int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
-                             cudaStream_t s) {
+                             cudaStream_t s, const GemvNorm* norm) {
   // Both segments name y; the kernel's SwiGLU mode writes only y (segment 0's output).
   const GemvSeg segs[2] = {{w_gate, ldg, y, ldy, out}, {w_up, ldu, y, ldy, out}};
   GemvArgs a{};
-  if (!fill_segments(segs, 2, x, ldx, rows, in, a)) return cudaErrorInvalidValue;
+  if (!fill_segments(segs, 2, x, ldx, rows, in, a) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
   a.alpha = 1.f;
   if (a.out == 0) return cudaSuccess;
   return launch_grouped(a, rows, true, s);

@@ -60,8 +60,22 @@ struct GemvSeg {
   int64_t ldy;
   int64_t out;
 };
+// Norm mode of the grouped GEMV and of gemv_bf16_swiglu: x is the residual stream h, and the
+// weights read its RMSNorm without it being written, y = alpha · (h / sqrt(mean(h²) + eps) · g) · w^T
+// + beta · y, the mean over the `in` columns. g [in] f32 or bf16, 16-byte aligned.
+struct GemvNorm {
+  const void* w;  // g
+  Elem t;
+  float eps;
+};
+// Whether norm mode takes g for `rows` rows of `in` values (their normed copy, rows · in f32 with
+// in rounded up to 256, must fit in a block's 48 KiB of shared memory).
+inline bool gemv_norm_ok(const GemvNorm& n, int64_t rows, int64_t in) {
+  return n.w && (n.t == Elem::kF32 || n.t == Elem::kBF16) && reinterpret_cast<uintptr_t>(n.w) % 16 == 0 &&
+         rows * ((in + 255) / 256 * 256) * 4 <= 48 * 1024;
+}
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                              float alpha, float beta, cudaStream_t s);
+                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr);
 // LoRA expand of decode-sized jobs (lora.cu): for each job and row r < rows,
 //   y[r, o] = (base ? base[r, o] : y[r, o]) + scale · Σ_k xa[r, k] · b[o, k]   (xa null: y = base)
 // up to kMaxLoraJobs jobs in one launch (a stage's q/k/v expands of every adapter in the batch).
@@ -81,10 +95,11 @@ struct LoraJob {
 cudaError_t lora_expand(const LoraJob* jobs, int n_jobs, cudaStream_t s);
 // y[r, o] = silu(x·w_gate^T)[r, o] · (x·w_up^T)[r, o] for o < out, in one launch of v2 (the gate
 // and up dots of a row meet in one block): the decode MLP's first half without its SwiGLU kernel.
-// Same operand rules as gemv_bf16 for both weights; y [rows, ldy] f32 must not alias x.
+// Same operand rules as gemv_bf16 for both weights; y [rows, ldy] f32 must not alias x. `norm`:
+// x is h and both products read its RMSNorm (see GemvNorm).
 cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
                              int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
-                             cudaStream_t s);
+                             cudaStream_t s, const GemvNorm* norm = nullptr);
 // Warps v2 gives each output row for this shape (1, 2, 4 or 8: the reduction is split among them).
 int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
