@@ -373,6 +373,7 @@ struct Knobs {
   int64_t min_chunk = static_cast<int64_t>(env_or("LRAGENT_GEMV_MINCHUNK", 128));
   bool pdl = env_or("LRAGENT_GEMV_PDL", 1) != 0;
   bool norm_pdl = env_or("LRAGENT_GEMV_NORM_PDL", 0) != 0;
+  bool norm_balance = env_or("LRAGENT_GEMV_NORM_BALANCE", 1) != 0;
 };
 const Knobs& knobs() {
   static const Knobs k;
@@ -417,7 +418,12 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
       const cudaError_t e =
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, static_cast<int>(smem));
       if (e != cudaSuccess) return e;
-      grid = static_cast<unsigned>(std::min<int64_t>((units + kWarps - 1) / kWarps, std::max(per_sm, 1) * int64_t{sm_count()}));
+      // Every warp streams k or k - 1 rows, k the fewest that the resident warps allow: a grid of
+      // all resident blocks would leave a few warps a row more than the rest (6144 q/k/v rows on
+      // 4224 warps: half take two rows, half one, and the kernel lasts two).
+      const int64_t slots = std::max(per_sm, 1) * int64_t{sm_count()} * kWarps;
+      const int64_t k = knobs().norm_balance ? (units + slots - 1) / slots : 1;
+      grid = static_cast<unsigned>(std::min<int64_t>((units + kWarps * k - 1) / (kWarps * k), slots / kWarps));
     }
     if (pdl) return launch_pdl(kernel, dim3(grid), dim3(kWarps * 32), smem, s, a);
     kernel<<<grid, kWarps * 32, smem, s>>>(a);
