@@ -162,17 +162,27 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   const float eps = static_cast<float>(c.rms_norm_eps);
   const bool kv_only = kv_layers >= 0;
   const int n_layers = kv_only ? kv_layers : c.num_layers;
-  // Decode-sized passes on a backend whose products fold RMSNorm in (folds_rms_norm): a layer
-  // without LoRA terms reads h through rms_norm_matmul_* and adds its o and down projections
-  // straight into h (beta = 1), so it runs no norm or residual-add kernel. Other layers norm into
-  // xn as before; xn_fresh says whether xn holds the norm the next projection reads.
+  // Decode-sized passes on a backend whose products fold RMSNorm in (folds_rms_norm): the q/k/v
+  // and gate/up stages read h through the norm (their LoRA shrinks with them), and the o and down
+  // projections add into h (beta = 1; with a LoRA term there, into xn, then one add), so a layer
+  // runs no norm kernel. Otherwise xn = attn_norm(h) enters every layer (the previous layer's
+  // add_rms_norm) and each stage reads xn.
   const bool fold = be_.folds_rms_norm(n);
-  auto adapts_any = [&](int l) {
-    for (int t = 0; t < kNumLoraTargets; ++t)
-      if (adapts(l, static_cast<LoraTarget>(t))) return true;
-    return false;
+  if (c.num_layers > 0 && !fold) be_.rms_norm(h.view(), w_.layers[0].attn_norm, eps, xn.view());
+  // h += x · w (+ bias, + the target's LoRA term): straight into h when no adapter of the batch
+  // adapts the target, else into xn and then one add.
+  auto add_projection = [&](int l, LoraTarget t, const TensorView& x, const TensorView& w, const TensorView* bias,
+                            std::vector<Tensor>& keep) -> Status {
+    if (!adapts(l, t)) {
+      be_.matmul(x, w, bias, h.view(), 1.f, 1.f);
+      return Status::Ok();
+    }
+    const Backend::MatmulOut o[] = {{&w, bias, &xn.view()}};
+    const LoraTargetOut lora[] = {{t, &xn.view()}};
+    LRA_RETURN_IF_ERROR(project_with_lora(be_, l, x, o, lora, segs, keep, stats_));
+    be_.add(h.view(), xn.view());
+    return Status::Ok();
   };
-  bool xn_fresh = false;
   std::vector<AttentionParams> attn_ps;  // [batch] this layer's attention of every sequence
   attn_ps.reserve(batch.size());
   for (int l = 0; l < n_layers; ++l) {
@@ -180,12 +190,11 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     // forward_kv's last layer: its entries are all the pass wants; its attention and MLP would
     // only feed layers that are not run.
     const bool entries_only = kv_only && l + 1 == n_layers;
-    // h is the residual stream entering layer l; xn = attn_norm(h) (the previous layer's last op).
+    // h is the residual stream entering layer l; unless the pass folds norms, xn = attn_norm(h)
+    // (the previous layer's last op).
     if (hook_) hook_(hook_ctx_, l, h.view());
 
-    const bool fold_l = fold && !adapts_any(l);
-    if (!fold_l && !xn_fresh) be_.rms_norm(h.view(), lw.attn_norm, eps, xn.view());
-    xn_fresh = false;  // every path below overwrites xn or leaves it stale
+    const NormedInput attn_in{&h.view(), &lw.attn_norm, eps}, mlp_in{&h.view(), &lw.mlp_norm, eps};
 
     TensorView q2 = as2d(q, qw), kb2 = as2d(k_base, kvw);
     // Full K/V = base + LoRA delta, only when some binding stores full entries (the base modes
@@ -208,13 +217,8 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
           {LoraTarget::kQ, &q2, nullptr, nullptr, &q_lora},
           {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k},
           {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v}};
-      if (fold_l) {  // no adapter here: no LR rows, no q expands
-        lr_k.assign(segs.size(), TensorView{});
-        lr_v.assign(segs.size(), TensorView{});
-        be_.rms_norm_matmul_group(h.view(), lw.attn_norm, eps, xn.view(), qkv);
-      } else {
-        LRA_RETURN_IF_ERROR(project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_));
-      }
+      LRA_RETURN_IF_ERROR(
+          project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_, fold ? &attn_in : nullptr));
     }
 
     be_.rope_pair_lora(q.view(), k_base.view(), pos.data(), inv_freq_.data(), q_lora);
@@ -259,11 +263,20 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     if (entries_only) break;
     be_.attention_batch(attn_ps);
 
-    if (fold_l) {
-      // h += attn · W_o, then gate = silu(norm(h) · W_gate) * (norm(h) · W_up), h += gate · W_down.
-      be_.matmul(attn.view(), lw.wo, opt(lw.bo), h.view(), 1.f, 1.f);
-      be_.rms_norm_matmul_swiglu(h.view(), lw.mlp_norm, eps, xn.view(), lw.w_gate, lw.w_up, gate.view(), up.view());
-      be_.matmul(gate.view(), lw.w_down, nullptr, h.view(), 1.f, 1.f);
+    if (fold) {
+      // h += attn · W_o (+ LoRA o), gate = silu(norm(h) · W_gate) * (norm(h) · W_up) (+ LoRA),
+      // h += gate · W_down (+ LoRA down).
+      LRA_RETURN_IF_ERROR(add_projection(l, LoraTarget::kO, attn.view(), lw.wo, opt(lw.bo), lr_keep));
+      if (!adapts(l, LoraTarget::kGate) && !adapts(l, LoraTarget::kUp)) {
+        be_.rms_norm_matmul_swiglu(h.view(), lw.mlp_norm, eps, xn.view(), lw.w_gate, lw.w_up, gate.view(),
+                                   up.view());
+      } else {
+        const Backend::MatmulOut gate_up[] = {{&lw.w_gate, nullptr, &gate.view()}, {&lw.w_up, nullptr, &up.view()}};
+        const LoraTargetOut lora[] = {{LoraTarget::kGate, &gate.view()}, {LoraTarget::kUp, &up.view()}};
+        LRA_RETURN_IF_ERROR(project_with_lora(be_, l, xn.view(), gate_up, lora, segs, lr_keep, stats_, &mlp_in));
+        be_.silu_mul(gate.view(), up.view(), gate.view());
+      }
+      LRA_RETURN_IF_ERROR(add_projection(l, LoraTarget::kDown, gate.view(), lw.w_down, nullptr, lr_keep));
       continue;
     }
     // h += attn · W_o (+ LoRA o): xn is free again, use it for the projection.
@@ -288,13 +301,10 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       const LoraTargetOut lora[] = {{LoraTarget::kDown, &xn.view()}};
       LRA_RETURN_IF_ERROR(project_with_lora(be_, l, gate.view(), down, lora, segs, lr_keep, stats_));
     }
-    if (l + 1 < c.num_layers && !(fold && !adapts_any(l + 1))) {
-      // h += mlp; xn = the next layer's attn_norm(h)
+    if (l + 1 < c.num_layers)  // h += mlp; xn = the next layer's attn_norm(h)
       be_.add_rms_norm(h.view(), xn.view(), w_.layers[static_cast<size_t>(l) + 1].attn_norm, eps, xn.view());
-      xn_fresh = true;
-    } else {
-      be_.add(h.view(), xn.view());  // the last layer, or the next one reads h through its products
-    }
+    else
+      be_.add(h.view(), xn.view());
   }
   if (kv_only) return Tensor();
   if (hook_) hook_(hook_ctx_, c.num_layers, h.view());

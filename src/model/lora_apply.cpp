@@ -25,8 +25,19 @@ struct ShrinkGroup {
 
 Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
                        std::span<const LoraTargetOut> targets, const std::vector<LoraSegment>& segs,
-                       std::vector<Tensor>& keep, ForwardStats& stats) {
+                       std::vector<Tensor>& keep, ForwardStats& stats, const NormedInput* norm) {
   const int64_t n = x.dim(0), in = x.dim(1);
+  TensorView x_scratch = x;  // with `norm`: where the normed rows go when they are written
+  // The products of x (with `norm`: of rms_norm(h)).
+  auto products = [&](std::span<const Backend::MatmulOut> outs) {
+    if (norm) {
+      be.rms_norm_matmul_group(*norm->h, *norm->weight, norm->eps, x_scratch, outs);
+    } else if (outs.size() == 1) {
+      be.matmul(x, *outs[0].w, outs[0].bias, *outs[0].y);
+    } else {
+      be.matmul_group(x, outs);
+    }
+  };
   // No segment adapts any target (a base-model batch, or an adapter without these modules): the
   // base projections only (every decode step of a base model passes here 4 times a layer).
   bool any = false;
@@ -35,10 +46,7 @@ Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<
   if (!any) {
     for (const LoraTargetOut& to : targets)
       if (to.lr_out) to.lr_out->assign(segs.size(), TensorView{});
-    if (base_outs.size() == 1)
-      be.matmul(x, *base_outs[0].w, base_outs[0].bias, *base_outs[0].y);
-    else if (!base_outs.empty())
-      be.matmul_group(x, base_outs);
+    if (!base_outs.empty()) products(base_outs);
     return Status::Ok();
   }
   std::vector<ShrinkGroup> groups;
@@ -82,9 +90,18 @@ Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<
 
   // Shrinks of folded groups join the base projections (one grouped GEMV when decode-sized).
   std::vector<Backend::MatmulOut> outs(base_outs.begin(), base_outs.end());
-  for (size_t i = 0; i < groups.size(); ++i)
-    if (groups[i].folded) outs.push_back({&groups[i].lead->a_use(), nullptr, &xa[i]});
-  if (!outs.empty()) be.matmul_group(x, outs);
+  bool all_folded = true;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (groups[i].folded)
+      outs.push_back({&groups[i].lead->a_use(), nullptr, &xa[i]});
+    else
+      all_folded = false;
+  }
+  if (norm && !all_folded) {  // groups of their own read the normed rows: write them
+    be.rms_norm(*norm->h, *norm->weight, norm->eps, x_scratch);
+    norm = nullptr;
+  }
+  if (!outs.empty()) products(outs);
   for (size_t i = 0; i < groups.size(); ++i) {
     const ShrinkGroup& g = groups[i];
     if (g.folded) continue;

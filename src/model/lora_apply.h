@@ -42,11 +42,19 @@ struct LoraTargetOut {
 //     for all rows as for some), rides in the base projections' matmul_group: on the CUDA decode
 //     path no launch of its own. Other groups take their rows (a range, else gathered).
 //   - Every expand of the stage is one lora_expand call (one launch on the CUDA decode path).
+//   - With `norm`, the stage reads rms_norm(h) and x is scratch for it: the projections and the
+//     shrinks that ride with them take h through Backend::rms_norm_matmul_group (a backend that
+//     folds the norm never writes x); only a stage with groups of their own norms into x first.
 // Tensors that lr_out views point into are appended to `keep`; they must outlive those views.
 // kOutOfMemory when the backend cannot allocate the x·A (or gathered x) buffers.
 inline constexpr int64_t kLoraFoldRows = 8;
+struct NormedInput {
+  const TensorView* h = nullptr;       // [n, in] the residual stream
+  const TensorView* weight = nullptr;  // [in] the RMSNorm's weight
+  float eps = 0.f;
+};
 Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<const Backend::MatmulOut> base_outs,
                        std::span<const LoraTargetOut> targets, const std::vector<LoraSegment>& segs,
-                       std::vector<Tensor>& keep, ForwardStats& stats);
+                       std::vector<Tensor>& keep, ForwardStats& stats, const NormedInput* norm = nullptr);
 
 }  // namespace lragent
