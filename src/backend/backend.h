@@ -325,8 +325,11 @@ class PassScope {
   Backend& be_;
 };
 
-// The CPU backend with `n_threads` threads (0: all cores).
-std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0);
+// The CPU backend with `n_threads` threads (0: all cores). fold_norms: folds_rms_norm holds for
+// every pass, so a model runs the pass structure of the CUDA decode path (norms through
+// rms_norm_matmul_*, residual adds inside the o and down projections) with this backend's default
+// implementations: the CPU reference for that structure in tests.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads = 0, bool fold_norms = false);
 
 struct CudaBackendOptions {
   int device = 0;

@@ -2,6 +2,7 @@
 // per shared-A group (counted by ForwardStats).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/generator.h"
@@ -75,6 +76,75 @@ TEST_P(MultiLora, ShrinkOncePerSharedAGroup) {
   const int groups = shared ? 1 : 3;  // one x·A per group per module and layer
   EXPECT_EQ(model_->stats().lora_shrink_calls, static_cast<int64_t>(layers) * modules * groups);
   EXPECT_EQ(model_->stats().lora_shrink_rows, static_cast<int64_t>(layers) * modules * 9);
+}
+
+// The pass structure of the CUDA decode path (norms folded into the products that read them,
+// residual adds inside the o and down projections: make_cpu_backend's fold_norms) against the
+// plain pass, both on the CPU: a mixed batch (three adapters and the base model) through a
+// prefill whose LoRA groups do not cover the batch (shrinks of their own rows), decode steps
+// whose groups ride in the grouped products, and a step of the base-model sequence alone. Same
+// logits up to f32 summation order, same greedy tokens. (A residual add dropped from the o or
+// down projection fails it.)
+TEST_P(MultiLora, FoldedNormPassEqualsPlainPass) {
+  auto fold_be = make_cpu_backend(2, /*fold_norms=*/true);
+  ASSERT_TRUE(fold_be->folds_rms_norm(1));
+  ASSERT_FALSE(be_->folds_rms_norm(1));
+  auto fm = LlamaModel::load(testing::tinystories_dir(), *fold_be);
+  ASSERT_TRUE(fm.ok()) << fm.error().message;
+  LlamaModel& folded = **fm;
+  const ModelConfig& c = model_->config();
+  const std::vector<const LoraAdapter*> who = {adapters_[0].get(), nullptr, adapters_[2].get(), adapters_[1].get()};
+  std::vector<std::vector<int32_t>> toks = {{1, 50, 60, 7, 8, 9, 10, 11, 12},
+                                           {1, 70, 71, 72, 73},
+                                           {1, 80, 90, 100, 110, 120, 130, 140, 150, 160, 170, 180},
+                                           {1, 33, 44}};
+  auto pools = KvPools::create(c, 16, 24, "test");  // outlives the caches below
+  ASSERT_TRUE(pools.ok());
+  std::vector<std::unique_ptr<FullKvCache>> kv_plain, kv_fold;
+  for (size_t i = 0; i < who.size(); ++i) {
+    kv_plain.push_back(std::make_unique<FullKvCache>(pools->kv.get()));
+    kv_fold.push_back(std::make_unique<FullKvCache>(pools->kv.get()));
+  }
+  std::vector<int> pos(who.size(), 0);
+  // One pass of the sequences in `seqs` (their next tokens from toks at pos) on both models.
+  auto step = [&](const std::vector<size_t>& seqs, const std::string& what) {
+    std::vector<SeqInput> bp, bf;
+    for (size_t i : seqs) {
+      SeqInput in;
+      in.tokens = toks[i].data() + pos[i];
+      in.n_tokens = static_cast<int>(toks[i].size()) - pos[i];
+      in.start_pos = pos[i];
+      in.adapter = who[i];
+      in.kv = kv_plain[i].get();
+      bp.push_back(in);
+      in.kv = kv_fold[i].get();
+      bf.push_back(in);
+    }
+    auto lp = model_->forward(bp);
+    auto lf = folded.forward(bf);
+    ASSERT_TRUE(lp.ok()) << lp.error().message;
+    ASSERT_TRUE(lf.ok()) << lf.error().message;
+    ASSERT_EQ(lp->numel(), lf->numel());
+    double num = 0, den = 0;
+    for (int64_t k = 0; k < lp->numel(); ++k) {
+      num += std::pow(double(lf->f32()[k]) - lp->f32()[k], 2);
+      den += std::pow(double(lp->f32()[k]), 2);
+    }
+    EXPECT_LE(std::sqrt(num / den), 1e-5) << what;
+    // Greedy next tokens from the plain pass, fed to both.
+    for (size_t r = 0; r < seqs.size(); ++r) {
+      const float* row = lp->f32() + static_cast<int64_t>(r) * c.vocab_size;
+      const float* rowf = lf->f32() + static_cast<int64_t>(r) * c.vocab_size;
+      const auto best = std::max_element(row, row + c.vocab_size) - row;
+      EXPECT_EQ(std::max_element(rowf, rowf + c.vocab_size) - rowf, best) << what << ", sequence " << seqs[r];
+      const size_t i = seqs[r];
+      pos[i] = static_cast<int>(toks[i].size());
+      toks[i].push_back(static_cast<int32_t>(best));
+    }
+  };
+  step({0, 1, 2, 3}, "prefill of 29 rows");
+  for (int t = 0; t < 5; ++t) step({0, 1, 2, 3}, "decode step " + std::to_string(t));
+  step({1}, "the base-model sequence alone");
 }
 
 INSTANTIATE_TEST_SUITE_P(Sets, MultiLora, ::testing::Values("qv-shared-a-r8", "qv-indep-a-r8", "qkvo-shared-a-r4"),

@@ -32,11 +32,15 @@ void store_f32(DType dtype, const float* src, void* dst, size_t n) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int n_threads)
-      : pool_(n_threads > 0 ? n_threads : ThreadPool::default_threads()) {
+  CpuBackend(int n_threads, bool fold_norms)
+      : pool_(n_threads > 0 ? n_threads : ThreadPool::default_threads()), fold_norms_(fold_norms) {
     openblas_set_num_threads(pool_.size());
   }
   std::string name() const override { return "cpu"; }
+  bool folds_rms_norm(int64_t rows) const override {
+    (void)rows;
+    return fold_norms_;
+  }
   Device device() const override { return Device::kCpu; }
 
   // Out of memory is a tensor without data, as on the GPU: the forward pass reports kOutOfMemory.
@@ -196,10 +200,13 @@ class CpuBackend final : public Backend {
 
  private:
   ThreadPool pool_;
+  bool fold_norms_ = false;  // folds_rms_norm for every pass (make_cpu_backend)
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+std::unique_ptr<Backend> make_cpu_backend(int n_threads, bool fold_norms) {
+  return std::make_unique<CpuBackend>(n_threads, fold_norms);
+}
 
 }  // namespace lragent
