@@ -5,14 +5,17 @@
 namespace lragent::cuda_impl {
 
 namespace {
+// A fusion switch read once from the environment: on unless NAME=0 (for measuring the unfused
+// launch structure on the device).
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !v || std::atoi(v) != 0;
+}
 // LRAGENT_CUDA_FUSE_LORA=0: the LoRA terms as separate launches (each shrink x·A its own GEMV,
 // each expand copy + GEMV, q's expand outside RoPE), the launch structure before the grouped
 // LoRA path, for measuring it on the device.
 bool fuse_lora() {
-  static const bool on = [] {
-    const char* v = std::getenv("LRAGENT_CUDA_FUSE_LORA");
-    return !v || std::atoi(v) != 0;
-  }();
+  static const bool on = env_on("LRAGENT_CUDA_FUSE_LORA");
   return on;
 }
 }  // namespace
@@ -133,10 +136,7 @@ void CudaBackend::launch_gemv_group(const TensorView& x, std::span<const MatmulO
 namespace {
 // LRAGENT_CUDA_FOLD_NORM=0: decode passes keep their RMSNorm kernels (for measuring the folding).
 bool fold_norm_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LRAGENT_CUDA_FOLD_NORM");
-    return !v || std::atoi(v) != 0;
-  }();
+  static const bool on = env_on("LRAGENT_CUDA_FOLD_NORM");
   return on;
 }
 }  // namespace
@@ -371,10 +371,7 @@ bool CudaBackend::gemv_swiglu(const TensorView& x, const TensorView& w_gate, con
   const int64_t n = x.dim(0), in = x.dim(1), out = w_gate.dim(0);
   const int64_t ldx = row_stride_of(x), ldy = row_stride_of(gate);
   // LRAGENT_CUDA_FUSE_SWIGLU=0: the two-kernel path (for measuring the fusion on the device).
-  static const bool fuse = [] {
-    const char* v = std::getenv("LRAGENT_CUDA_FUSE_SWIGLU");
-    return !v || std::atoi(v) != 0;
-  }();
+  static const bool fuse = env_on("LRAGENT_CUDA_FUSE_SWIGLU");
   const bool gemv = fuse && n > 0 && w_gate.dtype == DType::kBF16 && w_up.dtype == DType::kBF16 &&
                     w_up.dim(0) == out && w_gate.dim(1) == in && w_up.dim(1) == in && gate.dim(1) == out &&
                     gate.data != x.data &&

@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/device_props.h"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -123,20 +124,13 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) 
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t cc = c + 32 * u;
       if (cc >= c1) break;
-      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&cur[u]);
       float wf[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(w2[i]);
-        wf[2 * i] = f.x;
-        wf[2 * i + 1] = f.y;
-      }
+      bf16x8_to_float(cur[u], wf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const float4 p = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8));
         const float4 q = __ldg(reinterpret_cast<const float4*>(a.x + r * a.ldx + cc * 8 + 4));
-        acc[r] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
-                  wf[6] * q.z + wf[7] * q.w;
+        acc[r] += dot8(wf, p, q);
       }
     }
 #pragma unroll
@@ -302,21 +296,14 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
     for (int u = 0; u < kUnroll; ++u) {
       const int cc = c + 32 * u;
       if (cc >= chunks) break;
-      const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&cur[u]);
       float wf[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(w2[i]);
-        wf[2 * i] = f.x;
-        wf[2 * i + 1] = f.y;
-      }
+      bf16x8_to_float(cur[u], wf);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         // Chunk cc = 32·i + lane: its halves are float4s lane and 32 + lane of group i.
         const float4* xp = xs + r * row4 + (cc >> 5) * 64 + lane;
         const float4 p = xp[0], q = xp[32];
-        acc[r] += wf[0] * p.x + wf[1] * p.y + wf[2] * p.z + wf[3] * p.w + wf[4] * q.x + wf[5] * q.y +
-                  wf[6] * q.z + wf[7] * q.w;
+        acc[r] += dot8(wf, p, q);
       }
     }
     if (row_ends) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cfloat>
 
+#include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/random.h"
@@ -160,21 +161,13 @@ __global__ void __launch_bounds__(128) gemv_bf16_kernel(const __nv_bfloat16* __r
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
 #pragma unroll 2
   for (int64_t k = lane * 8; k < in; k += 256) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(wr + k));
-    const __nv_bfloat162* w2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
     float wf[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 f = __bfloat1622float2(w2[i]);
-      wf[2 * i] = f.x;
-      wf[2 * i + 1] = f.y;
-    }
+    bf16x8_to_float(__ldg(reinterpret_cast<const uint4*>(wr + k)), wf);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const float4 a = *reinterpret_cast<const float4*>(x + r * ldx + k);
       const float4 b = *reinterpret_cast<const float4*>(x + r * ldx + k + 4);
-      acc[r] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
-                wf[7] * b.w;
+      acc[r] += dot8(wf, a, b);
     }
   }
 #pragma unroll
