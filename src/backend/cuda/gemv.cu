@@ -263,19 +263,21 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
     locate(u, sub, seg, o);
     return reinterpret_cast<const uint4*>(a.w[seg] + int64_t{o} * a.ldw[seg]);
   };
-  auto load = [&](uint4 (&wv)[kUnroll], const uint4* wr, int c) {
+  // A batch is chunks cb + lane + 32·u of a row, cb warp-uniform: every lane of the warp reaches
+  // a row's end (and its shuffles) in the same iteration.
+  auto load = [&](uint4 (&wv)[kUnroll], const uint4* wr, int cb) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int cc = c + 32 * u;
+      const int cc = cb + lane + 32 * u;
       wv[u] = cc < chunks ? ld_stream(wr + cc) : make_uint4(0, 0, 0, 0);
     }
   };
-  int unit = blockIdx.x * kWarps + warp, sub = 0, c = lane;  // the batch in `cur`
+  int unit = blockIdx.x * kWarps + warp, sub = 0, cb = 0;  // the batch in `cur`
   const uint4* wr = unit < units ? row_ptr(unit, 0) : nullptr;
   uint4 cur[kUnroll], nxt[kUnroll];
   // The first weights do not depend on the previous kernel: with programmatic dependent launch
   // they are in flight while it finishes; h is read only after griddepcontrol.wait.
-  if (wr) load(cur, wr, c);
+  if (wr) load(cur, wr, cb);
   pdl_wait();
   pdl_release();
   stage_normed<R>(a, reinterpret_cast<float*>(xs_dyn), red);
@@ -284,17 +286,17 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
   for (int r = 0; r < R; ++r) acc[r] = gate[r] = 0.f;
   while (unit < units) {
     // The next batch: further along this row, or the first of the next row (or unit).
-    int nunit = unit, nsub = sub, nc = c + 32 * kUnroll;
+    int nunit = unit, nsub = sub, nc = cb + 32 * kUnroll;
     const bool row_ends = nc >= chunks;
     if (row_ends) {
-      nc = lane;
+      nc = 0;
       if (++nsub == kSub) nsub = 0, nunit += stride;
     }
     const uint4* nwr = !row_ends ? wr : (nunit < units ? row_ptr(nunit, nsub) : nullptr);
     if (nwr) load(nxt, nwr, nc);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int cc = c + 32 * u;
+      const int cc = cb + lane + 32 * u;
       if (cc >= chunks) break;
       float wf[8];
       bf16x8_to_float(cur[u], wf);
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
-    unit = nunit, sub = nsub, c = nc, wr = nwr;
+    unit = nunit, sub = nsub, cb = nc, wr = nwr;
   }
 }
 
