@@ -265,10 +265,7 @@ class Backend {
   virtual void rms_norm_matmul_group(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,
                                      std::span<const MatmulOut> outs) {
     rms_norm(h, norm_w, eps, xn);
-    if (outs.size() == 1)
-      matmul(xn, *outs[0].w, outs[0].bias, *outs[0].y);
-    else
-      matmul_group(xn, outs);
+    matmul_group(xn, outs);
   }
   // matmul_swiglu of the normed rows of h (xn and up: scratch, as above).
   virtual void rms_norm_matmul_swiglu(const TensorView& h, const TensorView& norm_w, float eps, TensorView& xn,

@@ -30,13 +30,10 @@ Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<
   TensorView x_scratch = x;  // with `norm`: where the normed rows go when they are written
   // The products of x (with `norm`: of rms_norm(h)).
   auto products = [&](std::span<const Backend::MatmulOut> outs) {
-    if (norm) {
+    if (norm)
       be.rms_norm_matmul_group(*norm->h, *norm->weight, norm->eps, x_scratch, outs);
-    } else if (outs.size() == 1) {
-      be.matmul(x, *outs[0].w, outs[0].bias, *outs[0].y);
-    } else {
-      be.matmul_group(x, outs);
-    }
+    else
+      be.matmul_group(x, outs);  // one output: a plain matmul on every backend
   };
   // No segment adapts any target (a base-model batch, or an adapter without these modules): the
   // base projections only (every decode step of a base model passes here 4 times a layer).

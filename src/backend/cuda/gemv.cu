@@ -22,8 +22,8 @@
 //     its RMSNorm, (h / rms(h) · g) · w^T, without the normed rows ever reaching memory: the
 //     RMSNorm kernel before each GEMV group (65 per 8B decode step) and its launch gap are gone.
 //     Each block norms h into shared memory once, then each warp streams whole rows one after
-//     another (the grid is the blocks that fit at once), its next row's first weights in flight
-//     while it finishes the current one. Tried first and dropped (H200, 8B decode step with
+//     another (k or k - 1 rows each, the grid at most the blocks that fit at once), its next
+//     row's first weights in flight while it finishes the current one. Tried first and dropped (H200, 8B decode step with
 //     lookahead, against 4.72 ms without folding):
 //       - summing h² while streaming and scaling each chunk's weights by g read from L1: 6.47 ms
 //         (the extra L1 traffic of g);
@@ -177,8 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) 
 // In each group of 32 chunks the first halves come first, then the second halves, so that lane k
 // reading chunk 32·i + k reads float4s k and 32 + k of the group: a warp's shared-memory request
 // is 512 contiguous bytes (4 wavefronts), where the plain layout's 32-byte lane stride takes 8.
-// A row takes padded_in(in) floats.
-__host__ __device__ constexpr int64_t staged_row_floats(int64_t in) { return (in + 255) / 256 * 256; }
+// A row takes gemv_norm_row_floats(in) floats.
 __device__ __forceinline__ int staged_float4(int j) {  // float4 j of the row (j = 2 · chunk + half)
   const int cc = j >> 1;
   return (cc >> 5) * 64 + (j & 1) * 32 + (cc & 31);
@@ -191,7 +190,7 @@ template <int R>
 __device__ void stage_normed(const GemvArgs& a, float* xs, float (&red)[kWarps][R]) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int n4 = static_cast<int>(a.in / 4);
-  const int row4 = static_cast<int>(staged_row_floats(a.in) / 4);  // float4s per staged row
+  const int row4 = static_cast<int>(gemv_norm_row_floats(a.in) / 4);  // float4s per staged row
   float4* xs4 = reinterpret_cast<float4*>(xs);
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -238,7 +237,7 @@ __device__ void stage_normed(const GemvArgs& a, float* xs, float (&red)[kWarps][
 // chunks are 32-bit (the host checks).
 template <int R, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(const GemvArgs a) {
-  extern __shared__ float4 xs_dyn[];  // [R][staged_row_floats(in)] x's normed rows (f32), staged layout
+  extern __shared__ float4 xs_dyn[];  // [R][gemv_norm_row_floats(in)] x's normed rows (f32), staged layout
   __shared__ float red[kWarps][R];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int units = static_cast<int>(kSwiGLU ? a.end[0] : a.out);  // rows (SwiGLU: row pairs)
@@ -246,7 +245,7 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
   const int chunks = static_cast<int>(a.in / 8);  // 16-byte chunks of a weight row
   constexpr int kSub = kSwiGLU ? 2 : 1;           // rows per unit
   const float4* xs = xs_dyn;
-  const int row4 = static_cast<int>(staged_row_floats(a.in) / 4);
+  const int row4 = static_cast<int>(gemv_norm_row_floats(a.in) / 4);
   // Unit u's segment and row within it (SwiGLU: sub picks gate or up).
   auto locate = [&](int u, int sub, int& seg, int& o) {
     if constexpr (kSwiGLU) {
@@ -397,7 +396,7 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   unsigned grid = static_cast<unsigned>((units + per_block - 1) / per_block);
   // Norm mode: x's normed rows in shared memory; a warp per row, the grid at most the blocks that
   // fit at once (each warp then loops over rows).
-  const size_t smem = a.norm_w ? static_cast<size_t>(rows * staged_row_floats(a.in)) * 4 : 0;
+  const size_t smem = a.norm_w ? static_cast<size_t>(rows * gemv_norm_row_floats(a.in)) * 4 : 0;
   // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits
   // on it before reading x; see the kernel). Captured into graphs as a programmatic edge.
   const bool pdl = a.norm_w ? knobs().norm_pdl : knobs().pdl;

@@ -68,11 +68,14 @@ struct GemvNorm {
   Elem t;
   float eps;
 };
-// Whether norm mode takes g for `rows` rows of `in` values (their normed copy, rows · in f32 with
-// in rounded up to 256, must fit in a block's 48 KiB of shared memory).
+// Floats of one normed row as norm mode stages it in shared memory (in rounded up to groups of
+// 32 chunks; the layout is in gemv.cu).
+constexpr int64_t gemv_norm_row_floats(int64_t in) { return (in + 255) / 256 * 256; }
+// Whether norm mode takes g for `rows` rows of `in` values (their staged copies must fit in a
+// block's 48 KiB of shared memory).
 inline bool gemv_norm_ok(const GemvNorm& n, int64_t rows, int64_t in) {
   return n.w && (n.t == Elem::kF32 || n.t == Elem::kBF16) && reinterpret_cast<uintptr_t>(n.w) % 16 == 0 &&
-         rows * ((in + 255) / 256 * 256) * 4 <= 48 * 1024;
+         rows * gemv_norm_row_floats(in) * 4 <= 48 * 1024;
 }
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
                               float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr);
