@@ -10,7 +10,8 @@
 // Timing: CUDA events per repetition, warm-up, median of >= 20 repetitions (prefill: the
 // default kernel's variants and materialise-then-attend interleaved), inputs rotated
 // (disjoint page sets / query buffers) where one set would fit in L2. Also a D2D copy ceiling.
-// Writes JSON to --out (default attention_bench.json) and prints a table.
+// Writes JSON to --out (default attention_bench.json) and prints a table. --quick: shorter
+// contexts; --decode-only: no prefill section (for A/B runs of decode variants).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -226,6 +227,7 @@ int main(int argc, char** argv) {
   std::string out_path = "attention_bench.json";
   int reps = 30;
   bool quick = false;
+  bool decode_only = false;  // skip both prefill sections (A/B runs of decode variants)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc)
       out_path = argv[++i];
@@ -233,6 +235,8 @@ int main(int argc, char** argv) {
       reps = std::max(20, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--quick"))
       quick = true;
+    else if (!std::strcmp(argv[i], "--decode-only"))
+      decode_only = true;
   }
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
@@ -335,6 +339,7 @@ int main(int argc, char** argv) {
   // ---- prefill: 1024 queries at the end of 8k / 32k / 64k ----
   const int n_q = 1024;
   std::vector<int> prefill_ctx = quick ? std::vector<int>{8192} : std::vector<int>{8192, 32768, 65536};
+  if (decode_only) prefill_ctx.clear();
   int32_t* d_qs1 = dupload(std::vector<int32_t>{0, n_q});
   for (int ctx : prefill_ctx) {
     const int pages = ctx / kPage;
@@ -647,7 +652,7 @@ int main(int argc, char** argv) {
   // ---- (last, so its 128 MB of buffers disturb no other figure) prefill from position 0: the
   // causal square of one chunk (a model's first prefill, e.g.
   // the 8B model bench's 8k pass); row tiles then range from 1 to ctx / 64 key tiles ----
-  {
+  if (!decode_only) {
     const int sq = quick ? 4096 : 8192;
     const size_t q_elems = static_cast<size_t>(sq) * kHeads * kD;
     bf16* qsq = dalloc<bf16>(q_elems);  // [sq, 32 heads, 128]
