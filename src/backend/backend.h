@@ -91,6 +91,8 @@ struct GraphStats {
   // Prefill attentions whose K-side LoRA term was materialised (K_full written once, then plain
   // attention) instead of rebuilt per tile inside the kernel.
   int64_t materialized_k = 0;
+  // Decode passes' RoPE launched together with the layer's K/V stores (one kernel for two).
+  int64_t fused_rope_stores = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

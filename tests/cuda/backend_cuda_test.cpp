@@ -19,6 +19,7 @@
 #include "cuda/cuda_test_util.h"
 #include "agents/replay.h"
 #include "backend/backend.h"
+#include "core/dtype.h"
 #include "kv/block_pool.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -431,6 +432,136 @@ TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
   mean /= hv.size();
   for (float v : hv) var += (v - mean) * (v - mean);
   EXPECT_NEAR(std::sqrt(var / hv.size()), 0.02, 0.002);
+}
+
+// A decode pass's RoPE and the K/V stores after it (rope_pair_lora, then a store batch: k's rows,
+// V, LR rows), recorded as a decode pass: the CUDA backend launches them as one kernel
+// (GraphStats::fused_rope_stores) whose block of a token and kv head stores the k rows it
+// rotated. Checked against the CPU (rotated q and k, the cache rows) and, bit for bit, against the
+// same ops run eagerly (two launches). Shapes: Llama-3 GQA at head_dim 128, and 6 q heads on 4 kv
+// heads (q heads not a multiple of kv heads); 1, 3 and 8 tokens, page sizes 1 and 16, LoRA terms
+// on q for some tokens.
+TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
+  const DType dt = GetParam();
+  struct Case { int64_t ha, hb, hd; int page; };
+  for (const Case c : {Case{32, 8, 128, 16}, Case{6, 4, 64, 1}}) {
+    for (int64_t n : {1, 3, 8}) {
+      const int64_t wk = c.hb * c.hd, wq = c.ha * c.hd, rank = 16, ctx = 40;
+      Tensor qh = random_host({n, c.ha, c.hd}, 61), kh = random_host({n, c.hb, c.hd}, 62);
+      Tensor vh = random_host({n, wk}, 63), lh = random_host({n, rank}, 64);
+      Tensor xa = random_host({n, rank}, 65), bq = random_host({wq, rank}, 66, 0.3f);
+      std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        pos[static_cast<size_t>(i)] = static_cast<int32_t>(ctx - n + i + 1000 * i);
+        slots[static_cast<size_t>(i)] = static_cast<int32_t>((ctx - 1 - 5 * i + ctx) % ctx);  // distinct, unordered
+      }
+      std::vector<float> inv_freq(static_cast<size_t>(c.hd / 2));
+      for (int64_t i = 0; i < c.hd / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(500000.f, -2.f * i / c.hd);
+      const int64_t blocks = (ctx + c.page - 1) / c.page;
+
+      // [run] q, k after RoPE and the K / V / LR cache rows at `slots`, as f32: run 0 the CPU,
+      // 1 the GPU recorded (fused), 2 the GPU eager.
+      struct Out { std::vector<float> q, k, kc, vc, lc; };
+      Out outs[3];
+      for (int run = 0; run < 3; ++run) {
+        Backend& be = run == 0 ? *cpu : *gpu;
+        const bool dev = run > 0;
+        Backend* pb = pool_backend(be);
+        auto pk = BlockPool::create("k", 1, c.page, wk, blocks, pb);
+        auto pv = BlockPool::create("v", 1, c.page, wk, blocks, pb);
+        auto pl = BlockPool::create("lr", 1, c.page, rank, blocks, pb);
+        ASSERT_TRUE(pk.ok() && pv.ok() && pl.ok());
+        std::vector<int32_t> tables[3];
+        BlockPool* pools[3] = {pk->get(), pv->get(), pl->get()};
+        for (int i = 0; i < 3; ++i) {
+          for (int64_t b = 0; b < blocks; ++b) {
+            auto id = pools[i]->allocate();
+            ASSERT_TRUE(id.ok()) << id.error().message;
+            tables[i].push_back(*id);
+          }
+          std::shuffle(tables[i].begin(), tables[i].end(), std::mt19937(static_cast<uint32_t>(3 + i)));
+        }
+        auto up = [&](const Tensor& t, DType d) { return dev ? be.upload(t.view(), d) : Tensor(); };
+        Tensor qd = up(qh, DType::kF32), kd = up(kh, DType::kF32), vd = up(vh, DType::kF32), ld = up(lh, DType::kF32);
+        Tensor xad = up(xa, DType::kF32), bqd = up(bq, be.weight_dtype());
+        Tensor qc, kc;  // the CPU's operands (rotated in place)
+        if (!dev) {
+          qc = Tensor::empty(DType::kF32, {n, c.ha, c.hd});
+          kc = Tensor::empty(DType::kF32, {n, c.hb, c.hd});
+          std::copy_n(qh.f32(), qh.numel(), qc.f32());
+          std::copy_n(kh.f32(), kh.numel(), kc.f32());
+        }
+        TensorView q = dev ? qd.view() : qc.view(), k = dev ? kd.view() : kc.view();
+        // LoRA on q for tokens 0 and (when there) 2.
+        std::vector<Backend::LoraExpandJob> jobs;
+        TensorView q2 = q;
+        q2.shape = {n, wq};
+        q2.strides.clear();
+        for (int64_t t : {int64_t{0}, int64_t{2}}) {
+          if (t >= n) continue;
+          Backend::LoraExpandJob j;
+          j.xa = (dev ? xad.view() : xa.view()).rows(t, t + 1);
+          j.b = dev ? bqd.view() : bq.view();
+          j.scale = 1.5f;
+          j.y = q2.rows(t, t + 1);
+          jobs.push_back(j);
+        }
+        if (run == 1) be.begin_pass(n);  // recorded: the fused launch
+        const int64_t fused_before = be.graph_stats().fused_rope_stores;
+        be.rope_pair_lora(q, k, pos.data(), inv_freq.data(), jobs);
+        be.begin_store_batch();
+        TensorView k2 = k;
+        k2.shape = {n, wk};
+        k2.strides.clear();
+        be.store_rows(k2, pk->get()->layer_view(0, tables[0].data()), slots.data());
+        be.store_rows(dev ? vd.view() : vh.view(), pv->get()->layer_view(0, tables[1].data()), slots.data());
+        be.store_rows(dev ? ld.view() : lh.view(), pl->get()->layer_view(0, tables[2].data()), slots.data());
+        be.end_store_batch();
+        Out& o = outs[run];
+        o.q = host_values(be, q);  // runs the recorded pass
+        o.k = host_values(be, k);
+        if (run > 0)
+          EXPECT_EQ(be.graph_stats().fused_rope_stores - fused_before, run == 1 ? 1 : 0)
+              << (run == 1 ? "the recorded pass launches RoPE and stores as one kernel" : "eager: two launches");
+        // Cache rows at the slots, as f32.
+        auto rows_of = [&](BlockPool* pool, const int32_t* table, int64_t width) {
+          const PagedView pv2 = pool->layer_view(0, table);
+          std::vector<float> r;
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t off = pv2.row_offset(slots[static_cast<size_t>(i)]);
+            TensorView v;
+            v.dtype = pv2.dtype;
+            v.shape = {width};
+            v.data = static_cast<char*>(pv2.data) + off * static_cast<int64_t>(dtype_size(pv2.dtype));
+            Tensor h = dev ? be.to_host(v) : Tensor();
+            const void* src = dev ? h.view().data : v.data;
+            for (int64_t e = 0; e < width; ++e)
+              r.push_back(pv2.dtype == DType::kF32 ? static_cast<const float*>(src)[e]
+                                                    : bf16_to_f32(static_cast<const uint16_t*>(src)[e]));
+          }
+          return r;
+        };
+        o.kc = rows_of(pools[0], tables[0].data(), wk);
+        o.vc = rows_of(pools[1], tables[1].data(), wk);
+        o.lc = rows_of(pools[2], tables[2].data(), rank);
+        for (int i = 0; i < 3; ++i)
+          for (int32_t b : tables[i]) pools[i]->release(b);
+      }
+      const std::string what = "ha " + std::to_string(c.ha) + " hb " + std::to_string(c.hb) + " hd " +
+                               std::to_string(c.hd) + " n " + std::to_string(n);
+      const double tq = dt == DType::kF32 ? 2e-5 : 1e-2;  // q's LoRA term reads B in the weight dtype
+      EXPECT_LE(rel_l2(outs[1].q, outs[0].q), tq) << "q, " << what;
+      EXPECT_LE(rel_l2(outs[1].k, outs[0].k), 2e-6) << "k, " << what;
+      EXPECT_LE(rel_l2(outs[1].kc, outs[0].kc), tol(dt)) << "K cache rows, " << what;
+      EXPECT_LE(rel_l2(outs[1].vc, outs[0].vc), tol(dt)) << "V cache rows, " << what;
+      EXPECT_LE(rel_l2(outs[1].lc, outs[0].lc), tol(dt)) << "LR cache rows, " << what;
+      EXPECT_EQ(outs[1].q, outs[2].q) << "fused vs eager q, " << what;
+      EXPECT_EQ(outs[1].k, outs[2].k) << "fused vs eager k, " << what;
+      EXPECT_EQ(outs[1].kc, outs[2].kc) << "fused vs eager K cache, " << what;
+      EXPECT_EQ(outs[1].vc, outs[2].vc) << "fused vs eager V cache, " << what;
+      EXPECT_EQ(outs[1].lc, outs[2].lc) << "fused vs eager LR cache, " << what;
+    }
+  }
 }
 
 // Paged attention through the Backend interface: caches written with store_rows into pools of

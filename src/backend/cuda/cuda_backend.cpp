@@ -108,9 +108,9 @@ CudaBackend::~CudaBackend() {
     fmt::print(stderr,
                "CUDA graphs: {} recorded passes: {} replayed, {} captured, {} updated, {} eager, {} capture "
                "failures; {:.1f} ms building graphs; {} attention launches served {} sequences at once; {} "
-               "prefill attentions materialised K\n",
+               "prefill attentions materialised K; {} RoPEs launched with their K/V stores\n",
                t.passes, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms, batched_attn_,
-               batched_attn_seqs_, materialized_k_);
+               batched_attn_seqs_, materialized_k_, fused_rope_stores_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
     double total = 0;
@@ -479,6 +479,7 @@ void CudaBackend::read_ids(const int32_t* ids, int64_t rows, int32_t* out) {
 }
 
 void CudaBackend::flush_tape() {
+  flush_rope();
   if (rec_prof_ && !failed_) rec_prof_tick("(pass end)");
   // Its arguments (positions, slots, block tables) must be up before anything of it runs: else
   // its ops would read the previous pass's and store K/V rows at that pass's slots.

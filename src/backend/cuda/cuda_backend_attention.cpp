@@ -75,6 +75,39 @@ void CudaBackend::end_store_batch() {
 }
 
 void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
+  if (pending_rope_ && !jobs.empty() && jobs.size() <= static_cast<size_t>(lc::kMaxStoreJobs)) {
+    // One launch for the RoPE and the stores, if every job reading the rotated k reads whole rows
+    // of it (its kernel block of a token and head then stores what it rotated), and no job reads
+    // q or straddles k.
+    lc::RopeStoreArgs r = *pending_rope_;
+    const auto row_bytes = static_cast<uintptr_t>(r.hb) * static_cast<uintptr_t>(r.hd) * 4;
+    const auto b0 = reinterpret_cast<uintptr_t>(r.xb), b1 = b0 + static_cast<uintptr_t>(r.n) * row_bytes;
+    const auto a0 = reinterpret_cast<uintptr_t>(r.xa);
+    const auto a1 = a0 + static_cast<uintptr_t>(r.n * r.ha * r.hd) * 4;
+    bool ok = true;
+    for (size_t j = 0; j < jobs.size() && ok; ++j) {
+      const auto p0 = reinterpret_cast<uintptr_t>(jobs[j].rows);
+      const auto p1 = p0 + static_cast<uintptr_t>(jobs[j].n * jobs[j].width) * 4;
+      r.tok0[j] = -1;
+      if (p0 >= b0 && p0 < b1) {
+        ok = (p0 - b0) % row_bytes == 0 && jobs[j].width == int64_t{r.hb} * r.hd && p1 <= b1;
+        r.tok0[j] = static_cast<int64_t>((p0 - b0) / row_bytes);
+      } else {
+        ok = (p1 <= b0 || p0 >= b1) && (p1 <= a0 || p0 >= a1);
+      }
+    }
+    if (ok) {
+      pending_rope_.reset();
+      std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
+      const int nj = static_cast<int>(jobs.size());
+      std::copy_n(jobs.begin(), nj, chunk.begin());
+      ++fused_rope_stores_;
+      rec("rope_store", nj);
+      for (int j = 0; j < nj; ++j) rec("rope_store_tok0", r.tok0[j]);
+      launch("rope_store", [=, this] { return lc::rope_store(r, chunk.data(), nj, stream_); });
+      return;
+    }
+  }
   for (size_t at = 0; at < jobs.size(); at += lc::kMaxStoreJobs) {
     std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
     const int nj = static_cast<int>(std::min<size_t>(lc::kMaxStoreJobs, jobs.size() - at));

@@ -111,7 +111,7 @@ class CudaBackend final : public Backend {
     const lc::TapeStats& t = tape_->stats();
     return {t.passes,     t.replayed,         t.captured,          t.eager,
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
-            batched_attn_, batched_attn_seqs_, materialized_k_};
+            batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -178,8 +178,14 @@ class CudaBackend final : public Backend {
   int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides it (measuring)
   bool store_batching_ = false;              // begin_store_batch .. end_store_batch
   std::vector<lc::StoreJobDev> pending_stores_;  // held back until end_store_batch
-  // Launches jobs in launches of up to lc::kMaxStoreJobs.
+  // Launches jobs in launches of up to lc::kMaxStoreJobs; with a RoPE pending, as one rope_store
+  // launch when the jobs allow it.
   void launch_stores(std::span<const lc::StoreJobDev> jobs);
+  // A recorded decode pass's RoPE of q and k (rope_pair_impl), held back so that the layer's K/V
+  // stores that follow can run in the same launch (lc::rope_store: one kernel instead of two).
+  // Any other op launched first, and the end of the pass, launch it alone (flush_rope).
+  std::optional<lc::RopeStoreArgs> pending_rope_;
+  void flush_rope();
   // Grouped decode GEMV launches of `outs` (all GEMV-eligible), in norm mode when `norm` is given.
   void launch_gemv_group(const TensorView& x, std::span<const MatmulOut> outs, const lc::GemvNorm* norm);
   // The fused SwiGLU GEMV (norm mode when `norm` is given); false: the operands need the fallback.
@@ -206,6 +212,7 @@ class CudaBackend final : public Backend {
   }
   template <class F>
   void launch(const char* name, F&& f) {
+    if (pending_rope_) flush_rope();  // this op may read what the RoPE writes
     if (failed_) return;  // an earlier op failed: its outputs are garbage, run nothing more
     if (!inject_fault_.empty() && inject_fault_ == name && --inject_count_ == 0) {  // tests of the error path
       inject_fault_.clear();
@@ -390,6 +397,7 @@ class CudaBackend final : public Backend {
   int64_t host_picks_ = 0;         // GraphStats::host_picks
   int64_t batched_attn_ = 0, batched_attn_seqs_ = 0;  // GraphStats::batched_attention(_seqs)
   int64_t materialized_k_ = 0;                        // GraphStats::materialized_k
+  int64_t fused_rope_stores_ = 0;                     // GraphStats::fused_rope_stores
   // Identity block table [pages] (0, 1, 2, ...) of the dense K_full and V copies (materialize_k_full).
   std::vector<int32_t> dense_table_;
   // Decode lookahead (sample_rows_deferred): the latest deferred picks on the device (a fixed

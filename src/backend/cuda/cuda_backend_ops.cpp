@@ -18,6 +18,11 @@ bool fuse_lora() {
   static const bool on = env_on("LRAGENT_CUDA_FUSE_LORA");
   return on;
 }
+// LRAGENT_CUDA_FUSE_ROPE_STORE=0: a decode pass's RoPE and its K/V stores as two launches.
+bool fuse_rope_store() {
+  static const bool on = env_on("LRAGENT_CUDA_FUSE_ROPE_STORE");
+  return on;
+}
 }  // namespace
 
 namespace {
@@ -314,6 +319,20 @@ void CudaBackend::rope_pair_lora(TensorView& a, TensorView& b, const int32_t* po
   rope_pair_impl(a, b, positions, inv_freq, &rl);
 }
 
+void CudaBackend::flush_rope() {
+  if (!pending_rope_) return;
+  const lc::RopeStoreArgs r = *pending_rope_;
+  pending_rope_.reset();
+  rec("rope_alone", r.lora);
+  if (r.lora) {
+    launch("rope", [=, this] {
+      return lc::rope_pair_lora(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, r.rl, stream_);
+    });
+  } else {
+    launch("rope", [=, this] { return lc::rope_pair(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, stream_); });
+  }
+}
+
 void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
                                  const lc::RopeLora* lora) {
   assert(a.rank() == 3 && b.rank() == 3 && a.is_contiguous() && b.is_contiguous() && a.dim(0) == b.dim(0) &&
@@ -335,6 +354,24 @@ void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* po
     if (a16) q_shadow_ = {a.data, a.numel(), 0, a16};
   }
   rec("rope_pair", xa, ha, xb, hb, n, hd, pos, inv, a16);
+  if (fuse_rope_store() && tape_->recording() && n >= 1 && n <= lc::kGemvMaxRows && hb >= 1 && hd % 2 == 0 &&
+      !failed_) {
+    if (pending_rope_) flush_rope();
+    lc::RopeStoreArgs r;
+    r.xa = xa;
+    r.ha = ha;
+    r.xb = xb;
+    r.hb = hb;
+    r.n = n;
+    r.hd = hd;
+    r.pos = pos;
+    r.inv_freq = inv;
+    r.xa16 = a16;
+    r.lora = lora != nullptr;
+    if (lora) r.rl = *lora;
+    pending_rope_ = r;
+    return;
+  }
   if (lora) {
     const lc::RopeLora rl = *lora;
     launch("rope", [=, this] { return lc::rope_pair_lora(xa, ha, xb, hb, n, hd, pos, inv, a16, rl, stream_); });

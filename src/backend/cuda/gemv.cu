@@ -35,6 +35,7 @@
 #include <climits>
 #include <cstdlib>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/device_props.h"
@@ -402,10 +403,24 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   const bool pdl = a.norm_w ? knobs().norm_pdl : knobs().pdl;
   auto go = [&](auto kernel) -> cudaError_t {
     if (a.norm_w) {
-      int per_sm = 0;
-      const cudaError_t e =
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, static_cast<int>(smem));
-      if (e != cudaSuccess) return e;
+      // Resident blocks per SM for this kernel at this shared-memory size: asked once per pair
+      // and thread (eager and captured passes launch ~100 of these a step; a handful of pairs).
+      struct Occ {
+        const void* fn;
+        size_t smem;
+        int per_sm;
+      };
+      static thread_local std::vector<Occ> occ;
+      const void* fn = reinterpret_cast<const void*>(kernel);
+      int per_sm = -1;
+      for (const Occ& o : occ)
+        if (o.fn == fn && o.smem == smem) per_sm = o.per_sm;
+      if (per_sm < 0) {
+        const cudaError_t e =
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, static_cast<int>(smem));
+        if (e != cudaSuccess) return e;
+        occ.push_back({fn, smem, per_sm});
+      }
       // Every warp streams k or k - 1 rows, k the fewest that the resident warps allow: a grid of
       // all resident blocks would leave a few warps a row more than the rest (6144 q/k/v rows on
       // 4224 warps: half take two rows, half one, and the kernel lasts two).

@@ -181,6 +181,61 @@ __global__ void __launch_bounds__(128) gemv_bf16_kernel(const __nv_bfloat16* __r
   }
 }
 
+// One rotation pair of RoPE: element i (< hd / 2) of row `row` (token tok's head) of x, and
+// element i + hd / 2 (returned, rotated, as well as written back). With kLora and lr (token tok's x·A, q only), the row first gets its LoRA term
+// scale · lr · b^T. x16 (optional): the rotated pair also in bf16.
+template <bool kLora>
+__device__ __forceinline__ float2 rope_elem(float* x, int heads, int64_t row, int i, int64_t tok, int hd,
+                                          const int32_t* pos, const float* inv_freq, __nv_bfloat16* x16,
+                                          const RopeLora& lora, const float* lr) {
+  const int half = hd / 2;
+  const float angle = static_cast<float>(pos[tok]) * inv_freq[i];
+  float sn, cs;
+  sincosf(angle, &sn, &cs);
+  float* v = x + row * hd;
+  float a = v[i], b = v[i + half];
+  if constexpr (kLora) {
+    if (lr) {
+      const int64_t o = (row % heads) * hd + i;  // output column of x·A·B^T
+      float da = 0.f, db = 0.f;
+      const int rank = lora.rank[tok];
+      const int64_t ldb = lora.ldb[tok];
+      const bool bf = lora.b_bf16[tok] != 0;
+      auto w_at = [&](int64_t col, int k) {
+        return bf ? __bfloat162float(static_cast<const __nv_bfloat16*>(lora.b[tok])[col * ldb + k])
+                  : static_cast<const float*>(lora.b[tok])[col * ldb + k];
+      };
+      // 16 ranks at a time, every load of a chunk issued before the first use (a dependent
+      // loop would wait one L2 round trip per rank).
+      for (int k0 = 0; k0 < rank; k0 += 16) {
+        float wa[16], wb[16], l[16];
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+          const bool ok = k0 + u < rank;
+          wa[u] = ok ? w_at(o, k0 + u) : 0.f;
+          wb[u] = ok ? w_at(o + half, k0 + u) : 0.f;
+          l[u] = ok ? lr[k0 + u] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 16; ++u) {
+          da += l[u] * wa[u];
+          db += l[u] * wb[u];
+        }
+      }
+      a += lora.scale[tok] * da;
+      b += lora.scale[tok] * db;
+    }
+  }
+  const float ra = a * cs - b * sn, rb = b * cs + a * sn;
+  v[i] = ra;
+  v[i + half] = rb;
+  if (x16) {
+    x16[row * hd + i] = __float2bfloat16(ra);
+    x16[row * hd + i + half] = __float2bfloat16(rb);
+  }
+  return make_float2(ra, rb);
+}
+
 // RoPE on one or two tensors of the same tokens (q and k in one launch): elements [0, n·ha·half)
 // rotate xa [n, ha, hd], the rest xb [n, hb, hd].
 // xa16 (optional): the rotated xa also in bf16 (the attention kernels' query operand).
@@ -192,57 +247,12 @@ __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int
   const int64_t total_a = n * ha * half, total = total_a + n * hb * half;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     const bool in_a = e < total_a;
-    float* x = in_a ? xa : xb;
     const int heads = in_a ? ha : hb;
     const int64_t el = in_a ? e : e - total_a;
-    const int i = static_cast<int>(el % half);
     const int64_t row = el / half;  // token * heads + head
     const int64_t tok = row / heads;
-    const float angle = static_cast<float>(pos[tok]) * inv_freq[i];
-    float sn, cs;
-    sincosf(angle, &sn, &cs);
-    float* v = x + row * hd;
-    float a = v[i], b = v[i + half];
-    if constexpr (kLora) {
-      const float* lr = in_a ? lora.lr[tok] : nullptr;
-      if (lr) {
-        const int64_t o = (row % heads) * hd + i;  // output column of x·A·B^T
-        float da = 0.f, db = 0.f;
-        const int rank = lora.rank[tok];
-        const int64_t ldb = lora.ldb[tok];
-        const bool bf = lora.b_bf16[tok] != 0;
-        auto w_at = [&](int64_t col, int k) {
-          return bf ? __bfloat162float(static_cast<const __nv_bfloat16*>(lora.b[tok])[col * ldb + k])
-                    : static_cast<const float*>(lora.b[tok])[col * ldb + k];
-        };
-        // 16 ranks at a time, every load of a chunk issued before the first use (a dependent
-        // loop would wait one L2 round trip per rank).
-        for (int k0 = 0; k0 < rank; k0 += 16) {
-          float wa[16], wb[16], l[16];
-#pragma unroll
-          for (int u = 0; u < 16; ++u) {
-            const bool ok = k0 + u < rank;
-            wa[u] = ok ? w_at(o, k0 + u) : 0.f;
-            wb[u] = ok ? w_at(o + half, k0 + u) : 0.f;
-            l[u] = ok ? lr[k0 + u] : 0.f;
-          }
-#pragma unroll
-          for (int u = 0; u < 16; ++u) {
-            da += l[u] * wa[u];
-            db += l[u] * wb[u];
-          }
-        }
-        a += lora.scale[tok] * da;
-        b += lora.scale[tok] * db;
-      }
-    }
-    const float ra = a * cs - b * sn, rb = b * cs + a * sn;
-    v[i] = ra;
-    v[i + half] = rb;
-    if (in_a && xa16) {
-      xa16[row * hd + i] = __float2bfloat16(ra);
-      xa16[row * hd + i + half] = __float2bfloat16(rb);
-    }
+    rope_elem<kLora>(in_a ? xa : xb, heads, row, static_cast<int>(el % half), tok, hd, pos, inv_freq,
+                     in_a ? xa16 : nullptr, lora, kLora && in_a ? lora.lr[tok] : nullptr);
   }
 }
 
@@ -404,6 +414,56 @@ __global__ void __launch_bounds__(1024) argmax_rows_kernel(const float* x, int64
   if (threadIdx.x == 0) {
     for (int w = 1; w < n_warps; ++w) take(sv[w], si[w]);
     out[blockIdx.x] = static_cast<int32_t>(bi);
+  }
+}
+
+// rope_store (ops.cuh), element by element over one grid: q's rotation pairs, then k's (each
+// written back and, by the same thread, into every cache job that stores k's rows: nothing reads
+// a rotated k value but the thread that made it), then the other jobs' elements (which read
+// nothing the RoPE writes). No barrier, so the RoPE and the stores overlap as one launch.
+struct RopeStoreJobs {
+  StoreJobDev job[kMaxStoreJobs];
+  int64_t tok0[kMaxStoreJobs];
+  int64_t end[kMaxStoreJobs];  // prefix sums of n · width over the jobs with tok0 < 0, in order
+  int n_jobs;
+};
+template <bool kLora>
+__global__ void rope_store_kernel(const RopeStoreArgs r, const RopeStoreJobs js) {
+  pdl_release();  // the PDL-launched decode attention may start its page-table lookups now
+  const int half = r.hd / 2;
+  const int64_t total_a = r.n * r.ha * half, total_k = total_a + r.n * r.hb * half;
+  const int64_t total = total_k + (js.n_jobs > 0 ? js.end[js.n_jobs - 1] : 0);
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    if (e < total_a) {
+      const int64_t row = e / half, t = row / r.ha;
+      rope_elem<kLora>(r.xa, r.ha, row, static_cast<int>(e % half), t, r.hd, r.pos, r.inv_freq,
+                       static_cast<__nv_bfloat16*>(r.xa16), r.rl, kLora ? r.rl.lr[t] : nullptr);
+    } else if (e < total_k) {
+      const int64_t el = e - total_a, row = el / half, t = row / r.hb;
+      const int i = static_cast<int>(el % half);
+      const float2 v = rope_elem<false>(r.xb, r.hb, row, i, t, r.hd, r.pos, r.inv_freq, nullptr, r.rl, nullptr);
+      const int64_t col = (row % r.hb) * r.hd + i;  // in a k row of width hb · hd
+      for (int j = 0; j < js.n_jobs; ++j) {
+        const StoreJobDev& jb = js.job[j];
+        if (js.tok0[j] < 0 || t < js.tok0[j] || t >= js.tok0[j] + jb.n) continue;
+        const int64_t base = paged_row(jb.dst, jb.slots[t - js.tok0[j]]);
+        store_elem(jb.dst.data, jb.dst.dtype, base + col, v.x);
+        store_elem(jb.dst.data, jb.dst.dtype, base + col + half, v.y);
+      }
+    } else {
+      const int64_t o = e - total_k;
+      int j = 0;  // the o-th element of the jobs that do not read k
+      while (js.tok0[j] >= 0 || o >= js.end[j]) ++j;
+      const StoreJobDev& jb = js.job[j];
+      int64_t prev = 0;
+      for (int q = j - 1; q >= 0; --q)
+        if (js.tok0[q] < 0) {
+          prev = js.end[q];
+          break;
+        }
+      const int64_t el = o - prev, i = el / jb.width, c = el % jb.width;
+      store_elem(jb.dst.data, jb.dst.dtype, paged_row(jb.dst, jb.slots[i]) + c, jb.rows[el]);
+    }
   }
 }
 
@@ -605,6 +665,30 @@ cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64
   if (total == 0) return cudaSuccess;
   rope_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
                                                            static_cast<__nv_bfloat16*>(xa16), lora);
+  return cudaGetLastError();
+}
+
+cudaError_t rope_store(const RopeStoreArgs& r, const StoreJobDev* jobs, int n_jobs, cudaStream_t s) {
+  if (r.n < 1 || r.n > kGemvMaxRows || r.hb < 1 || r.ha < 0 || n_jobs < 1 || n_jobs > kMaxStoreJobs || r.hd % 2 != 0)
+    return cudaErrorInvalidValue;
+  RopeStoreJobs js{};
+  int64_t end = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    js.job[j] = jobs[j];
+    js.tok0[j] = r.tok0[j];
+    if (r.tok0[j] >= 0) {
+      if (r.tok0[j] + jobs[j].n > r.n || jobs[j].width != int64_t{r.hb} * r.hd) return cudaErrorInvalidValue;
+    } else {
+      end += jobs[j].n * jobs[j].width;
+    }
+    js.end[j] = end;  // for k's jobs: the running sum, never matched (the scan skips them)
+  }
+  js.n_jobs = n_jobs;
+  const int64_t total = r.n * (r.ha + r.hb) * (r.hd / 2) + end;
+  if (r.lora)
+    rope_store_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(r, js);
+  else
+    rope_store_kernel<false><<<blocks_for(total), kThreads, 0, s>>>(r, js);
   return cudaGetLastError();
 }
 
