@@ -400,10 +400,12 @@ TEST_P(CudaOps, RopePairLoraMatchesCpu) {
 }
 
 // Greedy sampling on the device: the same ids as the CPU backend (lowest index on ties, NaN
-// never picked) at awkward widths, up to a Llama-3 vocabulary. sample_rows (temperature, top-k,
-// top-p) has its own file: sampling_cuda_test.cpp.
+// never picked) at awkward widths, up to a Llama-3 vocabulary; rows of >= 8192 take one cluster
+// of blocks each (their ties then span the blocks' slices), odd widths the scalar loads; row 2 is
+// all NaN (index 0). sample_rows (temperature, top-k, top-p) has its own file:
+// sampling_cuda_test.cpp.
 TEST_P(CudaOps, ArgmaxRowsMatchesCpu) {
-  for (int64_t cols : {1, 4, 17, 1025, 4100, 32004, 128256}) {
+  for (int64_t cols : {1, 4, 17, 1025, 4100, 8191, 8192, 32004, 100003, 128256}) {
     for (int64_t rows : {1, 3, 8}) {
       Tensor x = random_host({rows, cols}, static_cast<uint32_t>(cols + rows));
       for (int64_t r = 0; r < rows; ++r) {  // ties: copy the row maximum to a later column
@@ -411,6 +413,7 @@ TEST_P(CudaOps, ArgmaxRowsMatchesCpu) {
         const int64_t m = std::max_element(row, row + cols) - row;
         if (cols > 1) row[(m + cols / 2) % cols] = row[m];
         if (cols > 2 && r == 1) row[(m + 1) % cols] = std::nanf("");
+        if (r == 2) std::fill(row, row + cols, std::nanf(""));
       }
       std::vector<int32_t> want(static_cast<size_t>(rows)), got(static_cast<size_t>(rows));
       cpu->argmax_rows(x.view(), want.data());
