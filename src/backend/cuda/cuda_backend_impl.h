@@ -186,6 +186,7 @@ class CudaBackend final : public Backend {
   // Any other op launched first, and the end of the pass, launch it alone (flush_rope).
   std::optional<lc::RopeStoreArgs> pending_rope_;
   void flush_rope();
+  void launch_rope(const lc::RopeStoreArgs& r);  // the RoPE alone (rope_pair or rope_pair_lora)
   // Grouped decode GEMV launches of `outs` (all GEMV-eligible), in norm mode when `norm` is given.
   void launch_gemv_group(const TensorView& x, std::span<const MatmulOut> outs, const lc::GemvNorm* norm);
   // The fused SwiGLU GEMV (norm mode when `norm` is given); false: the operands need the fallback.

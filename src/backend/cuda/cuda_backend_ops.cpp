@@ -324,6 +324,10 @@ void CudaBackend::flush_rope() {
   const lc::RopeStoreArgs r = *pending_rope_;
   pending_rope_.reset();
   rec("rope_alone", r.lora);
+  launch_rope(r);
+}
+
+void CudaBackend::launch_rope(const lc::RopeStoreArgs& r) {
   if (r.lora) {
     launch("rope", [=, this] {
       return lc::rope_pair_lora(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, r.rl, stream_);
@@ -337,47 +341,35 @@ void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* po
                                  const lc::RopeLora* lora) {
   assert(a.rank() == 3 && b.rank() == 3 && a.is_contiguous() && b.is_contiguous() && a.dim(0) == b.dim(0) &&
          a.dim(2) == b.dim(2) && "rope_pair takes contiguous [n, heads, head_dim] of the same tokens");
-  const int64_t n = a.dim(0);
-  const int hd = static_cast<int>(a.dim(2));
   wrote(a.data, a.nbytes());
   wrote(b.data, b.nbytes());
-  float *xa = a.f32(), *xb = b.f32();
-  const int ha = static_cast<int>(a.dim(1)), hb = static_cast<int>(b.dim(1));
-  const int32_t* pos = dev_ints(positions, n);
-  const float* inv = dev_floats(inv_freq, hd / 2);
+  lc::RopeStoreArgs r;
+  r.n = a.dim(0);
+  r.hd = static_cast<int>(a.dim(2));
+  r.xa = a.f32();
+  r.xb = b.f32();
+  r.ha = static_cast<int>(a.dim(1));
+  r.hb = static_cast<int>(b.dim(1));
+  r.pos = dev_ints(positions, r.n);
+  r.inv_freq = dev_floats(inv_freq, r.hd / 2);
+  r.lora = lora != nullptr;
+  if (lora) r.rl = *lora;
   // bf16 caches: the tuned attention takes q in bf16; write that copy here instead of converting
   // q again before attention (q_shadow_, found by address in run_fast_attention).
-  void* a16 = nullptr;
   q_shadow_ = {};
-  if (dtype_ == DType::kBF16 && (hd == 64 || hd == 128)) {
-    a16 = try_scratch(3, static_cast<size_t>(a.numel()) * 2);
-    if (a16) q_shadow_ = {a.data, a.numel(), 0, a16};
+  if (dtype_ == DType::kBF16 && (r.hd == 64 || r.hd == 128)) {
+    r.xa16 = try_scratch(3, static_cast<size_t>(a.numel()) * 2);
+    if (r.xa16) q_shadow_ = {a.data, a.numel(), 0, r.xa16};
   }
-  rec("rope_pair", xa, ha, xb, hb, n, hd, pos, inv, a16);
-  if (fuse_rope_store() && tape_->recording() && n >= 1 && n <= lc::kGemvMaxRows && hb >= 1 && hd % 2 == 0 &&
-      !failed_) {
+  rec("rope_pair", r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16);
+  // A recorded decode pass holds it back for the store batch that follows (launch_stores).
+  if (fuse_rope_store() && tape_->recording() && r.n >= 1 && r.n <= lc::kGemvMaxRows && r.hb >= 1 &&
+      r.hd % 2 == 0 && !failed_) {
     if (pending_rope_) flush_rope();
-    lc::RopeStoreArgs r;
-    r.xa = xa;
-    r.ha = ha;
-    r.xb = xb;
-    r.hb = hb;
-    r.n = n;
-    r.hd = hd;
-    r.pos = pos;
-    r.inv_freq = inv;
-    r.xa16 = a16;
-    r.lora = lora != nullptr;
-    if (lora) r.rl = *lora;
     pending_rope_ = r;
     return;
   }
-  if (lora) {
-    const lc::RopeLora rl = *lora;
-    launch("rope", [=, this] { return lc::rope_pair_lora(xa, ha, xb, hb, n, hd, pos, inv, a16, rl, stream_); });
-  } else {
-    launch("rope", [=, this] { return lc::rope_pair(xa, ha, xb, hb, n, hd, pos, inv, a16, stream_); });
-  }
+  launch_rope(r);
 }
 
 void CudaBackend::silu_mul(const TensorView& gate, const TensorView& up, TensorView& out) {
