@@ -21,7 +21,7 @@ class NullComputeBackend : public Backend {
   Tensor upload(const TensorView& host, DType dtype) override { return cpu_->upload(host, dtype); }
   void fill_random(TensorView& t, uint64_t seed, float stddev) override {}
   void fill(TensorView& t, float value) override {}
-  Tensor alloc(DType t, std::vector<int64_t> shape) override { return cpu_->alloc(t, std::move(shape)); }
+  Tensor alloc(DType t, Dims shape) override { return cpu_->alloc(t, std::move(shape)); }
   void copy(const TensorView& src, TensorView& dst) override {}
   void gather_rows(const TensorView& src, const int32_t* rows, int64_t n, TensorView& dst) override {}
   Tensor to_host(const TensorView& src) override { return cpu_->to_host(src); }

@@ -144,7 +144,7 @@ class Backend {
   virtual void set_matmul_only_outputs(bool on) { (void)on; }
 
   // An uninitialised tensor in this backend's memory.
-  virtual Tensor alloc(DType t, std::vector<int64_t> shape) = 0;
+  virtual Tensor alloc(DType t, Dims shape) = 0;
   // dst = src: same element count, both contiguous and in this backend's memory.
   virtual void copy(const TensorView& src, TensorView& dst) = 0;
   // dst[i, :] = src[rows[i], :] for i < n; `rows` is a host array.

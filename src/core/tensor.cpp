@@ -6,8 +6,7 @@
 
 namespace lragent {
 
-TensorView::TensorView(DType t, std::vector<int64_t> s, void* d, Device dev)
-    : dtype(t), device(dev), shape(std::move(s)), data(d) {}
+TensorView::TensorView(DType t, Dims s, void* d, Device dev) : dtype(t), device(dev), shape(s), data(d) {}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
@@ -15,8 +14,8 @@ int64_t TensorView::numel() const {
   return n;
 }
 
-std::vector<int64_t> TensorView::contiguous_strides() const {
-  std::vector<int64_t> st(shape.size());
+Dims TensorView::contiguous_strides() const {
+  Dims st(shape.size());
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     st[i] = acc;
@@ -57,7 +56,7 @@ Tensor Tensor::adopt(TensorView view, FreeFn free_fn) {
   return out;
 }
 
-Tensor Tensor::empty(DType t, std::vector<int64_t> shape) {
+Tensor Tensor::empty(DType t, Dims shape) {
   Tensor out;
   out.view_ = TensorView(t, std::move(shape), nullptr);
   size_t bytes = out.view_.nbytes();
@@ -69,13 +68,13 @@ Tensor Tensor::empty(DType t, std::vector<int64_t> shape) {
   return out;
 }
 
-Tensor Tensor::zeros(DType t, std::vector<int64_t> shape) {
+Tensor Tensor::zeros(DType t, Dims shape) {
   Tensor out = empty(t, std::move(shape));
   std::memset(out.view_.data, 0, out.view_.nbytes());
   return out;
 }
 
-Tensor Tensor::from_f32(const std::vector<float>& values, std::vector<int64_t> shape) {
+Tensor Tensor::from_f32(const std::vector<float>& values, Dims shape) {
   Tensor out = empty(DType::kF32, std::move(shape));
   assert(static_cast<size_t>(out.numel()) == values.size() && "from_f32: shape does not match values");
   std::memcpy(out.view_.data, values.data(), values.size() * 4);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dims.h"
 #include "core/dtype.h"
 
 namespace lragent {
@@ -17,19 +18,19 @@ enum class Device : uint8_t { kCpu, kCuda };
 struct TensorView {
   DType dtype = DType::kF32;
   Device device = Device::kCpu;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> strides;  // in elements; empty means contiguous
+  Dims shape;
+  Dims strides;  // in elements; empty means contiguous
   void* data = nullptr;
 
   TensorView() = default;
-  TensorView(DType t, std::vector<int64_t> s, void* d, Device dev = Device::kCpu);
+  TensorView(DType t, Dims s, void* d, Device dev = Device::kCpu);
 
   int rank() const { return static_cast<int>(shape.size()); }
   int64_t dim(int i) const { return shape.at(static_cast<size_t>(i < 0 ? i + rank() : i)); }
   int64_t numel() const;
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
   bool is_contiguous() const;
-  std::vector<int64_t> contiguous_strides() const;
+  Dims contiguous_strides() const;
   std::string shape_str() const;  // "[2, 3]"
 
   template <typename T> T* as() const { return static_cast<T*>(data); }
@@ -45,9 +46,9 @@ struct TensorView {
 class Tensor {
  public:
   Tensor() = default;
-  static Tensor empty(DType t, std::vector<int64_t> shape);
-  static Tensor zeros(DType t, std::vector<int64_t> shape);
-  static Tensor from_f32(const std::vector<float>& values, std::vector<int64_t> shape);
+  static Tensor empty(DType t, Dims shape);
+  static Tensor zeros(DType t, Dims shape);
+  static Tensor from_f32(const std::vector<float>& values, Dims shape);
   // Takes ownership of view.data, released with free_fn (device memory from a backend).
   using FreeFn = void (*)(void*);
   static Tensor adopt(TensorView view, FreeFn free_fn);
@@ -57,7 +58,7 @@ class Tensor {
   float* f32() const { return view_.f32(); }
   int64_t numel() const { return view_.numel(); }
   int64_t dim(int i) const { return view_.dim(i); }
-  const std::vector<int64_t>& shape() const { return view_.shape; }
+  const Dims& shape() const { return view_.shape; }
 
  private:
   struct Free {

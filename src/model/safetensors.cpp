@@ -71,6 +71,9 @@ Result<TensorInfo> parse_entry(const std::string& name, const json& v, uint64_t 
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array())
     return make_error(ErrorCode::kCorrupt, "{}: tensor '{}' has no 'shape' array", source, n);
+  if (sh->size() > Dims::kMaxRank)
+    return make_error(ErrorCode::kUnsupported, "{}: tensor '{}' has rank {}; lragent's tensors have at most {} dimensions",
+                      source, n, sh->size(), Dims::kMaxRank);
   // numel * element size must fit in 64 bits; dims must fit in int64 (TensorView's type).
   uint64_t nbytes = dtype_size(info.dtype);
   for (const json& d : *sh) {

@@ -318,6 +318,12 @@ TEST(Safetensors, CorruptFilesGiveClearErrors) {
                  raw_file(R"({"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]}})", data16));
   EXPECT_TRUE(Contains(e.message, "overflows"));
 
+  // Tensors hold at most Dims::kMaxRank (8) extents: a rank-9 shape is refused, not truncated.
+  e = open_error(dir, "rank9.safetensors",
+                 raw_file(R"({"x":{"dtype":"F32","shape":[1,1,1,1,1,1,1,2,2],"data_offsets":[0,16]}})", data16));
+  EXPECT_EQ(e.code, ErrorCode::kUnsupported);
+  EXPECT_TRUE(Contains(e.message, "tensor 'x' has rank 9; lragent's tensors have at most 8 dimensions")) << e.message;
+
   e = open_error(dir, "nooffsets.safetensors", raw_file(R"({"x":{"dtype":"F32","shape":[4]}})", data16));
   EXPECT_TRUE(Contains(e.message, "'x' needs 'data_offsets'"));
 

@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::kCpu; }
 
   // Out of memory is a tensor without data, as on the GPU: the forward pass reports kOutOfMemory.
-  Tensor alloc(DType t, std::vector<int64_t> shape) override {
+  Tensor alloc(DType t, Dims shape) override {
     try {
       return Tensor::empty(t, std::move(shape));
     } catch (const std::bad_alloc&) {

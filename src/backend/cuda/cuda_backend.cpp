@@ -142,7 +142,7 @@ CudaBackend::~CudaBackend() {
   g_stream = nullptr;
 }
 
-Tensor CudaBackend::alloc(DType t, std::vector<int64_t> shape) {
+Tensor CudaBackend::alloc(DType t, Dims shape) {
   TensorView v(t, std::move(shape), nullptr, Device::kCuda);
   if (tape_->recording()) {
     v.data = pass_alloc(v.nbytes());

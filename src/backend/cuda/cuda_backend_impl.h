@@ -90,7 +90,7 @@ class CudaBackend final : public Backend {
   DType weight_dtype() const override { return dtype_; }
   DType cache_dtype() const override { return dtype_; }
 
-  Tensor alloc(DType t, std::vector<int64_t> shape) override;
+  Tensor alloc(DType t, Dims shape) override;
 
   Tensor upload(const TensorView& host, DType dtype) override;
 
