@@ -77,9 +77,9 @@ void CudaBackend::end_store_batch() {
 void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
   if (pending_rope_ && !jobs.empty() && jobs.size() <= static_cast<size_t>(lc::kMaxStoreJobs)) {
     // One launch for the RoPE and the stores, if every job reading the rotated k reads whole rows
-    // of it (its kernel block of a token and head then stores what it rotated), and no job reads
-    // q or straddles k.
-    lc::RopeStoreArgs r = *pending_rope_;
+    // of it (the thread rotating a pair then stores it), and no job reads q or straddles k.
+    const lc::RopeArgs r = *pending_rope_;
+    std::array<int64_t, lc::kMaxStoreJobs> tok0{};  // per job: the k row (token) of its row 0, or -1
     const auto row_bytes = static_cast<uintptr_t>(r.hb) * static_cast<uintptr_t>(r.hd) * 4;
     const auto b0 = reinterpret_cast<uintptr_t>(r.xb), b1 = b0 + static_cast<uintptr_t>(r.n) * row_bytes;
     const auto a0 = reinterpret_cast<uintptr_t>(r.xa);
@@ -88,10 +88,10 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
     for (size_t j = 0; j < jobs.size() && ok; ++j) {
       const auto p0 = reinterpret_cast<uintptr_t>(jobs[j].rows);
       const auto p1 = p0 + static_cast<uintptr_t>(jobs[j].n * jobs[j].width) * 4;
-      r.tok0[j] = -1;
+      tok0[j] = -1;
       if (p0 >= b0 && p0 < b1) {
         ok = (p0 - b0) % row_bytes == 0 && jobs[j].width == int64_t{r.hb} * r.hd && p1 <= b1;
-        r.tok0[j] = static_cast<int64_t>((p0 - b0) / row_bytes);
+        tok0[j] = static_cast<int64_t>((p0 - b0) / row_bytes);
       } else {
         ok = (p1 <= b0 || p0 >= b1) && (p1 <= a0 || p0 >= a1);
       }
@@ -103,8 +103,8 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
       std::copy_n(jobs.begin(), nj, chunk.begin());
       ++fused_rope_stores_;
       rec("rope_store", nj);
-      for (int j = 0; j < nj; ++j) rec("rope_store_tok0", r.tok0[j]);
-      launch("rope_store", [=, this] { return lc::rope_store(r, chunk.data(), nj, stream_); });
+      for (int j = 0; j < nj; ++j) rec("rope_store_tok0", tok0[j]);
+      launch("rope_store", [=, this] { return lc::rope_store(r, chunk.data(), tok0.data(), nj, stream_); });
       return;
     }
   }

@@ -184,9 +184,9 @@ class CudaBackend final : public Backend {
   // A recorded decode pass's RoPE of q and k (rope_pair_impl), held back so that the layer's K/V
   // stores that follow can run in the same launch (lc::rope_store: one kernel instead of two).
   // Any other op launched first, and the end of the pass, launch it alone (flush_rope).
-  std::optional<lc::RopeStoreArgs> pending_rope_;
+  std::optional<lc::RopeArgs> pending_rope_;
   void flush_rope();
-  void launch_rope(const lc::RopeStoreArgs& r);  // the RoPE alone (rope_pair or rope_pair_lora)
+  void launch_rope(const lc::RopeArgs& r);  // the RoPE alone (rope_pair or rope_pair_lora)
   // Grouped decode GEMV launches of `outs` (all GEMV-eligible), in norm mode when `norm` is given.
   void launch_gemv_group(const TensorView& x, std::span<const MatmulOut> outs, const lc::GemvNorm* norm);
   // The fused SwiGLU GEMV (norm mode when `norm` is given); false: the operands need the fallback.

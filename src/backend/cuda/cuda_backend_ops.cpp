@@ -321,13 +321,13 @@ void CudaBackend::rope_pair_lora(TensorView& a, TensorView& b, const int32_t* po
 
 void CudaBackend::flush_rope() {
   if (!pending_rope_) return;
-  const lc::RopeStoreArgs r = *pending_rope_;
+  const lc::RopeArgs r = *pending_rope_;
   pending_rope_.reset();
   rec("rope_alone", r.lora);
   launch_rope(r);
 }
 
-void CudaBackend::launch_rope(const lc::RopeStoreArgs& r) {
+void CudaBackend::launch_rope(const lc::RopeArgs& r) {
   if (r.lora) {
     launch("rope", [=, this] {
       return lc::rope_pair_lora(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, r.rl, stream_);
@@ -343,7 +343,7 @@ void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* po
          a.dim(2) == b.dim(2) && "rope_pair takes contiguous [n, heads, head_dim] of the same tokens");
   wrote(a.data, a.nbytes());
   wrote(b.data, b.nbytes());
-  lc::RopeStoreArgs r;
+  lc::RopeArgs r;
   r.n = a.dim(0);
   r.hd = static_cast<int>(a.dim(2));
   r.xa = a.f32();

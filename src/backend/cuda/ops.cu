@@ -183,9 +183,9 @@ __global__ void __launch_bounds__(128) gemv_bf16_kernel(const __nv_bfloat16* __r
   }
 }
 
-// One rotation pair of RoPE: element i (< hd / 2) of row `row` (token tok's head) of x, and
-// element i + hd / 2 (returned, rotated, as well as written back). With kLora and lr (token tok's x·A, q only), the row first gets its LoRA term
-// scale · lr · b^T. x16 (optional): the rotated pair also in bf16.
+// One rotation pair of RoPE: elements i (< hd / 2) and i + hd / 2 of row `row` (token tok's
+// head) of x, rotated in place and returned. With kLora and lr (token tok's x·A, q only) the row
+// first gets its LoRA term scale · lr · b^T. x16 (optional): the rotated pair also in bf16.
 template <bool kLora>
 __device__ __forceinline__ float2 rope_elem(float* x, int heads, int64_t row, int i, int64_t tok, int hd,
                                           const int32_t* pos, const float* inv_freq, __nv_bfloat16* x16,
@@ -344,17 +344,31 @@ struct StoreMulti {
   int64_t end[kMaxStoreJobs];  // prefix sums of n · width
   int n_jobs;
 };
+// Jobs [0, n_jobs) packed for one launch; returns the elements in all (0 for no job).
+int64_t pack_stores(const StoreJobDev* jobs, int n_jobs, StoreMulti& m) {
+  m.n_jobs = n_jobs;
+  int64_t end = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    m.job[j] = jobs[j];
+    end += jobs[j].n * jobs[j].width;
+    m.end[j] = end;
+  }
+  return end;
+}
+// Element e (< m.end[n_jobs - 1]) of the packed jobs: the job it falls in, then its row and column.
+__device__ __forceinline__ void store_multi_elem(const StoreMulti& m, int64_t e) {
+  int j = 0;
+  while (j + 1 < m.n_jobs && e >= m.end[j]) ++j;
+  const StoreJobDev& jb = m.job[j];
+  const int64_t el = e - (j > 0 ? m.end[j - 1] : 0);
+  const int64_t i = el / jb.width, c = el % jb.width;
+  store_elem(jb.dst.data, jb.dst.dtype, paged_row(jb.dst, jb.slots[i]) + c, jb.rows[el]);
+}
 __global__ void store_rows_multi_kernel(const StoreMulti m) {
   pdl_release();  // the PDL-launched decode attention may start its page-table lookups now
   const int64_t total = m.end[m.n_jobs - 1];
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
-    int j = 0;
-    while (j + 1 < m.n_jobs && e >= m.end[j]) ++j;
-    const StoreJobDev& jb = m.job[j];
-    const int64_t el = e - (j > 0 ? m.end[j - 1] : 0);
-    const int64_t i = el / jb.width, c = el % jb.width;
-    store_elem(jb.dst.data, jb.dst.dtype, paged_row(jb.dst, jb.slots[i]) + c, jb.rows[el]);
-  }
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x)
+    store_multi_elem(m, e);
 }
 
 // (value, index) pairs: the larger value wins, on equal values the lower index; NaN loses.
@@ -469,21 +483,21 @@ __global__ void __cluster_dims__(kArgmaxCluster, 1, 1) __launch_bounds__(1024)
 }
 
 // rope_store (ops.cuh), element by element over one grid: q's rotation pairs, then k's (each
-// written back and, by the same thread, into every cache job that stores k's rows: nothing reads
-// a rotated k value but the thread that made it), then the other jobs' elements (which read
-// nothing the RoPE writes). No barrier, so the RoPE and the stores overlap as one launch.
+// written back and, by the same thread, into every job that stores k's rows: nothing reads a
+// rotated k value but the thread that made it), then the other jobs' elements (which read nothing
+// the RoPE writes). No barrier, so the RoPE and the stores overlap as one launch.
 struct RopeStoreJobs {
-  StoreJobDev job[kMaxStoreJobs];
-  int64_t tok0[kMaxStoreJobs];
-  int64_t end[kMaxStoreJobs];  // prefix sums of n · width over the jobs with tok0 < 0, in order
-  int n_jobs;
+  StoreJobDev k_job[kMaxStoreJobs];  // jobs storing k's rows: row i is token k_tok0[j] + i
+  int64_t k_tok0[kMaxStoreJobs];
+  int n_k_jobs;
+  StoreMulti other;                  // the rest (other.n_jobs may be 0)
+  int64_t n_other;                   // their elements
 };
 template <bool kLora>
-__global__ void rope_store_kernel(const RopeStoreArgs r, const RopeStoreJobs js) {
+__global__ void rope_store_kernel(const RopeArgs r, const RopeStoreJobs js) {
   pdl_release();  // the PDL-launched decode attention may start its page-table lookups now
   const int half = r.hd / 2;
-  const int64_t total_a = r.n * r.ha * half, total_k = total_a + r.n * r.hb * half;
-  const int64_t total = total_k + (js.n_jobs > 0 ? js.end[js.n_jobs - 1] : 0);
+  const int64_t total_a = r.n * r.ha * half, total_k = total_a + r.n * r.hb * half, total = total_k + js.n_other;
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
     if (e < total_a) {
       const int64_t row = e / half, t = row / r.ha;
@@ -494,26 +508,16 @@ __global__ void rope_store_kernel(const RopeStoreArgs r, const RopeStoreJobs js)
       const int i = static_cast<int>(el % half);
       const float2 v = rope_elem<false>(r.xb, r.hb, row, i, t, r.hd, r.pos, r.inv_freq, nullptr, r.rl, nullptr);
       const int64_t col = (row % r.hb) * r.hd + i;  // in a k row of width hb · hd
-      for (int j = 0; j < js.n_jobs; ++j) {
-        const StoreJobDev& jb = js.job[j];
-        if (js.tok0[j] < 0 || t < js.tok0[j] || t >= js.tok0[j] + jb.n) continue;
-        const int64_t base = paged_row(jb.dst, jb.slots[t - js.tok0[j]]);
+      for (int j = 0; j < js.n_k_jobs; ++j) {
+        const StoreJobDev& jb = js.k_job[j];
+        const int64_t ti = t - js.k_tok0[j];  // the job's row of token t
+        if (ti < 0 || ti >= jb.n) continue;
+        const int64_t base = paged_row(jb.dst, jb.slots[ti]);
         store_elem(jb.dst.data, jb.dst.dtype, base + col, v.x);
         store_elem(jb.dst.data, jb.dst.dtype, base + col + half, v.y);
       }
     } else {
-      const int64_t o = e - total_k;
-      int j = 0;  // the o-th element of the jobs that do not read k
-      while (js.tok0[j] >= 0 || o >= js.end[j]) ++j;
-      const StoreJobDev& jb = js.job[j];
-      int64_t prev = 0;
-      for (int q = j - 1; q >= 0; --q)
-        if (js.tok0[q] < 0) {
-          prev = js.end[q];
-          break;
-        }
-      const int64_t el = o - prev, i = el / jb.width, c = el % jb.width;
-      store_elem(jb.dst.data, jb.dst.dtype, paged_row(jb.dst, jb.slots[i]) + c, jb.rows[el]);
+      store_multi_elem(js.other, e - total_k);
     }
   }
 }
@@ -719,23 +723,23 @@ cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64
   return cudaGetLastError();
 }
 
-cudaError_t rope_store(const RopeStoreArgs& r, const StoreJobDev* jobs, int n_jobs, cudaStream_t s) {
+cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs, cudaStream_t s) {
   if (r.n < 1 || r.n > kGemvMaxRows || r.hb < 1 || r.ha < 0 || n_jobs < 1 || n_jobs > kMaxStoreJobs || r.hd % 2 != 0)
     return cudaErrorInvalidValue;
   RopeStoreJobs js{};
-  int64_t end = 0;
+  StoreJobDev other[kMaxStoreJobs];
+  int n_other = 0;
   for (int j = 0; j < n_jobs; ++j) {
-    js.job[j] = jobs[j];
-    js.tok0[j] = r.tok0[j];
-    if (r.tok0[j] >= 0) {
-      if (r.tok0[j] + jobs[j].n > r.n || jobs[j].width != int64_t{r.hb} * r.hd) return cudaErrorInvalidValue;
-    } else {
-      end += jobs[j].n * jobs[j].width;
+    if (tok0[j] < 0) {
+      other[n_other++] = jobs[j];
+      continue;
     }
-    js.end[j] = end;  // for k's jobs: the running sum, never matched (the scan skips them)
+    if (tok0[j] + jobs[j].n > r.n || jobs[j].width != int64_t{r.hb} * r.hd) return cudaErrorInvalidValue;
+    js.k_job[js.n_k_jobs] = jobs[j];
+    js.k_tok0[js.n_k_jobs++] = tok0[j];
   }
-  js.n_jobs = n_jobs;
-  const int64_t total = r.n * (r.ha + r.hb) * (r.hd / 2) + end;
+  js.n_other = pack_stores(other, n_other, js.other);
+  const int64_t total = r.n * (r.ha + r.hb) * (r.hd / 2) + js.n_other;
   if (r.lora)
     rope_store_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(r, js);
   else
@@ -800,13 +804,7 @@ cudaError_t gather_rows(const void* src, int64_t row_bytes, const int32_t* rows,
 cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, cudaStream_t s) {
   if (n_jobs < 1 || n_jobs > kMaxStoreJobs) return cudaErrorInvalidValue;
   StoreMulti m{};
-  m.n_jobs = n_jobs;
-  int64_t end = 0;
-  for (int j = 0; j < n_jobs; ++j) {
-    m.job[j] = jobs[j];
-    end += jobs[j].n * jobs[j].width;
-    m.end[j] = end;
-  }
+  const int64_t end = pack_stores(jobs, n_jobs, m);
   if (end == 0) return cudaSuccess;
   store_rows_multi_kernel<<<blocks_for(end), kThreads, 0, s>>>(m);
   return cudaGetLastError();

@@ -170,11 +170,9 @@ struct StoreJobDev {
 };
 cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, cudaStream_t s);
 
-// rope_pair_lora and store_rows_multi in one launch (a decode pass's RoPE of q and k, then the
-// layer's K/V stores, some of which read the rotated k). Job j with tok0[j] >= 0 stores k's rows
-// (width hb · hd): its row i is token tok0[j] + i, and the thread that rotates a pair of k writes
-// it into that job's cache too. The other jobs read nothing the RoPE writes. n <= kGemvMaxRows.
-struct RopeStoreArgs {
+// The operands of rope_pair / rope_pair_lora as one struct (a RoPE the backend may hold back to
+// launch with the stores after it: rope_store).
+struct RopeArgs {
   float* xa = nullptr;  // [n, ha, hd] rotated in place (q)
   int ha = 0;
   float* xb = nullptr;  // [n, hb, hd] rotated in place (k)
@@ -186,9 +184,13 @@ struct RopeStoreArgs {
   void* xa16 = nullptr;               // [n, ha, hd] bf16 copy of the rotated xa, or null
   bool lora = false;                  // rl holds q's LoRA terms (rope_pair_lora)
   RopeLora rl{};
-  int64_t tok0[kMaxStoreJobs] = {};   // per job: token of its row 0 in xb, or -1
 };
-cudaError_t rope_store(const RopeStoreArgs& r, const StoreJobDev* jobs, int n_jobs, cudaStream_t s);
+// rope_pair(_lora) and store_rows_multi in one launch (a decode pass's RoPE of q and k, then the
+// layer's K/V stores, some of which read the rotated k). Job j with tok0[j] >= 0 stores k's rows
+// (width hb · hd): its row i is token tok0[j] + i, and the thread that rotates a pair of k writes
+// it into that job's cache too. The other jobs (tok0[j] < 0) read nothing the RoPE writes.
+// n <= kGemvMaxRows, n_jobs <= kMaxStoreJobs.
+cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs, cudaStream_t s);
 
 struct LowRankDev {
   PagedDev lr;             // [n_ctx, rank] rows of x·A
