@@ -1,6 +1,7 @@
 #include "agents/agent_turn.h"
 
 #include <algorithm>
+#include <cassert>
 #include <limits>
 
 namespace lragent {
@@ -87,13 +88,58 @@ Status AgentTurn::complete(float* row, int32_t picked) {
       r_.logprobs.push_back(step_logprobs(changed ? std::span<const float>(raw) : std::span<const float>(logits), tok,
                                           dec_.logprobs));
   }
+  accept(tok);
+  return Status::Ok();
+}
+
+void AgentTurn::accept(int32_t tok) {
   drawn_ = false;
   if (!forced_.empty()) tok = forced_[r_.output_tokens.size()];
   r_.output_tokens.push_back(tok);
   begin_ = static_cast<int64_t>(s_.traj_.size());
   s_.traj_.push_back(tok);  // the step's last token is left for whoever runs next
   if (s_.ends(stop_, dec_, r_) || static_cast<int>(r_.output_tokens.size()) >= n_) done_ = true;
-  return Status::Ok();
+}
+
+bool AgentTurn::looks_ahead() const {
+  return !done_ && !host_ && forced_.empty() && s_.lookahead_ &&
+         static_cast<int64_t>(s_.traj_.size()) - begin_ == 1;
+}
+
+void AgentTurn::launched() {
+  binding_.reset();  // only read while the pass is recorded
+  s_.kv_->advance(a_, chunk_end_);
+  s_.computed_[static_cast<size_t>(a_)] += chunk_end_ - begin_;
+  begin_ = chunk_end_;
+}
+
+std::unique_ptr<KvBinding> AgentTurn::bind_fed() { return s_.kv_->bind(a_, /*may_evict=*/false); }
+
+SeqInput AgentTurn::fed_pass(int feed_row, KvBinding* kv) const {
+  SeqInput in;
+  in.n_tokens = 1;
+  in.start_pos = static_cast<int64_t>(s_.traj_.size());
+  in.kv = kv;
+  in.adapter = s_.adapters_[static_cast<size_t>(a_)];
+  in.feed_row = feed_row;
+  return in;
+}
+
+void AgentTurn::keep_fed(int64_t pos) {
+  s_.kv_->advance(a_, pos + 1);
+  s_.computed_[static_cast<size_t>(a_)] += 1;
+  begin_ = pos + 1;
+}
+
+void AgentTurn::drop_fed(int64_t pos, const RowSampling& row) {
+  if (done_) {
+    // What step by step holds here: room for positions [0, pos). The thrown-away pass (or a
+    // failed launch's partial reserve) may have taken a block for pos.
+    s_.kv_->release_beyond(a_, pos);
+    return;
+  }
+  pick_ = row;  // the pass that runs pos instead picks with this draw: the draws stay in token order
+  drawn_ = true;
 }
 
 void AgentTurn::abort_pass() { binding_.reset(); }
@@ -115,6 +161,95 @@ StepResult AgentTurn::result() {
   if (s_.tok_) r_.text = s_.tok_->decode(r_.output_tokens);
   r_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   return std::move(r_);
+}
+
+TurnWindow decode_turns(LlamaModel& model, std::span<AgentTurn* const> turns, const std::function<bool()>& keep_going) {
+  TurnWindow out;
+  out.status.assign(turns.size(), Status::Ok());
+  // The rows of a launched pass: row b runs turn who[b] at position pos[b] with draw rows[b].
+  struct Flight {
+    std::vector<size_t> who;
+    std::vector<int64_t> pos;
+    std::vector<SeqInput> batch;
+    std::vector<RowSampling> rows;
+  };
+  // The first pass: each turn's pending position, its tokens given (next_pass's input).
+  Flight cur;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    assert(turns[i]->looks_ahead() && "decode_turns takes decoding turns with device picks only");
+    auto p = turns[i]->next_pass(1);
+    if (!p.ok()) {
+      for (AgentTurn* t : turns) t->abort_pass();
+      return out;  // step_turns runs it and reports the turn's error
+    }
+    cur.who.push_back(i);
+    cur.pos.push_back(p->input.start_pos);
+    cur.batch.push_back(p->input);
+    cur.rows.push_back(p->pick);
+  }
+  const Status first = model.launch_sample(cur.batch, cur.rows);
+  if (!first.ok()) {
+    model.discard_picks();
+    for (AgentTurn* t : turns) t->abort_pass();
+    return out;  // nothing advanced: step_turns runs the same pass (with its draws) and isolates the failure
+  }
+  out.ran = true;
+  out.passes.push_back(static_cast<int64_t>(cur.who.size()));
+  for (AgentTurn* t : turns) t->launched();
+  bool go = true;
+  while (!cur.who.empty()) {
+    // The pass after cur, for each turn that goes on past the token cur picks for it (unless
+    // that token is its last by length), launched before cur's picks are read.
+    Flight next;
+    std::vector<std::unique_ptr<KvBinding>> bindings;  // [next rows] read only while recording
+    bool launched = false;
+    if (go && keep_going()) {
+      for (size_t b = 0; b < cur.who.size(); ++b) {
+        AgentTurn& t = *turns[cur.who[b]];
+        if (t.done_ || static_cast<int>(t.r_.output_tokens.size()) + 1 >= t.n_) continue;
+        bindings.push_back(t.bind_fed());
+        next.who.push_back(cur.who[b]);
+        next.batch.push_back(t.fed_pass(static_cast<int>(b), bindings.back().get()));
+        next.pos.push_back(next.batch.back().start_pos);
+        next.rows.push_back(t.sampler_->next_row());
+      }
+      // A pass that cannot be launched (out of KV memory: it may not evict) ends the window; step
+      // by step, the same pass is launched again only if it is wanted.
+      if (!next.who.empty()) {
+        launched = model.launch_sample(next.batch, next.rows).ok();
+        out.lookahead_failed = !launched;
+      }
+    }
+    bindings.clear();
+    auto picked = model.take_picks();
+    if (!picked.ok()) {
+      model.discard_picks();
+      for (size_t i : cur.who) out.status[i] = picked.error();
+      for (size_t i : next.who) out.status[i] = picked.error();
+      return out;
+    }
+    for (size_t b = 0; b < cur.who.size(); ++b) {
+      AgentTurn& t = *turns[cur.who[b]];
+      if (t.done_) {  // ended on the token before: this row was not wanted
+        t.drop_fed(cur.pos[b], cur.rows[b]);
+        continue;
+      }
+      t.accept((*picked)[b]);
+      if (t.done_) go = false;  // its answer is complete: the engine loop hands it back
+    }
+    for (size_t b = 0; b < next.who.size(); ++b) {
+      AgentTurn& t = *turns[next.who[b]];
+      if (!launched)
+        t.drop_fed(next.pos[b], next.rows[b]);
+      else if (!t.done_)
+        t.keep_fed(next.pos[b]);
+      // else: its row is dropped when next's picks are taken
+    }
+    if (!launched) break;
+    out.passes.push_back(static_cast<int64_t>(next.who.size()));
+    cur = std::move(next);
+  }
+  return out;
 }
 
 namespace {

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,6 +21,10 @@
 #include "agents/replay.h"
 
 namespace lragent {
+
+class AgentTurn;
+struct TurnWindow;
+TurnWindow decode_turns(LlamaModel& model, std::span<AgentTurn* const> turns, const std::function<bool()>& keep_going);
 
 class AgentTurn {
  public:
@@ -57,11 +62,31 @@ class AgentTurn {
   // Runs the whole step with no other turn (AgentSession::run_agent): with the session's decode
   // lookahead when no pass needs its logits on the host, else pass by pass, the catch-up in one.
   Status run_alone();
+  // Whether decode_turns may take this turn: it is decoding (its next pass is one position), its
+  // picks are made on the device (no host logits), nothing is forced, and its session has
+  // decode lookahead on.
+  bool looks_ahead() const;
   // The step's result (call once, when done()).
   StepResult result();
 
  private:
+  friend TurnWindow decode_turns(LlamaModel&, std::span<AgentTurn* const>, const std::function<bool()>&);
   AgentTurn(AgentSession& s) : s_(s) {}
+  // Takes token `tok` as the step's next output (the tail of complete() and decode_turns'): a
+  // stop or the token budget ends the step.
+  void accept(int32_t tok);
+  // decode_turns' steps on this turn's session (AgentTurn is the session's friend):
+  // the pass next_pass() gave was launched: its positions count as processed;
+  void launched();
+  // a binding for the pass over position trajectory().size() that does not evict (the pass may
+  // be thrown away), and that pass, its token row `feed_row` of the pass in flight;
+  std::unique_ptr<KvBinding> bind_fed();
+  SeqInput fed_pass(int feed_row, KvBinding* kv) const;
+  // that pass is wanted (the turn goes on after the token it was fed): position `pos` processed;
+  void keep_fed(int64_t pos);
+  // or not (the turn ended, or the pass did not launch): what it reserved from `pos` on goes back,
+  // and a draw it made is kept for the pass that runs that position instead.
+  void drop_fed(int64_t pos, const RowSampling& row);
 
   AgentSession& s_;
   int a_ = 0;
@@ -96,5 +121,22 @@ struct TurnStep {
   int64_t tokens = 0;          // tokens it ran
 };
 TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens);
+
+// Decode lookahead across turns (the server's engine loop; AgentSession::decode_lookahead's scheme
+// for one agent, batched): every turn of `turns` must be looks_ahead(). Their passes run back to
+// back, pass t + 1 launched before pass t's picks are read, each turn's token taken on the device
+// from pass t's pick, so the host's recording of a step overlaps the device's work for the step
+// before. The window ends, leaving nothing in flight, when a turn's step ends (its client may be
+// waiting for the whole answer), when `keep_going` returns false (checked before each launch: a
+// new request is waiting), or when a pass cannot be launched. The tokens, the caches' contents and
+// the per-agent counts are those of step_turns pass by pass; a turn that ends wastes its row of
+// the pass launched after its last token, and what that row reserved is given back.
+struct TurnWindow {
+  bool ran = false;               // false: the first pass did not launch; nothing changed (run step_turns)
+  std::vector<Status> status;     // [turns]
+  std::vector<int64_t> passes;    // [passes] the turns each pass ran (one token each)
+  bool lookahead_failed = false;  // a lookahead pass could not be launched (it ended the window)
+};
+TurnWindow decode_turns(LlamaModel& model, std::span<AgentTurn* const> turns, const std::function<bool()>& keep_going);
 
 }  // namespace lragent

@@ -354,12 +354,28 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   // A choice that ends successfully never ends another choice of its job.
   for (auto [j, r] : finished) end_choice(*j, *r, Status::Ok());
   if (turns.empty()) return false;
-  const TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens);
-  metrics_.record_pass(step.sequences, step.tokens);
+  std::vector<Status> status;  // [turns]
+  // Every turn decoding with its picks on the device: passes back to back with decode lookahead
+  // (the host records step t + 1 while the device runs step t) until a turn ends or a new request
+  // comes in, so that it joins the batch at the next pass as before.
+  const bool window = std::all_of(turns.begin(), turns.end(), [](const AgentTurn* t) { return t->looks_ahead(); });
+  if (window) {
+    TurnWindow w = decode_turns(*model_, turns, [this] {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      return queue_.empty() && !stopping_;
+    });
+    for (int64_t rows : w.passes) metrics_.record_pass(rows, rows);
+    if (w.ran) status = std::move(w.status);
+  }
+  if (status.empty()) {
+    TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens);
+    metrics_.record_pass(step.sequences, step.tokens);
+    status = std::move(step.status);
+  }
   for (size_t k = 0; k < turns.size(); ++k) {
     // A failed choice fails its whole job (its other choices with it): skip what it ended.
     if (owners[k].first->ended) continue;
-    if (!step.status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, step.status[k]);
+    if (!status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, status[k]);
   }
   return true;
 }

@@ -1,10 +1,13 @@
 // AgentTurn and step_turns on tinystories-656k with the plan/action/reflect adapters: turns of
 // several trajectories batched into one pass pick what each picks run alone (AgentSession::run_agent
 // with decode lookahead, the replay's and the trace bench's path), their catch-ups chunked by the
-// token budget; a pass that fails fails only its own turn.
+// token budget; a pass that fails fails only its own turn; decode_turns' lookahead windows (the
+// server's way of decoding) pick what step_turns picks pass by pass.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 
 #include "agents/agent_turn.h"
 #include "tiny_agents.h"
@@ -14,8 +17,9 @@ namespace {
 
 class AgentTurnTest : public testing::TinyAgentsTest {
  protected:
-  std::unique_ptr<AgentSession> session(ShareMode mode, int64_t max_tokens = 256) {
+  std::unique_ptr<AgentSession> session(ShareMode mode, int64_t max_tokens = 256, bool lookahead = true) {
     ReplayOptions o;
+    o.decode_lookahead = lookahead;
     o.sharing.mode = mode;
     o.sharing.max_tokens = max_tokens;
     o.sharing.evict_private = false;
@@ -58,8 +62,8 @@ class AgentTurnTest : public testing::TinyAgentsTest {
     return cs;
   }
   // The session of a case with its prompt in place and `before` run.
-  std::unique_ptr<AgentSession> prepare(const Case& c) {
-    auto s = session(c.mode);
+  std::unique_ptr<AgentSession> prepare(const Case& c, bool lookahead = true) {
+    auto s = session(c.mode, 256, lookahead);
     if (!s) return nullptr;
     s->append(encode(c.text));
     if (!c.before.empty()) EXPECT_TRUE(s->run_agent(c.before, 5, {}, {}).ok());
@@ -235,6 +239,134 @@ TEST_F(AgentTurnTest, APassThatFailsFailsOnlyItsTurn) {
   EXPECT_EQ(lp.output_tokens, alone[2].output_tokens);
   ASSERT_EQ(lp.logprobs.size(), alone[2].logprobs.size());
   for (size_t k = 0; k < lp.logprobs.size(); ++k) EXPECT_NEAR(lp.logprobs[k].logprob, alone[2].logprobs[k].logprob, 1e-4);
+}
+
+// decode_turns runs decoding turns pass after pass with lookahead: each turn gets the tokens,
+// finish reason and per-agent counts it gets alone, whether its step ends by length, on a stop id,
+// on on_token declining (a cancelled request) or by running out of KV memory (that turn alone
+// fails, after its thrown-away lookahead pass could not be launched), whether a window ends on a
+// finished turn or on keep_going; nothing is left in flight between windows.
+TEST_F(AgentTurnTest, DecodeWindowsPickWhatEachPicksAlone) {
+  const std::vector<Case> base = cases();
+  std::vector<Case> cs = {base[0], base[1], base[4]};
+  cs[1].n = 40;  // still sampling when the small trajectory below runs out
+  // Ends on a stop id: the 7th token case 0's agent decodes on case 0's trajectory.
+  {
+    auto s = prepare(base[0]);
+    auto r = s->run_agent(base[0].agent, base[0].n, {}, {}, &base[0].dec);
+    ASSERT_TRUE(r.ok());
+    ASSERT_GE(r->output_tokens.size(), 7u);
+    Case stop = base[0];
+    stop.dec.stop_ids = {r->output_tokens[6]};
+    cs.push_back(stop);
+  }
+  // Ends when on_token declines the 5th token (a client that went away), sampled.
+  Case abort = base[1];
+  abort.n = 30;
+  cs.push_back(abort);
+  auto with_abort = [](AgentDecode dec) {
+    auto seen = std::make_shared<int>(0);
+    dec.on_token = [seen](int32_t, const StepLogprobs*) { return ++*seen < 5; };
+    return dec;
+  };
+  std::vector<StepResult> alone;
+  std::vector<std::vector<int64_t>> alone_computed;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    auto s = prepare(cs[i]);
+    ASSERT_NE(s, nullptr);
+    const AgentDecode dec = i + 1 == cs.size() ? with_abort(cs[i].dec) : cs[i].dec;
+    auto r = s->run_agent(cs[i].agent, cs[i].n, {}, {}, &dec);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    alone.push_back(std::move(*r));
+    alone_computed.push_back(s->computed_per_agent());
+  }
+  EXPECT_EQ(alone[3].finish_reason, "stop");
+  EXPECT_LE(alone[3].output_tokens.size(), 7u);  // the stop id is the last token
+  EXPECT_EQ(alone[4].finish_reason, "abort");
+  EXPECT_EQ(alone[4].output_tokens.size(), 5u);
+
+  for (int every : {3, 1000}) {  // keep_going declines before every `every`-th launch
+    SCOPED_TRACE(every);
+    std::vector<std::unique_ptr<AgentSession>> sessions;
+    std::vector<std::unique_ptr<AgentTurn>> turns;
+    for (size_t i = 0; i < cs.size(); ++i) {
+      sessions.push_back(prepare(cs[i]));
+      ASSERT_NE(sessions.back(), nullptr);
+      const AgentDecode dec = i + 1 == cs.size() ? with_abort(cs[i].dec) : cs[i].dec;
+      auto t = AgentTurn::start(*sessions.back(), cs[i].agent, cs[i].n, {}, {}, dec);
+      ASSERT_TRUE(t.ok()) << t.error().message;
+      turns.push_back(std::move(*t));
+    }
+    // Room for 32 positions (two blocks), 40 tokens asked for: it runs out while the sampled
+    // case 1 decodes beside it (whose draws must stay in order across the failed lookahead launch).
+    auto small = session(ShareMode::kNone, 32);
+    small->append(encode("Once upon a time, there was a little dog named Max."));
+    sessions.push_back(std::move(small));
+    auto t = AgentTurn::start(*sessions.back(), "plan", 40, {}, {}, AgentDecode{});
+    ASSERT_TRUE(t.ok());
+    turns.push_back(std::move(*t));
+    const size_t oom = turns.size() - 1;
+
+    int asked = 0, windows = 0, window_passes = 0;
+    bool failed = false, lookahead_failed = false;
+    auto keep_going = [&] { return ++asked % every != 0; };
+    for (int round = 0; round < 1000; ++round) {
+      std::vector<AgentTurn*> live;
+      std::vector<size_t> which;
+      for (size_t i = 0; i < turns.size(); ++i)
+        if (turns[i] && !turns[i]->done()) live.push_back(turns[i].get()), which.push_back(i);
+      if (live.empty()) break;
+      std::vector<Status> status;
+      if (std::all_of(live.begin(), live.end(), [](const AgentTurn* x) { return x->looks_ahead(); })) {
+        TurnWindow w = decode_turns(*model_, live, keep_going);
+        if (w.ran) {
+          ++windows;
+          window_passes += static_cast<int>(w.passes.size());
+          ASSERT_FALSE(w.passes.empty());
+          EXPECT_LE(w.passes.front(), static_cast<int64_t>(live.size()));
+          status = std::move(w.status);
+          if (w.lookahead_failed) {
+            lookahead_failed = true;
+            EXPECT_FALSE(turns[1]->done());  // the sampled turn's draws are kept across it
+          }
+        }
+      }
+      if (status.empty()) status = step_turns(*model_, live, 1 << 20).status;
+      EXPECT_EQ(model_->pending_picks(), 0u);
+      for (size_t k = 0; k < live.size(); ++k) {
+        if (status[k].ok()) continue;
+        EXPECT_EQ(which[k], oom) << status[k].error().message;
+        EXPECT_EQ(status[k].error().code, ErrorCode::kOutOfMemory);
+        sessions[which[k]].reset();
+        turns[which[k]].reset();
+        failed = true;
+      }
+    }
+    EXPECT_TRUE(failed);
+    if (every == 1000) EXPECT_TRUE(lookahead_failed);  // else a declined launch may come first
+    EXPECT_GT(windows, 0);
+    EXPECT_GT(window_passes, windows);  // windows ran more than one pass
+    for (size_t i = 0; i < cs.size(); ++i) {
+      SCOPED_TRACE(i);
+      ASSERT_TRUE(turns[i] && turns[i]->done());
+      const StepResult r = turns[i]->result();
+      EXPECT_EQ(r.output_tokens, alone[i].output_tokens);
+      EXPECT_EQ(r.text, alone[i].text);
+      EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
+      EXPECT_EQ(sessions[i]->computed_per_agent(), alone_computed[i]);
+      // What the thrown-away lookahead rows reserved went back, and what they wrote is not
+      // counted as held: the next agent's step on the same trajectory picks what it picks after
+      // the step-by-step run.
+      auto ref_session = prepare(cs[i], /*lookahead=*/false);  // step by step throughout
+      const AgentDecode dec = i + 1 == cs.size() ? with_abort(cs[i].dec) : cs[i].dec;
+      ASSERT_TRUE(ref_session->run_agent(cs[i].agent, cs[i].n, {}, {}, &dec).ok());
+      EXPECT_EQ(sessions[i]->cache_bytes().allocated, ref_session->cache_bytes().allocated);
+      auto next = sessions[i]->run_agent("reflect", 4, {}, {});
+      auto ref_next = ref_session->run_agent("reflect", 4, {}, {});
+      ASSERT_TRUE(next.ok() && ref_next.ok());
+      EXPECT_EQ(next->output_tokens, ref_next->output_tokens);
+    }
+  }
 }
 
 }  // namespace
