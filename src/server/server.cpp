@@ -360,7 +360,15 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   // comes in, so that it joins the batch at the next pass as before.
   const bool window = std::all_of(turns.begin(), turns.end(), [](const AgentTurn* t) { return t->looks_ahead(); });
   if (window) {
-    TurnWindow w = decode_turns(*model_, turns, [this] {
+    // An admitted request whose choice could not start waits for something a pass may bring
+    // (the prefix it would copy being computed): with one waiting, a window runs two passes (the
+    // second launched while the first runs) and start_choice looks again.
+    const bool waiting = std::any_of(active.begin(), active.end(), [](const Job* j) {
+      return !j->ended && !j->abandoned && j->next < j->choices();
+    });
+    int launches = 0;
+    TurnWindow w = decode_turns(*model_, turns, [&] {
+      if (waiting && ++launches > 1) return false;
       std::lock_guard<std::mutex> lock(queue_mu_);
       return queue_.empty() && !stopping_;
     });
