@@ -166,6 +166,14 @@ StepResult AgentTurn::result() {
 TurnWindow decode_turns(LlamaModel& model, std::span<AgentTurn* const> turns, const std::function<bool()>& keep_going) {
   TurnWindow out;
   out.status.assign(turns.size(), Status::Ok());
+  // Every way out takes or drops the picks it launched; should an exception pass through, none is
+  // left for the model's next caller's take_picks.
+  struct DropPending {
+    LlamaModel& m;
+    ~DropPending() {
+      if (m.pending_picks() > 0) m.discard_picks();
+    }
+  } drop_pending{model};
   // The rows of a launched pass: row b runs turn who[b] at position pos[b] with draw rows[b].
   struct Flight {
     std::vector<size_t> who;
