@@ -43,6 +43,7 @@ class HostArgs {
   cudaError_t flush_pass();
 
  private:
+  void remember(const void* host, size_t bytes, size_t padded, size_t offset);
   struct Memo {
     size_t offset = 0, bytes = 0;
   };
@@ -55,6 +56,18 @@ class HostArgs {
   void* pass_dev_ = nullptr;      // [kPassBytes]
   size_t pass_off_ = 0;
   std::unordered_map<uint64_t, Memo> pass_memo_;
+  // The pass's latest deduplicated arrays by host address: a block table comes again from the
+  // same address for K, V and every layer's store and attention, and comparing it with its
+  // staged copy costs a fraction of hashing it (8 KB a table at 32k tokens). A hit is a match of
+  // the bytes, never of the address alone.
+  struct Recent {
+    const void* host = nullptr;
+    size_t bytes = 0, padded = 0, offset = 0;
+  };
+  static constexpr int kRecent = 4;
+  Recent recent_[kRecent];
+  int recent_next_ = 0;
+  bool use_recent_ = true;  // LRAGENT_CUDA_ARGS_RECENT=0: hash every array (measuring)
   cudaEvent_t pass_copied_ = nullptr;
   std::vector<unsigned char> pad_buf_;
 };
