@@ -101,10 +101,7 @@ void AgentTurn::accept(int32_t tok) {
   if (s_.ends(stop_, dec_, r_) || static_cast<int>(r_.output_tokens.size()) >= n_) done_ = true;
 }
 
-bool AgentTurn::looks_ahead() const {
-  return !done_ && !host_ && forced_.empty() && s_.lookahead_ &&
-         static_cast<int64_t>(s_.traj_.size()) - begin_ == 1;
-}
+bool AgentTurn::looks_ahead() const { return !done_ && !host_ && s_.lookahead_; }
 
 void AgentTurn::launched() {
   binding_.reset();  // only read while the pass is recorded
@@ -121,7 +118,10 @@ SeqInput AgentTurn::fed_pass(int feed_row, KvBinding* kv) const {
   in.start_pos = static_cast<int64_t>(s_.traj_.size());
   in.kv = kv;
   in.adapter = s_.adapters_[static_cast<size_t>(a_)];
-  in.feed_row = feed_row;
+  if (forced_.empty())
+    in.feed_row = feed_row;
+  else
+    in.tokens = &forced_[r_.output_tokens.size()];  // the token the pass in flight is forced to
   return in;
 }
 
@@ -145,12 +145,18 @@ void AgentTurn::drop_fed(int64_t pos, const RowSampling& row) {
 void AgentTurn::abort_pass() { binding_.reset(); }
 
 Status AgentTurn::run_alone() {
-  if (s_.lookahead_ && !host_ && !done_) {
-    LRA_RETURN_IF_ERROR(s_.decode_lookahead(a_, n_, forced_, stop_, dec_, *sampler_, begin_, r_));
-    done_ = true;
-  }
   AgentTurn* const self[1] = {this};
   while (!done_) {
+    // A window ends with the step, or early on a lookahead pass that could not be launched: the
+    // next window's first pass (which may evict, as step by step) runs that pass again, and
+    // should it fail too, step_turns reports the error.
+    if (looks_ahead()) {
+      TurnWindow w = decode_turns(s_.model_, self, [] { return true; });
+      if (w.ran) {
+        LRA_RETURN_IF_ERROR(w.status.front());
+        continue;
+      }
+    }
     const TurnStep step = step_turns(s_.model_, self, std::numeric_limits<int64_t>::max());
     LRA_RETURN_IF_ERROR(step.status.front());
   }
@@ -181,11 +187,11 @@ TurnWindow decode_turns(LlamaModel& model, std::span<AgentTurn* const> turns, co
     std::vector<SeqInput> batch;
     std::vector<RowSampling> rows;
   };
-  // The first pass: each turn's pending position, its tokens given (next_pass's input).
+  // The first pass: each turn's pending positions (its whole catch-up), their tokens given.
   Flight cur;
   for (size_t i = 0; i < turns.size(); ++i) {
-    assert(turns[i]->looks_ahead() && "decode_turns takes decoding turns with device picks only");
-    auto p = turns[i]->next_pass(1);
+    assert(turns[i]->looks_ahead() && "decode_turns takes turns that pick on the device");
+    auto p = turns[i]->next_pass(std::numeric_limits<int64_t>::max());
     if (!p.ok()) {
       for (AgentTurn* t : turns) t->abort_pass();
       return out;  // step_turns runs it and reports the turn's error
@@ -219,7 +225,7 @@ TurnWindow decode_turns(LlamaModel& model, std::span<AgentTurn* const> turns, co
         next.who.push_back(cur.who[b]);
         next.batch.push_back(t.fed_pass(static_cast<int>(b), bindings.back().get()));
         next.pos.push_back(next.batch.back().start_pos);
-        next.rows.push_back(t.sampler_->next_row());
+        next.rows.push_back(t.forced_.empty() ? t.sampler_->next_row() : RowSampling{});
       }
       // A pass that cannot be launched (out of KV memory: it may not evict) ends the window; step
       // by step, the same pass is launched again only if it is wanted.

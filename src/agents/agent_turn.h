@@ -59,12 +59,11 @@ class AgentTurn {
   // The pending pass failed and will not complete: releases its KV binding (which pins the
   // session's caches), so the session may go before the turn. step_turns calls it.
   void abort_pass();
-  // Runs the whole step with no other turn (AgentSession::run_agent): with the session's decode
-  // lookahead when no pass needs its logits on the host, else pass by pass, the catch-up in one.
+  // Runs the whole step with no other turn (AgentSession::run_agent): in decode_turns windows
+  // when no pass needs its logits on the host, else pass by pass, the catch-up in one.
   Status run_alone();
-  // Whether decode_turns may take this turn: it is decoding (its next pass is one position), its
-  // picks are made on the device (no host logits), nothing is forced, and its session has
-  // decode lookahead on.
+  // Whether decode_turns may take this turn: its picks are made on the device (no host logits)
+  // and its session has decode lookahead on.
   bool looks_ahead() const;
   // The step's result (call once, when done()).
   StepResult result();
@@ -79,7 +78,8 @@ class AgentTurn {
   // the pass next_pass() gave was launched: its positions count as processed;
   void launched();
   // a binding for the pass over position trajectory().size() that does not evict (the pass may
-  // be thrown away), and that pass, its token row `feed_row` of the pass in flight;
+  // be thrown away), and that pass, its token row `feed_row` of the pass in flight (or the
+  // forced token);
   std::unique_ptr<KvBinding> bind_fed();
   SeqInput fed_pass(int feed_row, KvBinding* kv) const;
   // that pass is wanted (the turn goes on after the token it was fed): position `pos` processed;
@@ -122,15 +122,20 @@ struct TurnStep {
 };
 TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens);
 
-// Decode lookahead across turns (the server's engine loop; AgentSession::decode_lookahead's scheme
-// for one agent, batched): every turn of `turns` must be looks_ahead(). Their passes run back to
-// back, pass t + 1 launched before pass t's picks are read, each turn's token taken on the device
-// from pass t's pick, so the host's recording of a step overlaps the device's work for the step
-// before. The window ends, leaving nothing in flight, when a turn's step ends (its client may be
-// waiting for the whole answer), when `keep_going` returns false (checked before each launch: a
-// new request is waiting), or when a pass cannot be launched. The tokens, the caches' contents and
-// the per-agent counts are those of step_turns pass by pass; a turn that ends wastes its row of
-// the pass launched after its last token, and what that row reserved is given back.
+// Decode lookahead over turns (run_alone, and the server's engine loop over its decoding turns):
+// every turn of `turns` must be looks_ahead(). The first pass runs each turn's whole catch-up;
+// then passes run back to back, pass t + 1 launched before pass t's picks are read, each turn's
+// token taken on the device from pass t's pick (or given: a forced token), so the host's
+// recording of a step overlaps the device's work for the step before. Each pass's sampling row
+// is drawn when it is launched, in pass order, as step by step draws them. The window ends,
+// leaving nothing in flight, when a turn's step ends (its client may be waiting for the whole
+// answer), when `keep_going` returns false (checked before each launch: a new request is
+// waiting), or when a pass cannot be launched (a lookahead pass may not evict; its draw is kept
+// for the pass that runs its position instead). A turn that ends wastes its row of the pass
+// launched after its last token: what that row reserved is given back and its position is left
+// unprocessed, so whichever agent runs it next stores its entries over the ones written (the
+// bookkeeping, not the pages, says what a cache holds). The tokens, the caches' contents and the
+// per-agent counts are thus those of step_turns pass by pass.
 struct TurnWindow {
   bool ran = false;               // false: the first pass did not launch; nothing changed (run step_turns)
   std::vector<Status> status;     // [turns]

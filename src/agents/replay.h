@@ -135,11 +135,6 @@ class AgentSession {
   // (TrajectoryKv::catchup_layers): run through those only; `begin` moves past it. The positions
   // the shared layers do not hold yet, and the last one (its logits are read), are left.
   Status catch_up_partial(int a, int64_t& begin);
-  // Launches agent a's greedy pass over traj_[begin:] followed by `extra` (a token not yet in
-  // traj_), or by the in-flight pass's pick when fed; its pick waits in the model (take_picks).
-  // speculative: a lookahead pass that may be thrown away (TrajectoryKv::bind's may_evict).
-  // `pick` is the pass's sampling row (greedy when default).
-  Status launch_agent(int a, int64_t begin, const int32_t* extra, bool fed, bool speculative, RowSampling pick = {});
   static void shape_logits(std::span<float> row, const AgentDecode& dec, size_t generated, bool before_penalties);
   // Every id is inside the model's vocabulary (`what` names the step kind in the error).
   Status check_ids(const std::vector<int32_t>& ids, const char* what) const;
@@ -151,9 +146,6 @@ class AgentSession {
   // Whether the step ends after its latest output token: a stop string or stop id (r's
   // finish_reason becomes "stop") or on_token declining more ("abort").
   bool ends(const std::vector<std::string>& stop, const AgentDecode& dec, StepResult& r) const;
-  // A generate/force step's loop with decode lookahead (AgentTurn::run_alone, keep_logits_ off).
-  Status decode_lookahead(int a, int n, const std::vector<int32_t>& forced, const std::vector<std::string>& stop,
-                          const AgentDecode& dec, Sampler& sampler, int64_t begin, StepResult& r);
 
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;

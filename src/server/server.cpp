@@ -358,7 +358,8 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   // Every turn decoding with its picks on the device: passes back to back with decode lookahead
   // (the host records step t + 1 while the device runs step t) until a turn ends or a new request
   // comes in, so that it joins the batch at the next pass as before.
-  const bool window = std::all_of(turns.begin(), turns.end(), [](const AgentTurn* t) { return t->looks_ahead(); });
+  const bool window = std::all_of(turns.begin(), turns.end(),
+                                  [](const AgentTurn* t) { return t->looks_ahead() && t->pending_tokens() == 1; });
   if (window) {
     // An admitted request whose choice could not start waits for something a pass may bring
     // (the prefix it would copy being computed): with one waiting, a window runs two passes (the
