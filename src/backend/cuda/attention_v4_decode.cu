@@ -18,8 +18,9 @@
 //     partial and log2-sum-exp, then counts itself in `split_counters`; the block that arrives
 //     last merges all partials into the output and sets the counter back to zero, so the buffer
 //     is zero again after every launch (CUDA graph replays reuse it).
-//   * Grid (splits, kv heads, sequences) sized for two resident blocks per SM (80 KB of shared
-//     memory at D = 128: Q tile + a 2-stage K/V/LRv ring); pdl_release() first thing, so the
+//   * Grid (splits, kv heads, sequences) sized for the blocks resident per SM (74 KB of shared
+//     memory at D = 128 without LR, 80 KB with: Q tile + a 2-stage K/V/LRv ring; choose_splits
+//     says when it fills every slot and when two a SM); pdl_release() first thing, so the
 //     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
 //   * Agents mode (N agents' decode queries over one shared base and LR cache, each with its own
 //     B_v): the rows are the agents' heads, and each row expands its own agent's B_v.
@@ -475,13 +476,14 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, 2)
   }
 }
 
-// LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for (default 2; a tuning knob read
-// once, for measuring alternatives on the device without rebuilding).
-double split_waves() {
+// LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for, overriding the rule in
+// choose_splits (a tuning knob read once, for measuring alternatives without rebuilding; 0 or
+// unset: the rule).
+double split_waves_override() {
   static const double w = [] {
     const char* v = std::getenv("LRAGENT_ATTN_V4_WAVES");
-    const double d = v ? std::atof(v) : 2.0;
-    return d > 0 ? d : 2.0;
+    const double d = v ? std::atof(v) : 0.0;
+    return d > 0 ? d : 0.0;
   }();
   return w;
 }
@@ -503,12 +505,61 @@ size_t split_bytes(const AttnParams& p, int n_splits) {
   return rows * p.head_dim * sizeof(float) + rows * sizeof(float) + 256;
 }
 
-// About two resident blocks per SM over the whole grid, at least one tile per split; every split
-// gets the same whole number of tiles.
+template <int D, int R, int MT>
+int resident_blocks_of() {
+  using L = Smem<D, R, MT>;
+  static const int n = [] {
+    int per_sm = 0;
+    if (cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(L::bytes)) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT>, L::kThreads,
+                                                      L::bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // a failed query only loses the tuning: assume the bound's 2
+      return 2;
+    }
+    return std::max(per_sm, 1);
+  }();
+  return n;
+}
+
+// Blocks of this launch's kernel that fit on one SM at once (its shared memory and registers):
+// 3 for the plain kernel at D = 128 on Hopper (74 KB each), 2 with the LR stage ring (80 KB).
+int resident_blocks(const AttnParams& p) {
+  const bool lr = p.v_lr.active(), two = v4_rows(p) > kTileRows;
+  if (p.head_dim == 64) {
+    if (lr) return two ? resident_blocks_of<64, 16, 2>() : resident_blocks_of<64, 16, 1>();
+    return two ? resident_blocks_of<64, 0, 2>() : resident_blocks_of<64, 0, 1>();
+  }
+  if (lr) return two ? resident_blocks_of<128, 16, 2>() : resident_blocks_of<128, 16, 1>();
+  return two ? resident_blocks_of<128, 0, 2>() : resident_blocks_of<128, 0, 1>();
+}
+
+// Split count: every split gets the same whole number of 64-key tiles, at least one, and the
+// grid (splits x kv heads x sequences) aims at
+//   * every resident slot once (resident_blocks per SM: one full wave) when each split still
+//     streams >= kLongSplitTiles tiles: long splits are bandwidth-bound, and every slot's loads in
+//     flight count (H200, 8 x 32k plain: 6 splits, 384 of 396 slots, 0.276 ms against 0.301 at 4,
+//     and 0.379 at 8, whose 512 blocks run 1.3 waves; with LR, 2 blocks per SM, 4 splits fill the
+//     wave and 6 run 1.45 waves: 0.434 ms against 0.327);
+//   * else two blocks per SM: short splits are bound by their start and the last block's merge
+//     of every partial, which more splits lengthen (one 32k sequence: 32 splits 49 us, 47 51 us).
+constexpr int kLongSplitTiles = 32;
+
 int choose_splits(const AttnParams& p) {
   const int tiles = (p.max_ctx + kBN - 1) / kBN;
+  const int per_split_row = p.n_kv_heads * p.n_seqs;  // blocks per split
   int n = p.num_splits;
-  if (n <= 0) n = std::max(1, static_cast<int>(split_waves() * sm_count()) / (p.n_kv_heads * p.n_seqs));
+  if (n <= 0) {
+    auto splits_at = [&](double blocks_per_sm) {
+      return std::max(1, static_cast<int>(blocks_per_sm * sm_count()) / per_split_row);
+    };
+    if (const double w = split_waves_override(); w > 0) {
+      n = splits_at(w);
+    } else {
+      n = splits_at(resident_blocks(p));
+      if ((tiles + n - 1) / n < kLongSplitTiles) n = std::min(n, splits_at(2.0));
+    }
+  }
   n = std::max(1, std::min({n, tiles, kMaxSplits}));
   if (!p.workspace) return 1;
   while (n > 1 && split_bytes(p, n) > p.workspace_bytes) --n;
