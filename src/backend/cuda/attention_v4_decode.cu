@@ -18,9 +18,10 @@
 //     partial and log2-sum-exp, then counts itself in `split_counters`; the block that arrives
 //     last merges all partials into the output and sets the counter back to zero, so the buffer
 //     is zero again after every launch (CUDA graph replays reuse it).
-//   * Grid (splits, kv heads, sequences) sized for the blocks resident per SM (74 KB of shared
-//     memory at D = 128 without LR, 80 KB with: Q tile + a 2-stage K/V/LRv ring; choose_splits
-//     says when it fills every slot and when two a SM); pdl_release() first thing, so the
+//   * Grid (splits, kv heads, sequences) sized for the blocks resident per SM (three at one row
+//     tile: 69 KB of shared memory at D = 128 without LR, 75 KB with, a 2-stage K/V/LRv ring, Q in
+//     registers; choose_splits says when it fills every slot and when it aims at two a SM);
+//     pdl_release() first thing, so the
 //     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
 //   * Agents mode (N agents' decode queries over one shared base and LR cache, each with its own
 //     B_v): the rows are the agents' heads, and each row expands its own agent's B_v.
@@ -61,17 +62,21 @@ struct Smem {
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int KS = D + 8;  // padded row (elements): conflict-free ldmatrix
   static constexpr int RS = R + 8;
-  static constexpr int kQ = 0;                              // [kRows, KS]
-  static constexpr int kK = kQ + kRows * KS;                // [kStages, kBN, KS]
+  // One row tile loads its Q fragments straight into registers (no Q tile: 4 KB less, which with
+  // olr_s below fits three blocks of the LR kernel on an SM); two re-read theirs every key tile.
+  static constexpr bool kQRegs = MT == 1;
+  static constexpr int kQ = 0;                              // [kRows, KS] (two row tiles)
+  static constexpr int kK = kQ + (kQRegs ? 0 : kRows * KS);  // [kStages, kBN, KS]
   static constexpr int kV = kK + kStages * kBN * KS;        // [kStages, kBN, KS]
   static constexpr int kLv = kV + kStages * kBN * KS;       // [kStages, kBN, RS] (R > 0)
   static constexpr int kEnd = kLv + (R > 0 ? kStages * kBN * RS : 0);
   static constexpr size_t bytes = static_cast<size_t>(kEnd) * sizeof(bf16);
   // After the key loop the merges reuse the whole buffer (Q included: the last tile's barrier has
-  // passed every read of it) as f32: [kKeyWarps, kRows, D + 4] O + [kKeyWarps, kRows, 16] O_lr.
+  // passed every read of it) as f32: [kKeyWarps, kRows, D + 4] O + [kKeyWarps, kRows, 16] O_lr
+  // + [kRows, 16] merged O_lr.
   static constexpr int kDP = D + 4;  // f32 row stride: rows gq land on different banks
-  static_assert((kKeyWarps * kRows * (kDP + (R > 0 ? 16 : 0))) * sizeof(float) <= bytes,
-                "the warp merge fits in shared memory");
+  static constexpr int kMergeFloats = kKeyWarps * kRows * (kDP + (R > 0 ? 16 : 0)) + (R > 0 ? kRows * 16 : 0);
+  static_assert(kMergeFloats * sizeof(float) <= bytes, "the warp merge fits in shared memory");
   static_assert(kMaxSplits * kRows * sizeof(float) <= bytes, "the split merge's weights fit in shared memory");
 };
 
@@ -83,8 +88,9 @@ struct V4Launch {
   float* part_lse = nullptr;  // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
 };
 
+// Three blocks per SM at one row tile (registers <= 168; shared memory: Smem), two at two.
 template <int D, int R, int MT>
-__global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, 2)
+__global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
   using L = Smem<D, R, MT>;
   constexpr int KS = L::KS, RS = L::RS;
@@ -95,7 +101,6 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, 2)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* const sm = reinterpret_cast<bf16*>(smem_raw);
   __shared__ float m_s[kKeyWarps][kRows], l_s[kKeyWarps][kRows];  // per key-warp softmax state of each row
-  __shared__ float olr_s[kRows][16];                          // merged P·LRv (R > 0)
   __shared__ bool last_s;
   pdl_release();  // the PDL-launched o-projection may be scheduled; it waits for our completion
 
@@ -187,19 +192,34 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, 2)
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};  // log2 units; l: this lane's part
 
   if (n_tiles > 0) {
-    // Q rows 0..RB-1 (see out_row), the rest zero; one group with tile 0.
-    for (int c = tid; c < kRows * CPR; c += kThreads) {
-      const int r = c / CPR, ch = c % CPR;
-      const bool ok = r < RB;
-      const bf16* src = ok ? p.q + out_row(r) * D + ch * 8 : p.q;
-      cp_async16(sm + L::kQ + r * KS + ch * 8, src, ok ? 16 : 0);
+    // Q fragments of this warp's row tile (rows RB.. zero): at one tile loaded from global memory
+    // into registers once, in the m16k16 A layout (a0: row gq, keys 2tq..; a1: row gq + 8; a2, a3:
+    // the same 8 columns on); at two, a Q tile in shared memory (one group with tile 0), re-read
+    // every key tile (ldmatrix is cheap next to the K/V loads; the eight warps' registers are not).
+    constexpr bool kQRegs = L::kQRegs;
+    uint32_t qf[KT_D][4];
+    if constexpr (kQRegs) {
+      const int ra = r0 + gq, rb = ra + 8;
+      const uint32_t* qa = ra < RB ? reinterpret_cast<const uint32_t*>(p.q + out_row(ra) * D) : nullptr;
+      const uint32_t* qb = rb < RB ? reinterpret_cast<const uint32_t*>(p.q + out_row(rb) * D) : nullptr;
+#pragma unroll
+      for (int kk = 0; kk < KT_D; ++kk) {
+        const int c = kk * 8 + tq;  // bf16 pair index of columns 16kk + 2tq, +1
+        qf[kk][0] = qa ? qa[c] : 0u;
+        qf[kk][1] = qb ? qb[c] : 0u;
+        qf[kk][2] = qa ? qa[c + 4] : 0u;
+        qf[kk][3] = qb ? qb[c + 4] : 0u;
+      }
+    } else {
+      for (int c = tid; c < kRows * CPR; c += kThreads) {
+        const int r = c / CPR, ch = c % CPR;
+        const bool ok = r < RB;
+        const bf16* src = ok ? p.q + out_row(r) * D + ch * 8 : p.q;
+        cp_async16(sm + L::kQ + r * KS + ch * 8, src, ok ? 16 : 0);
+      }
     }
     tile_issue(0, a0);
     cp_async_commit();
-    // Q fragments of this warp's row tile: held in registers at one tile; at two, re-read every
-    // key tile (ldmatrix from shared memory is cheap next to the K/V loads; the registers are not).
-    constexpr bool kQRegs = MT == 1;
-    uint32_t qf[KT_D][4];
     const bf16* const qs = sm + L::kQ + (r0 + (lane & 15)) * KS + (lane >> 4) * 8;
     for (int t = 0; t < n_tiles; ++t) {
       if (t + 1 < n_tiles) {  // stage (t+1) % 2 was freed by the barrier that ended tile t-1
@@ -210,10 +230,6 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, 2)
         cp_async_wait<0>();
       }
       __syncthreads();
-      if (kQRegs && t == 0) {
-#pragma unroll
-        for (int kk = 0; kk < KT_D; ++kk) ldmatrix_x4(qf[kk], qs + kk * 16);
-      }
       const int st = t % kStages;
       const int key0 = kb + t * kBN + kw * 16;  // this warp's first key
       const bf16* cK = sm + L::kK + (st * kBN + kw * 16) * KS;
@@ -305,6 +321,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, 2)
   constexpr int DP = L::kDP;
   float* const oacc = reinterpret_cast<float*>(sm);   // [kKeyWarps, kRows, DP]
   float* const lacc = oacc + kKeyWarps * kRows * DP;  // [kKeyWarps, kRows, 16] (R > 0)
+  float (*const olr_s)[16] = reinterpret_cast<float (*)[16]>(lacc + kKeyWarps * kRows * 16);  // [kRows, 16] merged
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     float l = l_run[hh];
@@ -523,7 +540,7 @@ int resident_blocks_of() {
 }
 
 // Blocks of this launch's kernel that fit on one SM at once (its shared memory and registers):
-// 3 for the plain kernel at D = 128 on Hopper (74 KB each), 2 with the LR stage ring (80 KB).
+// 3 at one row tile on Hopper (D = 128: 69 KB each, 75 KB with the LR stage ring), 2 at two.
 int resident_blocks(const AttnParams& p) {
   const bool lr = p.v_lr.active(), two = v4_rows(p) > kTileRows;
   if (p.head_dim == 64) {
