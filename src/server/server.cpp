@@ -226,6 +226,7 @@ struct Server::Job {
   // Engine thread only.
   size_t next = 0;           // the next choice to start (prompt next / n, sample next % n)
   bool running = false;      // counted as running in the metrics
+  bool waits_for_prefix = false;  // its next choice waits for a prefix another choice computes
   bool abandoned = false;    // the engine saw `cancelled`
   bool ended = false;        // in ended_
   std::optional<Clock::time_point> first_token;
@@ -361,11 +362,12 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   const bool window = std::all_of(turns.begin(), turns.end(),
                                   [](const AgentTurn* t) { return t->looks_ahead() && t->pending_tokens() == 1; });
   if (window) {
-    // An admitted request whose choice could not start waits for something a pass may bring
-    // (the prefix it would copy being computed): with one waiting, a window runs two passes (the
-    // second launched while the first runs) and start_choice looks again.
+    // An admitted request whose choice waits for the prefix it would copy to be computed may
+    // start after the next pass: with one such, a window runs two passes (the second launched
+    // while the first runs) and start_choice looks again. One waiting for a free slot waits for
+    // a choice to end, which ends the window anyway.
     const bool waiting = std::any_of(active.begin(), active.end(), [](const Job* j) {
-      return !j->ended && !j->abandoned && j->next < j->choices();
+      return !j->ended && !j->abandoned && j->next < j->choices() && j->waits_for_prefix;
     });
     int launches = 0;
     TurnWindow w = decode_turns(*model_, turns, [&] {
@@ -418,7 +420,9 @@ bool Server::start_choice(Job& job) {
     fail_job(job, lease.error());
     return false;
   }
-  if (!*lease) return false;  // no trajectory for it yet (see SessionPool::acquire): next time
+  // No trajectory for it yet (see SessionPool::acquire): next time.
+  job.waits_for_prefix = !*lease && pool_->last_wait() == SessionPool::Wait::kPrefix;
+  if (!*lease) return false;
   if (!job.running) {
     metrics_.request_running();
     job.running = true;
