@@ -375,62 +375,93 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     __syncthreads();
   }
 
-  // Thread per (row, dimension) of the RB real rows: sum the warps, add the LR expansion (the
-  // row's agent's B_v in agents mode), normalise. A thread's elements go in batches of kEB whose
-  // B_v rows are all loaded before any is used: one L2 round trip per batch instead of one per
-  // element (which cost the 8-agent Flash-LoRA decode, 16 elements a thread, more than its
-  // K/V reads).
   const bool split_out = x.n_splits > 1;
   const int64_t split_stride = static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;  // between splits' partials
+  // Row r's element d, normalised: to this split's partial, or to the output.
+  auto finish = [&](int r, int d, float v) {
+    const float out = v * inv_l_s[r];
+    if (split_out) {
+      const int64_t prow = split * split_stride + part_row(r);
+      x.part_o[prow * D + d] = out;
+      if (d == 0) x.part_lse[prow] = lse_s[r];
+    } else {
+      const int64_t off = out_row(r) * D + d;
+      if (p.out) p.out[off] = __float2bfloat16(out);
+      if (p.out_f32) p.out_f32[off] = out;
+    }
+  };
   constexpr int kEB = 4;
-  for (int e0 = tid; e0 < RB * D; e0 += kEB * kThreads) {
-    uint32_t bw[kEB][8];  // B_v row of each element as bf16 pairs (ranks 0..15; zero past the rank)
+  // B_v row (g·D + d) of `agent` as bf16 pairs (ranks 0..15; zero past the rank).
+  auto load_bv = [&](int64_t agent, int d, uint32_t (&bw)[8]) {
+    const int rank = p.v_lr.rank;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) bw[k] = 0u;
+    const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
+    const bf16* brow = b + (static_cast<int64_t>(g) * D + d) * rank;
+    if (rank == 16 && reinterpret_cast<uintptr_t>(brow) % 16 == 0) {
+      const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(brow));
+      const uint4 w1 = __ldg(reinterpret_cast<const uint4*>(brow) + 1);
+      bw[0] = w0.x, bw[1] = w0.y, bw[2] = w0.z, bw[3] = w0.w;
+      bw[4] = w1.x, bw[5] = w1.y, bw[6] = w1.z, bw[7] = w1.w;
+    } else {  // B rows start 4-byte aligned (b is, and rank % 4 == 0): bf16 pairs
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (2 * k < rank) bw[k] = __ldg(reinterpret_cast<const unsigned int*>(brow) + k);
+    }
+  };
+  // Σ over the key warps of row r's element d, plus its LR expansion with B_v row bw.
+  auto element = [&](int r, int d, const uint32_t (&bw)[8]) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kKeyWarps; ++w) v += oacc[(w * kRows + r) * DP + d];
     if constexpr (R > 0) {
-      const int rank = p.v_lr.rank;
 #pragma unroll
-      for (int i = 0; i < kEB; ++i) {
-        const int e = e0 + i * kThreads, r = e / D, d = e % D;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) bw[i][k] = 0u;
-        if (e >= RB * D) continue;
-        const int64_t agent = p.agents ? r / G : 0;
-        const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
-        const bf16* brow = b + (static_cast<int64_t>(g) * D + d) * rank;
-        if (rank == 16 && reinterpret_cast<uintptr_t>(brow) % 16 == 0) {
-          const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(brow));
-          const uint4 w1 = __ldg(reinterpret_cast<const uint4*>(brow) + 1);
-          bw[i][0] = w0.x, bw[i][1] = w0.y, bw[i][2] = w0.z, bw[i][3] = w0.w;
-          bw[i][4] = w1.x, bw[i][5] = w1.y, bw[i][6] = w1.z, bw[i][7] = w1.w;
-        } else {  // B rows start 4-byte aligned (b is, and rank % 4 == 0): bf16 pairs
-#pragma unroll
-          for (int k = 0; k < 8; ++k)
-            if (2 * k < rank) bw[i][k] = __ldg(reinterpret_cast<const unsigned int*>(brow) + k);
-        }
+      for (int k = 0; k < 8; ++k) {
+        const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bw[k]));
+        v = fmaf(olr_s[r][2 * k], f.x, fmaf(olr_s[r][2 * k + 1], f.y, v));
       }
     }
+    return v;
+  };
+  const int n_pairs = RB / G * D;  // (query, dimension) pairs: a query's G rows share a B_v row
+  if (R > 0 && n_pairs >= kThreads) {
+    // A thread per (query, dimension): one B_v row serves the query's G heads, and a thread's
+    // rows all load in one batch. Per (row, dimension), 8 agents' 16 elements a thread took
+    // four batches, each an L2 round trip at the end of every block.
+    for (int c0 = tid; c0 < n_pairs; c0 += kEB * kThreads) {
+      uint32_t bw[kEB][8];
 #pragma unroll
-    for (int i = 0; i < kEB; ++i) {
-      const int e = e0 + i * kThreads, r = e / D, d = e % D;
-      if (e >= RB * D) break;
-      float v = 0.f;
+      for (int i = 0; i < kEB; ++i) {
+        const int c = c0 + i * kThreads;
+        if (c < n_pairs) load_bv(p.agents ? c / D : 0, c % D, bw[i]);
+      }
 #pragma unroll
-      for (int w = 0; w < kKeyWarps; ++w) v += oacc[(w * kRows + r) * DP + d];
+      for (int i = 0; i < kEB; ++i) {
+        const int c = c0 + i * kThreads, q = c / D, d = c % D;
+        if (c >= n_pairs) break;
+        for (int h = 0; h < G; ++h) finish(q * G + h, d, element(q * G + h, d, bw[i]));
+      }
+    }
+  } else {
+    // Thread per (row, dimension) of the RB real rows: sum the warps, add the LR expansion (the
+    // row's agent's B_v in agents mode), normalise. A thread's elements go in batches of kEB whose
+    // B_v rows are all loaded before any is used: one L2 round trip per batch instead of one per
+    // element (which cost the 8-agent Flash-LoRA decode, 16 elements a thread, more than its
+    // K/V reads).
+    for (int e0 = tid; e0 < RB * D; e0 += kEB * kThreads) {
+      uint32_t bw[kEB][8] = {};
       if constexpr (R > 0) {
 #pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&bw[i][k]));
-          v = fmaf(olr_s[r][2 * k], f.x, fmaf(olr_s[r][2 * k + 1], f.y, v));
+        for (int i = 0; i < kEB; ++i) {
+          const int e = e0 + i * kThreads;
+          if (e < RB * D) load_bv(p.agents ? e / D / G : 0, e % D, bw[i]);
         }
       }
-      const float out = v * inv_l_s[r];
-      if (split_out) {
-        const int64_t prow = split * split_stride + part_row(r);
-        x.part_o[prow * D + d] = out;
-        if (d == 0) x.part_lse[prow] = lse_s[r];
-      } else {
-        const int64_t off = out_row(r) * D + d;
-        if (p.out) p.out[off] = __float2bfloat16(out);
-        if (p.out_f32) p.out_f32[off] = out;
+#pragma unroll
+      for (int i = 0; i < kEB; ++i) {
+        const int e = e0 + i * kThreads;
+        if (e >= RB * D) break;
+        finish(e / D, e % D, element(e / D, e % D, bw[i]));
       }
     }
   }
