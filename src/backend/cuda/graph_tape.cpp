@@ -1,5 +1,6 @@
 #include "backend/cuda/graph_tape.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <string_view>
@@ -12,7 +13,34 @@ GraphTape::GraphTape(cudaStream_t stream) : stream_(stream) {
   if (const char* n = std::getenv("LRAGENT_CUDA_GRAPHS_PER_SHAPE"); n && std::atoi(n) > 0) execs_per_shape_ = std::atoi(n);
 }
 
-GraphTape::~GraphTape() { clear_graphs(); }
+GraphTape::~GraphTape() {
+  clear_ops();
+  clear_graphs();
+}
+
+void* GraphTape::op_memory(size_t bytes, size_t align) {
+  for (;; ++chunk_, used_ = 0) {
+    if (chunk_ == chunks_.size()) {  // every chunk is full: one more, kept for later passes
+      const size_t n = std::max(kChunk, bytes + align);
+      chunks_.push_back(std::make_unique<std::byte[]>(n));
+      chunk_bytes_.push_back(n);
+    }
+    const auto base = reinterpret_cast<uintptr_t>(chunks_[chunk_].get());
+    const size_t at = (base + used_ + align - 1) / align * align - base;
+    if (at + bytes <= chunk_bytes_[chunk_]) {
+      used_ = at + bytes;
+      return chunks_[chunk_].get() + at;
+    }
+  }
+}
+
+void GraphTape::clear_ops() {
+  for (Op& op : ops_)
+    if (op.destroy) op.destroy(op.fn);
+  ops_.clear();
+  chunk_ = 0;
+  used_ = 0;
+}
 
 void GraphTape::clear_graphs() {
   for (auto& [k, e] : cache_)
@@ -24,7 +52,7 @@ void GraphTape::clear_graphs() {
 cudaError_t GraphTape::run_eager() {
   // Ops after a failed one would read its garbage outputs (and store K/V rows from them): stop.
   for (Op& op : ops_)
-    if (const cudaError_t e = op(); e != cudaSuccess) return e;
+    if (const cudaError_t e = op.call(op.fn); e != cudaSuccess) return e;
   return cudaSuccess;
 }
 

@@ -31,7 +31,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
+#include <memory>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -53,8 +54,6 @@ struct TapeStats {
 
 class GraphTape {
  public:
-  using Op = std::function<cudaError_t()>;
-
   explicit GraphTape(cudaStream_t stream);
   ~GraphTape();
   GraphTape(const GraphTape&) = delete;
@@ -65,14 +64,14 @@ class GraphTape {
     begin_time_ = std::chrono::steady_clock::now();
     recording_ = true;
     graphable_ = true;
-    ops_.clear();
+    clear_ops();
     sig_.clear();
     shape_.clear();
   }
   // Stops recording and drops the recorded ops unrun (an op of the pass failed on the host side).
   void discard() {
     recording_ = false;
-    ops_.clear();
+    clear_ops();
     sig_.clear();
     shape_.clear();
   }
@@ -88,7 +87,17 @@ class GraphTape {
     sig_.append(static_cast<const char*>(p), n);
     shape_.append(static_cast<const char*>(p), n);
   }
-  void push(Op op) { ops_.push_back(std::move(op)); }
+  // Appends an op: a closure returning cudaError_t, kept in the tape's own memory until the next
+  // begin(). A replayed pass never calls its closures, so making them must cost little: no heap
+  // allocation per op (a std::function of a launch's parameters allocated every time).
+  template <class F>
+  void push(F&& f) {
+    using Fn = std::decay_t<F>;
+    void* mem = op_memory(sizeof(Fn), alignof(Fn));
+    Fn* fn = ::new (mem) Fn(std::forward<F>(f));
+    ops_.push_back(Op{fn, [](void* o) { return (*static_cast<Fn*>(o))(); },
+                      std::is_trivially_destructible_v<Fn> ? nullptr : +[](void* o) { static_cast<Fn*>(o)->~Fn(); }});
+  }
 
   // Stops recording and runs the recorded ops on the stream (see the top of this file). Returns
   // the first launch error; a failed capture is not an error (the ops then run eagerly).
@@ -104,6 +113,15 @@ class GraphTape {
     sig_.append(reinterpret_cast<const char*>(&v), sizeof(T));
     if constexpr (!std::is_pointer_v<T>) shape_.append(reinterpret_cast<const char*>(&v), sizeof(T));
   }
+  struct Op {
+    void* fn;                   // the closure, in chunks_
+    cudaError_t (*call)(void*);
+    void (*destroy)(void*);     // null: trivially destructible
+  };
+  // Room for a closure of `bytes` at `align` in the current chunk (a new chunk when it is full;
+  // chunks are kept across passes, so a warm tape allocates nothing).
+  void* op_memory(size_t bytes, size_t align);
+  void clear_ops();
   cudaError_t run_eager();
   // Captures the recorded ops into a new graph (null on failure; the ops did not run). *op_error:
   // the error an op of the pass reported while captured (cudaSuccess when the capture itself failed).
@@ -124,6 +142,10 @@ class GraphTape {
   bool graphable_ = true;
   bool update_ = true;  // LRAGENT_CUDA_GRAPH_UPDATE (default on)
   std::vector<Op> ops_;
+  static constexpr size_t kChunk = 64u << 10;
+  std::vector<std::unique_ptr<std::byte[]>> chunks_;  // closures of ops_, each chunk [kChunk] (or one op's size)
+  std::vector<size_t> chunk_bytes_;                   // [chunks_] size of each
+  size_t chunk_ = 0, used_ = 0;                       // chunk being filled, bytes used in it
   std::string sig_, shape_;
   std::unordered_map<std::string, Entry> cache_;  // keyed by the signature itself
   // shape -> the signatures of that shape holding a graph (at most execs_per_shape_)
