@@ -226,7 +226,6 @@ struct Server::Job {
   // Engine thread only.
   size_t next = 0;           // the next choice to start (prompt next / n, sample next % n)
   bool running = false;      // counted as running in the metrics
-  bool waits_for_prefix = false;  // its next choice waits for a prefix another choice computes
   bool abandoned = false;    // the engine saw `cancelled`
   bool ended = false;        // in ended_
   std::optional<Clock::time_point> first_token;
@@ -362,12 +361,11 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   const bool window = std::all_of(turns.begin(), turns.end(),
                                   [](const AgentTurn* t) { return t->looks_ahead() && t->pending_tokens() == 1; });
   if (window) {
-    // An admitted request whose choice waits for the prefix it would copy to be computed may
-    // start after the next pass: with one such, a window runs two passes (the second launched
-    // while the first runs) and start_choice looks again. One waiting for a free slot waits for
-    // a choice to end, which ends the window anyway.
+    // An admitted request whose choice could not start waits for something a pass may bring
+    // (the prefix it would copy being computed): with one waiting, a window runs two passes (the
+    // second launched while the first runs) and start_choice looks again.
     const bool waiting = std::any_of(active.begin(), active.end(), [](const Job* j) {
-      return !j->ended && !j->abandoned && j->next < j->choices() && j->waits_for_prefix;
+      return !j->ended && !j->abandoned && j->next < j->choices();
     });
     int launches = 0;
     TurnWindow w = decode_turns(*model_, turns, [&] {
@@ -420,9 +418,7 @@ bool Server::start_choice(Job& job) {
     fail_job(job, lease.error());
     return false;
   }
-  // No trajectory for it yet (see SessionPool::acquire): next time.
-  job.waits_for_prefix = !*lease && pool_->last_wait() == SessionPool::Wait::kPrefix;
-  if (!*lease) return false;
+  if (!*lease) return false;  // no trajectory for it yet (see SessionPool::acquire): next time
   if (!job.running) {
     metrics_.request_running();
     job.running = true;

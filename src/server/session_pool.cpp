@@ -99,7 +99,6 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   for (size_t g = 0; g < groups_.size() && group < 0; ++g)
     if (std::find(groups_[g].names.begin(), groups_[g].names.end(), agent) != groups_[g].names.end())
       group = static_cast<int>(g);
-  last_wait_ = Wait::kNone;
   if (group < 0) return make_error(ErrorCode::kNotFound, "no agent named '{}'", agent);
 
   Entry* extend = nullptr;  // a trajectory that is a whole prefix of the prompt (longest)
@@ -147,11 +146,8 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
     // completion's last token is never computed in its own trajectory). Else the copy is taken at once.
     const TrajectoryKv& kv = use->session->kv();
     const int64_t need = std::min(keep, prompt_len - 1) - 1;
-    if ((kv.reads_others_entries() && kv.shared_tokens() < need) ||
-        (use->agent == agent && kv.processed(use->session->agent_index(agent)) < need)) {
-      last_wait_ = Wait::kPrefix;
-      return std::optional<Lease>();
-    }
+    if (kv.reads_others_entries() && kv.shared_tokens() < need) return std::optional<Lease>();
+    if (use->agent == agent && kv.processed(use->session->agent_index(agent)) < need) return std::optional<Lease>();
     copy_id = use->id;
     copy_len = keep;
     use = nullptr;
@@ -164,10 +160,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   if (!use) {
     auto made = new_session(group, copy_id);
     if (!made.ok()) return made.error();
-    if (!*made) {  // every slot runs a request, or only they hold memory: wait
-      last_wait_ = Wait::kSlot;
-      return std::optional<Lease>();
-    }
+    if (!*made) return std::optional<Lease>();  // every slot runs a request, or only they hold memory: wait
     use = **made;
     keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
     if (copy_id > 0) {

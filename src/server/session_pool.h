@@ -69,12 +69,6 @@ class SessionPool {
   // Held trajectories are never cut back or dropped.
   // Errors: unknown agent (kNotFound), no memory for a new trajectory (kOutOfMemory).
   Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
-  // Why the latest acquire() gave nullopt, for a caller choosing how soon to ask again: kPrefix,
-  // the prefix it would copy is still being computed (the next engine pass may bring it); kSlot,
-  // every slot holds a running request or only those hold memory (only a request's end makes
-  // room). kNone after a lease or an error.
-  enum class Wait { kNone, kPrefix, kSlot };
-  Wait last_wait() const { return last_wait_; }
   // The request running on trajectory `id` is done with it.
   void release(int64_t id);
   // Forgets a trajectory (after a failed request its state is not trusted).
@@ -130,7 +124,6 @@ class SessionPool {
   uint64_t tick_ = 0;
   int64_t evicted_ = 0;
   int64_t copied_ = 0, copied_tokens_ = 0;
-  Wait last_wait_ = Wait::kNone;
 };
 
 }  // namespace lragent::server
