@@ -15,13 +15,16 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
 #include "backend/backend.h"
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/graph_tape.h"
 #include "agents/replay.h"
 #include "kv/full_cache.h"
 #include "kv/sharing.h"
@@ -185,6 +188,84 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps,
 
 // A prefill without adapters takes the bf16 path whose normalised and SwiGLU activations exist
 // only as bf16 GEMM operands (set_matmul_only_outputs): its logits against the CPU's.
+// GraphTape's op memory (closures kept in chunks the tape reuses every pass): ops of several
+// sizes and alignments, one larger than a chunk, run once each and in order on a signature's
+// first (eager) run; a closure's captures live until the next begin() or discard() and are
+// destroyed then; a second, longer pass reuses the chunks and grows them. The eager path makes no
+// CUDA call, so this runs without a GPU too.
+TEST(CudaGraphTape, KeepsEveryOpClosureUntilTheNextPass) {
+  struct Counted {  // a capture that counts its live copies
+    int* live;
+    explicit Counted(int* l) : live(l) { ++*live; }
+    Counted(const Counted& o) : live(o.live) { ++*live; }
+    ~Counted() { --*live; }
+  };
+  struct alignas(64) Wide {
+    double v[8];
+  };
+  struct Big {
+    unsigned char bytes[100000];  // larger than a chunk (64 KB)
+  };
+  cuda::GraphTape tape(nullptr);
+  std::vector<int> order;
+  int live = 0, misaligned = 0;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int n = 1000 * (pass + 1);
+    tape.begin();
+    EXPECT_EQ(live, 0) << "begin() destroys the last pass's closures";
+    tape.sig(pass);  // a new signature: its first run is eager
+    order.clear();
+    for (int i = 0; i < n; ++i) {
+      switch (i % 4) {
+        case 0:
+          tape.push([&order, i] {
+            order.push_back(i);
+            return cudaSuccess;
+          });
+          break;
+        case 1:
+          tape.push([&order, i, c = Counted(&live)] {
+            order.push_back(i + 0 * *c.live);
+            return cudaSuccess;
+          });
+          break;
+        case 2: {
+          Wide w{};
+          w.v[7] = i;
+          tape.push([&order, &misaligned, w] {
+            misaligned += reinterpret_cast<uintptr_t>(&w) % alignof(Wide) != 0;
+            order.push_back(static_cast<int>(w.v[7]));
+            return cudaSuccess;
+          });
+          break;
+        }
+        default:
+          if (i == n / 2 + 3) {
+            Big b{};
+            b.bytes[sizeof(b.bytes) - 1] = 7;
+            tape.push([&order, i, b] {
+              order.push_back(b.bytes[sizeof(b.bytes) - 1] == 7 ? i : -1);
+              return cudaSuccess;
+            });
+          } else {
+            tape.push([&order, i, c = Counted(&live), pad = std::array<int64_t, 9>{}] {
+              order.push_back(i + static_cast<int>(pad[8]) + 0 * *c.live);
+              return cudaSuccess;
+            });
+          }
+      }
+    }
+    EXPECT_EQ(live, n / 2 - 1) << "every counted capture is held once, by its closure";
+    ASSERT_EQ(tape.run(), cudaSuccess);
+    ASSERT_EQ(static_cast<int>(order.size()), n);
+    for (int i = 0; i < n; ++i) ASSERT_EQ(order[i], i) << "pass " << pass;
+    EXPECT_EQ(misaligned, 0);
+    EXPECT_EQ(live, n / 2 - 1) << "the closures outlive the run (a capture reruns them)";
+  }
+  tape.discard();
+  EXPECT_EQ(live, 0) << "discard() destroys them too";
+}
+
 TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA prefill test skipped";
   const int n = 300;
