@@ -553,21 +553,32 @@ size_t split_bytes(const AttnParams& p, int n_splits) {
   return rows * p.head_dim * sizeof(float) + rows * sizeof(float) + 256;
 }
 
+// One instantiation's launch setup, done once: its shared memory allowed (ok), and the blocks
+// that then fit on one SM (per_sm; 2, the launch bound, should the occupancy query fail).
+struct KernelSetup {
+  bool ok = false;
+  int per_sm = 2;
+};
+template <int D, int R, int MT>
+const KernelSetup& kernel_setup() {
+  using L = Smem<D, R, MT>;
+  static const KernelSetup k = [] {
+    KernelSetup s;
+    s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(L::bytes)) == cudaSuccess;
+    int per_sm = 0;
+    if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT>,
+                                                               L::kThreads, L::bytes) != cudaSuccess)
+      (void)cudaGetLastError();  // the failure is reported by ok (the launch) or loses only the tuning
+    else
+      s.per_sm = std::max(per_sm, 1);
+    return s;
+  }();
+  return k;
+}
 template <int D, int R, int MT>
 int resident_blocks_of() {
-  using L = Smem<D, R, MT>;
-  static const int n = [] {
-    int per_sm = 0;
-    if (cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(L::bytes)) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT>, L::kThreads,
-                                                      L::bytes) != cudaSuccess) {
-      (void)cudaGetLastError();  // a failed query only loses the tuning: assume the bound's 2
-      return 2;
-    }
-    return std::max(per_sm, 1);
-  }();
-  return n;
+  return kernel_setup<D, R, MT>().per_sm;
 }
 
 // Blocks of this launch's kernel that fit on one SM at once (its shared memory and registers):
@@ -618,11 +629,7 @@ int choose_splits(const AttnParams& p) {
 template <int D, int R, int MT>
 cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
   using L = Smem<D, R, MT>;
-  static const bool configured = [] {
-    return cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(L::bytes)) == cudaSuccess;
-  }();
-  if (!configured) return cudaErrorInvalidConfiguration;
+  if (!kernel_setup<D, R, MT>().ok) return cudaErrorInvalidConfiguration;
   const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
   return launch_pdl(attn_v4_decode_kernel<D, R, MT>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
 }
