@@ -1,5 +1,7 @@
 // Decode GEMV versions (ops.cu v1, gemv.cu v2) on the weight shapes of a Llama-3.1-8B decode
-// step, against the device-to-device copy ceiling measured in the same run.
+// step, against the device-to-device copy ceiling measured in the same run. "v2" is gemv.cu's entry
+// point: its stream mode where that applies (x staged, rows unsplit), the v2 kernel elsewhere;
+// LRAGENT_GEMV_STREAM=0 measures the v2 kernel alone.
 //   bytes moved = weights + x + y (the weights dominate); GB/s and fraction of the copy ceiling.
 // Each timing replays a CUDA graph of 20 launches that rotate over a 2 GiB weight pool (no L2
 // reuse between launches), as the decode graphs of the engine launch them; median of 15 replays.

@@ -185,8 +185,8 @@ __device__ __forceinline__ int staged_float4(int j) {  // float4 j of the row (j
 }
 
 // Norm mode's staging: x's R rows normed into shared memory, xs[r][j] = g[j] · (x[r][j] / rms(x[r])),
-// the RMSNorm kernels' expression, laid out as above. Every thread of the block takes part (it
-// has barriers).
+// the RMSNorm kernels' expression, laid out as above; stream mode (no norm_w) stages x as it is.
+// Every thread of the block takes part (it has barriers).
 template <int R>
 __device__ void stage_normed(const GemvArgs& a, float* xs, float (&red)[kWarps][R]) {
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -201,10 +201,12 @@ __device__ void stage_normed(const GemvArgs& a, float* xs, float (&red)[kWarps][
       xs4[r * row4 + staged_float4(j)] = v;
       ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
     }
+    if (!a.norm_w) continue;
     for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
     if (lane == 0) red[warp][r] = ss;
   }
   __syncthreads();
+  if (!a.norm_w) return;
   float inv[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -235,7 +237,8 @@ __device__ void stage_normed(const GemvArgs& a, float* xs, float (&red)[kWarps][
 // Norm mode: each warp streams whole output rows (SwiGLU: the gate row, then the up row of the
 // same index) as one flat sequence of weight batches, rows blockIdx.x · kWarps + warp + k · stride;
 // the batch after the current one, of this row or of the next, is always in flight. Rows and
-// chunks are 32-bit (the host checks).
+// chunks are 32-bit (the host checks). Stream mode is the same kernel without the norm: plain
+// GEMVs whose x fits the staging (see launch_grouped for why).
 template <int R, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(const GemvArgs a) {
   extern __shared__ float4 xs_dyn[];  // [R][gemv_norm_row_floats(in)] x's normed rows (f32), staged layout
@@ -353,6 +356,12 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
 //                         lookahead 4.83 ms with it against 4.60 without, 3 interleaved rounds;
 //                         the unfolded step 4.74. Its blocks, resident while the previous GEMV
 //                         drains, fill every slot the persistent grid was sized for)
+//   LRAGENT_GEMV_STREAM   0: plain GEMVs always run v2 (default 1: stream mode where it applies,
+//                         see launch_grouped; in the 8B step that is the o projection)
+//   LRAGENT_GEMV_STREAM_PDL 0: stream mode launched without PDL (default 1). H200, 8B decode step
+//                         at 4k with lookahead, 3 interleaved rounds: v2 4.463-4.471 ms, stream
+//                         mode with PDL 4.441-4.443, without 4.497-4.500 (the o projection then
+//                         waits for the attention before its first weights are in flight)
 double env_or(const char* name, double def) {
   const char* v = std::getenv(name);
   return v ? std::atof(v) : def;
@@ -363,6 +372,8 @@ struct Knobs {
   bool pdl = env_or("LRAGENT_GEMV_PDL", 1) != 0;
   bool norm_pdl = env_or("LRAGENT_GEMV_NORM_PDL", 0) != 0;
   bool norm_balance = env_or("LRAGENT_GEMV_NORM_BALANCE", 1) != 0;
+  bool stream = env_or("LRAGENT_GEMV_STREAM", 1) != 0;
+  bool stream_pdl = env_or("LRAGENT_GEMV_STREAM_PDL", 1) != 0;
 };
 const Knobs& knobs() {
   static const Knobs k;
@@ -397,12 +408,20 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   unsigned grid = static_cast<unsigned>((units + per_block - 1) / per_block);
   // Norm mode: x's normed rows in shared memory; a warp per row, the grid at most the blocks that
   // fit at once (each warp then loops over rows).
-  const size_t smem = a.norm_w ? static_cast<size_t>(rows * gemv_norm_row_floats(a.in)) * 4 : 0;
+  // Stream mode, the same kernel for a plain GEMV whose x fits the staging: v2 gives each warp
+  // one row and ends, so a short row (the 8B o projection's 8 KB: four batches) is all ramp and
+  // tail, where the persistent warps keep the next row's weights in flight. Only where v2 would
+  // not split rows over warps (wpr 1): narrower GEMVs need the split to fill the GPU.
+  const size_t staged = static_cast<size_t>(rows * gemv_norm_row_floats(a.in)) * 4;
+  const bool stream = !a.norm_w && !swiglu && knobs().stream && a.wpr == 1 && staged <= 48 * 1024 &&
+                      a.out <= INT32_MAX;
+  const bool persistent = a.norm_w || stream;
+  const size_t smem = persistent ? staged : 0;
   // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits
   // on it before reading x; see the kernel). Captured into graphs as a programmatic edge.
-  const bool pdl = a.norm_w ? knobs().norm_pdl : knobs().pdl;
+  const bool pdl = a.norm_w ? knobs().norm_pdl : stream ? knobs().stream_pdl : knobs().pdl;
   auto go = [&](auto kernel) -> cudaError_t {
-    if (a.norm_w) {
+    if (persistent) {
       // Resident blocks per SM for this kernel at this shared-memory size: asked once per pair
       // and thread (eager and captured passes launch ~100 of these a step; a handful of pairs).
       struct Occ {
@@ -435,7 +454,7 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   // Four kernels per row count (SwiGLU or not, norm mode or not), chosen at run time.
   auto pick = [&](auto r) -> cudaError_t {
     constexpr int R = decltype(r)::value;
-    if (a.norm_w) return swiglu ? go(gemv_norm_kernel<R, true>) : go(gemv_norm_kernel<R, false>);
+    if (persistent) return swiglu ? go(gemv_norm_kernel<R, true>) : go(gemv_norm_kernel<R, false>);
     return swiglu ? go(gemv_v2_kernel<R, true>) : go(gemv_v2_kernel<R, false>);
   };
   switch (rows) {
