@@ -93,6 +93,9 @@ struct GraphStats {
   int64_t materialized_k = 0;
   // Decode passes' RoPE launched together with the layer's K/V stores (one kernel for two).
   int64_t fused_rope_stores = 0;
+  // Passes run in two segments (the GPU starting on the first ops while the rest is recorded);
+  // replayed / captured / eager / updated count each segment.
+  int64_t segments = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

@@ -41,6 +41,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
     be->materialize_k_ = false;  // prefill rebuilds K per tile in the kernel, as before (measuring)
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_MAX_ROWS"); g && *g)
     be->graph_max_rows_ = std::max<int64_t>(std::atoll(g), 0);
+  if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_SPLIT"); g && *g) be->split_ops_ = std::max<int64_t>(std::atoll(g), 0);
+  if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_SPLIT_BUSY"); g && *g) be->split_busy_ = std::atoi(g) != 0;
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
     const std::string spec = f;
     const size_t colon = spec.find(':');
@@ -106,10 +108,12 @@ CudaBackend::~CudaBackend() {
   if (tape_ && std::getenv("LRAGENT_CUDA_GRAPH_STATS")) {
     const lc::TapeStats& t = tape_->stats();
     fmt::print(stderr,
-               "CUDA graphs: {} recorded passes: {} replayed, {} captured, {} updated, {} eager, {} capture "
-               "failures; {:.1f} ms building graphs; {} attention launches served {} sequences at once; {} "
-               "prefill attentions materialised K; {} RoPEs launched with their K/V stores\n",
-               t.passes, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms, batched_attn_,
+               "CUDA graphs: {} recorded passes ({} run in two segments): {} replayed, {} captured, {} updated, "
+               "{} eager, {} capture failures (segments included); {:.1f} ms building graphs; {} attention launches "
+               "served {} sequences at once; {} prefill attentions materialised K; {} RoPEs launched with their K/V "
+               "stores\n",
+               t.passes, t.segments, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms,
+               batched_attn_,
                batched_attn_seqs_, materialized_k_, fused_rope_stores_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
@@ -259,6 +263,14 @@ void CudaBackend::begin_pass(int64_t n_rows) {
   // The previous pass's argument copy must have left the staging buffer before it is rewritten.
   check(args_->begin_pass());
   act_off_ = 0;
+  // Split only a pass the GPU waits for: one recorded while the previous still runs (decode
+  // lookahead) has its recording hidden already, and a split would add a graph launch.
+  split_armed_ = false;
+  if (split_ops_ > 0) {
+    const cudaError_t q = cudaStreamQuery(stream_);
+    if (q == cudaErrorNotReady) cudaGetLastError();  // not an error: the stream is busy
+    split_armed_ = q == cudaSuccess || split_busy_;
+  }
   tape_->begin();
   if (rec_prof_) rec_last_ = std::chrono::steady_clock::now();
 }
@@ -492,6 +504,17 @@ void CudaBackend::flush_tape() {
   const cudaError_t e = tape_->run();
   if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", cudaGetErrorString(e)));
   retire_overflow();
+}
+
+void CudaBackend::split_pass() {
+  split_armed_ = false;
+  // A RoPE held back for the store after it stays held: its signature is in the pass's key
+  // already, and it is launched in the next segment.
+  if (failed_) return;  // flush_tape drops the rest
+  check(args_->flush_pass());
+  if (failed_) return;
+  const cudaError_t e = tape_->run_segment();
+  if (e != cudaSuccess) fail(fmt::format("recorded pass (first segment): {}", cudaGetErrorString(e)));
 }
 
 void CudaBackend::retire_overflow() {

@@ -111,7 +111,7 @@ class CudaBackend final : public Backend {
     const lc::TapeStats& t = tape_->stats();
     return {t.passes,     t.replayed,         t.captured,          t.eager,
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
-            batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_};
+            batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, t.segments};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -176,6 +176,17 @@ class CudaBackend final : public Backend {
   // 1.2 s of graph building in all.
   static constexpr int64_t kGraphMaxRows = 8;
   int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides it (measuring)
+  // A recorded pass that begins on an idle GPU (a step not recorded ahead) runs its first
+  // kGraphSplitOps ops as a segment of their own as soon as they are recorded (graph_tape.h), so
+  // the GPU works while the host records the rest. 16 ops are two to three layers of an 8B decode
+  // step (~0.3 ms of GPU time), more than the host takes to record the whole step (0.06-0.15 ms).
+  // LRAGENT_CUDA_GRAPH_SPLIT overrides it (0: never split).
+  static constexpr int64_t kGraphSplitOps = 16;
+  int64_t split_ops_ = kGraphSplitOps;
+  bool split_armed_ = false;  // this pass still runs its first segment at split_ops_ ops
+  bool split_busy_ = false;   // LRAGENT_CUDA_GRAPH_SPLIT_BUSY=1: split passes that start on a busy GPU too
+  // Runs the pass's ops recorded so far as its first segment (their arguments copied first).
+  void split_pass();
   bool store_batching_ = false;              // begin_store_batch .. end_store_batch
   std::vector<lc::StoreJobDev> pending_stores_;  // held back until end_store_batch
   // Launches jobs in launches of up to lc::kMaxStoreJobs; with a RoPE pending, as one rope_store
@@ -238,6 +249,7 @@ class CudaBackend final : public Backend {
     if (tape_->recording()) {
       tape_->push(std::forward<F>(f));
       if (rec_prof_) rec_prof_tick(name);
+      if (split_armed_ && static_cast<int64_t>(tape_->size()) >= split_ops_) split_pass();
       return;
     }
     lc::OpProfiler::Scope pr(prof_, name, stream_);

@@ -77,6 +77,23 @@ cudaError_t GraphTape::run() {
   recording_ = false;
   ++stats_.passes;
   stats_.record_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - begin_time_).count();
+  return run_ops();
+}
+
+cudaError_t GraphTape::run_segment() {
+  // The mark ends this segment's key; sig_ and shape_ go on growing, so the next segment's key
+  // holds this one's too. A pass not split never has the mark: its key differs from every
+  // segment's.
+  static const char kSplitMark = 0;
+  sig(&kSplitMark);
+  shape_.append("|split|");
+  ++stats_.segments;
+  const cudaError_t e = run_ops();
+  clear_ops();  // graphable_ stays: what made a segment ungraphable may be read by later ones
+  return e;
+}
+
+cudaError_t GraphTape::run_ops() {
   if (ops_.empty()) return cudaSuccess;
   if (!graphable_) {
     ++stats_.eager;

@@ -19,6 +19,12 @@
 // both stay cached; 1 and 4 measured alike in the traces) graphs of one shape stay cached; a new
 // signature past that reuses the least recently launched one. LRAGENT_CUDA_GRAPH_UPDATE=0 turns
 // this off.
+// A pass may be run in segments (run_segment, called by the backend once a pass that starts on an
+// idle GPU has recorded a few ops): the GPU starts on the first ops while the host records the
+// rest, so a step not recorded ahead (no decode lookahead) no longer waits out its whole
+// recording. Each segment is looked up, captured and replayed like a pass, keyed by the
+// signature of the whole pass up to its end (earlier segments included, then a split mark), so
+// a segment's key determines every op before it as well as its own.
 // Step-varying inputs never enter the signature by value: host arrays (token ids, positions,
 // slots, block tables) go through a fixed argument region copied to the device before every
 // run, and the attention context length is read on the device (grid sizes use a bucketed
@@ -47,6 +53,7 @@ struct TapeStats {
   int64_t updated = 0;       // ... captured and written into a cached graph of the same shape
   int64_t replayed = 0;      // ... run as a cached graph
   int64_t capture_failures = 0;
+  int64_t segments = 0;      // passes' earlier segments run before the pass ended (run_segment)
   double build_ms = 0;       // host time spent capturing, instantiating and updating graphs
   double record_ms = 0;      // host time from begin() to run(): the forward pass's own code (the
                              // GPU idles through it when the pass waits on the previous one)
@@ -60,6 +67,8 @@ class GraphTape {
   GraphTape& operator=(const GraphTape&) = delete;
 
   bool recording() const { return recording_; }
+  // Ops recorded since the pass (or its last segment) began.
+  size_t size() const { return ops_.size(); }
   void begin() {
     begin_time_ = std::chrono::steady_clock::now();
     recording_ = true;
@@ -102,6 +111,9 @@ class GraphTape {
   // Stops recording and runs the recorded ops on the stream (see the top of this file). Returns
   // the first launch error; a failed capture is not an error (the ops then run eagerly).
   cudaError_t run();
+  // Runs the ops recorded so far as one segment of the pass (as run() does) and goes on
+  // recording the pass: the next ops form its next segment, whose key extends this one's.
+  cudaError_t run_segment();
   // Forgets every cached graph (addresses they baked in are about to change).
   void clear_graphs();
   const TapeStats& stats() const { return stats_; }
@@ -126,6 +138,8 @@ class GraphTape {
   // Captures the recorded ops into a new graph (null on failure; the ops did not run). *op_error:
   // the error an op of the pass reported while captured (cudaSuccess when the capture itself failed).
   cudaGraph_t capture(cudaError_t* op_error);
+  // run()'s body for the recorded ops: replay, capture, update or run eagerly, by sig_.
+  cudaError_t run_ops();
 
   struct Entry {
     int seen = 0;                     // times this signature ran
@@ -133,7 +147,10 @@ class GraphTape {
     bool failed = false;              // capture failed once: stay eager
     int64_t last = 0;                 // pass number of its last launch (LRU among its shape)
   };
-  static constexpr size_t kMaxGraphs = 64;
+  // Signatures remembered (with or without a graph) before the cache is cleared: a split pass
+  // takes two (ten agents decoding in turn over four context buckets: 80; at 64 the cache was
+  // cleared mid-trace and every segment ran eagerly once more).
+  static constexpr size_t kMaxGraphs = 128;
   int execs_per_shape_ = 2;  // LRAGENT_CUDA_GRAPHS_PER_SHAPE
 
   cudaStream_t stream_;

@@ -119,14 +119,18 @@ void HostArgs::remember(const void* host, size_t bytes, size_t padded, size_t of
 
 cudaError_t HostArgs::begin_pass() {
   pass_off_ = 0;
+  pass_flushed_ = 0;
   pass_memo_.clear();
   for (Recent& r : recent_) r = Recent{};
   return cudaEventSynchronize(pass_copied_);
 }
 
 cudaError_t HostArgs::flush_pass() {
-  if (pass_off_ == 0) return cudaSuccess;
-  cudaError_t e = cudaMemcpyAsync(pass_dev_, pass_staging_, pass_off_, cudaMemcpyHostToDevice, stream_);
+  if (pass_off_ == pass_flushed_) return cudaSuccess;
+  cudaError_t e = cudaMemcpyAsync(static_cast<char*>(pass_dev_) + pass_flushed_,
+                                  static_cast<char*>(pass_staging_) + pass_flushed_, pass_off_ - pass_flushed_,
+                                  cudaMemcpyHostToDevice, stream_);
+  pass_flushed_ = pass_off_;
   if (e == cudaSuccess) e = cudaEventRecord(pass_copied_, stream_);
   return e;
 }

@@ -5,7 +5,8 @@
 //             every layer passes it again); a wrap first waits for the stream;
 //   recorded  the arrays of one recorded pass (graph_tape.h): bump-allocated from offset 0 every
 //             pass, so a replayed graph finds them at the addresses it captured; copied to the
-//             device in one piece before the pass runs (flush_pass).
+//             device in one piece before the pass runs (flush_pass; a pass run in segments
+//             copies what each segment added before it runs).
 // Host C++ over the CUDA runtime; errors come back as null pointers / cudaError_t.
 #pragma once
 
@@ -39,7 +40,8 @@ class HostArgs {
   const void* recorded(const void* host, size_t bytes, size_t padded);
   // A recorded pass starts: waits until the previous pass's copy has left the staging buffer.
   cudaError_t begin_pass();
-  // A recorded pass is about to run: one copy of its region to the device.
+  // A recorded pass (or a segment of it) is about to run: one copy of what its region gained
+  // since the last flush to the device.
   cudaError_t flush_pass();
 
  private:
@@ -55,6 +57,7 @@ class HostArgs {
   void* pass_staging_ = nullptr;  // pinned [kPassBytes]
   void* pass_dev_ = nullptr;      // [kPassBytes]
   size_t pass_off_ = 0;
+  size_t pass_flushed_ = 0;  // [0, pass_flushed_) of the region is on its way to the device
   std::unordered_map<uint64_t, Memo> pass_memo_;
   // The pass's latest deduplicated arrays by host address: a block table comes again from the
   // same address for K, V and every layer's store and attention, and comparing it with its
