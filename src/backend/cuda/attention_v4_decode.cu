@@ -86,6 +86,9 @@ struct V4Launch {
   int kshift = 0, vshift = 0, lvshift = 0;
   float* part_o = nullptr;    // [n_splits, n_seqs, max_q, n_heads, D] normalised partials
   float* part_lse = nullptr;  // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
+  // The partials are merged by attn_v4_merge_kernel, launched after this one, instead of by each
+  // (sequence, kv head)'s last block (two row tiles in agents mode; see attention_v4).
+  bool merge_kernel = false;
 };
 
 // Three blocks per SM at one row tile (registers <= 168; shared memory: Smem), two at two.
@@ -465,7 +468,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       }
     }
   }
-  if (!split_out) return;
+  if (!split_out || x.merge_kernel) return;
 
   // ---- split-K: the last block of this (sequence, kv head) merges every split's partial ----
   __threadfence();  // our partial is visible device-wide before we are counted
@@ -524,6 +527,63 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   }
 }
 
+// The split merge as a kernel of its own, for agents mode at two row tiles (17-32 rows of a kv
+// head). There the last block's merge read 32 splits x 32 rows (512 KB) from one SM at ~40 GB/s,
+// ~13 of the 8-agent decode's 68 us, and neither more loads in flight, half the bytes, a tree of
+// merges nor bulk copies made one SM faster (docs/cuda.md). Here a warp merges one row (lane c:
+// its 16-byte column c), the rows of every kv head spread over all SMs. PDL-launched: its blocks
+// wait for the attention kernel's partials, and the o projection after it for its output.
+constexpr int kMergeWarps = 8;
+template <int D>
+__global__ void __launch_bounds__(32 * kMergeWarps) attn_v4_merge_kernel(const AttnParams p, const V4Launch x) {
+  __shared__ float w_s[kMergeWarps][kMaxSplits];  // each warp's row: split weights 2^(lse - max) / sum
+  pdl_release();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = blockIdx.y, s = blockIdx.z;
+  const int G = p.n_heads / p.n_kv_heads;
+  const SeqInfo si = seq_info(p, s);
+  const int r = blockIdx.x * kMergeWarps + warp;  // row: agent r / G's head g·G + r % G
+  pdl_wait();  // the partials are the attention kernel's
+  if (r >= si.n_q * G) return;
+  const int64_t split_stride = static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;
+  const int64_t prow = (static_cast<int64_t>(s) * p.max_q + r / G) * p.n_heads + g * G + r % G;
+  float mx = -INFINITY;
+  for (int sp = lane; sp < x.n_splits; sp += 32) {
+    const float l = __ldcg(x.part_lse + sp * split_stride + prow);
+    w_s[warp][sp] = l;
+    mx = fmaxf(mx, l);
+  }
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float den = 0.f;
+  for (int sp = lane; sp < x.n_splits; sp += 32) {
+    const float l = w_s[warp][sp];
+    const float w = l == -INFINITY ? 0.f : exp2f(l - mx);
+    w_s[warp][sp] = w;
+    den += w;
+  }
+  for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  __syncwarp();
+  if (lane >= D / 4) return;
+  const float4* src = reinterpret_cast<const float4*>(x.part_o + prow * D) + lane;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+  for (int sp = 0; sp < x.n_splits; ++sp) {
+    const float w = w_s[warp][sp] * inv;
+    const float4 v = __ldcg(src + sp * split_stride * (D / 4));
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  const int64_t off = (static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G) * D + 4 * lane;
+  if (p.out) {
+    *reinterpret_cast<__nv_bfloat162*>(p.out + off) = __floats2bfloat162_rn(acc.x, acc.y);
+    *reinterpret_cast<__nv_bfloat162*>(p.out + off + 2) = __floats2bfloat162_rn(acc.z, acc.w);
+  }
+  if (p.out_f32) *reinterpret_cast<float4*>(p.out_f32 + off) = acc;
+}
+
 // LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for, overriding the rule in
 // choose_splits (a tuning knob read once, for measuring alternatives without rebuilding; 0 or
 // unset: the rule).
@@ -534,6 +594,16 @@ double split_waves_override() {
     return d > 0 ? d : 0.0;
   }();
   return w;
+}
+
+// LRAGENT_ATTN_V4_MERGE_KERNEL=0: agents mode at two row tiles merges its splits in the last
+// block, as before attn_v4_merge_kernel (measuring).
+bool merge_kernel_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LRAGENT_ATTN_V4_MERGE_KERNEL");
+    return !(v && std::atoi(v) == 0);
+  }();
+  return on;
 }
 
 // Query rows of one (sequence, kv head): the agents' heads, or the G heads of one decode query.
@@ -636,7 +706,11 @@ cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
 
 template <int D, int R>
 cudaError_t launch(const AttnParams& p, const V4Launch& x) {
-  return v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
+  if (v4_rows(p) <= kTileRows) return launch_tiles<D, R, 1>(p, x);
+  const cudaError_t e = launch_tiles<D, R, 2>(p, x);
+  if (e != cudaSuccess || !x.merge_kernel) return e;
+  const dim3 grid((v4_rows(p) + kMergeWarps - 1) / kMergeWarps, p.n_kv_heads, p.n_seqs);
+  return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
 }
 
 }  // namespace
@@ -659,6 +733,7 @@ cudaError_t attention_v4(const AttnParams& p) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
     x.part_o = static_cast<float*>(p.workspace);
     x.part_lse = x.part_o + rows * p.head_dim;
+    x.merge_kernel = p.agents && v4_rows(p) > kTileRows && merge_kernel_enabled();
   }
   const bool lr = p.v_lr.active();
   if (p.head_dim == 64) return lr ? launch<64, 16>(p, x) : launch<64, 0>(p, x);
