@@ -91,6 +91,51 @@ struct V4Launch {
   bool merge_kernel = false;
 };
 
+// ---- a row of the split merge: the last block's merge and attn_v4_merge_kernel both use these ----
+// On entry w[sp · stride] (sp < n) holds split sp's log2-sum-exp of one row; on return its merge
+// weight 2^(lse - max) / Σ (0 for an empty split). A warp does a row: every lane calls it.
+__device__ __forceinline__ void split_weights(float* w, int stride, int n, int lane) {
+  float mx = -INFINITY;
+  for (int sp = lane; sp < n; sp += 32) mx = fmaxf(mx, w[sp * stride]);
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  float den = 0.f;
+  for (int sp = lane; sp < n; sp += 32) {
+    const float l = w[sp * stride];
+    const float e = l == -INFINITY ? 0.f : exp2f(l - mx);
+    w[sp * stride] = e;
+    den += e;
+  }
+  for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
+  const float inv = den > 0.f ? 1.f / den : 0.f;
+  __syncwarp();
+  for (int sp = lane; sp < n; sp += 32) w[sp * stride] *= inv;
+  __syncwarp();
+}
+// Σ over the n splits of w[sp · stride] · src[sp · src_stride4]: four dimensions of a row, 16-byte
+// loads through L2 (the partials were written by other blocks).
+__device__ __forceinline__ float4 merge_column(const float4* src, int64_t src_stride4, const float* w, int stride,
+                                               int n) {
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+  for (int sp = 0; sp < n; ++sp) {
+    const float ws = w[sp * stride];
+    const float4 v = __ldcg(src + sp * src_stride4);
+    acc.x += ws * v.x;
+    acc.y += ws * v.y;
+    acc.z += ws * v.z;
+    acc.w += ws * v.w;
+  }
+  return acc;
+}
+// Four merged dimensions to the outputs, at element offset off.
+__device__ __forceinline__ void store_merged(const AttnParams& p, int64_t off, const float4& acc) {
+  if (p.out) {
+    *reinterpret_cast<__nv_bfloat162*>(p.out + off) = __floats2bfloat162_rn(acc.x, acc.y);
+    *reinterpret_cast<__nv_bfloat162*>(p.out + off + 2) = __floats2bfloat162_rn(acc.z, acc.w);
+  }
+  if (p.out_f32) *reinterpret_cast<float4*>(p.out_f32 + off) = acc;
+}
+
 // Three blocks per SM at one row tile (registers <= 168; shared memory: Smem), two at two.
 template <int D, int R, int MT>
 __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
@@ -488,42 +533,12 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   for (int e = tid; e < x.n_splits * RB; e += kThreads)
     wts[e] = __ldcg(x.part_lse + (e / RB) * split_stride + part_row(e % RB));
   __syncthreads();
-  for (int r = warp; r < RB; r += kWarps) {
-    float mx = -INFINITY;
-    for (int sp = lane; sp < x.n_splits; sp += 32) mx = fmaxf(mx, wts[sp * RB + r]);
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    float den = 0.f;
-    for (int sp = lane; sp < x.n_splits; sp += 32) {
-      const float l = wts[sp * RB + r];
-      const float w = l == -INFINITY ? 0.f : exp2f(l - mx);
-      wts[sp * RB + r] = w;
-      den += w;
-    }
-    for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
-    const float inv = den > 0.f ? 1.f / den : 0.f;
-    __syncwarp();
-    for (int sp = lane; sp < x.n_splits; sp += 32) wts[sp * RB + r] *= inv;
-  }
+  for (int r = warp; r < RB; r += kWarps) split_weights(wts + r, RB, x.n_splits, lane);
   __syncthreads();
   for (int e = tid; e < RB * (D / 4); e += kThreads) {
     const int r = e / (D / 4), c4 = e % (D / 4);
     const float4* src = reinterpret_cast<const float4*>(x.part_o + part_row(r) * D) + c4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-    for (int sp = 0; sp < x.n_splits; ++sp) {
-      const float w = wts[sp * RB + r];
-      const float4 v = __ldcg(src + sp * split_stride * (D / 4));
-      acc.x += w * v.x;
-      acc.y += w * v.y;
-      acc.z += w * v.z;
-      acc.w += w * v.w;
-    }
-    const int64_t off = out_row(r) * D + 4 * c4;
-    if (p.out) {
-      *reinterpret_cast<__nv_bfloat162*>(p.out + off) = __floats2bfloat162_rn(acc.x, acc.y);
-      *reinterpret_cast<__nv_bfloat162*>(p.out + off + 2) = __floats2bfloat162_rn(acc.z, acc.w);
-    }
-    if (p.out_f32) *reinterpret_cast<float4*>(p.out_f32 + off) = acc;
+    store_merged(p, out_row(r) * D + 4 * c4, merge_column(src, split_stride * (D / 4), wts + r, RB, x.n_splits));
   }
 }
 
@@ -536,7 +551,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
 constexpr int kMergeWarps = 8;
 template <int D>
 __global__ void __launch_bounds__(32 * kMergeWarps) attn_v4_merge_kernel(const AttnParams p, const V4Launch x) {
-  __shared__ float w_s[kMergeWarps][kMaxSplits];  // each warp's row: split weights 2^(lse - max) / sum
+  __shared__ float w_s[kMergeWarps][kMaxSplits];  // each warp's row: its splits' merge weights
   pdl_release();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = blockIdx.y, s = blockIdx.z;
@@ -547,41 +562,12 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_v4_merge_kernel(const A
   if (r >= si.n_q * G) return;
   const int64_t split_stride = static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;
   const int64_t prow = (static_cast<int64_t>(s) * p.max_q + r / G) * p.n_heads + g * G + r % G;
-  float mx = -INFINITY;
-  for (int sp = lane; sp < x.n_splits; sp += 32) {
-    const float l = __ldcg(x.part_lse + sp * split_stride + prow);
-    w_s[warp][sp] = l;
-    mx = fmaxf(mx, l);
-  }
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float den = 0.f;
-  for (int sp = lane; sp < x.n_splits; sp += 32) {
-    const float l = w_s[warp][sp];
-    const float w = l == -INFINITY ? 0.f : exp2f(l - mx);
-    w_s[warp][sp] = w;
-    den += w;
-  }
-  for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
-  const float inv = den > 0.f ? 1.f / den : 0.f;
-  __syncwarp();
+  for (int sp = lane; sp < x.n_splits; sp += 32) w_s[warp][sp] = __ldcg(x.part_lse + sp * split_stride + prow);
+  split_weights(w_s[warp], 1, x.n_splits, lane);
   if (lane >= D / 4) return;
   const float4* src = reinterpret_cast<const float4*>(x.part_o + prow * D) + lane;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-  for (int sp = 0; sp < x.n_splits; ++sp) {
-    const float w = w_s[warp][sp] * inv;
-    const float4 v = __ldcg(src + sp * split_stride * (D / 4));
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
-  }
-  const int64_t off = (static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G) * D + 4 * lane;
-  if (p.out) {
-    *reinterpret_cast<__nv_bfloat162*>(p.out + off) = __floats2bfloat162_rn(acc.x, acc.y);
-    *reinterpret_cast<__nv_bfloat162*>(p.out + off + 2) = __floats2bfloat162_rn(acc.z, acc.w);
-  }
-  if (p.out_f32) *reinterpret_cast<float4*>(p.out_f32 + off) = acc;
+  const int64_t orow = static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G;
+  store_merged(p, orow * D + 4 * lane, merge_column(src, split_stride * (D / 4), w_s[warp], 1, x.n_splits));
 }
 
 // LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for, overriding the rule in
