@@ -96,6 +96,9 @@ struct GraphStats {
   // Passes run in two segments (the GPU starting on the first ops while the rest is recorded);
   // replayed / captured / eager / updated count each segment.
   int64_t segments = 0;
+  // Store launches of decode passes that computed LoRA expands (a private cache's v_full) instead
+  // of reading them from a launch of their own.
+  int64_t fused_lora_stores = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

@@ -445,7 +445,10 @@ TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
 // rotated. Checked against the CPU (rotated q and k, the cache rows) and, bit for bit, against the
 // same ops run eagerly (two launches). Shapes: Llama-3 GQA at head_dim 128, and 6 q heads on 4 kv
 // heads (q heads not a multiple of kv heads); 1, 3 and 8 tokens, page sizes 1 and 16, LoRA terms
-// on q for some tokens.
+// on q for some tokens. Before the RoPE, a LoRA expand onto a base (a private cache's v_full =
+// v + s·(x·A)·B) whose output only a store of the batch reads: the recorded pass computes it in
+// the store kernel (GraphStats::fused_lora_stores), which must leave the same values in v_full and
+// in the cache as the expand's own launch.
 TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
   const DType dt = GetParam();
   struct Case { int64_t ha, hb, hd; int page; };
@@ -455,6 +458,7 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
       Tensor qh = random_host({n, c.ha, c.hd}, 61), kh = random_host({n, c.hb, c.hd}, 62);
       Tensor vh = random_host({n, wk}, 63), lh = random_host({n, rank}, 64);
       Tensor xa = random_host({n, rank}, 65), bq = random_host({wq, rank}, 66, 0.3f);
+      Tensor xav = random_host({n, rank}, 67), bv = random_host({wk, rank}, 68, 0.3f);
       std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         pos[static_cast<size_t>(i)] = static_cast<int32_t>(ctx - n + i + 1000 * i);
@@ -466,7 +470,7 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
 
       // [run] q, k after RoPE and the K / V / LR cache rows at `slots`, as f32: run 0 the CPU,
       // 1 the GPU recorded (fused), 2 the GPU eager.
-      struct Out { std::vector<float> q, k, kc, vc, lc; };
+      struct Out { std::vector<float> q, k, kc, vc, lc, vf, vfc; };
       Out outs[3];
       for (int run = 0; run < 3; ++run) {
         Backend& be = run == 0 ? *cpu : *gpu;
@@ -475,10 +479,11 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
         auto pk = BlockPool::create("k", 1, c.page, wk, blocks, pb);
         auto pv = BlockPool::create("v", 1, c.page, wk, blocks, pb);
         auto pl = BlockPool::create("lr", 1, c.page, rank, blocks, pb);
-        ASSERT_TRUE(pk.ok() && pv.ok() && pl.ok());
-        std::vector<int32_t> tables[3];
-        BlockPool* pools[3] = {pk->get(), pv->get(), pl->get()};
-        for (int i = 0; i < 3; ++i) {
+        auto pf = BlockPool::create("vf", 1, c.page, wk, blocks, pb);
+        ASSERT_TRUE(pk.ok() && pv.ok() && pl.ok() && pf.ok());
+        std::vector<int32_t> tables[4];
+        BlockPool* pools[4] = {pk->get(), pv->get(), pl->get(), pf->get()};
+        for (int i = 0; i < 4; ++i) {
           for (int64_t b = 0; b < blocks; ++b) {
             auto id = pools[i]->allocate();
             ASSERT_TRUE(id.ok()) << id.error().message;
@@ -489,6 +494,8 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
         auto up = [&](const Tensor& t, DType d) { return dev ? be.upload(t.view(), d) : Tensor(); };
         Tensor qd = up(qh, DType::kF32), kd = up(kh, DType::kF32), vd = up(vh, DType::kF32), ld = up(lh, DType::kF32);
         Tensor xad = up(xa, DType::kF32), bqd = up(bq, be.weight_dtype());
+        Tensor xavd = up(xav, DType::kF32), bvd = up(bv, be.weight_dtype());
+        Tensor vf = dev ? be.alloc(DType::kF32, {n, wk}) : Tensor::empty(DType::kF32, {n, wk});  // v_full
         Tensor qc, kc;  // the CPU's operands (rotated in place)
         if (!dev) {
           qc = Tensor::empty(DType::kF32, {n, c.ha, c.hd});
@@ -513,6 +520,16 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
         }
         if (run == 1) be.begin_pass(n);  // recorded: the fused launch
         const int64_t fused_before = be.graph_stats().fused_rope_stores;
+        const int64_t lora_before = be.graph_stats().fused_lora_stores;
+        {
+          Backend::LoraExpandJob vj;
+          vj.xa = dev ? xavd.view() : xav.view();
+          vj.b = dev ? bvd.view() : bv.view();
+          vj.scale = 0.75f;
+          vj.base = dev ? vd.view() : vh.view();
+          vj.y = vf.view();
+          be.lora_expand(std::span<const Backend::LoraExpandJob>(&vj, 1));
+        }
         be.rope_pair_lora(q, k, pos.data(), inv_freq.data(), jobs);
         be.begin_store_batch();
         TensorView k2 = k;
@@ -521,13 +538,18 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
         be.store_rows(k2, pk->get()->layer_view(0, tables[0].data()), slots.data());
         be.store_rows(dev ? vd.view() : vh.view(), pv->get()->layer_view(0, tables[1].data()), slots.data());
         be.store_rows(dev ? ld.view() : lh.view(), pl->get()->layer_view(0, tables[2].data()), slots.data());
+        be.store_rows(vf.view(), pf->get()->layer_view(0, tables[3].data()), slots.data());
         be.end_store_batch();
         Out& o = outs[run];
         o.q = host_values(be, q);  // runs the recorded pass
         o.k = host_values(be, k);
-        if (run > 0)
+        o.vf = host_values(be, vf.view());
+        if (run > 0) {
           EXPECT_EQ(be.graph_stats().fused_rope_stores - fused_before, run == 1 ? 1 : 0)
               << (run == 1 ? "the recorded pass launches RoPE and stores as one kernel" : "eager: two launches");
+          EXPECT_EQ(be.graph_stats().fused_lora_stores - lora_before, run == 1 ? 1 : 0)
+              << (run == 1 ? "the recorded pass computes v_full in the store kernel" : "eager: the expand's launch");
+        }
         // Cache rows at the slots, as f32.
         auto rows_of = [&](BlockPool* pool, const int32_t* table, int64_t width) {
           const PagedView pv2 = pool->layer_view(0, table);
@@ -549,7 +571,8 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
         o.kc = rows_of(pools[0], tables[0].data(), wk);
         o.vc = rows_of(pools[1], tables[1].data(), wk);
         o.lc = rows_of(pools[2], tables[2].data(), rank);
-        for (int i = 0; i < 3; ++i)
+        o.vfc = rows_of(pools[3], tables[3].data(), wk);
+        for (int i = 0; i < 4; ++i)
           for (int32_t b : tables[i]) pools[i]->release(b);
       }
       const std::string what = "ha " + std::to_string(c.ha) + " hb " + std::to_string(c.hb) + " hd " +
@@ -565,6 +588,10 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
       EXPECT_EQ(outs[1].kc, outs[2].kc) << "fused vs eager K cache, " << what;
       EXPECT_EQ(outs[1].vc, outs[2].vc) << "fused vs eager V cache, " << what;
       EXPECT_EQ(outs[1].lc, outs[2].lc) << "fused vs eager LR cache, " << what;
+      EXPECT_LE(rel_l2(outs[1].vf, outs[0].vf), tq) << "v_full, " << what;
+      EXPECT_LE(rel_l2(outs[1].vfc, outs[0].vfc), tol(dt)) << "v_full cache rows, " << what;
+      EXPECT_EQ(outs[1].vf, outs[2].vf) << "fused vs eager v_full, " << what;
+      EXPECT_EQ(outs[1].vfc, outs[2].vfc) << "fused vs eager v_full cache, " << what;
     }
   }
 }

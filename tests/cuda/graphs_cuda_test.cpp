@@ -60,7 +60,9 @@ SyntheticSpec spec() {
 
 // kTenAgents: ten LoRA agents take turns on one base-lr cache, more decode graphs of one shape
 // than the tape keeps (2 by default): every step rewrites a cached graph with cudaGraphExecUpdate.
-enum class Scenario { kOneSeq, kTwoSeqs, kLoraBaseLr, kTenAgents };
+// kLoraPrivate: one LoRA agent (q/v) on a private full cache, whose v_full expand a recorded
+// pass computes in the store kernel (GraphStats::fused_lora_stores).
+enum class Scenario { kOneSeq, kTwoSeqs, kLoraBaseLr, kTenAgents, kLoraPrivate };
 
 struct DecodeRun {
   std::vector<std::vector<float>> logits;  // [steps * seqs][vocab]
@@ -96,7 +98,8 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps,
   std::vector<std::unique_ptr<LoraAdapter>> adapters;
   std::unique_ptr<TrajectoryKv> traj;
   std::vector<std::unique_ptr<FullKvCache>> caches;
-  const bool lora = sc == Scenario::kLoraBaseLr || sc == Scenario::kTenAgents;
+  const bool shared = sc == Scenario::kLoraBaseLr || sc == Scenario::kTenAgents;
+  const bool lora = shared || sc == Scenario::kLoraPrivate;
   const int n_agents = sc == Scenario::kTenAgents ? 10 : 2;
   if (lora) {
     adapters = make_synthetic_adapters(c, 16, 7);
@@ -113,6 +116,8 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps,
       }
     }
     for (auto& a : adapters) EXPECT_TRUE(upload_adapter(*a, be).ok());
+  }
+  if (shared) {
     SharingOptions so;
     so.mode = ShareMode::kBaseLr;
     so.page_size = page;
@@ -143,7 +148,7 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps,
     } else {
       kv = caches[static_cast<size_t>(s)].get();
     }
-    SeqInput in{ids.data(), n, 0, kv, traj ? adapters[0].get() : nullptr, false};
+    SeqInput in{ids.data(), n, 0, kv, lora ? adapters[0].get() : nullptr, false};
     auto lg = model.forward({in});
     EXPECT_TRUE(lg.ok()) << lg.error().message;
     if (!lg.ok()) return out;
@@ -165,7 +170,7 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps,
         binds.push_back(traj->bind(agent));
         batch.push_back({&next[si], 1, len[si], binds.back().get(), adapters[static_cast<size_t>(agent)].get(), false});
       } else {
-        batch.push_back({&next[si], 1, len[si], caches[si].get(), nullptr, false});
+        batch.push_back({&next[si], 1, len[si], caches[si].get(), lora ? adapters[0].get() : nullptr, false});
       }
     }
     auto lg = model.forward(batch);
@@ -639,6 +644,10 @@ TEST_P(CudaGraphs, DecodeMatchesEager) {
     // Each bucket costs one eager pass and one capture; everything else must be a replay.
     EXPECT_GE(graph.stats.replayed, steps - 16);
   }
+  if (cs.sc == Scenario::kLoraPrivate) {
+    EXPECT_EQ(eager.stats.fused_lora_stores, 0) << "eager passes launch the expand";
+    EXPECT_GE(graph.stats.fused_lora_stores, steps) << "every recorded step's v_full is computed by its stores";
+  }
   if (cs.dt == DType::kF32) {
     EXPECT_EQ(identical, eager.logits.size()) << "f32 graph replays must be bit-identical to eager";
     EXPECT_EQ(same_picks, eager.picks.size());
@@ -653,7 +662,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaGraphs,
                                            Case{DType::kBF16, Scenario::kTwoSeqs, "bf16_two_seqs"},
                                            Case{DType::kF32, Scenario::kLoraBaseLr, "f32_lora_base_lr"},
                                            Case{DType::kBF16, Scenario::kLoraBaseLr, "bf16_lora_base_lr"},
-                                           Case{DType::kF32, Scenario::kTenAgents, "f32_ten_agents"}),
+                                           Case{DType::kF32, Scenario::kTenAgents, "f32_ten_agents"},
+                                           Case{DType::kF32, Scenario::kLoraPrivate, "f32_lora_private"},
+                                           Case{DType::kBF16, Scenario::kLoraPrivate, "bf16_lora_private"}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

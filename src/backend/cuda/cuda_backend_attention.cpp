@@ -74,7 +74,30 @@ void CudaBackend::end_store_batch() {
   pending_stores_.clear();
 }
 
-void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
+void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in) {
+  // Held-back expands (v_full) that these stores read: computed by the store kernel if every
+  // output is read whole by some job of one launch, else launched alone first.
+  std::array<lc::StoreJobDev, lc::kMaxStoreJobs> own{};
+  std::span<const lc::StoreJobDev> jobs = jobs_in;
+  lc::StoreLoras loras{};
+  if (!pending_expand_.empty()) {
+    bool attached = false;
+    if (!jobs_in.empty() && jobs_in.size() <= static_cast<size_t>(lc::kMaxStoreJobs)) {
+      std::copy(jobs_in.begin(), jobs_in.end(), own.begin());
+      const std::span<lc::StoreJobDev> mine(own.data(), jobs_in.size());
+      attached = attach_expands(mine, loras);
+      if (attached) jobs = mine;
+    }
+    if (attached) {
+      pending_expand_.clear();
+      ++fused_lora_stores_;
+      for (int x = 0; x < loras.n; ++x) rec("store_lora", x);
+      for (const lc::StoreJobDev& j : jobs) rec("store_job_lora", j.lora, j.lora_writes_y);
+    } else {
+      flush_expand();
+    }
+  }
+  const lc::StoreLoras* lp = loras.n > 0 ? &loras : nullptr;
   if (pending_rope_ && !jobs.empty() && jobs.size() <= static_cast<size_t>(lc::kMaxStoreJobs)) {
     // One launch for the RoPE and the stores, if every job reading the rotated k reads whole rows
     // of it (the thread rotating a pair then stores it), and no job reads q or straddles k.
@@ -86,6 +109,10 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
     const auto a1 = a0 + static_cast<uintptr_t>(r.n * r.ha * r.hd) * 4;
     bool ok = true;
     for (size_t j = 0; j < jobs.size() && ok; ++j) {
+      if (jobs[j].lora >= 0) {  // computes an expand's rows (disjoint from q and k: pending_expand_)
+        tok0[j] = -1;
+        continue;
+      }
       const auto p0 = reinterpret_cast<uintptr_t>(jobs[j].rows);
       const auto p1 = p0 + static_cast<uintptr_t>(jobs[j].n * jobs[j].width) * 4;
       tok0[j] = -1;
@@ -104,16 +131,26 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs) {
       ++fused_rope_stores_;
       rec("rope_store", nj);
       for (int j = 0; j < nj; ++j) rec("rope_store_tok0", tok0[j]);
-      launch("rope_store", [=, this] { return lc::rope_store(r, chunk.data(), tok0.data(), nj, stream_); });
+      launch("rope_store", [=, this] {
+        return lc::rope_store(r, chunk.data(), tok0.data(), nj, lp ? &loras : nullptr, stream_);
+      });
       return;
     }
+  }
+  if (lp) {  // one launch (attach_expands took at most kMaxStoreJobs jobs)
+    std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
+    const int nj = static_cast<int>(jobs.size());
+    std::copy_n(jobs.begin(), nj, chunk.begin());
+    rec("store_rows_multi", nj);
+    launch("store_rows", [=, this] { return lc::store_rows_multi(chunk.data(), nj, &loras, stream_); });
+    return;
   }
   for (size_t at = 0; at < jobs.size(); at += lc::kMaxStoreJobs) {
     std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
     const int nj = static_cast<int>(std::min<size_t>(lc::kMaxStoreJobs, jobs.size() - at));
     std::copy_n(jobs.begin() + static_cast<std::ptrdiff_t>(at), nj, chunk.begin());
     rec("store_rows_multi", nj);
-    launch("store_rows", [=, this] { return lc::store_rows_multi(chunk.data(), nj, stream_); });
+    launch("store_rows", [=, this] { return lc::store_rows_multi(chunk.data(), nj, nullptr, stream_); });
   }
 }
 

@@ -111,7 +111,8 @@ class CudaBackend final : public Backend {
     const lc::TapeStats& t = tape_->stats();
     return {t.passes,     t.replayed,         t.captured,          t.eager,
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
-            batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, t.segments};
+            batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, t.segments,
+            fused_lora_stores_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -197,6 +198,21 @@ class CudaBackend final : public Backend {
   // Any other op launched first, and the end of the pass, launch it alone (flush_rope).
   std::optional<lc::RopeArgs> pending_rope_;
   void flush_rope();
+  // A recorded decode pass's LoRA expands with a base (lora_expand), held back likewise when the
+  // next store batch may be what reads their outputs first: a private cache's v_full = v_base +
+  // s·(x·A)·B, which the store kernel then computes as it stores it (lc::StoreJobDev::lora),
+  // writing y too. Any other op launched first, a store batch that does not read every output
+  // whole, and the end of the pass launch them alone (flush_expand). Never overlaps a held RoPE's
+  // operands (checked when either is held), so the two may launch in either order.
+  std::vector<lc::LoraJob> pending_expand_;
+  void flush_expand();
+  // The held expands as `loras`, each store job of `jobs` that reads an expand's whole output
+  // pointed at it; false (nothing changed) when some job reads part of an output or an output is
+  // read by no job.
+  bool attach_expands(std::span<lc::StoreJobDev> jobs, lc::StoreLoras& loras) const;
+  // Whether a held expand reads or writes memory the RoPE r reads or writes.
+  bool expand_overlaps(const lc::RopeArgs& r) const;
+  int64_t fused_lora_stores_ = 0;
   void launch_rope(const lc::RopeArgs& r);  // the RoPE alone (rope_pair or rope_pair_lora)
   // Grouped decode GEMV launches of `outs` (all GEMV-eligible), in norm mode when `norm` is given.
   void launch_gemv_group(const TensorView& x, std::span<const MatmulOut> outs, const lc::GemvNorm* norm);
@@ -224,7 +240,13 @@ class CudaBackend final : public Backend {
   }
   template <class F>
   void launch(const char* name, F&& f) {
-    if (pending_rope_) flush_rope();  // this op may read what the RoPE writes
+    if (!pending_expand_.empty()) flush_expand();  // this op may read what they write
+    if (pending_rope_) flush_rope();               // ... or what the RoPE writes
+    launch_now(name, std::forward<F>(f));
+  }
+  // launch without launching the held-back ops first.
+  template <class F>
+  void launch_now(const char* name, F&& f) {
     if (failed_) return;  // an earlier op failed: its outputs are garbage, run nothing more
     if (!inject_fault_.empty() && inject_fault_ == name && --inject_count_ == 0) {  // tests of the error path
       inject_fault_.clear();

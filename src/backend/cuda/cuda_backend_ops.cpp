@@ -23,6 +23,34 @@ bool fuse_rope_store() {
   static const bool on = env_on("LRAGENT_CUDA_FUSE_ROPE_STORE");
   return on;
 }
+// LRAGENT_CUDA_FUSE_LORA_STORE=0: a decode pass's v_full expand launched alone before the stores.
+bool fuse_lora_store() {
+  static const bool on = env_on("LRAGENT_CUDA_FUSE_LORA_STORE");
+  return on;
+}
+// Byte ranges [p, p + bytes) of device memory.
+struct Span {
+  uintptr_t b = 0, e = 0;
+  bool overlaps(const Span& o) const { return b < o.e && o.b < e; }
+};
+Span span_of(const void* p, int64_t floats) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  return {b, p ? b + static_cast<uintptr_t>(floats) * 4 : b};
+}
+// What an expand job writes (y) and reads (base, xa).
+Span y_span(const lc::LoraJob& j) { return span_of(j.y, (j.rows - 1) * j.ldy + j.out); }
+Span base_span(const lc::LoraJob& j) { return span_of(j.base, j.base ? (j.rows - 1) * j.ldbase + j.out : 0); }
+Span xa_span(const lc::LoraJob& j) { return span_of(j.xa, j.xa ? (j.rows - 1) * j.ldxa + j.rank : 0); }
+// Whether expand job j touches memory the RoPE r reads or writes (q, k, q's x·A rows).
+bool overlaps(const lc::LoraJob& j, const lc::RopeArgs& r) {
+  const Span q = span_of(r.xa, r.n * r.ha * r.hd), k = span_of(r.xb, r.n * r.hb * r.hd), y = y_span(j);
+  for (const Span& s : {y, base_span(j), xa_span(j)})
+    if (s.overlaps(q) || s.overlaps(k)) return true;
+  if (r.lora)
+    for (int64_t t = 0; t < r.n; ++t)
+      if (r.rl.lr[t] && y.overlaps(span_of(r.rl.lr[t], r.rl.rank[t]))) return true;
+  return false;
+}
 }  // namespace
 
 namespace {
@@ -188,6 +216,10 @@ void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
     Backend::lora_expand(jobs);
     return;
   }
+  // A recorded decode pass holds back a few expands onto a base (v_full): the store batch that
+  // follows may compute them (launch_stores).
+  bool hold = fuse_lora_store() && tape_->recording() && !failed_ && !jobs.empty() &&
+              jobs.size() <= static_cast<size_t>(lc::kMaxStoreLora);
   for (size_t first = 0; first < jobs.size(); first += lc::kMaxLoraJobs) {
     const size_t count = std::min<size_t>(lc::kMaxLoraJobs, jobs.size() - first);
     std::array<lc::LoraJob, lc::kMaxLoraJobs> lj{};
@@ -214,8 +246,16 @@ void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
       wrote(d.y, static_cast<size_t>((d.rows - 1) * d.ldy + d.out) * 4);
       rec("lora_job", d.xa, d.ldxa, d.b, d.ldb, d.y, d.ldy, d.base, d.ldbase, d.out, d.rows, d.rank, d.scale,
           d.b_bf16);
+      hold = hold && d.xa && d.base && d.ldy == d.out;
+      hold = hold && !(pending_rope_ && overlaps(d, *pending_rope_));  // see pending_expand_
     }
     const int n_jobs = static_cast<int>(count);
+    if (hold) {
+      if (!pending_expand_.empty()) flush_expand();
+      pending_expand_.assign(lj.begin(), lj.begin() + n_jobs);
+      rec("lora_expand_held", n_jobs);
+      return;
+    }
     rec("lora_expand", n_jobs);
     launch("lora.expand", [=, this] { return lc::lora_expand(lj.data(), n_jobs, stream_); });
   }
@@ -319,6 +359,50 @@ void CudaBackend::rope_pair_lora(TensorView& a, TensorView& b, const int32_t* po
   rope_pair_impl(a, b, positions, inv_freq, &rl);
 }
 
+void CudaBackend::flush_expand() {
+  if (pending_expand_.empty()) return;
+  std::array<lc::LoraJob, lc::kMaxStoreLora> lj{};
+  const int n_jobs = static_cast<int>(pending_expand_.size());
+  std::copy(pending_expand_.begin(), pending_expand_.end(), lj.begin());
+  pending_expand_.clear();
+  rec("lora_expand_alone", n_jobs);
+  // Not launch(): a held RoPE stays held (the two touch disjoint memory), for its stores.
+  launch_now("lora.expand", [=, this] { return lc::lora_expand(lj.data(), n_jobs, stream_); });
+}
+
+bool CudaBackend::expand_overlaps(const lc::RopeArgs& r) const {
+  return std::any_of(pending_expand_.begin(), pending_expand_.end(),
+                     [&](const lc::LoraJob& j) { return overlaps(j, r); });
+}
+
+bool CudaBackend::attach_expands(std::span<lc::StoreJobDev> jobs, lc::StoreLoras& loras) const {
+  if (pending_expand_.size() > static_cast<size_t>(lc::kMaxStoreLora)) return false;
+  std::array<int, lc::kMaxStoreLora> readers{};
+  std::array<int32_t, lc::kMaxStoreJobs> lora{}, writes{};
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    lora[j] = -1;
+    writes[j] = 0;
+    const Span rows = span_of(jobs[j].rows, jobs[j].n * jobs[j].width);
+    for (size_t x = 0; x < pending_expand_.size(); ++x) {
+      const lc::LoraJob& e = pending_expand_[x];
+      if (!rows.overlaps(y_span(e))) continue;
+      if (jobs[j].rows != e.y || jobs[j].n != e.rows || jobs[j].width != e.out || lora[j] >= 0) return false;
+      lora[j] = static_cast<int32_t>(x);
+      writes[j] = readers[x]++ == 0 ? 1 : 0;  // the first reader leaves the values in y
+    }
+  }
+  for (size_t x = 0; x < pending_expand_.size(); ++x)
+    if (readers[x] == 0) return false;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    jobs[j].lora = lora[j];
+    jobs[j].lora_writes_y = writes[j];
+  }
+  loras = {};
+  std::copy(pending_expand_.begin(), pending_expand_.end(), loras.job);
+  loras.n = static_cast<int>(pending_expand_.size());
+  return true;
+}
+
 void CudaBackend::flush_rope() {
   if (!pending_rope_) return;
   const lc::RopeArgs r = *pending_rope_;
@@ -365,6 +449,7 @@ void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* po
   // A recorded decode pass holds it back for the store batch that follows (launch_stores).
   if (fuse_rope_store() && tape_->recording() && r.n >= 1 && r.n <= lc::kGemvMaxRows && r.hb >= 1 &&
       r.hd % 2 == 0 && !failed_) {
+    if (!pending_expand_.empty() && expand_overlaps(r)) flush_expand();
     if (pending_rope_) flush_rope();
     pending_rope_ = r;
     return;

@@ -7,6 +7,7 @@
 // job's rows (<= 8). The data is tiny (r·out bf16 per job); what matters is one launch, not many.
 #include <cuda_bf16.h>
 
+#include "backend/cuda/lora_expand.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -29,28 +30,11 @@ __global__ void __launch_bounds__(kThreads) lora_expand_kernel(const LoraArgs a)
   const bool live = o < jb.out;
   float bv[kMaxLoraRank];  // [rank] row o of b
 #pragma unroll
-  for (int k = 0; k < kMaxLoraRank; ++k) {
-    float v = 0.f;
-    if (live && jb.xa && k < jb.rank)
-      v = jb.b_bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(jb.b)[o * jb.ldb + k])
-                    : static_cast<const float*>(jb.b)[o * jb.ldb + k];
-    bv[k] = v;
-  }
+  for (int k = 0; k < kMaxLoraRank; ++k) bv[k] = live && jb.xa && k < jb.rank ? lora_b_at(jb, o, k) : 0.f;
   pdl_wait();  // xa, y and base come from earlier kernels
   pdl_release();
   if (!live) return;
-  for (int r = 0; r < jb.rows; ++r) {
-    float acc = 0.f;
-    if (jb.xa) {
-      const float* xr = jb.xa + r * jb.ldxa;
-#pragma unroll
-      for (int k = 0; k < kMaxLoraRank; ++k)
-        if (k < jb.rank) acc += __ldg(xr + k) * bv[k];
-    }
-    float* yo = jb.y + r * jb.ldy + o;
-    const float prev = jb.base ? jb.base[r * jb.ldbase + o] : *yo;
-    *yo = prev + jb.scale * acc;
-  }
+  for (int r = 0; r < jb.rows; ++r) jb.y[r * jb.ldy + o] = lora_expand_value(jb, r, o, [&](int k) { return bv[k]; });
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/bf16x8.cuh"
+#include "backend/cuda/lora_expand.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/random.h"
@@ -343,14 +344,25 @@ struct StoreMulti {
   StoreJobDev job[kMaxStoreJobs];
   int64_t end[kMaxStoreJobs];  // prefix sums of n · width
   int n_jobs;
+  StoreLoras loras;  // the expands the jobs' `lora` fields index
 };
-// Jobs [0, n_jobs) packed for one launch; returns the elements in all (0 for no job).
-int64_t pack_stores(const StoreJobDev* jobs, int n_jobs, StoreMulti& m) {
+// Jobs [0, n_jobs) packed for one launch; returns the elements in all (0 for no job), or -1 when
+// a job names an expand that is not there or does not cover its rows exactly.
+int64_t pack_stores(const StoreJobDev* jobs, int n_jobs, const StoreLoras* loras, StoreMulti& m) {
   m.n_jobs = n_jobs;
+  if (loras) m.loras = *loras;
   int64_t end = 0;
   for (int j = 0; j < n_jobs; ++j) {
-    m.job[j] = jobs[j];
-    end += jobs[j].n * jobs[j].width;
+    const StoreJobDev& jb = jobs[j];
+    if (jb.lora >= 0) {
+      if (jb.lora >= m.loras.n) return -1;
+      const LoraJob& lj = m.loras.job[jb.lora];
+      if (lj.y != jb.rows || lj.rows != jb.n || lj.out != jb.width || lj.ldy != lj.out || !lj.base ||
+          lj.rank > kMaxLoraRank || (lj.xa && !lj.b))
+        return -1;
+    }
+    m.job[j] = jb;
+    end += jb.n * jb.width;
     m.end[j] = end;
   }
   return end;
@@ -362,7 +374,15 @@ __device__ __forceinline__ void store_multi_elem(const StoreMulti& m, int64_t e)
   const StoreJobDev& jb = m.job[j];
   const int64_t el = e - (j > 0 ? m.end[j - 1] : 0);
   const int64_t i = el / jb.width, c = el % jb.width;
-  store_elem(jb.dst.data, jb.dst.dtype, paged_row(jb.dst, jb.slots[i]) + c, jb.rows[el]);
+  float v;
+  if (jb.lora >= 0) {  // a held-back expand's element, computed here (and left in y)
+    const LoraJob& lj = m.loras.job[jb.lora];
+    v = lora_expand_value(lj, static_cast<int>(i), c, [&](int k) { return lora_b_at(lj, c, k); });
+    if (jb.lora_writes_y) lj.y[el] = v;
+  } else {
+    v = jb.rows[el];
+  }
+  store_elem(jb.dst.data, jb.dst.dtype, paged_row(jb.dst, jb.slots[i]) + c, v);
 }
 __global__ void store_rows_multi_kernel(const StoreMulti m) {
   pdl_release();  // the PDL-launched decode attention may start its page-table lookups now
@@ -493,6 +513,8 @@ struct RopeStoreJobs {
   StoreMulti other;                  // the rest (other.n_jobs may be 0)
   int64_t n_other;                   // their elements
 };
+// Kernel parameters stay within the classic 4 KB (graph nodes copy them for every replay).
+static_assert(sizeof(RopeArgs) + sizeof(RopeStoreJobs) <= 4096, "rope_store's parameters fit in 4 KB");
 template <bool kLora>
 __global__ void rope_store_kernel(const RopeArgs r, const RopeStoreJobs js) {
   pdl_release();  // the PDL-launched decode attention may start its page-table lookups now
@@ -723,7 +745,8 @@ cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64
   return cudaGetLastError();
 }
 
-cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs, cudaStream_t s) {
+cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs,
+                       const StoreLoras* loras, cudaStream_t s) {
   if (r.n < 1 || r.n > kGemvMaxRows || r.hb < 1 || r.ha < 0 || n_jobs < 1 || n_jobs > kMaxStoreJobs || r.hd % 2 != 0)
     return cudaErrorInvalidValue;
   RopeStoreJobs js{};
@@ -734,11 +757,13 @@ cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t
       other[n_other++] = jobs[j];
       continue;
     }
-    if (tok0[j] + jobs[j].n > r.n || jobs[j].width != int64_t{r.hb} * r.hd) return cudaErrorInvalidValue;
+    if (tok0[j] + jobs[j].n > r.n || jobs[j].width != int64_t{r.hb} * r.hd || jobs[j].lora >= 0)
+      return cudaErrorInvalidValue;
     js.k_job[js.n_k_jobs] = jobs[j];
     js.k_tok0[js.n_k_jobs++] = tok0[j];
   }
-  js.n_other = pack_stores(other, n_other, js.other);
+  js.n_other = pack_stores(other, n_other, loras, js.other);
+  if (js.n_other < 0) return cudaErrorInvalidValue;
   const int64_t total = r.n * (r.ha + r.hb) * (r.hd / 2) + js.n_other;
   if (r.lora)
     rope_store_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(r, js);
@@ -801,10 +826,11 @@ cudaError_t gather_rows(const void* src, int64_t row_bytes, const int32_t* rows,
   return cudaGetLastError();
 }
 
-cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, cudaStream_t s) {
+cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, const StoreLoras* loras, cudaStream_t s) {
   if (n_jobs < 1 || n_jobs > kMaxStoreJobs) return cudaErrorInvalidValue;
   StoreMulti m{};
-  const int64_t end = pack_stores(jobs, n_jobs, m);
+  const int64_t end = pack_stores(jobs, n_jobs, loras, m);
+  if (end < 0) return cudaErrorInvalidValue;
   if (end == 0) return cudaSuccess;
   store_rows_multi_kernel<<<blocks_for(end), kThreads, 0, s>>>(m);
   return cudaGetLastError();

@@ -167,8 +167,22 @@ struct StoreJobDev {
   int64_t n = 0, width = 0;
   PagedDev dst;
   const int32_t* slots = nullptr;  // [n] on the device
+  // >= 0: rows are the output y of StoreLoras::job[lora], a LoRA expand held back by the backend
+  // (a private cache's v_full = v_base + s·(x·A)·B of a decode pass): the store computes each
+  // element as the expand would (lora_expand.cuh) instead of reading it, and, when lora_writes_y,
+  // writes it to y too, so y holds what the expand kernel would have left there.
+  int32_t lora = -1;
+  int32_t lora_writes_y = 0;
 };
-cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, cudaStream_t s);
+// The held-back expands a launch of stores computes (StoreJobDev::lora). Each job has a base
+// (v_base), rows <= kGemvMaxRows and a contiguous y ([rows, out], ldy == out).
+constexpr int kMaxStoreLora = 4;
+struct StoreLoras {
+  LoraJob job[kMaxStoreLora];
+  int n = 0;
+};
+// loras: null, or the expands the jobs' `lora` fields index.
+cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, const StoreLoras* loras, cudaStream_t s);
 
 // The operands of rope_pair / rope_pair_lora as one struct (a RoPE the backend may hold back to
 // launch with the stores after it: rope_store).
@@ -190,7 +204,9 @@ struct RopeArgs {
 // (width hb · hd): its row i is token tok0[j] + i, and the thread that rotates a pair of k writes
 // it into that job's cache too. The other jobs (tok0[j] < 0) read nothing the RoPE writes.
 // n <= kGemvMaxRows, n_jobs <= kMaxStoreJobs.
-cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs, cudaStream_t s);
+// Jobs storing k's rows take no expand (their lora is -1).
+cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs,
+                       const StoreLoras* loras, cudaStream_t s);
 
 struct LowRankDev {
   PagedDev lr;             // [n_ctx, rank] rows of x·A
