@@ -17,7 +17,8 @@
 //   * Split-K without a second kernel: every block of a (sequence, kv head) writes its normalised
 //     partial and log2-sum-exp, then counts itself in `split_counters`; the block that arrives
 //     last merges all partials into the output and sets the counter back to zero, so the buffer
-//     is zero again after every launch (CUDA graph replays reuse it).
+//     is zero again after every launch (CUDA graph replays reuse it). Agents mode instead merges
+//     in attn_v4_merge_kernel, launched after it over every SM (see merge_kernel_mode).
 //   * Grid (splits, kv heads, sequences) sized for the blocks resident per SM (three at one row
 //     tile: 69 KB of shared memory at D = 128 without LR, 75 KB with, a 2-stage K/V/LRv ring, Q in
 //     registers; choose_splits says when it fills every slot and when it aims at two a SM);
@@ -87,7 +88,7 @@ struct V4Launch {
   float* part_o = nullptr;    // [n_splits, n_seqs, max_q, n_heads, D] normalised partials
   float* part_lse = nullptr;  // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
   // The partials are merged by attn_v4_merge_kernel, launched after this one, instead of by each
-  // (sequence, kv head)'s last block (two row tiles in agents mode; see attention_v4).
+  // (sequence, kv head)'s last block (agents mode; see merge_kernel_mode).
   bool merge_kernel = false;
 };
 
@@ -542,10 +543,11 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   }
 }
 
-// The split merge as a kernel of its own, for agents mode at two row tiles (17-32 rows of a kv
-// head). There the last block's merge read 32 splits x 32 rows (512 KB) from one SM at ~40 GB/s,
-// ~13 of the 8-agent decode's 68 us, and neither more loads in flight, half the bytes, a tree of
-// merges nor bulk copies made one SM faster (docs/cuda.md). Here a warp merges one row (lane c:
+// The split merge as a kernel of its own, for agents mode (first for two row tiles, 17-32 rows of
+// a kv head; since session 27 at one tile too). At two tiles the last block's merge read 32
+// splits x 32 rows (512 KB) from one SM at ~40 GB/s, ~13 of the 8-agent decode's 68 us, and
+// neither more loads in flight, half the bytes, a tree of merges nor bulk copies made one SM
+// faster (docs/cuda.md). Here a warp merges one row (lane c:
 // its 16-byte column c), the rows of every kv head spread over all SMs. PDL-launched: its blocks
 // wait for the attention kernel's partials, and the o projection after it for its output.
 constexpr int kMergeWarps = 8;
@@ -582,14 +584,18 @@ double split_waves_override() {
   return w;
 }
 
-// LRAGENT_ATTN_V4_MERGE_KERNEL=0: agents mode at two row tiles merges its splits in the last
-// block, as before attn_v4_merge_kernel (measuring).
-bool merge_kernel_enabled() {
-  static const bool on = [] {
+// LRAGENT_ATTN_V4_MERGE_KERNEL (measuring): 0, every split launch merges in its last blocks, as
+// before attn_v4_merge_kernel; 1 (the default), agents mode runs the merge kernel; 2, every split
+// launch does, the batch-1 step's too. H200, --decode-only, 2 interleaved rounds: 3 agents over
+// one 32k cache (one row tile) 0.053 / 0.058 ms (plain / Flash-LoRA V) with the kernel against
+// 0.055 / 0.059; one 4k decode 18 against 16 us, and the 8B step at 4k 4.588 against 4.513 ms:
+// there the second launch costs more than the one block's merge of 4 rows.
+int merge_kernel_mode() {
+  static const int mode = [] {
     const char* v = std::getenv("LRAGENT_ATTN_V4_MERGE_KERNEL");
-    return !(v && std::atoi(v) == 0);
+    return v ? std::clamp(std::atoi(v), 0, 2) : 1;
   }();
-  return on;
+  return mode;
 }
 
 // Query rows of one (sequence, kv head): the agents' heads, or the G heads of one decode query.
@@ -692,8 +698,7 @@ cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
 
 template <int D, int R>
 cudaError_t launch(const AttnParams& p, const V4Launch& x) {
-  if (v4_rows(p) <= kTileRows) return launch_tiles<D, R, 1>(p, x);
-  const cudaError_t e = launch_tiles<D, R, 2>(p, x);
+  const cudaError_t e = v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
   if (e != cudaSuccess || !x.merge_kernel) return e;
   const dim3 grid((v4_rows(p) + kMergeWarps - 1) / kMergeWarps, p.n_kv_heads, p.n_seqs);
   return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
@@ -719,7 +724,8 @@ cudaError_t attention_v4(const AttnParams& p) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
     x.part_o = static_cast<float*>(p.workspace);
     x.part_lse = x.part_o + rows * p.head_dim;
-    x.merge_kernel = p.agents && v4_rows(p) > kTileRows && merge_kernel_enabled();
+    const int mode = merge_kernel_mode();
+    x.merge_kernel = mode == 2 || (mode == 1 && p.agents);
   }
   const bool lr = p.v_lr.active();
   if (p.head_dim == 64) return lr ? launch<64, 16>(p, x) : launch<64, 0>(p, x);
