@@ -132,25 +132,20 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in) {
       rec("rope_store", nj);
       for (int j = 0; j < nj; ++j) rec("rope_store_tok0", tok0[j]);
       launch("rope_store", [=, this] {
-        return lc::rope_store(r, chunk.data(), tok0.data(), nj, lp ? &loras : nullptr, stream_);
+        return lc::rope_store(r, chunk.data(), tok0.data(), nj, lp ? &loras : nullptr, stream_);  // the closure's copy
       });
       return;
     }
   }
-  if (lp) {  // one launch (attach_expands took at most kMaxStoreJobs jobs)
-    std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
-    const int nj = static_cast<int>(jobs.size());
-    std::copy_n(jobs.begin(), nj, chunk.begin());
-    rec("store_rows_multi", nj);
-    launch("store_rows", [=, this] { return lc::store_rows_multi(chunk.data(), nj, &loras, stream_); });
-    return;
-  }
+  // With expands attached the jobs are one launch (attach_expands took at most kMaxStoreJobs).
   for (size_t at = 0; at < jobs.size(); at += lc::kMaxStoreJobs) {
     std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
     const int nj = static_cast<int>(std::min<size_t>(lc::kMaxStoreJobs, jobs.size() - at));
     std::copy_n(jobs.begin() + static_cast<std::ptrdiff_t>(at), nj, chunk.begin());
     rec("store_rows_multi", nj);
-    launch("store_rows", [=, this] { return lc::store_rows_multi(chunk.data(), nj, nullptr, stream_); });
+    launch("store_rows", [=, this] {
+      return lc::store_rows_multi(chunk.data(), nj, lp ? &loras : nullptr, stream_);  // the closure's copy
+    });
   }
 }
 
