@@ -92,6 +92,22 @@ struct V4Launch {
   bool merge_kernel = false;
 };
 
+// ---- rows of a (sequence s, kv head g): row r is query r / G's head g·G + r % G (G = n_heads /
+// n_kv_heads, which callers compute once; agents mode: query = agent). The attention kernel and
+// attn_v4_merge_kernel both address q, the output and the split partials through these. ----
+// Row r's row in q and the output ([n_tokens, n_heads, D]).
+__device__ __forceinline__ int64_t v4_out_row(const AttnParams& p, const SeqInfo& si, int g, int G, int r) {
+  return static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G;
+}
+// Row r's row in one split's partials ([n_seqs, max_q, n_heads, D] each).
+__device__ __forceinline__ int64_t v4_part_row(const AttnParams& p, int s, int g, int G, int r) {
+  return (static_cast<int64_t>(s) * p.max_q + r / G) * p.n_heads + g * G + r % G;
+}
+// Rows from one split's partials to the next's.
+__device__ __forceinline__ int64_t v4_split_stride(const AttnParams& p) {
+  return static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;
+}
+
 // ---- a row of the split merge: the last block's merge and attn_v4_merge_kernel both use these ----
 // On entry w[sp · stride] (sp < n) holds split sp's log2-sum-exp of one row; on return its merge
 // weight 2^(lse - max) / Σ (0 for an empty split). A warp does a row: every lane calls it.
@@ -165,12 +181,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   const int RB = (p.agents ? si.n_q : min(si.n_q, 1)) * G;
   if (RB == 0) return;  // whole grid of this sequence: the counter is never touched
   // Offsets of row r: its (query, head) row in q/out, and its row in the split partials.
-  auto out_row = [&](int r) -> int64_t {
-    return static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G;
-  };
-  auto part_row = [&](int r) -> int64_t {
-    return (static_cast<int64_t>(s) * p.max_q + r / G) * p.n_heads + g * G + r % G;
-  };
+  auto out_row = [&](int r) { return v4_out_row(p, si, g, G, r); };
+  auto part_row = [&](int r) { return v4_part_row(p, s, g, G, r); };
   const int kb = split * x.tiles_per_split * kBN;
   const int ke = min(si.ctx, kb + x.tiles_per_split * kBN);  // decode: every key < ctx is visible
   const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
@@ -425,7 +437,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   }
 
   const bool split_out = x.n_splits > 1;
-  const int64_t split_stride = static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;  // between splits' partials
+  const int64_t split_stride = v4_split_stride(p);
   // Row r's element d, normalised: to this split's partial, or to the output.
   auto finish = [&](int r, int d, float v) {
     const float out = v * inv_l_s[r];
@@ -547,9 +559,9 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
 // a kv head; since session 27 at one tile too). At two tiles the last block's merge read 32
 // splits x 32 rows (512 KB) from one SM at ~40 GB/s, ~13 of the 8-agent decode's 68 us, and
 // neither more loads in flight, half the bytes, a tree of merges nor bulk copies made one SM
-// faster (docs/cuda.md). Here a warp merges one row (lane c:
-// its 16-byte column c), the rows of every kv head spread over all SMs. PDL-launched: its blocks
-// wait for the attention kernel's partials, and the o projection after it for its output.
+// faster (docs/cuda.md). Here a warp merges one row (lane c: its 16-byte column c), the rows of
+// every kv head spread over all SMs. PDL-launched: its blocks wait for the attention kernel's
+// partials, and the o projection after it for its output.
 constexpr int kMergeWarps = 8;
 template <int D>
 __global__ void __launch_bounds__(32 * kMergeWarps) attn_v4_merge_kernel(const AttnParams p, const V4Launch x) {
@@ -562,14 +574,14 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_v4_merge_kernel(const A
   const int r = blockIdx.x * kMergeWarps + warp;  // row: agent r / G's head g·G + r % G
   pdl_wait();  // the partials are the attention kernel's
   if (r >= si.n_q * G) return;
-  const int64_t split_stride = static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;
-  const int64_t prow = (static_cast<int64_t>(s) * p.max_q + r / G) * p.n_heads + g * G + r % G;
+  const int64_t split_stride = v4_split_stride(p);
+  const int64_t prow = v4_part_row(p, s, g, G, r);
   for (int sp = lane; sp < x.n_splits; sp += 32) w_s[warp][sp] = __ldcg(x.part_lse + sp * split_stride + prow);
   split_weights(w_s[warp], 1, x.n_splits, lane);
   if (lane >= D / 4) return;
   const float4* src = reinterpret_cast<const float4*>(x.part_o + prow * D) + lane;
-  const int64_t orow = static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G;
-  store_merged(p, orow * D + 4 * lane, merge_column(src, split_stride * (D / 4), w_s[warp], 1, x.n_splits));
+  store_merged(p, v4_out_row(p, si, g, G, r) * D + 4 * lane,
+               merge_column(src, split_stride * (D / 4), w_s[warp], 1, x.n_splits));
 }
 
 // LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for, overriding the rule in

@@ -113,8 +113,7 @@ CudaBackend::~CudaBackend() {
                "served {} sequences at once; {} prefill attentions materialised K; {} RoPEs launched with their K/V "
                "stores; {} store launches computed LoRA expands\n",
                t.passes, t.segments, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms,
-               batched_attn_,
-               batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_);
+               batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
     double total = 0;
@@ -509,8 +508,8 @@ void CudaBackend::flush_tape() {
 
 void CudaBackend::split_pass() {
   split_armed_ = false;
-  // A RoPE held back for the store after it stays held: its signature is in the pass's key
-  // already, and it is launched in the next segment.
+  // A RoPE or LoRA expands held back for the stores after them stay held: their signatures are in
+  // the pass's key already, and they are launched in the next segment.
   if (failed_) return;  // flush_tape drops the rest
   check(args_->flush_pass());
   if (failed_) return;
