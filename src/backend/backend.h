@@ -99,6 +99,9 @@ struct GraphStats {
   // Store launches of decode passes that computed LoRA expands (a private cache's v_full) instead
   // of reading them from a launch of their own.
   int64_t fused_lora_stores = 0;
+  // Decode attentions that did their pass's RoPE and K/V stores themselves (no rope_store launch
+  // before them: a batch-1 step's layers on bf16 caches).
+  int64_t fused_rope_attention = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).
@@ -145,8 +148,10 @@ class Backend {
   virtual void end_pass() {}
   virtual GraphStats graph_stats() const { return {}; }
   // While on: the outputs of rms_norm / add_rms_norm (y) and silu_mul (out) are read by nothing but
-  // the x operand of matmul / matmul_group before they are overwritten (a forward pass without
-  // LoRA terms or hooks). A backend that feeds its GEMMs a bf16 copy may then skip the f32 values.
+  // the x operand of matmul / matmul_group, and rope_pair's rotated `a` (q) by nothing but
+  // attention's q, before they are overwritten (a forward pass without LoRA terms or hooks). A
+  // backend that feeds its GEMMs a bf16 copy may then skip the f32 values; one whose attention
+  // rotates q itself may leave q unrotated.
   virtual void set_matmul_only_outputs(bool on) { (void)on; }
 
   // An uninitialised tensor in this backend's memory.

@@ -27,6 +27,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_attention.h"
 #include "backend/cuda/attention.cuh"
+#include "backend/cuda/ops.cuh"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 
@@ -606,6 +607,180 @@ TEST(CudaAttention, DecodeV4Edges) {
   many.n_kv = 8;
   run_case(many, seed++);
   expect_ran({lc::AttnKernel::kV4Decode}, "DecodeV4Edges");
+}
+
+// attention_decode_rope_store (a batch-1 decode step's RoPE of q and k and its K/V stores done by
+// the v4 launch) against the two launches it replaces, rope_store then attention, on two copies of
+// the same buffers: the attention's output, both caches (the new key's row and every other),
+// q and its bf16 copy, and k rotated in place must all come out bit-identical. In the fused copy
+// the new key's cache rows start as NaN, so a launch that read them instead of the values it
+// stores would differ. Contexts put the new key alone (1), inside a tile (17, 97), at a tile's
+// last row (64) or first (65), and in the last of several splits (4097); pages 1 and 16. Without
+// write_q, q must keep its unrotated values and q16 its old contents; the rest is as with it.
+void run_rope_store_case(int d, int group, int page, int ctx, bool write_q, uint32_t seed) {
+  SCOPED_TRACE("d=" + std::to_string(d) + " G=" + std::to_string(group) + " page=" + std::to_string(page) +
+               " ctx=" + std::to_string(ctx) + (write_q ? " write_q" : ""));
+  std::mt19937 rng(seed);
+  const int n_kv = 2, n_heads = n_kv * group, width = n_kv * d;
+  const int pages = (ctx + page - 1) / page, n_blocks = pages + 3;
+  std::vector<int32_t> table(static_cast<size_t>(pages));
+  std::iota(table.begin(), table.end(), 2);
+  std::shuffle(table.begin(), table.end(), rng);
+  Bf16Array kpool, vpool;
+  kpool.fill(static_cast<size_t>(n_blocks) * page * width, rng, 1.f);
+  vpool.fill(static_cast<size_t>(n_blocks) * page * width, rng, 1.f);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto randn = [&](size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  const std::vector<float> q = randn(static_cast<size_t>(n_heads) * d), k = randn(static_cast<size_t>(width)),
+                           v = randn(static_cast<size_t>(width));
+  std::vector<float> inv_freq(static_cast<size_t>(d / 2));
+  for (int i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(500000.f, -2.f * i / d);
+  const std::vector<int32_t> pos = {ctx - 1 + 1000}, slot = {ctx - 1}, meta = {0, 1, ctx};
+  // The new key's row of the fused copy's caches: bf16 NaN.
+  const int64_t new_row = static_cast<int64_t>(table[static_cast<size_t>((ctx - 1) / page)]) * page * width +
+                          static_cast<int64_t>((ctx - 1) % page) * width;
+  std::vector<uint16_t> kpoison = kpool.bits, vpoison = vpool.bits;
+  std::fill_n(kpoison.begin() + new_row, width, uint16_t{0x7fc0});
+  std::fill_n(vpoison.begin() + new_row, width, uint16_t{0x7fc0});
+
+  auto d_table = upload(table);
+  auto d_pos = upload(pos);
+  auto d_slot = upload(slot);
+  auto d_meta = upload(meta);
+  auto d_freq = upload(inv_freq);
+  struct Copy {
+    std::unique_ptr<DevBuf> k_pool, v_pool, q, k, v, q16, out, ws, ctr;
+  };
+  auto make_copy = [&](const std::vector<uint16_t>& kp, const std::vector<uint16_t>& vp) {
+    Copy c;
+    c.k_pool = upload(kp);
+    c.v_pool = upload(vp);
+    c.q = upload(q);
+    c.k = upload(k);
+    c.v = upload(v);
+    c.q16 = std::make_unique<DevBuf>(q.size() * 2);
+    c.out = std::make_unique<DevBuf>(q.size() * 4);
+    c.ctr = std::make_unique<DevBuf>(64 * 4);
+    cudaMemset(c.q16->p, 0xff, q.size() * 2);
+    cudaMemset(c.out->p, 0xff, q.size() * 4);
+    cudaMemset(c.ctr->p, 0, 64 * 4);
+    return c;
+  };
+  Copy ref = make_copy(kpool.bits, vpool.bits), fused = make_copy(kpoison, vpoison);
+  auto params = [&](Copy& c) {
+    lc::AttnParams a;
+    a.n_heads = n_heads;
+    a.n_kv_heads = n_kv;
+    a.head_dim = d;
+    a.softmax_scale = 1.f / std::sqrt(static_cast<float>(d));
+    a.n_seqs = 1;
+    a.q_start = d_meta->as<int32_t>();
+    a.ctx_len = d_meta->as<int32_t>() + 2;
+    a.max_q = 1;
+    a.max_ctx = ctx;
+    a.q = c.q16->as<lc::bf16>();
+    a.k = lc::DevPagedView{c.k_pool->as<lc::bf16>(), d_table->as<int32_t>(), 0, page, width,
+                           static_cast<int64_t>(page) * width};
+    a.v = a.k;
+    a.v.data = c.v_pool->as<lc::bf16>();
+    a.out_f32 = c.out->as<float>();
+    a.split_counters = c.ctr->as<unsigned int>();
+    a.split_counters_capacity = 64;
+    const size_t ws = lc::attention_workspace_bytes(a, 128);
+    c.ws = std::make_unique<DevBuf>(ws);
+    a.workspace = c.ws->p;
+    a.workspace_bytes = ws;
+    return a;
+  };
+  const lc::AttnParams ra = params(ref), fa = params(fused);
+  ASSERT_TRUE(lc::attention_decode_rope_store_applies(fa));
+
+  // Reference: rope_store (q, k rotated; k's and v's rows stored), then the attention.
+  lc::RopeArgs r;
+  r.xa = ref.q->as<float>();
+  r.ha = n_heads;
+  r.xb = ref.k->as<float>();
+  r.hb = n_kv;
+  r.n = 1;
+  r.hd = d;
+  r.pos = d_pos->as<int32_t>();
+  r.inv_freq = d_freq->as<float>();
+  r.xa16 = ref.q16->p;
+  lc::StoreJobDev jobs[2];
+  for (int j = 0; j < 2; ++j) {
+    jobs[j].rows = j == 0 ? ref.k->as<float>() : ref.v->as<float>();
+    jobs[j].n = 1;
+    jobs[j].width = width;
+    jobs[j].dst = lc::PagedDev{j == 0 ? ref.k_pool->p : ref.v_pool->p, lc::Elem::kBF16, d_table->as<int32_t>(), page,
+                               width, static_cast<int64_t>(page) * width};
+    jobs[j].slots = d_slot->as<int32_t>();
+  }
+  const int64_t tok0[2] = {0, -1};
+  CUDA_OK(lc::rope_store(r, jobs, tok0, 2, nullptr, nullptr));
+  CUDA_OK(lc::attention(ra));
+  // Fused.
+  lc::DecodeRopeStore rs;
+  rs.q = fused.q->as<float>();
+  rs.q16 = fused.q16->as<lc::bf16>();
+  rs.k = fused.k->as<float>();
+  rs.v = fused.v->as<float>();
+  rs.pos = d_pos->as<int32_t>();
+  rs.inv_freq = d_freq->as<float>();
+  rs.write_q = write_q;
+  CUDA_OK(lc::attention_decode_rope_store(fa, rs));
+  EXPECT_EQ(lc::attention_last_kernel(), lc::AttnKernel::kV4Decode);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  auto same = [](const DevBuf& a, const DevBuf& b, const char* what) {
+    std::vector<unsigned char> ha(a.bytes), hb(b.bytes);
+    cudaMemcpy(ha.data(), a.p, a.bytes, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hb.data(), b.p, b.bytes, cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(ha == hb) << what << " differs from rope_store + attention";
+  };
+  same(*ref.out, *fused.out, "the attention's output");
+  same(*ref.k_pool, *fused.k_pool, "the K cache");
+  same(*ref.v_pool, *fused.v_pool, "the V cache");
+  if (write_q) {
+    same(*ref.q, *fused.q, "q (rotated in place)");
+    same(*ref.q16, *fused.q16, "q's bf16 copy");
+  } else {
+    std::vector<float> q_after(q.size());
+    std::vector<uint16_t> q16_after(q.size());
+    cudaMemcpy(q_after.data(), fused.q->p, q.size() * 4, cudaMemcpyDeviceToHost);
+    cudaMemcpy(q16_after.data(), fused.q16->p, q.size() * 2, cudaMemcpyDeviceToHost);
+    EXPECT_TRUE(q_after == q) << "q must keep its unrotated values without write_q";
+    EXPECT_TRUE(std::all_of(q16_after.begin(), q16_after.end(), [](uint16_t b) { return b == 0xffff; }))
+        << "q16 must not be written without write_q";
+  }
+  same(*ref.k, *fused.k, "k (rotated in place)");
+  std::vector<float> out(q.size());
+  cudaMemcpy(out.data(), fused.out->p, out.size() * 4, cudaMemcpyDeviceToHost);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
+  // Shapes it does not take, and an incomplete DecodeRopeStore: refused, nothing launched.
+  lc::AttnParams agents = fa;
+  agents.agents = true;
+  EXPECT_FALSE(lc::attention_decode_rope_store_applies(agents));
+  EXPECT_EQ(lc::attention_decode_rope_store(agents, rs), cudaErrorInvalidValue);
+  lc::DecodeRopeStore partial = rs;
+  partial.v = nullptr;
+  EXPECT_EQ(lc::attention_decode_rope_store(fa, partial), cudaErrorInvalidValue);
+  lc::AttnParams other_q = fa;
+  other_q.q = ref.q16->as<lc::bf16>();
+  EXPECT_EQ(lc::attention_decode_rope_store(other_q, rs), cudaErrorInvalidValue);
+}
+
+TEST(CudaAttention, DecodeRopeStoreMatchesRopeStoreThenAttention) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 900;
+  for (int d : {64, 128})
+    for (int group : {1, 4, 8})
+      for (int page : {1, 16})
+        for (int ctx : {1, 17, 64, 65, 97, 4097})
+          for (bool write_q : {true, false}) run_rope_store_case(d, group, page, ctx, write_q, seed++);
 }
 
 // The plan half (attention_plan): the split count and workspace bytes follow the shapes only.

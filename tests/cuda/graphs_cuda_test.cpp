@@ -648,6 +648,10 @@ TEST_P(CudaGraphs, DecodeMatchesEager) {
     EXPECT_EQ(eager.stats.fused_lora_stores, 0) << "eager passes launch the expand";
     EXPECT_GE(graph.stats.fused_lora_stores, steps) << "every recorded step's v_full is computed by its stores";
   }
+  if (cs.dt == DType::kBF16 && cs.sc == Scenario::kOneSeq) {
+    EXPECT_EQ(eager.stats.fused_rope_attention, 0) << "eager passes launch RoPE and stores before attention";
+    EXPECT_GE(graph.stats.fused_rope_attention, steps) << "a recorded step's attentions do their RoPE and stores";
+  }
   if (cs.dt == DType::kF32) {
     EXPECT_EQ(identical, eager.logits.size()) << "f32 graph replays must be bit-identical to eager";
     EXPECT_EQ(same_picks, eager.picks.size());

@@ -128,6 +128,37 @@ bool attention_params_ok(const AttnParams& p);
 // V rank <= 16, split counters and aligned outputs/workspace): the kernel that takes b_seq.
 bool attention_v4_applies(const AttnParams& p);
 
+// A batch-1 decode step's RoPE of q and k and its K/V cache stores, done by the v4 decode launch
+// that reads them (attention_decode_rope_store) instead of by a rope_store kernel before it: one
+// kernel boundary fewer per layer. The launch leaves every buffer as rope_store followed by
+// attention would, bit for bit:
+//   * each block rotates its own heads' rows of q (f32) into its bf16 query fragments; with
+//     write_q, the block that merges a kv head's splits (the last to finish) writes them back
+//     rotated into q and q16 (the other blocks have read them by then). Without it q keeps its
+//     unrotated values and q16 is not written: for callers whose q is read by this attention
+//     alone (Backend::set_matmul_only_outputs), which then skip that last block's extra work;
+//   * the block whose keys hold the new token (key ctx_len - 1) rotates k's row of its kv head
+//     in place, stores it and v's row into the caches at that key (p.k, p.v), and uses the same
+//     values for that key from shared memory (its copy of the row from the cache may predate
+//     them).
+// Rotation angle: pos[0] · inv_freq[i] for the pair (i, i + head_dim / 2) (rope_math.cuh).
+struct DecodeRopeStore {
+  float* q = nullptr;               // [n_heads, head_dim] f32 before RoPE: rotated in place
+  bf16* q16 = nullptr;              // [n_heads, head_dim] the rotated q in bf16; p.q must be q16
+  float* k = nullptr;               // [n_kv_heads, head_dim] f32 before RoPE: rotated in place
+  const float* v = nullptr;         // [n_kv_heads, head_dim] f32
+  const int32_t* pos = nullptr;     // [1] device: the token's position
+  const float* inv_freq = nullptr;  // [head_dim / 2] device
+  bool write_q = true;              // leave q and q16 rotated (see above)
+  LRAGENT_HD bool active() const { return q != nullptr; }
+};
+// Whether p takes a DecodeRopeStore: v4's decode kernel at one row tile, one sequence with one
+// query, no LoRA term, its split merge in the last block (not attn_v4_merge_kernel).
+bool attention_decode_rope_store_applies(const AttnParams& p);
+// attention(p) with rs's RoPE and stores done by the same launch; cudaErrorInvalidValue where
+// attention_decode_rope_store_applies(p) does not hold or rs is incomplete.
+cudaError_t attention_decode_rope_store(const AttnParams& p, const DecodeRopeStore& rs);
+
 // The version whose kernel the calling thread's latest attention() call launched (tests and
 // diagnostics: a test asking for v6 can check that v6, not a fallback, was what it checked).
 AttnKernel attention_last_kernel();

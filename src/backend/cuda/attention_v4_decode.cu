@@ -32,6 +32,10 @@
 //     read the K/V once per tile, or gave each of four warps both tiles, were no faster than v1:
 //     docs/cuda.md). Q fragments are re-read from shared memory every key tile at two tiles: the
 //     eight warps' registers must fit two blocks per SM.
+//   * A batch-1 decode step's RoPE and K/V stores in the same launch (DecodeRopeStore, session
+//     28): each block rotates its q rows itself, and the block holding the new key stores that
+//     key's k and v rows and patches them into its shared-memory tile; the rope_store kernel
+//     before it, and its boundary, go (H200, 8B step at 4k: -0.036 ms with decode lookahead).
 // Shapes: no K-side term, V-side rank <= 16, one query per sequence (max_q 1) or agents mode, with
 // rows (N·G, or G) <= 32, D in {64, 128}, split_counters present with room for n_seqs x
 // n_kv_heads. Everything else runs v3 (which sends decode without those conditions on to v2 and
@@ -40,6 +44,7 @@
 #include "backend/cuda/attention_internal.h"
 #include "backend/cuda/device_props.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope_math.cuh"
 
 #include <algorithm>
 #include <cstdlib>
@@ -90,6 +95,9 @@ struct V4Launch {
   // The partials are merged by attn_v4_merge_kernel, launched after this one, instead of by each
   // (sequence, kv head)'s last block (agents mode; see merge_kernel_mode).
   bool merge_kernel = false;
+  // The step's RoPE and K/V stores done by this launch (attention_decode_rope_store; inactive:
+  // q is p.q, already rotated, and the new key's rows are in the caches).
+  DecodeRopeStore rs;
 };
 
 // ---- rows of a (sequence s, kv head g): row r is query r / G's head g·G + r % G (G = n_heads /
@@ -187,6 +195,17 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   const int ke = min(si.ctx, kb + x.tiles_per_split * kBN);  // decode: every key < ctx is visible
   const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
   const float scale_log2 = p.softmax_scale * kLog2e;
+  // DecodeRopeStore (one row tile without an LR term only): the rotations of this step's pairs
+  // (i, i + D/2) are computed before the wait (the position and the frequencies come from the
+  // host, like the block table); the block whose keys hold the new token (key ctx - 1) stores its
+  // k and v rows. The tables exist only where a launch may be fused: 512 more bytes in the LR
+  // kernel would leave two of its blocks on an SM instead of three.
+  constexpr bool kRopeStore = MT == 1 && R == 0;
+  const bool fused_rs = kRopeStore && x.rs.active();
+  const int kpos = si.ctx - 1;
+  const bool owner = fused_rs && kpos >= kb && kpos < ke;
+  __shared__ float rope_cs[kRopeStore ? D / 2 : 1], rope_sn[kRopeStore ? D / 2 : 1];
+  if (fused_rs && tid < D / 2) rope_sincos(__ldg(x.rs.pos), __ldg(x.rs.inv_freq + tid), rope_sn[tid], rope_cs[tid]);
 
   // Tile loads: every address (page-table lookup) first, then the copies, so a thread's lookups
   // are in flight together instead of one dependent round trip per copy. Consecutive threads
@@ -245,6 +264,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   TileAddr a0;
   if (n_tiles > 0) tile_addr(0, a0);
   pdl_wait();
+  if (fused_rs) __syncthreads();  // rope_cs / rope_sn
 
   float o[NT_D][4];  // this warp's O for rows r0 + gq, r0 + gq + 8 (unnormalised)
 #pragma unroll
@@ -258,18 +278,45 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     // the same 8 columns on); at two, a Q tile in shared memory (one group with tile 0), re-read
     // every key tile (ldmatrix is cheap next to the K/V loads; the eight warps' registers are not).
     constexpr bool kQRegs = L::kQRegs;
+    // Tile 0's copies first: they go to DRAM, the q loads below to L2, and the RoPE of a fused
+    // launch consumes its q values at once.
+    tile_issue(0, a0);
     uint32_t qf[KT_D][4];
     if constexpr (kQRegs) {
       const int ra = r0 + gq, rb = ra + 8;
-      const uint32_t* qa = ra < RB ? reinterpret_cast<const uint32_t*>(p.q + out_row(ra) * D) : nullptr;
-      const uint32_t* qb = rb < RB ? reinterpret_cast<const uint32_t*>(p.q + out_row(rb) * D) : nullptr;
+      if (fused_rs) {
+        // q is f32 before RoPE: each fragment element is rotated here as rope_store would have
+        // written it into q16. Columns i, i + 1 (k-step kk < KT_D / 2) pair with i + D/2, i + 1
+        // + D/2 (k-step kk + KT_D / 2): both halves of a rotation land in this thread.
+        constexpr int H = KT_D / 2;
+        const float* fq[2] = {ra < RB ? x.rs.q + out_row(ra) * D : nullptr, rb < RB ? x.rs.q + out_row(rb) * D : nullptr};
 #pragma unroll
-      for (int kk = 0; kk < KT_D; ++kk) {
-        const int c = kk * 8 + tq;  // bf16 pair index of columns 16kk + 2tq, +1
-        qf[kk][0] = qa ? qa[c] : 0u;
-        qf[kk][1] = qb ? qb[c] : 0u;
-        qf[kk][2] = qa ? qa[c + 4] : 0u;
-        qf[kk][3] = qb ? qb[c + 4] : 0u;
+        for (int kk = 0; kk < H; ++kk)
+#pragma unroll
+          for (int c8 = 0; c8 < 2; ++c8) {
+            const int i = 16 * kk + 2 * tq + 8 * c8;
+#pragma unroll
+            for (int rr = 0; rr < 2; ++rr) {
+              const float* f = fq[rr];
+              const float2 lo = f ? *reinterpret_cast<const float2*>(f + i) : make_float2(0.f, 0.f);
+              const float2 hi = f ? *reinterpret_cast<const float2*>(f + i + D / 2) : make_float2(0.f, 0.f);
+              const float2 e0 = rope_rotate(lo.x, hi.x, rope_cs[i], rope_sn[i]);
+              const float2 e1 = rope_rotate(lo.y, hi.y, rope_cs[i + 1], rope_sn[i + 1]);
+              qf[kk][rr + 2 * c8] = f ? pack_bf16(e0.x, e1.x) : 0u;
+              qf[kk + H][rr + 2 * c8] = f ? pack_bf16(e0.y, e1.y) : 0u;
+            }
+          }
+      } else {
+        const uint32_t* qa = ra < RB ? reinterpret_cast<const uint32_t*>(p.q + out_row(ra) * D) : nullptr;
+        const uint32_t* qb = rb < RB ? reinterpret_cast<const uint32_t*>(p.q + out_row(rb) * D) : nullptr;
+#pragma unroll
+        for (int kk = 0; kk < KT_D; ++kk) {
+          const int c = kk * 8 + tq;  // bf16 pair index of columns 16kk + 2tq, +1
+          qf[kk][0] = qa ? qa[c] : 0u;
+          qf[kk][1] = qb ? qb[c] : 0u;
+          qf[kk][2] = qa ? qa[c + 4] : 0u;
+          qf[kk][3] = qb ? qb[c + 4] : 0u;
+        }
       }
     } else {
       for (int c = tid; c < kRows * CPR; c += kThreads) {
@@ -279,8 +326,31 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
         cp_async16(sm + L::kQ + r * KS + ch * 8, src, ok ? 16 : 0);
       }
     }
-    tile_issue(0, a0);
-    cp_async_commit();
+    cp_async_commit();  // tile 0 (and at two row tiles the Q tile) as one group
+    // DecodeRopeStore, the owner: the new token's k (rotated, pair tid / tid + D/2) and v
+    // (element tid) of kv head g into the caches, and kept for the tile that reads that key.
+    bf16 nk0 = __float2bfloat16(0.f), nk1 = nk0, nv = nk0;
+    int new_tile = -1, new_row = 0;
+    if (owner) {
+      new_tile = (kpos - kb) / kBN;
+      new_row = (kpos - kb) % kBN;
+      if (tid < D / 2) {
+        float* kr = x.rs.k + g * D;
+        const float2 r = rope_rotate(kr[tid], kr[tid + D / 2], rope_cs[tid], rope_sn[tid]);
+        kr[tid] = r.x;
+        kr[tid + D / 2] = r.y;
+        nk0 = __float2bfloat16(r.x);
+        nk1 = __float2bfloat16(r.y);
+        bf16* kd = const_cast<bf16*>(p.k.data) + paged_offset(p.k, s, kpos, x.kshift) + g * D;
+        kd[tid] = nk0;
+        kd[tid + D / 2] = nk1;
+      }
+      if (tid < D) {
+        nv = __float2bfloat16(x.rs.v[g * D + tid]);
+        bf16* vd = const_cast<bf16*>(p.v.data) + paged_offset(p.v, s, kpos, x.vshift) + g * D;
+        vd[tid] = nv;
+      }
+    }
     const bf16* const qs = sm + L::kQ + (r0 + (lane & 15)) * KS + (lane >> 4) * 8;
     for (int t = 0; t < n_tiles; ++t) {
       if (t + 1 < n_tiles) {  // stage (t+1) % 2 was freed by the barrier that ended tile t-1
@@ -292,6 +362,15 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       }
       __syncthreads();
       const int st = t % kStages;
+      if (t == new_tile) {  // (block-uniform) the new key's row as stored, not as copied
+        bf16* const row = sm + (st * kBN + new_row) * KS;
+        if (tid < D / 2) {
+          row[L::kK + tid] = nk0;
+          row[L::kK + tid + D / 2] = nk1;
+        }
+        if (tid < D) row[L::kV + tid] = nv;
+        __syncthreads();
+      }
       const int key0 = kb + t * kBN + kw * 16;  // this warp's first key
       const bf16* cK = sm + L::kK + (st * kBN + kw * 16) * KS;
       const bf16* cV = sm + L::kV + (st * kBN + kw * 16) * KS;
@@ -526,7 +605,23 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       }
     }
   }
-  if (!split_out || x.merge_kernel) return;
+  // DecodeRopeStore: q (f32) and q16 rotated, written once every block of this kv head has read q.
+  auto write_q = [&] {
+    for (int e = tid; e < RB * (D / 2); e += kThreads) {
+      const int r = e / (D / 2), i = e % (D / 2);
+      float* qr = x.rs.q + out_row(r) * D;
+      bf16* qh = x.rs.q16 + out_row(r) * D;
+      const float2 v = rope_rotate(qr[i], qr[i + D / 2], rope_cs[i], rope_sn[i]);
+      qr[i] = v.x;
+      qr[i + D / 2] = v.y;
+      qh[i] = __float2bfloat16(v.x);
+      qh[i + D / 2] = __float2bfloat16(v.y);
+    }
+  };
+  if (!split_out || x.merge_kernel) {
+    if (fused_rs && x.rs.write_q && !split_out) write_q();  // the kv head's only block (merge_kernel: never fused)
+    return;
+  }
 
   // ---- split-K: the last block of this (sequence, kv head) merges every split's partial ----
   __threadfence();  // our partial is visible device-wide before we are counted
@@ -553,6 +648,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     const float4* src = reinterpret_cast<const float4*>(x.part_o + part_row(r) * D) + c4;
     store_merged(p, out_row(r) * D + 4 * c4, merge_column(src, split_stride * (D / 4), wts + r, RB, x.n_splits));
   }
+  if (fused_rs && x.rs.write_q) write_q();
 }
 
 // The split merge as a kernel of its own, for agents mode (first for two row tiles, 17-32 rows of
@@ -716,16 +812,10 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
 }
 
-}  // namespace
-
-bool attention_v4_applies(const AttnParams& p) { return use_v4(p); }
-
-int attention_v4_num_splits(const AttnParams& p) { return use_v4(p) ? choose_splits(p) : attention_v3_num_splits(p); }
-
-cudaError_t attention_v4(const AttnParams& p) {
-  if (!use_v4(p)) return attention_v3(p);
+cudaError_t run_v4(const AttnParams& p, const DecodeRopeStore& rs) {
   note_attention_kernel(AttnKernel::kV4Decode);
   V4Launch x;
+  x.rs = rs;
   x.n_splits = choose_splits(p);
   const int tiles = (p.max_ctx + kBN - 1) / kBN;
   x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
@@ -742,6 +832,31 @@ cudaError_t attention_v4(const AttnParams& p) {
   const bool lr = p.v_lr.active();
   if (p.head_dim == 64) return lr ? launch<64, 16>(p, x) : launch<64, 0>(p, x);
   return lr ? launch<128, 16>(p, x) : launch<128, 0>(p, x);
+}
+
+}  // namespace
+
+bool attention_v4_applies(const AttnParams& p) { return use_v4(p); }
+
+int attention_v4_num_splits(const AttnParams& p) { return use_v4(p) ? choose_splits(p) : attention_v3_num_splits(p); }
+
+cudaError_t attention_v4(const AttnParams& p) {
+  if (!use_v4(p)) return attention_v3(p);
+  return run_v4(p, DecodeRopeStore{});
+}
+
+bool attention_decode_rope_store_applies(const AttnParams& p) {
+  // One sequence's one query (rows: its G heads, one row tile) whose splits merge in the last
+  // block (write_q runs there); no V term (base-lr's LRv row of the new key is another store).
+  return use_v4(p) && !p.agents && p.n_seqs == 1 && p.max_q == 1 && v4_rows(p) <= kTileRows && !p.v_lr.active() &&
+         merge_kernel_mode() != 2;  // the kernel's kRopeStore instantiations
+}
+
+cudaError_t attention_decode_rope_store(const AttnParams& p, const DecodeRopeStore& rs) {
+  if (!attention_params_ok(p) || !attention_decode_rope_store_applies(p) || !rs.q || !rs.q16 || !rs.k || !rs.v || !rs.pos || !rs.inv_freq ||
+      p.q != rs.q16)
+    return cudaErrorInvalidValue;
+  return run_v4(p, rs);
 }
 
 }  // namespace lragent::cuda

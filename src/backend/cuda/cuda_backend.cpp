@@ -39,6 +39,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
     be->batch_attention_ = false;  // one launch per sequence, as before attention_batch (measuring)
   if (const char* m = std::getenv("LRAGENT_CUDA_MATERIALIZE_K"); m && std::string(m) == "0")
     be->materialize_k_ = false;  // prefill rebuilds K per tile in the kernel, as before (measuring)
+  if (const char* f = std::getenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION"); f && std::string(f) == "0")
+    be->fuse_rope_attention_ = false;  // a rope_store launch before each decode attention (measuring)
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_MAX_ROWS"); g && *g)
     be->graph_max_rows_ = std::max<int64_t>(std::atoll(g), 0);
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_SPLIT"); g && *g) be->split_ops_ = std::max<int64_t>(std::atoll(g), 0);
@@ -111,9 +113,10 @@ CudaBackend::~CudaBackend() {
                "CUDA graphs: {} recorded passes ({} run in two segments): {} replayed, {} captured, {} updated, "
                "{} eager, {} capture failures (segments included); {:.1f} ms building graphs; {} attention launches "
                "served {} sequences at once; {} prefill attentions materialised K; {} RoPEs launched with their K/V "
-               "stores; {} store launches computed LoRA expands\n",
+               "stores; {} store launches computed LoRA expands; {} decode attentions did their RoPE and stores\n",
                t.passes, t.segments, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms,
-               batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_);
+               batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_,
+               fused_rope_attention_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
     double total = 0;
@@ -490,6 +493,7 @@ void CudaBackend::read_ids(const int32_t* ids, int64_t rows, int32_t* out) {
 }
 
 void CudaBackend::flush_tape() {
+  flush_rope_store();
   flush_expand();
   flush_rope();
   if (rec_prof_ && !failed_) rec_prof_tick("(pass end)");
@@ -508,8 +512,8 @@ void CudaBackend::flush_tape() {
 
 void CudaBackend::split_pass() {
   split_armed_ = false;
-  // A RoPE or LoRA expands held back for the stores after them stay held: their signatures are in
-  // the pass's key already, and they are launched in the next segment.
+  // A RoPE, LoRA expands or a rope_store held back for the ops after them stay held: their
+  // signatures are in the pass's key already, and they are launched in the next segment.
   if (failed_) return;  // flush_tape drops the rest
   check(args_->flush_pass());
   if (failed_) return;

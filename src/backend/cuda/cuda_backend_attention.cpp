@@ -60,6 +60,7 @@ void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
     d.width = width;
     d.dst = paged(j.dst, max_slot + 1);
     d.slots = dev_ints(j.slots, n);  // staged now: the caller's array may go
+    pending_store_rows_.push_back(n == 1 ? j.dst.row_offset(j.slots[0]) : -1);
     if (tape_->recording()) {
       rec("store_job", d.rows, d.n, d.width, d.slots);
       sig_of(*tape_, d.dst);
@@ -70,11 +71,13 @@ void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
 
 void CudaBackend::end_store_batch() {
   store_batching_ = false;
-  launch_stores(pending_stores_);
+  launch_stores(pending_stores_, pending_store_rows_);
   pending_stores_.clear();
+  pending_store_rows_.clear();
 }
 
-void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in) {
+void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in, std::span<const int64_t> row_at) {
+  flush_rope_store();  // an earlier layer's, still held: it runs first
   // Held-back expands (v_full) that these stores read: computed by the store kernel if every
   // output is read whole by some job of one launch, else launched alone first.
   std::array<lc::StoreJobDev, lc::kMaxStoreJobs> own{};
@@ -125,15 +128,21 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in) {
     }
     if (ok) {
       pending_rope_.reset();
-      std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
+      // A batch-1 decode layer's k and v rows: held for the attention after it (pending_rope_attn_).
       const int nj = static_cast<int>(jobs.size());
-      std::copy_n(jobs.begin(), nj, chunk.begin());
-      ++fused_rope_stores_;
-      rec("rope_store", nj);
-      for (int j = 0; j < nj; ++j) rec("rope_store_tok0", tok0[j]);
-      launch("rope_store", [=, this] {
-        return lc::rope_store(r, chunk.data(), tok0.data(), nj, lp ? &loras : nullptr, stream_);  // the closure's copy
-      });
+      if (fuse_rope_attention_ && tape_->recording() && !lp && !r.lora && r.n == 1 && r.xa16 && nj == 2 &&
+          row_at.size() == jobs.size() && tok0[0] != tok0[1] && std::min(tok0[0], tok0[1]) == -1 &&
+          std::max(tok0[0], tok0[1]) == 0) {
+        const int kj = tok0[0] == 0 ? 0 : 1, vj = 1 - kj;
+        const lc::StoreJobDev &kd = jobs[static_cast<size_t>(kj)], &vd = jobs[static_cast<size_t>(vj)];
+        if (kd.n == 1 && vd.n == 1 && vd.width == kd.width && kd.dst.dtype == lc::Elem::kBF16 &&
+            vd.dst.dtype == lc::Elem::kBF16 && row_at[static_cast<size_t>(kj)] >= 0 &&
+            row_at[static_cast<size_t>(vj)] >= 0) {
+          pending_rope_attn_ = HeldRopeStore{r, kd, vd, row_at[static_cast<size_t>(kj)], row_at[static_cast<size_t>(vj)]};
+          return;
+        }
+      }
+      launch_rope_store(r, jobs.data(), tok0.data(), nj, lp);
       return;
     }
   }
@@ -147,6 +156,56 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in) {
       return lc::store_rows_multi(chunk.data(), nj, lp ? &loras : nullptr, stream_);  // the closure's copy
     });
   }
+}
+
+void CudaBackend::launch_rope_store(const lc::RopeArgs& r, const lc::StoreJobDev* jobs, const int64_t* tok0, int nj,
+                                    const lc::StoreLoras* loras) {
+  std::array<lc::StoreJobDev, lc::kMaxStoreJobs> chunk{};
+  std::array<int64_t, lc::kMaxStoreJobs> t0{};
+  std::copy_n(jobs, nj, chunk.begin());
+  std::copy_n(tok0, nj, t0.begin());
+  const lc::StoreLoras ls = loras ? *loras : lc::StoreLoras{};
+  const bool has_loras = loras != nullptr;
+  ++fused_rope_stores_;
+  rec("rope_store", nj);
+  for (int j = 0; j < nj; ++j) rec("rope_store_tok0", t0[static_cast<size_t>(j)]);
+  launch_now("rope_store", [=, this] {
+    return lc::rope_store(r, chunk.data(), t0.data(), nj, has_loras ? &ls : nullptr, stream_);  // the closure's copies
+  });
+}
+
+void CudaBackend::flush_rope_store() {
+  if (!pending_rope_attn_) return;
+  const HeldRopeStore h = *pending_rope_attn_;
+  pending_rope_attn_.reset();
+  const lc::StoreJobDev jobs[2] = {h.k_job, h.v_job};
+  const int64_t tok0[2] = {0, -1};
+  launch_rope_store(h.r, jobs, tok0, 2, nullptr);
+}
+
+std::optional<lc::DecodeRopeStore> CudaBackend::rope_store_for(const AttentionParams& p,
+                                                              const lc::AttnParams& a) const {
+  if (!pending_rope_attn_ || attn_kernel_ < lc::AttnKernel::kV4Decode) return std::nullopt;
+  const HeldRopeStore& h = *pending_rope_attn_;
+  const lc::RopeArgs& r = h.r;
+  // q is the RoPE's (its bf16 copy is what the kernel's p.q names), one head row per kv head's
+  // width, and both stores land on the key the attention reads last, in the caches it reads.
+  const int64_t width = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
+  const bool same = p.n_q == 1 && p.q == r.xa && a.q == r.xa16 && r.ha == p.n_heads && r.hb == p.n_kv_heads &&
+                    r.hd == p.head_dim && h.k_job.width == width && h.k_job.rows == r.xb &&
+                    h.k_job.dst.data == p.k.data && h.v_job.dst.data == p.v.data && p.k.dtype == DType::kBF16 &&
+                    p.v.dtype == DType::kBF16 && h.k_row == p.k.row_offset(p.n_ctx - 1) &&
+                    h.v_row == p.v.row_offset(p.n_ctx - 1);
+  if (!same || !lc::attention_decode_rope_store_applies(a)) return std::nullopt;
+  lc::DecodeRopeStore rs;
+  rs.q = r.xa;
+  rs.q16 = static_cast<lc::bf16*>(r.xa16);
+  rs.k = r.xb;
+  rs.v = h.v_job.rows;
+  rs.pos = r.pos;
+  rs.inv_freq = r.inv_freq;
+  rs.write_q = !matmul_only_;  // else q is read by this attention alone (set_matmul_only_outputs)
+  return rs;
 }
 
 void CudaBackend::attention(const AttentionParams& p) {
@@ -285,7 +344,14 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
     rec("attention");
     sig_of(*tape_, a);
   }
-  launch("attention", [a, kernel] { return lc::attention(a, kernel); });
+  if (const std::optional<lc::DecodeRopeStore> rs = rope_store_for(p, a)) {
+    pending_rope_attn_.reset();  // this launch does its work
+    ++fused_rope_attention_;
+    rec("attention_rope_store", rs->q, rs->q16, rs->k, rs->v, rs->pos, rs->inv_freq, rs->write_q);
+    launch("attention", [a, d = *rs] { return lc::attention_decode_rope_store(a, d); });
+  } else {
+    launch("attention", [a, kernel] { return lc::attention(a, kernel); });
+  }
   free_async(kv_copy);  // after the attention, in stream order (null when recording)
 }
 

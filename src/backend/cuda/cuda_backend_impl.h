@@ -112,7 +112,7 @@ class CudaBackend final : public Backend {
     return {t.passes,     t.replayed,         t.captured,          t.eager,
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
             batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, t.segments,
-            fused_lora_stores_};
+            fused_lora_stores_, fused_rope_attention_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -190,9 +190,32 @@ class CudaBackend final : public Backend {
   void split_pass();
   bool store_batching_ = false;              // begin_store_batch .. end_store_batch
   std::vector<lc::StoreJobDev> pending_stores_;  // held back until end_store_batch
+  // Per pending store job: the element offset of its row in the cache (dst.data) when it stores
+  // one row, else -1 (from the host's block table; run_fast_attention compares it with the key it
+  // reads last).
+  std::vector<int64_t> pending_store_rows_;
   // Launches jobs in launches of up to lc::kMaxStoreJobs; with a RoPE pending, as one rope_store
-  // launch when the jobs allow it.
-  void launch_stores(std::span<const lc::StoreJobDev> jobs);
+  // launch when the jobs allow it, or held for the attention after it (pending_rope_attn_).
+  // row_at: per job, as pending_store_rows_ (empty: unknown).
+  void launch_stores(std::span<const lc::StoreJobDev> jobs, std::span<const int64_t> row_at = {});
+  void launch_rope_store(const lc::RopeArgs& r, const lc::StoreJobDev* jobs, const int64_t* tok0, int nj,
+                         const lc::StoreLoras* loras);
+  // A recorded batch-1 decode pass's rope_store (the RoPE of q and k, then k's and v's one row
+  // each into bf16 caches), held back in turn: when the attention after it reads q and those
+  // caches with the new token as its last key, its v4 launch does the same work itself
+  // (lc::attention_decode_rope_store): one kernel boundary fewer per layer. Any other op launched
+  // first, and the end of the pass, launch it as rope_store (flush_rope_store).
+  struct HeldRopeStore {
+    lc::RopeArgs r;
+    lc::StoreJobDev k_job, v_job;  // k's row 0 (already the rotated xb's), and v's row
+    int64_t k_row = -1, v_row = -1;  // their element offsets in the caches (pending_store_rows_)
+  };
+  std::optional<HeldRopeStore> pending_rope_attn_;
+  void flush_rope_store();
+  // The held rope_store as the DecodeRopeStore of attention p (a: its launch parameters), or
+  // nothing when p does not read exactly what it writes.
+  std::optional<lc::DecodeRopeStore> rope_store_for(const AttentionParams& p, const lc::AttnParams& a) const;
+  int64_t fused_rope_attention_ = 0;
   // A recorded decode pass's RoPE of q and k (rope_pair_impl), held back so that the layer's K/V
   // stores that follow can run in the same launch (lc::rope_store: one kernel instead of two).
   // Any other op launched first, and the end of the pass, launch it alone (flush_rope).
@@ -224,6 +247,7 @@ class CudaBackend final : public Backend {
   std::optional<lc::GemvNorm> gemv_norm_of(const TensorView& h, const TensorView& norm_w, float eps) const;
   bool batch_attention_ = true;             // attention_batch's shared launches (LRAGENT_CUDA_BATCH_ATTENTION=0: off)
   bool materialize_k_ = true;               // prefill's K-side LoRA term materialised (LRAGENT_CUDA_MATERIALIZE_K=0: off)
+  bool fuse_rope_attention_ = true;         // pending_rope_attn_ (LRAGENT_CUDA_FUSE_ROPE_ATTENTION=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
   // ids [rows] (device) -> out (host), after running a recorded pass: the caller reads them now.
   void read_ids(const int32_t* ids, int64_t rows, int32_t* out);
@@ -240,6 +264,7 @@ class CudaBackend final : public Backend {
   }
   template <class F>
   void launch(const char* name, F&& f) {
+    if (pending_rope_attn_) flush_rope_store();    // held first: older than the two below
     if (!pending_expand_.empty()) flush_expand();  // this op may read what they write
     if (pending_rope_) flush_rope();               // ... or what the RoPE writes
     launch_now(name, std::forward<F>(f));

@@ -12,6 +12,7 @@
 #include "backend/cuda/lora_expand.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rope_math.cuh"
 #include "backend/random.h"
 
 namespace lragent::cuda {
@@ -192,9 +193,8 @@ __device__ __forceinline__ float2 rope_elem(float* x, int heads, int64_t row, in
                                           const int32_t* pos, const float* inv_freq, __nv_bfloat16* x16,
                                           const RopeLora& lora, const float* lr) {
   const int half = hd / 2;
-  const float angle = static_cast<float>(pos[tok]) * inv_freq[i];
   float sn, cs;
-  sincosf(angle, &sn, &cs);
+  rope_sincos(pos[tok], inv_freq[i], sn, cs);
   float* v = x + row * hd;
   float a = v[i], b = v[i + half];
   if constexpr (kLora) {
@@ -229,7 +229,8 @@ __device__ __forceinline__ float2 rope_elem(float* x, int heads, int64_t row, in
       b += lora.scale[tok] * db;
     }
   }
-  const float ra = a * cs - b * sn, rb = b * cs + a * sn;
+  const float2 rot = rope_rotate(a, b, cs, sn);
+  const float ra = rot.x, rb = rot.y;
   v[i] = ra;
   v[i + half] = rb;
   if (x16) {
