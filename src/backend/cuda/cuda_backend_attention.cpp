@@ -131,8 +131,7 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in, std::s
       // A batch-1 decode layer's k and v rows: held for the attention after it (pending_rope_attn_).
       const int nj = static_cast<int>(jobs.size());
       if (fuse_rope_attention_ && tape_->recording() && !lp && !r.lora && r.n == 1 && r.xa16 && nj == 2 &&
-          row_at.size() == jobs.size() && tok0[0] != tok0[1] && std::min(tok0[0], tok0[1]) == -1 &&
-          std::max(tok0[0], tok0[1]) == 0) {
+          row_at.size() == jobs.size() && std::min(tok0[0], tok0[1]) == -1 && std::max(tok0[0], tok0[1]) == 0) {
         const int kj = tok0[0] == 0 ? 0 : 1, vj = 1 - kj;
         const lc::StoreJobDev &kd = jobs[static_cast<size_t>(kj)], &vd = jobs[static_cast<size_t>(vj)];
         if (kd.n == 1 && vd.n == 1 && vd.width == kd.width && kd.dst.dtype == lc::Elem::kBF16 &&

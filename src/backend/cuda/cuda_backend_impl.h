@@ -207,7 +207,7 @@ class CudaBackend final : public Backend {
   // first, and the end of the pass, launch it as rope_store (flush_rope_store).
   struct HeldRopeStore {
     lc::RopeArgs r;
-    lc::StoreJobDev k_job, v_job;  // k's row 0 (already the rotated xb's), and v's row
+    lc::StoreJobDev k_job, v_job;  // k's store (its row is xb's, which the RoPE rotates) and v's
     int64_t k_row = -1, v_row = -1;  // their element offsets in the caches (pending_store_rows_)
   };
   std::optional<HeldRopeStore> pending_rope_attn_;
