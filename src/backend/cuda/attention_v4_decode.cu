@@ -289,7 +289,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
         // written it into q16. Columns i, i + 1 (k-step kk < KT_D / 2) pair with i + D/2, i + 1
         // + D/2 (k-step kk + KT_D / 2): both halves of a rotation land in this thread.
         constexpr int H = KT_D / 2;
-        const float* fq[2] = {ra < RB ? x.rs.q + out_row(ra) * D : nullptr, rb < RB ? x.rs.q + out_row(rb) * D : nullptr};
+        const float* fq[2] = {ra < RB ? x.rs.q + out_row(ra) * D : nullptr,
+                              rb < RB ? x.rs.q + out_row(rb) * D : nullptr};
 #pragma unroll
         for (int kk = 0; kk < H; ++kk)
 #pragma unroll
@@ -853,8 +854,8 @@ bool attention_decode_rope_store_applies(const AttnParams& p) {
 }
 
 cudaError_t attention_decode_rope_store(const AttnParams& p, const DecodeRopeStore& rs) {
-  if (!attention_params_ok(p) || !attention_decode_rope_store_applies(p) || !rs.q || !rs.q16 || !rs.k || !rs.v || !rs.pos || !rs.inv_freq ||
-      p.q != rs.q16)
+  const bool complete = rs.q && rs.q16 && rs.k && rs.v && rs.pos && rs.inv_freq && p.q == rs.q16;
+  if (!complete || !attention_params_ok(p) || !attention_decode_rope_store_applies(p))
     return cudaErrorInvalidValue;
   return run_v4(p, rs);
 }

@@ -60,7 +60,8 @@ void CudaBackend::store_rows_multi(std::span<const StoreJob> jobs) {
     d.width = width;
     d.dst = paged(j.dst, max_slot + 1);
     d.slots = dev_ints(j.slots, n);  // staged now: the caller's array may go
-    pending_store_rows_.push_back(n == 1 ? j.dst.row_offset(j.slots[0]) : -1);
+    // Only a recorded pass may hold its stores for the attention (launch_stores).
+    pending_store_rows_.push_back(n == 1 && tape_->recording() ? j.dst.row_offset(j.slots[0]) : -1);
     if (tape_->recording()) {
       rec("store_job", d.rows, d.n, d.width, d.slots);
       sig_of(*tape_, d.dst);
@@ -137,7 +138,8 @@ void CudaBackend::launch_stores(std::span<const lc::StoreJobDev> jobs_in, std::s
         if (kd.n == 1 && vd.n == 1 && vd.width == kd.width && kd.dst.dtype == lc::Elem::kBF16 &&
             vd.dst.dtype == lc::Elem::kBF16 && row_at[static_cast<size_t>(kj)] >= 0 &&
             row_at[static_cast<size_t>(vj)] >= 0) {
-          pending_rope_attn_ = HeldRopeStore{r, kd, vd, row_at[static_cast<size_t>(kj)], row_at[static_cast<size_t>(vj)]};
+          pending_rope_attn_ =
+              HeldRopeStore{r, kd, vd, row_at[static_cast<size_t>(kj)], row_at[static_cast<size_t>(vj)]};
           return;
         }
       }
@@ -187,14 +189,12 @@ std::optional<lc::DecodeRopeStore> CudaBackend::rope_store_for(const AttentionPa
   if (!pending_rope_attn_ || attn_kernel_ < lc::AttnKernel::kV4Decode) return std::nullopt;
   const HeldRopeStore& h = *pending_rope_attn_;
   const lc::RopeArgs& r = h.r;
-  // q is the RoPE's (its bf16 copy is what the kernel's p.q names), one head row per kv head's
-  // width, and both stores land on the key the attention reads last, in the caches it reads.
-  const int64_t width = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
+  // q is the RoPE's (its bf16 copy is what the kernel's p.q names) with this attention's heads,
+  // and both stores land on the key it reads last, in the caches it reads. (launch_stores held
+  // only k's whole row of xb and a v row of the same width, into bf16 caches.)
   const bool same = p.n_q == 1 && p.q == r.xa && a.q == r.xa16 && r.ha == p.n_heads && r.hb == p.n_kv_heads &&
-                    r.hd == p.head_dim && h.k_job.width == width && h.k_job.rows == r.xb &&
-                    h.k_job.dst.data == p.k.data && h.v_job.dst.data == p.v.data && p.k.dtype == DType::kBF16 &&
-                    p.v.dtype == DType::kBF16 && h.k_row == p.k.row_offset(p.n_ctx - 1) &&
-                    h.v_row == p.v.row_offset(p.n_ctx - 1);
+                    r.hd == p.head_dim && h.k_job.dst.data == p.k.data && h.v_job.dst.data == p.v.data &&
+                    h.k_row == p.k.row_offset(p.n_ctx - 1) && h.v_row == p.v.row_offset(p.n_ctx - 1);
   if (!same || !lc::attention_decode_rope_store_applies(a)) return std::nullopt;
   lc::DecodeRopeStore rs;
   rs.q = r.xa;
