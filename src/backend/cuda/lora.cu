@@ -29,8 +29,12 @@ __global__ void __launch_bounds__(kThreads) lora_expand_kernel(const LoraArgs a)
   const int64_t o = (blockIdx.x - (j > 0 ? a.block_end[j - 1] : 0)) * int64_t{kThreads} + threadIdx.x;
   const bool live = o < jb.out;
   float bv[kMaxLoraRank];  // [rank] row o of b
+  if (live) {
+    lora_b_row(jb, o, bv);
+  } else {
 #pragma unroll
-  for (int k = 0; k < kMaxLoraRank; ++k) bv[k] = live && jb.xa && k < jb.rank ? lora_b_at(jb, o, k) : 0.f;
+    for (int k = 0; k < kMaxLoraRank; ++k) bv[k] = 0.f;
+  }
   pdl_wait();  // xa, y and base come from earlier kernels
   pdl_release();
   if (!live) return;

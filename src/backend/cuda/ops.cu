@@ -204,21 +204,14 @@ __device__ __forceinline__ float2 rope_elem(float* x, int heads, int64_t row, in
       const int rank = lora.rank[tok];
       const int64_t ldb = lora.ldb[tok];
       const bool bf = lora.b_bf16[tok] != 0;
-      auto w_at = [&](int64_t col, int k) {
-        return bf ? __bfloat162float(static_cast<const __nv_bfloat16*>(lora.b[tok])[col * ldb + k])
-                  : static_cast<const float*>(lora.b[tok])[col * ldb + k];
-      };
       // 16 ranks at a time, every load of a chunk issued before the first use (a dependent
-      // loop would wait one L2 round trip per rank).
+      // loop would wait one L2 round trip per rank), as 16-byte vectors where aligned.
       for (int k0 = 0; k0 < rank; k0 += 16) {
         float wa[16], wb[16], l[16];
-#pragma unroll
-        for (int u = 0; u < 16; ++u) {
-          const bool ok = k0 + u < rank;
-          wa[u] = ok ? w_at(o, k0 + u) : 0.f;
-          wb[u] = ok ? w_at(o + half, k0 + u) : 0.f;
-          l[u] = ok ? lr[k0 + u] : 0.f;
-        }
+        const int n = min(16, rank - k0);
+        lora_load16(lora.b[tok], bf, o * ldb + k0, n, wa);
+        lora_load16(lora.b[tok], bf, (o + half) * ldb + k0, n, wb);
+        lora_load16(lr, false, k0, n, l);
 #pragma unroll
         for (int u = 0; u < 16; ++u) {
           da += l[u] * wa[u];
@@ -378,7 +371,9 @@ __device__ __forceinline__ void store_multi_elem(const StoreMulti& m, int64_t e)
   float v;
   if (jb.lora >= 0) {  // a held-back expand's element, computed here (and left in y)
     const LoraJob& lj = m.loras.job[jb.lora];
-    v = lora_expand_value(lj, static_cast<int>(i), c, [&](int k) { return lora_b_at(lj, c, k); });
+    float bv[kMaxLoraRank];  // [rank] row c of b
+    lora_b_row(lj, c, bv);
+    v = lora_expand_value(lj, static_cast<int>(i), c, [&](int k) { return bv[k]; });
     if (jb.lora_writes_y) lj.y[el] = v;
   } else {
     v = jb.rows[el];
