@@ -112,6 +112,7 @@ struct Case {
   bool materialize = false;  // also check materialise-then-attend
   bool own_v_table = false;  // V's view gets its own copy of the block table (K/V addressed apart)
   int lr_block_pad = 0;      // LR pools: elements after each block's rows (block_stride = page·rank + pad)
+  int max_ctx_pad = 0;       // p.max_ctx this much above the longest context (a recorded pass's bucket)
   std::string name() const {
     std::string s = "d=" + std::to_string(d) + " G=" + std::to_string(group) + " page=" + std::to_string(page) +
                     " rk=" + std::to_string(rank_k) + " rv=" + std::to_string(rank_v) + (agents ? " agents" : "") +
@@ -311,7 +312,7 @@ void run_case(const Case& cs, uint32_t seed) {
   p.q_start = d_qs->as<int32_t>();
   p.ctx_len = d_ctx->as<int32_t>();
   p.max_q = max_q;
-  p.max_ctx = max_ctx;
+  p.max_ctx = max_ctx + cs.max_ctx_pad;
   p.agents = cs.agents;
   p.q = d_q->as<lc::bf16>();
   p.k = dview(*d_k, width);
@@ -607,6 +608,26 @@ TEST(CudaAttention, DecodeV4Edges) {
   many.n_kv = 8;
   run_case(many, seed++);
   expect_ran({lc::AttnKernel::kV4Decode}, "DecodeV4Edges");
+}
+
+// A recorded decode pass plans its kernels for its context's bucket (max_ctx up to 1.5x the
+// context: CudaBackend::ctx_bucket) and reads the true length on the device; v4 splits each
+// sequence's actual keys evenly over the planned splits. Batch-1 decodes at bucketed max_ctx,
+// pages of 16 (block ids one tile ahead) and 1 (looked up per tile), with and without the
+// Flash-LoRA V term, against the CPU.
+TEST(CudaAttention, DecodeV4BucketedMaxCtx) {
+  SKIP_WITHOUT_GPU();
+  reset_ran();
+  uint32_t seed = 580;
+  for (int ctx : {97, 4097, 9000})
+    for (int page : {1, 16})
+      for (int rv : {0, 16}) {
+        Case c = make(128, 4, page, {ctx}, {1}, 0, rv);
+        c.n_kv = 8;
+        c.max_ctx_pad = ctx / 2;
+        run_case(c, seed++);
+      }
+  expect_ran({lc::AttnKernel::kV4Decode}, "DecodeV4BucketedMaxCtx");
 }
 
 // attention_decode_rope_store (a batch-1 decode step's RoPE of q and k and its K/V stores done by

@@ -22,8 +22,12 @@
 //   * Grid (splits, kv heads, sequences) sized for the blocks resident per SM (three at one row
 //     tile: 69 KB of shared memory at D = 128 without LR, 75 KB with, a 2-stage K/V/LRv ring, Q in
 //     registers; choose_splits says when it fills every slot and when it aims at two a SM);
-//     pdl_release() first thing, so the
+//     each sequence's actual context is split evenly over the splits (the grid is planned for
+//     max_ctx, a recorded pass's context bucket); pdl_release() first thing, so the
 //     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
+//   * Block ids one tile ahead (without an LR term, K and V on one table, pages of >= 16 tokens):
+//     a tile's copies do not wait on a table lookup (session 29; H200, the 8B step at 32k with
+//     lookahead 5.38 against 6.23 ms together with the even split).
 //   * Agents mode (N agents' decode queries over one shared base and LR cache, each with its own
 //     B_v): the rows are the agents' heads, and each row expands its own agent's B_v.
 //   * Two row tiles (17..32 rows of a kv head: 8 agents at G = 4, or G = 32): eight warps, two
@@ -87,9 +91,12 @@ struct Smem {
 };
 
 struct V4Launch {
-  int n_splits = 1, tiles_per_split = 1;
+  int n_splits = 1;  // a sequence's keys split evenly over them (the kernel's tps)
 
   int kshift = 0, vshift = 0, lvshift = 0;
+  // K and V share table, page size and strides, with pages of >= 16 tokens (the engine's caches):
+  // a tile's keys sit in 64 >> kshift pages whose block ids load one tile ahead (TileIds).
+  bool ids_ahead = false;
   float* part_o = nullptr;    // [n_splits, n_seqs, max_q, n_heads, D] normalised partials
   float* part_lse = nullptr;  // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
   // The partials are merged by attn_v4_merge_kernel, launched after this one, instead of by each
@@ -191,8 +198,14 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   // Offsets of row r: its (query, head) row in q/out, and its row in the split partials.
   auto out_row = [&](int r) { return v4_out_row(p, si, g, G, r); };
   auto part_row = [&](int r) { return v4_part_row(p, s, g, G, r); };
-  const int kb = split * x.tiles_per_split * kBN;
-  const int ke = min(si.ctx, kb + x.tiles_per_split * kBN);  // decode: every key < ctx is visible
+  // This sequence's keys split evenly over the grid's splits. The grid is sized for max_ctx, which
+  // in a recorded pass is the context's bucket (up to 1.5x the context: 4097 -> 6144), so a split
+  // size from max_ctx left the last splits without keys and gave the others more tiles each (the
+  // 8B step at 32k: 21 of 32 splits a kv head busy, 24 tiles each instead of 16).
+  const int tps = static_cast<int>((static_cast<unsigned>(si.ctx + kBN - 1) / kBN + x.n_splits - 1) /
+                                   static_cast<unsigned>(x.n_splits));  // tiles per split
+  const int kb = split * tps * kBN;
+  const int ke = min(si.ctx, kb + tps * kBN);  // decode: every key < ctx is visible
   const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
   const float scale_log2 = p.softmax_scale * kLog2e;
   // DecodeRopeStore (one row tile without an LR term only): the rotations of this step's pairs
@@ -257,12 +270,54 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     tile_addr(t, a);
     tile_issue(t, a);
   };
+  // With x.ids_ahead, the block ids of tile t + 1 are loaded while tile t is computed, so a
+  // tile's copies issue without a dependent table lookup in front of them. A tile's 64 keys sit
+  // in 64 >> kshift <= 4 pages, the same for every thread: kv[j] holds the page of keys key0 +
+  // (j << kshift)..; an id past the split's end is 0 and never used. Not in the LR kernel: the
+  // four registers it holds through the key loop made that kernel spill (it is at 168, the cap
+  // of three blocks an SM).
+  const bool ahead = R == 0 && x.ids_ahead;
+  struct TileIds {
+    uint32_t kv[4];
+  };
+  auto tile_ids = [&](int t, TileIds& d) {
+    const int key0 = kb + t * kBN;
+    const int32_t* kt = p.k.table + static_cast<int64_t>(s) * p.k.table_stride;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int key = key0 + (j << x.kshift);
+      d.kv[j] = t < n_tiles && key < ke && key < key0 + kBN ? static_cast<uint32_t>(__ldg(kt + (key >> x.kshift))) : 0u;
+    }
+  };
+  auto tile_issue_ids = [&](int t, const TileIds& d) {  // K and V only (ahead: R == 0)
+    const int st = t % kStages, key0 = kb + t * kBN;
+    const uint32_t pmask = static_cast<uint32_t>(p.k.page_size - 1);
+#pragma unroll
+    for (int i = 0; i < LPT; ++i) {
+      const int r = ld_row + i * RPI, key = key0 + r, jj = r >> x.kshift;  // jj < 4: pages >= 16
+      const uint32_t blk = jj == 0 ? d.kv[0] : jj == 1 ? d.kv[1] : jj == 2 ? d.kv[2] : d.kv[3];
+      const int64_t off = static_cast<int64_t>(blk) * p.k.block_stride +
+                          static_cast<int64_t>(static_cast<uint32_t>(key) & pmask) * p.k.row_stride + g * D + ld_ch * 8;
+      const bool ok = key < ke;
+      const int row = st * kBN + r;
+      cp_async16(sm + L::kK + row * KS + ld_ch * 8, ok ? p.k.data + off : p.k.data, ok ? 16 : 0);
+      cp_async16(sm + L::kV + row * KS + ld_ch * 8, ok ? p.v.data + off : p.v.data, ok ? 16 : 0);
+    }
+  };
 
   // Launched with PDL: the page-table lookups of the first tile (the table and the sequence
   // geometry come from the host) overlap the previous kernel, which stores this step's K/V rows;
   // everything it wrote (K, V, LRv rows) is read after the wait, and nothing is written before.
+  // The LR kernel looks tile 0 up after the wait: its 36 address registers held across it, with
+  // the split size computed from the context, spilled.
   TileAddr a0;
-  if (n_tiles > 0) tile_addr(0, a0);
+  TileIds d0, d1;  // ahead: tiles 0 and 1 (then the tile after the one last issued)
+  if (ahead) {
+    tile_ids(0, d0);
+    tile_ids(1, d1);
+  } else if (n_tiles > 0 && R == 0) {
+    tile_addr(0, a0);
+  }
   pdl_wait();
   if (fused_rs) __syncthreads();  // rope_cs / rope_sn
 
@@ -280,7 +335,12 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     constexpr bool kQRegs = L::kQRegs;
     // Tile 0's copies first: they go to DRAM, the q loads below to L2, and the RoPE of a fused
     // launch consumes its q values at once.
-    tile_issue(0, a0);
+    if (ahead)
+      tile_issue_ids(0, d0);
+    else if (R == 0)
+      tile_issue(0, a0);
+    else
+      load_tile(0);
     uint32_t qf[KT_D][4];
     if constexpr (kQRegs) {
       const int ra = r0 + gq, rb = ra + 8;
@@ -355,8 +415,14 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     const bf16* const qs = sm + L::kQ + (r0 + (lane & 15)) * KS + (lane >> 4) * 8;
     for (int t = 0; t < n_tiles; ++t) {
       if (t + 1 < n_tiles) {  // stage (t+1) % 2 was freed by the barrier that ended tile t-1
-        load_tile(t + 1);
-        cp_async_commit();
+        if (ahead) {
+          tile_issue_ids(t + 1, d1);
+          cp_async_commit();
+          if (t + 2 < n_tiles) tile_ids(t + 2, d1);  // in flight while tile t is computed
+        } else {
+          load_tile(t + 1);
+          cp_async_commit();
+        }
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
@@ -813,16 +879,26 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
 }
 
+// LRAGENT_ATTN_V4_IDS_AHEAD=0: every tile looks its block ids up when it is issued (measuring).
+bool ids_ahead_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("LRAGENT_ATTN_V4_IDS_AHEAD");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 cudaError_t run_v4(const AttnParams& p, const DecodeRopeStore& rs) {
   note_attention_kernel(AttnKernel::kV4Decode);
   V4Launch x;
   x.rs = rs;
   x.n_splits = choose_splits(p);
-  const int tiles = (p.max_ctx + kBN - 1) / kBN;
-  x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
   x.kshift = ilog2(p.k.page_size);
   x.vshift = ilog2(p.v.page_size);
   if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
+  x.ids_ahead = ids_ahead_enabled() && x.kshift >= 4 && p.k.table == p.v.table && p.k.table_stride == p.v.table_stride &&
+                p.k.page_size == p.v.page_size && p.k.row_stride == p.v.row_stride &&
+                p.k.block_stride == p.v.block_stride;
   if (x.n_splits > 1) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
     x.part_o = static_cast<float*>(p.workspace);
