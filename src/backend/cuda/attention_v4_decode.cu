@@ -25,9 +25,10 @@
 //     each sequence's actual context is split evenly over the splits (the grid is planned for
 //     max_ctx, a recorded pass's context bucket); pdl_release() first thing, so the
 //     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
-//   * Block ids one tile ahead (without an LR term, K and V on one table, pages of >= 16 tokens):
-//     a tile's copies do not wait on a table lookup (session 29; H200, the 8B step at 32k with
-//     lookahead 5.38 against 6.23 ms together with the even split).
+//   * Block ids one tile ahead (K and V on one table, pages of >= 16 tokens): a tile's copies do
+//     not wait on a table lookup; in registers, or in the LR kernel in shared memory, copied
+//     there with the tile two before (session 29; H200, the 8B step at 32k with lookahead 5.38
+//     against 6.23 ms together with the even split, base-lr LoRA 5.69 against 6.78).
 //   * Agents mode (N agents' decode queries over one shared base and LR cache, each with its own
 //     B_v): the rows are the agents' heads, and each row expands its own agent's B_v.
 //   * Two row tiles (17..32 rows of a kv head: 8 agents at G = 4, or G = 32): eight warps, two
@@ -273,10 +274,50 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   // With x.ids_ahead, the block ids of tile t + 1 are loaded while tile t is computed, so a
   // tile's copies issue without a dependent table lookup in front of them. A tile's 64 keys sit
   // in 64 >> kshift <= 4 pages, the same for every thread: kv[j] holds the page of keys key0 +
-  // (j << kshift)..; an id past the split's end is 0 and never used. Not in the LR kernel: the
-  // four registers it holds through the key loop made that kernel spill (it is at 168, the cap
-  // of three blocks an SM).
+  // (j << kshift)..; an id past the split's end is 0 and never used. The LR kernel keeps them in
+  // shared memory instead (ids_s below): four registers held through its key loop made it spill
+  // (it is at 168, the cap of three blocks an SM).
   const bool ahead = R == 0 && x.ids_ahead;
+  // LR kernel, x.ids_ahead (and LRv pages of >= 16 tokens): the block ids of tile u, for K/V
+  // ([u % 4][0..3]) and LRv ([u % 4][4..7]), copied into shared memory by threads 0..7 with the
+  // copies of tile u - 2 (tiles 0 and 1: before the wait), so they have landed, and a barrier
+  // has passed, by the time tile u is issued.
+  const bool ahead_s = R > 0 && x.ids_ahead && x.lvshift >= 4;
+  __shared__ uint32_t ids_s[R > 0 ? 4 : 1][8];
+  auto ids_async = [&](int u) {  // threads 0..7
+    const int key0 = kb + u * kBN, j = tid & 3;
+    const bool lr = tid >= 4;
+    const int sh = lr ? x.lvshift : x.kshift;
+    const DevPagedView& v = lr ? p.v_lr.lr : p.k;
+    const int key = key0 + (j << sh);
+    const bool ok = u < n_tiles && key < ke && key < key0 + kBN;
+    const int32_t* src = v.table + static_cast<int64_t>(s) * v.table_stride + (ok ? key >> sh : 0);
+    cp_async4(&ids_s[u % 4][tid], src, ok ? 4 : 0);
+  };
+  auto tile_issue_s = [&](int t) {  // K, V and LRv from ids_s (ahead_s)
+    const int st = t % kStages, key0 = kb + t * kBN;
+    const uint32_t* ids = ids_s[t % 4];
+#pragma unroll
+    for (int i = 0; i < LPT; ++i) {
+      const int r = ld_row + i * RPI, key = key0 + r;
+      const int64_t off = static_cast<int64_t>(ids[r >> x.kshift]) * p.k.block_stride +
+                          static_cast<int64_t>(key & (p.k.page_size - 1)) * p.k.row_stride + g * D + ld_ch * 8;
+      const bool ok = key < ke;
+      const int row = st * kBN + r;
+      cp_async16(sm + L::kK + row * KS + ld_ch * 8, ok ? p.k.data + off : p.k.data, ok ? 16 : 0);
+      cp_async16(sm + L::kV + row * KS + ld_ch * 8, ok ? p.v.data + off : p.v.data, ok ? 16 : 0);
+    }
+    const DevPagedView& lv = p.v_lr.lr;
+#pragma unroll
+    for (int i = 0; i < LR_PT; ++i) {
+      const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
+      const bool ok = key < ke && ch * 4 < p.v_lr.rank;
+      const int64_t off = static_cast<int64_t>(ids[4 + (kr >> x.lvshift)]) * lv.block_stride +
+                          static_cast<int64_t>(key & (lv.page_size - 1)) * lv.row_stride + ch * 4;
+      cp_async8(sm + L::kLv + (st * kBN + kr) * RS + ch * 4, ok ? lv.data + off : lv.data, ok ? 8 : 0);
+    }
+    if (tid < 8) ids_async(t + 2);
+  };
   struct TileIds {
     uint32_t kv[4];
   };
@@ -315,11 +356,18 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   if (ahead) {
     tile_ids(0, d0);
     tile_ids(1, d1);
+  } else if (ahead_s) {
+    if (tid < 8) {
+      ids_async(0);
+      ids_async(1);
+    }
+    cp_async_commit();
   } else if (n_tiles > 0 && R == 0) {
     tile_addr(0, a0);
   }
   pdl_wait();
-  if (fused_rs) __syncthreads();  // rope_cs / rope_sn
+  if (ahead_s) cp_async_wait<0>();
+  if (fused_rs || ahead_s) __syncthreads();  // rope_cs / rope_sn; ids_s of tiles 0 and 1
 
   float o[NT_D][4];  // this warp's O for rows r0 + gq, r0 + gq + 8 (unnormalised)
 #pragma unroll
@@ -337,6 +385,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     // launch consumes its q values at once.
     if (ahead)
       tile_issue_ids(0, d0);
+    else if (ahead_s)
+      tile_issue_s(0);
     else if (R == 0)
       tile_issue(0, a0);
     else
@@ -419,6 +469,9 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
           tile_issue_ids(t + 1, d1);
           cp_async_commit();
           if (t + 2 < n_tiles) tile_ids(t + 2, d1);  // in flight while tile t is computed
+        } else if (ahead_s) {
+          tile_issue_s(t + 1);
+          cp_async_commit();
         } else {
           load_tile(t + 1);
           cp_async_commit();
