@@ -120,6 +120,8 @@ def main():
     ap.add_argument("--model-eager", default="", help="lragent_model_bench --eager JSON (decode without CUDA graphs)")
     ap.add_argument("--model-extra", nargs="*", default=[],
                     help="more lragent_model_bench JSONs of the same call (their decode steps, listed beside the first)")
+    ap.add_argument("--model-long", default="",
+                    help="lragent_model_bench JSON of a decode-only run at a long context (--prefill 0 --ctx 32768)")
     ap.add_argument("--gemv", default="", help="lragent_gemv_bench JSON (decode GEMV versions vs copy BW)")
     ap.add_argument("--meta", nargs="*", default=[])
     ap.add_argument("--out-prefix")
@@ -317,6 +319,24 @@ def main():
                      f"{fmt(m['decode_sampled_ms'], '.3f')} ms; with LoRA r16 on q/v: base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms, "
                      f"private full cache {fmt(m['decode_lora_full_ms'], '.3f')} ms; "
                      f"launched op by op (--enforce-eager) {fmt(m.get('decode_eager_ms'), '.3f')} ms{others}"))
+    long_run = load(args.model_long) if args.model_long and os.path.exists(args.model_long) else {}
+    if long_run.get("decode") and copy_gbps:
+        d = long_run["decode"]
+        ideal = (d["weight_bytes"] + d["cache_bytes"]) / (copy_gbps * 1e9) * 1e3
+        la = long_run.get("decode_lookahead", {}).get("median_ms")
+        ratios["model_long"] = {
+            "decode_ctx": d.get("ctx"), "decode_ms": d.get("median_ms"), "decode_ideal_ms": ideal,
+            "decode_over_ideal": ratio(d.get("median_ms"), ideal),
+            "decode_lookahead_ms": la, "decode_lookahead_over_ideal": ratio(la, ideal),
+            "decode_lora_base_lr_ms": long_run.get("decode_lora_base_lr", {}).get("median_ms"),
+            "decode_lora_full_ms": long_run.get("decode_lora_full", {}).get("median_ms"),
+        }
+        ml = ratios["model_long"]
+        rows.append((f"model {long_run.get('preset')} decode batch 1 at {ml['decode_ctx']} ctx",
+                     f"{fmt(ml['decode_ms'], '.3f')} ms/step = {fmt(ml['decode_over_ideal'])}x of (weights + KV) / copy BW "
+                     f"({fmt(ideal, '.3f')} ms); with decode lookahead {fmt(la, '.3f')} ms = "
+                     f"{fmt(ml['decode_lookahead_over_ideal'])}x; with LoRA r16 on q/v: base-lr "
+                     f"{fmt(ml['decode_lora_base_lr_ms'], '.3f')} ms, private full cache {fmt(ml['decode_lora_full_ms'], '.3f')} ms"))
     gemv = load(args.gemv) if args.gemv and os.path.exists(args.gemv) else {}
     if gemv.get("results"):
         ratios["gemv"] = gemv
