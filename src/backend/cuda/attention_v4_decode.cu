@@ -93,6 +93,10 @@ struct Smem {
 
 struct V4Launch {
   int n_splits = 1;  // a sequence's keys split evenly over them (the kernel's tps)
+  // One sequence (batch-1 steps, agents mode); LRAGENT_ATTN_V4_EVEN_SPLIT=0 (measuring) and
+  // batches: every sequence's splits take plan_tps tiles, the split size of max_ctx.
+  bool even_split = true;
+  int plan_tps = 1;
 
   int kshift = 0, vshift = 0, lvshift = 0;
   // K and V share table, page size and strides, with pages of >= 16 tokens (the engine's caches):
@@ -203,8 +207,9 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   // in a recorded pass is the context's bucket (up to 1.5x the context: 4097 -> 6144), so a split
   // size from max_ctx left the last splits without keys and gave the others more tiles each (the
   // 8B step at 32k: 21 of 32 splits a kv head busy, 24 tiles each instead of 16).
-  const int tps = static_cast<int>((static_cast<unsigned>(si.ctx + kBN - 1) / kBN + x.n_splits - 1) /
-                                   static_cast<unsigned>(x.n_splits));  // tiles per split
+  const int tps = x.even_split ? static_cast<int>((static_cast<unsigned>(si.ctx + kBN - 1) / kBN + x.n_splits - 1) /
+                                                  static_cast<unsigned>(x.n_splits))
+                               : x.plan_tps;  // tiles per split
   const int kb = split * tps * kBN;
   const int ke = min(si.ctx, kb + tps * kBN);  // decode: every key < ctx is visible
   const int n_tiles = ke > kb ? (ke - kb + kBN - 1) / kBN : 0;
@@ -932,6 +937,14 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
 }
 
+bool even_split_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("LRAGENT_ATTN_V4_EVEN_SPLIT");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 // LRAGENT_ATTN_V4_IDS_AHEAD=0: every tile looks its block ids up when it is issued (measuring).
 bool ids_ahead_enabled() {
   static const bool on = [] {
@@ -946,6 +959,10 @@ cudaError_t run_v4(const AttnParams& p, const DecodeRopeStore& rs) {
   V4Launch x;
   x.rs = rs;
   x.n_splits = choose_splits(p);
+  // Batches keep the plan's split size: 16 clients of `lragent serve` (contexts ~600, batched
+  // decode) ran 1.30-1.33 s with the even split against 1.22-1.26 without (H200, session 29).
+  x.even_split = even_split_enabled() && p.n_seqs == 1;
+  x.plan_tps = ((p.max_ctx + kBN - 1) / kBN + x.n_splits - 1) / x.n_splits;
   x.kshift = ilog2(p.k.page_size);
   x.vshift = ilog2(p.v.page_size);
   if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
