@@ -22,7 +22,7 @@
 //   * Grid (splits, kv heads, sequences) sized for the blocks resident per SM (three at one row
 //     tile: 69 KB of shared memory at D = 128 without LR, 75 KB with, a 2-stage K/V/LRv ring, Q in
 //     registers; choose_splits says when it fills every slot and when it aims at two a SM);
-//     each sequence's actual context is split evenly over the splits (the grid is planned for
+//     one sequence's actual context is split evenly over the splits (the grid is planned for
 //     max_ctx, a recorded pass's context bucket); pdl_release() first thing, so the
 //     PDL-launched o-projection GEMV after it starts fetching weights while attention finishes.
 //   * Block ids one tile ahead (K and V on one table, pages of >= 16 tokens): a tile's copies do
@@ -203,10 +203,10 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   // Offsets of row r: its (query, head) row in q/out, and its row in the split partials.
   auto out_row = [&](int r) { return v4_out_row(p, si, g, G, r); };
   auto part_row = [&](int r) { return v4_part_row(p, s, g, G, r); };
-  // This sequence's keys split evenly over the grid's splits. The grid is sized for max_ctx, which
-  // in a recorded pass is the context's bucket (up to 1.5x the context: 4097 -> 6144), so a split
-  // size from max_ctx left the last splits without keys and gave the others more tiles each (the
-  // 8B step at 32k: 21 of 32 splits a kv head busy, 24 tiles each instead of 16).
+  // One sequence's keys split evenly over the grid's splits (x.even_split). The grid is sized for
+  // max_ctx, which in a recorded pass is the context's bucket (up to 1.5x the context: 4097 ->
+  // 6144), so a split size from max_ctx left the last splits without keys and gave the others
+  // more tiles each (the 8B step at 32k: 21 of 32 splits a kv head busy, 24 tiles each, not 16).
   const int tps = x.even_split ? static_cast<int>((static_cast<unsigned>(si.ctx + kBN - 1) / kBN + x.n_splits - 1) /
                                                   static_cast<unsigned>(x.n_splits))
                                : x.plan_tps;  // tiles per split
