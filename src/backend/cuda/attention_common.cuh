@@ -16,6 +16,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Element offset of token t's row in a paged view (sequence s). block_stride and
 // page_size · row_stride fit in 32 bits (the launcher checks), so this is one wide multiply-add
 // and one 32-bit one: it sits on the path of every K/V tile load.
+// K and V views with one table, page size and row layout: a key's K and V rows sit at the same
+// offset, so one lookup serves both (the engine's caches, docs/kv.md).
+inline bool kv_share_rows(const AttnParams& p) {
+  return p.k.table == p.v.table && p.k.table_stride == p.v.table_stride && p.k.page_size == p.v.page_size &&
+         p.k.row_stride == p.v.row_stride && p.k.block_stride == p.v.block_stride;
+}
+
 __device__ __forceinline__ int64_t paged_offset(const DevPagedView& v, int s, int t, int page_shift) {
   const int32_t blk = __ldg(v.table + static_cast<int64_t>(s) * v.table_stride + (t >> page_shift));
   const int32_t in_block = (t & (v.page_size - 1)) * static_cast<int32_t>(v.row_stride);

@@ -299,19 +299,27 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     const int32_t* src = v.table + static_cast<int64_t>(s) * v.table_stride + (ok ? key >> sh : 0);
     cp_async4(&ids_s[u % 4][tid], src, ok ? 4 : 0);
   };
-  auto tile_issue_s = [&](int t) {  // K, V and LRv from ids_s (ahead_s)
+  // Tile t's K and V copies from block ids known ahead: blk(jj) is the id of the tile's page jj
+  // (keys key0 + (jj << kshift)..); K and V share the table and row layout (x.ids_ahead).
+  auto issue_kv_ahead = [&](int t, auto blk) {
     const int st = t % kStages, key0 = kb + t * kBN;
-    const uint32_t* ids = ids_s[t % 4];
+    const uint32_t pmask = static_cast<uint32_t>(p.k.page_size - 1);
 #pragma unroll
     for (int i = 0; i < LPT; ++i) {
-      const int r = ld_row + i * RPI, key = key0 + r;
-      const int64_t off = static_cast<int64_t>(ids[r >> x.kshift]) * p.k.block_stride +
-                          static_cast<int64_t>(key & (p.k.page_size - 1)) * p.k.row_stride + g * D + ld_ch * 8;
+      const int r = ld_row + i * RPI, key = key0 + r;  // r >> kshift < 4: pages >= 16
+      const int64_t off = static_cast<int64_t>(blk(r >> x.kshift)) * p.k.block_stride +
+                          static_cast<int64_t>(static_cast<uint32_t>(key) & pmask) * p.k.row_stride + g * D + ld_ch * 8;
       const bool ok = key < ke;
       const int row = st * kBN + r;
       cp_async16(sm + L::kK + row * KS + ld_ch * 8, ok ? p.k.data + off : p.k.data, ok ? 16 : 0);
       cp_async16(sm + L::kV + row * KS + ld_ch * 8, ok ? p.v.data + off : p.v.data, ok ? 16 : 0);
     }
+  };
+  auto tile_issue_s = [&](int t) {  // K, V and LRv from ids_s (ahead_s)
+    const int key0 = kb + t * kBN;
+    const uint32_t* ids = ids_s[t % 4];
+    issue_kv_ahead(t, [&](int jj) { return ids[jj]; });
+    const int st = t % kStages;
     const DevPagedView& lv = p.v_lr.lr;
 #pragma unroll
     for (int i = 0; i < LR_PT; ++i) {
@@ -336,19 +344,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     }
   };
   auto tile_issue_ids = [&](int t, const TileIds& d) {  // K and V only (ahead: R == 0)
-    const int st = t % kStages, key0 = kb + t * kBN;
-    const uint32_t pmask = static_cast<uint32_t>(p.k.page_size - 1);
-#pragma unroll
-    for (int i = 0; i < LPT; ++i) {
-      const int r = ld_row + i * RPI, key = key0 + r, jj = r >> x.kshift;  // jj < 4: pages >= 16
-      const uint32_t blk = jj == 0 ? d.kv[0] : jj == 1 ? d.kv[1] : jj == 2 ? d.kv[2] : d.kv[3];
-      const int64_t off = static_cast<int64_t>(blk) * p.k.block_stride +
-                          static_cast<int64_t>(static_cast<uint32_t>(key) & pmask) * p.k.row_stride + g * D + ld_ch * 8;
-      const bool ok = key < ke;
-      const int row = st * kBN + r;
-      cp_async16(sm + L::kK + row * KS + ld_ch * 8, ok ? p.k.data + off : p.k.data, ok ? 16 : 0);
-      cp_async16(sm + L::kV + row * KS + ld_ch * 8, ok ? p.v.data + off : p.v.data, ok ? 16 : 0);
-    }
+    // Selects, not d.kv[jj]: a register array indexed at run time would go to local memory.
+    issue_kv_ahead(t, [&](int jj) { return jj == 0 ? d.kv[0] : jj == 1 ? d.kv[1] : jj == 2 ? d.kv[2] : d.kv[3]; });
   };
 
   // Launched with PDL: the page-table lookups of the first tile (the table and the sequence
@@ -937,20 +934,18 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
 }
 
+// Switches for measuring, on unless the variable is "0": LRAGENT_ATTN_V4_EVEN_SPLIT (V4Launch::
+// even_split), LRAGENT_ATTN_V4_IDS_AHEAD (block ids looked up per tile when off).
+bool env_not_zero(const char* name) {
+  const char* e = std::getenv(name);
+  return !(e && e[0] == '0');
+}
 bool even_split_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LRAGENT_ATTN_V4_EVEN_SPLIT");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_not_zero("LRAGENT_ATTN_V4_EVEN_SPLIT");
   return on;
 }
-
-// LRAGENT_ATTN_V4_IDS_AHEAD=0: every tile looks its block ids up when it is issued (measuring).
 bool ids_ahead_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("LRAGENT_ATTN_V4_IDS_AHEAD");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_not_zero("LRAGENT_ATTN_V4_IDS_AHEAD");
   return on;
 }
 
@@ -966,9 +961,7 @@ cudaError_t run_v4(const AttnParams& p, const DecodeRopeStore& rs) {
   x.kshift = ilog2(p.k.page_size);
   x.vshift = ilog2(p.v.page_size);
   if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
-  x.ids_ahead = ids_ahead_enabled() && x.kshift >= 4 && p.k.table == p.v.table && p.k.table_stride == p.v.table_stride &&
-                p.k.page_size == p.v.page_size && p.k.row_stride == p.v.row_stride &&
-                p.k.block_stride == p.v.block_stride;
+  x.ids_ahead = ids_ahead_enabled() && x.kshift >= 4 && kv_share_rows(p);
   if (x.n_splits > 1) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
     x.part_o = static_cast<float*>(p.workspace);

@@ -39,8 +39,7 @@ inline Launch plan_launch(const AttnParams& p) {
   x.tiles_per_split = (tiles + x.n_splits - 1) / x.n_splits;
   x.kshift = ilog2(p.k.page_size);
   x.vshift = ilog2(p.v.page_size);
-  x.kv_same = p.k.table == p.v.table && p.k.table_stride == p.v.table_stride && p.k.page_size == p.v.page_size &&
-              p.k.row_stride == p.v.row_stride && p.k.block_stride == p.v.block_stride;
+  x.kv_same = kv_share_rows(p);
   if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
   if (p.k_lr.active()) x.lkshift = ilog2(p.k_lr.lr.page_size);
   if (x.n_splits > 1) {
