@@ -109,6 +109,12 @@ def plot(report, path):
     return path
 
 
+
+def step_bound_ms(dec, copy_gbps):
+    """A decode step's bandwidth bound: its weight and KV bytes at the measured copy bandwidth."""
+    return (dec["weight_bytes"] + dec["cache_bytes"]) / (copy_gbps * 1e9) * 1e3
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--plot-only", help="a report JSON this script wrote: redraw its PNG beside it and exit")
@@ -282,7 +288,7 @@ def main():
         pre, dec = model.get("prefill", {}), model.get("decode", {})
         ideal_ms = None
         if dec and copy_gbps:
-            ideal_ms = (dec["weight_bytes"] + dec["cache_bytes"]) / (copy_gbps * 1e9) * 1e3
+            ideal_ms = step_bound_ms(dec, copy_gbps)
         ratios["model"] = {
             "preset": model.get("preset"),
             "prefill_tokens": pre.get("tokens"), "prefill_ms": pre.get("median_ms"), "prefill_tflops": pre.get("tflops"),
@@ -322,7 +328,7 @@ def main():
     long_run = load(args.model_long) if args.model_long and os.path.exists(args.model_long) else {}
     if long_run.get("decode") and copy_gbps:
         d = long_run["decode"]
-        ideal = (d["weight_bytes"] + d["cache_bytes"]) / (copy_gbps * 1e9) * 1e3
+        ideal = step_bound_ms(d, copy_gbps)
         la = long_run.get("decode_lookahead", {}).get("median_ms")
         ratios["model_long"] = {
             "decode_ctx": d.get("ctx"), "decode_ms": d.get("median_ms"), "decode_ideal_ms": ideal,
