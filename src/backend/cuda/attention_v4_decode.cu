@@ -48,6 +48,7 @@
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
 #include "backend/cuda/device_props.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rope_math.cuh"
 
@@ -934,18 +935,14 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
 }
 
-// Switches for measuring, on unless the variable is "0": LRAGENT_ATTN_V4_EVEN_SPLIT (V4Launch::
-// even_split), LRAGENT_ATTN_V4_IDS_AHEAD (block ids looked up per tile when off).
-bool env_not_zero(const char* name) {
-  const char* e = std::getenv(name);
-  return !(e && e[0] == '0');
-}
+// Switches for measuring (env_switch.h): LRAGENT_ATTN_V4_EVEN_SPLIT=0 (V4Launch::even_split),
+// LRAGENT_ATTN_V4_IDS_AHEAD=0 (block ids looked up per tile).
 bool even_split_enabled() {
-  static const bool on = env_not_zero("LRAGENT_ATTN_V4_EVEN_SPLIT");
+  static const bool on = env_switch_on("LRAGENT_ATTN_V4_EVEN_SPLIT");
   return on;
 }
 bool ids_ahead_enabled() {
-  static const bool on = env_not_zero("LRAGENT_ATTN_V4_IDS_AHEAD");
+  static const bool on = env_switch_on("LRAGENT_ATTN_V4_IDS_AHEAD");
   return on;
 }
 

@@ -1,31 +1,27 @@
 // The CUDA backend's dense ops: GEMM (cuBLASLt) and the decode GEMV, norms, RoPE, SwiGLU,
 // residual add, embedding; the bf16 shadows the GEMMs read. The class: cuda_backend_impl.h.
 #include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/env_switch.h"
 
 namespace lragent::cuda_impl {
 
 namespace {
-// A fusion switch read once from the environment: on unless NAME=0 (for measuring the unfused
-// launch structure on the device).
-bool env_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !v || std::atoi(v) != 0;
-}
+using lc::env_switch_on;
 // LRAGENT_CUDA_FUSE_LORA=0: the LoRA terms as separate launches (each shrink x·A its own GEMV,
 // each expand copy + GEMV, q's expand outside RoPE), the launch structure before the grouped
 // LoRA path, for measuring it on the device.
 bool fuse_lora() {
-  static const bool on = env_on("LRAGENT_CUDA_FUSE_LORA");
+  static const bool on = env_switch_on("LRAGENT_CUDA_FUSE_LORA");
   return on;
 }
 // LRAGENT_CUDA_FUSE_ROPE_STORE=0: a decode pass's RoPE and its K/V stores as two launches.
 bool fuse_rope_store() {
-  static const bool on = env_on("LRAGENT_CUDA_FUSE_ROPE_STORE");
+  static const bool on = env_switch_on("LRAGENT_CUDA_FUSE_ROPE_STORE");
   return on;
 }
 // LRAGENT_CUDA_FUSE_LORA_STORE=0: a decode pass's v_full expand launched alone before the stores.
 bool fuse_lora_store() {
-  static const bool on = env_on("LRAGENT_CUDA_FUSE_LORA_STORE");
+  static const bool on = env_switch_on("LRAGENT_CUDA_FUSE_LORA_STORE");
   return on;
 }
 // Byte ranges [p, p + bytes) of device memory.
@@ -169,7 +165,7 @@ void CudaBackend::launch_gemv_group(const TensorView& x, std::span<const MatmulO
 namespace {
 // LRAGENT_CUDA_FOLD_NORM=0: decode passes keep their RMSNorm kernels (for measuring the folding).
 bool fold_norm_enabled() {
-  static const bool on = env_on("LRAGENT_CUDA_FOLD_NORM");
+  static const bool on = env_switch_on("LRAGENT_CUDA_FOLD_NORM");
   return on;
 }
 }  // namespace
@@ -485,7 +481,7 @@ bool CudaBackend::gemv_swiglu(const TensorView& x, const TensorView& w_gate, con
   const int64_t n = x.dim(0), in = x.dim(1), out = w_gate.dim(0);
   const int64_t ldx = row_stride_of(x), ldy = row_stride_of(gate);
   // LRAGENT_CUDA_FUSE_SWIGLU=0: the two-kernel path (for measuring the fusion on the device).
-  static const bool fuse = env_on("LRAGENT_CUDA_FUSE_SWIGLU");
+  static const bool fuse = env_switch_on("LRAGENT_CUDA_FUSE_SWIGLU");
   const bool gemv = fuse && n > 0 && w_gate.dtype == DType::kBF16 && w_up.dtype == DType::kBF16 &&
                     w_up.dim(0) == out && w_gate.dim(1) == in && w_up.dim(1) == in && gate.dim(1) == out &&
                     gate.data != x.data &&
