@@ -243,6 +243,7 @@ template <int R, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(const GemvArgs a) {
   extern __shared__ float4 xs_dyn[];  // [R][gemv_norm_row_floats(in)] x's normed rows (f32), staged layout
   __shared__ float red[kWarps][R];
+  static_assert(sizeof(red) <= kGemvStaticSmemBytes, "the staging's limit (gemv_stage_fits) leaves room for red");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int units = static_cast<int>(kSwiGLU ? a.end[0] : a.out);  // rows (SwiGLU: row pairs)
   const int stride = gridDim.x * kWarps;
@@ -413,7 +414,7 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   // tail, where the persistent warps keep the next row's weights in flight. Only where v2 would
   // not split rows over warps (wpr 1): narrower GEMVs need the split to fill the GPU.
   const size_t staged = static_cast<size_t>(rows * gemv_norm_row_floats(a.in)) * 4;
-  const bool stream = !a.norm_w && !swiglu && knobs().stream && a.wpr == 1 && staged <= 48 * 1024 &&
+  const bool stream = !a.norm_w && !swiglu && knobs().stream && a.wpr == 1 && gemv_stage_fits(rows, a.in) &&
                       a.out <= INT32_MAX;
   const bool persistent = a.norm_w || stream;
   const size_t smem = persistent ? staged : 0;

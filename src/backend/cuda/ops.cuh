@@ -71,11 +71,20 @@ struct GemvNorm {
 // Floats of one normed row as norm mode stages it in shared memory (in rounded up to groups of
 // 32 chunks; the layout is in gemv.cu).
 constexpr int64_t gemv_norm_row_floats(int64_t in) { return (in + 255) / 256 * 256; }
-// Whether norm mode takes g for `rows` rows of `in` values (their staged copies must fit in a
-// block's 48 KiB of shared memory).
+// Bytes the staged rows may take: a launch gets 48 KiB of shared memory without opting in, static
+// and dynamic together, and the staging kernel's reduction buffer ([8 warps][rows] floats, at
+// most this much; gemv.cu asserts it) takes its share. 12288 staged floats (Ministral-8B's down
+// projection) are exactly 48 KiB and failed the launch with "invalid argument" before this.
+constexpr int64_t kGemvStaticSmemBytes = 8 * kGemvMaxRows * 4;
+constexpr int64_t kGemvStageBytes = 48 * 1024 - kGemvStaticSmemBytes;
+// Whether `rows` rows of `in` values fit the staging (norm mode, stream mode).
+constexpr bool gemv_stage_fits(int64_t rows, int64_t in) {
+  return rows * gemv_norm_row_floats(in) * 4 <= kGemvStageBytes;
+}
+// Whether norm mode takes g for `rows` rows of `in` values.
 inline bool gemv_norm_ok(const GemvNorm& n, int64_t rows, int64_t in) {
   return n.w && (n.t == Elem::kF32 || n.t == Elem::kBF16) && reinterpret_cast<uintptr_t>(n.w) % 16 == 0 &&
-         rows * gemv_norm_row_floats(in) * 4 <= 48 * 1024;
+         gemv_stage_fits(rows, in);
 }
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
                               float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr);
