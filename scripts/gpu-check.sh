@@ -192,6 +192,12 @@ if [ -n "$MODEL_BIN" ]; then
   echo "== model bench, decode at 32k context ($(elapsed))"
   timeout 150 "$MODEL_BIN" --preset llama3.1-8b --ctx 32768 --prefill 0 --out "$LOGS/model_bench_32k.json" \
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
+  # Ministral-8B's shapes (intermediate 12288, 36 layers, 131k vocabulary): launched in every
+  # check, since a shape only it has (its down projection's 12288 staged floats) once failed the
+  # GEMV's launch on the GPU for several sessions while every Llama figure read fine.
+  echo "== model bench, Ministral-8B decode ($(elapsed))"
+  timeout 120 "$MODEL_BIN" --preset ministral-8b --ctx 4096 --prefill 0 --out "$LOGS/model_bench_ministral.json" \
+    "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
   # Prefill on attention v5 (the previous default, docs/cuda.md): the same model, in model.log.
   echo "== model bench, prefill on attention v5 (LRAGENT_CUDA_PREFILL_KERNEL=v5) ($(elapsed))"
   LRAGENT_CUDA_PREFILL_KERNEL=v5 timeout 180 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 \
@@ -304,7 +310,7 @@ timeout 150 python3 bench/cuda/sdpa_peer.py --out "$LOGS/sdpa_peer.json" "${BQ[@
 # ---------------------------------------------------------------- report
 python3 bench/cuda/make_report.py --ours "$LOGS/attention_bench.json" --sdpa "$LOGS/sdpa_peer.json" \
   --model "$LOGS/model_bench.json" --model-eager "$LOGS/model_bench_eager.json" \
-  --model-extra "$LOGS/model_bench_v5.json" --model-long "$LOGS/model_bench_32k.json" --gemv "$LOGS/gemv_bench.json" \
+  --model-extra "$LOGS/model_bench_v5.json" --model-long "$LOGS/model_bench_32k.json" "$LOGS/model_bench_ministral.json" --gemv "$LOGS/gemv_bench.json" \
   --replay "$LOGS/replay.log" \
   --tests "$TESTS" --out-prefix "$PREFIX" \
   --meta "gpu=$GPU" "date=$DATE" "commit=$COMMIT" "build=$BUILD_MODE" "nvcc=$($NVCC --version | tail -1)" \

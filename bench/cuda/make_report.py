@@ -126,8 +126,10 @@ def main():
     ap.add_argument("--model-eager", default="", help="lragent_model_bench --eager JSON (decode without CUDA graphs)")
     ap.add_argument("--model-extra", nargs="*", default=[],
                     help="more lragent_model_bench JSONs of the same call (their decode steps, listed beside the first)")
-    ap.add_argument("--model-long", default="",
-                    help="lragent_model_bench JSON of a decode-only run at a long context (--prefill 0 --ctx 32768)")
+    ap.add_argument("--model-long", nargs="*", default=[],
+                    help="lragent_model_bench JSONs of decode-only runs (--prefill 0): the step at a long context "
+                         "(--ctx 32768), and other presets' shapes (Ministral-8B's, so that a shape only it has is "
+                         "launched on the GPU in every check); one headline row each, the first also as ratios.model_long")
     ap.add_argument("--gemv", default="", help="lragent_gemv_bench JSON (decode GEMV versions vs copy BW)")
     ap.add_argument("--meta", nargs="*", default=[])
     ap.add_argument("--out-prefix")
@@ -325,20 +327,27 @@ def main():
                      f"{fmt(m['decode_sampled_ms'], '.3f')} ms; with LoRA r16 on q/v: base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms, "
                      f"private full cache {fmt(m['decode_lora_full_ms'], '.3f')} ms; "
                      f"launched op by op (--enforce-eager) {fmt(m.get('decode_eager_ms'), '.3f')} ms{others}"))
-    long_run = load(args.model_long) if args.model_long and os.path.exists(args.model_long) else {}
-    if long_run.get("decode") and copy_gbps:
+    for i, path in enumerate(args.model_long):
+        long_run = load(path) if path and os.path.exists(path) else {}
+        if not (long_run.get("decode") and copy_gbps):
+            # A run that failed (a launch error, a timeout) must show in the headline, not vanish.
+            rows.append((f"model decode run {os.path.basename(path)}", "NO RESULT (the run failed: see model.log)"))
+            continue
         d = long_run["decode"]
         ideal = step_bound_ms(d, copy_gbps)
         la = long_run.get("decode_lookahead", {}).get("median_ms")
-        ratios["model_long"] = {
+        ml = {
+            "preset": long_run.get("preset"),
             "decode_ctx": d.get("ctx"), "decode_ms": d.get("median_ms"), "decode_ideal_ms": ideal,
             "decode_over_ideal": ratio(d.get("median_ms"), ideal),
             "decode_lookahead_ms": la, "decode_lookahead_over_ideal": ratio(la, ideal),
             "decode_lora_base_lr_ms": long_run.get("decode_lora_base_lr", {}).get("median_ms"),
             "decode_lora_full_ms": long_run.get("decode_lora_full", {}).get("median_ms"),
         }
-        ml = ratios["model_long"]
-        rows.append((f"model {long_run.get('preset')} decode batch 1 at {ml['decode_ctx']} ctx",
+        ratios.setdefault("model_decode_runs", []).append(ml)
+        if i == 0:
+            ratios["model_long"] = ml
+        rows.append((f"model {ml['preset']} decode batch 1 at {ml['decode_ctx']} ctx",
                      f"{fmt(ml['decode_ms'], '.3f')} ms/step = {fmt(ml['decode_over_ideal'])}x of (weights + KV) / copy BW "
                      f"({fmt(ideal, '.3f')} ms); with decode lookahead {fmt(la, '.3f')} ms = "
                      f"{fmt(ml['decode_lookahead_over_ideal'])}x; with LoRA r16 on q/v: base-lr "
