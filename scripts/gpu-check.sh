@@ -192,11 +192,11 @@ if [ -n "$MODEL_BIN" ]; then
   echo "== model bench, decode at 32k context ($(elapsed))"
   timeout 150 "$MODEL_BIN" --preset llama3.1-8b --ctx 32768 --prefill 0 --out "$LOGS/model_bench_32k.json" \
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
-  # Ministral-8B's shapes (intermediate 12288, 36 layers, 131k vocabulary): launched in every
+  # Ministral-8B's shapes (intermediate 12288, 36 layers, 131k vocabulary), prefill and decode: launched in every
   # check, since a shape only it has (its down projection's 12288 staged floats) once failed the
   # GEMV's launch on the GPU for several sessions while every Llama figure read fine.
   echo "== model bench, Ministral-8B decode ($(elapsed))"
-  timeout 120 "$MODEL_BIN" --preset ministral-8b --ctx 4096 --prefill 0 --out "$LOGS/model_bench_ministral.json" \
+  timeout 120 "$MODEL_BIN" --preset ministral-8b --ctx 4096 --prefill 2048 --out "$LOGS/model_bench_ministral.json" \
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
   # Prefill on attention v5 (the previous default, docs/cuda.md): the same model, in model.log.
   echo "== model bench, prefill on attention v5 (LRAGENT_CUDA_PREFILL_KERNEL=v5) ($(elapsed))"
