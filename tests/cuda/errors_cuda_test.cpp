@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_test_util.h"
@@ -106,7 +108,7 @@ FaultRun run_with(const char* inject) {
 }
 
 // A fault when the op runs, not when it is recorded: "<op>@run:N" fails the Nth run of its
-// closure. Run 3 of the decode steps' embedding falls in the capture of the second decode step's
+// closure with cudaErrorInvalidValue (a launch the GPU refuses), and the error names the op. Run 3 of the decode steps' embedding falls in the capture of the second decode step's
 // graph: the capture is discarded (never cached and replayed without that op), the pass reports
 // the error, and every later step equals the clean run. Run 2 is that step's first, eager run.
 TEST(CudaErrors, FaultWhileAGraphIsCapturedIsNotCached) {
@@ -121,6 +123,9 @@ TEST(CudaErrors, FaultWhileAGraphIsCapturedIsNotCached) {
     const FaultRun r = run_with(fault);
     ASSERT_EQ(r.errors.size(), 1u) << "one injected fault, one error";
     EXPECT_NE(r.errors[0].find("when it ran"), std::string::npos) << r.errors[0];
+    const std::string op(fault, std::strchr(fault, '@'));
+    EXPECT_NE(r.errors[0].find("op '" + op + "' failed"), std::string::npos) << "names the op: " << r.errors[0];
+    EXPECT_NE(r.errors[0].find(cudaGetErrorString(cudaErrorInvalidValue)), std::string::npos) << r.errors[0];
     EXPECT_EQ(r.prefill_logits, clean.prefill_logits);
     EXPECT_EQ(r.tokens, clean.tokens);
     std::printf("  %s: capture failures %lld, graphs captured %lld, replayed %lld\n", fault,

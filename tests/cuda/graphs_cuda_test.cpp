@@ -314,6 +314,47 @@ TEST(CudaGraphTape, RunsAPassInSegmentsInRecordOrder) {
   EXPECT_EQ(live, 0);
 }
 
+// A launch that fails while a pass runs op by op (first sight of its key) stops the pass there,
+// and failed_op() names it for the backend's error ("recorded pass: op 'matmul' failed when it
+// ran: invalid argument", not the bare CUDA string); a clean run clears it. No GPU needed: a
+// first sight runs the closures eagerly and these launch nothing.
+TEST(CudaGraphTape, NamesTheOpWhoseLaunchFailed) {
+  cuda::GraphTape tape(nullptr);
+  std::vector<int> ran;
+  auto pass = [&](bool fail_second) {
+    tape.begin();
+    tape.sig(fail_second ? 1 : 2);
+    tape.push("embedding", [&ran] {
+      ran.push_back(0);
+      return cudaSuccess;
+    });
+    tape.push("matmul", [&ran, fail_second] {
+      ran.push_back(1);
+      return fail_second ? cudaErrorInvalidValue : cudaSuccess;
+    });
+    tape.push([&ran] {  // unnamed
+      ran.push_back(2);
+      return cudaSuccess;
+    });
+    return tape.run();
+  };
+  EXPECT_EQ(pass(true), cudaErrorInvalidValue);
+  EXPECT_EQ(ran, (std::vector<int>{0, 1})) << "the ops after the failed one do not run";
+  ASSERT_NE(tape.failed_op(), nullptr);
+  EXPECT_STREQ(tape.failed_op(), "matmul");
+  ran.clear();
+  EXPECT_EQ(pass(false), cudaSuccess);
+  EXPECT_EQ(ran, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(tape.failed_op(), nullptr) << "a clean run clears it";
+  // An unnamed op that fails is still reported as one.
+  tape.begin();
+  tape.sig(3);
+  tape.push([] { return cudaErrorInvalidValue; });
+  EXPECT_EQ(tape.run(), cudaErrorInvalidValue);
+  ASSERT_NE(tape.failed_op(), nullptr);
+  EXPECT_STREQ(tape.failed_op(), "(unnamed)");
+}
+
 TEST(CudaPrefill, NoAdapterPrefillMatchesCpu) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA prefill test skipped";
   const int n = 300;

@@ -506,7 +506,7 @@ void CudaBackend::flush_tape() {
     return;
   }
   const cudaError_t e = tape_->run();
-  if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", cudaGetErrorString(e)));
+  if (e != cudaSuccess) fail(fmt::format("recorded pass: {}", tape_error(e)));
   retire_overflow();
 }
 
@@ -518,7 +518,13 @@ void CudaBackend::split_pass() {
   check(args_->flush_pass());
   if (failed_) return;
   const cudaError_t e = tape_->run_segment();
-  if (e != cudaSuccess) fail(fmt::format("recorded pass (first segment): {}", cudaGetErrorString(e)));
+  if (e != cudaSuccess) fail(fmt::format("recorded pass (first segment): {}", tape_error(e)));
+}
+
+std::string CudaBackend::tape_error(cudaError_t e) const {
+  const char* op = tape_->failed_op();
+  if (!op) return cudaGetErrorString(e);  // a graph's launch or replay: no one op to name
+  return fmt::format("op '{}' failed when it ran: {}", op, cudaGetErrorString(e));
 }
 
 void CudaBackend::retire_overflow() {

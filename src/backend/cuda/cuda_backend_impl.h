@@ -188,6 +188,8 @@ class CudaBackend final : public Backend {
   bool split_busy_ = false;   // LRAGENT_CUDA_GRAPH_SPLIT_BUSY=1: split passes that start on a busy GPU too
   // Runs the pass's ops recorded so far as its first segment (their arguments copied first).
   void split_pass();
+  // A failed tape run's cause for the pass's error: the op whose launch failed, when known.
+  std::string tape_error(cudaError_t e) const;
   bool store_batching_ = false;              // begin_store_batch .. end_store_batch
   std::vector<lc::StoreJobDev> pending_stores_;  // held back until end_store_batch
   // Per pending store job: the element offset of its row in the cache (dst.data) when it stores
@@ -279,11 +281,12 @@ class CudaBackend final : public Backend {
       return;
     }
     if (!inject_run_.empty() && inject_run_ == name) {  // tests: fail when it runs
-      dispatch(name, [this, g = std::forward<F>(f), name]() mutable -> cudaError_t {
+      // As a launch the GPU refuses: the error code alone, which the pass's error must name the
+      // op of (flush_tape, split_pass).
+      dispatch(name, [this, g = std::forward<F>(f)]() mutable -> cudaError_t {
         if (!inject_run_.empty() && --inject_run_count_ == 0) {
           inject_run_.clear();
-          fail(fmt::format("injected fault in op '{}' when it ran (LRAGENT_CUDA_INJECT_FAULT)", name));
-          return cudaErrorUnknown;
+          return cudaErrorInvalidValue;
         }
         return g();
       });
@@ -294,13 +297,13 @@ class CudaBackend final : public Backend {
   template <class F>
   void dispatch(const char* name, F&& f) {
     if (tape_->recording()) {
-      tape_->push(std::forward<F>(f));
+      tape_->push(name, std::forward<F>(f));
       if (rec_prof_) rec_prof_tick(name);
       if (split_armed_ && static_cast<int64_t>(tape_->size()) >= split_ops_) split_pass();
       return;
     }
     lc::OpProfiler::Scope pr(prof_, name, stream_);
-    check(f());
+    if (const cudaError_t e = f(); e != cudaSuccess) fail(fmt::format("op '{}': {}", name, cudaGetErrorString(e)));
   }
   // rope_pair, with the LoRA terms of a's tokens when lora is given (rope_pair_lora).
   void rope_pair_impl(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
@@ -422,7 +425,8 @@ class CudaBackend final : public Backend {
   // LRAGENT_CUDA_INJECT_FAULT=<op>[:N]: the Nth (default 1st) launch of that op fails (tests).
   std::string inject_fault_;
   int64_t inject_count_ = 0;
-  // LRAGENT_CUDA_INJECT_FAULT=<op>@run[:N]: the Nth run of that op fails (a capture included).
+  // LRAGENT_CUDA_INJECT_FAULT=<op>@run[:N]: the Nth run of that op returns cudaErrorInvalidValue,
+  // as a launch the GPU refuses (a capture included).
   std::string inject_run_;
   int64_t inject_run_count_ = 0;
   Status error_;         // the first failure, for take_error()

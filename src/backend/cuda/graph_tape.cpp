@@ -52,7 +52,10 @@ void GraphTape::clear_graphs() {
 cudaError_t GraphTape::run_eager() {
   // Ops after a failed one would read its garbage outputs (and store K/V rows from them): stop.
   for (Op& op : ops_)
-    if (const cudaError_t e = op.call(op.fn); e != cudaSuccess) return e;
+    if (const cudaError_t e = op.call(op.fn); e != cudaSuccess) {
+      failed_op_ = op.name ? op.name : "(unnamed)";
+      return e;
+    }
   return cudaSuccess;
 }
 
@@ -94,6 +97,7 @@ cudaError_t GraphTape::run_segment() {
 }
 
 cudaError_t GraphTape::run_ops() {
+  failed_op_ = nullptr;
   if (ops_.empty()) return cudaSuccess;
   if (!graphable_) {
     ++stats_.eager;

@@ -99,14 +99,25 @@ class GraphTape {
   // Appends an op: a closure returning cudaError_t, kept in the tape's own memory until the next
   // begin(). A replayed pass never calls its closures, so making them must cost little: no heap
   // allocation per op (a std::function of a launch's parameters allocated every time).
+  // `name` (a string of static storage, or null) names the op in failed_op().
   template <class F>
-  void push(F&& f) {
+  void push(const char* name, F&& f) {
     using Fn = std::decay_t<F>;
     void* mem = op_memory(sizeof(Fn), alignof(Fn));
     Fn* fn = ::new (mem) Fn(std::forward<F>(f));
     ops_.push_back(Op{fn, [](void* o) { return (*static_cast<Fn*>(o))(); },
-                      std::is_trivially_destructible_v<Fn> ? nullptr : +[](void* o) { static_cast<Fn*>(o)->~Fn(); }});
+                      std::is_trivially_destructible_v<Fn> ? nullptr : +[](void* o) { static_cast<Fn*>(o)->~Fn(); },
+                      name});
   }
+  template <class F>
+  void push(F&& f) {
+    push(nullptr, std::forward<F>(f));
+  }
+  // The name of the op whose launch failed the last run() or run_segment(), when it ran op by op
+  // (eagerly or while captured); null when none did or the failure was a graph's (a replay runs
+  // no closure). The backend's error names it: "invalid argument" alone does not say which of a
+  // step's ~650 launches the GPU refused.
+  const char* failed_op() const { return failed_op_; }
 
   // Stops recording and runs the recorded ops on the stream (see the top of this file). Returns
   // the first launch error; a failed capture is not an error (the ops then run eagerly).
@@ -129,6 +140,7 @@ class GraphTape {
     void* fn;                   // the closure, in chunks_
     cudaError_t (*call)(void*);
     void (*destroy)(void*);     // null: trivially destructible
+    const char* name;           // for failed_op(); may be null
   };
   // Room for a closure of `bytes` at `align` in the current chunk (a new chunk when it is full;
   // chunks are kept across passes, so a warm tape allocates nothing).
@@ -168,6 +180,7 @@ class GraphTape {
   // shape -> the signatures of that shape holding a graph (at most execs_per_shape_)
   std::unordered_map<std::string, std::vector<std::string>> by_shape_;
   TapeStats stats_;
+  const char* failed_op_ = nullptr;  // see failed_op()
 };
 
 }  // namespace lragent::cuda
