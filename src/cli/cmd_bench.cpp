@@ -284,7 +284,9 @@ int run_bench_trace(const BenchFlags& f) {
     if (it != w.steps.end()) w.steps.erase(it + 1, w.steps.end());
     w.target_tokens = w.final_tokens();
     auto r = run_trace_cell(**model, names, ptrs, w, modes->front(), opts);
-    if (!r.ok()) return report(r.error());
+    if (!r.ok())  // its own token count (the cut trace's) would read as one of the lengths asked for
+      return report(make_error(r.error().code, "warm-up run (the first two agent calls of the {}-token trace): {}",
+                               traces.front().target_tokens, r.error().message));
   }
 
   nlohmann::json j = {{"benchmark", "lragent bench trace"},
