@@ -194,7 +194,7 @@ if [ -n "$MODEL_BIN" ]; then
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
   # Ministral-8B's shapes (intermediate 12288, 36 layers, 131k vocabulary), prefill and decode: launched in every
   # check, since a shape only it has (its down projection's 12288 staged floats) once failed the
-  # GEMV's launch on the GPU from a22a222 to e629ff0 (two sessions) while every Llama figure read fine.
+  # GEMV's launch on the GPU from a22a222 to e629ff0 (sessions 26-29) while every Llama figure read fine.
   echo "== model bench, Ministral-8B decode ($(elapsed))"
   timeout 120 "$MODEL_BIN" --preset ministral-8b --ctx 4096 --prefill 2048 --out "$LOGS/model_bench_ministral.json" \
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
