@@ -8,7 +8,8 @@
 #      PEER_EAGER_MAX (longest length eager runs; default 9100), OUT (a tarball of the results),
 #      STAGES (default ours,budget,peer,cached,report: a call that would overrun the device's
 #      10-minute limit can run `ours`, then `budget,peer`, then `cached,report`; the work folder
-#      build-trace-PRESET stays on a warm machine, else put its JSON files back into it first),
+#      build-trace-PRESET stays on a warm machine, else put its JSON files back into it first:
+#      a call without `report` copies them to OUT when it is set),
 #      WARMUP_RUNS (untimed runs of every cell before it is timed, ours and the peer's; default 1).
 #      `cached` is the HF SDPA peer keeping one DynamicCache per agent (hf-sdpa-cached).
 set -u
@@ -106,7 +107,12 @@ done_stages() {
   echo "== $1 in $(elapsed)"
   exit 0
 }
-stage report || done_stages "stages $STAGES done"
+if ! stage report; then
+  # A call without the report: its JSON files go to $OUT too, so that a machine that goes cold
+  # before the next call loses nothing (put them back into $W there).
+  if [ -n "${OUT:-}" ]; then cp "$W"/*.json "$OUT"/ 2>/dev/null; fi
+  done_stages "stages $STAGES done"
+fi
 
 echo "== report ($(elapsed))"
 python3 bench/trace/report.py --ours "$W/ours.json" --ours-budget "$W/ours-budget.json" --peer "$W/peer.json" \
