@@ -40,8 +40,14 @@ WARMUP_RUNS=${WARMUP_RUNS:-1}
 stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 # A stage whose command fails (an engine error, a timeout) is named at the end and makes the
 # script exit non-zero, so that a broken run cannot pass for a finished one.
+# checked NAME, right after a stage's pipeline: its first command's exit status.
 FAILED=()
-failed() { FAILED+=("$1 (exit $2)"); echo "== FAILED: $1 (exit $2)"; }
+checked() {
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" = 0 ] && return
+  FAILED+=("$1 (exit $rc)")
+  echo "== FAILED: $1 (exit $rc)"
+}
 stage ours && rm -rf "$W"
 mkdir -p "$W" bench/results
 PREFIX=bench/results/trace-$PRESET-$SLUG-$DATE
@@ -51,14 +57,14 @@ if stage ours; then
 echo "== ours ($(elapsed))"
 timeout ${OURS_TIMEOUT:-400} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --agents-curve \
   --warmup-runs "$WARMUP_RUNS" --json "$W/ours.json" --markdown "$W/ours.md" --dump-traces "$W/traces.json" 2>&1 | tee "$W/ours.log" | grep -vE "^\[#"
-rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed ours "$rc"
+checked ours
 fi
 if stage budget; then
 echo "== ours with --kv-budget $KV_BUDGET_GB GB ($(elapsed))"
 timeout ${BUDGET_TIMEOUT:-250} "$BIN" bench trace --device cuda --preset "$PRESET" --lengths "$LENGTHS" --kv-budget "$KV_BUDGET_GB" \
   --warmup-runs "$WARMUP_RUNS" \
   --json "$W/ours-budget.json" 2>&1 | tee "$W/budget.log" | grep -vE "^\[#" | tail -12
-rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed budget "$rc"
+checked budget
 fi
 if stage peer; then
 echo "== HF transformers + PEFT peer ($(elapsed))"
@@ -66,11 +72,11 @@ SHORT=$(python3 -c "import sys; print(','.join(x for x in sys.argv[1].split(',')
   "$LENGTHS" "$PEER_EAGER_MAX")
 PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-400} python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-sdpa.json" \
   --attn sdpa --skip-after-oom --warmup-runs "$WARMUP_RUNS" 2>&1 | tee "$W/peer.log" | tail -12
-rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed peer-sdpa "$rc"
+checked peer-sdpa
 if [ -n "$SHORT" ]; then
   PYTHONUNBUFFERED=1 timeout ${PEER_EAGER_TIMEOUT:-150} python3 bench/trace/hf_peer.py --traces "$W/traces.json" --out "$W/peer-eager.json" \
     --attn eager --lengths "$SHORT" --skip-after-oom --warmup-runs "$WARMUP_RUNS" 2>&1 | tee -a "$W/peer.log" | tail -8
-  rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed peer-eager "$rc"
+  checked peer-eager
 fi
 fi
 if stage cached; then
@@ -78,7 +84,7 @@ echo "== HF peer with one cache per agent ($(elapsed))"
 PYTHONUNBUFFERED=1 timeout ${PEER_CACHED_TIMEOUT:-300} python3 bench/trace/hf_peer.py --traces "$W/traces.json" \
   --out "$W/peer-sdpa-cached.json" --attn sdpa --cache-per-agent --skip-after-oom --warmup-runs "$WARMUP_RUNS" 2>&1 \
   | tee -a "$W/peer.log" | tail -8
-rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed peer-sdpa-cached "$rc"
+checked peer-sdpa-cached
 fi
 if stage peer || stage cached; then
 python3 - "$W" <<'PY'
@@ -117,7 +123,7 @@ fi
 echo "== report ($(elapsed))"
 python3 bench/trace/report.py --ours "$W/ours.json" --ours-budget "$W/ours-budget.json" --peer "$W/peer.json" \
   --out "$PREFIX" --commit "$COMMIT" 2>&1 | tail -5
-rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed report "$rc"
+checked report
 cp "$W/ours.json" "$PREFIX.json"
 [ -f "$W/peer.json" ] && cp "$W/peer.json" "$PREFIX-peer.json"
 [ -f "$W/ours-budget.json" ] && cp "$W/ours-budget.json" "$PREFIX-budget.json"
