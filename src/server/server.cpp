@@ -35,6 +35,27 @@ void send_json(httplib::Response& res, int status, const json& j) {
 
 void send_error(httplib::Response& res, const Error& e) { send_json(res, http_status(e.code), error_json(e)); }
 
+// A POST route whose handler gets the body whatever its Content-Type. httplib reads a body sent
+// as application/x-www-form-urlencoded (what `curl -d` sends) as form fields and refuses one over
+// 8 KB with 413; read through a ContentReader, any body up to the payload limit arrives as is.
+void post_route(httplib::Server& svr, const char* route,
+                std::function<void(const httplib::Request&, httplib::Response&)> handler) {
+  svr.Post(route, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                                 const httplib::ContentReader& read) {
+    httplib::Request with_body = req;
+    const bool ok = req.is_multipart_form_data()
+                        // read (and drop) the parts: the empty body is then refused as no JSON
+                        ? read([](const httplib::MultipartFormData&) { return true; },
+                               [](const char*, size_t) { return true; })
+                        : read([&](const char* data, size_t n) {
+                            with_body.body.append(data, n);
+                            return true;
+                          });
+    if (!ok) return;  // res.status says why (413: over the payload limit); the error handler writes the body
+    handler(with_body, res);
+  });
+}
+
 // Prompt and completion tokens of a request's choices; a prompt counts once however many
 // completions (n) it has, as vLLM counts.
 std::pair<int64_t, int64_t> count_tokens(const std::vector<CompletionChoice>& cs) {
@@ -724,7 +745,7 @@ void Server::install_routes() {
     res.status = 200;
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  svr.Post("/tokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
+  post_route(svr, "/tokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
     auto parsed = parse_tokenize_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
@@ -745,7 +766,7 @@ void Server::install_routes() {
     send_json(res, 200, json{{"count", ids->size()}, {"max_model_len", opts_.max_model_len}, {"tokens", *ids},
                              {"token_strs", std::move(strs)}});
   });
-  svr.Post("/detokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
+  post_route(svr, "/detokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
     auto parsed = parse_detokenize_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
@@ -753,12 +774,12 @@ void Server::install_routes() {
     if (Status in_vocab = check_vocab(parsed->tokens, "tokens"); !in_vocab.ok()) return send_error(res, in_vocab.error());
     send_json(res, 200, json{{"prompt", tok_->decode(parsed->tokens)}});
   });
-  svr.Post("/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
+  post_route(svr, "/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
     auto parsed = parse_completion_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     respond(std::move(*parsed), /*chat=*/false, res);
   });
-  svr.Post("/v1/chat/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
+  post_route(svr, "/v1/chat/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
     if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
     auto parsed = parse_chat_request(hreq.body);
     if (!parsed.ok()) return send_error(res, parsed.error());

@@ -588,6 +588,33 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   EXPECT_EQ(j["choices"][0]["text"], generate_text("Once upon a time", "plan", 8));
 }
 
+// `curl -d BODY` (the README's example) sends Content-Type application/x-www-form-urlencoded:
+// the body is still read as JSON, up to max_body_bytes like any other (httplib by itself parses
+// such a body as form fields and refuses one over 8 KB with 413).
+TEST_F(ServerTest, AJsonBodySentAsFormDataIsReadAsJsonWhateverItsSize) {
+  start(ShareMode::kBaseLr);
+  httplib::Client c("127.0.0.1", port_);
+  c.set_read_timeout(120, 0);
+  const std::string body = json{{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}}.dump();
+  const std::string padded = body + std::string(9000, ' ');  // JSON may end in whitespace
+  for (const std::string& b : {body, padded}) {
+    auto r = c.Post("/v1/completions", b, "application/x-www-form-urlencoded");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << b.size() << " bytes: " << r->body;
+    EXPECT_EQ(json::parse(r->body)["choices"][0]["text"], generate_text("Once upon a time", "plan", 4));
+  }
+  auto t = c.Post("/tokenize", json{{"prompt", "Hello"}}.dump() + std::string(9000, ' '),
+                  "application/x-www-form-urlencoded");
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->status, 200) << t->body;
+  // A multipart form is no JSON: 400 with an OpenAI error body, and the server keeps serving.
+  auto m = c.Post("/v1/completions", httplib::MultipartFormDataItems{{"prompt", "Once", "", ""}});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 400) << m->body;
+  EXPECT_NE(m->body.find("not valid JSON"), std::string::npos) << m->body;
+  EXPECT_EQ(complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 4}}).first, 200);
+}
+
 TEST_F(ServerTest, AnApiKeyIsRequiredWhenSet) {
   ServerOptions o;
   o.api_key = "sesame";
