@@ -2,7 +2,9 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <new>
 
@@ -44,13 +46,24 @@ int main(int argc, char** argv) {
   }
   // Library code returns errors; what still escapes (the host running out of memory outside a
   // forward pass, a system error) ends the command with a message instead of std::terminate.
+  int code = 0;
   try {
-    return action ? action() : 0;
+    code = action ? action() : 0;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "error: out of host memory; use a smaller model, context or batch\n");
-    return 6;
+    code = 6;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: internal error: %s\n", e.what());
-    return 1;
+    code = 1;
   }
+  // Output that never reached stdout (a full disk, a broken device) fails the command: a script
+  // reading `--json > out.json` must not take a truncated file for the answer.
+  const bool flushed = std::fflush(stdout) == 0;
+  const int flush_errno = errno;
+  if (!flushed || std::ferror(stdout)) {
+    std::fprintf(stderr, "error: cannot write the output to stdout%s%s\n", flushed ? "" : ": ",
+                 flushed ? "" : std::strerror(flush_errno));
+    return code != 0 ? code : 1;
+  }
+  return code;
 }

@@ -189,6 +189,22 @@ TEST(Cli, TooLongPromptAndBadFlags) {
   EXPECT_NE(r.err.find("--page-size: must be at most 1024, not 100000"), std::string::npos) << r.err;
 }
 
+// Output that cannot be written (stdout on a full disk) is an input/output failure, exit code 1,
+// not a silent success with a truncated file.
+TEST(Cli, AnUnwritableStdoutFailsTheCommand) {
+  ASSERT_TRUE(fs::exists("/dev/full")) << "the test writes to Linux's /dev/full";
+  CliRun r = run_cli("generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens 2 --json >/dev/full");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_NE(error_line(r).find("cannot write the output to stdout"), std::string::npos) << r.err;
+  r = run_cli("tokenize " + model_arg() + " --text hi >/dev/full");
+  EXPECT_EQ(r.code, 1) << r.err;
+  // An error of the command itself keeps its own exit code.
+  r = run_cli("generate " + model_arg() + " --prompt-tokens 1,99999 --max-tokens 1 >/dev/full");
+  EXPECT_EQ(r.code, 2) << r.err;
+  r = run_cli("tokenize " + model_arg() + " --text hi >/dev/null");
+  EXPECT_EQ(r.code, 0) << r.err;
+}
+
 // Flags that would be accepted and then do nothing, or be read differently than written, are refused.
 TEST(Cli, FlagsThatWouldDoNothingAreRefused) {
   const std::string gen = "generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens 1";
