@@ -27,20 +27,21 @@ struct Loaded {
   std::vector<const LoraAdapter*> adapters;
 };
 
-Result<Loaded> load_all(const FidelityFlags& f) {
+Result<Loaded> load_all(const FidelityFlags& f, const char* command) {
   Loaded out;
   auto text = read_text_file(f.script);
   if (!text.ok()) return make_error(text.error().code, "--script {}", text.error().message);
   LRA_ASSIGN_OR_RETURN(out.steps, parse_replay_script(*text, f.script));
   LRA_ASSIGN_OR_RETURN(out.lm, load_model(f.model));
   if (out.lm.adapters->size() < 2)
-    return make_error(ErrorCode::kInvalidArgument, "fidelity compares agents: register at least two with --adapter NAME=DIR");
+    return make_error(ErrorCode::kInvalidArgument, "{} compares agents: register at least two with --adapter NAME=DIR",
+                      command);
   std::tie(out.names, out.adapters) = agents_of(*out.lm.adapters);
   return out;
 }
 
 int run_fidelity(const FidelityFlags& f) {
-  auto l = load_all(f);
+  auto l = load_all(f, "fidelity");
   if (!l.ok()) return report(l.error());
   auto so = f.sharing.options_for("droidspeak");  // its recompute set (layer 0 unless --recompute-layers)
   if (!so.ok()) return report(so.error());
@@ -87,7 +88,7 @@ int run_fidelity(const FidelityFlags& f) {
 }
 
 int run_profile_layers(const FidelityFlags& f) {
-  auto l = load_all(f);
+  auto l = load_all(f, "profile-layers");
   if (!l.ok()) return report(l.error());
   auto ranking = profile_layers(*l->lm.model, l->lm.tokenizer.get(), l->names, l->adapters, l->steps, f.sharing.page_size);
   if (!ranking.ok()) return report(ranking.error());

@@ -208,6 +208,7 @@ TEST(Cli, AnUnwritableStdoutFailsTheCommand) {
 // Flags that would be accepted and then do nothing, or be read differently than written, are refused.
 TEST(Cli, FlagsThatWouldDoNothingAreRefused) {
   const std::string gen = "generate " + model_arg() + " --prompt-tokens 1,5 --max-tokens 1";
+  const std::string example = shell_quote(testing::source_dir() + "/examples/replay-hotpotqa.json");
   struct Case {
     std::string args, says;
   };
@@ -223,6 +224,8 @@ TEST(Cli, FlagsThatWouldDoNothingAreRefused) {
            {"profile-layers " + model_arg() + " --script x.json --top -5", "--top: must be >= 0, not -5"},
            {"run " + model_arg() + " --question q --system-prompt compact --system-prompt-file x.txt", "excludes"},
            {"replay " + model_arg() + " --script x.json", "register each one the script names with --adapter NAME=DIR"},
+           {"fidelity " + model_arg() + " --script " + example, "fidelity compares agents: register at least two"},
+           {"profile-layers " + model_arg() + " --script " + example, "profile-layers compares agents"},
        }) {
     const CliRun r = run_cli(c.args);
     EXPECT_EQ(r.code, 2) << c.args << ": " << r.err;
