@@ -43,7 +43,11 @@ void post_route(httplib::Server& svr, const char* route,
   svr.Post(route, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                                  const httplib::ContentReader& read) {
     httplib::Request with_body = req;
-    const bool ok = req.is_multipart_form_data()
+    // Without Content-Length or Transfer-Encoding a request has no body (RFC 9112 6.3); httplib
+    // would read until the client closes, which `curl -X POST URL` never does (5 s, then a bare 400).
+    const bool has_body = req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
+    const bool ok = !has_body                      ? true
+                    : req.is_multipart_form_data()
                         // read (and drop) the parts: the empty body is then refused as no JSON
                         ? read([](const httplib::MultipartFormData&) { return true; },
                                [](const char*, size_t) { return true; })

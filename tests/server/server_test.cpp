@@ -615,6 +615,30 @@ TEST_F(ServerTest, AJsonBodySentAsFormDataIsReadAsJsonWhateverItsSize) {
   EXPECT_EQ(complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 4}}).first, 200);
 }
 
+// A POST with no Content-Length (`curl -X POST URL`) has no body: it is answered at once as an
+// empty body, not read until the client hangs up.
+TEST_F(ServerTest, APostWithoutABodyIsAnEmptyBody) {
+  start(ShareMode::kBaseLr);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
+  std::string got;
+  char buf[1024];
+  for (ssize_t n; got.find("}}") == std::string::npos && (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  EXPECT_EQ(got.rfind("HTTP/1.1 400", 0), 0u) << got;
+  EXPECT_NE(got.find("not valid JSON"), std::string::npos) << got;
+}
+
 TEST_F(ServerTest, AnApiKeyIsRequiredWhenSet) {
   ServerOptions o;
   o.api_key = "sesame";
