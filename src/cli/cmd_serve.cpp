@@ -157,10 +157,10 @@ int run_serve(const ServeFlags& f) {
   server::Server& s = **srv;
   auto port = s.bind(f.host, f.port);
   if (!port.ok()) return report(port.error());
-  fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions; kv-share {}, up to {} "
+  fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions{}; kv-share {}, up to {} "
                      "trajectories of {} tokens). Ctrl-C stops.\n",
-             fmt::join(s.model_names(), ", "), f.host, *port, share_mode_name(s.share_mode()), f.max_sessions,
-             s.max_model_len());
+             fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions" : "",
+             share_mode_name(s.share_mode()), f.max_sessions, s.max_model_len());
   std::fflush(stderr);
   g_server = &s;
   std::signal(SIGINT, on_signal);

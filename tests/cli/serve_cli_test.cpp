@@ -1,5 +1,6 @@
 // `lragent serve` as a process: --kv-share auto picks base when the adapters do not share A,
-// SIGINT/SIGTERM stop it cleanly, and a port it cannot listen on is one error line.
+// SIGINT/SIGTERM stop it cleanly, a port it cannot listen on is one error line, and the start-up
+// line names the chat route only with a chat template.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -45,6 +46,7 @@ TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
   EXPECT_EQ(r.code, 0) << r.err;  // stopped by SIGINT, not killed (timeout would give 124 or 137)
   EXPECT_NE(r.err.find("do not share lora_A"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("kv-share base,"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/v1/completions; kv-share"), std::string::npos) << r.err;  // no chat template: no chat route
   EXPECT_NE(r.err.find("stopped"), std::string::npos) << r.err;
   r = serve_until("TERM", 6, model + adapters("qv-shared-a-r8") + " --port 0 --served-model-name tiny");
   EXPECT_EQ(r.code, 0) << r.err;
@@ -66,6 +68,8 @@ TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
   auto r = serve_until("INT", 6, "--model " + shell_quote(dir) + " --port 0");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("chat template: llama3 (" + dir + "/chat_template.jinja)"), std::string::npos) << r.err;
+  // The start-up line names the chat route only when there is a template to serve it.
+  EXPECT_NE(r.err.find("/v1/completions, /v1/chat/completions;"), std::string::npos) << r.err;
 
   const std::string model = "--model " + shell_quote(testing::tinystories_dir());
   r = serve_until("INT", 6, model + " --port 0 --chat-template " + shell_quote(llama3));  // the text itself
