@@ -1,9 +1,11 @@
 #include "agents/hotpotqa.h"
 
+#include <algorithm>
 #include <cctype>
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/text_file.h"
@@ -232,7 +234,13 @@ Result<HotpotQuestion> find_question_by_id(const std::vector<HotpotQuestion>& qu
                                            const std::string& source) {
   for (const HotpotQuestion& q : questions)
     if (q.id == id) return q;
-  return make_error(ErrorCode::kNotFound, "{}: no question has id '{}'", source, id);
+  // Name some ids that exist, so that a typo or the wrong file shows at once.
+  std::string known;
+  const size_t shown = std::min<size_t>(questions.size(), 3);
+  for (size_t i = 0; i < shown; ++i) known += (i ? ", " : "") + questions[i].id;
+  if (questions.size() > shown) known += fmt::format(", ... ({} questions)", questions.size());
+  return make_error(ErrorCode::kNotFound, "{}: no question has id '{}' (ids: {})", source, id,
+                    known.empty() ? "none" : known);
 }
 
 HotpotQuestion question_for_text(const std::vector<HotpotQuestion>& questions, const std::string& text) {

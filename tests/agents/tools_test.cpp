@@ -4,6 +4,8 @@
 
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "agents/tools.h"
 #include "test_util.h"
 
@@ -224,6 +226,11 @@ TEST_F(Tools, QuestionSelectionByTextAndId) {
   EXPECT_EQ(missing.error().code, ErrorCode::kNotFound);
   EXPECT_NE(missing.error().message.find("no-such-id"), std::string::npos);
   EXPECT_NE(missing.error().message.find("questions-easy-medium-hard.json"), std::string::npos);
+  // It names the file's first ids and how many there are.
+  const std::string first = (*questions_)[0].id;
+  EXPECT_NE(missing.error().message.find("(ids: " + first + ", "), std::string::npos) << missing.error().message;
+  EXPECT_NE(missing.error().message.find(fmt::format("({} questions))", questions_->size())), std::string::npos)
+      << missing.error().message;
 }
 
 TEST_F(Tools, BadQuestionFilesNameTheFileAndCause) {

@@ -615,7 +615,7 @@ TEST(WorkflowCli, BadQuestionInputIsOneErrorLine) {
   EXPECT_NE(r.err.find("absent.json: cannot open the questions file"), std::string::npos) << r.err;
   r = run_cli(agents_args() + " --question-id nope");
   EXPECT_EQ(r.code, 3);
-  EXPECT_NE(r.err.find("no question has id 'nope'"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no question has id 'nope' (ids: builtin-seine)"), std::string::npos) << r.err;
   r = run_cli(agents_args() + " --question 'Who?'");  // the full prompt does not fit 512 tokens
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--system-prompt compact"), std::string::npos) << r.err;
