@@ -111,7 +111,9 @@ std::string Metrics::render() const {
             [](const PerModel& m) { return m.prompt; });
   per_model("lragent:generation_tokens_total", "Generated tokens.", [](const PerModel& m) { return m.generation; });
   per_model("lragent:prompt_tokens_reused_total",
-            "Prompt tokens a kept trajectory already held (its caches were reused, not recomputed).",
+            "Prompt tokens a kept trajectory already held (its token ids kept; a new trajectory's BOS and a "
+            "completion's last token count, although their entries are computed with the request: "
+            "prefill_tokens_total says what was computed).",
             [](const PerModel& m) { return m.reused; });
   per_model("lragent:prefill_tokens_total",
             "Tokens the agent computed to catch up before decoding (under base-lr and full, only those no agent "
