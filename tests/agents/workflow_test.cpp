@@ -420,6 +420,11 @@ TEST_F(Workflow, DecodeLookaheadFailsAtTheContextAsStepByStep) {
       (*s)->append(prompt);
       auto r = (*s)->run_agent("plan", 40, {}, {});
       ASSERT_FALSE(r.ok()) << share_mode_name(mode) << ": 540 positions cannot fit 512";
+      EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument) << r.error().message;
+      // The pass that would hold 513 positions is refused, whichever loop launched it.
+      EXPECT_NE(r.error().message.find("context of 513 tokens exceeds the model's max_position_embeddings (512)"),
+                std::string::npos)
+          << r.error().message;
       errors.push_back(r.error().message);
       traj.push_back((*s)->trajectory());
       EXPECT_EQ(model_->pending_picks(), 0u) << share_mode_name(mode);
@@ -459,6 +464,9 @@ TEST_F(Workflow, ClearErrorsForMissingAgentsBadOptionsAndAPromptTooLong) {
     auto r = run_react(*s, *tok_, env, o);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.error().message.find("max_steps and the thought/action/reflect token budgets must be at least 1 (got 0,"),
+              std::string::npos)
+        << r.error().message;
   }
   {
     auto s = session(ShareMode::kNone);
@@ -477,7 +485,9 @@ TEST_F(Workflow, ClearErrorsForMissingAgentsBadOptionsAndAPromptTooLong) {
     ToolEnv env(builtin_question());
     auto r = run_react(*s, *tok_, env, options());
     ASSERT_FALSE(r.ok());
-    EXPECT_NE(r.error().message.find("fresh session"), std::string::npos) << r.error().message;
+    EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.error().message.find("needs a fresh session (its trajectory holds 4 tokens)"), std::string::npos)
+        << r.error().message;
   }
 }
 
