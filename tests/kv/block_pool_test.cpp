@@ -158,10 +158,29 @@ TEST(KvArena, BadGeometryAndSlabErrors) {
   ASSERT_TRUE(arena.ok());
   auto big = BlockPool::create("huge", 64, 16, 64, arena->get());  // 256 KiB block > 64 KiB slab
   ASSERT_FALSE(big.ok());
-  EXPECT_NE(big.error().message.find("does not fit"), std::string::npos) << big.error().message;
-  EXPECT_FALSE(BlockPool::create("zero", 0, 16, 64, arena->get()).ok());
-  EXPECT_FALSE(BlockPool::create("none", 1, 16, 64, nullptr).ok());
-  EXPECT_FALSE(KvArena::create(65536, nullptr, 1000).ok());  // not a multiple of the granule
+  EXPECT_EQ(big.error().code, ErrorCode::kInvalidArgument);
+  // 64 layers x 16 tokens x 64 f32 values = 262144 bytes.
+  EXPECT_NE(big.error().message.find("KV pool 'huge': a block of 262144 bytes (64 layers x 16 tokens x 64 values) "
+                                     "does not fit the arena's 65536-byte slabs"),
+            std::string::npos)
+      << big.error().message;
+  // Each refusal names the pool (or arena) and the value at fault.
+  auto expect_invalid = [](const Error& e, const std::string& cause) {
+    EXPECT_EQ(e.code, ErrorCode::kInvalidArgument) << e.message;
+    EXPECT_NE(e.message.find(cause), std::string::npos) << e.message;
+  };
+  auto zero = BlockPool::create("zero", 0, 16, 64, arena->get());
+  ASSERT_FALSE(zero.ok());
+  expect_invalid(zero.error(), "KV pool 'zero': invalid geometry (layers 0, page size 16, width 64)");
+  auto flat = BlockPool::create("flat", 1, 16, 0, arena->get());
+  ASSERT_FALSE(flat.ok());
+  expect_invalid(flat.error(), "KV pool 'flat': invalid geometry (layers 1, page size 16, width 0)");
+  auto none = BlockPool::create("none", 1, 16, 64, nullptr);
+  ASSERT_FALSE(none.ok());
+  expect_invalid(none.error(), "KV pool 'none': no arena");
+  auto odd = KvArena::create(65536, nullptr, 1000);  // not a multiple of the granule
+  ASSERT_FALSE(odd.ok());
+  expect_invalid(odd.error(), "slab size 1000 is not a positive multiple of " + std::to_string(KvArena::kGranule));
   // Slabs are whole blocks: ~2 MiB for big arenas, one block when the block is bigger, and
   // smaller for small arenas so a partly used last slab stays cheap.
   EXPECT_EQ(KvArena::slab_for(100, int64_t{1} << 40, 4), KvArena::kDefaultSlabBytes);

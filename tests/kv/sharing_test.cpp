@@ -228,19 +228,34 @@ TEST_F(Sharing, InvalidSetupsFailClearly) {
   o.mode = ShareMode::kBaseLr;
   auto r = TrajectoryKv::create(model_->config(), indep, o);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("shared-A"), std::string::npos) << r.error().message;
-  EXPECT_NE(r.error().message.find("v_proj"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
+  // The LR cache holds X·A of v_proj (not q_proj): the first A it would share differs in layer 0.
+  EXPECT_NE(r.error().message.find("base-lr needs shared-A adapters, but v_proj of layer 0 has a different lora_A "
+                                   "in 'plan' and 'action'"),
+            std::string::npos)
+      << r.error().message;
   o.mode = ShareMode::kDroidSpeak;
   o.recompute_layers = {7};
   auto d = TrajectoryKv::create(model_->config(), indep, o);
   ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.error().message.find("layer 7 is out of range"), std::string::npos) << d.error().message;
-  EXPECT_FALSE(parse_share_mode("fully").ok());
+  EXPECT_EQ(d.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(d.error().message.find("layer 7 is out of range; the model has 2 layers (0-1)"), std::string::npos)
+      << d.error().message;
+  auto bad_mode = parse_share_mode("fully");
+  ASSERT_FALSE(bad_mode.ok());
+  EXPECT_EQ(bad_mode.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(bad_mode.error().message, "'fully' is not a sharing mode; choose none, full, base, base-lr or droidspeak");
+  for (ShareMode m : kAllShareModes) {  // every name the error lists parses back to its mode
+    auto back = parse_share_mode(share_mode_name(m));
+    ASSERT_TRUE(back.ok()) << share_mode_name(m);
+    EXPECT_EQ(*back, m);
+  }
   SharingOptions zero;
   zero.page_size = 0;  // sizes the pools by dividing by it
   auto z = TrajectoryKv::create(model_->config(), indep, zero);
   ASSERT_FALSE(z.ok());
   EXPECT_EQ(z.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(z.error().message.find("page size (0) and max tokens"), std::string::npos) << z.error().message;
 }
 
 // Replay input the session refuses as input, not as an internal error: forced ids outside the
