@@ -123,7 +123,9 @@ TEST_F(Fidelity, ScriptWithoutAgentOutputIsRefused) {
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument);
     EXPECT_NE(r.error().message.find("nothing to compare"), std::string::npos) << r.error().message;
     auto p = profile_layers(*model_, tok_.get(), names_, ptrs_, script(text), 16);
-    EXPECT_FALSE(p.ok()) << text;
+    ASSERT_FALSE(p.ok()) << text;
+    EXPECT_EQ(p.error().code, ErrorCode::kInvalidArgument);
+    EXPECT_NE(p.error().message.find("nothing to compare"), std::string::npos) << p.error().message;
   }
 }
 
