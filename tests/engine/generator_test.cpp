@@ -2,6 +2,7 @@
 // how its prompt is chunked, or whether prefill and decode steps share a forward pass.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "engine/generator.h"
@@ -64,16 +65,25 @@ TEST(Generator, StopsAtStopIdAndReportsTooLongPrompts) {
   r.max_tokens = 8;
   auto first = gen.run({r});
   ASSERT_TRUE(first.ok());
-  r.stop_ids = {(*first)[0].output[2]};
+  ASSERT_EQ((*first)[0].output.size(), 8u);
+  EXPECT_EQ((*first)[0].finish_reason, "length");
+  const int32_t stop = (*first)[0].output[2];
+  r.stop_ids = {stop};
   auto stopped = gen.run({r});
   ASSERT_TRUE(stopped.ok());
   EXPECT_EQ((*stopped)[0].finish_reason, "stop");
-  EXPECT_LE((*stopped)[0].output.size(), 3u);
+  // Greedy: the same tokens as the unstopped run, up to and including the first `stop`.
+  const auto& full = (*first)[0].output;
+  const auto cut = std::find(full.begin(), full.end(), stop) + 1;
+  EXPECT_EQ((*stopped)[0].output, std::vector<int32_t>(full.begin(), cut));
 
   r.prompt.assign(5000, 7);
   auto too_long = gen.run({r});
   ASSERT_FALSE(too_long.ok());
-  EXPECT_NE(too_long.error().message.find("exceeds the model's context"), std::string::npos);
+  EXPECT_EQ(too_long.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(too_long.error().message.find("request 0: prompt (5000 tokens) + max tokens (8) exceeds the model's context"),
+            std::string::npos)
+      << too_long.error().message;
 }
 
 // A request with nothing to generate (max_tokens <= 0) finishes at once, as "length", and does
