@@ -93,7 +93,7 @@ class BadModel : public ::testing::Test {
 TEST_F(BadModel, TruncatedSafetensors) {
   write("model.safetensors", weights_.substr(0, weights_.size() / 2));
   const CliRun r = generate();
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 4) << r.err;  // a cut file is corrupt
   EXPECT_LT(r.code, 128) << "crashed: " << r.err;
   EXPECT_NE(error_line(r).find("model.safetensors"), std::string::npos) << r.err;
   EXPECT_EQ(error_line(r).rfind("error: ", 0), 0u) << r.err;
@@ -106,7 +106,7 @@ TEST_F(BadModel, HeaderOffsetsOutOfRange) {
   w.replace(pos + 16, 1, "9");  // first offset digit becomes 9...: past the end or overlapping
   write("model.safetensors", w);
   const CliRun r = generate();
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 4) << r.err;  // offsets past the data are corrupt
   EXPECT_LT(r.code, 128) << "crashed: " << r.err;
   EXPECT_NE(error_line(r).find("model.safetensors"), std::string::npos) << r.err;
 }
@@ -119,14 +119,14 @@ TEST_F(BadModel, MissingTensorAndShapeMismatch) {
   more.replace(more.find("\"num_hidden_layers\": 2"), 22, "\"num_hidden_layers\": 3");
   write("config.json", more);
   CliRun r = generate();
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 3) << r.err;  // a missing tensor is not found
   EXPECT_NE(error_line(r).find("model.layers.2"), std::string::npos) << r.err;
   // A different intermediate size: shapes do not match.
   std::string inter = cfg;
   inter.replace(inter.find("\"intermediate_size\": 384"), 24, "\"intermediate_size\": 512");
   write("config.json", inter);
   r = generate();
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 4) << r.err;  // a tensor of the wrong shape is corrupt
   EXPECT_NE(error_line(r).find("shape"), std::string::npos) << r.err;
 }
 
@@ -137,12 +137,12 @@ TEST_F(BadModel, UnknownArchitectureAndBadTokenizer) {
   gpt.replace(gpt.find("LlamaForCausalLM"), 16, "GPT2LMHeadModel");
   write("config.json", gpt);
   CliRun r = generate();
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 5) << r.err;  // an unknown architecture is unsupported
   EXPECT_NE(error_line(r).find("GPT2LMHeadModel"), std::string::npos) << r.err;
   write("config.json", cfg);
   write("tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": ");
   r = run_cli("generate --model " + shell_quote(dir_) + " --prompt hi --max-tokens 2");
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 4) << r.err;  // a cut tokenizer.json is corrupt
   EXPECT_LT(r.code, 128) << "crashed: " << r.err;
   EXPECT_NE(error_line(r).find("tokenizer.json"), std::string::npos) << r.err;
 }
@@ -154,7 +154,7 @@ TEST(Cli, TooLongPromptAndBadFlags) {
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(error_line(r).find("exceeds the model's context"), std::string::npos) << r.err;
   r = run_cli("generate " + model_arg() + " --prompt-tokens 1,99999 --max-tokens 1");
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 2) << r.err;  // an id outside the vocabulary is a bad argument
   EXPECT_NE(error_line(r).find("99999"), std::string::npos) << r.err;
   r = run_cli("generate " + model_arg() + " --prompt-tokens 1,x");
   EXPECT_EQ(r.code, 2);
@@ -323,7 +323,7 @@ TEST(Cli, ReplayJsonAndBadScripts) {
   EXPECT_GT(j["cache"]["base_bytes"].get<int64_t>(), 0);
   std::ofstream(dir + "/bad.json") << R"({"steps": [{"agent": "plan"}]})";
   r = run_cli("replay " + model_arg() + adapters + " --script " + shell_quote(dir + "/bad.json"));
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 4) << r.err;  // a step without an action is a corrupt script
   EXPECT_NE(error_line(r).find("bad.json"), std::string::npos) << r.err;
   // One action per step; a second action or an unknown key is refused, not dropped.
   for (const std::string& step : {std::string(R"({"append": "hi", "agent": "plan", "generate": 3})"),
@@ -372,11 +372,11 @@ TEST(Cli, ReplayJsonAndBadScripts) {
   const std::string indep = testing::adapters_dir() + "/qv-indep-a-r8/";
   r = run_cli("replay " + model_arg() + " --adapter plan=" + shell_quote(indep + "plan") + " --adapter action=" +
               shell_quote(indep + "action") + " --kv-share base-lr --script " + shell_quote(dir + "/s.json"));
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 2) << r.err;  // independent A under base-lr is a bad argument
   EXPECT_NE(error_line(r).find("shared-A"), std::string::npos) << r.err;
   r = run_cli("replay " + model_arg() + adapters + " --kv-share droidspeak --recompute-layers 9 --script " +
               shell_quote(dir + "/s.json"));
-  EXPECT_NE(r.code, 0);
+  EXPECT_EQ(r.code, 2) << r.err;  // a layer the model lacks is a bad argument
   EXPECT_NE(error_line(r).find("layer 9"), std::string::npos) << r.err;
   r = run_cli("replay " + model_arg() + adapters + " --kv-share droidspeak --recompute-layers 1,0,1 --script " +
               shell_quote(dir + "/s.json"));
