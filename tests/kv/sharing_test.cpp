@@ -94,10 +94,17 @@ TEST_F(Sharing, OneAgentEveryModeEqualsNoneAndNoneEqualsGenerate) {
       results.push_back(std::move(*r));
     }
     const ReplayResult& none = results[0];
+    ASSERT_EQ(none.steps.size(), steps.size());
+    // One logits row per generated or forced token: 9, 9 and 4 (the loops below compare them all).
+    ASSERT_EQ(none.steps[1].logits.size(), 9u);
+    ASSERT_EQ(none.steps[3].logits.size(), 9u);
+    ASSERT_EQ(none.steps[4].logits.size(), 4u);
     for (size_t mi = 1; mi < results.size(); ++mi) {
+      ASSERT_EQ(results[mi].steps.size(), none.steps.size()) << share_mode_name(kAllShareModes[mi]);
       for (size_t s = 0; s < none.steps.size(); ++s) {
         EXPECT_EQ(results[mi].steps[s].output_tokens, none.steps[s].output_tokens) << set << " mode " << mi << " step " << s;
         EXPECT_EQ(results[mi].steps[s].prefilled_tokens, none.steps[s].prefilled_tokens);
+        ASSERT_EQ(results[mi].steps[s].logits.size(), none.steps[s].logits.size()) << set << " mode " << mi << " step " << s;
         for (size_t row = 0; row < none.steps[s].logits.size(); ++row)
           EXPECT_LE(max_abs_diff(results[mi].steps[s].logits[row], none.steps[s].logits[row]), 1e-5f)
               << set << " mode " << share_mode_name(kAllShareModes[mi]) << " step " << s << " row " << row;
