@@ -268,7 +268,8 @@ Status parse_common(const json& body, CompletionRequest& r) {
   r.min_p = static_cast<float>(min_p);
   LRA_RETURN_IF_ERROR(neutral(body, "include_stop_str_in_output", json(false), "the stop string is never in the text"));
   LRA_RETURN_IF_ERROR(neutral(body, "truncate_prompt_tokens", json(nullptr), "a prompt is never truncated"));
-  LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr), "lragent returns no log-probabilities yet"));
+  LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr),
+                              "a prompt read from a shared cache is not recomputed, so it has no log-probabilities"));
   // Present at all (even {}: an empty JSON schema still constrains the output): refused.
   for (const char* g : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
                         "allowed_token_ids", "bad_words", "logits_processors"})

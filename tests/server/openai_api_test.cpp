@@ -111,7 +111,8 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "logprobs": 21})", ErrorCode::kInvalidArgument, "'logprobs'");
   expect_error(R"({"prompt": "a", "logprobs": true})", ErrorCode::kInvalidArgument, "'logprobs'");
   expect_error(R"({"prompt": "a", "logprobs": 2, "echo": true})", ErrorCode::kUnsupported, "echo");
-  expect_error(R"({"prompt": "a", "prompt_logprobs": 1})", ErrorCode::kUnsupported, "'prompt_logprobs'");
+  expect_error(R"({"prompt": "a", "prompt_logprobs": 1})", ErrorCode::kUnsupported,
+               "'prompt_logprobs' = 1 is not supported: a prompt read from a shared cache is not recomputed");
   expect_error(R"({"prompt": "a", "best_of": 4})", ErrorCode::kUnsupported, "'best_of'");
   expect_error(R"({"prompt": "a", "presence_penalty": 2.5})", ErrorCode::kInvalidArgument, "'presence_penalty'");
   expect_error(R"({"prompt": "a", "frequency_penalty": -3})", ErrorCode::kInvalidArgument, "'frequency_penalty'");
