@@ -54,6 +54,7 @@ TEST(StepLogprobs, EdgeRules) {
   // NaN is -inf: never a top entry, no share of the mass.
   lp = step_logprobs(std::vector<float>{std::nanf(""), 0.f, 0.f}, 0, 3);
   EXPECT_EQ(lp.logprob, -kInf);
+  ASSERT_EQ(lp.top.size(), 3u);
   EXPECT_EQ(lp.top[0].id, 1);
   EXPECT_NEAR(lp.top[0].logprob, std::log(0.5), 1e-6);
   EXPECT_EQ(lp.top[2].id, 0);
@@ -61,11 +62,13 @@ TEST(StepLogprobs, EdgeRules) {
   // +inf logits share all the mass.
   lp = step_logprobs(std::vector<float>{kInf, 0.f, kInf}, 2, 3);
   EXPECT_NEAR(lp.logprob, std::log(0.5), 1e-6);
+  ASSERT_EQ(lp.top.size(), 3u);
   EXPECT_EQ(lp.top[0].id, 0);
   EXPECT_EQ(lp.top[2].logprob, -kInf);
   // All -inf: every log-probability is -inf, nothing is NaN.
   lp = step_logprobs(std::vector<float>{-kInf, -kInf}, 0, 2);
   EXPECT_EQ(lp.logprob, -kInf);
+  ASSERT_EQ(lp.top.size(), 2u);
   EXPECT_EQ(lp.top[1].logprob, -kInf);
   // A top count over the vocabulary gives the whole vocabulary; a token outside it is -inf.
   EXPECT_EQ(step_logprobs(std::vector<float>{1.f, 2.f}, 0, 50).top.size(), 2u);

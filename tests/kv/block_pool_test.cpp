@@ -133,6 +133,7 @@ TEST(KvArena, RefcountsAndCap) {
   EXPECT_EQ(ids.size(), 3u);
   auto over = (*p)->allocate();
   ASSERT_FALSE(over.ok());
+  EXPECT_EQ(over.error().code, ErrorCode::kOutOfMemory);
   EXPECT_NE(over.error().message.find("all 3 blocks"), std::string::npos) << over.error().message;
   for (int32_t b : ids) (*p)->release(b);
   EXPECT_EQ((*p)->used_blocks(), 0);

@@ -31,6 +31,7 @@ nlohmann::json load_golden(const std::string& name) {
 void check_golden(LlamaModel& model, const Tokenizer* tok, const nlohmann::json& g, const LoraAdapter* adapter,
                   const Tokenizer* tok_lib = nullptr) {
   ASSERT_TRUE(g.is_object() && g.contains("cases"));
+  ASSERT_FALSE(g["cases"].empty()) << "a golden file without cases would check nothing";
   std::vector<GenerateRequest> reqs;
   for (const auto& c : g["cases"]) {
     GenerateRequest r;

@@ -97,6 +97,7 @@ TEST(LlamaLoad, AttentionBiasIncludesOProj) {
   {  // HF's LlamaAttention has o_proj.bias whenever attention_bias is true
     auto m = LlamaModel::load(with_biases("bias-no-o", 0.f, false), *be);
     ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.error().code, ErrorCode::kNotFound);
     EXPECT_TRUE(Contains(m.error().message, "model.layers.0.self_attn.o_proj.bias")) << m.error().message;
   }
 }

@@ -292,6 +292,7 @@ TEST_F(LoraTest, BadAdaptersGiveClearErrorsAndRegistryKeepsServing) {
   // Registry-level refusals leave it unchanged too.
   Status dup = reg.add(load("plan", base));
   ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.error().code, ErrorCode::kInvalidArgument);
   EXPECT_TRUE(Contains(dup.error().message, "'plan'"));
   EXPECT_TRUE(Contains(dup.error().message, "already registered"));
   EXPECT_EQ(reg.size(), 2);
