@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cassert>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <random>
 #include <span>
 #include <tuple>
@@ -81,6 +83,7 @@ std::string random_id(const char* prefix) {
 struct Server::Http {
   httplib::Server svr;
   bool bound = false;
+  int socket = -1;  // the socket httplib last made (set_socket_options sees each before its bind)
 };
 
 struct Server::Prepared {
@@ -610,6 +613,12 @@ Result<int> Server::bind(const std::string& host, int port) {
   if (bound < 0)
     return make_error(ErrorCode::kIo, "cannot listen on {}:{} (in use, or not an address of this machine): pick "
                       "another --port or --host", host, port);
+  // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the library):
+  // a burst of clients connecting at once overflows it and the kernel drops their handshakes
+  // (with SYN cookies some read "connection reset by peer"). listen() again on the listening
+  // socket only raises its backlog (capped by net.core.somaxconn; uvicorn, vLLM's server, asks 2048).
+  if (::listen(http_->socket, 4096) != 0)
+    return make_error(ErrorCode::kIo, "cannot raise the listen backlog of {}:{}: {}", host, bound, std::strerror(errno));
   http_->bound = true;
   return bound;
 }
@@ -632,9 +641,10 @@ void Server::install_routes() {
   svr.set_keep_alive_timeout(opts_.keep_alive_seconds);
   // SO_REUSEADDR (a restarted server can listen at once) but not httplib's default SO_REUSEPORT,
   // with which a second server on a busy port would start and take half of its connections.
-  svr.set_socket_options([](socket_t sock) {
+  svr.set_socket_options([this](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    http_->socket = sock;  // the one bound last is the one that listens (bind() raises its backlog)
   });
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;

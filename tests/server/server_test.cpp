@@ -5,12 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -1126,6 +1130,61 @@ TEST_F(ServerTest, OneServerPerPortAndIdleConnectionsDoNotStarveOthers) {
   auto r = c.Get("/health");
   EXPECT_TRUE(r && r->status == 200);
   for (int fd : idle) ::close(fd);
+}
+
+
+// A burst of clients connecting at once is queued by the kernel until the accept loop takes
+// them. httplib listens with a backlog of 5 (compiled into Debian's libcpp-httplib): past it the
+// kernel drops handshakes, and with SYN cookies some clients of a burst of 64 read "connection
+// reset by peer". Bound but not serving yet (nothing accepts), every one of 64 connects at once
+// must still complete its handshake, and each is answered once the server serves.
+TEST_F(ServerTest, ABurstOfClientsIsQueuedNotDropped) {
+  auto s = Server::create(*model_, tok_.get(), &reg_, ServerOptions{});
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  server_ = std::move(*s);
+  auto port = server_->bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.error().message;
+  port_ = *port;
+  constexpr int kClients = 64;
+  std::vector<int> fds;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port_));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < kClients; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
+  }
+  // Established: writable with no error. A dropped handshake stays in progress (its SYN is
+  // retransmitted after 1 s, then 3 s, ...).
+  auto established = [&](int fd) {
+    pollfd p{fd, POLLOUT, 0};
+    if (::poll(&p, 1, 500) != 1) return false;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    return ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+  };
+  int connected = 0;
+  for (int fd : fds) connected += established(fd) ? 1 : 0;
+  EXPECT_EQ(connected, kClients) << "the listen backlog drops a burst of clients";
+  thread_ = std::thread([this] { (void)server_->serve(); });
+  const std::string get = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  int answered = 0;
+  for (int fd : fds) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char buf[64] = {};
+    if (::send(fd, get.data(), get.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(get.size()) &&
+        ::recv(fd, buf, sizeof(buf) - 1, 0) > 0 && std::string(buf).find(" 200 ") != std::string::npos)
+      ++answered;
+    ::close(fd);
+  }
+  EXPECT_EQ(answered, kClients);
 }
 
 }  // namespace
