@@ -1,10 +1,14 @@
 // `lragent serve`: the OpenAI-compatible server (server/server.h) on a model and its adapters.
+#include <atomic>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -88,8 +92,32 @@ Status set_chat_template(const ServeFlags& f, server::ServerOptions& so) {
 
 server::Server* g_server = nullptr;  // for the signal handler
 
-void on_signal(int) {
-  if (g_server) g_server->stop();  // closes the listening socket: serve() returns
+std::atomic<int64_t> g_first_signal_ns{0};  // when the first SIGINT/SIGTERM came (monotonic; 0: none yet)
+
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+}
+
+// The first signal closes the listening socket and lets the requests in flight finish (serve()
+// returns once they have); a second quits at once, as uvicorn (vLLM's server) does, for when a
+// long generation or a stalled client would hold the exit. A second delivery within 300 ms is the
+// same signal twice (`timeout` signals the command and then its own process group), not a user
+// asking again. Only async-signal-safe calls here.
+void on_signal(int sig) {
+  const int64_t now = monotonic_ns();
+  int64_t first = 0;
+  if (g_first_signal_ns.compare_exchange_strong(first, now)) {
+    static const char msg[] = "stopping: finishing the requests in flight (Ctrl-C again quits at once)\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+    if (g_server) g_server->stop();
+    return;
+  }
+  if (now - first < 300'000'000) return;
+  static const char msg[] = "quit with requests in flight\n";
+  (void)!::write(STDERR_FILENO, msg, sizeof msg - 1);
+  ::_exit(128 + sig);
 }
 
 std::string default_served_name(const ModelFlags& m) {

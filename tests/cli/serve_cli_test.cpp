@@ -1,6 +1,6 @@
 // `lragent serve` as a process: --kv-share auto picks base when the adapters do not share A,
 // SIGINT/SIGTERM stop it cleanly, a port it cannot listen on is one error line, and the start-up
-// line names the chat route only with a chat template.
+// line names the chat route only with a chat template; a second signal quits at once.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -83,6 +83,36 @@ TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
   auto unknown = testing::run_lragent("serve " + model + " --chat-template " + shell_quote(dir + "/other.jinja"));
   EXPECT_EQ(unknown.code, 5) << unknown.err;
   EXPECT_NE(unknown.err.find("not one lragent renders"), std::string::npos) << unknown.err;
+}
+
+// One SIGINT lets the requests in flight finish, and a client that stalls mid-body holds the exit
+// for the HTTP read timeout (5 s); a second SIGINT quits at once with 130, as uvicorn does. (The
+// other tests stop serve with `timeout`, which delivers its signal twice at once: a repeat within
+// 300 ms is not a second Ctrl-C, and they still see the graceful stop.)
+TEST(ServeCli, ASecondSignalQuitsAtOnce) {
+  const std::string dir = testing::temp_dir("serve-signals");
+  const std::string script = dir + "/run.sh";
+  std::ofstream(script) << R"(set -u
+"$1" serve --port 0 2>"$2/err" & pid=$!
+for i in $(seq 300); do grep -q 'serving' "$2/err" && break; sleep 0.1; done
+port=$(grep -o '127.0.0.1:[0-9]*' "$2/err" | head -1 | cut -d: -f2)
+exec 3<>/dev/tcp/127.0.0.1/$port
+printf 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{' >&3
+sleep 0.3
+kill -INT $pid
+sleep 0.6
+t0=$(date +%s%N)
+kill -INT $pid
+wait $pid
+echo "exit $? after $(( ($(date +%s%N) - t0) / 1000000 )) ms" >"$2/out"
+)";
+  const std::string cmd = "bash " + shell_quote(script) + " " + shell_quote(testing::lragent_bin()) + " " + shell_quote(dir);
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  const std::string err = testing::read_file(dir + "/err"), out = testing::read_file(dir + "/out");
+  EXPECT_NE(err.find("stopping: finishing the requests in flight (Ctrl-C again quits at once)"), std::string::npos) << err;
+  EXPECT_NE(err.find("quit with requests in flight"), std::string::npos) << err;
+  ASSERT_EQ(out.rfind("exit 130 after ", 0), 0u) << out << err;
+  EXPECT_LT(std::stoi(out.substr(15)), 2000) << out;  // not the stalled client's 5 s
 }
 
 TEST(ServeCli, APortInUseAndBadFlagsAreOneErrorLine) {
