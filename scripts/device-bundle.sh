@@ -24,6 +24,11 @@ strip --strip-unneeded $S/bin/*
 ldd "$B/lragent_cuda_tests" "$B/lragent" | awk '/=> \// {print $3}' | sort -u |
   grep -vE "/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so|/cuda" |
   while read -r lib; do cp -L "$lib" $S/lib/; done
+# The commit the binaries were built from (the GPU machine's copy of .git can be a stale one):
+# gpu-check and trace-bench report it unless LRAGENT_COMMIT says otherwise.
+C=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null | head -1)" ] && C="$C-dirty"
+echo "$C" >$S/COMMIT
 cp -r "$SHARED/models/tinystories-656k" $S/shared/models/
 cp -r "$SHARED/adapters/tinystories-656k" $S/shared/adapters/
 tar -C $S -cJf .devbundle/bundle.tar.xz .

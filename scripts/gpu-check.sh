@@ -16,7 +16,7 @@
 # reference cpu_attention.cpp + thread_pool.cpp, the test with real GTest if present, else
 # tests/cuda/mini_gtest.h; tests/cuda/compat/fmt when fmt headers are missing).
 #
-# Env: OUT (copy results there), LRAGENT_COMMIT (commit id to report; else the checkout's HEAD),
+# Env: OUT (copy results there), LRAGENT_COMMIT (commit id to report; else the bundle's, else the checkout's HEAD),
 #      JOBS (default 16), QUICK=1 (bench only 8k shapes; for smoke runs),
 #      FORCE_DIRECT=1 (use the direct nvcc build even when CMake works),
 #      SKIP_KERNEL_BENCH=1 (tests, replay and serve stages only).
@@ -37,7 +37,13 @@ SLUG=$(echo "$GPU" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-
 DATE=$(date -u +%Y%m%d)
 COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true)
 if [ -n "$COMMIT" ] && [ -n "$(git status --porcelain 2>/dev/null | head -1)" ]; then COMMIT="$COMMIT-dirty"; fi
-COMMIT=${LRAGENT_COMMIT:-${COMMIT:-unknown}}  # LRAGENT_COMMIT wins: the device copy's .git may be stale
+# The bundle's own commit (device-bundle.sh writes it) over this copy's .git, which on the GPU
+# machine can be a stale one; LRAGENT_COMMIT over both.
+if [ -f .devbundle/bundle.tar.xz ] && [ "${FORCE_DIRECT:-0}" != 1 ]; then
+  BUNDLE_COMMIT=$(tar -xJOf .devbundle/bundle.tar.xz ./COMMIT 2>/dev/null || true)
+  [ -n "$BUNDLE_COMMIT" ] && COMMIT=$BUNDLE_COMMIT
+fi
+COMMIT=${LRAGENT_COMMIT:-${COMMIT:-unknown}}
 RES=bench/results
 LOGS=build-gpu-logs  # logs stay out of the tree (ignored); only the report goes to bench/results
 rm -rf "$LOGS"

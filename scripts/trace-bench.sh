@@ -33,7 +33,10 @@ fi
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 SLUG=$(echo "${GPU:-gpu}" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-+|-+$//g')
 DATE=$(date -u +%Y%m%d)
-COMMIT=${LRAGENT_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+# LRAGENT_COMMIT, else the bundle's commit (device-bundle.sh), else this copy's .git (which on the
+# GPU machine can be a stale one).
+BUNDLE_COMMIT=$( [ -n "${LB:-}" ] && cat "$LB/COMMIT" 2>/dev/null )
+COMMIT=${LRAGENT_COMMIT:-${BUNDLE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}}
 W=build-trace-$PRESET
 STAGES=${STAGES:-ours,budget,peer,cached,report}
 WARMUP_RUNS=${WARMUP_RUNS:-1}
