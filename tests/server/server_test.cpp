@@ -34,6 +34,31 @@ namespace {
 
 using nlohmann::json;
 
+// The server's address on this machine, for tests that speak raw TCP to it.
+sockaddr_in loopback(int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return addr;
+}
+
+// A socket connected to the server, whose reads and writes give up after 10 s (so a stalled
+// exchange fails the test within seconds instead of at ctest's timeout); -1 when it cannot connect.
+int connect_with_timeout(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  const sockaddr_in addr = loopback(port);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 class ServerTest : public testing::TinyAgentsTest {
  protected:
   void SetUp() override {
@@ -623,15 +648,8 @@ TEST_F(ServerTest, AJsonBodySentAsFormDataIsReadAsJsonWhateverItsSize) {
 // empty body, not read until the client hangs up.
 TEST_F(ServerTest, APostWithoutABodyIsAnEmptyBody) {
   start(ShareMode::kBaseLr);
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = connect_with_timeout(port_);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n";
   ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
   std::string got;
@@ -663,17 +681,8 @@ TEST_F(ServerTest, AClientLeavingMidStreamLeavesTheServerWell) {
   start(ShareMode::kBaseLr);
   const std::string body = json{{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 400},
                                 {"ignore_eos", true}, {"stream", true}}.dump();
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = connect_with_timeout(port_);
   ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  // A stalled exchange fails here within seconds instead of at ctest's timeout.
-  timeval tv{10, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
   const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                            std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
@@ -1117,12 +1126,7 @@ TEST_F(ServerTest, OneServerPerPortAndIdleConnectionsDoNotStarveOthers) {
 
   std::vector<int> idle;
   for (int i = 0; i < 24; ++i) {  // three times httplib's default thread count on 2 cores
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port_));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) idle.push_back(fd);
+    if (const int fd = connect_with_timeout(port_); fd >= 0) idle.push_back(fd);
   }
   EXPECT_EQ(idle.size(), 24u);
   httplib::Client c("127.0.0.1", port_);
@@ -1147,15 +1151,12 @@ TEST_F(ServerTest, ABurstOfClientsIsQueuedNotDropped) {
   port_ = *port;
   constexpr int kClients = 64;
   std::vector<int> fds;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port_));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const sockaddr_in addr = loopback(port_);
   for (int i = 0; i < kClients; ++i) {
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
     ASSERT_GE(fd, 0);
     fds.push_back(fd);
-    const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    const int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
     ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
   }
   // Established: writable with no error. A dropped handshake stays in progress (its SYN is
