@@ -518,7 +518,7 @@ void AdapterRegistry::rebuild_groups() {
 }
 
 std::string AdapterRegistry::describe_groups() const {
-  if (groups_.empty()) return adapters_.size() < 2 ? "" : "no adapters share A\n";
+  if (groups_.empty()) return adapters_.size() < 2 ? "" : "lora_A: no two adapters share one in any layer\n";
   const size_t n_layers = adapters_[0]->layers.size();
   std::string out;
   for (int t = 0; t < kNumLoraTargets; ++t) {

@@ -156,7 +156,7 @@ TEST_F(LoraTest, SharedAQkvoAdaptersGroupAllFourProjections) {
 TEST_F(LoraTest, IndependentAdaptersHaveNoGroups) {
   AdapterRegistry reg = registry_of("qv-indep-a-r8");
   EXPECT_TRUE(reg.shared_a_groups().empty());
-  EXPECT_EQ(reg.describe_groups(), "no adapters share A\n");
+  EXPECT_EQ(reg.describe_groups(), "lora_A: no two adapters share one in any layer\n");
 }
 
 TEST_F(LoraTest, MixedRegistryGroupsOnlyWithinEachSet) {
