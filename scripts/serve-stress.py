@@ -32,6 +32,9 @@ Also worth running: --kv-memory small enough that a trajectory's agents evict ea
 longer than the capped max_model_len are refused alone and in the storm alike). With
 --no-kv-evict some turns get 400 "does not fit one trajectory's KV memory" depending on which
 trajectory they land on, as documented, so --exact does not apply there.
+On a GPU server (--device cuda), --exact and the comparisons hold with --dtype f32; in bf16 a
+batched pass rounds differently from a request alone, so long outputs may part
+(scripts/serve-stress-gpu.sh runs all three on the GPU machine).
 Not a CI test: it takes about 15 s a round and judges whole runs (docs/server.md).
 """
 import argparse
