@@ -166,10 +166,8 @@ int run_serve(const ServeFlags& f) {
   // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base.
   const bool is_auto = f.sharing.mode == "auto";
   if (!is_auto && !parse_share_mode(f.sharing.mode).ok())
-    return report(Error{ErrorCode::kInvalidArgument,
-                        fmt::format("--kv-share '{}' is not a sharing mode; choose auto, none, full, base, base-lr or "
-                                    "droidspeak",
-                                    f.sharing.mode)});
+    return report(Error{ErrorCode::kInvalidArgument, fmt::format("--kv-share '{}' is not a sharing mode; choose auto, {}",
+                                                                 f.sharing.mode, share_mode_choices())});
   auto sharing = f.sharing.options_for(is_auto ? "base-lr" : f.sharing.mode);
   if (!sharing.ok()) return report(sharing.error());
   so.pool.replay.sharing = *sharing;

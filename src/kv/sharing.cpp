@@ -11,9 +11,10 @@ namespace lragent {
 Result<ShareMode> parse_share_mode(std::string_view name) {
   for (ShareMode m : kAllShareModes)
     if (name == share_mode_name(m)) return m;
-  return make_error(ErrorCode::kInvalidArgument,
-                    "'{}' is not a sharing mode; choose none, full, base, base-lr or droidspeak", name);
+  return make_error(ErrorCode::kInvalidArgument, "'{}' is not a sharing mode; choose {}", name, share_mode_choices());
 }
+
+std::string share_mode_choices() { return "none, full, base, base-lr or droidspeak"; }
 
 const char* share_mode_name(ShareMode mode) {
   switch (mode) {

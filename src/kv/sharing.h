@@ -30,6 +30,8 @@ namespace lragent {
 
 enum class ShareMode { kNone, kFull, kBase, kBaseLr, kDroidSpeak };
 Result<ShareMode> parse_share_mode(std::string_view name);
+// The modes' names as errors list them (parse_share_mode; serve adds its auto).
+std::string share_mode_choices();
 const char* share_mode_name(ShareMode mode);
 inline constexpr ShareMode kAllShareModes[] = {ShareMode::kNone, ShareMode::kFull, ShareMode::kDroidSpeak,
                                                ShareMode::kBase, ShareMode::kBaseLr};
