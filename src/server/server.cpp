@@ -41,24 +41,24 @@ void send_error(httplib::Response& res, const Error& e) { send_json(res, http_st
 // as application/x-www-form-urlencoded (what `curl -d` sends) as form fields and refuses one over
 // 8 KB with 413; read through a ContentReader, any body up to the payload limit arrives as is.
 void post_route(httplib::Server& svr, const char* route,
-                std::function<void(const httplib::Request&, httplib::Response&)> handler) {
+                std::function<void(const std::string& body, httplib::Response&)> handler) {
   svr.Post(route, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                                  const httplib::ContentReader& read) {
-    httplib::Request with_body = req;
+    std::string body;
     // Without Content-Length or Transfer-Encoding a request has no body (RFC 9112 6.3); httplib
     // would read until the client closes, which `curl -X POST URL` never does (5 s, then a bare 400).
-    const bool has_body = req.has_header("Content-Length") || req.has_header("Transfer-Encoding");
-    const bool ok = !has_body                      ? true
-                    : req.is_multipart_form_data()
-                        // read (and drop) the parts: the empty body is then refused as no JSON
-                        ? read([](const httplib::MultipartFormData&) { return true; },
-                               [](const char*, size_t) { return true; })
-                        : read([&](const char* data, size_t n) {
-                            with_body.body.append(data, n);
-                            return true;
-                          });
-    if (!ok) return;  // res.status says why (413: over the payload limit); the error handler writes the body
-    handler(with_body, res);
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
+      // A multipart form's parts are read and dropped: the empty body is then refused as no JSON.
+      const bool ok = req.is_multipart_form_data()
+                          ? read([](const httplib::MultipartFormData&) { return true; },
+                                 [](const char*, size_t) { return true; })
+                          : read([&](const char* data, size_t n) {
+                              body.append(data, n);
+                              return true;
+                            });
+      if (!ok) return;  // res.status says why (413: over the payload limit); the error handler writes the body
+    }
+    handler(body, res);
   });
 }
 
@@ -759,8 +759,8 @@ void Server::install_routes() {
     res.status = 200;
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  post_route(svr, "/tokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
-    auto parsed = parse_tokenize_request(hreq.body);
+  post_route(svr, "/tokenize", [this](const std::string& body, httplib::Response& res) {
+    auto parsed = parse_tokenize_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
     if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to tokenize with"});
@@ -780,22 +780,22 @@ void Server::install_routes() {
     send_json(res, 200, json{{"count", ids->size()}, {"max_model_len", opts_.max_model_len}, {"tokens", *ids},
                              {"token_strs", std::move(strs)}});
   });
-  post_route(svr, "/detokenize", [this](const httplib::Request& hreq, httplib::Response& res) {
-    auto parsed = parse_detokenize_request(hreq.body);
+  post_route(svr, "/detokenize", [this](const std::string& body, httplib::Response& res) {
+    auto parsed = parse_detokenize_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
     if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to decode with"});
     if (Status in_vocab = check_vocab(parsed->tokens, "tokens"); !in_vocab.ok()) return send_error(res, in_vocab.error());
     send_json(res, 200, json{{"prompt", tok_->decode(parsed->tokens)}});
   });
-  post_route(svr, "/v1/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
-    auto parsed = parse_completion_request(hreq.body);
+  post_route(svr, "/v1/completions", [this](const std::string& body, httplib::Response& res) {
+    auto parsed = parse_completion_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     respond(std::move(*parsed), /*chat=*/false, res);
   });
-  post_route(svr, "/v1/chat/completions", [this](const httplib::Request& hreq, httplib::Response& res) {
+  post_route(svr, "/v1/chat/completions", [this](const std::string& body, httplib::Response& res) {
     if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
-    auto parsed = parse_chat_request(hreq.body);
+    auto parsed = parse_chat_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools);
     if (!text.ok()) return send_error(res, text.error());
