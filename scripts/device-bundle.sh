@@ -32,5 +32,6 @@ echo "$C" >$S/COMMIT
 cp -r "$SHARED/models/tinystories-656k" $S/shared/models/
 cp -r "$SHARED/adapters/tinystories-656k" $S/shared/adapters/
 tar -C $S -cJf .devbundle/bundle.tar.xz .
+cp $S/COMMIT .devbundle/COMMIT  # beside the tarball too: gpu-check reads it without unpacking
 rm -rf $S
 ls -la .devbundle

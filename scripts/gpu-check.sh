@@ -39,9 +39,8 @@ COMMIT=$(git rev-parse --short=12 HEAD 2>/dev/null || true)
 if [ -n "$COMMIT" ] && [ -n "$(git status --porcelain 2>/dev/null | head -1)" ]; then COMMIT="$COMMIT-dirty"; fi
 # The bundle's own commit (device-bundle.sh writes it) over this copy's .git, which on the GPU
 # machine can be a stale one; LRAGENT_COMMIT over both.
-if [ -f .devbundle/bundle.tar.xz ] && [ "${FORCE_DIRECT:-0}" != 1 ]; then
-  BUNDLE_COMMIT=$(tar -xJOf .devbundle/bundle.tar.xz ./COMMIT 2>/dev/null || true)
-  [ -n "$BUNDLE_COMMIT" ] && COMMIT=$BUNDLE_COMMIT
+if [ -f .devbundle/bundle.tar.xz ] && [ -s .devbundle/COMMIT ] && [ "${FORCE_DIRECT:-0}" != 1 ]; then
+  COMMIT=$(cat .devbundle/COMMIT)
 fi
 COMMIT=${LRAGENT_COMMIT:-${COMMIT:-unknown}}
 RES=bench/results
