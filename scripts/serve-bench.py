@@ -51,7 +51,7 @@ def post(base, body):
 
 
 # The presets' vocabulary and BOS (src/model/presets.cpp).
-PRESETS = {"llama3.1-8b": (128256, 128000), "ministral-8b": (131072, 1), "tiny": (512, 1)}
+PRESETS = {"llama3.1-8b": (128256, 128000), "ministral-8b": (131072, 1), "qwen3-8b": (151936, 151643), "tiny": (512, 1)}
 
 
 def run_trace(base, target, seed, budgets, rounds, preset):

@@ -4,8 +4,8 @@
   lragent bench trace --preset llama3.1-8b --dump-traces traces.json --dump-only
   python3 bench/trace/hf_peer.py --traces traces.json --out peer.json [--attn eager,sdpa]
 
-The model is built from the preset's config (no download: LlamaForCausalLM / MistralForCausalLM
-from a config dict, random init, bf16, on the GPU) with three PEFT LoRA adapters (plan, action,
+The model is built from the preset's config (no download: LlamaForCausalLM, MistralForCausalLM or
+Qwen3ForCausalLM from a config dict, random init, bf16, on the GPU) with three PEFT LoRA adapters (plan, action,
 reflect: r and alpha from the dump, q_proj and v_proj, random A and B; kept in f32 as PEFT does
 by default, --adapter-dtype model keeps them in bf16). Each trace runs as any
 user of these libraries would run a multi-agent workflow, Non-Shared: at every agent call,
@@ -53,6 +53,9 @@ def build_config(p, attn):
     elif p["architecture"] == "LlamaForCausalLM":
         d["mlp_bias"] = False
         cls = transformers.LlamaConfig
+    elif p["architecture"] == "Qwen3ForCausalLM":  # q_norm / k_norm come with the class
+        d["use_sliding_window"] = False
+        cls = transformers.Qwen3Config
     else:
         sys.exit("hf_peer: architecture %s is not supported" % p["architecture"])
     cfg = cls.from_dict(d)

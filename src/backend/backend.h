@@ -232,6 +232,16 @@ class Backend {
   }
   // y[n, d] = x / rms(x) · weight[d]
   virtual void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) = 0;
+  // In place, each head of x [n, heads, head_dim] (contiguous): x = x / rms(x) · weight[head_dim]
+  // (Qwen3's q_norm and k_norm). Unlike rms_norm's output, x is read by more than GEMMs (RoPE,
+  // the cache stores, attention), so set_matmul_only_outputs does not apply.
+  virtual void head_rms_norm(TensorView& x, const TensorView& weight, float eps) {
+    assert(x.rank() == 3 && x.is_contiguous() && "head_rms_norm takes contiguous [n, heads, head_dim]");
+    TensorView rows = x;
+    rows.shape = {x.dim(0) * x.dim(1), x.dim(2)};
+    rows.strides.clear();
+    rms_norm(rows, weight, eps, rows);
+  }
   // h += x, then y = h / rms(h) · weight (the residual add and the next norm; y may alias x).
   virtual void add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
     add(h, x);

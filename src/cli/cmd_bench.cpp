@@ -388,7 +388,7 @@ void register_bench(CLI::App& app, std::function<int()>& action) {
       "Multi-agent ReAct traces of the LRAgent poster's lengths (plan / action / observation / reflect, observations "
       "scaled) on a synthetic model with real shapes, under each KV sharing mode: summed TTFT, throughput, decode "
       "tokens/s, cache bytes, peak device memory");
-  cmd->add_option("--preset", f->preset, "Model shapes: tiny (CPU tests), llama3.1-8b, ministral-8b (random weights made on the device)")
+  cmd->add_option("--preset", f->preset, "Model shapes: tiny (CPU tests), llama3.1-8b, ministral-8b, qwen3-8b (random weights made on the device)")
       ->default_val("tiny");
   cmd->add_option("--modes", f->modes, "Comma-separated sharing modes")->default_val(f->modes);
   cmd->add_option("--lengths", f->lengths, "Comma-separated final trajectory lengths in tokens (e.g. 1900,3.0k)")

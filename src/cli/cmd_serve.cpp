@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
+#include "kv/sharing.h"
 #include "core/text_file.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
@@ -163,7 +164,8 @@ int run_serve(const ServeFlags& f) {
     so.chat_template_missing = "a --preset model has none";
   }
 
-  // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base.
+  // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base;
+  // none when the model norms its keys (Qwen3) and an adapter adapts k_proj.
   const bool is_auto = f.sharing.mode == "auto";
   if (!is_auto && !parse_share_mode(f.sharing.mode).ok())
     return report(Error{ErrorCode::kInvalidArgument, fmt::format("--kv-share '{}' is not a sharing mode; choose auto, {}",
@@ -171,6 +173,16 @@ int run_serve(const ServeFlags& f) {
   auto sharing = f.sharing.options_for(is_auto ? "base-lr" : f.sharing.mode);
   if (!sharing.ok()) return report(sharing.error());
   so.pool.replay.sharing = *sharing;
+  if (is_auto && loaded->adapters) {
+    std::vector<const LoraAdapter*> ads;
+    for (int i = 0; i < loaded->adapters->size(); ++i) ads.push_back(&loaded->adapters->at(i));
+    if (!check_low_rank_k(loaded->model->config(), ads, ShareMode::kBaseLr).ok()) {
+      fmt::print(stderr, "--kv-share auto: {} norms its keys and an adapter adapts k_proj, so no low-rank cache can "
+                         "hold that term; each agent keeps its own full cache (none)\n",
+                 loaded->model->config().architecture);
+      so.pool.replay.sharing.mode = ShareMode::kNone;
+    }
+  }
   auto srv = server::Server::create(*loaded->model, loaded->tokenizer.get(), loaded->adapters.get(), so);
   if (!srv.ok() && is_auto && srv.error().code == ErrorCode::kInvalidArgument &&
       srv.error().message.find("shared-A") != std::string::npos) {
@@ -212,7 +224,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       "docs/server.md has every field");
   f->model.add_to(cmd, true);
   f->sharing.add_to(cmd, "auto",
-                    "; auto (default here): base-lr when the adapters share lora_A, else base. Here --max-context "
+                    "; auto (default here): base-lr when the adapters share lora_A, else base (none when a Qwen3 adapter "
+                    "adapts k_proj). Here --max-context "
                     "and --kv-memory size each kept trajectory");
   cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
   cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")
@@ -249,7 +262,7 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "template leaves /v1/chat/completions answering 400");
   cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
   auto* preset = cmd->add_option("--preset", f->preset,
-                                 "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b or tiny (random "
+                                 "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b, qwen3-8b or tiny (random "
                                  "weights made on the device, byte tokenizer) and bench trace's plan/action/reflect "
                                  "adapters, instead of --model: for measuring the server");
   preset->excludes("--model")->excludes("--adapter");

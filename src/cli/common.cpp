@@ -169,7 +169,7 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
   if (flags.model_dir.empty()) {
     fmt::print(stderr,
                "note: no --model given: using the built-in synthetic model (deterministic random weights; the "
-               "generated text is meaningless). Pass --model DIR with a Hugging Face Llama/Mistral/Qwen2 checkpoint "
+               "generated text is meaningless). Pass --model DIR with a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint "
                "for real output.\n");
     LRA_ASSIGN_OR_RETURN(out.model, make_synthetic_model(SyntheticSpec{}, *out.backend));
     out.tokenizer = make_byte_tokenizer();

@@ -81,6 +81,19 @@ class LayerStores {
 
 }  // namespace
 
+Status check_low_rank_k(const ModelConfig& cfg, const std::vector<const LoraAdapter*>& adapters, ShareMode mode) {
+  if (!cfg.qk_norm || (mode != ShareMode::kBase && mode != ShareMode::kBaseLr)) return Status::Ok();
+  for (const LoraAdapter* ad : adapters)
+    for (int l = 0; ad && l < cfg.num_layers; ++l)
+      if (module_of(ad, l, LoraTarget::kK))
+        return make_error(ErrorCode::kUnsupported,
+                          "--kv-share {} keeps k_proj's LoRA term in low-rank form, but {} RMS-norms every key "
+                          "(k_norm), so a key is not its base plus a low-rank term; adapter '{}' adapts k_proj. "
+                          "Use --kv-share none (private caches) or full, or adapters without k_proj",
+                          share_mode_name(mode), cfg.architecture, ad->name);
+  return Status::Ok();
+}
+
 // The binding of one agent's forward pass (see the mode table in sharing.h).
 class SharedBinding final : public KvBinding {
  public:
@@ -329,6 +342,7 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
   }
 
   // Base modes: one shared base cache.
+  LRA_RETURN_IF_ERROR(check_low_rank_k(cfg, kv->adapters_, m));
   plan("base.kv", 2 * L, width, &kv->shared_kv_);
   if (m == ShareMode::kBase) {
     for (size_t a = 0; a < n; ++a) {

@@ -36,6 +36,11 @@ const char* share_mode_name(ShareMode mode);
 inline constexpr ShareMode kAllShareModes[] = {ShareMode::kNone, ShareMode::kFull, ShareMode::kDroidSpeak,
                                                ShareMode::kBase, ShareMode::kBaseLr};
 
+// The base modes keep k_proj's LoRA term as x·A and add RoPE(s·(x·A)·B) to the base key, which
+// needs the key to be linear in x. A model that RMS-norms its keys (Qwen3's k_norm) breaks that:
+// kUnsupported naming the first adapter that adapts k_proj when `mode` is base or base-lr, else Ok.
+Status check_low_rank_k(const ModelConfig& cfg, const std::vector<const LoraAdapter*>& adapters, ShareMode mode);
+
 // Exact entry bytes by component; allocated = bytes of the pool blocks in use.
 struct CacheBytes {
   int64_t base = 0, lr = 0, full = 0, allocated = 0;

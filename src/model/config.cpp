@@ -18,7 +18,7 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr const char* kSupportedArchitectures = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM";
+constexpr const char* kSupportedArchitectures = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
 
 // Per-architecture defaults of the Hugging Face config classes for keys configs may omit.
 struct ArchDefaults {
@@ -30,6 +30,7 @@ constexpr ArchDefaults kArchitectures[] = {
     {"LlamaForCausalLM", "llama", 2048},
     {"MistralForCausalLM", "mistral", 4096 * 32},
     {"Qwen2ForCausalLM", "qwen2", 32768},
+    {"Qwen3ForCausalLM", "qwen3", 32768},
 };
 
 std::string describe(const json& v) { return v.is_number_float() ? "a float" : std::string(v.type_name()); }
@@ -210,6 +211,10 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   } else if (cfg.architecture == "LlamaForCausalLM") {
     LRA_RETURN_IF_ERROR(read_bool(j, "attention_bias", source, &cfg.attention_bias));
     LRA_RETURN_IF_ERROR(read_bool(j, "mlp_bias", source, &cfg.mlp_bias));
+  } else if (cfg.architecture == "Qwen3ForCausalLM") {
+    // As Llama's: q/k/v and o_proj biases when true (HF's Qwen3Attention); no MLP biases.
+    LRA_RETURN_IF_ERROR(read_bool(j, "attention_bias", source, &cfg.attention_bias));
+    cfg.qk_norm = true;
   }
   LRA_RETURN_IF_ERROR(check_unsupported(j, source, cfg));
   // Linear scaling stretches positions by `factor`: configs give the original context (e.g.
@@ -218,10 +223,11 @@ Result<ModelConfig> parse_model_config(const std::string& json_text, const std::
   if (cfg.rope_scaling.type == "linear" && cfg.rope_scaling.factor > 1 && std::isfinite(cfg.rope_scaling.factor))
     cfg.max_position_embeddings = static_cast<int>(std::min<double>(
         std::numeric_limits<int>::max(), std::floor(cfg.max_position_embeddings * cfg.rope_scaling.factor)));
-  // Sliding-window attention (Mistral; Qwen2 with use_sliding_window) equals full attention over
+  // Sliding-window attention (Mistral; Qwen2/3 with use_sliding_window) equals full attention over
   // contexts no longer than the window: the context is capped there instead of attending wrongly.
   bool windowed = cfg.architecture == "MistralForCausalLM";
-  if (cfg.architecture == "Qwen2ForCausalLM") LRA_RETURN_IF_ERROR(read_bool(j, "use_sliding_window", source, &windowed));
+  if (cfg.architecture == "Qwen2ForCausalLM" || cfg.architecture == "Qwen3ForCausalLM")
+    LRA_RETURN_IF_ERROR(read_bool(j, "use_sliding_window", source, &windowed));
   if (windowed) {
     LRA_RETURN_IF_ERROR(read_int(j, "sliding_window", source, false, &cfg.sliding_window));
     if (cfg.sliding_window < 0)

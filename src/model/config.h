@@ -20,7 +20,7 @@ struct RopeScaling {
 };
 
 struct ModelConfig {
-  std::string architecture;  // LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
+  std::string architecture;  // LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM | Qwen3ForCausalLM
   int vocab_size = 0;
   int hidden_size = 0;
   int intermediate_size = 0;
@@ -35,6 +35,10 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases (Qwen2 always; Llama when attention_bias=true)
   bool mlp_bias = false;         // parsed to be refused: MLP biases are not computed
+  // Qwen3: q and k are RMS-normed per head (weights q_norm, k_norm [head_dim]) after their
+  // projections and before RoPE. A key is then no longer linear in x, so a k_proj LoRA term
+  // cannot be kept in low-rank form (the base sharing modes refuse such adapters).
+  bool qk_norm = false;
   // Attention window (Mistral, Qwen2 with use_sliding_window) when narrower than the context:
   // max_position_embeddings is then capped at it (within it, sliding and full attention agree);
   // 0: none.

@@ -52,10 +52,14 @@ Result<ModelWeights> bind_weights(const ModelConfig& c, const WeightStore& st) {
       LRA_ASSIGN_OR_RETURN(lw.bq, take(p + "self_attn.q_proj.bias", {q}));
       LRA_ASSIGN_OR_RETURN(lw.bk, take(p + "self_attn.k_proj.bias", {kv}));
       LRA_ASSIGN_OR_RETURN(lw.bv, take(p + "self_attn.v_proj.bias", {kv}));
-      // Llama's attention_bias covers o_proj too; Qwen2's o_proj has none.
-      if (c.architecture == "LlamaForCausalLM") {
+      // Llama's and Qwen3's attention_bias covers o_proj too; Qwen2's o_proj has none.
+      if (c.architecture != "Qwen2ForCausalLM") {
         LRA_ASSIGN_OR_RETURN(lw.bo, take(p + "self_attn.o_proj.bias", {h}));
       }
+    }
+    if (c.qk_norm) {
+      LRA_ASSIGN_OR_RETURN(lw.q_norm, take(p + "self_attn.q_norm.weight", {c.head_dim}));
+      LRA_ASSIGN_OR_RETURN(lw.k_norm, take(p + "self_attn.k_norm.weight", {c.head_dim}));
     }
     LRA_ASSIGN_OR_RETURN(lw.mlp_norm, take(p + "post_attention_layernorm.weight", {h}));
     LRA_ASSIGN_OR_RETURN(lw.w_gate, take(p + "mlp.gate_proj.weight", {inter, h}));
@@ -118,7 +122,8 @@ Status LlamaModel::place_weights(const LoadProgress& progress) {
   if (!tied) all.push_back({&w_.lm_head, true});
   for (LayerWeights& lw : w_.layers) {
     for (TensorView* v : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) all.push_back({v, true});
-    for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv, &lw.bo}) all.push_back({v, false});
+    for (TensorView* v : {&lw.attn_norm, &lw.mlp_norm, &lw.bq, &lw.bk, &lw.bv, &lw.bo, &lw.q_norm, &lw.k_norm})
+      all.push_back({v, false});
   }
   int64_t total = 0, done = 0;
   for (const auto& [v, matrix] : all)

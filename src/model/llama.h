@@ -1,4 +1,4 @@
-// Llama-family decoder (Llama, Mistral, Qwen2) over the Backend interface.
+// Llama-family decoder (Llama, Mistral, Qwen2, Qwen3) over the Backend interface.
 // One forward pass serves a batch of sequences of different lengths, each at its own
 // position (prefill chunks and decode steps mixed), each with its own adapter or none.
 #pragma once
@@ -24,7 +24,8 @@ struct LayerWeights {
   TensorView attn_norm;               // [hidden]
   TensorView wq, wk, wv, wo;          // [heads*hd, hidden], [kv*hd, hidden] x2, [hidden, heads*hd]
   TensorView bq, bk, bv;              // biases (Qwen2 / attention_bias), data null when absent
-  TensorView bo;                      // [hidden] o_proj bias (Llama with attention_bias), data null when absent
+  TensorView bo;                      // [hidden] o_proj bias (Llama, Qwen3 with attention_bias), data null when absent
+  TensorView q_norm, k_norm;          // [hd] per-head RMSNorm weights of q and k (Qwen3), data null when absent
   TensorView mlp_norm;                // [hidden]
   TensorView w_gate, w_up, w_down;    // [inter, hidden] x2, [hidden, inter]
 };

@@ -52,6 +52,28 @@ ModelConfig ministral_8b() {
   return c;
 }
 
+ModelConfig qwen3_8b() {
+  // Qwen/Qwen3-8B config.json: q_norm / k_norm per head before RoPE, 40960 positions.
+  ModelConfig c;
+  c.architecture = "Qwen3ForCausalLM";
+  c.vocab_size = 151936;
+  c.hidden_size = 4096;
+  c.intermediate_size = 12288;
+  c.num_layers = 36;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = 128;
+  c.max_position_embeddings = 40960;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 1000000.0;
+  c.tie_word_embeddings = false;
+  c.qk_norm = true;
+  c.bos_token_id = 151643;
+  c.eos_token_ids = {151645};
+  c.torch_dtype = "bfloat16";
+  return c;
+}
+
 ModelConfig tiny() {
   // Llama-3.1 in miniature (GQA 2, llama3 RoPE scaling, 131072 positions) for CPU tests.
   ModelConfig c = llama31_8b();
@@ -73,7 +95,7 @@ uint64_t tensor_seed(uint64_t preset_seed, uint64_t index) { return splitmix64(p
 
 }  // namespace
 
-std::vector<std::string> model_preset_names() { return {"tiny", "llama3.1-8b", "ministral-8b"}; }
+std::vector<std::string> model_preset_names() { return {"tiny", "llama3.1-8b", "ministral-8b", "qwen3-8b"}; }
 
 Result<ModelPreset> model_preset(std::string_view name) {
   ModelPreset p;
@@ -87,9 +109,12 @@ Result<ModelPreset> model_preset(std::string_view name) {
   } else if (name == "ministral-8b") {
     p.config = ministral_8b();
     p.description = "Ministral-8B shapes (mistralai/Ministral-8B-Instruct-2410 config.json), random weights";
+  } else if (name == "qwen3-8b") {
+    p.config = qwen3_8b();
+    p.description = "Qwen3-8B shapes (Qwen/Qwen3-8B config.json), random weights";
   } else {
-    return make_error(ErrorCode::kInvalidArgument, "--preset '{}' is not a model preset; choose tiny, llama3.1-8b or ministral-8b",
-                      name);
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--preset '{}' is not a model preset; choose tiny, llama3.1-8b, ministral-8b or qwen3-8b", name);
   }
   p.seed = 20261122;  // one fixed seed for every preset: they differ by shape
   LRA_RETURN_IF_ERROR(p.config.validate("preset " + p.name));
@@ -101,7 +126,7 @@ int64_t preset_weight_bytes(const ModelConfig& c, DType matrix_dtype) {
                 kv = static_cast<int64_t>(c.num_kv_heads) * c.head_dim, inter = c.intermediate_size;
   const int64_t per_layer = q * h + 2 * kv * h + h * q + 3 * inter * h;
   const int64_t matrices = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + c.num_layers * per_layer;
-  const int64_t norms = h * (2 * c.num_layers + 1);
+  const int64_t norms = h * (2 * c.num_layers + 1) + (c.qk_norm ? 2 * int64_t{c.head_dim} * c.num_layers : 0);
   return matrices * static_cast<int64_t>(dtype_size(matrix_dtype)) + norms * 4;
 }
 
@@ -138,6 +163,10 @@ Result<std::unique_ptr<LlamaModel>> make_preset_model(const ModelPreset& preset,
     LRA_ASSIGN_OR_RETURN(lw.wk, make(p + "k_proj", {kv, h}, false));
     LRA_ASSIGN_OR_RETURN(lw.wv, make(p + "v_proj", {kv, h}, false));
     LRA_ASSIGN_OR_RETURN(lw.wo, make(p + "o_proj", {h, q}, false));
+    if (c.qk_norm) {
+      LRA_ASSIGN_OR_RETURN(lw.q_norm, make(p + "q_norm", {c.head_dim}, true));
+      LRA_ASSIGN_OR_RETURN(lw.k_norm, make(p + "k_norm", {c.head_dim}, true));
+    }
     LRA_ASSIGN_OR_RETURN(lw.mlp_norm, make(p + "post_attention_layernorm", {h}, true));
     LRA_ASSIGN_OR_RETURN(lw.w_gate, make(p + "gate_proj", {inter, h}, false));
     LRA_ASSIGN_OR_RETURN(lw.w_up, make(p + "up_proj", {inter, h}, false));

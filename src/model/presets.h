@@ -23,7 +23,7 @@ struct ModelPreset {
   float init_std = 0.02f;   // std of every matrix (HF initializer_range); norm weights are 1
 };
 
-// "tiny" (CPU tests), "llama3.1-8b", "ministral-8b". Unknown names are kInvalidArgument listing these.
+// "tiny" (CPU tests), "llama3.1-8b", "ministral-8b", "qwen3-8b". Unknown names are kInvalidArgument listing these.
 Result<ModelPreset> model_preset(std::string_view name);
 std::vector<std::string> model_preset_names();
 

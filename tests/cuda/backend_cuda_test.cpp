@@ -16,8 +16,11 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cuda/cuda_test_util.h"
 #include "agents/replay.h"
+#include "engine/generator.h"
 #include "backend/backend.h"
 #include "core/dtype.h"
 #include "kv/block_pool.h"
@@ -229,6 +232,17 @@ TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
     cpu->rope(rv, pos.data(), inv_freq.data());
     gpu->rope(rd.view(), pos.data(), inv_freq.data());
     EXPECT_LE(rel_l2(host_values(*gpu, rd.view()), host_values(*cpu, rv)), 2e-6) << "rope n=" << n;
+
+    // Qwen3's per-head q/k norm, in place over [n, heads, hd] (its own op: the f32 rows are kept
+    // even while set_matmul_only_outputs is on).
+    Tensor hn = random_host({n, heads, hd}, 11, 3.f), hw = random_host({hd}, 12);
+    Tensor hnd = gpu->upload(hn.view(), DType::kF32), hwd = gpu->upload(hw.view(), DType::kF32);
+    TensorView hv = hn.view();
+    cpu->head_rms_norm(hv, hw.view(), 1e-6f);
+    gpu->set_matmul_only_outputs(true);
+    gpu->head_rms_norm(hnd.view(), hwd.view(), 1e-6f);
+    gpu->set_matmul_only_outputs(false);
+    EXPECT_LE(rel_l2(host_values(*gpu, hnd.view()), host_values(*cpu, hv)), 2e-6) << "head_rms_norm n=" << n;
 
     Tensor g = random_host({n, d}, 8), u = random_host({n, d}, 9);
     Tensor gd = gpu->upload(g.view(), DType::kF32), ud = gpu->upload(u.view(), DType::kF32);
@@ -995,6 +1009,95 @@ TEST_P(CudaEngine, DroidSpeakPartialCatchUpMatchesFullDepth) {
     if (dt == DType::kF32) {
       EXPECT_EQ(part.trajectory, full.trajectory) << set << " f32";
       EXPECT_LE(worst, 1e-3) << set << " f32: logits differ beyond rounding";
+    }
+  }
+}
+
+// Qwen3 (q_norm and k_norm before RoPE, head_dim 64 beside hidden 64, tied embeddings) on the
+// GPU: generation against HF transformers + PEFT's goldens, and a replay in every sharing mode
+// the adapter allows against the CPU's. f32: the goldens' tokens and the CPU's, exactly; bf16:
+// agreement reported, first logits checked.
+TEST(CudaQwen3, GenerateMatchesPeftAndReplayMatchesCpu) {
+  REQUIRE_GPU();
+  const std::string mdir = testing::fixtures_dir() + "/models/synthetic-qwen3";
+  for (const std::string name : {"", "qv", "qkvo"}) {
+    const auto golden = nlohmann::json::parse(testing::read_file(
+        testing::fixtures_dir() + "/goldens/synthetic-qwen3" + (name.empty() ? "" : "-" + name) + ".json"));
+    ASSERT_FALSE(golden["cases"].empty());
+    std::vector<ReplayStep> steps(4);  // a prompt, a turn, a tool observation, a turn
+    steps[0].kind = ReplayStep::Kind::kAppendTokens;
+    for (int i = 0; i < 150; ++i) steps[0].tokens.push_back(3 + (i * 37) % 300);
+    steps[1].kind = ReplayStep::Kind::kGenerate;
+    steps[1].agent = "agent";
+    steps[1].generate = 24;
+    steps[2].kind = ReplayStep::Kind::kAppendTokens;
+    for (int i = 0; i < 40; ++i) steps[2].tokens.push_back(5 + (i * 11) % 300);
+    steps[3] = steps[1];
+    std::vector<std::vector<int32_t>> cpu_traj;  // per mode
+    for (int b = 0; b < 3; ++b) {
+      std::unique_ptr<Backend> be = b == 0 ? make_cpu_backend(4) : cuda_backend(b == 1 ? DType::kF32 : DType::kBF16);
+      ASSERT_TRUE(be);
+      const char* bname = b == 0 ? "cpu" : (b == 1 ? "f32" : "bf16");
+      auto model = LlamaModel::load(mdir, *be);
+      ASSERT_TRUE(model.ok()) << model.error().message;
+      std::unique_ptr<LoraAdapter> ad;
+      if (!name.empty()) {
+        auto a = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, (*model)->config());
+        ASSERT_TRUE(a.ok()) << a.error().message;
+        ASSERT_TRUE(upload_adapter(**a, *be).ok());
+        ad = std::move(*a);
+      }
+      if (b > 0) {  // the goldens, as one batch of every case
+        std::vector<GenerateRequest> reqs;
+        for (const auto& c : golden["cases"]) {
+          GenerateRequest r;
+          r.prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
+          r.max_tokens = static_cast<int>(c["output_tokens"].size());
+          r.keep_first_logits = true;
+          r.adapter = ad.get();
+          reqs.push_back(std::move(r));
+        }
+        Generator gen(**model, EngineOptions{});
+        auto res = gen.run(reqs);
+        ASSERT_TRUE(res.ok()) << res.error().message;
+        size_t same = 0, total = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          const auto& c = golden["cases"][i];
+          const auto want = c["output_tokens"].get<std::vector<int32_t>>();
+          const double e = rel_l2((*res)[i].first_logits, c["last_logits"].get<std::vector<float>>());
+          for (size_t t = 0; t < want.size() && t < (*res)[i].output.size(); ++t) same += (*res)[i].output[t] == want[t];
+          total += want.size();
+          if (b == 1) {
+            EXPECT_EQ((*res)[i].output, want) << "qwen3 " << name << " f32 case " << i;
+            EXPECT_LE(e, 1e-4) << "qwen3 " << name << " f32 case " << i;
+          } else {
+            EXPECT_LE(e, 5e-2) << "qwen3 " << name << " bf16 case " << i;
+          }
+        }
+        std::printf("  qwen3 %-4s %s: %zu of %zu golden tokens\n", name.empty() ? "base" : name.c_str(), bname, same,
+                    total);
+      }
+      int mi = 0;
+      for (ShareMode mode : kAllShareModes) {
+        if (name == "qkvo" && (mode == ShareMode::kBase || mode == ShareMode::kBaseLr)) continue;  // refused (k_norm)
+        ReplayOptions o;
+        o.sharing.mode = mode;
+        o.sharing.max_tokens = 512;
+        if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {0};
+        auto r = run_replay(**model, nullptr, {"agent"}, {ad.get()}, steps, o);
+        ASSERT_TRUE(r.ok()) << bname << " " << share_mode_name(mode) << ": " << r.error().message;
+        if (b == 0) {
+          cpu_traj.push_back(r->trajectory);
+        } else {
+          const std::vector<int32_t>& ref = cpu_traj[static_cast<size_t>(mi)];
+          size_t same = 0;
+          for (size_t i = 0; i < std::min(ref.size(), r->trajectory.size()); ++i) same += ref[i] == r->trajectory[i];
+          std::printf("  qwen3 %-4s %s replay %-10s: %zu of %zu trajectory tokens as the CPU's\n",
+                      name.empty() ? "base" : name.c_str(), bname, share_mode_name(mode), same, ref.size());
+          if (b == 1) EXPECT_EQ(r->trajectory, ref) << "qwen3 " << name << " f32 " << share_mode_name(mode);
+        }
+        ++mi;
+      }
     }
   }
 }

@@ -126,6 +126,72 @@ TEST_F(Sharing, OneAgentEveryModeEqualsNoneAndNoneEqualsGenerate) {
   }
 }
 
+// Qwen3 norms q and k per head before RoPE. A q/v adapter keeps every mode exact (a query is
+// computed whole, and V has no norm); a k_proj adapter cannot have its term kept as x·A, so the
+// base modes refuse it by name and the others stay exact.
+TEST(SharingQwen3, QvAdaptersShareEveryModeAndKAdaptersOnlyTheFullOnes) {
+  auto be = make_cpu_backend(2);
+  auto model = LlamaModel::load(testing::fixtures_dir() + "/models/synthetic-qwen3", *be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  for (const std::string name : {"qv", "qkvo"}) {
+    auto ad = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, (*model)->config());
+    ASSERT_TRUE(ad.ok()) << ad.error().message;
+    std::vector<ReplayStep> steps(4);
+    steps[0].kind = ReplayStep::Kind::kAppendTokens;
+    for (int i = 0; i < 23; ++i) steps[0].tokens.push_back(3 + (i * 37) % 300);
+    steps[1].kind = ReplayStep::Kind::kGenerate;
+    steps[1].agent = name;
+    steps[1].generate = 7;
+    steps[2].kind = ReplayStep::Kind::kAppendTokens;
+    steps[2].tokens = {40, 41, 42, 300, 5};
+    steps[3] = steps[1];
+    std::vector<ReplayResult> results;
+    for (ShareMode m : kAllShareModes) {
+      ReplayOptions o;
+      o.sharing.mode = m;
+      o.keep_logits = true;
+      if (m == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+      auto r = run_replay(**model, nullptr, {name}, {ad->get()}, steps, o);
+      const bool low_rank_k = name == "qkvo" && (m == ShareMode::kBase || m == ShareMode::kBaseLr);
+      if (low_rank_k) {
+        ASSERT_FALSE(r.ok()) << share_mode_name(m);
+        EXPECT_EQ(r.error().code, ErrorCode::kUnsupported);
+        EXPECT_NE(r.error().message.find(std::string("--kv-share ") + share_mode_name(m) +
+                                         " keeps k_proj's LoRA term in low-rank form, but Qwen3ForCausalLM RMS-norms "
+                                         "every key (k_norm)"),
+                  std::string::npos)
+            << r.error().message;
+        EXPECT_NE(r.error().message.find("adapter 'qkvo' adapts k_proj"), std::string::npos) << r.error().message;
+        continue;
+      }
+      ASSERT_TRUE(r.ok()) << name << " " << share_mode_name(m) << ": " << r.error().message;
+      results.push_back(std::move(*r));
+    }
+    ASSERT_EQ(results.size(), name == "qv" ? 5u : 3u);
+    const ReplayResult& none = results[0];
+    ASSERT_EQ(none.steps[1].logits.size(), 7u);
+    ASSERT_EQ(none.steps[3].logits.size(), 7u);
+    for (size_t mi = 1; mi < results.size(); ++mi)
+      for (size_t s = 0; s < none.steps.size(); ++s) {
+        EXPECT_EQ(results[mi].steps[s].output_tokens, none.steps[s].output_tokens) << name << " " << mi << " " << s;
+        ASSERT_EQ(results[mi].steps[s].logits.size(), none.steps[s].logits.size());
+        for (size_t row = 0; row < none.steps[s].logits.size(); ++row)
+          EXPECT_LE(max_abs_diff(results[mi].steps[s].logits[row], none.steps[s].logits[row]), 1e-5f)
+              << name << " mode " << mi << " step " << s << " row " << row;
+      }
+    // none is plain generation with the adapter (which the goldens check against PEFT).
+    Generator gen(**model, EngineOptions{});
+    GenerateRequest req;
+    req.prompt = {1};
+    req.prompt.insert(req.prompt.end(), steps[0].tokens.begin(), steps[0].tokens.end());
+    req.max_tokens = 7;
+    req.adapter = ad->get();
+    auto g = gen.run({req});
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    EXPECT_EQ((*g)[0].output, none.steps[1].output_tokens) << name;
+  }
+}
+
 // n agents generate `total / n` tokens each after a 40-token prompt.
 struct MemoryRun {
   CacheBytes bytes;

@@ -229,6 +229,36 @@ TEST(ModelConfig, RopeScalingErrors) {
   EXPECT_TRUE(Contains(parse_error(j).message, "low_freq_factor < high_freq_factor"));
 }
 
+TEST(ModelConfig, Qwen3NormsQAndKAndReadsItsOwnHeadDim) {
+  json j = llama_json();
+  j["architectures"] = {"Qwen3ForCausalLM"};
+  j["head_dim"] = 128;  // Qwen3-0.6B: 16 heads of 128 against hidden 1024
+  j.erase("max_position_embeddings");
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = 64;  // ignored while use_sliding_window is false
+  auto cfg = parse(j);
+  ASSERT_TRUE(cfg.ok()) << cfg.error().message;
+  EXPECT_TRUE(cfg->qk_norm);
+  EXPECT_EQ(cfg->head_dim, 128);
+  EXPECT_FALSE(cfg->attention_bias) << "Qwen3 reads attention_bias (default false), unlike Qwen2";
+  EXPECT_EQ(cfg->max_position_embeddings, 32768);
+  EXPECT_EQ(cfg->sliding_window, 0);
+  j["attention_bias"] = true;
+  j["use_sliding_window"] = true;
+  auto biased = parse(j);
+  ASSERT_TRUE(biased.ok()) << biased.error().message;
+  EXPECT_TRUE(biased->attention_bias);
+  EXPECT_EQ(biased->max_position_embeddings, 64) << "the window caps the context";
+  j["model_type"] = "qwen3";
+  j.erase("architectures");
+  auto by_type = parse(j);
+  ASSERT_TRUE(by_type.ok()) << by_type.error().message;
+  EXPECT_EQ(by_type->architecture, "Qwen3ForCausalLM");
+  auto llama = parse(llama_json());
+  ASSERT_TRUE(llama.ok());
+  EXPECT_FALSE(llama->qk_norm);
+}
+
 TEST(ModelConfig, UnknownArchitectureIsUnsupported) {
   json j = llama_json();
   j["architectures"] = {"GPT2LMHeadModel"};
@@ -236,7 +266,7 @@ TEST(ModelConfig, UnknownArchitectureIsUnsupported) {
   EXPECT_EQ(e.code, ErrorCode::kUnsupported);
   EXPECT_EQ(e.message,
             "test/config.json: architecture 'GPT2LMHeadModel' is not supported; supported: LlamaForCausalLM, "
-            "MistralForCausalLM, Qwen2ForCausalLM");
+            "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM");
 }
 
 TEST(ModelConfig, BadJsonIsCorrupt) {

@@ -105,6 +105,30 @@ TEST_F(Golden, SyntheticQwen2GqaLlama3RopeMatchesTransformers) {
   check_golden(**model, nullptr, g, nullptr);
 }
 
+// Qwen3: q_norm and k_norm per head before RoPE, head_dim 64 with hidden 64 (q wider than the
+// residual stream), tied embeddings (scripts/goldens/make_qwen3_goldens.py).
+TEST_F(Golden, SyntheticQwen3QkNormMatchesTransformers) {
+  auto model = LlamaModel::load(fixtures_dir() + "/models/synthetic-qwen3", *be_);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  EXPECT_TRUE((*model)->config().qk_norm);
+  EXPECT_EQ((*model)->config().head_dim, 64);
+  check_golden(**model, nullptr, load_golden("synthetic-qwen3.json"), nullptr);
+}
+
+class Qwen3AdapterGolden : public Golden, public ::testing::WithParamInterface<std::string> {};
+
+// qkvo: the k_proj term goes through k_norm with the base key (a private full cache).
+TEST_P(Qwen3AdapterGolden, MatchesPeft) {
+  auto model = LlamaModel::load(fixtures_dir() + "/models/synthetic-qwen3", *be_);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto adapter = load_lora_adapter(GetParam(), fixtures_dir() + "/adapters/synthetic-qwen3/" + GetParam(),
+                                   (*model)->config());
+  ASSERT_TRUE(adapter.ok()) << adapter.error().message;
+  check_golden(**model, nullptr, load_golden("synthetic-qwen3-" + GetParam() + ".json"), adapter->get());
+}
+
+INSTANTIATE_TEST_SUITE_P(Qwen3, Qwen3AdapterGolden, ::testing::Values("qkvo", "qv"));
+
 class AdapterGolden : public Golden, public ::testing::WithParamInterface<std::tuple<std::string, std::string>> {};
 
 TEST_P(AdapterGolden, MatchesPeft) {

@@ -122,6 +122,45 @@ TEST(LlamaLoad, TensorsTheModelWouldNotReadAreRefusedByName) {
   EXPECT_TRUE(ok.ok()) << ok.error().message;
 }
 
+// Qwen3's q_norm and k_norm are part of the model: a checkpoint without them is refused by name,
+// norm weights change the logits (a norm of ones still normalises), and a Qwen3 checkpoint
+// labelled Llama is refused rather than computed without its norms.
+TEST(LlamaLoad, Qwen3NormsAreRequiredAndComputed) {
+  auto be = make_cpu_backend(1);
+  auto base = LlamaModel::load(testing::tinystories_dir(), *be);
+  ASSERT_TRUE(base.ok()) << base.error().message;
+  const ModelConfig& c = (*base)->config();
+  const json qwen3 = {{"architectures", {"Qwen3ForCausalLM"}}};
+  {
+    auto m = LlamaModel::load(variant("qwen3-no-norms", qwen3, {}), *be);
+    ASSERT_FALSE(m.ok());
+    EXPECT_EQ(m.error().code, ErrorCode::kNotFound);
+    EXPECT_TRUE(Contains(m.error().message, "model.layers.0.self_attn.q_norm.weight")) << m.error().message;
+  }
+  std::vector<std::pair<std::string, Tensor>> norms;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    norms.emplace_back(p + "q_norm.weight", filled({c.head_dim}, 1.f));
+    norms.emplace_back(p + "k_norm.weight", filled({c.head_dim}, 1.f));
+  }
+  auto m = LlamaModel::load(variant("qwen3-norms", qwen3, norms), *be);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  EXPECT_GT(testing::max_abs_diff(last_logits(**m), last_logits(**base)), 1e-2f) << "q_norm / k_norm were not applied";
+
+  const std::string dir = testing::temp_dir("qwen3-as-llama");
+  json cfg = json::parse(testing::read_file(testing::fixtures_dir() + "/models/synthetic-qwen3/config.json"));
+  cfg["architectures"] = {"LlamaForCausalLM"};
+  std::ofstream(dir + "/config.json") << cfg.dump();
+  fs::copy_file(testing::fixtures_dir() + "/models/synthetic-qwen3/model.safetensors", dir + "/model.safetensors",
+                fs::copy_options::overwrite_existing);
+  auto mislabelled = LlamaModel::load(dir, *be);
+  ASSERT_FALSE(mislabelled.ok());
+  EXPECT_EQ(mislabelled.error().code, ErrorCode::kUnsupported);
+  EXPECT_TRUE(Contains(mislabelled.error().message, "holds 6 tensors this LlamaForCausalLM model does not use "
+                                                    "(model.layers.0.self_attn.k_norm.weight"))
+      << mislabelled.error().message;
+}
+
 TEST(LlamaLoad, NegativeStartPositionIsRefused) {
   auto be = make_cpu_backend(1);
   auto m = LlamaModel::load(testing::tinystories_dir(), *be);

@@ -40,12 +40,21 @@ TEST(Presets, PublishedShapes) {
   EXPECT_EQ(m->config.rope_theta, 1e8);
   EXPECT_EQ(m->config.max_position_embeddings, 32768);
   EXPECT_EQ(preset_weight_bytes(m->config, DType::kF32), 8019808256LL * 4);
+  auto q3 = model_preset("qwen3-8b");
+  ASSERT_TRUE(q3.ok()) << q3.error().message;
+  EXPECT_EQ(q3->config.architecture, "Qwen3ForCausalLM");
+  EXPECT_TRUE(q3->config.qk_norm);
+  EXPECT_EQ(q3->config.num_layers, 36);
+  EXPECT_EQ(q3->config.vocab_size, 151936);
+  EXPECT_EQ(q3->config.max_position_embeddings, 40960);
+  // Qwen3-8B's published count, its 36 × 2 per-head norms of 128 included: 8,190,735,360.
+  EXPECT_EQ(preset_weight_bytes(q3->config, DType::kF32), 8190735360LL * 4);
   // bf16 matrices halve everything but the f32 norms.
   EXPECT_EQ(preset_weight_bytes(c, DType::kBF16), (8030261248LL - 4096 * 65) * 2 + 4096 * 65 * 4);
   auto bad = model_preset("llama-70b");
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, ErrorCode::kInvalidArgument);
-  EXPECT_NE(bad.error().message.find("tiny, llama3.1-8b or ministral-8b"), std::string::npos);
+  EXPECT_NE(bad.error().message.find("tiny, llama3.1-8b, ministral-8b or qwen3-8b"), std::string::npos);
 }
 
 TEST(Presets, TinyWeightsAreMadeOnTheBackendDeterministically) {
@@ -77,6 +86,35 @@ TEST(Presets, TinyWeightsAreMadeOnTheBackendDeterministically) {
   EXPECT_NEAR(sum / n, 0.0, 0.002);
   EXPECT_NEAR(std::sqrt(sq / n), 0.02, 0.001);
   for (int64_t i = 0; i < w1.final_norm.numel(); ++i) ASSERT_EQ(w1.final_norm.f32()[i], 1.0f);
+}
+
+// A Qwen3-shaped preset (qwen3-8b's qk_norm on the tiny shapes) gets its per-head norm weights:
+// without them the forward pass would read null q_norm / k_norm views.
+TEST(Presets, QkNormPresetsMakeTheirNormWeights) {
+  auto p = model_preset("tiny");
+  ASSERT_TRUE(p.ok());
+  p->config.architecture = "Qwen3ForCausalLM";
+  p->config.qk_norm = true;
+  auto be = make_cpu_backend(1);
+  auto m = make_preset_model(*p, *be);
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  for (const LayerWeights& lw : (*m)->weights().layers)
+    for (const TensorView* v : {&lw.q_norm, &lw.k_norm}) {
+      ASSERT_NE(v->data, nullptr);
+      ASSERT_EQ(v->shape, (std::vector<int64_t>{p->config.head_dim}));
+      for (int64_t i = 0; i < v->numel(); ++i) ASSERT_EQ(v->f32()[i], 1.0f);
+    }
+  auto pools = KvPools::create(p->config, 16, 1, "test");
+  ASSERT_TRUE(pools.ok()) << pools.error().message;
+  FullKvCache kv(pools->kv.get());
+  const std::vector<int32_t> toks = {1, 7, 300, 12};
+  SeqInput in;
+  in.tokens = toks.data();
+  in.n_tokens = 4;
+  in.kv = &kv;
+  auto r = (*m)->forward({in});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  for (int64_t i = 0; i < r->numel(); ++i) ASSERT_TRUE(std::isfinite(r->f32()[i]));
 }
 
 TEST(Presets, TinyModelRunsAForwardPass) {

@@ -138,6 +138,7 @@ class CudaBackend final : public Backend {
   void add_bias_if(const TensorView* bias, TensorView& y, int64_t n, int64_t out);
 
   void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) override;
+  void head_rms_norm(TensorView& x, const TensorView& weight, float eps) override;
 
   void add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) override;
 

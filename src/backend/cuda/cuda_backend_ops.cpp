@@ -267,6 +267,19 @@ void CudaBackend::add_bias_if(const TensorView* bias, TensorView& y, int64_t n, 
   launch("add_bias", [=, this] { return lc::add_bias(yd, ldy, b, n, out, stream_); });
 }
 
+void CudaBackend::head_rms_norm(TensorView& x, const TensorView& weight, float eps) {
+  assert(x.rank() == 3 && x.is_contiguous() && x.dtype == DType::kF32 && "head_rms_norm takes contiguous f32 [n, heads, head_dim]");
+  // One row per head, normed in place (the kernel reads each value before the same thread writes
+  // it); always the f32 rows and no bf16 copy: RoPE, the stores and attention read them.
+  const int64_t rows = x.dim(0) * x.dim(1), d = x.dim(2);
+  float* xd = x.f32();
+  wrote(xd, x.nbytes());
+  const void* wd = weight.data;
+  const auto wt = elem_of(weight.dtype);
+  rec("head_rms_norm", xd, wd, wt, eps, rows, d);
+  launch("head_rms_norm", [=, this] { return lc::rms_norm(xd, d, wd, wt, eps, xd, d, rows, d, nullptr, stream_); });
+}
+
 void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
   const int64_t n = x.dim(0), d = x.dim(1);
   wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
