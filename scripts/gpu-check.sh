@@ -203,6 +203,10 @@ if [ -n "$MODEL_BIN" ]; then
   echo "== model bench, Ministral-8B decode ($(elapsed))"
   timeout 120 "$MODEL_BIN" --preset ministral-8b --ctx 4096 --prefill 2048 --out "$LOGS/model_bench_ministral.json" \
     "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
+  # Qwen3-8B's shapes: its per-head q/k norms (head_rms_norm) run in every layer of the step.
+  echo "== model bench, Qwen3-8B decode ($(elapsed))"
+  timeout 120 "$MODEL_BIN" --preset qwen3-8b --ctx 4096 --prefill 2048 --out "$LOGS/model_bench_qwen3.json" \
+    "${MQ[@]}" 2>&1 | tee -a "$LOGS/model.log"
   # Prefill on attention v5 (the previous default, docs/cuda.md): the same model, in model.log.
   echo "== model bench, prefill on attention v5 (LRAGENT_CUDA_PREFILL_KERNEL=v5) ($(elapsed))"
   LRAGENT_CUDA_PREFILL_KERNEL=v5 timeout 180 "$MODEL_BIN" --preset llama3.1-8b --ctx 4096 --prefill 8192 \
@@ -315,7 +319,7 @@ timeout 150 python3 bench/cuda/sdpa_peer.py --out "$LOGS/sdpa_peer.json" "${BQ[@
 # ---------------------------------------------------------------- report
 python3 bench/cuda/make_report.py --ours "$LOGS/attention_bench.json" --sdpa "$LOGS/sdpa_peer.json" \
   --model "$LOGS/model_bench.json" --model-eager "$LOGS/model_bench_eager.json" \
-  --model-extra "$LOGS/model_bench_v5.json" --model-long "$LOGS/model_bench_32k.json" "$LOGS/model_bench_ministral.json" --gemv "$LOGS/gemv_bench.json" \
+  --model-extra "$LOGS/model_bench_v5.json" --model-long "$LOGS/model_bench_32k.json" "$LOGS/model_bench_ministral.json" "$LOGS/model_bench_qwen3.json" --gemv "$LOGS/gemv_bench.json" \
   --replay "$LOGS/replay.log" \
   --tests "$TESTS" --out-prefix "$PREFIX" \
   --meta "gpu=$GPU" "date=$DATE" "commit=$COMMIT" "build=$BUILD_MODE" "nvcc=$($NVCC --version | tail -1)" \

@@ -242,6 +242,16 @@ class Backend {
     rows.strides.clear();
     rms_norm(rows, weight, eps, rows);
   }
+  // Qwen3's q and k norms of one layer, both in place: q [n, hq, hd] first gets the LoRA expands
+  // q_lora (jobs writing rows of q in place, as rope_pair_lora takes them), then q_w per head;
+  // k [n, hk, hd] gets k_w per head. One op so that a backend can run it as one launch, the
+  // decode step's q expand included.
+  virtual void qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& k, const TensorView& k_w, float eps,
+                           std::span<const LoraExpandJob> q_lora) {
+    if (!q_lora.empty()) lora_expand(q_lora);
+    head_rms_norm(q, q_w, eps);
+    head_rms_norm(k, k_w, eps);
+  }
   // h += x, then y = h / rms(h) · weight (the residual add and the next norm; y may alias x).
   virtual void add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
     add(h, x);

@@ -213,18 +213,18 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
     {
       const Backend::MatmulOut qkv[] = {{&lw.wq, opt(lw.bq), &q2}, {&lw.wk, opt(lw.bk), &kb2},
                                         {&lw.wv, opt(lw.bv), &v_base.view()}};
-      // q_norm reads q with its LoRA term, so with it the expands run here, not in the RoPE op.
+      // q's expands are handed to the op that reads q next: the RoPE, or Qwen3's q/k norm.
       const LoraTargetOut lora[] = {
-          {LoraTarget::kQ, &q2, nullptr, nullptr, c.qk_norm ? nullptr : &q_lora},
+          {LoraTarget::kQ, &q2, nullptr, nullptr, &q_lora},
           {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k},
           {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v}};
       LRA_RETURN_IF_ERROR(
           project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_, fold ? &attn_in : nullptr));
     }
 
-    if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and of every K (full ones with their LoRA term) before RoPE
-      be_.head_rms_norm(q.view(), lw.q_norm, eps);
-      be_.head_rms_norm(k_base.view(), lw.k_norm, eps);
+    if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q (with its LoRA term) and of every K before RoPE
+      be_.qk_rms_norm(q.view(), lw.q_norm, k_base.view(), lw.k_norm, eps, q_lora);
+      q_lora.clear();
       if (own_k_full) be_.head_rms_norm(k_full.view(), lw.k_norm, eps);
     }
     be_.rope_pair_lora(q.view(), k_base.view(), pos.data(), inv_freq_.data(), q_lora);

@@ -421,6 +421,51 @@ TEST_P(CudaOps, RopePairLoraMatchesCpu) {
   }
 }
 
+// qk_rms_norm (Qwen3): q's LoRA expands and both per-head norms in one kernel for decode-sized
+// batches, against the CPU's lora_expand + head_rms_norm; some tokens without an adapter, two
+// ranks, head_dim 32 to 256, and batches past the fused limit (expands first, then the kernel).
+TEST_P(CudaOps, QkRmsNormWithLoraMatchesCpu) {
+  const DType dt = GetParam();
+  for (int64_t hd : {32, 64, 128, 256}) {
+    for (int64_t n : {1, 3, 8, 9, 17}) {
+      const int64_t hq = 4, hk = 2, width = hq * hd;
+      Tensor q = random_host({n, hq, hd}, 51, 2.f), k = random_host({n, hk, hd}, 52, 0.5f);
+      Tensor wq = random_host({hd}, 53), wk = random_host({hd}, 54);
+      Tensor qd = gpu->upload(q.view(), DType::kF32), kd = gpu->upload(k.view(), DType::kF32);
+      Tensor wqd = gpu->upload(wq.view(), DType::kF32), wkd = gpu->upload(wk.view(), DType::kF32);
+      // Token 0: rank 16; tokens [1, min(n, 3)): none; tokens [3, n): rank 4.
+      const int64_t n2 = std::max<int64_t>(n - 3, 0);
+      Tensor xa1 = random_host({1, 16}, 55), b1 = random_host({width, 16}, 56);
+      Tensor xa2 = random_host({std::max<int64_t>(n2, 1), 4}, 57), b2 = random_host({width, 4}, 58);
+      Tensor xa1d = gpu->upload(xa1.view(), DType::kF32), b1d = gpu->upload(b1.view(), dt);
+      Tensor xa2d = gpu->upload(xa2.view(), DType::kF32), b2d = gpu->upload(b2.view(), dt);
+      TensorView q2c = q.view(), q2g = qd.view();
+      q2c.shape = q2g.shape = {n, width};
+      q2c.strides.clear();
+      q2g.strides.clear();
+      std::vector<Backend::LoraExpandJob> jc(1), jg(1);
+      jc[0].xa = xa1.view();
+      jc[0].b = b1.view();
+      jg[0].xa = xa1d.view();
+      jg[0].b = b1d.view();
+      jc[0].scale = jg[0].scale = 2.f;
+      jc[0].y = q2c.rows(0, 1);
+      jg[0].y = q2g.rows(0, 1);
+      if (n2 > 0) {
+        jc.push_back({xa2.view().rows(0, n2), b2.view(), 0.5f, q2c.rows(3, n), {}});
+        jg.push_back({xa2d.view().rows(0, n2), b2d.view(), 0.5f, q2g.rows(3, n), {}});
+      }
+      TensorView qc = q.view(), kc = k.view();
+      cpu->qk_rms_norm(qc, wq.view(), kc, wk.view(), 1e-6f, jc);
+      gpu->qk_rms_norm(qd.view(), wqd.view(), kd.view(), wkd.view(), 1e-6f, jg);
+      EXPECT_LE(rel_l2(host_values(*gpu, qd.view()), host_values(*cpu, qc)), tol(dt))
+          << "qk_rms_norm q, n=" << n << " hd=" << hd;
+      EXPECT_LE(rel_l2(host_values(*gpu, kd.view()), host_values(*cpu, kc)), 2e-6)
+          << "qk_rms_norm k, n=" << n << " hd=" << hd;
+    }
+  }
+}
+
 // Greedy sampling on the device: the same ids as the CPU backend (lowest index on ties, NaN
 // never picked) at awkward widths, up to a Llama-3 vocabulary; rows of >= 8192 take one cluster
 // of blocks each (their ties then span the blocks' slices), odd widths the scalar loads; row 2 is

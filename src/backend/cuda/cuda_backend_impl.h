@@ -139,6 +139,8 @@ class CudaBackend final : public Backend {
 
   void rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) override;
   void head_rms_norm(TensorView& x, const TensorView& weight, float eps) override;
+  void qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& k, const TensorView& k_w, float eps,
+                   std::span<const LoraExpandJob> q_lora) override;
 
   void add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) override;
 
@@ -306,6 +308,9 @@ class CudaBackend final : public Backend {
     lc::OpProfiler::Scope pr(prof_, name, stream_);
     if (const cudaError_t e = f(); e != cudaSuccess) fail(fmt::format("op '{}': {}", name, cudaGetErrorString(e)));
   }
+  // The decode-sized LoRA expands `jobs` onto rows of a [n, heads, hd] as a kernel takes them by
+  // token (RopeLora: rope_pair_lora, qk_rms_norm); false when they cannot be (then rl is partial).
+  bool row_lora(const TensorView& a, std::span<const LoraExpandJob> jobs, lc::RopeLora& rl) const;
   // rope_pair, with the LoRA terms of a's tokens when lora is given (rope_pair_lora).
   void rope_pair_impl(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
                       const lc::RopeLora* lora);

@@ -277,7 +277,53 @@ void CudaBackend::head_rms_norm(TensorView& x, const TensorView& weight, float e
   const void* wd = weight.data;
   const auto wt = elem_of(weight.dtype);
   rec("head_rms_norm", xd, wd, wt, eps, rows, d);
+  if (d <= lc::kQkNormMaxHeadDim) {  // a warp per head (qk_rms_norm's kernel, no k rows)
+    lc::QkNormArgs a;
+    a.q = xd;
+    a.wq = wd;
+    a.wt = wt;
+    a.hq = static_cast<int>(x.dim(1));
+    a.hd = static_cast<int>(d);
+    a.n = x.dim(0);
+    a.eps = eps;
+    launch("head_rms_norm", [=, this] { return lc::qk_norm(a, nullptr, stream_); });
+    return;
+  }
   launch("head_rms_norm", [=, this] { return lc::rms_norm(xd, d, wd, wt, eps, xd, d, rows, d, nullptr, stream_); });
+}
+
+void CudaBackend::qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& k, const TensorView& k_w, float eps,
+                              std::span<const LoraExpandJob> q_lora) {
+  assert(q.rank() == 3 && k.rank() == 3 && q.is_contiguous() && k.is_contiguous() && q.dim(0) == k.dim(0) &&
+         q.dim(2) == k.dim(2) && "qk_rms_norm takes contiguous [n, heads, head_dim] of the same tokens");
+  const bool shape_ok = q.dtype == DType::kF32 && k.dtype == DType::kF32 && q_w.dtype == k_w.dtype &&
+                        q.dim(2) <= lc::kQkNormMaxHeadDim;
+  lc::RopeLora rl{};
+  const bool lora = shape_ok && !q_lora.empty() && row_lora(q, q_lora, rl);
+  if (!shape_ok || (!q_lora.empty() && !lora)) {  // the expands on their own, then the norms
+    Backend::qk_rms_norm(q, q_w, k, k_w, eps, q_lora);
+    return;
+  }
+  wrote(q.data, q.nbytes());
+  wrote(k.data, k.nbytes());
+  lc::QkNormArgs a;
+  a.q = q.f32();
+  a.k = k.f32();
+  a.wq = q_w.data;
+  a.wk = k_w.data;
+  a.wt = elem_of(q_w.dtype);
+  a.hq = static_cast<int>(q.dim(1));
+  a.hk = static_cast<int>(k.dim(1));
+  a.hd = static_cast<int>(q.dim(2));
+  a.n = q.dim(0);
+  a.eps = eps;
+  rec("qk_rms_norm", a.q, a.k, a.wq, a.wk, a.wt, a.hq, a.hk, a.hd, a.n, eps, lora);
+  if (lora)
+    for (int64_t t = 0; t < a.n; ++t) {
+      const auto i = static_cast<size_t>(t);
+      rec("qk_norm_lora", rl.lr[i], rl.b[i], rl.ldb[i], rl.rank[i], rl.scale[i], rl.b_bf16[i]);
+    }
+  launch("qk_rms_norm", [=, this] { return lc::qk_norm(a, lora ? &rl : nullptr, stream_); });
 }
 
 void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
@@ -330,12 +376,10 @@ void CudaBackend::rope_pair(TensorView& a, TensorView& b, const int32_t* positio
   rope_pair_impl(a, b, positions, inv_freq, nullptr);
 }
 
-void CudaBackend::rope_pair_lora(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
-                                 std::span<const LoraExpandJob> a_lora) {
-  // Decode-sized: token t's LoRA term goes into the RoPE kernel (RopeLora, by token).
+bool CudaBackend::row_lora(const TensorView& a, std::span<const LoraExpandJob> a_lora, lc::RopeLora& rl) const {
   const int64_t n = a.dim(0), width = a.dim(1) * a.dim(2);
   bool fused = fuse_lora() && !a_lora.empty() && n >= 1 && n <= lc::kGemvMaxRows && a.dtype == DType::kF32;
-  lc::RopeLora rl{};
+  rl = {};
   for (const LoraExpandJob& j : a_lora) {
     fused = fused && !j.base.data && j.xa.data && j.xa.dtype == DType::kF32 && j.xa.dim(1) <= lc::kMaxLoraRank &&
             (j.b.dtype == DType::kBF16 || j.b.dtype == DType::kF32) && j.y.dtype == DType::kF32 &&
@@ -357,7 +401,15 @@ void CudaBackend::rope_pair_lora(TensorView& a, TensorView& b, const int32_t* po
       rl.b_bf16[t] = j.b.dtype == DType::kBF16 ? 1 : 0;
     }
   }
-  if (!fused) {
+  return fused;
+}
+
+void CudaBackend::rope_pair_lora(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,
+                                 std::span<const LoraExpandJob> a_lora) {
+  // Decode-sized: token t's LoRA term goes into the RoPE kernel (RopeLora, by token).
+  const int64_t n = a.dim(0);
+  lc::RopeLora rl{};
+  if (!row_lora(a, a_lora, rl)) {
     Backend::rope_pair_lora(a, b, positions, inv_freq, a_lora);
     return;
   }

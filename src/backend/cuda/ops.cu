@@ -253,6 +253,57 @@ __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int
   }
 }
 
+// One warp per head row (q's rows first, then k's): the row's values stay in registers between
+// the sum of squares and the scaling (kQkNormMaxHeadDim / 32 per lane).
+template <bool kLora>
+__global__ void qk_norm_kernel(const QkNormArgs a, const RopeLora lora) {
+  constexpr int kPer = kQkNormMaxHeadDim / 32;
+  const int64_t row_all = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int64_t rows_q = a.n * a.hq;
+  if (row_all >= rows_q + a.n * a.hk) return;  // whole warps leave together: the shuffles below are full
+  const bool is_q = row_all < rows_q;
+  const int heads = is_q ? a.hq : a.hk;
+  const int64_t row = is_q ? row_all : row_all - rows_q;
+  const int64_t tok = row / heads;
+  float* x = (is_q ? a.q : a.k) + row * a.hd;
+  const void* w = is_q ? a.wq : a.wk;
+  const float* lr = nullptr;
+  if constexpr (kLora) lr = is_q ? lora.lr[tok] : nullptr;
+  float v[kPer];
+  float ss = 0.f;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int j = lane + 32 * u;
+    v[u] = j < a.hd ? x[j] : 0.f;
+    if constexpr (kLora) {
+      if (lr && j < a.hd) {
+        const int64_t o = (row % heads) * a.hd + j;  // output column of x·A·B^T
+        const bool bf = lora.b_bf16[tok] != 0;
+        float d = 0.f;
+        for (int k0 = 0; k0 < lora.rank[tok]; k0 += 16) {
+          float wb[16], l[16];
+          const int m = min(16, lora.rank[tok] - k0);
+          lora_load16(lora.b[tok], bf, o * lora.ldb[tok] + k0, m, wb);
+          lora_load16(lr, false, k0, m, l);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) d += l[i] * wb[i];
+        }
+        v[u] += lora.scale[tok] * d;
+      }
+    }
+    ss += v[u] * v[u];
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.hd) + a.eps);  // as the CPU's rms_norm
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int j = lane + 32 * u;
+    if (j < a.hd) x[j] = load_elem(w, a.wt, j) * (v[u] * inv);
+  }
+}
+
 // o may be null (only o16 written).
 __global__ void silu_mul_kernel(const float* g, const float* u, float* o, int64_t n, __nv_bfloat16* o16) {
   pdl_release();  // a PDL-launched GEMV may be scheduled now (it waits for our completion)
@@ -765,6 +816,20 @@ cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t
     rope_store_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(r, js);
   else
     rope_store_kernel<false><<<blocks_for(total), kThreads, 0, s>>>(r, js);
+  return cudaGetLastError();
+}
+
+cudaError_t qk_norm(const QkNormArgs& a, const RopeLora* lora, cudaStream_t s) {
+  if (a.hd < 1 || a.hd > kQkNormMaxHeadDim || a.n < 0 || a.hq < 0 || a.hk < 0 || (lora && a.n > kGemvMaxRows))
+    return cudaErrorInvalidValue;
+  const int64_t rows = a.n * (a.hq + a.hk);
+  if (rows == 0) return cudaSuccess;
+  constexpr int kWarps = 8;
+  const auto grid = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+  if (lora)
+    qk_norm_kernel<true><<<grid, 32 * kWarps, 0, s>>>(a, *lora);
+  else
+    qk_norm_kernel<false><<<grid, 32 * kWarps, 0, s>>>(a, RopeLora{});
   return cudaGetLastError();
 }
 

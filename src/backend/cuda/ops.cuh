@@ -135,6 +135,21 @@ struct RopeLora {
 cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim,
                            const int32_t* pos, const float* inv_freq, void* xa16, const RopeLora& lora,
                            cudaStream_t s);
+// Qwen3's per-head RMSNorms of q [n, hq, hd] and k [n, hk, hd] in place, in one launch: each
+// head row x = x / rms(x) · w (wq for q's rows, wk for k's, both of type wt, [hd]). With lora,
+// token t's q rows first get its LoRA term as rope_pair_lora adds it (n <= kGemvMaxRows). hd <= 256.
+struct QkNormArgs {
+  float* q = nullptr;
+  float* k = nullptr;
+  const void* wq = nullptr;
+  const void* wk = nullptr;
+  Elem wt = Elem::kF32;
+  int hq = 0, hk = 0, hd = 0;
+  int64_t n = 0;
+  float eps = 0.f;
+};
+inline constexpr int kQkNormMaxHeadDim = 256;
+cudaError_t qk_norm(const QkNormArgs& a, const RopeLora* lora, cudaStream_t s);
 // out = silu(gate) · up, elementwise over n values (out may alias gate); out16 (optional) gets
 // the same values in bf16; out may be null when out16 is given.
 cudaError_t silu_mul(const float* gate, const float* up, float* out, int64_t n, void* out16, cudaStream_t s);
