@@ -1,6 +1,7 @@
 // `lragent serve` as a process: --kv-share auto picks base when the adapters do not share A,
 // SIGINT/SIGTERM stop it cleanly, a port it cannot listen on is one error line, and the start-up
-// line names the chat route only with a chat template; a second signal quits at once.
+// line names the chat route only with a chat template; a second signal quits at once; on Qwen3 auto
+// picks none for an adapter that adapts k_proj.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -52,6 +53,29 @@ TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tiny, plan, action, reflect"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("kv-share base-lr,"), std::string::npos) << r.err;
+}
+
+// Qwen3 norms every key (k_norm), so an adapter that adapts k_proj cannot keep that term in
+// low-rank form: auto picks none for it and says why, q/v adapters keep base-lr, and an explicit
+// base-lr with the k_proj adapter is one error line naming it.
+TEST(ServeCli, AutoSharingOnQwen3PicksNoneForAKProjAdapter) {
+  const std::string model = "--model " + shell_quote(testing::fixtures_dir() + "/models/synthetic-qwen3");
+  const std::string dir = testing::fixtures_dir() + "/adapters/synthetic-qwen3/";
+  const std::string qkvo = " --adapter qkvo=" + shell_quote(dir + "qkvo"), qv = " --adapter qv=" + shell_quote(dir + "qv");
+  auto r = serve_until("INT", 6, model + qv + qkvo + " --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--kv-share auto: Qwen3ForCausalLM norms its keys and an adapter adapts k_proj"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("kv-share none,"), std::string::npos) << r.err;
+  r = serve_until("INT", 6, model + qv + " --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.err.find("norms its keys"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("kv-share base-lr,"), std::string::npos) << r.err;
+  r = serve_until("INT", 6, model + qkvo + " --kv-share base-lr --port 0");
+  EXPECT_NE(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("--kv-share base-lr keeps k_proj's LoRA term in low-rank form"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("adapter 'qkvo' adapts k_proj"), std::string::npos) << r.err;
 }
 
 // The chat template comes from chat_template.jinja beside the model (transformers >= 4.43 saves it
