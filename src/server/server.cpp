@@ -308,7 +308,19 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
 
 void Server::engine_loop() {
   std::vector<Job*> active;  // admitted, in arrival order
+  bool worked = false;        // requests ran since the last on_idle
   for (;;) {
+    if (worked && active.empty() && opts_.on_idle) {
+      bool waiting = false;
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        waiting = !queue_.empty();
+      }
+      if (!waiting) {
+        opts_.on_idle();
+        worked = false;
+      }
+    }
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
       queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
@@ -338,6 +350,7 @@ void Server::engine_loop() {
       fail_running("unknown exception");
     }
     const bool progress = ran || !ended_.empty();
+    worked = worked || progress;
     // Handed back last: a handler may destroy its job as soon as it sees `finished`.
     for (Job* j : ended_) {
       std::erase(active, j);

@@ -65,6 +65,9 @@ struct ServerOptions {
   std::string chat_template_missing = "none was given";
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
+  // Called on the engine thread each time it has run requests and none is left running or
+  // waiting (the CLI hands freed heap back to the system there); null: nothing.
+  std::function<void()> on_idle;
 };
 
 // What one completion request produced, before it is JSON (the server's core, tested without HTTP).

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -173,6 +174,25 @@ TEST_F(ServerTest, GreedyCompletionsAreGeneratesForTheBaseModelAndEachAdapter) {
     }
     stop();
   }
+}
+
+// on_idle runs on the engine thread once the requests have all ended (the CLI trims the heap
+// there), not before the answer is ready, not while nothing has run.
+TEST_F(ServerTest, TheIdleHookRunsOnceTheRequestsHaveEnded) {
+  std::atomic<int> idle{0};
+  ServerOptions o;
+  o.on_idle = [&idle] { idle.fetch_add(1); };
+  start(ShareMode::kBaseLr, o);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(idle.load(), 0) << "nothing ran yet";
+  for (int round = 1; round <= 2; ++round) {
+    auto [status, j] = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 8}});
+    ASSERT_EQ(status, 200) << j.dump();
+    for (int i = 0; i < 200 && idle.load() < round; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(idle.load(), round) << "one idle call per time the engine falls idle";
+  }
+  stop();
+  EXPECT_EQ(idle.load(), 2);
 }
 
 TEST_F(ServerTest, AgentsWhosePromptsExtendATrajectoryShareItsCache) {
