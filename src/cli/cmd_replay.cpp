@@ -50,7 +50,11 @@ int run_replay_cmd(const ReplayFlags& f) {
     };
   auto [names, adapters] = agents_of(*loaded->adapters);
   auto res = run_replay(*loaded->model, loaded->tokenizer.get(), names, adapters, *steps, ro);
-  if (!res.ok()) return report(make_error(res.error().code, "{}: {}", f.script, res.error().message));  // "S: step 3: ..."
+  // A step's error names the script ("S: step 3: ..."); one from setting up the trajectory comes
+  // from the flags (--kv-share, --recompute-layers, --kv-memory) and is reported as it is.
+  if (!res.ok() && res.error().message.starts_with("step "))
+    return report(make_error(res.error().code, "{}: {}", f.script, res.error().message));
+  if (!res.ok()) return report(res.error());
   if (f.json) {
     nlohmann::json j;
     j["mode"] = share_mode_name(ro.sharing.mode);
