@@ -883,6 +883,33 @@ def _degenerate(outputs: list) -> bool:
     return len({tuple(o) for o in outputs}) < max(2, len(outputs) // 2)
 
 
+def pick_init(model, prompts: list, candidates: list, init, min_margin: float, what: str, checks: Checks):
+    """(seed, scale, margin) of the first candidate whose greedy outputs are not degenerate and
+    whose smallest top-1/top-2 margin is >= min_margin, else the non-degenerate one with the
+    largest margin; init(model, seed, scale) sets the weights."""
+    best = None
+    for seed, scale in candidates:
+        init(model, seed, scale)
+        res = [greedy(model, p, MAX_NEW_TOKENS) for p in prompts]
+        outs = [r["output_tokens"] for r in res]
+        margin = min(min(r["top2_margins"]) for r in res)
+        degen = _degenerate(outs)
+        log(f"  candidate seed={seed} scale={scale}: degenerate={degen} min top2 margin={margin:.4g} "
+            f"distinct tokens per prompt={[len(set(o)) for o in outs]}")
+        if degen:
+            continue
+        if best is None or margin > best[2]:
+            best = (seed, scale, margin)
+        if margin >= min_margin:
+            break
+    if best is None:
+        checks.ok(False, f"{what}: every init candidate gave degenerate greedy output")
+        best = (candidates[-1][0], candidates[-1][1], 0.0)
+    if best[2] < min_margin:
+        checks.warn(f"{what}: smallest greedy margin is only {best[2]:.3g}")
+    return best
+
+
 def stage_synthetic(args, checks: Checks, summary: list) -> None:
     import torch
     import transformers
@@ -919,27 +946,8 @@ def stage_synthetic(args, checks: Checks, summary: list) -> None:
               f"synthetic: inv_freq matches the llama3 formula (max rel diff {rel_expected:.3g})")
 
     prompts = synth_prompts()
-    best = None
-    for seed, scale in SYNTH_CANDIDATES:
-        init_synth_weights(model, seed, scale)
-        res = [greedy(model, p, MAX_NEW_TOKENS) for p in prompts]
-        outs = [r["output_tokens"] for r in res]
-        margin = min(min(r["top2_margins"]) for r in res)
-        degen = _degenerate(outs)
-        log(f"  candidate seed={seed} scale={scale}: degenerate={degen} min top2 margin={margin:.4g} "
-            f"distinct tokens per prompt={[len(set(o)) for o in outs]}")
-        if degen:
-            continue
-        if best is None or margin > best[2]:
-            best = (seed, scale, margin)
-        if margin >= SYNTH_MIN_MARGIN:
-            break
-    if best is None:
-        checks.ok(False, "synthetic: every init candidate gave degenerate greedy output")
-        best = (SYNTH_CANDIDATES[-1][0], SYNTH_CANDIDATES[-1][1], 0.0)
-    seed, scale, margin = best
-    if margin < SYNTH_MIN_MARGIN:
-        checks.warn(f"synthetic: smallest greedy margin is only {margin:.3g}")
+    seed, scale, margin = pick_init(model, prompts, SYNTH_CANDIDATES, init_synth_weights, SYNTH_MIN_MARGIN,
+                                    "synthetic", checks)
     tensors = init_synth_weights(model, seed, scale)
     ref = [greedy(model, p, MAX_NEW_TOKENS) for p in prompts]
 

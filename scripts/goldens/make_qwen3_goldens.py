@@ -134,23 +134,7 @@ def stage_model(args, checks, summary) -> Path:
     checks.ok(not any(n.endswith(".bias") for n in names), "no biases")
 
     ps = prompts()
-    best = None
-    for seed, scale in CANDIDATES:
-        init_weights(model, seed, scale)
-        res = [mg.greedy(model, p, mg.MAX_NEW_TOKENS) for p in ps]
-        margin = min(min(r["top2_margins"]) for r in res)
-        degen = mg._degenerate([r["output_tokens"] for r in res])
-        mg.log(f"  candidate seed={seed} scale={scale}: degenerate={degen} min top2 margin={margin:.4g}")
-        if degen:
-            continue
-        if best is None or margin > best[2]:
-            best = (seed, scale, margin)
-        if margin >= MIN_MARGIN:
-            break
-    if best is None:
-        checks.ok(False, "every init candidate gave degenerate greedy output")
-        best = (CANDIDATES[-1][0], CANDIDATES[-1][1], 0.0)
-    seed, scale, margin = best
+    seed, scale, _ = mg.pick_init(model, ps, CANDIDATES, init_weights, MIN_MARGIN, "qwen3", checks)
     tensors = init_weights(model, seed, scale)
     wpath = mdir / "model.safetensors"
     save_file(tensors, str(wpath), metadata={"format": "pt"})

@@ -53,24 +53,17 @@ ModelConfig ministral_8b() {
 }
 
 ModelConfig qwen3_8b() {
-  // Qwen/Qwen3-8B config.json: q_norm / k_norm per head before RoPE, 40960 positions.
-  ModelConfig c;
+  // Qwen/Qwen3-8B config.json: Ministral-8B's layer shapes (hidden 4096, 36 layers, 32 / 8 heads
+  // of 128, MLP 12288, untied), with q_norm / k_norm per head before RoPE and 40960 positions.
+  ModelConfig c = ministral_8b();
   c.architecture = "Qwen3ForCausalLM";
   c.vocab_size = 151936;
-  c.hidden_size = 4096;
-  c.intermediate_size = 12288;
-  c.num_layers = 36;
-  c.num_heads = 32;
-  c.num_kv_heads = 8;
-  c.head_dim = 128;
   c.max_position_embeddings = 40960;
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 1000000.0;
-  c.tie_word_embeddings = false;
   c.qk_norm = true;
   c.bos_token_id = 151643;
   c.eos_token_ids = {151645};
-  c.torch_dtype = "bfloat16";
   return c;
 }
 

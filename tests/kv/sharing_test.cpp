@@ -68,6 +68,15 @@ std::vector<int32_t> prompt_ids(int n) {
 
 using testing::max_abs_diff;
 
+// Replay options for mode m with every logits row kept (droidspeak keeps layer 1 private).
+ReplayOptions logits_options(ShareMode m) {
+  ReplayOptions o;
+  o.sharing.mode = m;
+  o.keep_logits = true;
+  if (m == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+  return o;
+}
+
 TEST_F(Sharing, OneAgentEveryModeEqualsNoneAndNoneEqualsGenerate) {
   for (const std::string set : {"qv-shared-a-r8", "qkvo-shared-a-r4"}) {
     const LoraAdapter* plan = adapter(set, "plan", "plan");
@@ -85,11 +94,7 @@ TEST_F(Sharing, OneAgentEveryModeEqualsNoneAndNoneEqualsGenerate) {
     steps[4].tokens = {5, 38, 116, 1643};
     std::vector<ReplayResult> results;
     for (ShareMode m : kAllShareModes) {
-      ReplayOptions o;
-      o.sharing.mode = m;
-      o.keep_logits = true;
-      if (m == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
-      auto r = run_replay(*model_, nullptr, {"plan"}, {plan}, steps, o);
+      auto r = run_replay(*model_, nullptr, {"plan"}, {plan}, steps, logits_options(m));
       ASSERT_TRUE(r.ok()) << share_mode_name(m) << ": " << r.error().message;
       results.push_back(std::move(*r));
     }
@@ -147,11 +152,7 @@ TEST(SharingQwen3, QvAdaptersShareEveryModeAndKAdaptersOnlyTheFullOnes) {
     steps[3] = steps[1];
     std::vector<ReplayResult> results;
     for (ShareMode m : kAllShareModes) {
-      ReplayOptions o;
-      o.sharing.mode = m;
-      o.keep_logits = true;
-      if (m == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
-      auto r = run_replay(**model, nullptr, {name}, {ad->get()}, steps, o);
+      auto r = run_replay(**model, nullptr, {name}, {ad->get()}, steps, logits_options(m));
       const bool low_rank_k = name == "qkvo" && (m == ShareMode::kBase || m == ShareMode::kBaseLr);
       if (low_rank_k) {
         ASSERT_FALSE(r.ok()) << share_mode_name(m);
