@@ -114,6 +114,34 @@ TEST_F(Fidelity, IndependentAdaptersSkipBaseLrWithTheReason) {
   EXPECT_NE(r->skipped[0].reason.find("shared-A"), std::string::npos) << r->skipped[0].reason;
 }
 
+// Qwen3 with an adapter that adapts k_proj: base and base-lr cannot hold its key term (k_norm),
+// so their rows are skipped with the reason and the other modes are measured.
+TEST(FidelityQwen3, KProjAdaptersSkipTheBaseModesWithTheReason) {
+  auto be = make_cpu_backend(2);
+  auto model = LlamaModel::load(testing::fixtures_dir() + "/models/synthetic-qwen3", *be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  std::vector<std::unique_ptr<LoraAdapter>> owned;
+  for (const char* name : {"qv", "qkvo"}) {
+    auto a = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, (*model)->config());
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    owned.push_back(std::move(*a));
+  }
+  auto steps = parse_replay_script(R"({"steps": [{"append_tokens": [5, 9, 33, 200, 17, 4, 99]},
+      {"agent": "qv", "generate": 6}, {"append_tokens": [3, 4, 5]}, {"agent": "qkvo", "generate": 6}]})",
+                                   "qwen3.json");
+  ASSERT_TRUE(steps.ok()) << steps.error().message;
+  FidelityOptions o;
+  o.droidspeak_layers = {0};
+  auto r = measure_fidelity(**model, nullptr, {"qv", "qkvo"}, {owned[0].get(), owned[1].get()}, *steps, o);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r->modes.size(), 3u);  // none, full, droidspeak
+  ASSERT_EQ(r->skipped.size(), 2u);
+  for (const auto& s : r->skipped) {
+    EXPECT_TRUE(s.mode == ShareMode::kBase || s.mode == ShareMode::kBaseLr) << share_mode_name(s.mode);
+    EXPECT_NE(s.reason.find("RMS-norms every key (k_norm)"), std::string::npos) << s.reason;
+  }
+}
+
 TEST_F(Fidelity, ScriptWithoutAgentOutputIsRefused) {
   load_agents("qv-shared-a-r8");
   for (const char* text : {R"({"steps": []})", R"({"steps": [{"append": "hi"}]})",
