@@ -16,8 +16,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
-#include "kv/sharing.h"
 #include "core/text_file.h"
+#include "kv/sharing.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
 #include "server/server.h"
@@ -186,9 +186,7 @@ int run_serve(const ServeFlags& f) {
   if (!sharing.ok()) return report(sharing.error());
   so.pool.replay.sharing = *sharing;
   if (is_auto && loaded->adapters) {
-    std::vector<const LoraAdapter*> ads;
-    for (int i = 0; i < loaded->adapters->size(); ++i) ads.push_back(&loaded->adapters->at(i));
-    if (!check_low_rank_k(loaded->model->config(), ads, ShareMode::kBaseLr).ok()) {
+    if (!check_low_rank_k(loaded->model->config(), agents_of(*loaded->adapters).second, ShareMode::kBaseLr).ok()) {
       fmt::print(stderr, "--kv-share auto: {} norms its keys and an adapter adapts k_proj, so no low-rank cache can "
                          "hold that term; each agent keeps its own full cache (none)\n",
                  loaded->model->config().architecture);

@@ -296,14 +296,13 @@ void CudaBackend::qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& 
                               std::span<const LoraExpandJob> q_lora) {
   assert(q.rank() == 3 && k.rank() == 3 && q.is_contiguous() && k.is_contiguous() && q.dim(0) == k.dim(0) &&
          q.dim(2) == k.dim(2) && "qk_rms_norm takes contiguous [n, heads, head_dim] of the same tokens");
-  const bool shape_ok = q.dtype == DType::kF32 && k.dtype == DType::kF32 && q_w.dtype == k_w.dtype &&
-                        q.dim(2) <= lc::kQkNormMaxHeadDim;
-  lc::RopeLora rl{};
-  const bool lora = shape_ok && !q_lora.empty() && row_lora(q, q_lora, rl);
-  if (!shape_ok || (!q_lora.empty() && !lora)) {  // the expands on their own, then the norms
+  if (q.dtype != DType::kF32 || k.dtype != DType::kF32 || q_w.dtype != k_w.dtype || q.dim(2) > lc::kQkNormMaxHeadDim) {
     Backend::qk_rms_norm(q, q_w, k, k_w, eps, q_lora);
     return;
   }
+  lc::RopeLora rl{};
+  const bool lora = !q_lora.empty() && row_lora(q, q_lora, rl);
+  if (!q_lora.empty() && !lora) lora_expand(q_lora);  // a prefill chunk's: expanded first, then one norm launch
   wrote(q.data, q.nbytes());
   wrote(k.data, k.nbytes());
   lc::QkNormArgs a;
