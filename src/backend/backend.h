@@ -102,6 +102,8 @@ struct GraphStats {
   // Decode attentions that did their pass's RoPE and K/V stores themselves (no rope_store launch
   // before them: a batch-1 step's layers on bf16 caches).
   int64_t fused_rope_attention = 0;
+  // Of those, the ones that also did Qwen3's q/k norms (no qk_rms_norm launch before them).
+  int64_t fused_qk_norms = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

@@ -638,9 +638,13 @@ TEST(CudaAttention, DecodeV4BucketedMaxCtx) {
 // stores would differ. Contexts put the new key alone (1), inside a tile (17, 97), at a tile's
 // last row (64) or first (65), and in the last of several splits (4097); pages 1 and 16. Without
 // write_q, q must keep its unrotated values and q16 its old contents; the rest is as with it.
-void run_rope_store_case(int d, int group, int page, int ctx, bool write_q, uint32_t seed) {
+// norm (Qwen3): the fused launch also RMS-norms q's and k's head rows (weights f32 or bf16, kNone:
+// no norm), against qk_norm, then rope_store, then the attention.
+enum class NormW { kNone, kF32, kBF16 };
+void run_rope_store_case(int d, int group, int page, int ctx, bool write_q, uint32_t seed, NormW norm = NormW::kNone) {
   SCOPED_TRACE("d=" + std::to_string(d) + " G=" + std::to_string(group) + " page=" + std::to_string(page) +
-               " ctx=" + std::to_string(ctx) + (write_q ? " write_q" : ""));
+               " ctx=" + std::to_string(ctx) + (write_q ? " write_q" : "") +
+               (norm == NormW::kNone ? "" : norm == NormW::kF32 ? " norm f32" : " norm bf16"));
   std::mt19937 rng(seed);
   const int n_kv = 2, n_heads = n_kv * group, width = n_kv * d;
   const int pages = (ctx + page - 1) / page, n_blocks = pages + 3;
@@ -658,6 +662,17 @@ void run_rope_store_case(int d, int group, int page, int ctx, bool write_q, uint
   };
   const std::vector<float> q = randn(static_cast<size_t>(n_heads) * d), k = randn(static_cast<size_t>(width)),
                            v = randn(static_cast<size_t>(width));
+  // Norm weights around 1 (Qwen3's are), in the precision the fused launch reads.
+  std::vector<float> qw = randn(static_cast<size_t>(d)), kw = randn(static_cast<size_t>(d));
+  for (float& x : qw) x = 1.f + 0.3f * x;
+  for (float& x : kw) x = 1.f + 0.3f * x;
+  std::vector<uint16_t> qw16(qw.size()), kw16(kw.size());
+  for (size_t i = 0; i < qw.size(); ++i) {
+    qw16[i] = f32_to_bf16(qw[i]);
+    kw16[i] = f32_to_bf16(kw[i]);
+  }
+  auto d_qw = norm == NormW::kBF16 ? upload(qw16) : upload(qw);
+  auto d_kw = norm == NormW::kBF16 ? upload(kw16) : upload(kw);
   std::vector<float> inv_freq(static_cast<size_t>(d / 2));
   for (int i = 0; i < d / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(500000.f, -2.f * i / d);
   const std::vector<int32_t> pos = {ctx - 1 + 1000}, slot = {ctx - 1}, meta = {0, 1, ctx};
@@ -741,6 +756,20 @@ void run_rope_store_case(int d, int group, int page, int ctx, bool write_q, uint
     jobs[j].slots = d_slot->as<int32_t>();
   }
   const int64_t tok0[2] = {0, -1};
+  if (norm != NormW::kNone) {
+    lc::QkNormArgs na;
+    na.q = ref.q->as<float>();
+    na.k = ref.k->as<float>();
+    na.wq = d_qw->p;
+    na.wk = d_kw->p;
+    na.wt = norm == NormW::kBF16 ? lc::Elem::kBF16 : lc::Elem::kF32;
+    na.hq = n_heads;
+    na.hk = n_kv;
+    na.hd = d;
+    na.n = 1;
+    na.eps = 1e-6f;
+    CUDA_OK(lc::qk_norm(na, nullptr, nullptr));
+  }
   CUDA_OK(lc::rope_store(r, jobs, tok0, 2, nullptr, nullptr));
   CUDA_OK(lc::attention(ra));
   // Fused.
@@ -752,6 +781,12 @@ void run_rope_store_case(int d, int group, int page, int ctx, bool write_q, uint
   rs.pos = d_pos->as<int32_t>();
   rs.inv_freq = d_freq->as<float>();
   rs.write_q = write_q;
+  if (norm != NormW::kNone) {
+    rs.q_norm_w = d_qw->p;
+    rs.k_norm_w = d_kw->p;
+    rs.norm_w_bf16 = norm == NormW::kBF16;
+    rs.norm_eps = 1e-6f;
+  }
   CUDA_OK(lc::attention_decode_rope_store(fa, rs));
   EXPECT_EQ(lc::attention_last_kernel(), lc::AttnKernel::kV4Decode);
   CUDA_OK(cudaDeviceSynchronize());
@@ -789,6 +824,10 @@ void run_rope_store_case(int d, int group, int page, int ctx, bool write_q, uint
   lc::DecodeRopeStore partial = rs;
   partial.v = nullptr;
   EXPECT_EQ(lc::attention_decode_rope_store(fa, partial), cudaErrorInvalidValue);
+  lc::DecodeRopeStore half_norm = rs;  // a q norm without a k norm (or the reverse)
+  half_norm.q_norm_w = d_qw->p;
+  half_norm.k_norm_w = nullptr;
+  EXPECT_EQ(lc::attention_decode_rope_store(fa, half_norm), cudaErrorInvalidValue);
   lc::AttnParams other_q = fa;
   other_q.q = ref.q16->as<lc::bf16>();
   EXPECT_EQ(lc::attention_decode_rope_store(other_q, rs), cudaErrorInvalidValue);
@@ -802,6 +841,19 @@ TEST(CudaAttention, DecodeRopeStoreMatchesRopeStoreThenAttention) {
       for (int page : {1, 16})
         for (int ctx : {1, 17, 64, 65, 97, 4097})
           for (bool write_q : {true, false}) run_rope_store_case(d, group, page, ctx, write_q, seed++);
+}
+
+// The same with Qwen3's q/k norms done by the fused launch (DecodeRopeStore::q_norm_w), bit for
+// bit as qk_norm's launch before rope_store.
+TEST(CudaAttention, DecodeRopeStoreWithQkNormMatchesNormThenRopeStoreThenAttention) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 1900;
+  for (NormW w : {NormW::kF32, NormW::kBF16})
+    for (int d : {64, 128})
+      for (int group : {1, 4, 8})
+        for (int page : {1, 16})
+          for (int ctx : {1, 17, 65, 97, 4097})
+            for (bool write_q : {true, false}) run_rope_store_case(d, group, page, ctx, write_q, seed++, w);
 }
 
 // The plan half (attention_plan): the split count and workspace bytes follow the shapes only.

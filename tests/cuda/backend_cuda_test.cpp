@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <cstdio>
 #include <filesystem>
@@ -1145,6 +1146,44 @@ TEST(CudaQwen3, GenerateMatchesPeftAndReplayMatchesCpu) {
       }
     }
   }
+}
+
+// A batch-1 bf16 decode step on Qwen3 holds its q/k norm for the decode attention, which norms,
+// rotates and stores in its own launch (DecodeRopeStore's norm). Its bits are qk_norm's, so each
+// golden prompt decoded alone gives the very same tokens as with that fusion off
+// (LRAGENT_CUDA_FUSE_ROPE_ATTENTION=0: qk_norm, then rope_store, then the attention); the tiny
+// random model's greedy margins (~1e-3) would turn a one-ulp difference into other tokens.
+TEST(CudaQwen3, FusedDecodeNormsGiveTheTokensOfTheirOwnLaunches) {
+  REQUIRE_GPU();
+  const std::string mdir = testing::fixtures_dir() + "/models/synthetic-qwen3";
+  const auto golden =
+      nlohmann::json::parse(testing::read_file(testing::fixtures_dir() + "/goldens/synthetic-qwen3.json"));
+  ASSERT_FALSE(golden["cases"].empty());
+  std::vector<std::vector<int32_t>> out[2];
+  GraphStats stats[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    if (fused == 0) setenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION", "0", 1);
+    std::unique_ptr<Backend> be = cuda_backend(DType::kBF16);
+    unsetenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION");  // read when the backend is made
+    ASSERT_TRUE(be);
+    auto model = LlamaModel::load(mdir, *be);
+    ASSERT_TRUE(model.ok()) << model.error().message;
+    for (const auto& c : golden["cases"]) {
+      GenerateRequest r;
+      r.prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
+      r.max_tokens = static_cast<int>(c["output_tokens"].size());
+      Generator gen(**model, EngineOptions{});
+      auto res = gen.run({r});
+      ASSERT_TRUE(res.ok()) << res.error().message;
+      out[fused].push_back((*res)[0].output);
+    }
+    stats[fused] = be->graph_stats();
+  }
+  EXPECT_EQ(stats[0].fused_qk_norms, 0) << "with the fusion off every norm is a launch of its own";
+  EXPECT_GE(stats[1].fused_qk_norms, 32) << "recorded batch-1 decode steps' attentions norm q and k";
+  std::printf("  qwen3 bf16 decode: %lld attentions did their q/k norms\n", static_cast<long long>(stats[1].fused_qk_norms));
+  ASSERT_EQ(out[0].size(), out[1].size());
+  for (size_t i = 0; i < out[0].size(); ++i) EXPECT_EQ(out[1][i], out[0][i]) << "golden prompt " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sets, CudaEngine, ::testing::Values("qv-shared-a-r8", "qv-indep-a-r8", "qkvo-shared-a-r4"),

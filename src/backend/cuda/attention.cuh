@@ -150,7 +150,16 @@ struct DecodeRopeStore {
   const int32_t* pos = nullptr;     // [1] device: the token's position
   const float* inv_freq = nullptr;  // [head_dim / 2] device
   bool write_q = true;              // leave q and q16 rotated (see above)
+  // Qwen3 (optional): q's and k's head rows RMS-normed before the RoPE, with qk_norm's bits
+  // (ops.cuh): x = w · (x / rms(x)), q's rows by q_norm_w, k's by k_norm_w ([head_dim] each, bf16
+  // when norm_w_bf16, else f32). q and k then hold the normed, rotated rows, as after qk_norm and
+  // rope_store.
+  const void* q_norm_w = nullptr;
+  const void* k_norm_w = nullptr;
+  bool norm_w_bf16 = false;
+  float norm_eps = 0.f;
   LRAGENT_HD bool active() const { return q != nullptr; }
+  LRAGENT_HD bool normed() const { return q_norm_w != nullptr; }
 };
 // Whether p takes a DecodeRopeStore: v4's decode kernel at one row tile, one sequence with one
 // query, no LoRA term, its split merge in the last block (not attn_v4_merge_kernel).

@@ -175,7 +175,10 @@ __device__ __forceinline__ void store_merged(const AttnParams& p, int64_t off, c
 }
 
 // Three blocks per SM at one row tile (registers <= 168; shared memory: Smem), two at two.
-template <int D, int R, int MT>
+// kNorm: x.rs norms q and k too (DecodeRopeStore::normed; R == 0 and MT == 1 only). An
+// instantiation of its own: in the plain kernel its code cost 5 registers and ~0.4% of a Llama
+// decode step (H200, 4 interleaved rounds).
+template <int D, int R, int MT, bool kNorm = false>
 __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
   using L = Smem<D, R, MT>;
@@ -221,6 +224,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   // k and v rows. The tables exist only where a launch may be fused: 512 more bytes in the LR
   // kernel would leave two of its blocks on an SM instead of three.
   constexpr bool kRopeStore = MT == 1 && R == 0;
+  static_assert(!kNorm || kRopeStore, "the q/k norms come with a fused RoPE and store");
   const bool fused_rs = kRopeStore && x.rs.active();
   const int kpos = si.ctx - 1;
   const bool owner = fused_rs && kpos >= kb && kpos < ke;
@@ -370,7 +374,21 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   }
   pdl_wait();
   if (ahead_s) cp_async_wait<0>();
-  if (fused_rs || ahead_s) __syncthreads();  // rope_cs / rope_sn; ids_s of tiles 0 and 1
+  // DecodeRopeStore with Qwen3's norms: 1 / rms of this block's q rows (rows 0..RB-1) and, in the
+  // owner, of the new key's k row of kv head g (row RB), a warp per row as qk_norm computes them.
+  __shared__ float norm_inv[kNorm ? kRows + 1 : 1];
+  if (kNorm && fused_rs) {
+    for (int r = warp; r <= RB; r += kWarps) {
+      if (r == RB && !owner) break;
+      const float* row = r < RB ? x.rs.q + out_row(r) * D : x.rs.k + g * D;
+      float v[D / 32];
+#pragma unroll
+      for (int u = 0; u < D / 32; ++u) v[u] = row[lane + 32 * u];
+      const float inv = warp_inv_rms(v, D, x.rs.norm_eps);
+      if (lane == 0) norm_inv[r] = inv;
+    }
+  }
+  if (fused_rs || ahead_s) __syncthreads();  // rope_cs / rope_sn, norm_inv; ids_s of tiles 0 and 1
 
   float o[NT_D][4];  // this warp's O for rows r0 + gq, r0 + gq + 8 (unnormalised)
 #pragma unroll
@@ -404,16 +422,29 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
         constexpr int H = KT_D / 2;
         const float* fq[2] = {ra < RB ? x.rs.q + out_row(ra) * D : nullptr,
                               rb < RB ? x.rs.q + out_row(rb) * D : nullptr};
+        constexpr bool nq = kNorm;
+        const float inv[2] = {nq && ra < RB ? norm_inv[ra] : 1.f, nq && rb < RB ? norm_inv[rb] : 1.f};
 #pragma unroll
         for (int kk = 0; kk < H; ++kk)
 #pragma unroll
           for (int c8 = 0; c8 < 2; ++c8) {
             const int i = 16 * kk + 2 * tq + 8 * c8;
+            float w[4] = {};  // the q norm's weights of columns i, i + 1, i + D/2, i + 1 + D/2
+            if (nq) {
+              w[0] = norm_weight(x.rs.q_norm_w, x.rs.norm_w_bf16, i);
+              w[1] = norm_weight(x.rs.q_norm_w, x.rs.norm_w_bf16, i + 1);
+              w[2] = norm_weight(x.rs.q_norm_w, x.rs.norm_w_bf16, i + D / 2);
+              w[3] = norm_weight(x.rs.q_norm_w, x.rs.norm_w_bf16, i + 1 + D / 2);
+            }
 #pragma unroll
             for (int rr = 0; rr < 2; ++rr) {
               const float* f = fq[rr];
-              const float2 lo = f ? *reinterpret_cast<const float2*>(f + i) : make_float2(0.f, 0.f);
-              const float2 hi = f ? *reinterpret_cast<const float2*>(f + i + D / 2) : make_float2(0.f, 0.f);
+              float2 lo = f ? *reinterpret_cast<const float2*>(f + i) : make_float2(0.f, 0.f);
+              float2 hi = f ? *reinterpret_cast<const float2*>(f + i + D / 2) : make_float2(0.f, 0.f);
+              if (nq) {
+                lo = make_float2(normed(lo.x, inv[rr], w[0]), normed(lo.y, inv[rr], w[1]));
+                hi = make_float2(normed(hi.x, inv[rr], w[2]), normed(hi.y, inv[rr], w[3]));
+              }
               const float2 e0 = rope_rotate(lo.x, hi.x, rope_cs[i], rope_sn[i]);
               const float2 e1 = rope_rotate(lo.y, hi.y, rope_cs[i + 1], rope_sn[i + 1]);
               qf[kk][rr + 2 * c8] = f ? pack_bf16(e0.x, e1.x) : 0u;
@@ -450,7 +481,12 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       new_row = (kpos - kb) % kBN;
       if (tid < D / 2) {
         float* kr = x.rs.k + g * D;
-        const float2 r = rope_rotate(kr[tid], kr[tid + D / 2], rope_cs[tid], rope_sn[tid]);
+        float ka = kr[tid], kb2 = kr[tid + D / 2];
+        if constexpr (kNorm) {
+          ka = normed(ka, norm_inv[RB], norm_weight(x.rs.k_norm_w, x.rs.norm_w_bf16, tid));
+          kb2 = normed(kb2, norm_inv[RB], norm_weight(x.rs.k_norm_w, x.rs.norm_w_bf16, tid + D / 2));
+        }
+        const float2 r = rope_rotate(ka, kb2, rope_cs[tid], rope_sn[tid]);
         kr[tid] = r.x;
         kr[tid + D / 2] = r.y;
         nk0 = __float2bfloat16(r.x);
@@ -734,7 +770,12 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       const int r = e / (D / 2), i = e % (D / 2);
       float* qr = x.rs.q + out_row(r) * D;
       bf16* qh = x.rs.q16 + out_row(r) * D;
-      const float2 v = rope_rotate(qr[i], qr[i + D / 2], rope_cs[i], rope_sn[i]);
+      float qa = qr[i], qb = qr[i + D / 2];
+      if constexpr (kNorm) {
+        qa = normed(qa, norm_inv[r], norm_weight(x.rs.q_norm_w, x.rs.norm_w_bf16, i));
+        qb = normed(qb, norm_inv[r], norm_weight(x.rs.q_norm_w, x.rs.norm_w_bf16, i + D / 2));
+      }
+      const float2 v = rope_rotate(qa, qb, rope_cs[i], rope_sn[i]);
       qr[i] = v.x;
       qr[i + D / 2] = v.y;
       qh[i] = __float2bfloat16(v.x);
@@ -852,15 +893,15 @@ struct KernelSetup {
   bool ok = false;
   int per_sm = 2;
 };
-template <int D, int R, int MT>
+template <int D, int R, int MT, bool kNorm = false>
 const KernelSetup& kernel_setup() {
   using L = Smem<D, R, MT>;
   static const KernelSetup k = [] {
     KernelSetup s;
-    s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT, kNorm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(L::bytes)) == cudaSuccess;
     int per_sm = 0;
-    if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT>,
+    if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT, kNorm>,
                                                                L::kThreads, L::bytes) != cudaSuccess)
       (void)cudaGetLastError();  // the failure is reported by ok (the launch) or loses only the tuning
     else
@@ -919,16 +960,19 @@ int choose_splits(const AttnParams& p) {
   return (tiles + tps - 1) / tps;
 }
 
-template <int D, int R, int MT>
+template <int D, int R, int MT, bool kNorm = false>
 cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
   using L = Smem<D, R, MT>;
-  if (!kernel_setup<D, R, MT>().ok) return cudaErrorInvalidConfiguration;
+  if (!kernel_setup<D, R, MT, kNorm>().ok) return cudaErrorInvalidConfiguration;
   const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
-  return launch_pdl(attn_v4_decode_kernel<D, R, MT>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
+  return launch_pdl(attn_v4_decode_kernel<D, R, MT, kNorm>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
 }
 
 template <int D, int R>
 cudaError_t launch(const AttnParams& p, const V4Launch& x) {
+  if constexpr (R == 0) {  // attention_decode_rope_store_applies: one row tile, its merge in the last block
+    if (x.rs.active() && x.rs.normed()) return launch_tiles<D, 0, 1, true>(p, x);
+  }
   const cudaError_t e = v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
   if (e != cudaSuccess || !x.merge_kernel) return e;
   const dim3 grid((v4_rows(p) + kMergeWarps - 1) / kMergeWarps, p.n_kv_heads, p.n_seqs);
@@ -990,7 +1034,8 @@ bool attention_decode_rope_store_applies(const AttnParams& p) {
 }
 
 cudaError_t attention_decode_rope_store(const AttnParams& p, const DecodeRopeStore& rs) {
-  const bool complete = rs.q && rs.q16 && rs.k && rs.v && rs.pos && rs.inv_freq && p.q == rs.q16;
+  const bool complete = rs.q && rs.q16 && rs.k && rs.v && rs.pos && rs.inv_freq && p.q == rs.q16 &&
+                        (rs.q_norm_w == nullptr) == (rs.k_norm_w == nullptr);
   if (!complete || !attention_params_ok(p) || !attention_decode_rope_store_applies(p))
     return cudaErrorInvalidValue;
   return run_v4(p, rs);

@@ -113,10 +113,11 @@ CudaBackend::~CudaBackend() {
                "CUDA graphs: {} recorded passes ({} run in two segments): {} replayed, {} captured, {} updated, "
                "{} eager, {} capture failures (segments included); {:.1f} ms building graphs; {} attention launches "
                "served {} sequences at once; {} prefill attentions materialised K; {} RoPEs launched with their K/V "
-               "stores; {} store launches computed LoRA expands; {} decode attentions did their RoPE and stores\n",
+               "stores; {} store launches computed LoRA expands; {} decode attentions did their RoPE and stores ({} with "
+               "their q/k norms)\n",
                t.passes, t.segments, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms,
                batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_,
-               fused_rope_attention_);
+               fused_rope_attention_, fused_qk_norms_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
     double total = 0;
@@ -493,6 +494,7 @@ void CudaBackend::read_ids(const int32_t* ids, int64_t rows, int32_t* out) {
 }
 
 void CudaBackend::flush_tape() {
+  flush_norm();
   flush_rope_store();
   flush_expand();
   flush_rope();

@@ -168,6 +168,7 @@ void CudaBackend::launch_rope_store(const lc::RopeArgs& r, const lc::StoreJobDev
   const lc::StoreLoras ls = loras ? *loras : lc::StoreLoras{};
   const bool has_loras = loras != nullptr;
   ++fused_rope_stores_;
+  if (r.normed) launch_qk_norm(r.norm);
   rec("rope_store", nj);
   for (int j = 0; j < nj; ++j) rec("rope_store_tok0", t0[static_cast<size_t>(j)]);
   launch_now("rope_store", [=, this] {
@@ -204,6 +205,13 @@ std::optional<lc::DecodeRopeStore> CudaBackend::rope_store_for(const AttentionPa
   rs.pos = r.pos;
   rs.inv_freq = r.inv_freq;
   rs.write_q = !matmul_only_;  // else q is read by this attention alone (set_matmul_only_outputs)
+  if (r.normed) {  // Qwen3's q/k norms too, on f32 or bf16 weights (the kernel's two)
+    if (r.norm.wt != lc::Elem::kF32 && r.norm.wt != lc::Elem::kBF16) return std::nullopt;
+    rs.q_norm_w = r.norm.wq;
+    rs.k_norm_w = r.norm.wk;
+    rs.norm_w_bf16 = r.norm.wt == lc::Elem::kBF16;
+    rs.norm_eps = r.norm.eps;
+  }
   return rs;
 }
 
@@ -346,7 +354,9 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   if (const std::optional<lc::DecodeRopeStore> rs = rope_store_for(p, a)) {
     pending_rope_attn_.reset();  // this launch does its work
     ++fused_rope_attention_;
-    rec("attention_rope_store", rs->q, rs->q16, rs->k, rs->v, rs->pos, rs->inv_freq, rs->write_q);
+    if (rs->normed()) ++fused_qk_norms_;
+    rec("attention_rope_store", rs->q, rs->q16, rs->k, rs->v, rs->pos, rs->inv_freq, rs->write_q, rs->q_norm_w,
+        rs->k_norm_w, rs->norm_w_bf16, rs->norm_eps);
     launch("attention", [a, d = *rs] { return lc::attention_decode_rope_store(a, d); });
   } else {
     launch("attention", [a, kernel] { return lc::attention(a, kernel); });

@@ -112,7 +112,7 @@ class CudaBackend final : public Backend {
     return {t.passes,     t.replayed,         t.captured,          t.eager,
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
             batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, t.segments,
-            fused_lora_stores_, fused_rope_attention_};
+            fused_lora_stores_, fused_rope_attention_, fused_qk_norms_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -221,6 +221,14 @@ class CudaBackend final : public Backend {
   // nothing when p does not read exactly what it writes.
   std::optional<lc::DecodeRopeStore> rope_store_for(const AttentionParams& p, const lc::AttnParams& a) const;
   int64_t fused_rope_attention_ = 0;
+  int64_t fused_qk_norms_ = 0;
+  // A recorded batch-1 decode pass's Qwen3 q/k norm without a q LoRA term (qk_rms_norm), held
+  // back for the RoPE of the same q and k, which carries it on (RopeArgs::normed): to the decode
+  // attention that norms, rotates and stores in one launch, or launched right before the RoPE or
+  // rope_store kernel. Any other op launched first, and the end of the pass, launch it alone.
+  std::optional<lc::QkNormArgs> pending_norm_;
+  void flush_norm();
+  void launch_qk_norm(const lc::QkNormArgs& a);
   // A recorded decode pass's RoPE of q and k (rope_pair_impl), held back so that the layer's K/V
   // stores that follow can run in the same launch (lc::rope_store: one kernel instead of two).
   // Any other op launched first, and the end of the pass, launch it alone (flush_rope).
@@ -269,6 +277,7 @@ class CudaBackend final : public Backend {
   }
   template <class F>
   void launch(const char* name, F&& f) {
+    if (pending_norm_) flush_norm();               // q and k only: disjoint from the held ops below
     if (pending_rope_attn_) flush_rope_store();    // held first: older than the two below
     if (!pending_expand_.empty()) flush_expand();  // this op may read what they write
     if (pending_rope_) flush_rope();               // ... or what the RoPE writes

@@ -317,12 +317,33 @@ void CudaBackend::qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& 
   a.n = q.dim(0);
   a.eps = eps;
   rec("qk_rms_norm", a.q, a.k, a.wq, a.wk, a.wt, a.hq, a.hk, a.hd, a.n, eps, lora);
-  if (lora)
+  if (lora) {
     for (int64_t t = 0; t < a.n; ++t) {
       const auto i = static_cast<size_t>(t);
       rec("qk_norm_lora", rl.lr[i], rl.b[i], rl.ldb[i], rl.rank[i], rl.scale[i], rl.b_bf16[i]);
     }
-  launch("qk_rms_norm", [=, this] { return lc::qk_norm(a, lora ? &rl : nullptr, stream_); });
+    launch("qk_rms_norm", [=, this] { return lc::qk_norm(a, &rl, stream_); });
+    return;
+  }
+  // A batch-1 decode step's norm: held for the RoPE after it (pending_norm_).
+  if (q_lora.empty() && a.n == 1 && fuse_rope_attention_ && fuse_rope_store() && tape_->recording() && !failed_) {
+    if (pending_norm_) flush_norm();
+    pending_norm_ = a;
+    return;
+  }
+  launch_qk_norm(a);
+}
+
+void CudaBackend::launch_qk_norm(const lc::QkNormArgs& a) {
+  launch_now("qk_rms_norm", [=, this] { return lc::qk_norm(a, nullptr, stream_); });
+}
+
+void CudaBackend::flush_norm() {
+  if (!pending_norm_) return;
+  const lc::QkNormArgs a = *pending_norm_;
+  pending_norm_.reset();
+  rec("qk_norm_alone");
+  launch_qk_norm(a);
 }
 
 void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
@@ -472,6 +493,7 @@ void CudaBackend::flush_rope() {
 }
 
 void CudaBackend::launch_rope(const lc::RopeArgs& r) {
+  if (r.normed) launch_qk_norm(r.norm);  // after the held ops launch() flushes: it reads nothing they write
   if (r.lora) {
     launch("rope", [=, this] {
       return lc::rope_pair_lora(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, r.rl, stream_);
@@ -498,6 +520,17 @@ void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* po
   r.inv_freq = dev_floats(inv_freq, r.hd / 2);
   r.lora = lora != nullptr;
   if (lora) r.rl = *lora;
+  if (pending_norm_) {  // the held q/k norm of exactly these rows goes on with the RoPE
+    const lc::QkNormArgs& nm = *pending_norm_;
+    if (!lora && nm.q == r.xa && nm.k == r.xb && nm.n == r.n && nm.hq == r.ha && nm.hk == r.hb && nm.hd == r.hd) {
+      r.normed = true;
+      r.norm = nm;
+      pending_norm_.reset();
+      rec("rope_normed");
+    } else {
+      flush_norm();
+    }
+  }
   // bf16 caches: the tuned attention takes q in bf16; write that copy here instead of converting
   // q again before attention (q_shadow_, found by address in run_fast_attention).
   q_shadow_ = {};

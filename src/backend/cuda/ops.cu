@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/lora_expand.cuh"
@@ -254,10 +255,12 @@ __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int
 }
 
 // One warp per head row (q's rows first, then k's): the row's values stay in registers between
-// the sum of squares and the scaling (kQkNormMaxHeadDim / 32 per lane).
-template <bool kLora>
+// the sum of squares and the scaling (kPer = head_dim / 32 rounded up per lane).
+// With kLora, token t's q rows first get their LoRA term: every B row of a 16-rank chunk is loaded
+// before the first is used (a load-use chain per element cost ~3 us a layer in the 8B decode step).
+template <bool kLora, int kPer>
 __global__ void qk_norm_kernel(const QkNormArgs a, const RopeLora lora) {
-  constexpr int kPer = kQkNormMaxHeadDim / 32;
+  pdl_release();  // the PDL-launched decode attention after us may start its page-table lookups now
   const int64_t row_all = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t rows_q = a.n * a.hq;
@@ -268,39 +271,48 @@ __global__ void qk_norm_kernel(const QkNormArgs a, const RopeLora lora) {
   const int64_t tok = row / heads;
   float* x = (is_q ? a.q : a.k) + row * a.hd;
   const void* w = is_q ? a.wq : a.wk;
-  const float* lr = nullptr;
-  if constexpr (kLora) lr = is_q ? lora.lr[tok] : nullptr;
   float v[kPer];
-  float ss = 0.f;
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int j = lane + 32 * u;
     v[u] = j < a.hd ? x[j] : 0.f;
-    if constexpr (kLora) {
-      if (lr && j < a.hd) {
-        const int64_t o = (row % heads) * a.hd + j;  // output column of x·A·B^T
-        const bool bf = lora.b_bf16[tok] != 0;
-        float d = 0.f;
-        for (int k0 = 0; k0 < lora.rank[tok]; k0 += 16) {
-          float wb[16], l[16];
-          const int m = min(16, lora.rank[tok] - k0);
-          lora_load16(lora.b[tok], bf, o * lora.ldb[tok] + k0, m, wb);
-          lora_load16(lr, false, k0, m, l);
-#pragma unroll
-          for (int i = 0; i < 16; ++i) d += l[i] * wb[i];
-        }
-        v[u] += lora.scale[tok] * d;
-      }
-    }
-    ss += v[u] * v[u];
   }
+  if constexpr (kLora) {
+    const float* lr = is_q ? lora.lr[tok] : nullptr;
+    if (lr) {
+      const bool bf = lora.b_bf16[tok] != 0;
+      const int rank = lora.rank[tok];
+      const int64_t ldb = lora.ldb[tok];
+      const int64_t o0 = (row % heads) * a.hd;  // output column of x·A·B^T of element 0
+      float d[kPer] = {};
+      for (int k0 = 0; k0 < rank; k0 += 16) {
+        const int m = min(16, rank - k0);
+        float l[16], wb[kPer][16];
+        lora_load16(lr, false, k0, m, l);
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  const float inv = 1.0f / sqrtf(ss / static_cast<float>(a.hd) + a.eps);  // as the CPU's rms_norm
+        for (int u = 0; u < kPer; ++u) {
+          const int j = lane + 32 * u;
+          if (j < a.hd) {
+            lora_load16(lora.b[tok], bf, (o0 + j) * ldb + k0, m, wb[u]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) wb[u][i] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kPer; ++u)
+#pragma unroll
+          for (int i = 0; i < 16; ++i) d[u] += l[i] * wb[u][i];
+      }
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) v[u] += lora.scale[tok] * d[u];
+    }
+  }
+  const float inv = warp_inv_rms(v, a.hd, a.eps);
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int j = lane + 32 * u;
-    if (j < a.hd) x[j] = load_elem(w, a.wt, j) * (v[u] * inv);
+    if (j < a.hd) x[j] = normed(v[u], inv, load_elem(w, a.wt, j));
   }
 }
 
@@ -826,10 +838,21 @@ cudaError_t qk_norm(const QkNormArgs& a, const RopeLora* lora, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   constexpr int kWarps = 8;
   const auto grid = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
-  if (lora)
-    qk_norm_kernel<true><<<grid, 32 * kWarps, 0, s>>>(a, *lora);
+  const RopeLora none{};
+  auto go = [&](auto per) {
+    constexpr int kPer = decltype(per)::value;
+    if (lora)
+      qk_norm_kernel<true, kPer><<<grid, 32 * kWarps, 0, s>>>(a, *lora);
+    else
+      qk_norm_kernel<false, kPer><<<grid, 32 * kWarps, 0, s>>>(a, none);
+  };
+  static_assert(kQkNormMaxHeadDim == 256, "the dispatch below covers head_dim <= 256");
+  if (a.hd <= 64)
+    go(std::integral_constant<int, 2>{});
+  else if (a.hd <= 128)
+    go(std::integral_constant<int, 4>{});
   else
-    qk_norm_kernel<false><<<grid, 32 * kWarps, 0, s>>>(a, RopeLora{});
+    go(std::integral_constant<int, 8>{});
   return cudaGetLastError();
 }
 

@@ -222,6 +222,11 @@ struct RopeArgs {
   void* xa16 = nullptr;               // [n, ha, hd] bf16 copy of the rotated xa, or null
   bool lora = false;                  // rl holds q's LoRA terms (rope_pair_lora)
   RopeLora rl{};
+  // Qwen3: xa and xb are normed by qk_norm(norm) before they rotate (the CUDA backend holds the
+  // norm of a batch-1 decode pass back for the decode attention that can do it; every kernel
+  // here takes rotations only, so a launch of this RoPE launches the norm first). Never with lora.
+  bool normed = false;
+  QkNormArgs norm{};
 };
 // rope_pair(_lora) and store_rows_multi in one launch (a decode pass's RoPE of q and k, then the
 // layer's K/V stores, some of which read the rotated k). Job j with tok0[j] >= 0 stores k's rows
