@@ -102,7 +102,8 @@ struct GraphStats {
   // Decode attentions that did their pass's RoPE and K/V stores themselves (no rope_store launch
   // before them: a batch-1 step's layers on bf16 caches).
   int64_t fused_rope_attention = 0;
-  // Of those, the ones that also did Qwen3's q/k norms (no qk_rms_norm launch before them).
+  // Qwen3 q/k norms of decode passes done by the kernel after them (the decode attention or the
+  // RoPE-and-stores launch) instead of a launch of their own.
   int64_t fused_qk_norms = 0;
 };
 

@@ -514,17 +514,21 @@ TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
 // on q for some tokens. Before the RoPE, a LoRA expand onto a base (a private cache's v_full =
 // v + s·(x·A)·B) whose output only a store of the batch reads: the recorded pass computes it in
 // the store kernel (GraphStats::fused_lora_stores), which must leave the same values in v_full and
-// in the cache as the expand's own launch.
+// in the cache as the expand's own launch. With norm (Qwen3), q's LoRA terms go to qk_rms_norm
+// instead and the RoPE has none: the recorded pass holds the norm for the same launch
+// (GraphStats::fused_qk_norms; head_dim 96 takes qk_norm's launch first).
 TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
   const DType dt = GetParam();
   struct Case { int64_t ha, hb, hd; int page; };
-  for (const Case c : {Case{32, 8, 128, 16}, Case{6, 4, 64, 1}}) {
+  for (const bool norm : {false, true})
+  for (const Case c : {Case{32, 8, 128, 16}, Case{6, 4, 64, 1}, Case{4, 2, 96, 16}}) {
     for (int64_t n : {1, 3, 8}) {
       const int64_t wk = c.hb * c.hd, wq = c.ha * c.hd, rank = 16, ctx = 40;
       Tensor qh = random_host({n, c.ha, c.hd}, 61), kh = random_host({n, c.hb, c.hd}, 62);
       Tensor vh = random_host({n, wk}, 63), lh = random_host({n, rank}, 64);
       Tensor xa = random_host({n, rank}, 65), bq = random_host({wq, rank}, 66, 0.3f);
       Tensor xav = random_host({n, rank}, 67), bv = random_host({wk, rank}, 68, 0.3f);
+      Tensor wqn = random_host({c.hd}, 69), wkn = random_host({c.hd}, 70);  // q_norm, k_norm
       std::vector<int32_t> pos(static_cast<size_t>(n)), slots(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         pos[static_cast<size_t>(i)] = static_cast<int32_t>(ctx - n + i + 1000 * i);
@@ -561,6 +565,7 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
         Tensor qd = up(qh, DType::kF32), kd = up(kh, DType::kF32), vd = up(vh, DType::kF32), ld = up(lh, DType::kF32);
         Tensor xad = up(xa, DType::kF32), bqd = up(bq, be.weight_dtype());
         Tensor xavd = up(xav, DType::kF32), bvd = up(bv, be.weight_dtype());
+        Tensor wqnd = up(wqn, be.weight_dtype()), wknd = up(wkn, be.weight_dtype());
         Tensor vf = dev ? be.alloc(DType::kF32, {n, wk}) : Tensor::empty(DType::kF32, {n, wk});  // v_full
         Tensor qc, kc;  // the CPU's operands (rotated in place)
         if (!dev) {
@@ -587,6 +592,7 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
         if (run == 1) be.begin_pass(n);  // recorded: the fused launch
         const int64_t fused_before = be.graph_stats().fused_rope_stores;
         const int64_t lora_before = be.graph_stats().fused_lora_stores;
+        const int64_t norms_before = be.graph_stats().fused_qk_norms;
         {
           Backend::LoraExpandJob vj;
           vj.xa = dev ? xavd.view() : xav.view();
@@ -596,7 +602,21 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
           vj.y = vf.view();
           be.lora_expand(std::span<const Backend::LoraExpandJob>(&vj, 1));
         }
-        be.rope_pair_lora(q, k, pos.data(), inv_freq.data(), jobs);
+        if (norm) {  // as Qwen3's layers: q's LoRA terms, the norms, then a RoPE without LoRA terms
+          if (dev) {
+            be.qk_rms_norm(q, wqnd.view(), k, wknd.view(), 1e-6f, jobs);
+          } else {  // the CPU reads the weights as the GPU stores them
+            Tensor wq16 = Tensor::empty(DType::kF32, {c.hd}), wk16 = Tensor::empty(DType::kF32, {c.hd});
+            for (int64_t i = 0; i < c.hd; ++i) {
+              wq16.f32()[i] = dt == DType::kF32 ? wqn.f32()[i] : bf16_to_f32(f32_to_bf16(wqn.f32()[i]));
+              wk16.f32()[i] = dt == DType::kF32 ? wkn.f32()[i] : bf16_to_f32(f32_to_bf16(wkn.f32()[i]));
+            }
+            be.qk_rms_norm(q, wq16.view(), k, wk16.view(), 1e-6f, jobs);
+          }
+          be.rope_pair_lora(q, k, pos.data(), inv_freq.data(), {});
+        } else {
+          be.rope_pair_lora(q, k, pos.data(), inv_freq.data(), jobs);
+        }
         be.begin_store_batch();
         TensorView k2 = k;
         k2.shape = {n, wk};
@@ -615,6 +635,8 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
               << (run == 1 ? "the recorded pass launches RoPE and stores as one kernel" : "eager: two launches");
           EXPECT_EQ(be.graph_stats().fused_lora_stores - lora_before, run == 1 ? 1 : 0)
               << (run == 1 ? "the recorded pass computes v_full in the store kernel" : "eager: the expand's launch");
+          EXPECT_EQ(be.graph_stats().fused_qk_norms - norms_before, run == 1 && norm && c.hd != 96 ? 1 : 0)
+              << "the recorded pass norms q and k in the RoPE-and-stores launch (head_dim 64 and 128)";
         }
         // Cache rows at the slots, as f32.
         auto rows_of = [&](BlockPool* pool, const int32_t* table, int64_t width) {
@@ -642,7 +664,7 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
           for (int32_t b : tables[i]) pools[i]->release(b);
       }
       const std::string what = "ha " + std::to_string(c.ha) + " hb " + std::to_string(c.hb) + " hd " +
-                               std::to_string(c.hd) + " n " + std::to_string(n);
+                               std::to_string(c.hd) + " n " + std::to_string(n) + (norm ? " normed" : "");
       const double tq = dt == DType::kF32 ? 2e-5 : 1e-2;  // q's LoRA term reads B in the weight dtype
       EXPECT_LE(rel_l2(outs[1].q, outs[0].q), tq) << "q, " << what;
       EXPECT_LE(rel_l2(outs[1].k, outs[0].k), 2e-6) << "k, " << what;
@@ -1148,42 +1170,58 @@ TEST(CudaQwen3, GenerateMatchesPeftAndReplayMatchesCpu) {
   }
 }
 
-// A batch-1 bf16 decode step on Qwen3 holds its q/k norm for the decode attention, which norms,
-// rotates and stores in its own launch (DecodeRopeStore's norm). Its bits are qk_norm's, so each
-// golden prompt decoded alone gives the very same tokens as with that fusion off
-// (LRAGENT_CUDA_FUSE_ROPE_ATTENTION=0: qk_norm, then rope_store, then the attention); the tiny
-// random model's greedy margins (~1e-3) would turn a one-ulp difference into other tokens.
+// A recorded bf16 decode step on Qwen3 holds its q/k norm for the kernel after it: the decode
+// attention that rotates and stores (batch 1, no q LoRA term), or the RoPE-and-stores launch (a
+// q/v adapter's q LoRA term added before the norm). Their bits are qk_norm's, so each golden
+// prompt decoded alone gives the very same tokens as with the norm launched alone
+// (LRAGENT_CUDA_FUSE_QK_NORM=0); the tiny random model's greedy margins (~1e-3) would turn a
+// one-ulp difference into other tokens.
 TEST(CudaQwen3, FusedDecodeNormsGiveTheTokensOfTheirOwnLaunches) {
   REQUIRE_GPU();
   const std::string mdir = testing::fixtures_dir() + "/models/synthetic-qwen3";
-  const auto golden =
-      nlohmann::json::parse(testing::read_file(testing::fixtures_dir() + "/goldens/synthetic-qwen3.json"));
-  ASSERT_FALSE(golden["cases"].empty());
-  std::vector<std::vector<int32_t>> out[2];
-  GraphStats stats[2];
-  for (int fused = 0; fused < 2; ++fused) {
-    if (fused == 0) setenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION", "0", 1);
-    std::unique_ptr<Backend> be = cuda_backend(DType::kBF16);
-    unsetenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION");  // read when the backend is made
-    ASSERT_TRUE(be);
-    auto model = LlamaModel::load(mdir, *be);
-    ASSERT_TRUE(model.ok()) << model.error().message;
-    for (const auto& c : golden["cases"]) {
-      GenerateRequest r;
-      r.prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
-      r.max_tokens = static_cast<int>(c["output_tokens"].size());
-      Generator gen(**model, EngineOptions{});
-      auto res = gen.run({r});
-      ASSERT_TRUE(res.ok()) << res.error().message;
-      out[fused].push_back((*res)[0].output);
+  for (const std::string name : {"", "qv"}) {
+    const auto golden = nlohmann::json::parse(testing::read_file(
+        testing::fixtures_dir() + "/goldens/synthetic-qwen3" + (name.empty() ? "" : "-" + name) + ".json"));
+    ASSERT_FALSE(golden["cases"].empty());
+    std::vector<std::vector<int32_t>> out[2];
+    GraphStats stats[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      if (fused == 0) setenv("LRAGENT_CUDA_FUSE_QK_NORM", "0", 1);
+      std::unique_ptr<Backend> be = cuda_backend(DType::kBF16);
+      unsetenv("LRAGENT_CUDA_FUSE_QK_NORM");  // read when the backend is made
+      ASSERT_TRUE(be);
+      auto model = LlamaModel::load(mdir, *be);
+      ASSERT_TRUE(model.ok()) << model.error().message;
+      std::unique_ptr<LoraAdapter> ad;
+      if (!name.empty()) {
+        auto a = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, (*model)->config());
+        ASSERT_TRUE(a.ok()) << a.error().message;
+        ASSERT_TRUE(upload_adapter(**a, *be).ok());
+        ad = std::move(*a);
+      }
+      for (const auto& c : golden["cases"]) {
+        GenerateRequest r;
+        r.prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
+        r.max_tokens = static_cast<int>(c["output_tokens"].size());
+        r.adapter = ad.get();
+        Generator gen(**model, EngineOptions{});
+        auto res = gen.run({r});
+        ASSERT_TRUE(res.ok()) << res.error().message;
+        out[fused].push_back((*res)[0].output);
+      }
+      stats[fused] = be->graph_stats();
     }
-    stats[fused] = be->graph_stats();
+    const std::string what = name.empty() ? "base" : name;
+    EXPECT_EQ(stats[0].fused_qk_norms, 0) << what << ": with the fusion off every norm is a launch of its own";
+    EXPECT_GE(stats[1].fused_qk_norms, 32) << what << ": recorded decode steps norm q and k in the kernel after them";
+    if (name.empty()) EXPECT_GE(stats[1].fused_rope_attention, 32) << "batch-1 steps without LoRA: in the attention";
+    std::printf("  qwen3 %s bf16 decode: %lld norms done by the kernel after them (%lld decode attentions did RoPE "
+                "and stores)\n",
+                what.c_str(), static_cast<long long>(stats[1].fused_qk_norms),
+                static_cast<long long>(stats[1].fused_rope_attention));
+    ASSERT_EQ(out[0].size(), out[1].size());
+    for (size_t i = 0; i < out[0].size(); ++i) EXPECT_EQ(out[1][i], out[0][i]) << what << " golden prompt " << i;
   }
-  EXPECT_EQ(stats[0].fused_qk_norms, 0) << "with the fusion off every norm is a launch of its own";
-  EXPECT_GE(stats[1].fused_qk_norms, 32) << "recorded batch-1 decode steps' attentions norm q and k";
-  std::printf("  qwen3 bf16 decode: %lld attentions did their q/k norms\n", static_cast<long long>(stats[1].fused_qk_norms));
-  ASSERT_EQ(out[0].size(), out[1].size());
-  for (size_t i = 0; i < out[0].size(); ++i) EXPECT_EQ(out[1][i], out[0][i]) << "golden prompt " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(Sets, CudaEngine, ::testing::Values("qv-shared-a-r8", "qv-indep-a-r8", "qkvo-shared-a-r4"),

@@ -41,6 +41,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
     be->materialize_k_ = false;  // prefill rebuilds K per tile in the kernel, as before (measuring)
   if (const char* f = std::getenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION"); f && std::string(f) == "0")
     be->fuse_rope_attention_ = false;  // a rope_store launch before each decode attention (measuring)
+  if (const char* f = std::getenv("LRAGENT_CUDA_FUSE_QK_NORM"); f && std::string(f) == "0")
+    be->fuse_qk_norm_ = false;  // Qwen3's q/k norm a launch of its own in decode passes (measuring)
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_MAX_ROWS"); g && *g)
     be->graph_max_rows_ = std::max<int64_t>(std::atoll(g), 0);
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_SPLIT"); g && *g) be->split_ops_ = std::max<int64_t>(std::atoll(g), 0);
@@ -113,8 +115,8 @@ CudaBackend::~CudaBackend() {
                "CUDA graphs: {} recorded passes ({} run in two segments): {} replayed, {} captured, {} updated, "
                "{} eager, {} capture failures (segments included); {:.1f} ms building graphs; {} attention launches "
                "served {} sequences at once; {} prefill attentions materialised K; {} RoPEs launched with their K/V "
-               "stores; {} store launches computed LoRA expands; {} decode attentions did their RoPE and stores ({} with "
-               "their q/k norms)\n",
+               "stores; {} store launches computed LoRA expands; {} decode attentions did their RoPE and stores; {} q/k "
+               "norms were done by the kernel after them\n",
                t.passes, t.segments, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms,
                batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_,
                fused_rope_attention_, fused_qk_norms_);

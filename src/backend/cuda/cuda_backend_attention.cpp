@@ -168,7 +168,7 @@ void CudaBackend::launch_rope_store(const lc::RopeArgs& r, const lc::StoreJobDev
   const lc::StoreLoras ls = loras ? *loras : lc::StoreLoras{};
   const bool has_loras = loras != nullptr;
   ++fused_rope_stores_;
-  if (r.normed) launch_qk_norm(r.norm);
+  if (r.normed && lc::rope_store_norms(r.hd)) ++fused_qk_norms_;
   rec("rope_store", nj);
   for (int j = 0; j < nj; ++j) rec("rope_store_tok0", t0[static_cast<size_t>(j)]);
   launch_now("rope_store", [=, this] {

@@ -222,13 +222,24 @@ class CudaBackend final : public Backend {
   std::optional<lc::DecodeRopeStore> rope_store_for(const AttentionParams& p, const lc::AttnParams& a) const;
   int64_t fused_rope_attention_ = 0;
   int64_t fused_qk_norms_ = 0;
-  // A recorded batch-1 decode pass's Qwen3 q/k norm without a q LoRA term (qk_rms_norm), held
-  // back for the RoPE of the same q and k, which carries it on (RopeArgs::normed): to the decode
-  // attention that norms, rotates and stores in one launch, or launched right before the RoPE or
-  // rope_store kernel. Any other op launched first, and the end of the pass, launch it alone.
-  std::optional<lc::QkNormArgs> pending_norm_;
+  // A recorded decode pass's Qwen3 q/k norm (qk_rms_norm; with q's LoRA term when decode-sized),
+  // held back for the RoPE of the same q and k, which carries it on (RopeArgs::normed): to the
+  // rope_store launch that norms, rotates and stores, or the batch-1 decode attention that does
+  // (without a LoRA term); before a RoPE launched alone it launches first. Any other op launched
+  // first, and the end of the pass, launch it alone (flush_norm).
+  struct HeldNorm {
+    lc::QkNormArgs a;
+    bool lora = false;  // rl: q's LoRA term, added before the norm
+    lc::RopeLora rl{};
+  };
+  std::optional<HeldNorm> pending_norm_;
+  // What a held norm reads and writes, as the RoPE of the same rows (for expand_overlaps and
+  // overlaps): a held expand whose base is k (a full K = k_base + LoRA term) must read k before
+  // the norm writes it, so such expands launch before a norm is held, and none is held after it.
+  static lc::RopeArgs operands_of(const HeldNorm& h);
   void flush_norm();
-  void launch_qk_norm(const lc::QkNormArgs& a);
+  void launch_qk_norm(const lc::QkNormArgs& a, const lc::RopeLora* lora);
+  bool fuse_qk_norm_ = true;  // pending_norm_ (LRAGENT_CUDA_FUSE_QK_NORM=0: off, as before session 33)
   // A recorded decode pass's RoPE of q and k (rope_pair_impl), held back so that the layer's K/V
   // stores that follow can run in the same launch (lc::rope_store: one kernel instead of two).
   // Any other op launched first, and the end of the pass, launch it alone (flush_rope).

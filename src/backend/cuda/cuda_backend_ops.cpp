@@ -244,6 +244,7 @@ void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
           d.b_bf16);
       hold = hold && d.xa && d.base && d.ldy == d.out;
       hold = hold && !(pending_rope_ && overlaps(d, *pending_rope_));  // see pending_expand_
+      hold = hold && !(pending_norm_ && overlaps(d, operands_of(*pending_norm_)));
     }
     const int n_jobs = static_cast<int>(count);
     if (hold) {
@@ -317,33 +318,49 @@ void CudaBackend::qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& 
   a.n = q.dim(0);
   a.eps = eps;
   rec("qk_rms_norm", a.q, a.k, a.wq, a.wk, a.wt, a.hq, a.hk, a.hd, a.n, eps, lora);
-  if (lora) {
+  if (lora)
     for (int64_t t = 0; t < a.n; ++t) {
       const auto i = static_cast<size_t>(t);
       rec("qk_norm_lora", rl.lr[i], rl.b[i], rl.ldb[i], rl.rank[i], rl.scale[i], rl.b_bf16[i]);
     }
-    launch("qk_rms_norm", [=, this] { return lc::qk_norm(a, &rl, stream_); });
-    return;
-  }
-  // A batch-1 decode step's norm: held for the RoPE after it (pending_norm_).
-  if (q_lora.empty() && a.n == 1 && fuse_rope_attention_ && fuse_rope_store() && tape_->recording() && !failed_) {
+  // A decode pass's norm: held for the RoPE after it (pending_norm_).
+  if (fuse_qk_norm_ && fuse_rope_store() && tape_->recording() && !failed_ && a.n >= 1 && a.n <= lc::kGemvMaxRows &&
+      (lora || q_lora.empty())) {
     if (pending_norm_) flush_norm();
-    pending_norm_ = a;
+    HeldNorm h{a, lora, rl};
+    if (!pending_expand_.empty() && expand_overlaps(operands_of(h))) flush_expand();
+    pending_norm_ = h;
     return;
   }
-  launch_qk_norm(a);
+  if (pending_norm_) flush_norm();
+  launch("qk_rms_norm", [=, this] { return lc::qk_norm(a, lora ? &rl : nullptr, stream_); });
 }
 
-void CudaBackend::launch_qk_norm(const lc::QkNormArgs& a) {
-  launch_now("qk_rms_norm", [=, this] { return lc::qk_norm(a, nullptr, stream_); });
+lc::RopeArgs CudaBackend::operands_of(const HeldNorm& h) {
+  lc::RopeArgs r;
+  r.xa = h.a.q;
+  r.ha = h.a.hq;
+  r.xb = h.a.k;
+  r.hb = h.a.hk;
+  r.n = h.a.n;
+  r.hd = h.a.hd;
+  r.lora = h.lora;
+  r.rl = h.rl;
+  return r;
+}
+
+void CudaBackend::launch_qk_norm(const lc::QkNormArgs& a, const lc::RopeLora* lora) {
+  const bool has = lora != nullptr;
+  const lc::RopeLora rl = has ? *lora : lc::RopeLora{};
+  launch_now("qk_rms_norm", [=, this] { return lc::qk_norm(a, has ? &rl : nullptr, stream_); });
 }
 
 void CudaBackend::flush_norm() {
   if (!pending_norm_) return;
-  const lc::QkNormArgs a = *pending_norm_;
+  const HeldNorm h = *pending_norm_;
   pending_norm_.reset();
   rec("qk_norm_alone");
-  launch_qk_norm(a);
+  launch_qk_norm(h.a, h.lora ? &h.rl : nullptr);
 }
 
 void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
@@ -492,8 +509,13 @@ void CudaBackend::flush_rope() {
   launch_rope(r);
 }
 
-void CudaBackend::launch_rope(const lc::RopeArgs& r) {
-  if (r.normed) launch_qk_norm(r.norm);  // after the held ops launch() flushes: it reads nothing they write
+void CudaBackend::launch_rope(const lc::RopeArgs& held) {
+  lc::RopeArgs r = held;
+  if (r.normed) {  // the norm (with q's LoRA term) first: the RoPE kernels rotate only
+    launch_qk_norm(r.norm, r.lora ? &r.rl : nullptr);
+    r.normed = false;
+    r.lora = false;
+  }
   if (r.lora) {
     launch("rope", [=, this] {
       return lc::rope_pair_lora(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, r.rl, stream_);
@@ -521,12 +543,14 @@ void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* po
   r.lora = lora != nullptr;
   if (lora) r.rl = *lora;
   if (pending_norm_) {  // the held q/k norm of exactly these rows goes on with the RoPE
-    const lc::QkNormArgs& nm = *pending_norm_;
+    const lc::QkNormArgs& nm = pending_norm_->a;
     if (!lora && nm.q == r.xa && nm.k == r.xb && nm.n == r.n && nm.hq == r.ha && nm.hk == r.hb && nm.hd == r.hd) {
       r.normed = true;
       r.norm = nm;
+      r.lora = pending_norm_->lora;  // q's LoRA term, added before the norm
+      if (r.lora) r.rl = pending_norm_->rl;
       pending_norm_.reset();
-      rec("rope_normed");
+      rec("rope_normed", r.lora);
     } else {
       flush_norm();
     }

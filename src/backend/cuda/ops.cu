@@ -254,23 +254,71 @@ __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int
   }
 }
 
+// Token tok's q LoRA term scale · lr · b^T of a warp's head row `row` (its head: row % heads) added
+// to v, lane l holding elements l + 32u (u < kPer; none past hd). Every B row of a 16-rank chunk
+// is loaded before the first is used (a load-use chain per element cost ~3 us a layer in the 8B
+// decode step). qk_norm_kernel and norm_rope_store_kernel share it: the same bits.
+template <int kPer>
+__device__ __forceinline__ void add_row_lora(float (&v)[kPer], const RopeLora& lora, int64_t tok, int64_t row,
+                                             int heads, int hd, int lane) {
+  const float* lr = lora.lr[tok];
+  if (!lr) return;
+  const bool bf = lora.b_bf16[tok] != 0;
+  const int rank = lora.rank[tok];
+  const int64_t ldb = lora.ldb[tok];
+  const int64_t o0 = (row % heads) * hd;  // output column of x·A·B^T of element 0
+  float d[kPer] = {};
+  for (int k0 = 0; k0 < rank; k0 += 16) {
+    const int m = min(16, rank - k0);
+    float l[16], wb[kPer][16];
+    lora_load16(lr, false, k0, m, l);
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = lane + 32 * u;
+      if (j < hd) {
+        lora_load16(lora.b[tok], bf, (o0 + j) * ldb + k0, m, wb[u]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) wb[u][i] = 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) d[u] += l[i] * wb[u][i];
+  }
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) v[u] += lora.scale[tok] * d[u];
+}
+
+// The head row a warp of qk_norm_kernel / norm_rope_store_kernel takes: q's rows first, then k's.
+struct QkRow {
+  bool is_q;
+  int heads;
+  int64_t row, tok;  // the row within q or k, and its token
+};
+__device__ __forceinline__ QkRow qk_row(const QkNormArgs& a, int64_t row_all) {
+  const int64_t rows_q = a.n * a.hq;
+  QkRow r;
+  r.is_q = row_all < rows_q;
+  r.heads = r.is_q ? a.hq : a.hk;
+  r.row = r.is_q ? row_all : row_all - rows_q;
+  r.tok = r.row / r.heads;
+  return r;
+}
+
 // One warp per head row (q's rows first, then k's): the row's values stay in registers between
-// the sum of squares and the scaling (kPer = head_dim / 32 rounded up per lane).
-// With kLora, token t's q rows first get their LoRA term: every B row of a 16-rank chunk is loaded
-// before the first is used (a load-use chain per element cost ~3 us a layer in the 8B decode step).
+// the sum of squares and the scaling (kPer = head_dim / 32 rounded up per lane). With kLora,
+// token t's q rows first get their LoRA term (add_row_lora).
 template <bool kLora, int kPer>
 __global__ void qk_norm_kernel(const QkNormArgs a, const RopeLora lora) {
   pdl_release();  // the PDL-launched decode attention after us may start its page-table lookups now
   const int64_t row_all = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int64_t rows_q = a.n * a.hq;
-  if (row_all >= rows_q + a.n * a.hk) return;  // whole warps leave together: the shuffles below are full
-  const bool is_q = row_all < rows_q;
-  const int heads = is_q ? a.hq : a.hk;
-  const int64_t row = is_q ? row_all : row_all - rows_q;
-  const int64_t tok = row / heads;
-  float* x = (is_q ? a.q : a.k) + row * a.hd;
-  const void* w = is_q ? a.wq : a.wk;
+  if (row_all >= a.n * (a.hq + a.hk)) return;  // whole warps leave together: the shuffles below are full
+  const QkRow q = qk_row(a, row_all);
+  float* x = (q.is_q ? a.q : a.k) + q.row * a.hd;
+  const void* w = q.is_q ? a.wq : a.wk;
   float v[kPer];
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
@@ -278,35 +326,7 @@ __global__ void qk_norm_kernel(const QkNormArgs a, const RopeLora lora) {
     v[u] = j < a.hd ? x[j] : 0.f;
   }
   if constexpr (kLora) {
-    const float* lr = is_q ? lora.lr[tok] : nullptr;
-    if (lr) {
-      const bool bf = lora.b_bf16[tok] != 0;
-      const int rank = lora.rank[tok];
-      const int64_t ldb = lora.ldb[tok];
-      const int64_t o0 = (row % heads) * a.hd;  // output column of x·A·B^T of element 0
-      float d[kPer] = {};
-      for (int k0 = 0; k0 < rank; k0 += 16) {
-        const int m = min(16, rank - k0);
-        float l[16], wb[kPer][16];
-        lora_load16(lr, false, k0, m, l);
-#pragma unroll
-        for (int u = 0; u < kPer; ++u) {
-          const int j = lane + 32 * u;
-          if (j < a.hd) {
-            lora_load16(lora.b[tok], bf, (o0 + j) * ldb + k0, m, wb[u]);
-          } else {
-#pragma unroll
-            for (int i = 0; i < 16; ++i) wb[u][i] = 0.f;
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < kPer; ++u)
-#pragma unroll
-          for (int i = 0; i < 16; ++i) d[u] += l[i] * wb[u][i];
-      }
-#pragma unroll
-      for (int u = 0; u < kPer; ++u) v[u] += lora.scale[tok] * d[u];
-    }
+    if (q.is_q) add_row_lora(v, lora, q.tok, q.row, q.heads, a.hd, lane);
   }
   const float inv = warp_inv_rms(v, a.hd, a.eps);
 #pragma unroll
@@ -603,6 +623,68 @@ __global__ void rope_store_kernel(const RopeArgs r, const RopeStoreJobs js) {
   }
 }
 
+// rope_store with Qwen3's q/k norms (RopeArgs::normed), head_dim = 32·kPer with kPer 2, 4 or 8:
+// blocks [0, row_blocks) take q's and k's head rows, a warp each: the row (q's with its LoRA term
+// when kLora) normed as qk_norm_kernel does, rotated as rope_elem does (pair j, j + hd/2 sits in
+// one lane: elements u and u + kPer/2), written back (q's also to xa16) and k's stored into the
+// jobs that store k; the blocks after them store the other jobs' elements. The same bits as
+// qk_norm, then rope_store.
+template <bool kLora, int kPer>
+__global__ void norm_rope_store_kernel(const RopeArgs r, const RopeStoreJobs js, int row_blocks) {
+  pdl_release();  // the PDL-launched decode attention may start its page-table lookups now
+  if (static_cast<int>(blockIdx.x) >= row_blocks) {
+    const int64_t stride = int64_t{gridDim.x - row_blocks} * blockDim.x;
+    for (int64_t e = int64_t{blockIdx.x - row_blocks} * blockDim.x + threadIdx.x; e < js.n_other; e += stride)
+      store_multi_elem(js.other, e);
+    return;
+  }
+  const QkNormArgs& a = r.norm;
+  const int64_t row_all = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (row_all >= a.n * (a.hq + a.hk)) return;  // whole warps leave together
+  const QkRow q = qk_row(a, row_all);
+  constexpr int kHalf = kPer / 2;
+  const int hd = 32 * kPer;
+  float* x = (q.is_q ? r.xa : r.xb) + q.row * hd;
+  float v[kPer];
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) v[u] = x[lane + 32 * u];
+  if constexpr (kLora) {
+    if (q.is_q) add_row_lora(v, r.rl, q.tok, q.row, q.heads, hd, lane);
+  }
+  const float inv = warp_inv_rms(v, hd, a.eps);
+  const void* w = q.is_q ? a.wq : a.wk;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) v[u] = normed(v[u], inv, load_elem(w, a.wt, lane + 32 * u));
+#pragma unroll
+  for (int u = 0; u < kHalf; ++u) {
+    float sn, cs;
+    rope_sincos(r.pos[q.tok], r.inv_freq[lane + 32 * u], sn, cs);
+    const float2 rot = rope_rotate(v[u], v[u + kHalf], cs, sn);
+    v[u] = rot.x;
+    v[u + kHalf] = rot.y;
+  }
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) x[lane + 32 * u] = v[u];
+  if (q.is_q) {
+    if (r.xa16) {
+      __nv_bfloat16* x16 = static_cast<__nv_bfloat16*>(r.xa16) + q.row * hd;
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) x16[lane + 32 * u] = __float2bfloat16(v[u]);
+    }
+    return;
+  }
+  const int64_t col0 = (q.row % q.heads) * hd;  // in a k row of width hb · hd
+  for (int j = 0; j < js.n_k_jobs; ++j) {
+    const StoreJobDev& jb = js.k_job[j];
+    const int64_t ti = q.tok - js.k_tok0[j];  // the job's row of token tok
+    if (ti < 0 || ti >= jb.n) continue;
+    const int64_t base = paged_row(jb.dst, jb.slots[ti]) + col0;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) store_elem(jb.dst.data, jb.dst.dtype, base + lane + 32 * u, v[u]);
+  }
+}
+
 // ---------------------------------------------------------------- generic attention
 constexpr int kAttnThreads = 128;  // keys per tile = threads
 constexpr int kMaxHeadDim = 256, kMaxRank = 128;
@@ -823,6 +905,39 @@ cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t
   }
   js.n_other = pack_stores(other, n_other, loras, js.other);
   if (js.n_other < 0) return cudaErrorInvalidValue;
+  if (r.normed) {
+    const QkNormArgs& a = r.norm;
+    if (a.q != r.xa || a.k != r.xb || a.n != r.n || a.hq != r.ha || a.hk != r.hb || a.hd != r.hd)
+      return cudaErrorInvalidValue;
+    if (rope_store_norms(r.hd)) {  // one kernel: norm, RoPE and stores
+      constexpr int kWarps = kThreads / 32;
+      const int64_t rows = r.n * (r.ha + r.hb);
+      const int row_blocks = static_cast<int>((rows + kWarps - 1) / kWarps);
+      const auto grid = static_cast<unsigned>(row_blocks + (js.n_other > 0 ? blocks_for(js.n_other) : 0));
+      auto go = [&](auto per) {
+        constexpr int kPer = decltype(per)::value;
+        if (r.lora)
+          norm_rope_store_kernel<true, kPer><<<grid, kThreads, 0, s>>>(r, js, row_blocks);
+        else
+          norm_rope_store_kernel<false, kPer><<<grid, kThreads, 0, s>>>(r, js, row_blocks);
+      };
+      if (r.hd == 64)
+        go(std::integral_constant<int, 2>{});
+      else if (r.hd == 128)
+        go(std::integral_constant<int, 4>{});
+      else
+        go(std::integral_constant<int, 8>{});
+      return cudaGetLastError();
+    }
+    // Other head dims: the norm (with q's LoRA term) first, then the rotations and stores.
+    if (const cudaError_t e = qk_norm(a, r.lora ? &r.rl : nullptr, s); e != cudaSuccess) return e;
+    RopeArgs rot = r;
+    rot.normed = false;
+    rot.lora = false;
+    const int64_t total = rot.n * (rot.ha + rot.hb) * (rot.hd / 2) + js.n_other;
+    rope_store_kernel<false><<<blocks_for(total), kThreads, 0, s>>>(rot, js);
+    return cudaGetLastError();
+  }
   const int64_t total = r.n * (r.ha + r.hb) * (r.hd / 2) + js.n_other;
   if (r.lora)
     rope_store_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(r, js);

@@ -222,11 +222,13 @@ struct RopeArgs {
   void* xa16 = nullptr;               // [n, ha, hd] bf16 copy of the rotated xa, or null
   bool lora = false;                  // rl holds q's LoRA terms (rope_pair_lora)
   RopeLora rl{};
-  // Qwen3: xa and xb are normed by qk_norm(norm) before they rotate (the CUDA backend holds the
-  // norm of a batch-1 decode pass back for the decode attention that can do it; every kernel
-  // here takes rotations only, so a launch of this RoPE launches the norm first). Never with lora.
+  // Qwen3: xa and xb are normed per head as qk_norm(norm) norms them before they rotate, q's LoRA
+  // term (lora) added before the norm (q_norm reads q with it). The CUDA backend holds a decode
+  // pass's norm back for the kernel after it: rope_store does all three in one launch (head_dim
+  // 64, 128 or 256; others launch qk_norm first), the v4 decode attention (DecodeRopeStore)
+  // without a LoRA term; the RoPE alone (rope_pair*) takes no norm.
   bool normed = false;
-  QkNormArgs norm{};
+  QkNormArgs norm{};  // norm.q == xa, norm.k == xb, the same shapes
 };
 // rope_pair(_lora) and store_rows_multi in one launch (a decode pass's RoPE of q and k, then the
 // layer's K/V stores, some of which read the rotated k). Job j with tok0[j] >= 0 stores k's rows
@@ -234,8 +236,11 @@ struct RopeArgs {
 // it into that job's cache too. The other jobs (tok0[j] < 0) read nothing the RoPE writes.
 // n <= kGemvMaxRows, n_jobs <= kMaxStoreJobs.
 // Jobs storing k's rows take no expand (their lora is -1).
+// With r.normed, Qwen3's q/k norms (and q's LoRA term before them) as well: in the same kernel
+// where rope_store_norms(head_dim), else qk_norm launched first.
 cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs,
                        const StoreLoras* loras, cudaStream_t s);
+inline bool rope_store_norms(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 struct LowRankDev {
   PagedDev lr;             // [n_ctx, rank] rows of x·A
