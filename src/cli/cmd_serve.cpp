@@ -186,21 +186,20 @@ int run_serve(const ServeFlags& f) {
   if (!sharing.ok()) return report(sharing.error());
   so.pool.replay.sharing = *sharing;
   if (is_auto && loaded->adapters) {
-    if (!check_low_rank_k(loaded->model->config(), agents_of(*loaded->adapters).second, ShareMode::kBaseLr).ok()) {
+    const std::vector<const LoraAdapter*> adapters = agents_of(*loaded->adapters).second;
+    const ModelConfig& cfg = loaded->model->config();
+    if (!check_low_rank_k(cfg, adapters, ShareMode::kBaseLr).ok()) {
       fmt::print(stderr, "--kv-share auto: {} norms its keys and an adapter adapts k_proj, so no low-rank cache can "
                          "hold that term; each agent keeps its own full cache (none)\n",
-                 loaded->model->config().architecture);
+                 cfg.architecture);
       so.pool.replay.sharing.mode = ShareMode::kNone;
+    } else if (!check_shared_a(adapters, cfg.num_layers).ok()) {
+      fmt::print(stderr, "--kv-share auto: the adapters do not share lora_A, so each agent keeps its own low-rank "
+                         "cache (base)\n");
+      so.pool.replay.sharing.mode = ShareMode::kBase;
     }
   }
   auto srv = server::Server::create(*loaded->model, loaded->tokenizer.get(), loaded->adapters.get(), so);
-  if (!srv.ok() && is_auto && srv.error().code == ErrorCode::kInvalidArgument &&
-      srv.error().message.find("shared-A") != std::string::npos) {
-    fmt::print(stderr, "--kv-share auto: the adapters do not share lora_A, so each agent keeps its own low-rank cache "
-                       "(base)\n");
-    so.pool.replay.sharing.mode = ShareMode::kBase;
-    srv = server::Server::create(*loaded->model, loaded->tokenizer.get(), loaded->adapters.get(), so);
-  }
   if (!srv.ok()) return report(srv.error());
   server::Server& s = **srv;
   auto port = s.bind(f.host, f.port);

@@ -94,6 +94,30 @@ Status check_low_rank_k(const ModelConfig& cfg, const std::vector<const LoraAdap
   return Status::Ok();
 }
 
+Status check_shared_a(const std::vector<const LoraAdapter*>& adapters, int num_layers) {
+  if (adapters.empty()) return Status::Ok();
+  for (LoraTarget t : {LoraTarget::kK, LoraTarget::kV}) {
+    for (int l = 0; l < num_layers; ++l) {
+      const LoraModule* first = module_of(adapters[0], l, t);
+      for (size_t a = 1; a < adapters.size(); ++a) {
+        const LoraModule* other = module_of(adapters[a], l, t);
+        const bool same = (!first && !other) ||
+                          (first && other && first->rank == other->rank &&
+                           first->a.view().nbytes() == other->a.view().nbytes() &&
+                           std::memcmp(first->a.view().data, other->a.view().data, first->a.view().nbytes()) == 0);
+        if (!same) {
+          auto name = [](const LoraAdapter* ad) { return ad ? "'" + ad->name + "'" : std::string("the base model"); };
+          return make_error(ErrorCode::kInvalidArgument,
+                            "--kv-share base-lr needs shared-A adapters, but {} of layer {} has a different lora_A "
+                            "in {} and {}; use --kv-share base (private LR cache per agent) instead",
+                            lora_target_name(t), l, name(adapters[0]), name(adapters[a]));
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // The binding of one agent's forward pass (see the mode table in sharing.h).
 class SharedBinding final : public KvBinding {
  public:
@@ -354,25 +378,7 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
     return make_pools();
   }
   // base-lr: the LR cache is shared, so every agent must project with the same A.
-  for (LoraTarget t : {LoraTarget::kK, LoraTarget::kV}) {
-    for (int l = 0; l < L; ++l) {
-      const LoraModule* first = module_of(kv->adapters_[0], l, t);
-      for (size_t a = 1; a < n; ++a) {
-        const LoraModule* other = module_of(kv->adapters_[a], l, t);
-        const bool same = (!first && !other) ||
-                          (first && other && first->rank == other->rank &&
-                           first->a.view().nbytes() == other->a.view().nbytes() &&
-                           std::memcmp(first->a.view().data, other->a.view().data, first->a.view().nbytes()) == 0);
-        if (!same) {
-          auto name = [](const LoraAdapter* ad) { return ad ? "'" + ad->name + "'" : std::string("the base model"); };
-          return make_error(ErrorCode::kInvalidArgument,
-                            "--kv-share base-lr needs shared-A adapters, but {} of layer {} has a different lora_A "
-                            "in {} and {}; use --kv-share base (private LR cache per agent) instead",
-                            lora_target_name(t), l, name(kv->adapters_[0]), name(kv->adapters_[a]));
-        }
-      }
-    }
-  }
+  LRA_RETURN_IF_ERROR(check_shared_a(kv->adapters_, L));
   LRA_ASSIGN_OR_RETURN(kv->rank_k_, uniform_rank(kv->adapters_[0], L, LoraTarget::kK));
   LRA_ASSIGN_OR_RETURN(kv->rank_v_, uniform_rank(kv->adapters_[0], L, LoraTarget::kV));
   if (kv->rank_k_ > 0) plan("lr.k", L, kv->rank_k_, &kv->shared_lrk_);

@@ -41,6 +41,11 @@ inline constexpr ShareMode kAllShareModes[] = {ShareMode::kNone, ShareMode::kFul
 // kUnsupported naming the first adapter that adapts k_proj when `mode` is base or base-lr, else Ok.
 Status check_low_rank_k(const ModelConfig& cfg, const std::vector<const LoraAdapter*>& adapters, ShareMode mode);
 
+// base-lr keeps one low-rank cache for every agent, so all adapters (null: the base model, which
+// adapts nothing) must project k and v with bit-identical lora_A in every layer: kInvalidArgument
+// naming the first target, layer and pair that differ, else Ok.
+Status check_shared_a(const std::vector<const LoraAdapter*>& adapters, int num_layers);
+
 // Exact entry bytes by component; allocated = bytes of the pool blocks in use.
 struct CacheBytes {
   int64_t base = 0, lr = 0, full = 0, allocated = 0;

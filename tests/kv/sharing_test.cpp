@@ -295,6 +295,32 @@ TEST_F(Sharing, KAndVShareOneBlockTableInEveryMode) {
   }
 }
 
+// check_shared_a on its own (what `serve --kv-share auto` asks before it picks base-lr): the
+// shared-A set passes whole and with the base model among it; the independent set fails naming
+// the first layer and pair, and one adapter alone always passes.
+TEST_F(Sharing, CheckSharedAComparesEveryKAndVLoraA) {
+  const int L = model_->config().num_layers;
+  std::vector<const LoraAdapter*> shared = {adapter("qv-shared-a-r8", "plan", "plan"),
+                                            adapter("qv-shared-a-r8", "action", "action"),
+                                            adapter("qv-shared-a-r8", "reflect", "reflect")};
+  EXPECT_TRUE(check_shared_a(shared, L).ok());
+  std::vector<const LoraAdapter*> indep = {adapter("qv-indep-a-r8", "plan", "plan"),
+                                           adapter("qv-indep-a-r8", "reflect", "reflect")};
+  const Status st = check_shared_a(indep, L);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(st.error().message.find("v_proj of layer 0 has a different lora_A in 'plan' and 'reflect'"),
+            std::string::npos)
+      << st.error().message;
+  EXPECT_TRUE(check_shared_a({indep[0]}, L).ok());
+  EXPECT_TRUE(check_shared_a({}, L).ok());
+  // The base model adapts nothing: beside an adapter with v_proj its "A" differs.
+  const Status with_base = check_shared_a({nullptr, shared[0]}, L);
+  ASSERT_FALSE(with_base.ok());
+  EXPECT_NE(with_base.error().message.find("in the base model and 'plan'"), std::string::npos)
+      << with_base.error().message;
+}
+
 TEST_F(Sharing, InvalidSetupsFailClearly) {
   std::vector<const LoraAdapter*> indep = {adapter("qv-indep-a-r8", "plan", "plan"),
                                            adapter("qv-indep-a-r8", "action", "action")};
