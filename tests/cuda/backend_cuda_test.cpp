@@ -516,12 +516,12 @@ TEST_P(CudaOps, FillRandomIsTheSameOnEveryBackend) {
 // the store kernel (GraphStats::fused_lora_stores), which must leave the same values in v_full and
 // in the cache as the expand's own launch. With norm (Qwen3), q's LoRA terms go to qk_rms_norm
 // instead and the RoPE has none: the recorded pass holds the norm for the same launch
-// (GraphStats::fused_qk_norms; head_dim 96 takes qk_norm's launch first).
+// (GraphStats::fused_qk_norms; head_dim 96 takes qk_norm's launch first, 256 the widest rows).
 TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
   const DType dt = GetParam();
   struct Case { int64_t ha, hb, hd; int page; };
   for (const bool norm : {false, true})
-  for (const Case c : {Case{32, 8, 128, 16}, Case{6, 4, 64, 1}, Case{4, 2, 96, 16}}) {
+  for (const Case c : {Case{32, 8, 128, 16}, Case{6, 4, 64, 1}, Case{4, 2, 96, 16}, Case{4, 2, 256, 16}}) {
     for (int64_t n : {1, 3, 8}) {
       const int64_t wk = c.hb * c.hd, wq = c.ha * c.hd, rank = 16, ctx = 40;
       Tensor qh = random_host({n, c.ha, c.hd}, 61), kh = random_host({n, c.hb, c.hd}, 62);
@@ -636,7 +636,7 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
           EXPECT_EQ(be.graph_stats().fused_lora_stores - lora_before, run == 1 ? 1 : 0)
               << (run == 1 ? "the recorded pass computes v_full in the store kernel" : "eager: the expand's launch");
           EXPECT_EQ(be.graph_stats().fused_qk_norms - norms_before, run == 1 && norm && c.hd != 96 ? 1 : 0)
-              << "the recorded pass norms q and k in the RoPE-and-stores launch (head_dim 64 and 128)";
+              << "the recorded pass norms q and k in the RoPE-and-stores launch (head_dim 64, 128, 256)";
         }
         // Cache rows at the slots, as f32.
         auto rows_of = [&](BlockPool* pool, const int32_t* table, int64_t width) {
@@ -1081,6 +1081,19 @@ TEST_P(CudaEngine, DroidSpeakPartialCatchUpMatchesFullDepth) {
   }
 }
 
+// The synthetic Qwen3's adapter `name` (tests/fixtures/adapters/synthetic-qwen3; "": none, null)
+// loaded for model and uploaded to be; null on failure, which it reports.
+std::unique_ptr<LoraAdapter> load_qwen3_adapter(const std::string& name, LlamaModel& model, Backend& be) {
+  if (name.empty()) return nullptr;
+  auto a = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, model.config());
+  EXPECT_TRUE(a.ok()) << (a.ok() ? "" : a.error().message);
+  if (!a.ok()) return nullptr;
+  const Status up = upload_adapter(**a, be);
+  EXPECT_TRUE(up.ok()) << (up.ok() ? "" : up.error().message);
+  if (!up.ok()) return nullptr;
+  return std::move(*a);
+}
+
 // Qwen3 (q_norm and k_norm before RoPE, head_dim 64 beside hidden 64, tied embeddings) on the
 // GPU: generation against HF transformers + PEFT's goldens, and a replay in every sharing mode
 // the adapter allows against the CPU's. f32: the goldens' tokens and the CPU's, exactly; bf16:
@@ -1108,13 +1121,8 @@ TEST(CudaQwen3, GenerateMatchesPeftAndReplayMatchesCpu) {
       const char* bname = b == 0 ? "cpu" : (b == 1 ? "f32" : "bf16");
       auto model = LlamaModel::load(mdir, *be);
       ASSERT_TRUE(model.ok()) << model.error().message;
-      std::unique_ptr<LoraAdapter> ad;
-      if (!name.empty()) {
-        auto a = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, (*model)->config());
-        ASSERT_TRUE(a.ok()) << a.error().message;
-        ASSERT_TRUE(upload_adapter(**a, *be).ok());
-        ad = std::move(*a);
-      }
+      std::unique_ptr<LoraAdapter> ad = load_qwen3_adapter(name, **model, *be);
+      ASSERT_TRUE(name.empty() || ad);
       if (b > 0) {  // the goldens, as one batch of every case
         std::vector<GenerateRequest> reqs;
         for (const auto& c : golden["cases"]) {
@@ -1192,13 +1200,8 @@ TEST(CudaQwen3, FusedDecodeNormsGiveTheTokensOfTheirOwnLaunches) {
       ASSERT_TRUE(be);
       auto model = LlamaModel::load(mdir, *be);
       ASSERT_TRUE(model.ok()) << model.error().message;
-      std::unique_ptr<LoraAdapter> ad;
-      if (!name.empty()) {
-        auto a = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, (*model)->config());
-        ASSERT_TRUE(a.ok()) << a.error().message;
-        ASSERT_TRUE(upload_adapter(**a, *be).ok());
-        ad = std::move(*a);
-      }
+      std::unique_ptr<LoraAdapter> ad = load_qwen3_adapter(name, **model, *be);
+      ASSERT_TRUE(name.empty() || ad);
       for (const auto& c : golden["cases"]) {
         GenerateRequest r;
         r.prompt = c["prompt_tokens"].get<std::vector<int32_t>>();
