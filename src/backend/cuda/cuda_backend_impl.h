@@ -288,7 +288,7 @@ class CudaBackend final : public Backend {
   }
   template <class F>
   void launch(const char* name, F&& f) {
-    if (pending_norm_) flush_norm();               // q and k only: disjoint from the held ops below
+    if (pending_norm_) flush_norm();               // q and k, which no held op below touches (see operands_of)
     if (pending_rope_attn_) flush_rope_store();    // held first: older than the two below
     if (!pending_expand_.empty()) flush_expand();  // this op may read what they write
     if (pending_rope_) flush_rope();               // ... or what the RoPE writes
