@@ -247,7 +247,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v2_kernel(const AttnParams p
 #pragma unroll
           for (int kk = 0; kk < KT_R; ++kk)
             ldmatrix_x4(la[kk], cLk + (kw * 16 + (lane & 15)) * RS + kk * 16 + (lane >> 4) * 8);
+          // Agents mode: adapter a's keys go to Kx buffer (a - a_lo) % 2 (the Q tile holds two), so one
+          // barrier per adapter suffices: a warp's rebuild of a + 1 starts after the barrier that
+          // follows every warp's QK of a - 1, the last reader of that buffer.
+          static_assert(kBM * KS >= 2 * kBN * KS, "the Q tile holds two Kx buffers");
           for (int a = a_lo; a <= a_hi; ++a) {
+            bf16* const kx = sKx + ((a - a_lo) & 1) * kBN * KS;
             const bf16* bk = p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
 #pragma unroll 2
             for (int pr = pr0; pr < pr0 + D / 32; ++pr) {
@@ -278,18 +283,17 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v2_kernel(const AttnParams p
                 }
                 const __nv_bfloat162 k1 = *reinterpret_cast<const __nv_bfloat162*>(cK + kl * KS + d0);
                 const __nv_bfloat162 k2 = *reinterpret_cast<const __nv_bfloat162*>(cK + kl * KS + d0 + D / 2);
-                *reinterpret_cast<__nv_bfloat162*>(sKx + kl * KS + d0) =
+                *reinterpret_cast<__nv_bfloat162*>(kx + kl * KS + d0) =
                     __floats2bfloat162_rn(__low2float(k1) + y1[0], __high2float(k1) + y1[1]);
-                *reinterpret_cast<__nv_bfloat162*>(sKx + kl * KS + d0 + D / 2) =
+                *reinterpret_cast<__nv_bfloat162*>(kx + kl * KS + d0 + D / 2) =
                     __floats2bfloat162_rn(__low2float(k2) + y2[0], __high2float(k2) + y2[1]);
               }
             }
-            __syncthreads();
+            __syncthreads();  // Kx of a is whole
             if (warp_work && a >= wa_lo && a <= wa_hi) {
               const bool mlo = !p.agents || r_i[0] == a, mhi = !p.agents || r_i[1] == a;
-              qk(sKx, mlo, mhi);
+              qk(kx, mlo, mhi);
             }
-            if (a < a_hi) __syncthreads();  // Kx is rebuilt for the next adapter
           }
         } else if (warp_work) {
           qk(cK, true, true);
