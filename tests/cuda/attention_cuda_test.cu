@@ -587,6 +587,32 @@ TEST(CudaAttention, DecodeBatch) {
   expect_ran({lc::AttnKernel::kV1Mma, lc::AttnKernel::kV4Decode}, "DecodeBatch");
 }
 
+// The K term in v4's decode kernel (session 33; v2 took it before): base-lr's k_proj adapters,
+// K_j = K_base_j + RoPE_j(s_k·LRk_j·B_k^T) rebuilt by each warp for its 16 keys of a tile. K ranks
+// 4, 8 and 16 beside V ranks 16 and 8, G 1 / 4 / 8 / 16, pages 1 and 16, a batch of contexts from
+// 1 to 4097, forced splits; every case must have run v4 (K-term shapes it refuses run v2).
+TEST(CudaAttention, DecodeV4KTerm) {
+  SKIP_WITHOUT_GPU();
+  reset_ran();
+  uint32_t seed = 1700;
+  const std::vector<int> ctx = {1, 17, 97, 4097, 64, 65};
+  const std::vector<int> ones(ctx.size(), 1);
+  const int lr[][2] = {{16, 16}, {4, 16}, {8, 8}, {16, 8}};
+  int n = 0;
+  for (int d : {64, 128})
+    for (int group : {1, 4, 8, 16})
+      for (int page : {1, 16}) {
+        const auto& r = lr[n++ % 4];
+        Case c = make(d, group, page, ctx, ones, r[0], r[1]);
+        c.splits = n % 3 == 0 ? 7 : 0;
+        const int v4_before = g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)];
+        run_case(c, seed++);
+        // The v4 request (and v5 / v6's, which hand decode shapes to v4) ran v4, not v2.
+        EXPECT_GE(g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)] - v4_before, 1) << c.name() << ": v4 did not run";
+      }
+  expect_ran({lc::AttnKernel::kV4Decode}, "DecodeV4KTerm");
+}
+
 // v4's decode kernel at its edges: G = 16 (all 16 rows of its m16 tile), V ranks 8 and 12 (the
 // zero-filled columns of its LRv tile), one split, 128 splits (its merge's limit) and a split
 // count that leaves the last split short; a 1-token sequence beside long ones (blocks past a

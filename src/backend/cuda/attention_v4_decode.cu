@@ -67,7 +67,7 @@ constexpr int kMaxRowTiles = 2;
 constexpr int kMaxSplits = 128;  // splits of one kv head (the merge's weights: [kMaxSplits, rows] f32)
 constexpr int kStages = 2;
 
-template <int D, int R, int MT>
+template <int D, int R, int MT, bool kKTerm = false>
 struct Smem {
   static constexpr int kRows = kTileRows * MT;  // the block's query rows (agents x G heads)
   static constexpr int kWarps = kKeyWarps * MT;
@@ -81,7 +81,8 @@ struct Smem {
   static constexpr int kK = kQ + (kQRegs ? 0 : kRows * KS);  // [kStages, kBN, KS]
   static constexpr int kV = kK + kStages * kBN * KS;        // [kStages, kBN, KS]
   static constexpr int kLv = kV + kStages * kBN * KS;       // [kStages, kBN, RS] (R > 0)
-  static constexpr int kEnd = kLv + (R > 0 ? kStages * kBN * RS : 0);
+  static constexpr int kLk = kLv + (R > 0 ? kStages * kBN * RS : 0);  // [kStages, kBN, RS] (kKTerm)
+  static constexpr int kEnd = kLk + (kKTerm ? kStages * kBN * RS : 0);
   static constexpr size_t bytes = static_cast<size_t>(kEnd) * sizeof(bf16);
   // After the key loop the merges reuse the whole buffer (Q included: the last tile's barrier has
   // passed every read of it) as f32: [kKeyWarps, kRows, D + 4] O + [kKeyWarps, kRows, 16] O_lr
@@ -99,7 +100,7 @@ struct V4Launch {
   bool even_split = true;
   int plan_tps = 1;
 
-  int kshift = 0, vshift = 0, lvshift = 0;
+  int kshift = 0, vshift = 0, lvshift = 0, lkshift = 0;
   // K and V share table, page size and strides, with pages of >= 16 tokens (the engine's caches):
   // a tile's keys sit in 64 >> kshift pages whose block ids load one tile ahead (TileIds).
   bool ids_ahead = false;
@@ -178,10 +179,14 @@ __device__ __forceinline__ void store_merged(const AttnParams& p, int64_t off, c
 // kNorm: x.rs norms q and k too (DecodeRopeStore::normed; R == 0 and MT == 1 only). An
 // instantiation of its own: in the plain kernel its code cost 5 registers and ~0.4% of a Llama
 // decode step (H200, 4 interleaved rounds).
-template <int D, int R, int MT, bool kNorm = false>
-__global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
+// kKTerm: the K term (base-lr's k_proj adapters): each warp rebuilds its 16 keys of a tile in place,
+// K_j = K_base_j + RoPE_j(s_k·LRk_j·B_k^T) (the CPU reference's deferred RoPE), before its QK
+// (R == 16 with a V term, one row tile, no agents; an instantiation of its own, two blocks an SM).
+template <int D, int R, int MT, bool kNorm = false, bool kKTerm = false>
+__global__ void __launch_bounds__(Smem<D, R, MT, kKTerm>::kThreads, MT == 1 && !kKTerm ? 3 : 2)
     attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
-  using L = Smem<D, R, MT>;
+  using L = Smem<D, R, MT, kKTerm>;
+  static_assert(!kKTerm || (R > 0 && MT == 1 && !kNorm), "the K term: one row tile of the LR kernel");
   constexpr int KS = L::KS, RS = L::RS;
   constexpr int kRows = L::kRows, kWarps = L::kWarps, kThreads = L::kThreads;
   constexpr int KT_D = D / 16;  // k-steps of QK^T over head_dim
@@ -244,6 +249,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     const bf16* k[LPT];
     const bf16* v[LPT];
     const bf16* l[LR_PT > 0 ? LR_PT : 1];
+    const bf16* lk[kKTerm ? LR_PT : 1];  // LRk (kKTerm)
   };
   auto tile_addr = [&](int t, TileAddr& a) {
     const int key0 = kb + t * kBN;
@@ -260,6 +266,14 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       const bool ok = key < ke && ch * 4 < p.v_lr.rank;
       a.l[i] = ok ? p.v_lr.lr.data + paged_offset(p.v_lr.lr, s, key, x.lvshift) + ch * 4 : nullptr;
     }
+    if constexpr (kKTerm) {
+#pragma unroll
+      for (int i = 0; i < LR_PT; ++i) {
+        const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
+        const bool ok = key < ke && ch * 4 < p.k_lr.rank;
+        a.lk[i] = ok ? p.k_lr.lr.data + paged_offset(p.k_lr.lr, s, key, x.lkshift) + ch * 4 : nullptr;
+      }
+    }
   };
   auto tile_issue = [&](int t, const TileAddr& a) {
     const int st = t % kStages;
@@ -274,6 +288,13 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
     for (int i = 0; i < LR_PT; ++i) {
       const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH;
       cp_async8(sm + L::kLv + (st * kBN + kr) * RS + ch * 4, a.l[i] ? a.l[i] : p.v_lr.lr.data, a.l[i] ? 8 : 0);
+    }
+    if constexpr (kKTerm) {  // LRk columns past the rank likewise: the rebuild's mma reads zeros there
+#pragma unroll
+      for (int i = 0; i < LR_PT; ++i) {
+        const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH;
+        cp_async8(sm + L::kLk + (st * kBN + kr) * RS + ch * 4, a.lk[i] ? a.lk[i] : p.k_lr.lr.data, a.lk[i] ? 8 : 0);
+      }
     }
   };
   auto load_tile = [&](int t) {
@@ -292,7 +313,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
   // ([u % 4][0..3]) and LRv ([u % 4][4..7]), copied into shared memory by threads 0..7 with the
   // copies of tile u - 2 (tiles 0 and 1: before the wait), so they have landed, and a barrier
   // has passed, by the time tile u is issued.
-  const bool ahead_s = R > 0 && x.ids_ahead && x.lvshift >= 4;
+  const bool ahead_s = R > 0 && !kKTerm && x.ids_ahead && x.lvshift >= 4;
   __shared__ uint32_t ids_s[R > 0 ? 4 : 1][8];
   auto ids_async = [&](int u) {  // threads 0..7
     const int key0 = kb + u * kBN, j = tid & 3;
@@ -502,6 +523,22 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       }
     }
     const bf16* const qs = sm + L::kQ + (r0 + (lane & 15)) * KS + (lane >> 4) * 8;
+    // kKTerm: this lane's B_k operands of every 8-dimension pair group (the same every tile):
+    // dims pr·8 + gq and D/2 + pr·8 + gq, ranks 2tq, 2tq + 1 and + 8 (zero past the rank).
+    uint32_t bkf[kKTerm ? D / 16 : 1][4];
+    if constexpr (kKTerm) {
+      const int rank = p.k_lr.rank, k0 = 2 * tq;
+      const bf16* bk = p.k_lr.b + static_cast<int64_t>(g) * D * rank;
+#pragma unroll
+      for (int pr = 0; pr < D / 16; ++pr) {
+        const bf16* b1row = bk + (pr * 8 + gq) * rank;
+        const bf16* b2row = bk + (D / 2 + pr * 8 + gq) * rank;
+        bkf[pr][0] = ld_b32_guard(b1row + k0, k0 < rank);
+        bkf[pr][1] = ld_b32_guard(b1row + k0 + 8, k0 + 8 < rank);
+        bkf[pr][2] = ld_b32_guard(b2row + k0, k0 < rank);
+        bkf[pr][3] = ld_b32_guard(b2row + k0 + 8, k0 + 8 < rank);
+      }
+    }
     for (int t = 0; t < n_tiles; ++t) {
       if (t + 1 < n_tiles) {  // stage (t+1) % 2 was freed by the barrier that ended tile t-1
         if (ahead) {
@@ -533,6 +570,41 @@ __global__ void __launch_bounds__(Smem<D, R, MT>::kThreads, MT == 1 ? 3 : 2)
       const int key0 = kb + t * kBN + kw * 16;  // this warp's first key
       const bf16* cK = sm + L::kK + (st * kBN + kw * 16) * KS;
       const bf16* cV = sm + L::kV + (st * kBN + kw * 16) * KS;
+      if constexpr (kKTerm) {
+        // This warp's 16 keys, in place: K_j += RoPE_j(s_k·LRk_j·B_k^T). The rows are the warp's
+        // own (its QK reads no other's), so a warp barrier orders the writes before the reads.
+        bf16* const kr = sm + L::kK + (st * kBN + kw * 16) * KS;
+        const bf16* cLk = sm + L::kLk + (st * kBN + kw * 16) * RS;
+        uint32_t la[4];  // LRk rows of the 16 keys (A operand, ranks 0..15; zero past the rank)
+        ldmatrix_x4(la, cLk + (lane & 15) * RS + (lane >> 4) * 8);
+#pragma unroll
+        for (int pr = 0; pr < D / 16; ++pr) {
+          float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_bf16(c1, la, bkf[pr][0], bkf[pr][1]);
+          mma_bf16(c2, la, bkf[pr][2], bkf[pr][3]);
+          const int d0 = pr * 8 + 2 * tq;
+          const float f[2] = {__ldg(p.inv_freq + d0), __ldg(p.inv_freq + d0 + 1)};
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int kl = gq + hh * 8;
+            float y1[2], y2[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float sn, cs;
+              detail::rope_sincos(static_cast<float>(key0 + kl) * f[e], &sn, &cs);
+              const float x1 = c1[hh * 2 + e] * p.k_lr.scale, x2 = c2[hh * 2 + e] * p.k_lr.scale;
+              y1[e] = x1 * cs - x2 * sn;
+              y2[e] = x2 * cs + x1 * sn;
+            }
+            __nv_bfloat162* k1 = reinterpret_cast<__nv_bfloat162*>(kr + kl * KS + d0);
+            __nv_bfloat162* k2 = reinterpret_cast<__nv_bfloat162*>(kr + kl * KS + d0 + D / 2);
+            const __nv_bfloat162 b1 = *k1, b2 = *k2;
+            *k1 = __floats2bfloat162_rn(__low2float(b1) + y1[0], __high2float(b1) + y1[1]);
+            *k2 = __floats2bfloat162_rn(__low2float(b2) + y2[0], __high2float(b2) + y2[1]);
+          }
+        }
+        __syncwarp();
+      }
 
       // S = Q·K^T over this warp's 16 keys (n8 tiles: keys 0..7, 8..15).
       float sc[2][4] = {};
@@ -873,8 +945,16 @@ int merge_kernel_mode() {
 // Query rows of one (sequence, kv head): the agents' heads, or the G heads of one decode query.
 int v4_rows(const AttnParams& p) { return (p.agents ? p.max_q : 1) * (p.n_heads / p.n_kv_heads); }
 
+// The K term (session 33): one sequence's G heads (or a batch's) in one row tile, beside a V term
+// of rank <= 16 (the LR kernel's instantiation), K rank <= 16, one adapter's B for all sequences.
+bool v4_takes_k_term(const AttnParams& p) {
+  return !p.agents && v4_rows(p) <= kTileRows && p.k_lr.rank <= 16 && !p.k_lr.b_seq && p.inv_freq != nullptr &&
+         p.v_lr.active() && !p.v_lr.b_seq;
+}
+
 bool use_v4(const AttnParams& p) {
-  return !p.k_lr.active() && (!p.v_lr.active() || p.v_lr.rank <= 16) && (p.agents || p.max_q == 1) &&
+  return (!p.k_lr.active() || v4_takes_k_term(p)) && (!p.v_lr.active() || p.v_lr.rank <= 16) &&
+         (p.agents || p.max_q == 1) &&
          v4_rows(p) <= kMaxRowTiles * kTileRows && p.split_counters != nullptr &&
          p.split_counters_capacity >= static_cast<int64_t>(p.n_seqs) * p.n_kv_heads &&
          // the merge's 16-byte loads and stores
@@ -893,15 +973,15 @@ struct KernelSetup {
   bool ok = false;
   int per_sm = 2;
 };
-template <int D, int R, int MT, bool kNorm = false>
+template <int D, int R, int MT, bool kNorm = false, bool kKTerm = false>
 const KernelSetup& kernel_setup() {
-  using L = Smem<D, R, MT>;
+  using L = Smem<D, R, MT, kKTerm>;
   static const KernelSetup k = [] {
     KernelSetup s;
-    s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT, kNorm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT, kNorm, kKTerm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(L::bytes)) == cudaSuccess;
     int per_sm = 0;
-    if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT, kNorm>,
+    if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT, kNorm, kKTerm>,
                                                                L::kThreads, L::bytes) != cudaSuccess)
       (void)cudaGetLastError();  // the failure is reported by ok (the launch) or loses only the tuning
     else
@@ -910,15 +990,17 @@ const KernelSetup& kernel_setup() {
   }();
   return k;
 }
-template <int D, int R, int MT>
+template <int D, int R, int MT, bool kKTerm = false>
 int resident_blocks_of() {
-  return kernel_setup<D, R, MT>().per_sm;
+  return kernel_setup<D, R, MT, false, kKTerm>().per_sm;
 }
 
 // Blocks of this launch's kernel that fit on one SM at once (its shared memory and registers):
 // 3 at one row tile on Hopper (D = 128: 69 KB each, 75 KB with the LR stage ring), 2 at two.
 int resident_blocks(const AttnParams& p) {
   const bool lr = p.v_lr.active(), two = v4_rows(p) > kTileRows;
+  if (p.k_lr.active())  // the K term's own instantiation (use_v4: one row tile with a V term)
+    return p.head_dim == 64 ? resident_blocks_of<64, 16, 1, true>() : resident_blocks_of<128, 16, 1, true>();
   if (p.head_dim == 64) {
     if (lr) return two ? resident_blocks_of<64, 16, 2>() : resident_blocks_of<64, 16, 1>();
     return two ? resident_blocks_of<64, 0, 2>() : resident_blocks_of<64, 0, 1>();
@@ -960,12 +1042,12 @@ int choose_splits(const AttnParams& p) {
   return (tiles + tps - 1) / tps;
 }
 
-template <int D, int R, int MT, bool kNorm = false>
+template <int D, int R, int MT, bool kNorm = false, bool kKTerm = false>
 cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
-  using L = Smem<D, R, MT>;
-  if (!kernel_setup<D, R, MT, kNorm>().ok) return cudaErrorInvalidConfiguration;
+  using L = Smem<D, R, MT, kKTerm>;
+  if (!kernel_setup<D, R, MT, kNorm, kKTerm>().ok) return cudaErrorInvalidConfiguration;
   const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
-  return launch_pdl(attn_v4_decode_kernel<D, R, MT, kNorm>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
+  return launch_pdl(attn_v4_decode_kernel<D, R, MT, kNorm, kKTerm>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
 }
 
 template <int D, int R>
@@ -973,7 +1055,15 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   if constexpr (R == 0) {  // attention_decode_rope_store_applies: one row tile, its merge in the last block
     if (x.rs.active() && x.rs.normed()) return launch_tiles<D, 0, 1, true>(p, x);
   }
-  const cudaError_t e = v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
+  cudaError_t e;
+  if constexpr (R > 0) {
+    if (p.k_lr.active())  // use_v4: one row tile, no agents
+      e = launch_tiles<D, R, 1, false, true>(p, x);
+    else
+      e = v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
+  } else {
+    e = v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
+  }
   if (e != cudaSuccess || !x.merge_kernel) return e;
   const dim3 grid((v4_rows(p) + kMergeWarps - 1) / kMergeWarps, p.n_kv_heads, p.n_seqs);
   return launch_pdl(attn_v4_merge_kernel<D>, grid, dim3(32 * kMergeWarps), 0, p.stream, p, x);
@@ -1002,6 +1092,7 @@ cudaError_t run_v4(const AttnParams& p, const DecodeRopeStore& rs) {
   x.kshift = ilog2(p.k.page_size);
   x.vshift = ilog2(p.v.page_size);
   if (p.v_lr.active()) x.lvshift = ilog2(p.v_lr.lr.page_size);
+  if (p.k_lr.active()) x.lkshift = ilog2(p.k_lr.lr.page_size);
   x.ids_ahead = ids_ahead_enabled() && x.kshift >= 4 && kv_share_rows(p);
   if (x.n_splits > 1) {
     const size_t rows = static_cast<size_t>(x.n_splits) * p.n_seqs * p.max_q * p.n_heads;
