@@ -104,9 +104,9 @@ enum class AttnKernel {
                  // V (rank <= 16) at d=128; everything else (K term, agents, d=64, rank > 16) runs v2,
                  // which sends decode to v1.
   kV4Decode = 4,  // v3 plus a decode kernel (one query per sequence, or agents mode; N·G <= 32
-                  // rows as one or two m16 tiles; no K term, V rank <= 16): four warps per row
-                  // tile split each key tile, split-K merged by the last block of each kv head
-                  // (needs split_counters).
+                  // rows as one or two m16 tiles; V rank <= 16; a K term of rank <= 16 beside a
+                  // V term in one row tile without agents): four warps per row tile split each
+                  // key tile, split-K merged by the last block of each kv head (needs split_counters).
   kV5Wgmma = 5,   // v4 plus a Hopper wgmma prefill kernel (2 warpgroups x 64 rows, Q/K/V read by
                   // wgmma from swizzled shared memory, P from registers) at d=128 with K and V
                   // ranks 8/16 (or none), no agents; elsewhere (and without an sm_90a build or

@@ -41,7 +41,11 @@
 //     28): each block rotates its q rows itself, and the block holding the new key stores that
 //     key's k and v rows and patches them into its shared-memory tile; the rope_store kernel
 //     before it, and its boundary, go (H200, 8B step at 4k: -0.036 ms with decode lookahead).
-// Shapes: no K-side term, V-side rank <= 16, one query per sequence (max_q 1) or agents mode, with
+//   * The K term (session 33; base-lr's k_proj adapters): each warp rebuilds its 16 keys of a
+//     landed tile in place from an LRk ring, B_k's operands held in registers (kKTerm; 8 x 32k
+//     private caches 0.511 against v2's 1.000 ms, H200).
+// Shapes: a K-side term only of rank <= 16 beside a V term in one row tile without agents, V-side
+// rank <= 16, one query per sequence (max_q 1) or agents mode, with
 // rows (N·G, or G) <= 32, D in {64, 128}, split_counters present with room for n_seqs x
 // n_kv_heads. Everything else runs v3 (which sends decode without those conditions on to v2 and
 // v1). Template: D = head_dim, R = rank capacity (0: no LR term, 16), MT = m16 row tiles (1, 2).
