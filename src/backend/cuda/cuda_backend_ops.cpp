@@ -332,7 +332,6 @@ void CudaBackend::qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& 
     pending_norm_ = h;
     return;
   }
-  if (pending_norm_) flush_norm();
   launch("qk_rms_norm", [=, this] { return lc::qk_norm(a, lora ? &rl : nullptr, stream_); });
 }
 

@@ -254,6 +254,19 @@ __global__ void rope_kernel(float* xa, int ha, float* xb, int hb, int64_t n, int
   }
 }
 
+// f(std::integral_constant<int, kPer>) with kPer = the elements per lane of a warp holding a head
+// row of hd <= 256 (2, 4 or 8: hd / 32 rounded up to those), for the warp-per-row kernels below.
+template <class F>
+void with_row_elems(int hd, F&& f) {
+  static_assert(kQkNormMaxHeadDim == 256, "kPer 8 covers head_dim <= 256");
+  if (hd <= 64)
+    f(std::integral_constant<int, 2>{});
+  else if (hd <= 128)
+    f(std::integral_constant<int, 4>{});
+  else
+    f(std::integral_constant<int, 8>{});
+}
+
 // Token tok's q LoRA term scale · lr · b^T of a warp's head row `row` (its head: row % heads) added
 // to v, lane l holding elements l + 32u (u < kPer; none past hd). Every B row of a 16-rank chunk
 // is loaded before the first is used (a load-use chain per element cost ~3 us a layer in the 8B
@@ -914,19 +927,13 @@ cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t
       const int64_t rows = r.n * (r.ha + r.hb);
       const int row_blocks = static_cast<int>((rows + kWarps - 1) / kWarps);
       const auto grid = static_cast<unsigned>(row_blocks + (js.n_other > 0 ? blocks_for(js.n_other) : 0));
-      auto go = [&](auto per) {
+      with_row_elems(r.hd, [&](auto per) {
         constexpr int kPer = decltype(per)::value;
         if (r.lora)
           norm_rope_store_kernel<true, kPer><<<grid, kThreads, 0, s>>>(r, js, row_blocks);
         else
           norm_rope_store_kernel<false, kPer><<<grid, kThreads, 0, s>>>(r, js, row_blocks);
-      };
-      if (r.hd == 64)
-        go(std::integral_constant<int, 2>{});
-      else if (r.hd == 128)
-        go(std::integral_constant<int, 4>{});
-      else
-        go(std::integral_constant<int, 8>{});
+      });
       return cudaGetLastError();
     }
     // Other head dims: the norm (with q's LoRA term) first, then the rotations and stores.
@@ -954,20 +961,13 @@ cudaError_t qk_norm(const QkNormArgs& a, const RopeLora* lora, cudaStream_t s) {
   constexpr int kWarps = 8;
   const auto grid = static_cast<unsigned>((rows + kWarps - 1) / kWarps);
   const RopeLora none{};
-  auto go = [&](auto per) {
+  with_row_elems(a.hd, [&](auto per) {
     constexpr int kPer = decltype(per)::value;
     if (lora)
       qk_norm_kernel<true, kPer><<<grid, 32 * kWarps, 0, s>>>(a, *lora);
     else
       qk_norm_kernel<false, kPer><<<grid, 32 * kWarps, 0, s>>>(a, none);
-  };
-  static_assert(kQkNormMaxHeadDim == 256, "the dispatch below covers head_dim <= 256");
-  if (a.hd <= 64)
-    go(std::integral_constant<int, 2>{});
-  else if (a.hd <= 128)
-    go(std::integral_constant<int, 4>{});
-  else
-    go(std::integral_constant<int, 8>{});
+  });
   return cudaGetLastError();
 }
 
