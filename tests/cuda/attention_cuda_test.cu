@@ -613,6 +613,36 @@ TEST(CudaAttention, DecodeV4KTerm) {
   expect_ran({lc::AttnKernel::kV4Decode}, "DecodeV4KTerm");
 }
 
+// The K term in v4's agents mode (session 34; v2 took it before): every agent's K_j = K_base_j +
+// RoPE_j(s_k·LRk_j·B_k^a^T), added to its rows' scores from residual keys built in registers.
+// One and two row tiles (3 and 8 agents at G = 4, 2 at G = 16, 5 at G = 4 with the second tile
+// part-filled, 17 at G = 1: five passes of agents in a warp, 3 at G = 8), K ranks 4 / 8 / 16
+// beside V ranks 16 / 8, D 64 and 128, pages 1 and 16, contexts 1 / 97 / 4097, forced splits;
+// every case must have run v4.
+TEST(CudaAttention, DecodeV4AgentsKTerm) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 1800;
+  struct Shape {
+    int group, agents;
+  };
+  const Shape shapes[] = {{4, 3}, {4, 8}, {16, 2}, {4, 5}, {1, 17}, {8, 3}};
+  const int lr[][2] = {{16, 16}, {4, 16}, {8, 8}, {16, 8}};
+  const int splits[] = {0, 1, 13};
+  int n = 0;
+  for (int d : {64, 128})
+    for (const Shape& sh : shapes)
+      for (int ctx : {1, 97, 4097}) {
+        const auto& r = lr[n % 4];
+        Case c = make(d, sh.group, n % 2 ? 1 : 16, {ctx}, {sh.agents}, r[0], r[1]);
+        c.agents = true;
+        c.splits = splits[n % 3];
+        ++n;
+        reset_ran();
+        run_case(c, seed++);
+        EXPECT_GT(g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)], 0) << c.name() << ": v4 did not run";
+      }
+}
+
 // v4's decode kernel at its edges: G = 16 (all 16 rows of its m16 tile), V ranks 8 and 12 (the
 // zero-filled columns of its LRv tile), one split, 128 splits (its merge's limit) and a split
 // count that leaves the last split short; a 1-token sequence beside long ones (blocks past a

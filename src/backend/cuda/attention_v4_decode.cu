@@ -42,9 +42,11 @@
 //     key's k and v rows and patches them into its shared-memory tile; the rope_store kernel
 //     before it, and its boundary, go (H200, 8B step at 4k: -0.036 ms with decode lookahead).
 //   * The K term (session 33; base-lr's k_proj adapters): each warp rebuilds its 16 keys of a
-//     landed tile in place from an LRk ring, B_k's operands held in registers (kKTerm; 8 x 32k
-//     private caches 0.511 against v2's 1.000 ms, H200).
-// Shapes: a K-side term only of rank <= 16 beside a V term in one row tile without agents, V-side
+//     landed tile in place from an LRk ring, B_k's operands held in registers (kKInPlace; 8 x 32k
+//     private caches 0.511 against v2's 1.000 ms, H200). Agents mode (session 34, kKPerAgent):
+//     the keys differ by agent, so each warp adds every agent's K term to its rows' scores from
+//     residual keys built in registers (agents_k_scores).
+// Shapes: a K-side term only of rank <= 16 beside a V term (one row tile without agents), V-side
 // rank <= 16, one query per sequence (max_q 1) or agents mode, with
 // rows (N·G, or G) <= 32, D in {64, 128}, split_counters present with room for n_seqs x
 // n_kv_heads. Everything else runs v3 (which sends decode without those conditions on to v2 and
@@ -70,6 +72,15 @@ constexpr int kTileRows = 16;  // one m16 tile
 constexpr int kMaxRowTiles = 2;
 constexpr int kMaxSplits = 128;  // splits of one kv head (the merge's weights: [kMaxSplits, rows] f32)
 constexpr int kStages = 2;
+// The K term's kernels (attn_v4_decode_kernel's kK).
+constexpr int kKNone = 0, kKInPlace = 1, kKPerAgent = 2;
+// Blocks an SM the launch bounds ask for: three at one row tile (registers <= 168), two at two
+// row tiles or with the in-place K term, one for the per-agent K term at two row tiles (eight
+// warps that hold a residual's registers beside O).
+constexpr int v4_min_blocks(int mt, int kk) {
+  if (kk == kKPerAgent) return mt == 1 ? 2 : 1;
+  return mt == 1 && kk == kKNone ? 3 : 2;
+}
 
 template <int D, int R, int MT, bool kKTerm = false>
 struct Smem {
@@ -179,18 +190,122 @@ __device__ __forceinline__ void store_merged(const AttnParams& p, int64_t off, c
   if (p.out_f32) *reinterpret_cast<float4*>(p.out_f32 + off) = acc;
 }
 
+// ---- kKPerAgent: the K term of agents with different B_k, added to one warp's scores ----
+// The scores of the warp's rows (r0 + gq, r0 + gq + 8) against its 16 keys (key0..) gain
+//   q_r · RoPE_j(s_k · LRk_j · B_k^a^T)   for row r's agent a = r / G,
+// the K term of K_j = K_base_j + RoPE_j(...) that the in-place kernel adds to the keys. Each agent
+// of the row tile builds its residual keys in registers: one m16n8k16 MMA per 8 dimensions
+// (LRk rows as A, B_k^a as B) gives keys gq and gq + 8 at dimensions 8pr + 2tq, +1 in this
+// lane, and dimension d + D/2, its RoPE partner, from the MMA of pair group pr + D/16 lands in
+// the same lane, so the rotation needs no exchange. The rotated accumulators are already the B
+// operand of the QK MMA (k: dimensions, n: keys), whose A is the row tile's Q with the rows of
+// the other agents giving terms that are dropped (a row takes only its own agent's sum).
+// Ranks run in a permuted k order, slot 2tq.. <- ranks 4tq.., slot 2tq + 8.. <- ranks 4tq + 2..,
+// the same for A and B, so each operand pair is one 8-byte load. sin/cos of a (key, dimension)
+// serve every agent of a pass. Costs per 16 keys and agent: 8 + 8 MMAs for D = 128.
+constexpr int kAgentsPerPass = 4;  // residual accumulators held at once (one pass at G = 4)
+template <int D, int RS>
+__device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16* lk, const uint32_t (&qf)[D / 16][4],
+                                                int key0, int g, int G, int r0, int RB, int lane, float (&sc)[2][4]) {
+  constexpr int H = D / 32;  // k-steps of QK over one half of head_dim
+  const int gq = lane >> 2, tq = lane & 3;
+  if (r0 >= RB) return;  // (warp-uniform) a row tile with no rows
+  const int a_first = r0 / G, a_last = (min(RB, r0 + kTileRows) - 1) / G;
+  const int agent_lo = (r0 + gq) / G, agent_hi = (r0 + gq + 8) / G;  // this lane's rows' agents
+  const int rank = p.k_lr.rank;
+  const bool has_ranks = 4 * tq < rank;  // rank % 4 == 0: a lane's four ranks all exist or none
+  // LRk of keys gq / gq + 8 (A: a0, a2 row gq; a1, a3 row gq + 8), ranks 4tq..4tq + 3 each.
+  // Columns past the rank are zero-filled by the loader.
+  const uint2 l0 = *reinterpret_cast<const uint2*>(lk + gq * RS + 4 * tq);
+  const uint2 l1 = *reinterpret_cast<const uint2*>(lk + (gq + 8) * RS + 4 * tq);
+  const uint32_t la[4] = {l0.x, l1.x, l0.y, l1.y};
+  const float ks = p.k_lr.scale;
+  for (int a0 = a_first; a0 <= a_last; a0 += kAgentsPerPass) {
+    float sres[kAgentsPerPass][2][4] = {};  // [agent of the pass][n8 key tile][C fragment]
+#pragma unroll
+    for (int kk = 0; kk < H; ++kk) {
+      // s_k·cos and s_k·sin of keys key0 + gq + 8hh at dimensions 16kk + 8pp + 2tq + e.
+      float cs[2][2][2], sn[2][2][2];  // [pp][e][hh]
+#pragma unroll
+      for (int pp = 0; pp < 2; ++pp)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float f = __ldg(p.inv_freq + 16 * kk + 8 * pp + 2 * tq + e);
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float si, co;
+            detail::rope_sincos(static_cast<float>(key0 + gq + 8 * hh) * f, &si, &co);
+            cs[pp][e][hh] = co * ks;
+            sn[pp][e][hh] = si * ks;
+          }
+        }
+#pragma unroll
+      for (int j = 0; j < kAgentsPerPass; ++j) {
+        const int a = a0 + j;
+        if (a > a_last) break;  // warp-uniform
+        const bf16* bk = p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
+        uint32_t k1[2][2], k2[2][2];  // QK B operands [n8 key tile][k half], dims 16kk.. / D/2 + 16kk..
+#pragma unroll
+        for (int pp = 0; pp < 2; ++pp) {
+          const int d1 = 16 * kk + 8 * pp + gq;  // this lane's B_k row (n index) of the rebuild MMA
+          uint2 w1 = make_uint2(0u, 0u), w2 = w1;
+          if (has_ranks) {
+            w1 = __ldg(reinterpret_cast<const uint2*>(bk + static_cast<int64_t>(d1) * rank + 4 * tq));
+            w2 = __ldg(reinterpret_cast<const uint2*>(bk + static_cast<int64_t>(d1 + D / 2) * rank + 4 * tq));
+          }
+          float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
+          mma_bf16(c1, la, w1.x, w1.y);  // keys gq, gq + 8 x dims 16kk + 8pp + 2tq, +1
+          mma_bf16(c2, la, w2.x, w2.y);  // the same at + D/2
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            float y1[2], y2[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float x1 = c1[2 * hh + e], x2 = c2[2 * hh + e];
+              y1[e] = x1 * cs[pp][e][hh] - x2 * sn[pp][e][hh];
+              y2[e] = x2 * cs[pp][e][hh] + x1 * sn[pp][e][hh];
+            }
+            k1[hh][pp] = pack_bf16(y1[0], y1[1]);
+            k2[hh][pp] = pack_bf16(y2[0], y2[1]);
+          }
+        }
+        mma_bf16(sres[j][0], qf[kk], k1[0][0], k1[0][1]);
+        mma_bf16(sres[j][1], qf[kk], k1[1][0], k1[1][1]);
+        mma_bf16(sres[j][0], qf[kk + H], k2[0][0], k2[0][1]);
+        mma_bf16(sres[j][1], qf[kk + H], k2[1][0], k2[1][1]);
+      }
+    }
+    // Each row keeps its own agent's term (C fragment: e < 2 row gq, else row gq + 8).
+#pragma unroll
+    for (int j = 0; j < kAgentsPerPass; ++j) {
+      const int a = a0 + j;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if ((e < 2 ? agent_lo : agent_hi) == a) sc[n][e] += sres[j][n][e];
+    }
+  }
+}
+
 // Three blocks per SM at one row tile (registers <= 168; shared memory: Smem), two at two.
 // kNorm: x.rs norms q and k too (DecodeRopeStore::normed; R == 0 and MT == 1 only). An
 // instantiation of its own: in the plain kernel its code cost 5 registers and ~0.4% of a Llama
 // decode step (H200, 4 interleaved rounds).
-// kKTerm: the K term (base-lr's k_proj adapters): each warp rebuilds its 16 keys of a tile in place,
-// K_j = K_base_j + RoPE_j(s_k·LRk_j·B_k^T) (the CPU reference's deferred RoPE), before its QK
-// (R == 16 with a V term, one row tile, no agents; an instantiation of its own, two blocks an SM).
-template <int D, int R, int MT, bool kNorm = false, bool kKTerm = false>
-__global__ void __launch_bounds__(Smem<D, R, MT, kKTerm>::kThreads, MT == 1 && !kKTerm ? 3 : 2)
+// kK: the K term (base-lr's k_proj adapters), K_j = K_base_j + RoPE_j(s_k·LRk_j·B_k^T) (the CPU
+// reference's deferred RoPE), with a V term (R == 16); an instantiation of its own.
+//   kKInPlace (one adapter, one row tile, two blocks an SM): each warp rebuilds its 16 keys of a
+//     tile in place before its QK.
+//   kKPerAgent (agents mode, one or two row tiles): the adapters differ by row, so K_base stays as
+//     loaded and each warp adds, per agent of its row tile, Q_a·RoPE(s_k·LRk·B_k^a^T)^T to the
+//     scores: the residual keys are built in registers (agents_k_scores) and never stored.
+template <int D, int R, int MT, bool kNorm = false, int kK = kKNone>
+__global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min_blocks(MT, kK))
     attn_v4_decode_kernel(const AttnParams p, const V4Launch x) {
+  constexpr bool kKTerm = kK != kKNone;
   using L = Smem<D, R, MT, kKTerm>;
-  static_assert(!kKTerm || (R > 0 && MT == 1 && !kNorm), "the K term: one row tile of the LR kernel");
+  static_assert(!kKTerm || (R > 0 && !kNorm), "the K term: the LR kernel");
+  static_assert(kK != kKInPlace || MT == 1, "the in-place K term: one row tile");
   constexpr int KS = L::KS, RS = L::RS;
   constexpr int kRows = L::kRows, kWarps = L::kWarps, kThreads = L::kThreads;
   constexpr int KT_D = D / 16;  // k-steps of QK^T over head_dim
@@ -529,8 +644,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kKTerm>::kThreads, MT == 1 && !
     const bf16* const qs = sm + L::kQ + (r0 + (lane & 15)) * KS + (lane >> 4) * 8;
     // kKTerm: this lane's B_k operands of every 8-dimension pair group (the same every tile):
     // dims pr·8 + gq and D/2 + pr·8 + gq, ranks 2tq, 2tq + 1 and + 8 (zero past the rank).
-    uint32_t bkf[kKTerm ? D / 16 : 1][4];
-    if constexpr (kKTerm) {
+    uint32_t bkf[kK == kKInPlace ? D / 16 : 1][4];
+    if constexpr (kK == kKInPlace) {
       const int rank = p.k_lr.rank, k0 = 2 * tq;
       const bf16* bk = p.k_lr.b + static_cast<int64_t>(g) * D * rank;
 #pragma unroll
@@ -574,7 +689,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kKTerm>::kThreads, MT == 1 && !
       const int key0 = kb + t * kBN + kw * 16;  // this warp's first key
       const bf16* cK = sm + L::kK + (st * kBN + kw * 16) * KS;
       const bf16* cV = sm + L::kV + (st * kBN + kw * 16) * KS;
-      if constexpr (kKTerm) {
+      if constexpr (kK == kKInPlace) {
         // This warp's 16 keys, in place: K_j += RoPE_j(s_k·LRk_j·B_k^T). The rows are the warp's
         // own (its QK reads no other's), so a warp barrier orders the writes before the reads.
         bf16* const kr = sm + L::kK + (st * kBN + kw * 16) * KS;
@@ -620,6 +735,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kKTerm>::kThreads, MT == 1 && !
         mma_bf16(sc[0], qf[kk], b[0], b[1]);
         mma_bf16(sc[1], qf[kk], b[2], b[3]);
       }
+      if constexpr (kK == kKPerAgent)
+        agents_k_scores<D, RS>(p, sm + L::kLk + (st * kBN + kw * 16) * RS, qf, key0, g, G, r0, RB, lane, sc);
       // Mask keys past the split's end (zero-filled rows), online softmax on raw scores.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -949,11 +1066,14 @@ int merge_kernel_mode() {
 // Query rows of one (sequence, kv head): the agents' heads, or the G heads of one decode query.
 int v4_rows(const AttnParams& p) { return (p.agents ? p.max_q : 1) * (p.n_heads / p.n_kv_heads); }
 
-// The K term (session 33): one sequence's G heads (or a batch's) in one row tile, beside a V term
-// of rank <= 16 (the LR kernel's instantiation), K rank <= 16, one adapter's B for all sequences.
+// The K term (session 33): beside a V term of rank <= 16 (the LR kernel's instantiation), K rank
+// <= 16, one B per adapter (no b_seq). Without agents one sequence's G heads (or a batch's) in one
+// row tile (kKInPlace); agents mode at one or two row tiles (kKPerAgent, whose 8-byte B_k loads
+// need b 8-byte aligned and agents' B matrices a multiple of 4 elements apart).
 bool v4_takes_k_term(const AttnParams& p) {
-  return !p.agents && v4_rows(p) <= kTileRows && p.k_lr.rank <= 16 && !p.k_lr.b_seq && p.inv_freq != nullptr &&
-         p.v_lr.active() && !p.v_lr.b_seq;
+  const bool shape = p.agents ? reinterpret_cast<uintptr_t>(p.k_lr.b) % 8 == 0 && p.k_lr.b_agent_stride % 4 == 0
+                              : v4_rows(p) <= kTileRows;
+  return shape && p.k_lr.rank <= 16 && !p.k_lr.b_seq && p.inv_freq != nullptr && p.v_lr.active() && !p.v_lr.b_seq;
 }
 
 bool use_v4(const AttnParams& p) {
@@ -977,15 +1097,15 @@ struct KernelSetup {
   bool ok = false;
   int per_sm = 2;
 };
-template <int D, int R, int MT, bool kNorm = false, bool kKTerm = false>
+template <int D, int R, int MT, bool kNorm = false, int kK = kKNone>
 const KernelSetup& kernel_setup() {
-  using L = Smem<D, R, MT, kKTerm>;
+  using L = Smem<D, R, MT, kK != kKNone>;
   static const KernelSetup k = [] {
     KernelSetup s;
-    s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT, kNorm, kKTerm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT, kNorm, kK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 static_cast<int>(L::bytes)) == cudaSuccess;
     int per_sm = 0;
-    if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT, kNorm, kKTerm>,
+    if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT, kNorm, kK>,
                                                                L::kThreads, L::bytes) != cudaSuccess)
       (void)cudaGetLastError();  // the failure is reported by ok (the launch) or loses only the tuning
     else
@@ -994,17 +1114,22 @@ const KernelSetup& kernel_setup() {
   }();
   return k;
 }
-template <int D, int R, int MT, bool kKTerm = false>
+template <int D, int R, int MT, int kK = kKNone>
 int resident_blocks_of() {
-  return kernel_setup<D, R, MT, false, kKTerm>().per_sm;
+  return kernel_setup<D, R, MT, false, kK>().per_sm;
 }
 
 // Blocks of this launch's kernel that fit on one SM at once (its shared memory and registers):
 // 3 at one row tile on Hopper (D = 128: 69 KB each, 75 KB with the LR stage ring), 2 at two.
 int resident_blocks(const AttnParams& p) {
   const bool lr = p.v_lr.active(), two = v4_rows(p) > kTileRows;
-  if (p.k_lr.active())  // the K term's own instantiation (use_v4: one row tile with a V term)
-    return p.head_dim == 64 ? resident_blocks_of<64, 16, 1, true>() : resident_blocks_of<128, 16, 1, true>();
+  if (p.k_lr.active() && p.agents) {  // the K term's own instantiations (use_v4: with a V term)
+    if (p.head_dim == 64)
+      return two ? resident_blocks_of<64, 16, 2, kKPerAgent>() : resident_blocks_of<64, 16, 1, kKPerAgent>();
+    return two ? resident_blocks_of<128, 16, 2, kKPerAgent>() : resident_blocks_of<128, 16, 1, kKPerAgent>();
+  }
+  if (p.k_lr.active())
+    return p.head_dim == 64 ? resident_blocks_of<64, 16, 1, kKInPlace>() : resident_blocks_of<128, 16, 1, kKInPlace>();
   if (p.head_dim == 64) {
     if (lr) return two ? resident_blocks_of<64, 16, 2>() : resident_blocks_of<64, 16, 1>();
     return two ? resident_blocks_of<64, 0, 2>() : resident_blocks_of<64, 0, 1>();
@@ -1046,12 +1171,12 @@ int choose_splits(const AttnParams& p) {
   return (tiles + tps - 1) / tps;
 }
 
-template <int D, int R, int MT, bool kNorm = false, bool kKTerm = false>
+template <int D, int R, int MT, bool kNorm = false, int kK = kKNone>
 cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
-  using L = Smem<D, R, MT, kKTerm>;
-  if (!kernel_setup<D, R, MT, kNorm, kKTerm>().ok) return cudaErrorInvalidConfiguration;
+  using L = Smem<D, R, MT, kK != kKNone>;
+  if (!kernel_setup<D, R, MT, kNorm, kK>().ok) return cudaErrorInvalidConfiguration;
   const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
-  return launch_pdl(attn_v4_decode_kernel<D, R, MT, kNorm, kKTerm>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
+  return launch_pdl(attn_v4_decode_kernel<D, R, MT, kNorm, kK>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
 }
 
 template <int D, int R>
@@ -1061,8 +1186,11 @@ cudaError_t launch(const AttnParams& p, const V4Launch& x) {
   }
   cudaError_t e;
   if constexpr (R > 0) {
-    if (p.k_lr.active())  // use_v4: one row tile, no agents
-      e = launch_tiles<D, R, 1, false, true>(p, x);
+    if (p.k_lr.active() && p.agents)
+      e = v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1, false, kKPerAgent>(p, x)
+                                  : launch_tiles<D, R, 2, false, kKPerAgent>(p, x);
+    else if (p.k_lr.active())  // use_v4: one row tile, no agents
+      e = launch_tiles<D, R, 1, false, kKInPlace>(p, x);
     else
       e = v4_rows(p) <= kTileRows ? launch_tiles<D, R, 1>(p, x) : launch_tiles<D, R, 2>(p, x);
   } else {
