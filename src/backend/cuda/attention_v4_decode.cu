@@ -59,6 +59,7 @@
 #include "backend/cuda/rope_math.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 
 namespace lragent::cuda {
@@ -192,39 +193,63 @@ __device__ __forceinline__ void store_merged(const AttnParams& p, int64_t off, c
 
 // ---- kKPerAgent: the K term of agents with different B_k, added to one warp's scores ----
 // The scores of the warp's rows (r0 + gq, r0 + gq + 8) against its 16 keys (key0..) gain
-//   q_r · RoPE_j(s_k · LRk_j · B_k^a^T)   for row r's agent a = r / G,
+//   s_k · q_r · RoPE_j(LRk_j · B_k^a^T)   for row r's agent a = r / G,
 // the K term of K_j = K_base_j + RoPE_j(...) that the in-place kernel adds to the keys. Each agent
 // of the row tile builds its residual keys in registers: one m16n8k16 MMA per 8 dimensions
 // (LRk rows as A, B_k^a as B) gives keys gq and gq + 8 at dimensions 8pr + 2tq, +1 in this
 // lane, and dimension d + D/2, its RoPE partner, from the MMA of pair group pr + D/16 lands in
 // the same lane, so the rotation needs no exchange. The rotated accumulators are already the B
 // operand of the QK MMA (k: dimensions, n: keys), whose A is the row tile's Q with the rows of
-// the other agents giving terms that are dropped (a row takes only its own agent's sum).
-// Ranks run in a permuted k order, slot 2tq.. <- ranks 4tq.., slot 2tq + 8.. <- ranks 4tq + 2..,
-// the same for A and B, so each operand pair is one 8-byte load. sin/cos of a (key, dimension)
-// serve every agent of a pass. Costs per 16 keys and agent: 8 + 8 MMAs for D = 128.
+// the other agents giving terms that are dropped (a row takes only its own agent's sum). sin/cos
+// of a (key, dimension) serve every agent of a pass; s_k scales the sum once. B_k comes from
+// shared memory in fragment order (bk_frags), one 16-byte load per pair group and agent.
+// Costs per 16 keys and agent: 8 + 8 MMAs for D = 128.
 constexpr int kAgentsPerPass = 4;  // residual accumulators held at once (one pass at G = 4)
+// The agents of one warp's row tile and of its lane's two rows (fixed for the whole key loop).
+struct AgentRows {
+  int first = 0, last = -1;  // agents with rows in the row tile (last < first: none)
+  int lo = 0, hi = 0;        // agents of rows r0 + gq and r0 + gq + 8
+};
+__device__ __forceinline__ AgentRows agent_rows(int r0, int RB, int G, int gq) {
+  AgentRows ar;
+  if (r0 >= RB) return ar;
+  ar.first = r0 / G;
+  ar.last = (min(RB, r0 + kTileRows) - 1) / G;
+  ar.lo = (r0 + gq) / G;
+  ar.hi = (r0 + gq + 8) / G;
+  return ar;
+}
+// Agent a's B_k, filled once per block: [agent][pr < D/16][lane] words {b0, b1} of dimension
+// 8pr + gq and {b0, b1} of D/2 + 8pr + gq, b0 = ranks 2tq, 2tq + 1, b1 = ranks 2tq + 8, + 9, zero
+// past the rank (the B operand of the rebuild MMA; 4 KB an agent at D = 128).
+template <int D>
+__device__ __forceinline__ void fill_bk_frags(const AttnParams& p, uint4* frags, int n_agents, int g, int tid,
+                                              int n_threads) {
+  const int rank = p.k_lr.rank;
+  for (int e = tid; e < n_agents * (D / 16) * 32; e += n_threads) {
+    const int ln = e % 32, pr = (e / 32) % (D / 16), a = e / (32 * (D / 16));
+    const int k0 = 2 * (ln & 3);
+    const bf16* bk = p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
+    const bf16* r1 = bk + (pr * 8 + (ln >> 2)) * rank;
+    const bf16* r2 = r1 + (D / 2) * rank;
+    frags[e] = make_uint4(ld_b32_guard(r1 + k0, k0 < rank), ld_b32_guard(r1 + k0 + 8, k0 + 8 < rank),
+                          ld_b32_guard(r2 + k0, k0 < rank), ld_b32_guard(r2 + k0 + 8, k0 + 8 < rank));
+  }
+}
 template <int D, int RS>
-__device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16* lk, const uint32_t (&qf)[D / 16][4],
-                                                int key0, int g, int G, int r0, int RB, int lane, float (&sc)[2][4]) {
+__device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16* lk, const uint4* bk_frags,
+                                                const uint32_t (&qf)[D / 16][4], const AgentRows& ar, int key0,
+                                                int lane, float (&sc)[2][4]) {
   constexpr int H = D / 32;  // k-steps of QK over one half of head_dim
   const int gq = lane >> 2, tq = lane & 3;
-  if (r0 >= RB) return;  // (warp-uniform) a row tile with no rows
-  const int a_first = r0 / G, a_last = (min(RB, r0 + kTileRows) - 1) / G;
-  const int agent_lo = (r0 + gq) / G, agent_hi = (r0 + gq + 8) / G;  // this lane's rows' agents
-  const int rank = p.k_lr.rank;
-  const bool has_ranks = 4 * tq < rank;  // rank % 4 == 0: a lane's four ranks all exist or none
-  // LRk of keys gq / gq + 8 (A: a0, a2 row gq; a1, a3 row gq + 8), ranks 4tq..4tq + 3 each.
-  // Columns past the rank are zero-filled by the loader.
-  const uint2 l0 = *reinterpret_cast<const uint2*>(lk + gq * RS + 4 * tq);
-  const uint2 l1 = *reinterpret_cast<const uint2*>(lk + (gq + 8) * RS + 4 * tq);
-  const uint32_t la[4] = {l0.x, l1.x, l0.y, l1.y};
+  uint32_t la[4];  // LRk rows of the 16 keys (A operand, ranks 0..15; zero past the rank)
+  ldmatrix_x4(la, lk + (lane & 15) * RS + (lane >> 4) * 8);
   const float ks = p.k_lr.scale;
-  for (int a0 = a_first; a0 <= a_last; a0 += kAgentsPerPass) {
+  for (int a0 = ar.first; a0 <= ar.last; a0 += kAgentsPerPass) {
     float sres[kAgentsPerPass][2][4] = {};  // [agent of the pass][n8 key tile][C fragment]
 #pragma unroll
     for (int kk = 0; kk < H; ++kk) {
-      // s_k·cos and s_k·sin of keys key0 + gq + 8hh at dimensions 16kk + 8pp + 2tq + e.
+      // cos and sin of keys key0 + gq + 8hh at dimensions 16kk + 8pp + 2tq + e.
       float cs[2][2][2], sn[2][2][2];  // [pp][e][hh]
 #pragma unroll
       for (int pp = 0; pp < 2; ++pp)
@@ -232,30 +257,21 @@ __device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16*
         for (int e = 0; e < 2; ++e) {
           const float f = __ldg(p.inv_freq + 16 * kk + 8 * pp + 2 * tq + e);
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float si, co;
-            detail::rope_sincos(static_cast<float>(key0 + gq + 8 * hh) * f, &si, &co);
-            cs[pp][e][hh] = co * ks;
-            sn[pp][e][hh] = si * ks;
-          }
+          for (int hh = 0; hh < 2; ++hh)
+            detail::rope_sincos(static_cast<float>(key0 + gq + 8 * hh) * f, &sn[pp][e][hh], &cs[pp][e][hh]);
         }
 #pragma unroll
       for (int j = 0; j < kAgentsPerPass; ++j) {
         const int a = a0 + j;
-        if (a > a_last) break;  // warp-uniform
-        const bf16* bk = p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
+        if (a > ar.last) break;  // warp-uniform
+        const uint4* fr = bk_frags + a * (D / 16) * 32 + lane;
         uint32_t k1[2][2], k2[2][2];  // QK B operands [n8 key tile][k half], dims 16kk.. / D/2 + 16kk..
 #pragma unroll
         for (int pp = 0; pp < 2; ++pp) {
-          const int d1 = 16 * kk + 8 * pp + gq;  // this lane's B_k row (n index) of the rebuild MMA
-          uint2 w1 = make_uint2(0u, 0u), w2 = w1;
-          if (has_ranks) {
-            w1 = __ldg(reinterpret_cast<const uint2*>(bk + static_cast<int64_t>(d1) * rank + 4 * tq));
-            w2 = __ldg(reinterpret_cast<const uint2*>(bk + static_cast<int64_t>(d1 + D / 2) * rank + 4 * tq));
-          }
+          const uint4 w = fr[(2 * kk + pp) * 32];
           float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_bf16(c1, la, w1.x, w1.y);  // keys gq, gq + 8 x dims 16kk + 8pp + 2tq, +1
-          mma_bf16(c2, la, w2.x, w2.y);  // the same at + D/2
+          mma_bf16(c1, la, w.x, w.y);  // keys gq, gq + 8 x dims 16kk + 8pp + 2tq, +1
+          mma_bf16(c2, la, w.z, w.w);  // the same at + D/2
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             float y1[2], y2[2];
@@ -283,7 +299,7 @@ __device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16*
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if ((e < 2 ? agent_lo : agent_hi) == a) sc[n][e] += sres[j][n][e];
+          if ((e < 2 ? ar.lo : ar.hi) == a) sc[n][e] = fmaf(ks, sres[j][n][e], sc[n][e]);
     }
   }
 }
@@ -658,6 +674,14 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
         bkf[pr][3] = ld_b32_guard(b2row + k0 + 8, k0 + 8 < rank);
       }
     }
+    // kKPerAgent: every agent's B_k in fragment order after the stages (read after the key loop's
+    // first barrier), and the agents of this warp's rows.
+    const uint4* const bk_frags = reinterpret_cast<const uint4*>(sm + L::kEnd);
+    AgentRows agents;
+    if constexpr (kK == kKPerAgent) {
+      fill_bk_frags<D>(p, reinterpret_cast<uint4*>(sm + L::kEnd), RB / G, g, tid, kThreads);
+      agents = agent_rows(r0, RB, G, gq);
+    }
     for (int t = 0; t < n_tiles; ++t) {
       if (t + 1 < n_tiles) {  // stage (t+1) % 2 was freed by the barrier that ended tile t-1
         if (ahead) {
@@ -736,7 +760,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
         mma_bf16(sc[1], qf[kk], b[2], b[3]);
       }
       if constexpr (kK == kKPerAgent)
-        agents_k_scores<D, RS>(p, sm + L::kLk + (st * kBN + kw * 16) * RS, qf, key0, g, G, r0, RB, lane, sc);
+        agents_k_scores<D, RS>(p, sm + L::kLk + (st * kBN + kw * 16) * RS, bk_frags, qf, agents, key0, lane, sc);
       // Mask keys past the split's end (zero-filled rows), online softmax on raw scores.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -1068,10 +1092,10 @@ int v4_rows(const AttnParams& p) { return (p.agents ? p.max_q : 1) * (p.n_heads 
 
 // The K term (session 33): beside a V term of rank <= 16 (the LR kernel's instantiation), K rank
 // <= 16, one B per adapter (no b_seq). Without agents one sequence's G heads (or a batch's) in one
-// row tile (kKInPlace); agents mode at one or two row tiles (kKPerAgent, whose 8-byte B_k loads
-// need b 8-byte aligned and agents' B matrices a multiple of 4 elements apart).
+// row tile (kKInPlace); agents mode at one or two row tiles (kKPerAgent, whose 4-byte B_k loads
+// need b 4-byte aligned and agents' B matrices an even number of elements apart).
 bool v4_takes_k_term(const AttnParams& p) {
-  const bool shape = p.agents ? reinterpret_cast<uintptr_t>(p.k_lr.b) % 8 == 0 && p.k_lr.b_agent_stride % 4 == 0
+  const bool shape = p.agents ? reinterpret_cast<uintptr_t>(p.k_lr.b) % 4 == 0 && p.k_lr.b_agent_stride % 2 == 0
                               : v4_rows(p) <= kTileRows;
   return shape && p.k_lr.rank <= 16 && !p.k_lr.b_seq && p.inv_freq != nullptr && p.v_lr.active() && !p.v_lr.b_seq;
 }
@@ -1097,13 +1121,20 @@ struct KernelSetup {
   bool ok = false;
   int per_sm = 2;
 };
+// A launch's dynamic shared memory: the stages (Smem), and with the per-agent K term every agent's
+// B_k in fragment order after them (fill_bk_frags: D x 32 bytes an agent).
+template <int D, int R, int MT, int kK>
+size_t v4_smem_bytes(int n_agents) {
+  return Smem<D, R, MT, kK != kKNone>::bytes + (kK == kKPerAgent ? static_cast<size_t>(n_agents) * D * 32 : 0);
+}
 template <int D, int R, int MT, bool kNorm = false, int kK = kKNone>
 const KernelSetup& kernel_setup() {
   using L = Smem<D, R, MT, kK != kKNone>;
   static const KernelSetup k = [] {
     KernelSetup s;
+    const size_t most = v4_smem_bytes<D, R, MT, kK>(MT * kTileRows);  // the most agents its rows hold
     s.ok = cudaFuncSetAttribute(attn_v4_decode_kernel<D, R, MT, kNorm, kK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                static_cast<int>(L::bytes)) == cudaSuccess;
+                                static_cast<int>(most)) == cudaSuccess;
     int per_sm = 0;
     if (!s.ok || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_v4_decode_kernel<D, R, MT, kNorm, kK>,
                                                                L::kThreads, L::bytes) != cudaSuccess)
@@ -1118,6 +1149,26 @@ template <int D, int R, int MT, int kK = kKNone>
 int resident_blocks_of() {
   return kernel_setup<D, R, MT, false, kK>().per_sm;
 }
+// The per-agent K term's blocks an SM for n_agents agents (its shared memory grows with them),
+// asked once per count.
+template <int D, int MT>
+int per_agent_resident_blocks(int n_agents) {
+  static std::atomic<int> known[kMaxRowTiles * kTileRows + 1] = {};  // 0: not asked yet
+  n_agents = std::clamp(n_agents, 1, MT * kTileRows);
+  int n = known[n_agents].load(std::memory_order_relaxed);
+  if (n > 0) return n;
+  constexpr auto kernel = attn_v4_decode_kernel<D, 16, MT, false, kKPerAgent>;
+  n = 1;
+  int per_sm = 0;
+  if (kernel_setup<D, 16, MT, false, kKPerAgent>().ok &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, Smem<D, 16, MT, true>::kThreads,
+                                                    v4_smem_bytes<D, 16, MT, kKPerAgent>(n_agents)) == cudaSuccess)
+    n = std::max(per_sm, 1);
+  else
+    (void)cudaGetLastError();  // loses only the tuning
+  known[n_agents].store(n, std::memory_order_relaxed);
+  return n;
+}
 
 // Blocks of this launch's kernel that fit on one SM at once (its shared memory and registers):
 // 3 at one row tile on Hopper (D = 128: 69 KB each, 75 KB with the LR stage ring), 2 at two.
@@ -1125,8 +1176,8 @@ int resident_blocks(const AttnParams& p) {
   const bool lr = p.v_lr.active(), two = v4_rows(p) > kTileRows;
   if (p.k_lr.active() && p.agents) {  // the K term's own instantiations (use_v4: with a V term)
     if (p.head_dim == 64)
-      return two ? resident_blocks_of<64, 16, 2, kKPerAgent>() : resident_blocks_of<64, 16, 1, kKPerAgent>();
-    return two ? resident_blocks_of<128, 16, 2, kKPerAgent>() : resident_blocks_of<128, 16, 1, kKPerAgent>();
+      return two ? per_agent_resident_blocks<64, 2>(p.max_q) : per_agent_resident_blocks<64, 1>(p.max_q);
+    return two ? per_agent_resident_blocks<128, 2>(p.max_q) : per_agent_resident_blocks<128, 1>(p.max_q);
   }
   if (p.k_lr.active())
     return p.head_dim == 64 ? resident_blocks_of<64, 16, 1, kKInPlace>() : resident_blocks_of<128, 16, 1, kKInPlace>();
@@ -1176,7 +1227,8 @@ cudaError_t launch_tiles(const AttnParams& p, const V4Launch& x) {
   using L = Smem<D, R, MT, kK != kKNone>;
   if (!kernel_setup<D, R, MT, kNorm, kK>().ok) return cudaErrorInvalidConfiguration;
   const dim3 grid(x.n_splits, p.n_kv_heads, p.n_seqs);
-  return launch_pdl(attn_v4_decode_kernel<D, R, MT, kNorm, kK>, grid, dim3(L::kThreads), L::bytes, p.stream, p, x);
+  const size_t bytes = v4_smem_bytes<D, R, MT, kK>(p.agents ? p.max_q : 1);
+  return launch_pdl(attn_v4_decode_kernel<D, R, MT, kNorm, kK>, grid, dim3(L::kThreads), bytes, p.stream, p, x);
 }
 
 template <int D, int R>
