@@ -204,7 +204,11 @@ __device__ __forceinline__ void store_merged(const AttnParams& p, int64_t off, c
 // of a (key, dimension) serve every agent of a pass; s_k scales the sum once. B_k comes from
 // shared memory in fragment order (bk_frags), one 16-byte load per pair group and agent.
 // Costs per 16 keys and agent: 8 + 8 MMAs for D = 128.
-constexpr int kAgentsPerPass = 4;  // residual accumulators held at once (one pass at G = 4)
+// Agents per pass of agents_k_scores: one at one row tile, four at two (H200, 8 x 32k, K and V
+// terms r = 16: 3 agents at one tile 0.079 ms with one, 0.088 with four; 8 agents at two tiles
+// 0.168 ms with four, 0.170 with one, 0.201 with two).
+template <int MT>
+constexpr int kAgentsPerPass = MT == 1 ? 1 : 4;
 // The agents of one warp's row tile and of its lane's two rows (fixed for the whole key loop).
 struct AgentRows {
   int first = 0, last = -1;  // agents with rows in the row tile (last < first: none)
@@ -236,7 +240,8 @@ __device__ __forceinline__ void fill_bk_frags(const AttnParams& p, uint4* frags,
                           ld_b32_guard(r2 + k0, k0 < rank), ld_b32_guard(r2 + k0 + 8, k0 + 8 < rank));
   }
 }
-template <int D, int RS>
+// APP: agents per pass, whose residual accumulators are held at once and share the pass's sin/cos.
+template <int D, int RS, int APP>
 __device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16* lk, const uint4* bk_frags,
                                                 const uint32_t (&qf)[D / 16][4], const AgentRows& ar, int key0,
                                                 int lane, float (&sc)[2][4]) {
@@ -245,8 +250,8 @@ __device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16*
   uint32_t la[4];  // LRk rows of the 16 keys (A operand, ranks 0..15; zero past the rank)
   ldmatrix_x4(la, lk + (lane & 15) * RS + (lane >> 4) * 8);
   const float ks = p.k_lr.scale;
-  for (int a0 = ar.first; a0 <= ar.last; a0 += kAgentsPerPass) {
-    float sres[kAgentsPerPass][2][4] = {};  // [agent of the pass][n8 key tile][C fragment]
+  for (int a0 = ar.first; a0 <= ar.last; a0 += APP) {
+    float sres[APP][2][4] = {};  // [agent of the pass][n8 key tile][C fragment]
 #pragma unroll
     for (int kk = 0; kk < H; ++kk) {
       // cos and sin of keys key0 + gq + 8hh at dimensions 16kk + 8pp + 2tq + e.
@@ -261,7 +266,7 @@ __device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16*
             detail::rope_sincos(static_cast<float>(key0 + gq + 8 * hh) * f, &sn[pp][e][hh], &cs[pp][e][hh]);
         }
 #pragma unroll
-      for (int j = 0; j < kAgentsPerPass; ++j) {
+      for (int j = 0; j < APP; ++j) {
         const int a = a0 + j;
         if (a > ar.last) break;  // warp-uniform
         const uint4* fr = bk_frags + a * (D / 16) * 32 + lane;
@@ -293,7 +298,7 @@ __device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16*
     }
     // Each row keeps its own agent's term (C fragment: e < 2 row gq, else row gq + 8).
 #pragma unroll
-    for (int j = 0; j < kAgentsPerPass; ++j) {
+    for (int j = 0; j < APP; ++j) {
       const int a = a0 + j;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
@@ -444,17 +449,17 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
   // shared memory instead (ids_s below): four registers held through its key loop made it spill
   // (it is at 168, the cap of three blocks an SM).
   const bool ahead = R == 0 && x.ids_ahead;
-  // LR kernel, x.ids_ahead (and LRv pages of >= 16 tokens): the block ids of tile u, for K/V
-  // ([u % 4][0..3]) and LRv ([u % 4][4..7]), copied into shared memory by threads 0..7 with the
-  // copies of tile u - 2 (tiles 0 and 1: before the wait), so they have landed, and a barrier
-  // has passed, by the time tile u is issued.
-  const bool ahead_s = R > 0 && !kKTerm && x.ids_ahead && x.lvshift >= 4;
-  __shared__ uint32_t ids_s[R > 0 ? 4 : 1][8];
-  auto ids_async = [&](int u) {  // threads 0..7
-    const int key0 = kb + u * kBN, j = tid & 3;
-    const bool lr = tid >= 4;
-    const int sh = lr ? x.lvshift : x.kshift;
-    const DevPagedView& v = lr ? p.v_lr.lr : p.k;
+  // LR kernel, x.ids_ahead (and LR pages of >= 16 tokens): the block ids of tile u, for K/V
+  // ([u % 4][0..3]), LRv ([u % 4][4..7]) and with the K term LRk ([u % 4][8..11]), copied into
+  // shared memory by threads 0..kIdThreads-1 with the copies of tile u - 2 (tiles 0 and 1: before
+  // the wait), so they have landed, and a barrier has passed, by the time tile u is issued.
+  constexpr int kIdThreads = kKTerm ? 12 : 8;
+  const bool ahead_s = R > 0 && x.ids_ahead && x.lvshift >= 4 && (!kKTerm || x.lkshift >= 4);
+  __shared__ uint32_t ids_s[R > 0 ? 4 : 1][kIdThreads];
+  auto ids_async = [&](int u) {  // threads 0..kIdThreads-1
+    const int key0 = kb + u * kBN, j = tid & 3, kind = tid >> 2;  // kind: K/V, LRv, LRk
+    const int sh = kind == 0 ? x.kshift : kind == 1 ? x.lvshift : x.lkshift;
+    const DevPagedView& v = kind == 0 ? p.k : kind == 1 ? p.v_lr.lr : p.k_lr.lr;
     const int key = key0 + (j << sh);
     const bool ok = u < n_tiles && key < ke && key < key0 + kBN;
     const int32_t* src = v.table + static_cast<int64_t>(s) * v.table_stride + (ok ? key >> sh : 0);
@@ -490,7 +495,18 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
                           static_cast<int64_t>(key & (lv.page_size - 1)) * lv.row_stride + ch * 4;
       cp_async8(sm + L::kLv + (st * kBN + kr) * RS + ch * 4, ok ? lv.data + off : lv.data, ok ? 8 : 0);
     }
-    if (tid < 8) ids_async(t + 2);
+    if constexpr (kKTerm) {
+      const DevPagedView& lk = p.k_lr.lr;
+#pragma unroll
+      for (int i = 0; i < LR_PT; ++i) {
+        const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
+        const bool ok = key < ke && ch * 4 < p.k_lr.rank;
+        const int64_t off = static_cast<int64_t>(ids[8 + (kr >> x.lkshift)]) * lk.block_stride +
+                            static_cast<int64_t>(key & (lk.page_size - 1)) * lk.row_stride + ch * 4;
+        cp_async8(sm + L::kLk + (st * kBN + kr) * RS + ch * 4, ok ? lk.data + off : lk.data, ok ? 8 : 0);
+      }
+    }
+    if (tid < kIdThreads) ids_async(t + 2);
   };
   struct TileIds {
     uint32_t kv[4];
@@ -520,7 +536,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
     tile_ids(0, d0);
     tile_ids(1, d1);
   } else if (ahead_s) {
-    if (tid < 8) {
+    if (tid < kIdThreads) {
       ids_async(0);
       ids_async(1);
     }
@@ -760,7 +776,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
         mma_bf16(sc[1], qf[kk], b[2], b[3]);
       }
       if constexpr (kK == kKPerAgent)
-        agents_k_scores<D, RS>(p, sm + L::kLk + (st * kBN + kw * 16) * RS, bk_frags, qf, agents, key0, lane, sc);
+        agents_k_scores<D, RS, kAgentsPerPass<MT>>(p, sm + L::kLk + (st * kBN + kw * 16) * RS, bk_frags, qf, agents,
+                                                   key0, lane, sc);
       // Mask keys past the split's end (zero-filled rows), online softmax on raw scores.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
