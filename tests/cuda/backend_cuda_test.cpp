@@ -790,28 +790,32 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
 }
 
 // attention_batch over the decode rows of a pass whose sequences live in different trajectories:
-// each sequence's K, V and LRv pools in a KV arena of its own, each its own adapter's B (two
-// sequences share one), awkward context lengths, one sequence without a V term between others
-// (the run is split there). Against the CPU backend's attention, sequence by sequence. In bf16
-// the CUDA backend must have served the two runs of LoRA rows with one launch each.
-TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
-  const DType dt = GetParam();
+// each sequence's K, V and LRv pools (and with k_term its LRk pool) in a KV arena of its own, each
+// its own adapter's B (two sequences share one), awkward context lengths, one sequence without
+// adapter terms between others (the run is split there). Against the CPU backend's attention,
+// sequence by sequence. In bf16 the CUDA backend must have served the two runs of LoRA rows with
+// one launch each (with k_term: v4's in-place K rebuild, each sequence's B_k by b_seq).
+static void attention_batch_over_arenas(Backend* cpu, Backend* gpu, DType dt, bool k_term) {
   constexpr int kHd = 128, kHeads = 8, kKv = 2, kPage = 16, kRank = 16;
+  const int kPools = k_term ? 4 : 3;  // K, V, LRv, LRk
   const int64_t width = static_cast<int64_t>(kKv) * kHd, row = static_cast<int64_t>(kHeads) * kHd;
   const std::vector<int> ctx = {97, 1, 4097, 300, 17, 65};
   const std::vector<int> b_of = {0, 1, -1, 0, 2, 1};  // which B each sequence's adapter has (-1: none)
   const auto n = static_cast<int64_t>(ctx.size());
   Tensor q = random_host({n, kHeads, kHd}, 21);
-  std::vector<Tensor> bs;
+  std::vector<Tensor> bs, bks;
   for (int b = 0; b < 3; ++b) bs.push_back(random_host({width, kRank}, 30 + static_cast<uint32_t>(b), 0.3f));
+  for (int b = 0; b < 3; ++b) bks.push_back(random_host({width, kRank}, 40 + static_cast<uint32_t>(b), 0.05f));
+  std::vector<float> inv_freq(kHd / 2);
+  for (int i = 0; i < kHd / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.f, -2.f * i / kHd);
   std::vector<float> outs[2];
-  Backend* bes[2] = {cpu.get(), gpu.get()};
+  Backend* bes[2] = {cpu, gpu};
   const GraphStats before = gpu->graph_stats();
   for (int side = 0; side < 2; ++side) {
     Backend& be = *bes[side];
     Backend* pb = pool_backend(be);
-    std::vector<std::unique_ptr<BlockPool>> pools;  // [n, 3] K, V, LRv
-    std::vector<std::vector<int32_t>> tables;       // [n, 3] block tables
+    std::vector<std::unique_ptr<BlockPool>> pools;  // [n, kPools] K, V, LRv, LRk
+    std::vector<std::vector<int32_t>> tables;       // [n, kPools] block tables
     std::vector<int32_t> q_pos(static_cast<size_t>(n));
     std::vector<Tensor> keep;  // device copies alive until the attention ran
     for (int64_t s = 0; s < n; ++s) {
@@ -820,8 +824,8 @@ TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
       std::vector<int32_t> slots(static_cast<size_t>(c));
       for (int i = 0; i < c; ++i) slots[static_cast<size_t>(i)] = i;
       q_pos[static_cast<size_t>(s)] = c - 1;
-      const int64_t widths[3] = {width, width, kRank};
-      for (int k = 0; k < 3; ++k) {
+      const int64_t widths[4] = {width, width, kRank, kRank};
+      for (int k = 0; k < kPools; ++k) {
         auto pool = BlockPool::create("seq" + std::to_string(s), 1, kPage, widths[k], blocks + 3, pb);
         ASSERT_TRUE(pool.ok()) << pool.error().message;
         std::vector<int32_t> t;
@@ -831,7 +835,7 @@ TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
           t.push_back(*id);
         }
         std::reverse(t.begin(), t.end());  // blocks out of order
-        Tensor h = random_host({c, widths[k]}, static_cast<uint32_t>(100 + 3 * s + k));
+        Tensor h = random_host({c, widths[k]}, static_cast<uint32_t>(100 + 4 * s + k));
         Tensor d = side ? be.upload(h.view(), DType::kF32) : Tensor();
         be.store_rows(side ? d.view() : h.view(), (*pool)->layer_view(0, t.data()), slots.data());
         keep.push_back(std::move(d));
@@ -840,8 +844,9 @@ TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
       }
     }
     Tensor qd = side ? be.upload(q.view(), DType::kF32) : Tensor();
-    std::vector<Tensor> bd;
+    std::vector<Tensor> bd, bkd;
     for (const Tensor& b : bs) bd.push_back(side ? be.upload(b.view(), be.weight_dtype()) : Tensor());
+    for (const Tensor& b : bks) bkd.push_back(side ? be.upload(b.view(), be.weight_dtype()) : Tensor());
     Tensor out = be.alloc(DType::kF32, {n, kHeads, kHd});
     std::vector<AttentionParams> ps;
     for (int64_t s = 0; s < n; ++s) {
@@ -855,11 +860,18 @@ TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
       p.q = (side ? qd : q).f32() + s * row;
       p.q_pos = &q_pos[us];
       p.n_ctx = ctx[us];
-      p.k = pools[3 * us]->layer_view(0, tables[3 * us].data());
-      p.v = pools[3 * us + 1]->layer_view(0, tables[3 * us + 1].data());
+      const size_t pi = static_cast<size_t>(kPools) * us;
+      p.k = pools[pi]->layer_view(0, tables[pi].data());
+      p.v = pools[pi + 1]->layer_view(0, tables[pi + 1].data());
       if (b_of[us] >= 0) {
-        const TensorView b = side ? bd[static_cast<size_t>(b_of[us])].view() : bs[static_cast<size_t>(b_of[us])].view();
-        p.v_lr = {pools[3 * us + 2]->layer_view(0, tables[3 * us + 2].data()), b.data, kRank, 0.7f, b.dtype};
+        const auto bi = static_cast<size_t>(b_of[us]);
+        const TensorView b = side ? bd[bi].view() : bs[bi].view();
+        p.v_lr = {pools[pi + 2]->layer_view(0, tables[pi + 2].data()), b.data, kRank, 0.7f, b.dtype};
+        if (k_term) {
+          const TensorView bk = side ? bkd[bi].view() : bks[bi].view();
+          p.k_lr = {pools[pi + 3]->layer_view(0, tables[pi + 3].data()), bk.data, kRank, 2.0f, bk.dtype};
+          p.inv_freq = inv_freq.data();
+        }
       }
       p.out = out.f32() + s * row;
       ps.push_back(p);
@@ -872,16 +884,27 @@ TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
   for (int64_t s = 0; s < n; ++s) {
     const auto from = outs[0].begin() + s * row;
     const std::vector<float> ref(from, from + row), got(outs[1].begin() + s * row, outs[1].begin() + (s + 1) * row);
-    EXPECT_LE(rel_l2(got, ref), dt == DType::kF32 ? 1e-5 : 1e-2) << "sequence " << s << " ctx " << ctx[static_cast<size_t>(s)];
+    EXPECT_LE(rel_l2(got, ref), dt == DType::kF32 ? 1e-5 : 1e-2)
+        << "sequence " << s << " ctx " << ctx[static_cast<size_t>(s)] << (k_term ? " (K term)" : "");
   }
   const GraphStats after = gpu->graph_stats();
-  std::printf("  attention_batch %s: %lld launches served %lld sequences at once\n", dtype_name(dt),
+  std::printf("  attention_batch %s%s: %lld launches served %lld sequences at once\n", dtype_name(dt),
+              k_term ? " with K terms" : "",
               static_cast<long long>(after.batched_attention - before.batched_attention),
               static_cast<long long>(after.batched_attention_seqs - before.batched_attention_seqs));
   if (dt == DType::kBF16) {  // [0, 1] and [3, 4, 5]: the row without a V term splits the run
     EXPECT_EQ(after.batched_attention - before.batched_attention, 2);
     EXPECT_EQ(after.batched_attention_seqs - before.batched_attention_seqs, 5);
   }
+}
+
+TEST_P(CudaOps, AttentionBatchOverSeveralArenasAndAdaptersMatchesCpu) {
+  attention_batch_over_arenas(cpu.get(), gpu.get(), GetParam(), false);
+}
+
+// The same batch with k_proj adapters too: K_j = K_base_j + RoPE_j(s_k·LRk_j·B_k^T) per sequence.
+TEST_P(CudaOps, AttentionBatchWithKTermsOverSeveralArenasAndAdaptersMatchesCpu) {
+  attention_batch_over_arenas(cpu.get(), gpu.get(), GetParam(), true);
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::kF32, DType::kBF16),

@@ -41,8 +41,11 @@ bool params_ok(const AttnParams& p) {
   // Agents mode reads B as bf16 pairs at b + a·b_agent_stride.
   for (const DevLowRank* t : {&p.k_lr, &p.v_lr})
     if (t->active() && t->b_agent_stride % 2 != 0) return false;
-  // Per-sequence B: v4's decode kernel only (another kernel would read b for every sequence).
-  if (p.k_lr.b_seq || (p.v_lr.b_seq && (!p.v_lr.active() || p.agents || !attention_v4_applies(p)))) return false;
+  // Per-sequence B: v4's decode kernel only (another kernel would read b for every sequence), V
+  // side alone or K and V sides together.
+  if ((p.k_lr.b_seq && (!p.k_lr.active() || !p.v_lr.b_seq)) ||
+      (p.v_lr.b_seq && (!p.v_lr.active() || p.agents || !attention_v4_applies(p))))
+    return false;
   if (p.split_counters_capacity < 0 || (p.split_counters_capacity > 0 && !p.split_counters)) return false;
   return true;
 }

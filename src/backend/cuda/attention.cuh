@@ -57,8 +57,9 @@ struct DevLowRank {
   const bf16* b = nullptr;     // [n_kv_heads·head_dim, rank] lora_B (row-major)
   int64_t b_agent_stride = 0;  // agents mode: elements between agents' B matrices
   // Decode batches of sequences with different adapters: device [n_seqs] B of each sequence
-  // (used instead of b, which must still be set). Only the v4 decode kernel takes it, V side
-  // only; attention() refuses it where v4 would not run (attention_v4_applies).
+  // (used instead of b, which must still be set). Only the v4 decode kernel takes it, on the V
+  // side alone or on both sides (a K side's b_seq needs the V side's); attention() refuses it
+  // where v4 would not run (attention_v4_applies).
   const bf16* const* b_seq = nullptr;
   int rank = 0;
   float scale = 0.f;

@@ -679,7 +679,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
     uint32_t bkf[kK == kKInPlace ? D / 16 : 1][4];
     if constexpr (kK == kKInPlace) {
       const int rank = p.k_lr.rank, k0 = 2 * tq;
-      const bf16* bk = p.k_lr.b + static_cast<int64_t>(g) * D * rank;
+      // A batch of sequences with different adapters: this block's sequence's B_k (b_seq).
+      const bf16* bk = (p.k_lr.b_seq ? p.k_lr.b_seq[s] : p.k_lr.b) + static_cast<int64_t>(g) * D * rank;
 #pragma unroll
       for (int pr = 0; pr < D / 16; ++pr) {
         const bf16* b1row = bk + (pr * 8 + gq) * rank;
@@ -1108,13 +1109,15 @@ int merge_kernel_mode() {
 int v4_rows(const AttnParams& p) { return (p.agents ? p.max_q : 1) * (p.n_heads / p.n_kv_heads); }
 
 // The K term (session 33): beside a V term of rank <= 16 (the LR kernel's instantiation), K rank
-// <= 16, one B per adapter (no b_seq). Without agents one sequence's G heads (or a batch's) in one
-// row tile (kKInPlace); agents mode at one or two row tiles (kKPerAgent, whose 4-byte B_k loads
-// need b 4-byte aligned and agents' B matrices an even number of elements apart).
+// <= 16. Without agents one sequence's G heads (or a batch's, each sequence's B_k by b_seq beside
+// its B_v) in one row tile (kKInPlace); agents mode at one or two row tiles, one B per agent, no
+// b_seq (kKPerAgent, whose 4-byte B_k loads need b 4-byte aligned and agents' B matrices an even
+// number of elements apart).
 bool v4_takes_k_term(const AttnParams& p) {
-  const bool shape = p.agents ? reinterpret_cast<uintptr_t>(p.k_lr.b) % 4 == 0 && p.k_lr.b_agent_stride % 2 == 0
-                              : v4_rows(p) <= kTileRows;
-  return shape && p.k_lr.rank <= 16 && !p.k_lr.b_seq && p.inv_freq != nullptr && p.v_lr.active() && !p.v_lr.b_seq;
+  const bool shape = p.agents ? reinterpret_cast<uintptr_t>(p.k_lr.b) % 4 == 0 && p.k_lr.b_agent_stride % 2 == 0 &&
+                                    !p.k_lr.b_seq && !p.v_lr.b_seq
+                              : v4_rows(p) <= kTileRows && !p.k_lr.b_seq == !p.v_lr.b_seq;
+  return shape && p.k_lr.rank <= 16 && p.inv_freq != nullptr && p.v_lr.active();
 }
 
 bool use_v4(const AttnParams& p) {

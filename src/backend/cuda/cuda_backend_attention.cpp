@@ -3,6 +3,8 @@
 // cuda_backend_impl.h.
 #include "backend/cuda/cuda_backend_impl.h"
 
+#include <algorithm>
+
 namespace lragent::cuda_impl {
 
 namespace {
@@ -451,7 +453,7 @@ bool CudaBackend::decode_batchable(const AttentionParams& first, const Attention
     return a.dtype == b.dtype && a.page_size == b.page_size && a.row_stride == b.row_stride &&
            a.block_step() == b.block_step();
   };
-  if (p.n_q != 1 || p.n_ctx < 1 || p.k_lr.active() || !fast_attention_ok(p)) return false;
+  if (p.n_q != 1 || p.n_ctx < 1 || !fast_attention_ok(p)) return false;
   if (p.n_heads != first.n_heads || p.n_kv_heads != first.n_kv_heads || p.head_dim != first.head_dim ||
       p.softmax_scale != first.softmax_scale)
     return false;
@@ -459,6 +461,13 @@ bool CudaBackend::decode_batchable(const AttentionParams& first, const Attention
   if (p.v_lr.active() != first.v_lr.active()) return false;
   if (p.v_lr.active() && (p.v_lr.rank != first.v_lr.rank || p.v_lr.scale != first.v_lr.scale ||
                           p.v_lr.b_dtype != first.v_lr.b_dtype || !same_layout(p.v_lr.lr, first.v_lr.lr)))
+    return false;
+  // The K term (k_proj adapters, v4's in-place rebuild): each sequence's B_k by b_seq, one RoPE.
+  if (p.k_lr.active() != first.k_lr.active()) return false;
+  if (p.k_lr.active() &&
+      (p.k_lr.rank != first.k_lr.rank || p.k_lr.scale != first.k_lr.scale || p.k_lr.b_dtype != first.k_lr.b_dtype ||
+       !same_layout(p.k_lr.lr, first.k_lr.lr) || !p.inv_freq || !first.inv_freq ||
+       (p.inv_freq != first.inv_freq && !std::equal(p.inv_freq, p.inv_freq + p.head_dim / 2, first.inv_freq))))
     return false;
   // One launch reads q and writes out as consecutive rows.
   return p.q == first.q + static_cast<int64_t>(k) * row && p.out == first.out + static_cast<int64_t>(k) * row;
@@ -471,7 +480,7 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   for (const AttentionParams& p : ps) max_ctx = std::max<int64_t>(max_ctx, p.n_ctx);
   const int64_t sized = sized_ctx(max_ctx);
   const int64_t row = static_cast<int64_t>(p0.n_heads) * p0.head_dim, q_elems = n * row;
-  const bool lr = p0.v_lr.active();
+  const bool lr = p0.v_lr.active(), klr = p0.k_lr.active();
   lc::AttnParams a;
   a.n_heads = p0.n_heads;
   a.n_kv_heads = p0.n_kv_heads;
@@ -488,6 +497,12 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
     a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
     a.v_lr.rank = p0.v_lr.rank;
     a.v_lr.scale = p0.v_lr.scale;
+  }
+  if (klr) {
+    a.k_lr.b = static_cast<const lc::bf16*>(p0.k_lr.b);
+    a.k_lr.rank = p0.k_lr.rank;
+    a.k_lr.scale = p0.k_lr.scale;
+    a.inv_freq = dev_floats(p0.inv_freq, p0.head_dim / 2);
   }
   const lc::AttnKernel kernel = attn_kernel_;
   set_attn_workspace(a, kernel);
@@ -517,11 +532,13 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
     }
     return base;
   };
-  std::vector<int32_t> kt, vt, lt;
+  std::vector<int32_t> kt, vt, lt, klt;
   const void* kbase = rebased([](const AttentionParams& p) -> const PagedView& { return p.k; }, kt);
   const void* vbase = rebased([](const AttentionParams& p) -> const PagedView& { return p.v; }, vt);
   const void* lbase = lr ? rebased([](const AttentionParams& p) -> const PagedView& { return p.v_lr.lr; }, lt) : nullptr;
-  if (!kbase || !vbase || (lr && !lbase)) return false;
+  const void* klbase =
+      klr ? rebased([](const AttentionParams& p) -> const PagedView& { return p.k_lr.lr; }, klt) : nullptr;
+  if (!kbase || !vbase || (lr && !lbase) || (klr && !klbase)) return false;
   auto view = [&](const PagedView& v, const void* base, const std::vector<int32_t>& table) {
     lc::DevPagedView d;
     d.data = static_cast<const lc::bf16*>(base);
@@ -534,10 +551,14 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   };
   a.k = view(p0.k, kbase, kt);
   a.v = view(p0.v, vbase, vt);
-  std::vector<const void*> bs;
+  std::vector<const void*> bs, bks;
   if (lr) {
     a.v_lr.lr = view(p0.v_lr.lr, lbase, lt);
     for (const AttentionParams& p : ps) bs.push_back(p.v_lr.b);
+  }
+  if (klr) {
+    a.k_lr.lr = view(p0.k_lr.lr, klbase, klt);
+    for (const AttentionParams& p : ps) bks.push_back(p.k_lr.b);
   }
 
   const lc::bf16* qb = q_bf16(p0.q, q_elems);
@@ -549,6 +570,7 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   a.q_start = dmeta;
   a.ctx_len = dmeta + n + 1;
   if (lr) a.v_lr.b_seq = static_cast<const lc::bf16* const*>(dev_bytes(bs.data(), bs.size() * sizeof(void*)));
+  if (klr) a.k_lr.b_seq = static_cast<const lc::bf16* const*>(dev_bytes(bks.data(), bks.size() * sizeof(void*)));
   wrote(p0.out, static_cast<size_t>(q_elems) * 4);
   if (tape_->recording()) {
     rec("attention_batch");

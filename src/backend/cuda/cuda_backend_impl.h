@@ -427,8 +427,8 @@ class CudaBackend final : public Backend {
   // (q_shadow_), else converted into scratch.
   const lc::bf16* q_bf16(const float* q, int64_t elems);
   // Whether ps[k] can join a decode batch led by ps[0] (attention_batch): one query, the fast
-  // kernels' layouts, no K-side term, the same shapes and V rank/scale, q and out rows following
-  // ps[0]'s.
+  // kernels' layouts, the same shapes, K and V ranks/scales (and RoPE frequencies with a K term),
+  // q and out rows following ps[0]'s.
   bool decode_batchable(const AttentionParams& first, const AttentionParams& p, size_t k) const;
   // ps (>= 2 decode_batchable rows) as one launch of v4's decode kernel: each sequence's block
   // tables rebased onto one base address per cache, its B from a per-sequence array. False when
