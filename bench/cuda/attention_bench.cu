@@ -11,7 +11,8 @@
 // default kernel's variants and materialise-then-attend interleaved), inputs rotated
 // (disjoint page sets / query buffers) where one set would fit in L2. Also a D2D copy ceiling.
 // Writes JSON to --out (default attention_bench.json) and prints a table. --quick: shorter
-// contexts; --decode-only: no prefill section (for A/B runs of decode variants).
+// contexts; --decode-only: no prefill section (for A/B runs of decode variants); --kterm-chunks:
+// only the K term at chunk sizes 8..1024, fused against materialised (kchunk rows).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -228,6 +229,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   bool quick = false;
   bool decode_only = false;  // skip both prefill sections (A/B runs of decode variants)
+  bool kterm_chunks = false;  // only the K term's chunk-size sweep (kchunk rows)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc)
       out_path = argv[++i];
@@ -237,6 +239,8 @@ int main(int argc, char** argv) {
       quick = true;
     else if (!std::strcmp(argv[i], "--decode-only"))
       decode_only = true;
+    else if (!std::strcmp(argv[i], "--kterm-chunks"))
+      kterm_chunks = true;
   }
   int dev_count = 0;
   if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
@@ -334,6 +338,84 @@ int main(int argc, char** argv) {
     report(r);
     CK(cudaFree(a));
     CK(cudaFree(b));
+  }
+
+  // ---- JSON (the end of every run) ----
+  auto write_json = [&]() -> int {
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"shape\": {\"heads\": %d, \"kv_heads\": %d, "
+                 "\"head_dim\": %d, \"page_size\": %d, \"rank\": %d},\n  \"reps\": %d,\n  \"results\": [\n",
+                 json_escape(prop.name).c_str(), prop.multiProcessorCount, kHeads, kKv, kD, kPage, kRank, reps);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      const double s = r.t.median_ms * 1e-3;
+      std::fprintf(f,
+                   "    {\"group\": \"%s\", \"name\": \"%s\", \"ctx\": %d, \"n_q\": %d, \"seqs\": %d, \"splits\": %d, "
+                   "\"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"flops\": %.6e, \"bytes\": %.6e, "
+                   "\"tflops\": %.3f, \"gbps\": %.2f, \"note\": \"%s\"}%s\n",
+                   r.group.c_str(), r.name.c_str(), r.ctx, r.n_q, r.seqs, r.splits, r.t.median_ms, r.t.min_ms,
+                   r.t.max_ms, r.flops, r.bytes, s > 0 ? r.flops / s / 1e12 : 0.0, s > 0 ? r.bytes / s / 1e9 : 0.0,
+                   json_escape(r.note).c_str(), i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+    std::printf("wrote %s\n", out_path.c_str());
+    return 0;
+  };
+
+  // ---- --kterm-chunks: the K term at prefill chunk sizes, fused (the default kernel rebuilds K
+  // tile by tile) against materialised (K_full and V's dense copy, then the Flash-LoRA V kernel:
+  // what the CUDA backend runs from materialize_k_min_rows query rows), interleaved, at 8k
+  // and 32k contexts: where the two cross places that threshold. Only this section runs. ----
+  if (kterm_chunks) {
+    for (int ctx : {8192, 32768}) {
+      const int pages = ctx / kPage;
+      const int n_sets = std::max(1, std::min(4, P.n_blocks / pages));
+      int32_t* d_ctx = dupload(std::vector<int32_t>{ctx});
+      for (int nq : {8, 16, 32, 64, 128, 256, 512, 1024}) {
+        int32_t* d_qs = dupload(std::vector<int32_t>{0, nq});
+        auto params = [&](int rep) {
+          return make_params(P, d_perm + static_cast<size_t>(rep % n_sets) * pages, 0, d_qs, d_ctx, 1, nq, ctx,
+                             qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, out, true, true, ws,
+                             ws_bytes);
+        };
+        auto materialised = [&](int rep) {
+          lc::AttnParams p = params(rep);
+          CK(lc::materialize_k(p, P.kfull, P.vdense));
+          p.k = view(P.kfull, P.dense_table, 0, kWidth);
+          p.v = view(P.vdense, P.dense_table, 0, kWidth);
+          p.k_lr = lc::DevLowRank{};
+          CK(lc::attention(p));
+        };
+        const std::vector<std::function<void(int)>> fns = {[&](int rep) { CK(lc::attention(params(rep))); },
+                                                           materialised};
+        const std::vector<Stats> st = time_interleaved(fns, warmup, reps);
+        double keys = 0;
+        for (int i = 0; i < nq; ++i) keys += ctx - nq + i + 1;
+        for (int v = 0; v < 2; ++v) {
+          Result r;
+          r.group = "kchunk";
+          r.name = v == 0 ? "fused_kv_r16" : "materialise_k_kv_r16";
+          r.ctx = ctx;
+          r.n_q = nq;
+          r.seqs = 1;
+          r.splits = v == 0 ? lc::attention_num_splits(params(0)) : 1;
+          r.t = st[static_cast<size_t>(v)];
+          r.flops = 4.0 * kD * kHeads * keys;
+          r.bytes = 2.0 * ctx * kWidth * 2 + 2.0 * ctx * kRank * 2 + (v ? 4.0 * ctx * kWidth * 2 : 0);
+          r.note = "rows " + std::to_string(nq * (kHeads / kKv));
+          report(r);
+        }
+        CK(cudaFree(d_qs));
+      }
+      CK(cudaFree(d_ctx));
+    }
+    return write_json();
   }
 
   // ---- prefill: 1024 queries at the end of 8k / 32k / 64k ----
@@ -681,29 +763,5 @@ int main(int argc, char** argv) {
     }
   }
 
-  // ---- JSON ----
-  FILE* f = std::fopen(out_path.c_str(), "w");
-  if (!f) {
-    std::fprintf(stderr, "cannot write %s\n", out_path.c_str());
-    return 1;
-  }
-  std::fprintf(f,
-               "{\n  \"device\": \"%s\",\n  \"sms\": %d,\n  \"shape\": {\"heads\": %d, \"kv_heads\": %d, "
-               "\"head_dim\": %d, \"page_size\": %d, \"rank\": %d},\n  \"reps\": %d,\n  \"results\": [\n",
-               json_escape(prop.name).c_str(), prop.multiProcessorCount, kHeads, kKv, kD, kPage, kRank, reps);
-  for (size_t i = 0; i < results.size(); ++i) {
-    const Result& r = results[i];
-    const double s = r.t.median_ms * 1e-3;
-    std::fprintf(f,
-                 "    {\"group\": \"%s\", \"name\": \"%s\", \"ctx\": %d, \"n_q\": %d, \"seqs\": %d, \"splits\": %d, "
-                 "\"median_ms\": %.6f, \"min_ms\": %.6f, \"max_ms\": %.6f, \"flops\": %.6e, \"bytes\": %.6e, "
-                 "\"tflops\": %.3f, \"gbps\": %.2f, \"note\": \"%s\"}%s\n",
-                 r.group.c_str(), r.name.c_str(), r.ctx, r.n_q, r.seqs, r.splits, r.t.median_ms, r.t.min_ms, r.t.max_ms,
-                 r.flops, r.bytes, s > 0 ? r.flops / s / 1e12 : 0.0, s > 0 ? r.bytes / s / 1e9 : 0.0,
-                 json_escape(r.note).c_str(), i + 1 < results.size() ? "," : "");
-  }
-  std::fprintf(f, "  ]\n}\n");
-  std::fclose(f);
-  std::printf("wrote %s\n", out_path.c_str());
-  return 0;
+  return write_json();
 }

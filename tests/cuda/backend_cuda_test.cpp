@@ -687,8 +687,9 @@ TEST_P(CudaOps, RopeWithStoresMatchesCpu) {
 // Paged attention through the Backend interface: caches written with store_rows into pools of
 // each backend, every combination of the LR terms, head dims that take the tuned kernels (64,
 // 128 with bf16) and the generic one (8, 32), page sizes 1 and 16, GQA 1, 4 and 8. Prefill chunks
-// of >= 1024 query rows (n_q x G) with a K term take it materialised in bf16 (GraphStats::
-// materialized_k counts them; ranks 4, 8, 16, with and without the V term): those must match too.
+// of >= 1024 query rows (n_q x G; >= 512 over >= 16k keys) with a K term take it materialised in
+// bf16 (GraphStats::materialized_k counts them; ranks 4, 8, 16, with and without the V term): those
+// must match too.
 TEST_P(CudaOps, AttentionMatchesCpu) {
   const DType dt = GetParam();
   struct Case { int hd, heads, kv_heads, n_ctx, n_q, page, rank; bool k_lr, v_lr; };
@@ -699,6 +700,8 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
       {64, 16, 2, 1000, 128, 16, 64, false, false},
       {128, 8, 2, 2000, 300, 16, 16, true, true},  {128, 8, 2, 1500, 256, 1, 8, true, false},
       {64, 16, 2, 1100, 128, 16, 4, true, true},
+      {128, 8, 2, 16500, 160, 16, 16, true, true},  // 640 rows over >= 16k keys: materialised
+      {128, 8, 2, 16500, 96, 16, 8, true, false},   // 384 rows: fused
   };
   for (const Case& c : cases) {
     const int64_t materialized_before = gpu->graph_stats().materialized_k;
@@ -781,7 +784,7 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
         << "hd " << c.hd << " heads " << c.heads << "/" << c.kv_heads << " ctx " << c.n_ctx << " q " << c.n_q
         << " page " << c.page << " rank " << c.rank << (c.k_lr ? " K-LoRA" : "") << (c.v_lr ? " V-LoRA" : "");
     const bool materializes = dt == DType::kBF16 && c.k_lr && (c.hd == 64 || c.hd == 128) &&
-                              static_cast<int64_t>(c.n_q) * (c.heads / c.kv_heads) >= 1024;
+                              static_cast<int64_t>(c.n_q) * (c.heads / c.kv_heads) >= (c.n_ctx >= 16384 ? 512 : 1024);
     EXPECT_EQ(gpu->graph_stats().materialized_k - materialized_before, materializes ? 1 : 0)
         << "hd " << c.hd << " ctx " << c.n_ctx << " q " << c.n_q << ": K materialised or not as expected";
     std::printf("  attention %s hd=%d heads=%d/%d ctx=%d q=%d page=%d rank=%d k_lr=%d v_lr=%d rel_l2=%.2e\n",

@@ -384,18 +384,21 @@ void CudaBackend::set_attn_workspace(lc::AttnParams& a, lc::AttnKernel kernel) {
   a.workspace_bytes = a.workspace ? attn_ws_bytes_ : 0;
 }
 
-// Query rows (n_q x G) from which a prefill chunk materialises its K-side LoRA term. The fused
-// kernel rebuilds K_base + RoPE(s·LRk·B_k^T) for every key tile in every block of 128 rows, which
-// made a 1024-query chunk 2.3x the plain kernel's time (H200, 8B shapes; docs/cuda.md); written
-// once, K_full costs one pass over the context (read K_base, V and LRk; write K_full and V's dense
-// copy), then the plain (or Flash-LoRA V) kernel reads them. Decode and short chunks keep the fused term: there one pass
-// over the context is the whole cost.
-constexpr int64_t kMaterializeKRows = 1024;
+// Query rows (n_q x G) from which a prefill chunk over n_ctx keys materialises its K-side LoRA
+// term. The fused kernel rebuilds K_base + RoPE(s·LRk·B_k^T) for every key tile in every block of
+// 128 rows, which made a 1024-query chunk 2.3x the plain kernel's time (H200, 8B shapes;
+// docs/cuda.md); written once, K_full costs one pass over the context (read K_base, V and LRk;
+// write K_full and V's dense copy), then the plain (or Flash-LoRA V) kernel reads them. Decode and
+// short chunks keep the fused term: there one pass over the context is the whole cost. Where the
+// two cross (`lragent_attention_bench --kterm-chunks`, H200, 8B shapes, r = 16, fused / materialised
+// ms): at 8k keys 512 rows 0.105 / 0.108, 1024 rows 0.184 / 0.145; at 32k keys 256 rows 0.182 /
+// 0.228, 512 rows 0.335 / 0.296 (bench/results/attention-kchunk-nvidia-h200-20261129.md).
+static int64_t materialize_k_min_rows(int64_t n_ctx) { return n_ctx >= 16384 ? 512 : 1024; }
 
 void* CudaBackend::materialize_k_full(const AttentionParams& p, lc::AttnParams& a) {
   const int64_t rows = static_cast<int64_t>(p.n_q) * (p.n_heads / p.n_kv_heads);
   const int64_t width = static_cast<int64_t>(p.n_kv_heads) * p.head_dim;
-  if (!materialize_k_ || rows < kMaterializeKRows || !lc::materialize_k_applies(a)) return nullptr;
+  if (!materialize_k_ || rows < materialize_k_min_rows(p.n_ctx) || !lc::materialize_k_applies(a)) return nullptr;
   // K_full and a copy of V, each [pages * kPage, width] bf16, token t at row t: both read through
   // one identity block table (the prefill kernels then address K and V with one lookup; a dense
   // K beside the paged V ran 1.6x slower).
