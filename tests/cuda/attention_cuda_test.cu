@@ -540,6 +540,27 @@ TEST(CudaAttention, PrefillKResidualRank8And16) {
   expect_ran({lc::AttnKernel::kV2Mma, lc::AttnKernel::kV5Wgmma}, "PrefillKResidualRank8And16");
 }
 
+// Chunks of 2..16 queries with a K term (8..64 rows at G = 4: decode-sized, but v4 takes one query
+// only) run v5, not v2 (session 34: 8 queries over 32k keys 0.095 against 0.161 ms): G 1 / 4 / 8,
+// contexts 97 and 4097, K ranks 16 / 8 beside V ranks 16 / 0, pages 1 and 16. Every case requested
+// of v5 or v6 must have run v5.
+TEST(CudaAttention, PrefillKTermSmallChunksRunV5) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 1900;
+  const int ranks[][2] = {{16, 16}, {8, 0}, {16, 8}};
+  int n = 0;
+  for (int group : {1, 4, 8})
+    for (int nq : {2, 8, 16})
+      for (int ctx : {97, 4097}) {
+        const auto& r = ranks[n % 3];
+        Case c = make(128, group, n % 2 ? 1 : 16, {ctx}, {nq}, r[0], r[1]);
+        ++n;
+        reset_ran();
+        run_case(c, seed++);
+        EXPECT_GT(g_ran[static_cast<int>(lc::AttnKernel::kV5Wgmma)], 0) << c.name() << ": v5 did not run";
+      }
+}
+
 TEST(CudaAttention, PrefillSplitK) {
   SKIP_WITHOUT_GPU();
   reset_ran();

@@ -486,26 +486,20 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
     const uint32_t* ids = ids_s[t % 4];
     issue_kv_ahead(t, [&](int jj) { return ids[jj]; });
     const int st = t % kStages;
-    const DevPagedView& lv = p.v_lr.lr;
-#pragma unroll
-    for (int i = 0; i < LR_PT; ++i) {
-      const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
-      const bool ok = key < ke && ch * 4 < p.v_lr.rank;
-      const int64_t off = static_cast<int64_t>(ids[4 + (kr >> x.lvshift)]) * lv.block_stride +
-                          static_cast<int64_t>(key & (lv.page_size - 1)) * lv.row_stride + ch * 4;
-      cp_async8(sm + L::kLv + (st * kBN + kr) * RS + ch * 4, ok ? lv.data + off : lv.data, ok ? 8 : 0);
-    }
-    if constexpr (kKTerm) {
-      const DevPagedView& lk = p.k_lr.lr;
+    // One LR term's rows of the tile (ids: its pages' block ids) into its ring at element `dst`.
+    auto issue_lr = [&](const DevLowRank& term, const uint32_t* tids, int shift, int dst) {
+      const DevPagedView& lv = term.lr;
 #pragma unroll
       for (int i = 0; i < LR_PT; ++i) {
         const int c = tid + i * kThreads, kr = c / LR_CH, ch = c % LR_CH, key = key0 + kr;
-        const bool ok = key < ke && ch * 4 < p.k_lr.rank;
-        const int64_t off = static_cast<int64_t>(ids[8 + (kr >> x.lkshift)]) * lk.block_stride +
-                            static_cast<int64_t>(key & (lk.page_size - 1)) * lk.row_stride + ch * 4;
-        cp_async8(sm + L::kLk + (st * kBN + kr) * RS + ch * 4, ok ? lk.data + off : lk.data, ok ? 8 : 0);
+        const bool ok = key < ke && ch * 4 < term.rank;
+        const int64_t off = static_cast<int64_t>(tids[kr >> shift]) * lv.block_stride +
+                            static_cast<int64_t>(key & (lv.page_size - 1)) * lv.row_stride + ch * 4;
+        cp_async8(sm + dst + (st * kBN + kr) * RS + ch * 4, ok ? lv.data + off : lv.data, ok ? 8 : 0);
       }
-    }
+    };
+    issue_lr(p.v_lr, ids + 4, x.lvshift, L::kLv);
+    if constexpr (kKTerm) issue_lr(p.k_lr, ids + 8, x.lkshift, L::kLk);
     if (tid < kIdThreads) ids_async(t + 2);
   };
   struct TileIds {
