@@ -1099,6 +1099,30 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   EXPECT_TRUE(lc::attention_params_ok(bad));
   bad.v_lr.b_agent_stride = 128 * 4 + 1;  // agents' B read as bf16 pairs
   EXPECT_FALSE(lc::attention_params_ok(bad));
+  // Per-sequence B (decode batches, v4 only): the V side alone, or the K and V sides together; a
+  // K side's b_seq without the V side's is refused, as is b_seq in agents mode.
+  static unsigned int counters[16];
+  static float inv_freq[32];
+  static const lc::bf16* b_ptrs[1] = {reinterpret_cast<const lc::bf16*>(dummy_h)};
+  lc::AttnParams bs = ok;  // one decode query of 2 heads a kv head over 16 keys: v4's shape
+  bs.split_counters = counters;
+  bs.split_counters_capacity = 16;
+  bs.v_lr.lr = ok.v;
+  bs.v_lr.lr.row_stride = 4;
+  bs.v_lr.lr.block_stride = 16 * 4;
+  bs.v_lr.b = reinterpret_cast<const lc::bf16*>(dummy_h);
+  bs.v_lr.rank = 4;
+  bs.v_lr.scale = 1.f;
+  bs.v_lr.b_seq = b_ptrs;
+  EXPECT_TRUE(lc::attention_params_ok(bs)) << "V side per sequence";
+  bs.k_lr = bs.v_lr;
+  bs.inv_freq = inv_freq;
+  EXPECT_TRUE(lc::attention_params_ok(bs)) << "K and V sides per sequence";
+  bs.v_lr.b_seq = nullptr;
+  EXPECT_FALSE(lc::attention_params_ok(bs)) << "K side per sequence without the V side's";
+  bs.v_lr.b_seq = b_ptrs;
+  bs.agents = true;
+  EXPECT_FALSE(lc::attention_params_ok(bs)) << "per-sequence B in agents mode";
 }
 
 // LR blocks whose stride is a multiple of 4 but not 8 elements (allowed): every version must copy
