@@ -1087,13 +1087,16 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   bad.out_f32 = nullptr;
   bad.out = reinterpret_cast<lc::bf16*>(dummy_h + 1);  // 2-byte aligned: bf16-pair stores
   EXPECT_FALSE(lc::attention_params_ok(bad));
+  // A valid rank-4 V term over V's pages (LR rows of 4 elements).
+  lc::DevLowRank v_term;
+  v_term.lr = ok.v;
+  v_term.lr.row_stride = 4;
+  v_term.lr.block_stride = 16 * 4;
+  v_term.b = reinterpret_cast<const lc::bf16*>(dummy_h);
+  v_term.rank = 4;
+  v_term.scale = 1.f;
   bad = ok;
-  bad.v_lr.lr = ok.v;
-  bad.v_lr.lr.row_stride = 4;
-  bad.v_lr.lr.block_stride = 16 * 4;
-  bad.v_lr.b = reinterpret_cast<const lc::bf16*>(dummy_h);
-  bad.v_lr.rank = 4;
-  bad.v_lr.scale = 1.f;
+  bad.v_lr = v_term;
   bad.agents = true;
   bad.v_lr.b_agent_stride = 128 * 4;
   EXPECT_TRUE(lc::attention_params_ok(bad));
@@ -1107,12 +1110,7 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   lc::AttnParams bs = ok;  // one decode query of 2 heads a kv head over 16 keys: v4's shape
   bs.split_counters = counters;
   bs.split_counters_capacity = 16;
-  bs.v_lr.lr = ok.v;
-  bs.v_lr.lr.row_stride = 4;
-  bs.v_lr.lr.block_stride = 16 * 4;
-  bs.v_lr.b = reinterpret_cast<const lc::bf16*>(dummy_h);
-  bs.v_lr.rank = 4;
-  bs.v_lr.scale = 1.f;
+  bs.v_lr = v_term;
   bs.v_lr.b_seq = b_ptrs;
   EXPECT_TRUE(lc::attention_params_ok(bs)) << "V side per sequence";
   bs.k_lr = bs.v_lr;
