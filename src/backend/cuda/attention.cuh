@@ -106,7 +106,7 @@ enum class AttnKernel {
                  // which sends decode to v1.
   kV4Decode = 4,  // v3 plus a decode kernel (one query per sequence, or agents mode; N·G <= 32
                   // rows as one or two m16 tiles; V rank <= 16; a K term of rank <= 16 beside a
-                  // V term in one row tile without agents): four warps per row tile split each
+                  // V term, agents mode included): four warps per row tile split each
                   // key tile, split-K merged by the last block of each kv head (needs split_counters).
   kV5Wgmma = 5,   // v4 plus a Hopper wgmma prefill kernel (2 warpgroups x 64 rows, Q/K/V read by
                   // wgmma from swizzled shared memory, P from registers) at d=128 with K and V

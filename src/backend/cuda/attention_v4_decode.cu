@@ -51,8 +51,12 @@
 // rows (N·G, or G) <= 32, D in {64, 128}, split_counters present with room for n_seqs x
 // n_kv_heads. Everything else runs v3 (which sends decode without those conditions on to v2 and
 // v1). Template: D = head_dim, R = rank capacity (0: no LR term, 16), MT = m16 row tiles (1, 2).
+// The shared-memory layout, launch description, row addressing and split merge are in
+// attention_v4_common.cuh; the per-agent K term's device code in attention_v4_kterm.cuh.
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/attention_internal.h"
+#include "backend/cuda/attention_v4_common.cuh"
+#include "backend/cuda/attention_v4_kterm.cuh"
 #include "backend/cuda/device_props.h"
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/pdl.cuh"
@@ -66,248 +70,7 @@ namespace lragent::cuda {
 namespace {
 
 using namespace detail;
-
-constexpr int kKeyWarps = 4;   // warps that split a key tile (16 keys each) for one row tile
-constexpr int kBN = 64;        // keys per tile
-constexpr int kTileRows = 16;  // one m16 tile
-constexpr int kMaxRowTiles = 2;
-constexpr int kMaxSplits = 128;  // splits of one kv head (the merge's weights: [kMaxSplits, rows] f32)
-constexpr int kStages = 2;
-// The K term's kernels (attn_v4_decode_kernel's kK).
-constexpr int kKNone = 0, kKInPlace = 1, kKPerAgent = 2;
-// Blocks an SM the launch bounds ask for: three at one row tile (registers <= 168), two at two
-// row tiles or with the in-place K term, one for the per-agent K term at two row tiles (eight
-// warps that hold a residual's registers beside O).
-constexpr int v4_min_blocks(int mt, int kk) {
-  if (kk == kKPerAgent) return mt == 1 ? 2 : 1;
-  return mt == 1 && kk == kKNone ? 3 : 2;
-}
-
-template <int D, int R, int MT, bool kKTerm = false>
-struct Smem {
-  static constexpr int kRows = kTileRows * MT;  // the block's query rows (agents x G heads)
-  static constexpr int kWarps = kKeyWarps * MT;
-  static constexpr int kThreads = 32 * kWarps;
-  static constexpr int KS = D + 8;  // padded row (elements): conflict-free ldmatrix
-  static constexpr int RS = R + 8;
-  // One row tile loads its Q fragments straight into registers (no Q tile: 4 KB less, which with
-  // olr_s below fits three blocks of the LR kernel on an SM); two re-read theirs every key tile.
-  static constexpr bool kQRegs = MT == 1;
-  static constexpr int kQ = 0;                              // [kRows, KS] (two row tiles)
-  static constexpr int kK = kQ + (kQRegs ? 0 : kRows * KS);  // [kStages, kBN, KS]
-  static constexpr int kV = kK + kStages * kBN * KS;        // [kStages, kBN, KS]
-  static constexpr int kLv = kV + kStages * kBN * KS;       // [kStages, kBN, RS] (R > 0)
-  static constexpr int kLk = kLv + (R > 0 ? kStages * kBN * RS : 0);  // [kStages, kBN, RS] (kKTerm)
-  static constexpr int kEnd = kLk + (kKTerm ? kStages * kBN * RS : 0);
-  static constexpr size_t bytes = static_cast<size_t>(kEnd) * sizeof(bf16);
-  // After the key loop the merges reuse the whole buffer (Q included: the last tile's barrier has
-  // passed every read of it) as f32: [kKeyWarps, kRows, D + 4] O + [kKeyWarps, kRows, 16] O_lr
-  // + [kRows, 16] merged O_lr.
-  static constexpr int kDP = D + 4;  // f32 row stride: rows gq land on different banks
-  static constexpr int kMergeFloats = kKeyWarps * kRows * (kDP + (R > 0 ? 16 : 0)) + (R > 0 ? kRows * 16 : 0);
-  static_assert(kMergeFloats * sizeof(float) <= bytes, "the warp merge fits in shared memory");
-  static_assert(kMaxSplits * kRows * sizeof(float) <= bytes, "the split merge's weights fit in shared memory");
-};
-
-struct V4Launch {
-  int n_splits = 1;  // a sequence's keys split evenly over them (the kernel's tps)
-  // One sequence (batch-1 steps, agents mode); LRAGENT_ATTN_V4_EVEN_SPLIT=0 (measuring) and
-  // batches: every sequence's splits take plan_tps tiles, the split size of max_ctx.
-  bool even_split = true;
-  int plan_tps = 1;
-
-  int kshift = 0, vshift = 0, lvshift = 0, lkshift = 0;
-  // K and V share table, page size and strides, with pages of >= 16 tokens (the engine's caches):
-  // a tile's keys sit in 64 >> kshift pages whose block ids load one tile ahead (TileIds).
-  bool ids_ahead = false;
-  float* part_o = nullptr;    // [n_splits, n_seqs, max_q, n_heads, D] normalised partials
-  float* part_lse = nullptr;  // [n_splits, n_seqs, max_q, n_heads] log2-sum-exp
-  // The partials are merged by attn_v4_merge_kernel, launched after this one, instead of by each
-  // (sequence, kv head)'s last block (agents mode; see merge_kernel_mode).
-  bool merge_kernel = false;
-  // The step's RoPE and K/V stores done by this launch (attention_decode_rope_store; inactive:
-  // q is p.q, already rotated, and the new key's rows are in the caches).
-  DecodeRopeStore rs;
-};
-
-// ---- rows of a (sequence s, kv head g): row r is query r / G's head g·G + r % G (G = n_heads /
-// n_kv_heads, which callers compute once; agents mode: query = agent). The attention kernel and
-// attn_v4_merge_kernel both address q, the output and the split partials through these. ----
-// Row r's row in q and the output ([n_tokens, n_heads, D]).
-__device__ __forceinline__ int64_t v4_out_row(const AttnParams& p, const SeqInfo& si, int g, int G, int r) {
-  return static_cast<int64_t>(si.q0 + r / G) * p.n_heads + g * G + r % G;
-}
-// Row r's row in one split's partials ([n_seqs, max_q, n_heads, D] each).
-__device__ __forceinline__ int64_t v4_part_row(const AttnParams& p, int s, int g, int G, int r) {
-  return (static_cast<int64_t>(s) * p.max_q + r / G) * p.n_heads + g * G + r % G;
-}
-// Rows from one split's partials to the next's.
-__device__ __forceinline__ int64_t v4_split_stride(const AttnParams& p) {
-  return static_cast<int64_t>(p.n_seqs) * p.max_q * p.n_heads;
-}
-
-// ---- a row of the split merge: the last block's merge and attn_v4_merge_kernel both use these ----
-// On entry w[sp · stride] (sp < n) holds split sp's log2-sum-exp of one row; on return its merge
-// weight 2^(lse - max) / Σ (0 for an empty split). A warp does a row: every lane calls it.
-__device__ __forceinline__ void split_weights(float* w, int stride, int n, int lane) {
-  float mx = -INFINITY;
-  for (int sp = lane; sp < n; sp += 32) mx = fmaxf(mx, w[sp * stride]);
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  float den = 0.f;
-  for (int sp = lane; sp < n; sp += 32) {
-    const float l = w[sp * stride];
-    const float e = l == -INFINITY ? 0.f : exp2f(l - mx);
-    w[sp * stride] = e;
-    den += e;
-  }
-  for (int off = 16; off > 0; off >>= 1) den += __shfl_xor_sync(0xffffffffu, den, off);
-  const float inv = den > 0.f ? 1.f / den : 0.f;
-  __syncwarp();
-  for (int sp = lane; sp < n; sp += 32) w[sp * stride] *= inv;
-  __syncwarp();
-}
-// Σ over the n splits of w[sp · stride] · src[sp · src_stride4]: four dimensions of a row, 16-byte
-// loads through L2 (the partials were written by other blocks).
-__device__ __forceinline__ float4 merge_column(const float4* src, int64_t src_stride4, const float* w, int stride,
-                                               int n) {
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-  for (int sp = 0; sp < n; ++sp) {
-    const float ws = w[sp * stride];
-    const float4 v = __ldcg(src + sp * src_stride4);
-    acc.x += ws * v.x;
-    acc.y += ws * v.y;
-    acc.z += ws * v.z;
-    acc.w += ws * v.w;
-  }
-  return acc;
-}
-// Four merged dimensions to the outputs, at element offset off.
-__device__ __forceinline__ void store_merged(const AttnParams& p, int64_t off, const float4& acc) {
-  if (p.out) {
-    *reinterpret_cast<__nv_bfloat162*>(p.out + off) = __floats2bfloat162_rn(acc.x, acc.y);
-    *reinterpret_cast<__nv_bfloat162*>(p.out + off + 2) = __floats2bfloat162_rn(acc.z, acc.w);
-  }
-  if (p.out_f32) *reinterpret_cast<float4*>(p.out_f32 + off) = acc;
-}
-
-// ---- kKPerAgent: the K term of agents with different B_k, added to one warp's scores ----
-// The scores of the warp's rows (r0 + gq, r0 + gq + 8) against its 16 keys (key0..) gain
-//   s_k · q_r · RoPE_j(LRk_j · B_k^a^T)   for row r's agent a = r / G,
-// the K term of K_j = K_base_j + RoPE_j(...) that the in-place kernel adds to the keys. Each agent
-// of the row tile builds its residual keys in registers: one m16n8k16 MMA per 8 dimensions
-// (LRk rows as A, B_k^a as B) gives keys gq and gq + 8 at dimensions 8pr + 2tq, +1 in this
-// lane, and dimension d + D/2, its RoPE partner, from the MMA of pair group pr + D/16 lands in
-// the same lane, so the rotation needs no exchange. The rotated accumulators are already the B
-// operand of the QK MMA (k: dimensions, n: keys), whose A is the row tile's Q with the rows of
-// the other agents giving terms that are dropped (a row takes only its own agent's sum). sin/cos
-// of a (key, dimension) serve every agent of a pass; s_k scales the sum once. B_k comes from
-// shared memory in fragment order (bk_frags), one 16-byte load per pair group and agent.
-// Costs per 16 keys and agent: 8 + 8 MMAs for D = 128.
-// Agents per pass of agents_k_scores: one at one row tile, four at two (H200, 8 x 32k, K and V
-// terms r = 16: 3 agents at one tile 0.079 ms with one, 0.088 with four; 8 agents at two tiles
-// 0.168 ms with four, 0.170 with one, 0.201 with two).
-template <int MT>
-constexpr int kAgentsPerPass = MT == 1 ? 1 : 4;
-// The agents of one warp's row tile and of its lane's two rows (fixed for the whole key loop).
-struct AgentRows {
-  int first = 0, last = -1;  // agents with rows in the row tile (last < first: none)
-  int lo = 0, hi = 0;        // agents of rows r0 + gq and r0 + gq + 8
-};
-__device__ __forceinline__ AgentRows agent_rows(int r0, int RB, int G, int gq) {
-  AgentRows ar;
-  if (r0 >= RB) return ar;
-  ar.first = r0 / G;
-  ar.last = (min(RB, r0 + kTileRows) - 1) / G;
-  ar.lo = (r0 + gq) / G;
-  ar.hi = (r0 + gq + 8) / G;
-  return ar;
-}
-// Agent a's B_k, filled once per block: [agent][pr < D/16][lane] words {b0, b1} of dimension
-// 8pr + gq and {b0, b1} of D/2 + 8pr + gq, b0 = ranks 2tq, 2tq + 1, b1 = ranks 2tq + 8, + 9, zero
-// past the rank (the B operand of the rebuild MMA; 4 KB an agent at D = 128).
-template <int D>
-__device__ __forceinline__ void fill_bk_frags(const AttnParams& p, uint4* frags, int n_agents, int g, int tid,
-                                              int n_threads) {
-  const int rank = p.k_lr.rank;
-  for (int e = tid; e < n_agents * (D / 16) * 32; e += n_threads) {
-    const int ln = e % 32, pr = (e / 32) % (D / 16), a = e / (32 * (D / 16));
-    const int k0 = 2 * (ln & 3);
-    const bf16* bk = p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
-    const bf16* r1 = bk + (pr * 8 + (ln >> 2)) * rank;
-    const bf16* r2 = r1 + (D / 2) * rank;
-    frags[e] = make_uint4(ld_b32_guard(r1 + k0, k0 < rank), ld_b32_guard(r1 + k0 + 8, k0 + 8 < rank),
-                          ld_b32_guard(r2 + k0, k0 < rank), ld_b32_guard(r2 + k0 + 8, k0 + 8 < rank));
-  }
-}
-// APP: agents per pass, whose residual accumulators are held at once and share the pass's sin/cos.
-template <int D, int RS, int APP>
-__device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16* lk, const uint4* bk_frags,
-                                                const uint32_t (&qf)[D / 16][4], const AgentRows& ar, int key0,
-                                                int lane, float (&sc)[2][4]) {
-  constexpr int H = D / 32;  // k-steps of QK over one half of head_dim
-  const int gq = lane >> 2, tq = lane & 3;
-  uint32_t la[4];  // LRk rows of the 16 keys (A operand, ranks 0..15; zero past the rank)
-  ldmatrix_x4(la, lk + (lane & 15) * RS + (lane >> 4) * 8);
-  const float ks = p.k_lr.scale;
-  for (int a0 = ar.first; a0 <= ar.last; a0 += APP) {
-    float sres[APP][2][4] = {};  // [agent of the pass][n8 key tile][C fragment]
-#pragma unroll
-    for (int kk = 0; kk < H; ++kk) {
-      // cos and sin of keys key0 + gq + 8hh at dimensions 16kk + 8pp + 2tq + e.
-      float cs[2][2][2], sn[2][2][2];  // [pp][e][hh]
-#pragma unroll
-      for (int pp = 0; pp < 2; ++pp)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float f = __ldg(p.inv_freq + 16 * kk + 8 * pp + 2 * tq + e);
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-            detail::rope_sincos(static_cast<float>(key0 + gq + 8 * hh) * f, &sn[pp][e][hh], &cs[pp][e][hh]);
-        }
-#pragma unroll
-      for (int j = 0; j < APP; ++j) {
-        const int a = a0 + j;
-        if (a > ar.last) break;  // warp-uniform
-        const uint4* fr = bk_frags + a * (D / 16) * 32 + lane;
-        uint32_t k1[2][2], k2[2][2];  // QK B operands [n8 key tile][k half], dims 16kk.. / D/2 + 16kk..
-#pragma unroll
-        for (int pp = 0; pp < 2; ++pp) {
-          const uint4 w = fr[(2 * kk + pp) * 32];
-          float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_bf16(c1, la, w.x, w.y);  // keys gq, gq + 8 x dims 16kk + 8pp + 2tq, +1
-          mma_bf16(c2, la, w.z, w.w);  // the same at + D/2
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            float y1[2], y2[2];
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float x1 = c1[2 * hh + e], x2 = c2[2 * hh + e];
-              y1[e] = x1 * cs[pp][e][hh] - x2 * sn[pp][e][hh];
-              y2[e] = x2 * cs[pp][e][hh] + x1 * sn[pp][e][hh];
-            }
-            k1[hh][pp] = pack_bf16(y1[0], y1[1]);
-            k2[hh][pp] = pack_bf16(y2[0], y2[1]);
-          }
-        }
-        mma_bf16(sres[j][0], qf[kk], k1[0][0], k1[0][1]);
-        mma_bf16(sres[j][1], qf[kk], k1[1][0], k1[1][1]);
-        mma_bf16(sres[j][0], qf[kk + H], k2[0][0], k2[0][1]);
-        mma_bf16(sres[j][1], qf[kk + H], k2[1][0], k2[1][1]);
-      }
-    }
-    // Each row keeps its own agent's term (C fragment: e < 2 row gq, else row gq + 8).
-#pragma unroll
-    for (int j = 0; j < APP; ++j) {
-      const int a = a0 + j;
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if ((e < 2 ? ar.lo : ar.hi) == a) sc[n][e] = fmaf(ks, sres[j][n][e], sc[n][e]);
-    }
-  }
-}
+using namespace v4;  // attention_v4_common.cuh, attention_v4_kterm.cuh
 
 // Three blocks per SM at one row tile (registers <= 168; shared memory: Smem), two at two.
 // kNorm: x.rs norms q and k too (DecodeRopeStore::normed; R == 0 and MT == 1 only). An
@@ -668,22 +431,13 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
       }
     }
     const bf16* const qs = sm + L::kQ + (r0 + (lane & 15)) * KS + (lane >> 4) * 8;
-    // kKTerm: this lane's B_k operands of every 8-dimension pair group (the same every tile):
-    // dims pr·8 + gq and D/2 + pr·8 + gq, ranks 2tq, 2tq + 1 and + 8 (zero past the rank).
-    uint32_t bkf[kK == kKInPlace ? D / 16 : 1][4];
+    // kKInPlace: this lane's B_k operands of every pair group (the same every tile), in registers.
+    uint4 bkf[kK == kKInPlace ? D / 16 : 1];
     if constexpr (kK == kKInPlace) {
-      const int rank = p.k_lr.rank, k0 = 2 * tq;
       // A batch of sequences with different adapters: this block's sequence's B_k (b_seq).
-      const bf16* bk = (p.k_lr.b_seq ? p.k_lr.b_seq[s] : p.k_lr.b) + static_cast<int64_t>(g) * D * rank;
+      const bf16* bk = (p.k_lr.b_seq ? p.k_lr.b_seq[s] : p.k_lr.b) + static_cast<int64_t>(g) * D * p.k_lr.rank;
 #pragma unroll
-      for (int pr = 0; pr < D / 16; ++pr) {
-        const bf16* b1row = bk + (pr * 8 + gq) * rank;
-        const bf16* b2row = bk + (D / 2 + pr * 8 + gq) * rank;
-        bkf[pr][0] = ld_b32_guard(b1row + k0, k0 < rank);
-        bkf[pr][1] = ld_b32_guard(b1row + k0 + 8, k0 + 8 < rank);
-        bkf[pr][2] = ld_b32_guard(b2row + k0, k0 < rank);
-        bkf[pr][3] = ld_b32_guard(b2row + k0 + 8, k0 + 8 < rank);
-      }
+      for (int pr = 0; pr < D / 16; ++pr) bkf[pr] = bk_fragment<D>(bk, p.k_lr.rank, pr, lane);
     }
     // kKPerAgent: every agent's B_k in fragment order after the stages (read after the key loop's
     // first barrier), and the agents of this warp's rows.
@@ -734,8 +488,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
 #pragma unroll
         for (int pr = 0; pr < D / 16; ++pr) {
           float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
-          mma_bf16(c1, la, bkf[pr][0], bkf[pr][1]);
-          mma_bf16(c2, la, bkf[pr][2], bkf[pr][3]);
+          mma_bf16(c1, la, bkf[pr].x, bkf[pr].y);
+          mma_bf16(c2, la, bkf[pr].z, bkf[pr].w);
           const int d0 = pr * 8 + 2 * tq;
           const float f[2] = {__ldg(p.inv_freq + d0), __ldg(p.inv_freq + d0 + 1)};
 #pragma unroll
@@ -1044,35 +798,6 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
   if (fused_rs && x.rs.write_q) write_q();
 }
 
-// The split merge as a kernel of its own, for agents mode (first for two row tiles, 17-32 rows of
-// a kv head; since session 27 at one tile too). At two tiles the last block's merge read 32
-// splits x 32 rows (512 KB) from one SM at ~40 GB/s, ~13 of the 8-agent decode's 68 us, and
-// neither more loads in flight, half the bytes, a tree of merges nor bulk copies made one SM
-// faster (docs/cuda.md). Here a warp merges one row (lane c: its 16-byte column c), the rows of
-// every kv head spread over all SMs. PDL-launched: its blocks wait for the attention kernel's
-// partials, and the o projection after it for its output.
-constexpr int kMergeWarps = 8;
-template <int D>
-__global__ void __launch_bounds__(32 * kMergeWarps) attn_v4_merge_kernel(const AttnParams p, const V4Launch x) {
-  __shared__ float w_s[kMergeWarps][kMaxSplits];  // each warp's row: its splits' merge weights
-  pdl_release();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = blockIdx.y, s = blockIdx.z;
-  const int G = p.n_heads / p.n_kv_heads;
-  const SeqInfo si = seq_info(p, s);
-  const int r = blockIdx.x * kMergeWarps + warp;  // row: agent r / G's head g·G + r % G
-  pdl_wait();  // the partials are the attention kernel's
-  if (r >= si.n_q * G) return;
-  const int64_t split_stride = v4_split_stride(p);
-  const int64_t prow = v4_part_row(p, s, g, G, r);
-  for (int sp = lane; sp < x.n_splits; sp += 32) w_s[warp][sp] = __ldcg(x.part_lse + sp * split_stride + prow);
-  split_weights(w_s[warp], 1, x.n_splits, lane);
-  if (lane >= D / 4) return;
-  const float4* src = reinterpret_cast<const float4*>(x.part_o + prow * D) + lane;
-  store_merged(p, v4_out_row(p, si, g, G, r) * D + 4 * lane,
-               merge_column(src, split_stride * (D / 4), w_s[warp], 1, x.n_splits));
-}
-
 // LRAGENT_ATTN_V4_WAVES: blocks per SM the split count aims for, overriding the rule in
 // choose_splits (a tuning knob read once, for measuring alternatives without rebuilding; 0 or
 // unset: the rule).
@@ -1104,13 +829,11 @@ int v4_rows(const AttnParams& p) { return (p.agents ? p.max_q : 1) * (p.n_heads 
 
 // The K term (session 33): beside a V term of rank <= 16 (the LR kernel's instantiation), K rank
 // <= 16. Without agents one sequence's G heads (or a batch's, each sequence's B_k by b_seq beside
-// its B_v) in one row tile (kKInPlace); agents mode at one or two row tiles, one B per agent, no
-// b_seq (kKPerAgent, whose 4-byte B_k loads need b 4-byte aligned and agents' B matrices an even
-// number of elements apart).
+// its B_v) in one row tile (kKInPlace); agents mode at one or two row tiles, one B per agent
+// (kKPerAgent; attention() refuses b_seq there, and checks what its 4-byte B_k loads need: b
+// 4-byte aligned, agents' B matrices an even number of elements apart).
 bool v4_takes_k_term(const AttnParams& p) {
-  const bool shape = p.agents ? reinterpret_cast<uintptr_t>(p.k_lr.b) % 4 == 0 && p.k_lr.b_agent_stride % 2 == 0 &&
-                                    !p.k_lr.b_seq && !p.v_lr.b_seq
-                              : v4_rows(p) <= kTileRows && !p.k_lr.b_seq == !p.v_lr.b_seq;
+  const bool shape = p.agents || (v4_rows(p) <= kTileRows && !p.k_lr.b_seq == !p.v_lr.b_seq);
   return shape && p.k_lr.rank <= 16 && p.inv_freq != nullptr && p.v_lr.active();
 }
 

@@ -509,7 +509,9 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   }
   const lc::AttnKernel kernel = attn_kernel_;
   set_attn_workspace(a, kernel);
-  if (!lc::attention_v4_applies(a)) return false;  // decided by the shapes, before anything is staged
+  // Decided by the shapes, before anything is staged but the K term's RoPE frequencies (the check
+  // wants them present).
+  if (!lc::attention_v4_applies(a)) return false;
 
   // Block tables [n, stride], each sequence's entries rebased onto the lowest data address of
   // the batch: its caches live in its own KV arena, and block ids count granules from there.
