@@ -368,6 +368,20 @@ int main(int argc, char** argv) {
     return 0;
   };
 
+  // The K side materialised (what the CUDA backend runs for a prefill chunk from
+  // materialize_k_min_rows query rows with a K term): K_full = K_base + RoPE(s·LRk·B_k^T) and V's
+  // dense copy under one identity table, then the Flash-LoRA V kernel with no K term over them.
+  auto dense_kv = [&](lc::AttnParams p) {
+    p.k = view(P.kfull, P.dense_table, 0, kWidth);
+    p.v = view(P.vdense, P.dense_table, 0, kWidth);
+    p.k_lr = lc::DevLowRank{};
+    return p;
+  };
+  auto materialise_k = [&](const lc::AttnParams& p) {
+    CK(lc::materialize_k(p, P.kfull, P.vdense));
+    CK(lc::attention(dense_kv(p)));
+  };
+
   // ---- --kterm-chunks: the K term at prefill chunk sizes, fused (the default kernel rebuilds K
   // tile by tile) against materialised (K_full and V's dense copy, then the Flash-LoRA V kernel:
   // what the CUDA backend runs from materialize_k_min_rows query rows), interleaved, at 8k
@@ -384,16 +398,8 @@ int main(int argc, char** argv) {
                              qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, out, true, true, ws,
                              ws_bytes);
         };
-        auto materialised = [&](int rep) {
-          lc::AttnParams p = params(rep);
-          CK(lc::materialize_k(p, P.kfull, P.vdense));
-          p.k = view(P.kfull, P.dense_table, 0, kWidth);
-          p.v = view(P.vdense, P.dense_table, 0, kWidth);
-          p.k_lr = lc::DevLowRank{};
-          CK(lc::attention(p));
-        };
         const std::vector<std::function<void(int)>> fns = {[&](int rep) { CK(lc::attention(params(rep))); },
-                                                           materialised};
+                                                           [&](int rep) { materialise_k(params(rep)); }};
         const std::vector<Stats> st = time_interleaved(fns, warmup, reps);
         double keys = 0;
         for (int i = 0; i < nq; ++i) keys += ctx - nq + i + 1;
@@ -449,19 +455,6 @@ int main(int argc, char** argv) {
       p.v.data = P.vfull;
       p.v_lr = lc::DevLowRank{};
       CK(lc::attention(p));
-    };
-    // The K side materialised (what the CUDA backend runs for a prefill chunk of >= 1024 query
-    // rows with a K term): K_full = K_base + RoPE(s·LRk·B_k^T) and V's dense copy under one
-    // identity table, then the Flash-LoRA V kernel with no K term over them.
-    auto dense_kv = [&](lc::AttnParams p) {
-      p.k = view(P.kfull, P.dense_table, 0, kWidth);
-      p.v = view(P.vdense, P.dense_table, 0, kWidth);
-      p.k_lr = lc::DevLowRank{};
-      return p;
-    };
-    auto materialise_k = [&](const lc::AttnParams& p) {
-      CK(lc::materialize_k(p, P.kfull, P.vdense));
-      CK(lc::attention(dense_kv(p)));
     };
     auto materialise_then_attend = [&](int rep) { materialise_v(params(rep, true, false)); };
     auto materialise_k_then_attend = [&](int rep) { materialise_k(params(rep, true, true)); };
