@@ -724,6 +724,115 @@ int main(int argc, char** argv) {
     CK(cudaFree(d_cl));
   }
 
+  // ---- forks: 8 agents that share a 32k trajectory (the same pages) and then hold 256 keys
+  // each of their own (their answers so far): one decode batch over every fork's whole table
+  // (what private copies cost), against the shared-prefix attention the CUDA backend runs for such
+  // a batch (cuda_backend_attention.cpp, run_shared_prefix): v4's agents mode over the shared
+  // pages, the batch over each fork's own keys, both with lse_out, then attention_merge. The
+  // same for 2 and 4 forks and 1k / 4k shared keys: where the shared-prefix pass starts to pay
+  // (CudaBackend::kSharedPrefixMinKeys). ----
+  for (const int shared_ctx : {1024, 4096, dctx})
+  for (const int n_forks : {2, 4, kSeqs}) {
+    constexpr int kOwn = 256;
+    const int pages = shared_ctx / kPage, own_pages = kOwn / kPage, stride = pages + own_pages;
+    std::vector<int32_t> ft(static_cast<size_t>(n_forks) * stride);  // [n_forks, stride] fork tables
+    for (int s = 0; s < n_forks; ++s)
+      for (int j = 0; j < stride; ++j)
+        ft[static_cast<size_t>(s) * stride + j] = perm[j < pages ? j : pages + s * own_pages + (j - pages)];
+    int32_t* d_ft = dupload(ft);
+    std::vector<int32_t> qs(n_forks + 1), cl(n_forks, shared_ctx + kOwn), cl_own(n_forks, kOwn);
+    for (int s = 0; s <= n_forks; ++s) qs[s] = s;
+    int32_t* d_qs = dupload(qs);
+    int32_t* d_cl = dupload(cl);
+    int32_t* d_cl_own = dupload(cl_own);
+    int32_t* d_qs_a = dupload(std::vector<int32_t>{0, n_forks});
+    int32_t* d_cl_a = dupload(std::vector<int32_t>{shared_ctx});
+    std::vector<const bf16*> bp(n_forks);
+    for (int s = 0; s < n_forks; ++s) bp[s] = P.bv + static_cast<size_t>(s) * kWidth * kRank;
+    const bf16* const* d_bp = dupload(bp);
+    const size_t rows = static_cast<size_t>(n_forks) * kHeads;
+    float* o_batch = dalloc<float>(rows * kD);   // [8, 32 heads, 128]
+    float* o_own = dalloc<float>(rows * kD);     // [8, 32 heads, 128]
+    float* o_shared = dalloc<float>(rows * kD);  // [8, 32 heads, 128]
+    float* lse = dalloc<float>(2 * rows);        // [2, 8, 32 heads]: the shared pass's, the own keys'
+    auto batch = [&](int rep, bool vlr) {
+      lc::AttnParams p = make_params(P, d_ft, stride, d_qs, d_cl, n_forks, 1, shared_ctx + kOwn,
+                                     qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, nullptr, vlr,
+                                     false, ws, ws_bytes);
+      p.out_f32 = o_batch;
+      if (vlr) p.v_lr.b_seq = d_bp;
+      return p;
+    };
+    auto shared_prefix = [&](int rep, bool vlr) {
+      const bf16* q = qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD;
+      lc::AttnParams a =
+          make_params(P, d_ft, 0, d_qs_a, d_cl_a, 1, n_forks, shared_ctx, q, nullptr, vlr, false, ws, ws_bytes);
+      a.agents = true;
+      a.out_f32 = o_shared;
+      a.lse_out = lse;
+      lc::AttnParams o = make_params(P, d_ft + pages, stride, d_qs, d_cl_own, n_forks, 1, kOwn, q, nullptr, vlr, false,
+                                     ws, ws_bytes);
+      o.out_f32 = o_own;
+      o.lse_out = lse + rows;
+      if (vlr) a.v_lr.b_seq = o.v_lr.b_seq = d_bp;
+      CK(lc::attention(a));
+      CK(lc::attention(o));
+      lc::AttnMerge m;
+      m.o_a = o_shared;
+      m.lse_a = lse;
+      m.o_b = o_own;
+      m.lse_b = lse + rows;
+      m.out = o_own;
+      m.rows = static_cast<int64_t>(rows);
+      m.head_dim = kD;
+      CK(lc::attention_merge(m, nullptr));
+    };
+    for (const bool vlr : {false, true}) {
+      const std::string tag = vlr ? "flash_lora_v_r16" : "plain";
+      const std::vector<Stats> t = time_interleaved(
+          {[&](int rep) { CK(lc::attention(batch(rep, vlr))); }, [&](int rep) { shared_prefix(rep, vlr); }}, warmup,
+          reps);
+      for (int v = 0; v < 2; ++v) {
+        Result r;
+        r.group = "forks";
+        r.name = (v == 0 ? "batch_" : "shared_prefix_") + tag + "_x" + std::to_string(n_forks);
+        r.ctx = shared_ctx + kOwn;
+        r.n_q = 1;
+        r.seqs = n_forks;
+        r.t = t[static_cast<size_t>(v)];
+        r.flops = 4.0 * kD * kHeads * (shared_ctx + kOwn) * n_forks;
+        r.bytes = v == 0 ? 2.0 * n_forks * (shared_ctx + kOwn) * kWidth * 2
+                         : 2.0 * (shared_ctx + n_forks * kOwn) * kWidth * 2;
+        if (v == 1) r.note = "speed-up " + std::to_string(t[0].median_ms / t[1].median_ms);
+        report(r);
+      }
+      // The two on the same inputs: relative L2 of the shared-prefix output to the batch's.
+      CK(lc::attention(batch(0, vlr)));
+      shared_prefix(0, vlr);
+      CK(cudaDeviceSynchronize());
+      std::vector<float> a(rows * kD), b(rows * kD);
+      CK(cudaMemcpy(a.data(), o_batch, a.size() * 4, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(b.data(), o_own, b.size() * 4, cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += a[i] * a[i];
+      }
+      Result c;
+      c.group = "check";
+      c.name = "forks_shared_prefix_vs_batch_rel_l2_" + tag + "_x" + std::to_string(n_forks);
+      c.ctx = shared_ctx + kOwn;
+      c.note = std::to_string(std::sqrt(num / std::max(den, 1e-30)));
+      std::printf("check    %s rel_l2=%s\n", c.name.c_str(), c.note.c_str());
+      results.push_back(c);
+    }
+    for (void* ptr : {static_cast<void*>(d_ft), static_cast<void*>(d_qs), static_cast<void*>(d_cl),
+                      static_cast<void*>(d_cl_own), static_cast<void*>(d_qs_a), static_cast<void*>(d_cl_a),
+                      const_cast<void*>(static_cast<const void*>(d_bp)), static_cast<void*>(o_batch),
+                      static_cast<void*>(o_own), static_cast<void*>(o_shared), static_cast<void*>(lse)})
+      CK(cudaFree(ptr));
+  }
+
   // ---- (last, so its 128 MB of buffers disturb no other figure) prefill from position 0: the
   // causal square of one chunk (a model's first prefill, e.g.
   // the 8B model bench's 8k pass); row tiles then range from 1 to ctx / 64 key tiles ----

@@ -105,6 +105,10 @@ struct GraphStats {
   // Qwen3 q/k norms of decode passes done by the kernel after them (the decode attention or the
   // RoPE-and-stores launch) instead of a launch of their own.
   int64_t fused_qk_norms = 0;
+  // Decode rows of attention_batch whose sequences share their first keys (the same blocks at the
+  // start of every block table: forks of one trajectory) served by one pass over those keys for
+  // all of them, then each sequence's own keys, merged (shared-prefix attention); and the rows.
+  int64_t shared_prefix_attention = 0, shared_prefix_seqs = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

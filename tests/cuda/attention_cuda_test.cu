@@ -1103,7 +1103,7 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   bad.v_lr.b_agent_stride = 128 * 4 + 1;  // agents' B read as bf16 pairs
   EXPECT_FALSE(lc::attention_params_ok(bad));
   // Per-sequence B (decode batches, v4 only): the V side alone, or the K and V sides together; a
-  // K side's b_seq without the V side's is refused, as is b_seq in agents mode.
+  // K side's b_seq without the V side's is refused. In agents mode b_seq is per agent, V side only.
   static unsigned int counters[16];
   static float inv_freq[32];
   static const lc::bf16* b_ptrs[1] = {reinterpret_cast<const lc::bf16*>(dummy_h)};
@@ -1120,7 +1120,19 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   EXPECT_FALSE(lc::attention_params_ok(bs)) << "K side per sequence without the V side's";
   bs.v_lr.b_seq = b_ptrs;
   bs.agents = true;
-  EXPECT_FALSE(lc::attention_params_ok(bs)) << "per-sequence B in agents mode";
+  EXPECT_FALSE(lc::attention_params_ok(bs)) << "per-agent B with a K term in agents mode";
+  bs.k_lr = lc::DevLowRank{};
+  bs.inv_freq = nullptr;
+  EXPECT_TRUE(lc::attention_params_ok(bs)) << "per-agent B_v in agents mode (a shared prefix's pass)";
+  // lse_out: where v4 runs, 4-byte aligned.
+  bs.lse_out = reinterpret_cast<float*>(dummy_h);
+  EXPECT_TRUE(lc::attention_params_ok(bs)) << "lse_out on v4's shape";
+  EXPECT_EQ(lc::attention(bs, lc::AttnKernel::kV3Mma), cudaErrorInvalidValue) << "lse_out where v4 may not run";
+  bs.lse_out = reinterpret_cast<float*>(dummy_h + 1);
+  EXPECT_FALSE(lc::attention_params_ok(bs)) << "lse_out 2-byte aligned";
+  bad = ok;  // no split counters: v4 would not run
+  bad.lse_out = reinterpret_cast<float*>(dummy_h);
+  EXPECT_FALSE(lc::attention_params_ok(bad)) << "lse_out off v4";
 }
 
 // LR blocks whose stride is a multiple of 4 but not 8 elements (allowed): every version must copy

@@ -910,6 +910,145 @@ TEST_P(CudaOps, AttentionBatchWithKTermsOverSeveralArenasAndAdaptersMatchesCpu) 
   attention_batch_over_arenas(cpu.get(), gpu.get(), GetParam(), true);
 }
 
+// attention_batch over decode rows of agents that forked from one trajectory: their block tables
+// start with the same blocks (K, V and the V term's LR rows), then each continues in blocks of its
+// own. Against the CPU backend's attention, sequence by sequence. In bf16 (LRAGENT_CUDA_SHARED_
+// PREFIX_MIN_KEYS=1: any shared page counts) the CUDA backend must serve a run whose rows fit v4's
+// agents mode (n x G <= 32) as one shared-prefix attention, and a larger one as a plain batch.
+struct SharedPrefixCase {
+  int page = 16;
+  int rank = 0;                    // V term rank (0: none)
+  std::vector<int> shared_pages;   // per sequence: leading pages it takes from the shared blocks
+  std::vector<int> own;            // per sequence: keys after them, in blocks of its own
+  std::vector<int> b_of;           // per sequence: its B (with a V term)
+  int expect_shared_keys = 0;      // keys the shared pass should cover (0: no shared-prefix pass)
+};
+
+static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, const SharedPrefixCase& c) {
+  constexpr int kHd = 128, kHeads = 8, kKv = 2;
+  const int64_t width = static_cast<int64_t>(kKv) * kHd, row = static_cast<int64_t>(kHeads) * kHd;
+  const auto n = static_cast<int64_t>(c.own.size());
+  const int max_shared = *std::max_element(c.shared_pages.begin(), c.shared_pages.end());
+  Tensor q = random_host({n, kHeads, kHd}, 61);
+  std::vector<Tensor> bs;
+  for (int b = 0; b < 3; ++b) bs.push_back(random_host({width, std::max(c.rank, 1)}, 70 + static_cast<uint32_t>(b), 0.3f));
+  std::vector<int> ctx(static_cast<size_t>(n));
+  for (int64_t s = 0; s < n; ++s) ctx[static_cast<size_t>(s)] = c.shared_pages[static_cast<size_t>(s)] * c.page + c.own[static_cast<size_t>(s)];
+  std::vector<float> outs[2];
+  Backend* bes[2] = {cpu, gpu};
+  const GraphStats before = gpu->graph_stats();
+  const int kPools = c.rank > 0 ? 3 : 2;  // K, V, LRv
+  for (int side = 0; side < 2; ++side) {
+    Backend& be = *bes[side];
+    Backend* pb = pool_backend(be);
+    int64_t blocks = max_shared;
+    for (int64_t s = 0; s < n; ++s) blocks += (ctx[static_cast<size_t>(s)] + c.page - 1) / c.page;
+    const int64_t widths[3] = {width, width, std::max(c.rank, 1)};
+    std::vector<std::unique_ptr<BlockPool>> pools;
+    std::vector<std::vector<int32_t>> tables(static_cast<size_t>(n * kPools));  // [n, kPools]
+    std::vector<Tensor> keep;
+    for (int k = 0; k < kPools; ++k) {
+      auto pool = BlockPool::create("pool" + std::to_string(k), 1, c.page, widths[k], blocks, pb);
+      ASSERT_TRUE(pool.ok()) << pool.error().message;
+      std::vector<int32_t> shared;
+      for (int i = 0; i < max_shared; ++i) shared.push_back(*(*pool)->allocate());
+      std::reverse(shared.begin(), shared.end());  // blocks out of order
+      // The shared blocks' rows, stored once through a table of them alone.
+      if (max_shared > 0) {
+        const int rows = max_shared * c.page;
+        std::vector<int32_t> slots(static_cast<size_t>(rows));
+        for (int i = 0; i < rows; ++i) slots[static_cast<size_t>(i)] = i;
+        Tensor h = random_host({rows, widths[k]}, static_cast<uint32_t>(200 + k));
+        Tensor d = side ? be.upload(h.view(), DType::kF32) : Tensor();
+        be.store_rows(side ? d.view() : h.view(), (*pool)->layer_view(0, shared.data()), slots.data());
+        keep.push_back(std::move(d));
+      }
+      for (int64_t s = 0; s < n; ++s) {
+        const int sp = c.shared_pages[static_cast<size_t>(s)], cs = ctx[static_cast<size_t>(s)];
+        std::vector<int32_t>& t = tables[static_cast<size_t>(s * kPools + k)];
+        t.assign(shared.begin(), shared.begin() + sp);
+        while (static_cast<int64_t>(t.size()) * c.page < cs) t.push_back(*(*pool)->allocate());
+        const int own_rows = cs - sp * c.page;
+        std::vector<int32_t> slots(static_cast<size_t>(own_rows));
+        for (int i = 0; i < own_rows; ++i) slots[static_cast<size_t>(i)] = sp * c.page + i;
+        Tensor h = random_host({own_rows, widths[k]}, static_cast<uint32_t>(300 + 8 * s + k));
+        Tensor d = side ? be.upload(h.view(), DType::kF32) : Tensor();
+        be.store_rows(side ? d.view() : h.view(), (*pool)->layer_view(0, t.data()), slots.data());
+        keep.push_back(std::move(d));
+      }
+      pools.push_back(std::move(*pool));
+    }
+    Tensor qd = side ? be.upload(q.view(), DType::kF32) : Tensor();
+    std::vector<Tensor> bd;
+    for (const Tensor& b : bs) bd.push_back(side ? be.upload(b.view(), be.weight_dtype()) : Tensor());
+    Tensor out = be.alloc(DType::kF32, {n, kHeads, kHd});
+    std::vector<int32_t> q_pos(static_cast<size_t>(n));
+    std::vector<AttentionParams> ps;
+    for (int64_t s = 0; s < n; ++s) {
+      const auto us = static_cast<size_t>(s);
+      q_pos[us] = ctx[us] - 1;
+      AttentionParams p;
+      p.n_heads = kHeads;
+      p.n_kv_heads = kKv;
+      p.head_dim = kHd;
+      p.softmax_scale = 1.f / std::sqrt(static_cast<float>(kHd));
+      p.n_q = 1;
+      p.q = (side ? qd : q).f32() + s * row;
+      p.q_pos = &q_pos[us];
+      p.n_ctx = ctx[us];
+      p.k = pools[0]->layer_view(0, tables[us * kPools].data());
+      p.v = pools[1]->layer_view(0, tables[us * kPools + 1].data());
+      if (c.rank > 0) {
+        const TensorView b = side ? bd[static_cast<size_t>(c.b_of[us])].view() : bs[static_cast<size_t>(c.b_of[us])].view();
+        p.v_lr = {pools[2]->layer_view(0, tables[us * kPools + 2].data()), b.data, c.rank, 0.7f, b.dtype};
+      }
+      p.out = out.f32() + s * row;
+      ps.push_back(p);
+    }
+    be.attention_batch(ps);
+    outs[side] = host_values(be, out.view());
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    const auto from = outs[0].begin() + s * row;
+    const std::vector<float> ref(from, from + row), got(outs[1].begin() + s * row, outs[1].begin() + (s + 1) * row);
+    EXPECT_LE(rel_l2(got, ref), dt == DType::kF32 ? 1e-5 : 1e-2)
+        << "sequence " << s << " of " << n << ", ctx " << ctx[static_cast<size_t>(s)] << ", page " << c.page
+        << ", rank " << c.rank;
+  }
+  const GraphStats after = gpu->graph_stats();
+  const int64_t runs = after.shared_prefix_attention - before.shared_prefix_attention;
+  std::printf("  attention_batch %s, %lld forks, page %d, rank %d: %lld shared-prefix launches\n", dtype_name(dt),
+              static_cast<long long>(n), c.page, c.rank, static_cast<long long>(runs));
+  if (dt == DType::kBF16) {
+    EXPECT_EQ(runs, c.expect_shared_keys > 0 ? 1 : 0) << n << " forks, page " << c.page;
+    EXPECT_EQ(after.shared_prefix_seqs - before.shared_prefix_seqs, c.expect_shared_keys > 0 ? n : 0);
+    if (c.expect_shared_keys == 0)  // still one launch for the run
+      EXPECT_EQ(after.batched_attention - before.batched_attention, 1);
+  }
+}
+
+TEST_P(CudaOps, AttentionBatchOfForksSharesTheirPrefix) {
+  gpu.reset();  // one CUDA backend per process
+  setenv("LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS", "1", 1);
+  gpu = cuda_backend(GetParam());  // the threshold is read when the backend is made
+  unsetenv("LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS");
+  ASSERT_TRUE(gpu);
+  const std::vector<SharedPrefixCase> cases = {
+      // Six forks with V terms (three Bs); the fourth leaves the shared blocks 30 pages early, so
+      // the pass covers 34 pages; own keys of awkward counts, one a whole page.
+      {16, 16, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 34 * 16},
+      // Pages of one token, rank 8, 97 shared keys.
+      {1, 8, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 97},
+      // Eight forks without adapter terms (full sharing: 32 rows, v4's two row tiles), 4096 shared keys.
+      {16, 0, {256, 256, 256, 256, 256, 256, 256, 256}, {1, 2, 3, 4, 5, 6, 7, 4097 - 4096}, {}, 4096},
+      // A single shared page and rank 4.
+      {16, 4, {1, 1}, {1, 16}, {0, 1}, 16},
+      // Nine forks at G = 4 are 36 rows, more than agents mode takes: a plain decode batch.
+      {16, 16, {8, 8, 8, 8, 8, 8, 8, 8, 8}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2}, 0},
+  };
+  for (const SharedPrefixCase& c : cases) attention_batch_shared_prefix(cpu.get(), gpu.get(), GetParam(), c);
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, CudaOps, ::testing::Values(DType::kF32, DType::kBF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

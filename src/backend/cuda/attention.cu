@@ -44,8 +44,9 @@ bool params_ok(const AttnParams& p) {
   // Per-sequence B: v4's decode kernel only (another kernel would read b for every sequence), V
   // side alone or K and V sides together.
   if ((p.k_lr.b_seq && (!p.k_lr.active() || !p.v_lr.b_seq)) ||
-      (p.v_lr.b_seq && (!p.v_lr.active() || p.agents || !attention_v4_applies(p))))
+      (p.v_lr.b_seq && (!p.v_lr.active() || (p.agents && p.k_lr.active()) || !attention_v4_applies(p))))
     return false;
+  if (p.lse_out && (!aligned(p.lse_out, 4) || !attention_v4_applies(p))) return false;
   if (p.split_counters_capacity < 0 || (p.split_counters_capacity > 0 && !p.split_counters)) return false;
   return true;
 }
@@ -246,7 +247,34 @@ __global__ void materialize_k_kernel(const AttnParams p, bf16* k_full, bf16* v_d
   }
 }
 
+// attention_merge: a thread per 4 columns of a row, 256 threads a block.
+__global__ void __launch_bounds__(256) attn_merge_kernel(const AttnMerge m) {
+  const int per_row = m.head_dim / 4;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (256 / per_row) + threadIdx.x / per_row;
+  const int c4 = threadIdx.x % per_row;
+  if (row >= m.rows || threadIdx.x >= 256 / per_row * per_row) return;
+  const float la = m.lse_a[row], lb = m.lse_b[row];
+  const float mx = fmaxf(la, lb);
+  const float wa = la == -INFINITY ? 0.f : exp2f(la - mx), wb = lb == -INFINITY ? 0.f : exp2f(lb - mx);
+  const float inv = wa + wb > 0.f ? 1.f / (wa + wb) : 0.f;
+  const float4 a = reinterpret_cast<const float4*>(m.o_a + row * m.head_dim)[c4];
+  const float4 b = reinterpret_cast<const float4*>(m.o_b + row * m.head_dim)[c4];
+  const float fa = wa * inv, fb = wb * inv;
+  reinterpret_cast<float4*>(m.out + row * m.head_dim)[c4] =
+      make_float4(fa * a.x + fb * b.x, fa * a.y + fb * b.y, fa * a.z + fb * b.z, fa * a.w + fb * b.w);
+}
+
 }  // namespace
+
+cudaError_t attention_merge(const AttnMerge& m, cudaStream_t stream) {
+  if (!m.o_a || !m.lse_a || !m.o_b || !m.lse_b || !m.out || m.rows < 0 || m.head_dim <= 0 || m.head_dim % 4 != 0 ||
+      m.head_dim > 256 || !aligned(m.o_a, 16) || !aligned(m.o_b, 16) || !aligned(m.out, 16))
+    return cudaErrorInvalidValue;
+  if (m.rows == 0) return cudaSuccess;
+  const int64_t per_block = 256 / (m.head_dim / 4);
+  attn_merge_kernel<<<static_cast<unsigned>((m.rows + per_block - 1) / per_block), 256, 0, stream>>>(m);
+  return cudaGetLastError();
+}
 
 namespace {
 thread_local AttnKernel last_kernel = AttnKernel::kV0Naive;
@@ -263,6 +291,8 @@ bool attention_params_ok(const AttnParams& p) { return params_ok(p); }
 
 cudaError_t attention(const AttnParams& p, AttnKernel kernel) {
   if (!params_ok(p)) return cudaErrorInvalidValue;
+  // Only v4 writes lse_out (params_ok checked that v4 takes these shapes).
+  if (p.lse_out && kernel < AttnKernel::kV4Decode) return cudaErrorInvalidValue;
   switch (kernel) {
     case AttnKernel::kV0Naive:
       return attention_v0(p);

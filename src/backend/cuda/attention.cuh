@@ -57,9 +57,10 @@ struct DevLowRank {
   const bf16* b = nullptr;     // [n_kv_heads·head_dim, rank] lora_B (row-major)
   int64_t b_agent_stride = 0;  // agents mode: elements between agents' B matrices
   // Decode batches of sequences with different adapters: device [n_seqs] B of each sequence
-  // (used instead of b, which must still be set). Only the v4 decode kernel takes it, on the V
-  // side alone or on both sides (a K side's b_seq needs the V side's); attention() refuses it
-  // where v4 would not run (attention_v4_applies).
+  // (used instead of b, which must still be set); in agents mode [max_q], each agent's B, on the
+  // V side only (the per-agent K term reads b + a·b_agent_stride). Only the v4 decode kernel
+  // takes it, on the V side alone or on both sides (a K side's b_seq needs the V side's);
+  // attention() refuses it where v4 would not run (attention_v4_applies).
   const bf16* const* b_seq = nullptr;
   int rank = 0;
   float scale = 0.f;
@@ -81,6 +82,11 @@ struct AttnParams {
   const float* inv_freq = nullptr;  // needed when k_lr is active
   bf16* out = nullptr;              // may be null
   float* out_f32 = nullptr;         // may be null
+  // Optional, [n_tokens, n_heads] like the output's rows: each row's log2 Σ_j exp(softmax_scale ·
+  // q·k_j) over the keys it attended, so that the outputs of disjoint key ranges merge exactly
+  // (attention_merge: a shared prefix in agents mode, each sequence's own keys after it). Only
+  // v4's decode kernel writes it: attention() refuses it wherever another kernel would run.
+  float* lse_out = nullptr;
   // Split-K (flash-decoding) scratch; null disables splitting.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
@@ -168,6 +174,22 @@ bool attention_decode_rope_store_applies(const AttnParams& p);
 // attention(p) with rs's RoPE and stores done by the same launch; cudaErrorInvalidValue where
 // attention_decode_rope_store_applies(p) does not hold or rs is incomplete.
 cudaError_t attention_decode_rope_store(const AttnParams& p, const DecodeRopeStore& rs);
+
+// Merges two attentions of the same query rows over disjoint key ranges, each normalised over its
+// own keys with its lse_out: for each of `rows` rows of head_dim values,
+//   out = (2^(lse_a - m) · o_a + 2^(lse_b - m) · o_b) / (2^(lse_a - m) + 2^(lse_b - m)),
+// m = max(lse_a, lse_b) (a row with no keys has lse -inf and weight 0). out may be o_b (in place).
+// o_a, o_b, out: [rows, head_dim] f32, 16-byte aligned; lse_a, lse_b: [rows].
+struct AttnMerge {
+  const float* o_a = nullptr;
+  const float* lse_a = nullptr;
+  const float* o_b = nullptr;
+  const float* lse_b = nullptr;
+  float* out = nullptr;
+  int64_t rows = 0;
+  int head_dim = 0;  // a multiple of 4, at most 256
+};
+cudaError_t attention_merge(const AttnMerge& m, cudaStream_t stream);
 
 // The version whose kernel the calling thread's latest attention() call launched (tests and
 // diagnostics: a test asking for v6 can check that v6, not a fallback, was what it checked).

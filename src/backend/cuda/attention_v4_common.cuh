@@ -92,8 +92,9 @@ __device__ __forceinline__ int64_t v4_split_stride(const AttnParams& p) {
 
 // ---- a row of the split merge: the last block's merge and attn_v4_merge_kernel both use these ----
 // On entry w[sp · stride] (sp < n) holds split sp's log2-sum-exp of one row; on return its merge
-// weight 2^(lse - max) / Σ (0 for an empty split). A warp does a row: every lane calls it.
-__device__ __forceinline__ void split_weights(float* w, int stride, int n, int lane) {
+// weight 2^(lse - max) / Σ (0 for an empty split). A warp does a row: every lane calls it, and
+// every lane gets the merged row's log2-sum-exp (AttnParams::lse_out; -inf for no keys).
+__device__ __forceinline__ float split_weights(float* w, int stride, int n, int lane) {
   float mx = -INFINITY;
   for (int sp = lane; sp < n; sp += 32) mx = fmaxf(mx, w[sp * stride]);
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -109,6 +110,7 @@ __device__ __forceinline__ void split_weights(float* w, int stride, int n, int l
   __syncwarp();
   for (int sp = lane; sp < n; sp += 32) w[sp * stride] *= inv;
   __syncwarp();
+  return den > 0.f ? mx + log2f(den) : -INFINITY;
 }
 // Σ over the n splits of w[sp · stride] · src[sp · src_stride4]: four dimensions of a row, 16-byte
 // loads through L2 (the partials were written by other blocks).
@@ -157,7 +159,8 @@ __global__ void __launch_bounds__(32 * kMergeWarps) attn_v4_merge_kernel(const A
   const int64_t split_stride = v4_split_stride(p);
   const int64_t prow = v4_part_row(p, s, g, G, r);
   for (int sp = lane; sp < x.n_splits; sp += 32) w_s[warp][sp] = __ldcg(x.part_lse + sp * split_stride + prow);
-  split_weights(w_s[warp], 1, x.n_splits, lane);
+  const float lse = split_weights(w_s[warp], 1, x.n_splits, lane);
+  if (lane == 0 && p.lse_out) p.lse_out[v4_out_row(p, si, g, G, r)] = lse;
   if (lane >= D / 4) return;
   const float4* src = reinterpret_cast<const float4*>(x.part_o + prow * D) + lane;
   store_merged(p, v4_out_row(p, si, g, G, r) * D + 4 * lane,

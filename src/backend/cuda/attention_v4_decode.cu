@@ -670,6 +670,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
       const int64_t off = out_row(r) * D + d;
       if (p.out) p.out[off] = __float2bfloat16(out);
       if (p.out_f32) p.out_f32[off] = out;
+      if (d == 0 && p.lse_out) p.lse_out[out_row(r)] = lse_s[r];
     }
   };
   constexpr int kEB = 4;
@@ -678,7 +679,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
     const int rank = p.v_lr.rank;
 #pragma unroll
     for (int k = 0; k < 8; ++k) bw[k] = 0u;
-    const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
+    const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[p.agents ? agent : s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
     const bf16* brow = b + (static_cast<int64_t>(g) * D + d) * rank;
     if (rank == 16 && reinterpret_cast<uintptr_t>(brow) % 16 == 0) {
       const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(brow));
@@ -788,7 +789,10 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
   for (int e = tid; e < x.n_splits * RB; e += kThreads)
     wts[e] = __ldcg(x.part_lse + (e / RB) * split_stride + part_row(e % RB));
   __syncthreads();
-  for (int r = warp; r < RB; r += kWarps) split_weights(wts + r, RB, x.n_splits, lane);
+  for (int r = warp; r < RB; r += kWarps) {
+    const float lse = split_weights(wts + r, RB, x.n_splits, lane);
+    if (lane == 0 && p.lse_out) p.lse_out[out_row(r)] = lse;
+  }
   __syncthreads();
   for (int e = tid; e < RB * (D / 4); e += kThreads) {
     const int r = e / (D / 4), c4 = e % (D / 4);

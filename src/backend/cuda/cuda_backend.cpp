@@ -37,6 +37,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   be->attn_kernel_ = prefill_kernel;
   if (const char* b = std::getenv("LRAGENT_CUDA_BATCH_ATTENTION"); b && std::string(b) == "0")
     be->batch_attention_ = false;  // one launch per sequence, as before attention_batch (measuring)
+  if (const char* m = std::getenv("LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS"); m && *m)
+    be->shared_prefix_min_keys_ = std::max<int64_t>(std::atoll(m), 0);  // 0: off (measuring; tests: 1)
   if (const char* m = std::getenv("LRAGENT_CUDA_MATERIALIZE_K"); m && std::string(m) == "0")
     be->materialize_k_ = false;  // prefill rebuilds K per tile in the kernel, as before (measuring)
   if (const char* f = std::getenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION"); f && std::string(f) == "0")

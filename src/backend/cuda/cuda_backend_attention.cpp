@@ -27,7 +27,7 @@ void sig_of(lc::GraphTape& t, const lc::DevLowRank& d) {
 }
 void sig_of(lc::GraphTape& t, const lc::AttnParams& a) {
   t.sig(a.n_heads, a.n_kv_heads, a.head_dim, a.softmax_scale, a.n_seqs, a.q_start, a.ctx_len, a.max_q, a.max_ctx,
-        a.agents, a.q, a.inv_freq, a.out, a.out_f32, a.workspace, a.workspace_bytes, a.num_splits,
+        a.agents, a.q, a.inv_freq, a.out, a.out_f32, a.lse_out, a.workspace, a.workspace_bytes, a.num_splits,
         a.split_counters, a.split_counters_capacity);
   sig_of(t, a.k);
   sig_of(t, a.v);
@@ -442,7 +442,7 @@ void CudaBackend::attention_batch(std::span<const AttentionParams> ps) {
     size_t j = i + 1;
     if (batch_attention_ && ps[i].n_q == 1 && decode_batchable(ps[i], ps[i], 0))
       while (j < ps.size() && decode_batchable(ps[i], ps[j], j - i)) ++j;
-    if (j - i >= 2 && run_decode_batch(ps.subspan(i, j - i))) {
+    if (j - i >= 2 && (run_shared_prefix(ps.subspan(i, j - i)) || run_decode_batch(ps.subspan(i, j - i)))) {
       i = j;
       continue;
     }
@@ -476,13 +476,13 @@ bool CudaBackend::decode_batchable(const AttentionParams& first, const Attention
   return p.q == first.q + static_cast<int64_t>(k) * row && p.out == first.out + static_cast<int64_t>(k) * row;
 }
 
-bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
+std::optional<lc::AttnParams> CudaBackend::decode_batch_params(std::span<const AttentionParams> ps, int64_t skip,
+                                                               float* lse) {
   const AttentionParams& p0 = ps.front();
   const auto n = static_cast<int64_t>(ps.size());
   int64_t max_ctx = 0;
-  for (const AttentionParams& p : ps) max_ctx = std::max<int64_t>(max_ctx, p.n_ctx);
+  for (const AttentionParams& p : ps) max_ctx = std::max<int64_t>(max_ctx, p.n_ctx - skip);
   const int64_t sized = sized_ctx(max_ctx);
-  const int64_t row = static_cast<int64_t>(p0.n_heads) * p0.head_dim, q_elems = n * row;
   const bool lr = p0.v_lr.active(), klr = p0.k_lr.active();
   lc::AttnParams a;
   a.n_heads = p0.n_heads;
@@ -493,6 +493,7 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   a.max_q = 1;
   a.max_ctx = static_cast<int>(sized);
   a.out_f32 = p0.out;
+  a.lse_out = lse;
   a.stream = stream_;
   a.split_counters = split_counters_;
   a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
@@ -507,19 +508,17 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
     a.k_lr.scale = p0.k_lr.scale;
     a.inv_freq = dev_floats(p0.inv_freq, p0.head_dim / 2);
   }
-  const lc::AttnKernel kernel = attn_kernel_;
-  set_attn_workspace(a, kernel);
   // Decided by the shapes, before anything is staged but the K term's RoPE frequencies (the check
   // wants them present).
-  if (!lc::attention_v4_applies(a)) return false;
+  if (!lc::attention_v4_applies(a)) return std::nullopt;
 
-  // Block tables [n, stride], each sequence's entries rebased onto the lowest data address of
-  // the batch: its caches live in its own KV arena, and block ids count granules from there.
-  // Arena bases and layer planes are granule aligned, so the rebasing is exact; it fails only
-  // when the arenas lie more than int32 blocks apart.
+  // Block tables [n, stride], each sequence's entries (from page skip / page_size on) rebased
+  // onto the lowest data address of the batch: its caches live in its own KV arena, and block ids
+  // count granules from there. Arena bases and layer planes are granule aligned, so the rebasing
+  // is exact; it fails only when the arenas lie more than int32 blocks apart.
   auto rebased = [&](auto view_of, std::vector<int32_t>& table) -> const void* {
     const PagedView& v0 = view_of(p0);
-    const int64_t page = v0.page_size, stride = (sized + page - 1) / page;
+    const int64_t page = v0.page_size, stride = (sized + page - 1) / page, first = skip / page;
     const int64_t block_bytes = v0.block_step() * static_cast<int64_t>(dtype_size(v0.dtype));
     const char* base = static_cast<const char*>(v0.data);
     for (const AttentionParams& p : ps) base = std::min(base, static_cast<const char*>(view_of(p).data));
@@ -528,9 +527,9 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
       const PagedView& v = view_of(ps[static_cast<size_t>(s)]);
       const int64_t delta = static_cast<const char*>(v.data) - base;
       if (delta % block_bytes != 0) return nullptr;
-      const int64_t pages = (ps[static_cast<size_t>(s)].n_ctx + page - 1) / page;
+      const int64_t pages = (ps[static_cast<size_t>(s)].n_ctx - skip + page - 1) / page;
       for (int64_t j = 0; j < stride; ++j) {
-        const int64_t b = static_cast<int64_t>(v.table[std::min(j, pages - 1)]) + delta / block_bytes;
+        const int64_t b = static_cast<int64_t>(v.table[first + std::min(j, pages - 1)]) + delta / block_bytes;
         if (b > INT32_MAX) return nullptr;
         table[static_cast<size_t>(s * stride + j)] = static_cast<int32_t>(b);
       }
@@ -543,7 +542,7 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   const void* lbase = lr ? rebased([](const AttentionParams& p) -> const PagedView& { return p.v_lr.lr; }, lt) : nullptr;
   const void* klbase =
       klr ? rebased([](const AttentionParams& p) -> const PagedView& { return p.k_lr.lr; }, klt) : nullptr;
-  if (!kbase || !vbase || (lr && !lbase) || (klr && !klbase)) return false;
+  if (!kbase || !vbase || (lr && !lbase) || (klr && !klbase)) return std::nullopt;
   auto view = [&](const PagedView& v, const void* base, const std::vector<int32_t>& table) {
     lc::DevPagedView d;
     d.data = static_cast<const lc::bf16*>(base);
@@ -566,24 +565,153 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
     for (const AttentionParams& p : ps) bks.push_back(p.k_lr.b);
   }
 
-  const lc::bf16* qb = q_bf16(p0.q, q_elems);
+  const int64_t q_elems = n * p0.n_heads * p0.head_dim;
   std::vector<int32_t> meta(static_cast<size_t>(2 * n + 1));  // q_start[0..n], ctx_len[n]
   for (int64_t s = 0; s <= n; ++s) meta[static_cast<size_t>(s)] = static_cast<int32_t>(s);
-  for (int64_t s = 0; s < n; ++s) meta[static_cast<size_t>(n + 1 + s)] = ps[static_cast<size_t>(s)].n_ctx;
+  for (int64_t s = 0; s < n; ++s)
+    meta[static_cast<size_t>(n + 1 + s)] = static_cast<int32_t>(ps[static_cast<size_t>(s)].n_ctx - skip);
   const int32_t* dmeta = dev_ints(meta.data(), static_cast<int64_t>(meta.size()));
-  a.q = qb;
+  a.q = q_bf16(p0.q, q_elems);
   a.q_start = dmeta;
   a.ctx_len = dmeta + n + 1;
   if (lr) a.v_lr.b_seq = static_cast<const lc::bf16* const*>(dev_bytes(bs.data(), bs.size() * sizeof(void*)));
   if (klr) a.k_lr.b_seq = static_cast<const lc::bf16* const*>(dev_bytes(bks.data(), bks.size() * sizeof(void*)));
-  wrote(p0.out, static_cast<size_t>(q_elems) * 4);
+  return a;
+}
+
+bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
+  std::optional<lc::AttnParams> a = decode_batch_params(ps, 0, nullptr);
+  if (!a) return false;
+  const lc::AttnKernel kernel = attn_kernel_;
+  set_attn_workspace(*a, kernel);
+  const auto n = static_cast<int64_t>(ps.size());
+  wrote(ps.front().out, static_cast<size_t>(n) * ps.front().n_heads * ps.front().head_dim * 4);
   if (tape_->recording()) {
     rec("attention_batch");
+    sig_of(*tape_, *a);
+  }
+  launch("attention", [a = *a, kernel] { return lc::attention(a, kernel); });
+  ++batched_attn_;
+  batched_attn_seqs_ += n;
+  return true;
+}
+
+int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) const {
+  const AttentionParams& p0 = ps.front();
+  // A per-agent K term would need b_seq in the agents pass, which its kernel does not take.
+  if (ps.size() < 2 || p0.k_lr.active()) return 0;
+  int64_t limit = p0.n_ctx - 1;  // every sequence keeps >= 1 key of its own (its new token's)
+  for (const AttentionParams& p : ps) limit = std::min<int64_t>(limit, p.n_ctx - 1);
+  // Whole pages whose block ids agree in every table, over the same memory.
+  auto common = [&](auto view_of) -> int64_t {
+    const PagedView& v0 = view_of(p0);
+    int64_t pages = limit / v0.page_size;
+    for (const AttentionParams& p : ps) {
+      const PagedView& v = view_of(p);
+      if (v.data != v0.data) return 0;
+      pages = std::mismatch(v0.table, v0.table + pages, v.table).first - v0.table;
+    }
+    return pages * v0.page_size;
+  };
+  int64_t keys = std::min(common([](const AttentionParams& p) -> const PagedView& { return p.k; }),
+                          common([](const AttentionParams& p) -> const PagedView& { return p.v; }));
+  int64_t page = std::max(p0.k.page_size, p0.v.page_size);
+  if (p0.v_lr.active()) {
+    keys = std::min(keys, common([](const AttentionParams& p) -> const PagedView& { return p.v_lr.lr; }));
+    page = std::max<int64_t>(page, p0.v_lr.lr.page_size);
+  }
+  return keys / page * page;  // a page boundary of every cache (page sizes are powers of two)
+}
+
+bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
+  if (shared_prefix_min_keys_ <= 0 || ps.size() < 2) return false;
+  const auto n = static_cast<int64_t>(ps.size());
+  const int64_t shared = shared_prefix_keys(ps);
+  if (shared <= 0 || (n - 1) * shared < shared_prefix_min_keys_) return false;
+  const AttentionParams& p0 = ps.front();
+  const int64_t rows = n * p0.n_heads;  // [n, n_heads] output rows
+  const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned16(p0.out)) return false;  // the merge's 16-byte rows
+  const bool lr = p0.v_lr.active();
+
+  // The shared keys' pass: agents mode, agent i the query of sequence i.
+  lc::AttnParams a;
+  a.n_heads = p0.n_heads;
+  a.n_kv_heads = p0.n_kv_heads;
+  a.head_dim = p0.head_dim;
+  a.softmax_scale = p0.softmax_scale;
+  a.n_seqs = 1;
+  a.agents = true;
+  a.max_q = static_cast<int>(n);
+  a.max_ctx = static_cast<int>(sized_ctx(shared));
+  a.stream = stream_;
+  a.split_counters = split_counters_;
+  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
+  if (lr) {
+    a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
+    a.v_lr.rank = p0.v_lr.rank;
+    a.v_lr.scale = p0.v_lr.scale;
+  }
+  // Placeholders for the check (every pointer set below before the launch).
+  a.out_f32 = p0.out;
+  a.lse_out = p0.out;
+  if (!lc::attention_v4_applies(a)) return false;
+
+  // Scratch: the shared pass's outputs [rows, head_dim] and log-sum-exps, the own keys' [rows].
+  const size_t o_bytes = static_cast<size_t>(rows) * p0.head_dim * 4, l_bytes = static_cast<size_t>(rows) * 4;
+  const size_t bytes = o_bytes + 2 * ((l_bytes + 15) / 16 * 16);
+  auto* buf = static_cast<char*>(tape_->recording() ? pass_alloc(bytes) : try_scratch(6, bytes));
+  if (!buf) return false;
+  auto* o_shared = reinterpret_cast<float*>(buf);
+  auto* lse_shared = reinterpret_cast<float*>(buf + o_bytes);
+  auto* lse_own = reinterpret_cast<float*>(buf + o_bytes + (l_bytes + 15) / 16 * 16);
+
+  std::optional<lc::AttnParams> own = decode_batch_params(ps, shared, lse_own);
+  if (!own) return false;
+  const int32_t meta[3] = {0, static_cast<int32_t>(n), static_cast<int32_t>(shared)};  // q_start[0..1], ctx_len[0]
+  const int32_t* dmeta = dev_ints(meta, 3);
+  a.q_start = dmeta;
+  a.ctx_len = dmeta + 2;
+  a.q = own->q;  // the same n query rows, already in bf16
+  a.k = dev_view(p0.k, shared);
+  a.v = dev_view(p0.v, shared, p0.v.table == p0.k.table && p0.v.page_size == p0.k.page_size ? a.k.table : nullptr);
+  if (lr) {
+    a.v_lr.lr = dev_view(p0.v_lr.lr, shared);
+    std::vector<const void*> bs;
+    for (const AttentionParams& p : ps) bs.push_back(p.v_lr.b);
+    a.v_lr.b_seq = static_cast<const lc::bf16* const*>(dev_bytes(bs.data(), bs.size() * sizeof(void*)));
+  }
+  a.out_f32 = o_shared;
+  a.lse_out = lse_shared;
+
+  // Each launch sets its workspace just before it: a later set may grow (reallocate) the buffer,
+  // which stream order makes safe only for launches already made.
+  const lc::AttnKernel kernel = attn_kernel_;
+  wrote(p0.out, static_cast<size_t>(rows) * p0.head_dim * 4);
+  set_attn_workspace(a, kernel);
+  if (tape_->recording()) {
+    rec("attention_shared_prefix", shared);
     sig_of(*tape_, a);
   }
   launch("attention", [a, kernel] { return lc::attention(a, kernel); });
-  ++batched_attn_;
-  batched_attn_seqs_ += n;
+  set_attn_workspace(*own, kernel);
+  if (tape_->recording()) {
+    rec("attention_own_keys");
+    sig_of(*tape_, *own);
+  }
+  launch("attention", [o = *own, kernel] { return lc::attention(o, kernel); });
+  lc::AttnMerge m;
+  m.o_a = o_shared;
+  m.lse_a = lse_shared;
+  m.o_b = p0.out;
+  m.lse_b = lse_own;
+  m.out = p0.out;
+  m.rows = rows;
+  m.head_dim = p0.head_dim;
+  rec("attention_merge", m.o_a, m.lse_a, m.o_b, m.lse_b, m.out, m.rows, m.head_dim);
+  launch("attention.merge", [m, this] { return lc::attention_merge(m, stream_); });
+  ++shared_prefix_attn_;
+  shared_prefix_seqs_ += n;
   return true;
 }
 

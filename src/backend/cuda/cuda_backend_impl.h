@@ -112,7 +112,8 @@ class CudaBackend final : public Backend {
     return {t.passes,     t.replayed,         t.captured,          t.eager,
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
             batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, t.segments,
-            fused_lora_stores_, fused_rope_attention_, fused_qk_norms_};
+            fused_lora_stores_, fused_rope_attention_, fused_qk_norms_, shared_prefix_attn_,
+            shared_prefix_seqs_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -270,6 +271,14 @@ class CudaBackend final : public Backend {
   // fold norms (folds_rms_norm) or the kernel cannot take norm_w.
   std::optional<lc::GemvNorm> gemv_norm_of(const TensorView& h, const TensorView& norm_w, float eps) const;
   bool batch_attention_ = true;             // attention_batch's shared launches (LRAGENT_CUDA_BATCH_ATTENTION=0: off)
+  // run_shared_prefix's threshold: (sequences - 1) x shared keys, the key reads it saves per kv
+  // head (LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS; 0: off). Its three launches cost more than the
+  // batch's repeated reads below ~30k (`lragent_attention_bench`, forks rows, H200, 8B shapes,
+  // 256 own keys a fork; batch / shared-prefix time, plain and Flash-LoRA V): 4k shared x 8 forks
+  // 1.03 / 0.89, 32k x 2 1.12 / 1.02, 32k x 4 1.76 / 1.75, 32k x 8 2.91 / 2.68. The batch reads
+  // the shared pages at L2 speed when its forks' blocks run together, hence the high crossover.
+  int64_t shared_prefix_min_keys_ = kSharedPrefixMinKeys;
+  static constexpr int64_t kSharedPrefixMinKeys = 49152;
   bool materialize_k_ = true;               // prefill's K-side LoRA term materialised (LRAGENT_CUDA_MATERIALIZE_K=0: off)
   bool fuse_rope_attention_ = true;         // pending_rope_attn_ (LRAGENT_CUDA_FUSE_ROPE_ATTENTION=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
@@ -434,6 +443,19 @@ class CudaBackend final : public Backend {
   // tables rebased onto one base address per cache, its B from a per-sequence array. False when
   // that cannot be (addresses too far apart, v4 would not run): nothing was launched.
   bool run_decode_batch(std::span<const AttentionParams> ps);
+  // The launch parameters of such a batch over each sequence's keys from `skip` on (a shared
+  // prefix's pass covers those before), with lse_out as given; the tables staged, the workspace
+  // not yet set. nullopt where v4 would not run or the tables cannot be rebased.
+  std::optional<lc::AttnParams> decode_batch_params(std::span<const AttentionParams> ps, int64_t skip, float* lse);
+  // Keys [0, n) that every sequence of ps (decode_batchable rows) reads from the same blocks (K,
+  // V and the V term's rows), whole pages of every cache, leaving each sequence at least one key
+  // of its own; 0 when the term's inputs differ or a K term is active.
+  int64_t shared_prefix_keys(std::span<const AttentionParams> ps) const;
+  // ps with shared_prefix_keys() > 0 as a shared-prefix attention: v4's agents mode over the
+  // shared keys (each sequence's B_v by b_seq) and the decode batch over each one's own keys, both
+  // with their log-sum-exps, then attention_merge into the outputs. False (nothing launched) when
+  // too few keys are shared to pay for the two extra launches, or v4 takes neither shape.
+  bool run_shared_prefix(std::span<const AttentionParams> ps);
   // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
   // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
@@ -486,6 +508,7 @@ class CudaBackend final : public Backend {
   int32_t* g_ids_host_ = nullptr;  // pinned [kMaxIdsHost] ids coming back from argmax_rows / sample_rows
   int64_t host_picks_ = 0;         // GraphStats::host_picks
   int64_t batched_attn_ = 0, batched_attn_seqs_ = 0;  // GraphStats::batched_attention(_seqs)
+  int64_t shared_prefix_attn_ = 0, shared_prefix_seqs_ = 0;  // GraphStats::shared_prefix_attention(_seqs)
   int64_t materialized_k_ = 0;                        // GraphStats::materialized_k
   int64_t fused_rope_stores_ = 0;                     // GraphStats::fused_rope_stores
   // Identity block table [pages] (0, 1, 2, ...) of the dense K_full and V copies (materialize_k_full).
