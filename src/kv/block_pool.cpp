@@ -55,7 +55,8 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_lay
 
 BlockPool::~BlockPool() {
   assert(used_ == 0 && "BlockPool destroyed while streams still hold blocks: destroy them first");
-  for (const auto& [slab, st] : slabs_) arena_->give_slab(slab);
+  // Blocks of ours that other pools' streams still hold keep their slab lent (orphaned).
+  for (const auto& [slab, st] : slabs_) arena_->disown(slab);
   slabs_.clear();
   arena_->detach(this);
 }
@@ -68,8 +69,8 @@ Result<int32_t> BlockPool::allocate() {
                       name_, max_blocks_, page_size_);
   if (with_free_.empty()) {
     LRA_ASSIGN_OR_RETURN(int64_t slab, arena_->take_slab(name_));
+    arena_->lend(slab, this, granules_per_block_, blocks_per_slab_);
     Slab& st = slabs_[slab];
-    st.refs.assign(static_cast<size_t>(blocks_per_slab_), 0);
     st.free.reserve(static_cast<size_t>(blocks_per_slab_));
     for (int64_t i = blocks_per_slab_; i-- > 0;) st.free.push_back(static_cast<int32_t>(i));  // slot 0 on top
     with_free_.insert(slab);
@@ -80,35 +81,29 @@ Result<int32_t> BlockPool::allocate() {
   const int32_t slot = st.free.back();
   st.free.pop_back();
   if (st.free.empty()) with_free_.erase(slab);
-  st.refs[static_cast<size_t>(slot)] = 1;
+  KvArena::LentSlab& ls = arena_->lent_.at(slab);
+  ls.refs[static_cast<size_t>(slot)] = 1;
+  ++ls.live;
   --free_in_slabs_;
   ++used_;
   return block_id(slab, slot);
 }
 
-int BlockPool::refcount(int32_t block) const {
-  const int64_t slab = slab_of(block);
-  const auto it = slabs_.find(slab);
-  return it == slabs_.end() ? 0 : it->second.refs[static_cast<size_t>(slot_of(block, slab))];
-}
-
 void BlockPool::retain(int32_t block) {
-  const int64_t slab = slab_of(block);
-  int32_t& r = slabs_.at(slab).refs[static_cast<size_t>(slot_of(block, slab))];
-  assert(r > 0 && "retain of a free block");
-  ++r;
+  arena_->retain(block);
+  ++used_;
 }
 
 void BlockPool::release(int32_t block) {
-  const int64_t slab = slab_of(block);
+  assert(used_ > 0 && "release without a reference of this pool's");
+  --used_;
+  arena_->release(block);
+}
+
+void BlockPool::slot_freed(int64_t slab, int32_t slot) {
   Slab& st = slabs_.at(slab);
-  const int32_t slot = slot_of(block, slab);
-  int32_t& r = st.refs[static_cast<size_t>(slot)];
-  assert(r > 0 && "release of a free block (double free)");
-  if (--r > 0) return;
   st.free.push_back(slot);
   ++free_in_slabs_;
-  --used_;
   if (static_cast<int64_t>(st.free.size()) < blocks_per_slab_) {
     with_free_.insert(slab);
     return;
@@ -117,7 +112,7 @@ void BlockPool::release(int32_t block) {
   free_in_slabs_ -= blocks_per_slab_;
   with_free_.erase(slab);
   slabs_.erase(slab);
-  arena_->give_slab(slab);
+  arena_->unlend(slab);
 }
 
 PagedView BlockPool::layer_view(int layer, const int32_t* table) const {
@@ -176,6 +171,80 @@ void PagedStream::clear() {
   table_.clear();
 }
 
+namespace {
+
+// Copies every layer's rows of blocks s_ids[i] of pool sp into blocks d_ids[i] of pool dp (i <
+// n_blocks), runs of blocks consecutive in both pools in one copy per layer. Same geometry and
+// device (callers check).
+void copy_blocks(const BlockPool& sp, const int32_t* s_ids, const BlockPool& dp, const int32_t* d_ids, size_t n_blocks) {
+  Backend* be = sp.arena().backend();
+  const DType dt = sp.dtype();
+  const int64_t es = static_cast<int64_t>(dtype_size(dt));
+  const int64_t block_rows_bytes = static_cast<int64_t>(sp.page_size()) * sp.width() * es;  // one layer of a block
+  // A block's rows of one layer take `step` granules; block b + step follows block b in memory
+  // (block ids count granules from the arena's start, layer planes at a fixed offset).
+  const int32_t step = static_cast<int32_t>((block_rows_bytes + KvArena::kGranule - 1) / KvArena::kGranule);
+  for (int l = 0; l < sp.n_layers(); ++l) {
+    const PagedView sv = sp.layer_view(l, s_ids);
+    const PagedView dv = dp.layer_view(l, d_ids);
+    for (size_t i = 0; i < n_blocks;) {
+      size_t j = i + 1;  // [i, j): a run consecutive in both pools
+      while (j < n_blocks && s_ids[j] == s_ids[j - 1] + step && d_ids[j] == d_ids[j - 1] + step) ++j;
+      const int64_t bytes = static_cast<int64_t>(j - i - 1) * step * KvArena::kGranule + block_rows_bytes;
+      const char* from = static_cast<const char*>(sv.data) + static_cast<int64_t>(s_ids[i]) * KvArena::kGranule;
+      char* to = static_cast<char*>(dv.data) + static_cast<int64_t>(d_ids[i]) * KvArena::kGranule;
+      if (!be) {
+        std::memcpy(to, from, static_cast<size_t>(bytes));
+      } else {
+        const TensorView s(dt, {bytes / es}, const_cast<char*>(from), be->device());
+        TensorView d(dt, {bytes / es}, to, be->device());
+        be->copy(s, d);
+      }
+      i = j;
+    }
+  }
+}
+
+}  // namespace
+
+Status PagedStream::share_prefix(const PagedStream& src, int64_t n_tokens) {
+  assert(pool_ && "share_prefix on a stream without a pool");
+  if (!table_.empty()) return make_error(ErrorCode::kInvalidArgument, "KV share: the stream already holds blocks");
+  if (n_tokens <= 0) return Status::Ok();
+  if (!src.pool() || !pool_->same_geometry(*src.pool()))
+    return make_error(ErrorCode::kInvalidArgument, "KV share: pools '{}' and '{}' differ in arena or geometry",
+                      src.pool() ? src.pool()->name() : "(none)", pool_->name());
+  if (src.capacity() < n_tokens)
+    return make_error(ErrorCode::kInvalidArgument, "KV share of {} rows: the source holds {}", n_tokens,
+                      src.capacity());
+  const int64_t page = pool_->page_size(), whole = n_tokens / page;
+  const bool tail = n_tokens % page != 0;
+  // Shared blocks take no memory but count against a cap (a fork holds as much as a copy would).
+  if (pool_->max_blocks() > 0 && pool_->max_blocks() - pool_->used_blocks() < whole + (tail ? 1 : 0))
+    return make_error(ErrorCode::kOutOfMemory, "KV cache '{}' exhausted: sharing {} rows needs {} of its {} blocks",
+                      pool_->name(), n_tokens, whole + (tail ? 1 : 0), pool_->max_blocks());
+  for (int64_t i = 0; i < whole; ++i) {
+    pool_->retain(src.table()[static_cast<size_t>(i)]);
+    table_.push_back(src.table()[static_cast<size_t>(i)]);
+  }
+  if (tail) {
+    auto b = pool_->allocate();
+    if (!b.ok()) {
+      clear();
+      return b.error();
+    }
+    table_.push_back(*b);
+    copy_blocks(*src.pool(), src.table().data() + whole, *pool_, &table_.back(), 1);
+  }
+  return Status::Ok();
+}
+
+bool PagedStream::shares_row(int64_t t) const {
+  if (!pool_ || t < 0) return false;
+  const auto i = static_cast<size_t>(t / pool_->page_size());
+  return i < table_.size() && pool_->refcount(table_[i]) > 1;
+}
+
 Status copy_rows(const PagedStream& src, PagedStream& dst, int64_t n_tokens) {
   if (n_tokens <= 0) return Status::Ok();
   const BlockPool* sp = src.pool();
@@ -191,34 +260,8 @@ Status copy_rows(const PagedStream& src, PagedStream& dst, int64_t n_tokens) {
   if (be != dp->arena().backend())
     return make_error(ErrorCode::kInvalidArgument, "KV copy: pools '{}' and '{}' live on different devices",
                       sp->name(), dp->name());
-  const DType dt = sp->dtype();
-  const int64_t es = static_cast<int64_t>(dtype_size(dt));
-  const int64_t block_rows_bytes = static_cast<int64_t>(sp->page_size()) * sp->width() * es;  // one layer of a block
   const size_t n_blocks = static_cast<size_t>((n_tokens + sp->page_size() - 1) / sp->page_size());
-  const std::vector<int32_t>& st = src.table();
-  const std::vector<int32_t>& dt_table = dst.table();
-  // A block's rows of one layer take `step` granules; block b + step follows block b in memory
-  // (block ids count granules from the arena's start, layer planes at a fixed offset).
-  const int32_t s_step = static_cast<int32_t>((block_rows_bytes + KvArena::kGranule - 1) / KvArena::kGranule);
-  for (int l = 0; l < sp->n_layers(); ++l) {
-    const PagedView sv = sp->layer_view(l, st.data());
-    const PagedView dv = dp->layer_view(l, dt_table.data());
-    for (size_t i = 0; i < n_blocks;) {
-      size_t j = i + 1;  // [i, j): a run consecutive in both pools
-      while (j < n_blocks && st[j] == st[j - 1] + s_step && dt_table[j] == dt_table[j - 1] + s_step) ++j;
-      const int64_t bytes = static_cast<int64_t>(j - i - 1) * s_step * KvArena::kGranule + block_rows_bytes;
-      const char* from = static_cast<const char*>(sv.data) + static_cast<int64_t>(st[i]) * KvArena::kGranule;
-      char* to = static_cast<char*>(dv.data) + static_cast<int64_t>(dt_table[i]) * KvArena::kGranule;
-      if (!be) {
-        std::memcpy(to, from, static_cast<size_t>(bytes));
-      } else {
-        const TensorView s(dt, {bytes / es}, const_cast<char*>(from), be->device());
-        TensorView d(dt, {bytes / es}, to, be->device());
-        be->copy(s, d);
-      }
-      i = j;
-    }
-  }
+  copy_blocks(*sp, src.table().data(), *dp, dst.table().data(), n_blocks);
   return Status::Ok();
 }
 

@@ -61,6 +61,8 @@ class BlockPool {
   int n_layers() const { return n_layers_; }
   DType dtype() const { return arena_->dtype(); }
   KvArena& arena() const { return *arena_; }
+  // Block references this pool's streams hold: blocks it allocated and, for a fork's streams,
+  // blocks of other pools of the arena they share (share_prefix). Caps (set_max_blocks) count these.
   int64_t used_blocks() const { return used_; }
   // Blocks this pool can still hand out: free ones in its slabs plus the arena's free slabs
   // (which other pools of the arena may take first), within its cap.
@@ -80,23 +82,31 @@ class BlockPool {
   size_t block_bytes() const { return static_cast<size_t>(block_bytes_for(n_layers_, page_size_, width_, dtype())); }
 
   Result<int32_t> allocate();  // refcount 1; kOutOfMemory when the arena is exhausted
+  // A reference for one of this pool's streams to `block`, which any pool of the arena with this
+  // pool's geometry may have allocated.
   void retain(int32_t block);
-  void release(int32_t block);  // frees at refcount 0; an emptied slab goes back to the arena
-  int refcount(int32_t block) const;
+  // Drops a reference taken by allocate() or retain(); at refcount 0 the block is free again in
+  // the pool that allocated it, and an emptied slab goes back to the arena.
+  void release(int32_t block);
+  int refcount(int32_t block) const { return arena_->refcount(block); }
+  // Whether `other` lays blocks out as this pool does (one arena, layers, page size, width): its
+  // blocks can then sit in this pool's streams.
+  bool same_geometry(const BlockPool& other) const {
+    return arena_ == other.arena_ && n_layers_ == other.n_layers_ && page_size_ == other.page_size_ &&
+           width_ == other.width_;
+  }
 
   // View of `layer` through a block table.
   PagedView layer_view(int layer, const int32_t* table) const;
 
  private:
+  friend class KvArena;
   BlockPool() = default;
+  // KvArena::release: the last reference to slot `slot` of our slab `slab` is gone.
+  void slot_freed(int64_t slab, int32_t slot);
   struct Slab {
-    std::vector<int32_t> refs;  // [blocks_per_slab] reference counts
-    std::vector<int32_t> free;  // stack of free block slots (indices into refs)
+    std::vector<int32_t> free;  // stack of free block slots (the arena keeps the reference counts)
   };
-  int64_t slab_of(int32_t block) const { return static_cast<int64_t>(block) * KvArena::kGranule / arena_->slab_bytes(); }
-  int32_t slot_of(int32_t block, int64_t slab) const {
-    return static_cast<int32_t>((static_cast<int64_t>(block) - slab * slab_granules_) / granules_per_block_);
-  }
   int32_t block_id(int64_t slab, int32_t slot) const {
     return static_cast<int32_t>(slab * slab_granules_ + static_cast<int64_t>(slot) * granules_per_block_);
   }
@@ -111,7 +121,7 @@ class BlockPool {
   int64_t plane_bytes_ = 0;         // offset from layer l's rows to layer l + 1's, in every slab
   std::unordered_map<int64_t, Slab> slabs_;  // by arena slab index
   std::set<int64_t> with_free_;              // held slabs with a free block (lowest first)
-  int64_t used_ = 0, free_in_slabs_ = 0;
+  int64_t used_ = 0, free_in_slabs_ = 0;  // used_: references held (used_blocks)
   int64_t max_blocks_ = 0;  // 0: no cap
 };
 
@@ -136,6 +146,14 @@ class PagedStream {
   void clear();
   // Frees the blocks past those that n_tokens rows need (the rows kept are untouched).
   void release_beyond(int64_t n_tokens);
+  // Starts this stream, which must hold no blocks, with src's first n_tokens rows: src's whole
+  // blocks below them shared (retained: no writer touches them again, every one appends past its
+  // rows), a partial last block copied into a block of this stream's own, which it may go on
+  // writing. src's pool must have this pool's geometry (BlockPool::same_geometry). On error
+  // (kInvalidArgument, kOutOfMemory) this stream is left empty.
+  Status share_prefix(const PagedStream& src, int64_t n_tokens);
+  // Whether the block holding row `t` is shared with another stream (refcount > 1).
+  bool shares_row(int64_t t) const;
   BlockPool* pool() const { return pool_; }
   const std::vector<int32_t>& table() const { return table_; }
 

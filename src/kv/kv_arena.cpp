@@ -84,6 +84,70 @@ void KvArena::give_slab(int64_t slab) {
   free_.push_back(slab);
 }
 
+KvArena::LentSlab& KvArena::lent(int32_t block, int32_t* slot) {
+  const int64_t slab = slab_of(block);
+  LentSlab& s = lent_.at(slab);
+  *slot = static_cast<int32_t>((static_cast<int64_t>(block) - slab * (slab_bytes_ / kGranule)) / s.granules_per_block);
+  return s;
+}
+
+int KvArena::refcount(int32_t block) const {
+  const int64_t slab = slab_of(block);
+  const auto it = lent_.find(slab);
+  if (it == lent_.end()) return 0;
+  const int64_t slot = (static_cast<int64_t>(block) - slab * (slab_bytes_ / kGranule)) / it->second.granules_per_block;
+  return it->second.refs[static_cast<size_t>(slot)];
+}
+
+int64_t KvArena::orphan_slabs() const {
+  return std::count_if(lent_.begin(), lent_.end(), [](const auto& kv) { return kv.second.owner == nullptr; });
+}
+
+void KvArena::lend(int64_t slab, BlockPool* owner, int64_t granules_per_block, int64_t n_blocks) {
+  LentSlab& s = lent_[slab];
+  s.owner = owner;
+  s.granules_per_block = granules_per_block;
+  s.refs.assign(static_cast<size_t>(n_blocks), 0);
+  s.live = 0;
+}
+
+void KvArena::retain(int32_t block) {
+  int32_t slot = 0;
+  int32_t& r = lent(block, &slot).refs[static_cast<size_t>(slot)];
+  assert(r > 0 && "retain of a free block");
+  ++r;
+}
+
+void KvArena::release(int32_t block) {
+  int32_t slot = 0;
+  LentSlab& s = lent(block, &slot);
+  int32_t& r = s.refs[static_cast<size_t>(slot)];
+  assert(r > 0 && "release of a free block (double free)");
+  if (--r > 0) return;
+  --s.live;
+  if (s.owner) {
+    s.owner->slot_freed(slab_of(block), slot);  // may unlend the slab (s dangles after)
+  } else if (s.live == 0) {
+    const int64_t slab = slab_of(block);
+    lent_.erase(slab);
+    give_slab(slab);
+  }
+}
+
+void KvArena::disown(int64_t slab) {
+  LentSlab& s = lent_.at(slab);
+  if (s.live > 0) {
+    s.owner = nullptr;
+    return;
+  }
+  unlend(slab);
+}
+
+void KvArena::unlend(int64_t slab) {
+  lent_.erase(slab);
+  give_slab(slab);
+}
+
 std::vector<KvArena::PoolUsage> KvArena::usage() const {
   std::vector<PoolUsage> out;
   out.reserve(pools_.size());

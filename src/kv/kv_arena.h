@@ -9,11 +9,18 @@
 // the arena. Block ids count granules of kGranule bytes from the arena's start, so a block's
 // layer-0 rows are at base + id · kGranule whatever pool it belongs to (PagedView::block_stride =
 // kGranule / element size), and layer l's a fixed plane offset further.
+//
+// Block reference counts live here, per lent slab, not in the pools: a stream may hold blocks
+// that another pool of the arena allocated (a fork of a trajectory shares its prefix's blocks,
+// PagedStream::share_prefix). A freed block goes back to the pool that owns its slab; a slab whose
+// pool is gone while other pools' streams still hold some of its blocks stays lent until they
+// release them.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -69,11 +76,35 @@ class KvArena {
   Result<int64_t> take_slab(const std::string& for_pool);
   void give_slab(int64_t slab);
 
+  // References to `block` (0: free), whichever pool's streams hold them.
+  int refcount(int32_t block) const;
+  // Slabs lent to pools that are gone, kept for blocks other pools' streams still hold.
+  int64_t orphan_slabs() const;
+
  private:
   friend class BlockPool;
   KvArena() = default;
   void attach(const BlockPool* p) { pools_.push_back(p); }
   void detach(const BlockPool* p);
+  // A lent slab: its owner (null once that pool is gone) and its blocks' reference counts.
+  struct LentSlab {
+    BlockPool* owner = nullptr;
+    int64_t granules_per_block = 0;
+    std::vector<int32_t> refs;  // [blocks in the slab]
+    int64_t live = 0;           // blocks with refs > 0
+  };
+  int64_t slab_of(int32_t block) const { return static_cast<int64_t>(block) * kGranule / slab_bytes_; }
+  LentSlab& lent(int32_t block, int32_t* slot);
+  // BlockPool's side: a slab taken by `owner`, cut into n blocks of granules_per_block granules.
+  void lend(int64_t slab, BlockPool* owner, int64_t granules_per_block, int64_t n_blocks);
+  void retain(int32_t block);
+  // Drops a reference; at zero the block goes back to its slab's owner (BlockPool::slot_freed), or
+  // with no owner left the slab goes back to the arena once its last block is free.
+  void release(int32_t block);
+  // The owner of `slab` gives it up: back to the arena if no block of it is held, else orphaned.
+  void disown(int64_t slab);
+  // An owned slab whose blocks are all free goes back.
+  void unlend(int64_t slab);
 
   DType dtype_ = DType::kF32;
   Backend* backend_ = nullptr;
@@ -82,6 +113,7 @@ class KvArena {
   Tensor storage_;                       // [n_slabs * slab_bytes] bytes
   std::vector<int64_t> free_;            // stack of free slab indices
   std::vector<const BlockPool*> pools_;  // pools drawing from the arena (accounting only)
+  std::unordered_map<int64_t, LentSlab> lent_;  // by slab index
 };
 
 }  // namespace lragent

@@ -268,6 +268,21 @@ bool TrajectoryKv::per_agent_catchup() const {
 Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cfg,
                                                            std::vector<const LoraAdapter*> adapters,
                                                            SharingOptions opts) {
+  return build(cfg, std::move(adapters), std::move(opts), nullptr);
+}
+
+Result<TrajectoryKv::ArenaPlan> TrajectoryKv::plan_arena(const ModelConfig& cfg, std::vector<const LoraAdapter*> adapters,
+                                                         SharingOptions opts) {
+  opts.arena = nullptr;
+  ArenaPlan plan;
+  auto r = build(cfg, std::move(adapters), std::move(opts), &plan);
+  if (!r.ok()) return r.error();
+  return plan;
+}
+
+Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::build(const ModelConfig& cfg,
+                                                          std::vector<const LoraAdapter*> adapters,
+                                                          SharingOptions opts, ArenaPlan* plan_only) {
   if (adapters.empty()) return make_error(ErrorCode::kInvalidArgument, "a trajectory needs at least one agent");
   if (opts.page_size < 1 || opts.max_tokens < 1)
     return make_error(ErrorCode::kInvalidArgument, "KV sharing: page size ({}) and max tokens ({}) must be positive",
@@ -329,11 +344,16 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::create(const ModelConfig& cf
       const int64_t slab = KvArena::slab_for(largest, bytes > 0 ? bytes : exact, static_cast<int>(plans.size()));
       if (bytes <= 0)
         for (const PoolPlan& pp : plans) bytes += BlockPool::arena_bytes_for(pp.layers, pp.footprint, blocks, slab);
+      if (plan_only) {
+        *plan_only = {bytes / slab * slab, slab, static_cast<int>(plans.size())};
+        return std::unique_ptr<TrajectoryKv>();
+      }
       LRA_ASSIGN_OR_RETURN(kv->own_arena_, KvArena::create(bytes, opts.backend, slab));
       arena = kv->own_arena_.get();
     }
-    // Sized from max_tokens: each cache holds exactly that many tokens, as --max-context says.
-    const bool capped = !opts.arena && opts.arena_bytes <= 0;
+    // Sized from max_tokens: each cache holds exactly that many tokens, as --max-context says (in a
+    // shared arena too with cap_pools).
+    const bool capped = (!opts.arena && opts.arena_bytes <= 0) || (opts.arena && opts.cap_pools);
     // Each pool capped at its own share: dropping another agent's blocks cannot make room.
     if (capped) kv->opts_.evict_private = false;
     for (const PoolPlan& pp : plans) {
@@ -409,6 +429,16 @@ void TrajectoryKv::release_beyond(int a, int64_t tokens) {
 
 void TrajectoryKv::truncate(int64_t tokens) {
   tokens = std::max<int64_t>(tokens, 0);
+  // A block that another trajectory shares (a fork's prefix, or this fork's source's) is never
+  // written: when the cut falls inside one, cut back to its start (its rows are computed again).
+  const int page = opts_.page_size;
+  if (tokens % page != 0) {
+    bool shared_tail = false;
+    for (const PagedStream* s : {&shared_kv_, &shared_lrk_, &shared_lrv_}) shared_tail |= s->shares_row(tokens);
+    for (size_t a = 0; a < processed_.size(); ++a)
+      for (const PagedStream* s : {&priv_kv_[a], &priv_k_[a], &priv_v_[a]}) shared_tail |= s->shares_row(tokens);
+    if (shared_tail) tokens = tokens / page * page;
+  }
   for (auto& p : processed_) p = std::min(p, tokens);
   shared_ = std::min(shared_, tokens);
   for (PagedStream* s : {&shared_kv_, &shared_lrk_, &shared_lrv_})
@@ -437,8 +467,10 @@ Status TrajectoryKv::copy_prefix(const TrajectoryKv& src, int64_t tokens) {
   const int64_t shared = std::min(src.shared_, tokens);
   std::vector<int64_t> processed(processed_.size());
   for (size_t a = 0; a < processed.size(); ++a) processed[a] = std::min(src.processed_[a], tokens);
+  // In one arena the prefix's whole blocks are shared, not copied (PagedStream::share_prefix).
   auto copy = [](const PagedStream& from, PagedStream& to, int64_t n) -> Status {
     if (!to.pool() || n <= 0) return Status::Ok();
+    if (from.pool() && to.pool()->same_geometry(*from.pool())) return to.share_prefix(from, n);
     LRA_RETURN_IF_ERROR(to.reserve(n));
     return copy_rows(from, to, n);
   };

@@ -46,7 +46,8 @@ Status check_low_rank_k(const ModelConfig& cfg, const std::vector<const LoraAdap
 // naming the first target, layer and pair that differ, else Ok.
 Status check_shared_a(const std::vector<const LoraAdapter*>& adapters, int num_layers);
 
-// Exact entry bytes by component; allocated = bytes of the pool blocks in use.
+// Exact entry bytes by component; allocated = bytes of the pool blocks its streams hold (blocks
+// shared with another trajectory, copy_prefix, counted in each).
 struct CacheBytes {
   int64_t base = 0, lr = 0, full = 0, allocated = 0;
   int64_t reserved = 0;  // the KV arena's bytes (reserved up front; shared arena: all of it)
@@ -69,6 +70,9 @@ struct SharingOptions {
   int64_t value_bytes = 4;             // bytes per cached value (set from the backend's cache dtype)
   Backend* backend = nullptr;          // where the pools live (null: host f32)
   KvArena* arena = nullptr;            // draw every pool from this shared arena (must outlive the trajectory)
+  // With `arena`: cap every pool at max_tokens, as the trajectory's own arena would hold (a
+  // server's trajectories share one arena, so that forks share blocks, but keep their own limits).
+  bool cap_pools = false;
   int64_t arena_bytes = 0;             // without `arena`: the trajectory's own arena size (0: max_tokens in every pool)
   // When a forward pass finds the KV memory full, drop the private caches (none: full K/V; base:
   // LR rows; droidspeak: its private layers) of the least recently run other agent and retry, as
@@ -88,6 +92,14 @@ class TrajectoryKv {
   static Result<std::unique_ptr<TrajectoryKv>> create(const ModelConfig& cfg,
                                                       std::vector<const LoraAdapter*> adapters,
                                                       SharingOptions opts);
+  // The arena a trajectory of these options would make for itself (opts.arena ignored): its bytes,
+  // slab size and pool count; nothing is allocated. A server sizes one arena for its trajectories so.
+  struct ArenaPlan {
+    int64_t bytes = 0, slab_bytes = 0;
+    int n_pools = 0;
+  };
+  static Result<ArenaPlan> plan_arena(const ModelConfig& cfg, std::vector<const LoraAdapter*> adapters,
+                                      SharingOptions opts);
   ~TrajectoryKv();
 
   ShareMode mode() const { return opts_.mode; }
@@ -115,7 +127,9 @@ class TrajectoryKv {
   void advance(int a, int64_t end);
   // Starts this trajectory, which must hold no entries yet, with `src`'s entries at positions
   // [0, tokens): the shared ones and each agent's private ones there, copied block by block
-  // (copy_rows) instead of computed, and each agent's processed positions with them. A request
+  // (copy_rows) instead of computed, and each agent's processed positions with them; when both
+  // trajectories draw from one KvArena, their whole blocks are shared instead (copy-on-write: a
+  // partial last block is copied, and truncate() never cuts inside a shared block). A request
   // that parts from a trajectory another request is running (or that shares only a prefix with
   // it) starts from a copy of that prefix. src must be a trajectory of the same model, agents
   // (adapters) and mode. Errors: a mismatch (kInvalidArgument), no room (kOutOfMemory); on error
@@ -123,7 +137,8 @@ class TrajectoryKv {
   Status copy_prefix(const TrajectoryKv& src, int64_t tokens);
   // Forgets every entry at positions >= tokens (the trajectory is cut back there, e.g. a server
   // request that shares only a prefix of it): no agent has processed them, no stream holds
-  // blocks past them. Entries below stay as they are.
+  // blocks past them. Entries below stay as they are; but a cut inside a block shared with
+  // another trajectory (copy_prefix) goes back to that block's start, which is then computed again.
   void truncate(int64_t tokens);
   CacheBytes bytes() const;
   // The largest bytes() so far (by total()): caches shrink only when an agent's are evicted.
@@ -138,6 +153,10 @@ class TrajectoryKv {
  private:
   friend class SharedBinding;
   TrajectoryKv() = default;
+  // create(), or with plan_only set plan_arena(): the same checks and pool plan, then the plan
+  // written there and a null trajectory returned.
+  static Result<std::unique_ptr<TrajectoryKv>> build(const ModelConfig& cfg, std::vector<const LoraAdapter*> adapters,
+                                                     SharingOptions opts, ArenaPlan* plan_only);
   bool layer_private(int layer) const;  // droidspeak recompute layer / none mode
   bool per_agent_catchup() const;
   // Whether agent b's private caches may be dropped for agent `keep`'s pass: b holds some and has

@@ -151,15 +151,23 @@ std::string Metrics::render() const {
          "Trajectories started as a copy of another's prefix (a request beside the one running on it, or parting from it).");
   out += fmt::format("lragent:trajectories_copied_total {}\n", kv_.copied);
   header(out, "lragent:trajectory_copied_tokens_total", "counter",
-         "Prompt tokens those copies took over (their cache entries copied, not computed).");
+         "Prompt tokens those copies took over (their cache entries shared or copied, not computed).");
   out += fmt::format("lragent:trajectory_copied_tokens_total {}\n", kv_.copied_tokens);
   header(out, "lragent:kv_cache_bytes", "gauge",
          "KV cache bytes of the kept trajectories: base (X·W0, shared), lr (X·A, low-rank), full (private).");
   out += fmt::format("lragent:kv_cache_bytes{{kind=\"base\"}} {}\n", kv_.bytes.base);
   out += fmt::format("lragent:kv_cache_bytes{{kind=\"lr\"}} {}\n", kv_.bytes.lr);
   out += fmt::format("lragent:kv_cache_bytes{{kind=\"full\"}} {}\n", kv_.bytes.full);
-  header(out, "lragent:kv_cache_allocated_bytes", "gauge", "Bytes of the pages holding those caches.");
+  header(out, "lragent:kv_cache_allocated_bytes", "gauge",
+         "Bytes of the pages holding those caches (a page two trajectories share counts in each).");
   out += fmt::format("lragent:kv_cache_allocated_bytes {}\n", kv_.bytes.allocated);
+  if (kv_.arena_capacity >= 0) {
+    header(out, "lragent:kv_memory_used_bytes", "gauge",
+           "Bytes of the KV memory (one arena for every trajectory) in use: pages a copy shares with its source once.");
+    out += fmt::format("lragent:kv_memory_used_bytes {}\n", kv_.arena_used);
+    header(out, "lragent:kv_memory_bytes", "gauge", "Bytes of that KV memory.");
+    out += fmt::format("lragent:kv_memory_bytes {}\n", kv_.arena_capacity);
+  }
   return out;
 }
 

@@ -58,7 +58,10 @@ struct KvSnapshot {
   int64_t trajectories = 0;  // holding cache entries
   int64_t evicted = 0;
   int64_t copied = 0, copied_tokens = 0;  // trajectories started as a copy of another's prefix, and its tokens
-  CacheBytes bytes;  // summed over the trajectories
+  CacheBytes bytes;  // summed over the trajectories (a block two share counts in each)
+  // The one KV arena of every trajectory (SessionPoolOptions::share_blocks): bytes of its slabs
+  // in use (a shared block once) and its size; -1 without one.
+  int64_t arena_used = -1, arena_capacity = -1;
 };
 
 class Metrics {

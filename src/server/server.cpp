@@ -602,6 +602,8 @@ void Server::end_job(Job& job, std::optional<Error> error) {
     kv.evicted = evicted_sessions_;
     kv.copied = copied_sessions_;
     kv.copied_tokens = copied_tokens_;
+    kv.arena_used = arena_used_;
+    kv.arena_capacity = arena_capacity_;
   }
   metrics_.set_kv(kv);
   metrics_.request_done();
@@ -614,6 +616,10 @@ void Server::publish_sessions() {
   evicted_sessions_ = pool_->evicted_sessions();
   copied_sessions_ = pool_->copied_sessions();
   copied_tokens_ = pool_->copied_tokens();
+  if (const KvArena* a = pool_->shared_arena()) {
+    arena_used_ = a->lent_bytes();
+    arena_capacity_ = a->capacity_bytes();
+  }
 }
 
 Result<int> Server::bind(const std::string& host, int port) {

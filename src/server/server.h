@@ -183,6 +183,7 @@ class Server {
   std::vector<SessionPool::Info> sessions_;
   int64_t evicted_sessions_ = 0;
   int64_t copied_sessions_ = 0, copied_tokens_ = 0;
+  int64_t arena_used_ = -1, arena_capacity_ = -1;  // KvSnapshot::arena_used / arena_capacity
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;

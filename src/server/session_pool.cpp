@@ -32,6 +32,26 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
   p->tok_ = tok;
   p->groups_ = std::move(groups);
   p->opts_ = std::move(opts);
+  SharingOptions& so = p->opts_.replay.sharing;
+  if (p->opts_.share_blocks && !so.arena && so.arena_bytes <= 0) {
+    // One arena for max_sessions trajectories of the largest group, each pool capped as its own
+    // arena would hold it; a slab a pool of every trajectory as slack (partly used slabs, and a
+    // slab size above the smaller groups' own).
+    if (!so.backend) so.backend = pool_backend(model.backend());
+    SharingOptions one = so;
+    if (model.config().max_position_embeddings > 0)
+      one.max_tokens = std::min<int64_t>(one.max_tokens, model.config().max_position_embeddings);
+    int64_t per = 0, slab = 0;
+    for (const AgentGroup& g : p->groups_) {
+      LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan plan, TrajectoryKv::plan_arena(model.config(), g.adapters, one));
+      slab = std::max(slab, plan.slab_bytes);
+      per = std::max(per, plan.bytes + static_cast<int64_t>(plan.n_pools) * plan.slab_bytes);
+    }
+    per = (per + slab - 1) / slab * slab;
+    LRA_ASSIGN_OR_RETURN(p->arena_, KvArena::create(per * p->opts_.max_sessions, so.backend, slab));
+    so.arena = p->arena_.get();
+    so.cap_pools = true;
+  }
   // Each group's trajectory must be possible (e.g. base-lr's shared-A check): fail at start-up,
   // not at the first request. The sessions made here are kept as the first ones.
   for (int g = 0; g < static_cast<int>(p->groups_.size()); ++g) {
@@ -75,10 +95,16 @@ SessionPool::Entry* SessionPool::find(int64_t id) {
   return nullptr;
 }
 
+bool SessionPool::copied_from(int64_t id) const {
+  return std::any_of(entries_.begin(), entries_.end(), [id](const Entry& e) { return e.source == id; });
+}
+
 bool SessionPool::evict_lru(int64_t spare) {
   auto lru = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
-    if (!it->held && it->id != spare && (lru == entries_.end() || it->last_used < lru->last_used)) lru = it;
+    if (!it->held && it->id != spare && (!arena_ || !copied_from(it->id)) &&
+        (lru == entries_.end() || it->last_used < lru->last_used))
+      lru = it;
   if (lru == entries_.end()) return false;
   entries_.erase(lru);
   ++evicted_;
@@ -171,6 +197,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
       // the prefix is computed instead.
       if (n > keep && use->session->start_from(*from->session, n).ok()) {
         keep = n;
+        use->source = copy_id;
         ++copied_;
         copied_tokens_ += n;
       }

@@ -17,8 +17,15 @@
 // prompt's longest common prefix with a kept trajectory (AgentSession::start_from). So a request
 // whose trajectory another request is running (parallel agents on one prompt, a turn sent early)
 // runs beside it on a copy instead of waiting, and a conversation that parts from another after
-// a long common prefix does not compute that prefix again. The copy holds its own KV memory (no
-// copy-on-write block sharing yet: the prefix is stored twice).
+// a long common prefix does not compute that prefix again. Every trajectory draws from one KV
+// arena (SessionPoolOptions::share_blocks), so the copy takes the prefix's whole blocks by
+// reference instead of storing them again (copy-on-write: TrajectoryKv::copy_prefix); each
+// trajectory's pools keep their --max-context caps, which count shared blocks, so a trajectory
+// never runs out of room because of another. A trajectory whose blocks a live copy shares is not
+// dropped for room before that copy is (its blocks would stay held, orphaned, anyway). Parallel
+// agents on one prompt then decode over the same blocks, and the CUDA backend reads those once for
+// all of them (shared-prefix attention, docs/backend-cuda.md). With --kv-memory each trajectory
+// has an arena of its own and a copy holds its own blocks.
 #pragma once
 
 #include <cstdint>
@@ -41,6 +48,9 @@ struct AgentGroup {
 struct SessionPoolOptions {
   ReplayOptions replay;  // sharing mode and KV sizing of every trajectory, decode lookahead
   int max_sessions = 4;  // trajectories kept (each reserves its KV memory when created)
+  // One KV arena for all trajectories, sized for max_sessions of them, so that copies share blocks
+  // (without replay.sharing.arena_bytes, the per-trajectory --kv-memory; false: an arena each).
+  bool share_blocks = true;
 };
 
 class SessionPool {
@@ -92,6 +102,8 @@ class SessionPool {
   // Trajectories started as a copy of another's prefix, and the prompt tokens those copies held.
   int64_t copied_sessions() const { return copied_; }
   int64_t copied_tokens() const { return copied_tokens_; }
+  // The arena every trajectory draws from (share_blocks), else null.
+  const KvArena* shared_arena() const { return arena_.get(); }
 
  private:
   struct Entry {
@@ -102,6 +114,7 @@ class SessionPool {
     int64_t last_prompt = 0;  // tokens of the latest request's prompt (where its completion began)
     bool held = false;        // a request runs on it (acquire() until release())
     std::string agent;        // the agent of the latest request on it
+    int64_t source = 0;       // the trajectory it was copied from (0: none)
   };
   SessionPool(LlamaModel& m) : model_(m) {}
   // A new trajectory of `group`; out of memory, the least recently used unheld one other than
@@ -115,10 +128,14 @@ class SessionPool {
   bool evict_lru(int64_t spare = 0);
   bool any_held() const;
 
+  // Whether a live trajectory was copied from `id` (its blocks may hold that one's prefix).
+  bool copied_from(int64_t id) const;
+
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;
   std::vector<AgentGroup> groups_;
   SessionPoolOptions opts_;
+  std::unique_ptr<KvArena> arena_;  // share_blocks: every trajectory's (outlives entries_)
   std::vector<Entry> entries_;
   int64_t next_id_ = 1;
   uint64_t tick_ = 0;

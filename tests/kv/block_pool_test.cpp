@@ -251,5 +251,77 @@ TEST(KvArena, CopyRowsBetweenPoolsOfTwoArenas) {
   }
 }
 
+// A stream of another pool of the same arena and geometry takes a prefix's whole blocks by
+// reference and copies the partial last one (PagedStream::share_prefix); the shared blocks
+// outlive the stream and the pool that allocated them (their slab stays lent, orphaned, until the
+// last reference goes), a cap counts them, and other geometries are refused.
+TEST(KvArena, SharedPrefixBlocksOutliveTheirPool) {
+  constexpr int kLayers = 2, kPage = 4;
+  constexpr int64_t kWidth = 6;
+  auto value = [](int l, int64_t t, int64_t c) { return static_cast<float>(l * 100000 + t * 10) + c * 1e-2f; };
+  for (int64_t n : {1, 4, 17, 97}) {
+    SCOPED_TRACE(n);
+    auto arena = KvArena::create(64 * 1024, nullptr, 1024 * kLayers);
+    ASSERT_TRUE(arena.ok());
+    KvArena& a = **arena;
+    auto sp = BlockPool::create("src", kLayers, kPage, kWidth, &a);
+    auto dp = BlockPool::create("dst", kLayers, kPage, kWidth, &a);
+    ASSERT_TRUE(sp.ok() && dp.ok());
+    auto src = std::make_unique<PagedStream>(sp->get());
+    PagedStream dst(dp->get());
+    ASSERT_TRUE(src->reserve(n + 3).ok());
+    for (int l = 0; l < kLayers; ++l)
+      for (int64_t t = 0; t < src->capacity(); ++t)
+        for (int64_t c = 0; c < kWidth; ++c) src->view(l).row(t)[c] = value(l, t, c);
+    ASSERT_TRUE(dst.share_prefix(*src, n).ok());
+    const int64_t whole = n / kPage;
+    ASSERT_EQ(static_cast<int64_t>(dst.table().size()), (n + kPage - 1) / kPage);
+    for (int64_t i = 0; i < whole; ++i) {
+      EXPECT_EQ(dst.table()[static_cast<size_t>(i)], src->table()[static_cast<size_t>(i)]) << "block " << i;
+      EXPECT_EQ(a.refcount(dst.table()[static_cast<size_t>(i)]), 2);
+      EXPECT_TRUE(dst.shares_row(i * kPage));
+    }
+    if (n % kPage != 0) {  // the partial block is dst's own copy
+      EXPECT_NE(dst.table().back(), src->table()[static_cast<size_t>(whole)]);
+      EXPECT_EQ(a.refcount(dst.table().back()), 1);
+      EXPECT_FALSE(dst.shares_row(n - 1));
+      for (int l = 0; l < kLayers; ++l) dst.view(l).row(n)[0] = -5.f;  // dst writes past the prefix
+      EXPECT_EQ(src->view(0).row(n)[0], value(0, n, 0)) << "a write to the copied block reached the source";
+    }
+    EXPECT_EQ((*dp)->used_blocks(), (n + kPage - 1) / kPage);  // shared references count for dst
+    // The source goes, then its pool: the shared blocks stay readable through dst.
+    src.reset();
+    sp->reset();
+    EXPECT_EQ(a.orphan_slabs() > 0, whole > 0);
+    for (int l = 0; l < kLayers; ++l)
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t c = 0; c < kWidth; ++c) ASSERT_EQ(dst.view(l).row(t)[c], value(l, t, c)) << l << " " << t;
+    dst.clear();
+    EXPECT_EQ(a.orphan_slabs(), 0);
+    EXPECT_EQ(a.free_slabs(), a.n_slabs()) << "every slab back once the last reference went";
+  }
+  // A cap counts shared blocks; another width, or another arena, is refused.
+  auto arena = KvArena::create(64 * 1024, nullptr, 1024 * kLayers);
+  auto other = KvArena::create(64 * 1024, nullptr, 1024 * kLayers);
+  ASSERT_TRUE(arena.ok() && other.ok());
+  auto sp = BlockPool::create("src", kLayers, kPage, kWidth, arena->get());
+  auto capped = BlockPool::create("capped", kLayers, kPage, kWidth, arena->get());
+  auto wide = BlockPool::create("wide", kLayers, kPage, kWidth + 1, arena->get());
+  auto far = BlockPool::create("far", kLayers, kPage, kWidth, other->get());
+  ASSERT_TRUE(sp.ok() && capped.ok() && wide.ok() && far.ok());
+  (*capped)->set_max_blocks(2);
+  PagedStream src(sp->get()), c(capped->get()), w(wide->get()), f(far->get());
+  ASSERT_TRUE(src.reserve(12).ok());
+  auto full = c.share_prefix(src, 12);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_TRUE(c.table().empty());
+  EXPECT_EQ((*capped)->used_blocks(), 0);
+  EXPECT_TRUE(c.share_prefix(src, 8).ok());
+  EXPECT_EQ(w.share_prefix(src, 8).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(f.share_prefix(src, 8).error().code, ErrorCode::kInvalidArgument);
+  EXPECT_EQ(c.share_prefix(src, 4).error().code, ErrorCode::kInvalidArgument) << "the stream already holds blocks";
+}
+
 }  // namespace
 }  // namespace lragent

@@ -402,6 +402,77 @@ TEST_F(Sharing, BadReplayInputIsAnInputError) {
   EXPECT_NE(r.error().message.find("the trajectory is empty"), std::string::npos) << r.error().message;
 }
 
+// A session started from another's prefix (AgentSession::start_from) in one shared KV arena
+// takes the prefix's whole blocks by reference (copy-on-write) instead of copying them. In every
+// mode: the fork decodes the tokens and logits of a fork made by copying (separate arenas); the
+// source, cut back inside a shared block and continued with other tokens afterwards, decodes as
+// if there were no fork (a shared block is never written); and the fork goes on decoding the same
+// after the source and its pools are gone (their slabs kept, orphaned, for the shared blocks).
+TEST_F(Sharing, ForksInOneArenaShareThePrefixBlocks) {
+  const std::vector<std::string> names = {"plan", "action"};
+  const std::vector<const LoraAdapter*> agents = {adapter("qv-shared-a-r8", "plan", "plan"),
+                                                  adapter("qv-shared-a-r8", "action", "action")};
+  for (ShareMode m : kAllShareModes) {
+    SCOPED_TRACE(share_mode_name(m));
+    ReplayOptions o = logits_options(m);
+    o.sharing.max_tokens = 256;
+    auto arena = KvArena::create(64 << 20, nullptr, 1 << 20);
+    ASSERT_TRUE(arena.ok());
+    ReplayOptions shared = o;
+    shared.sharing.arena = arena->get();
+    // Source: a 45-token prompt, plan decodes 6, action 5 (a fork point inside a block of 16).
+    auto run_source = [&](const ReplayOptions& ro) {
+      auto s = AgentSession::create(*model_, nullptr, names, agents, ro);
+      EXPECT_TRUE(s.ok()) << s.error().message;
+      (*s)->append(prompt_ids(45));
+      EXPECT_TRUE((*s)->run_agent("plan", 6, {}, {}).ok());
+      EXPECT_TRUE((*s)->run_agent("action", 5, {}, {}).ok());
+      return std::move(*s);
+    };
+    auto fork_of = [&](const AgentSession& src, const ReplayOptions& ro, int64_t at) {
+      auto f = AgentSession::create(*model_, nullptr, names, agents, ro);
+      EXPECT_TRUE(f.ok()) << f.error().message;
+      EXPECT_TRUE((*f)->start_from(src, at).ok());
+      return std::move(*f);
+    };
+    auto decode = [](AgentSession& s, const std::string& agent, const std::vector<int32_t>& more) {
+      s.append(more);
+      auto r = s.run_agent(agent, 7, {}, {});
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      return r.ok() ? *r : StepResult{};
+    };
+    const std::vector<int32_t> q1 = {11, 12, 13}, q2 = {21, 22};
+    // References: a copied fork, and a source that never had one.
+    auto ref_src = run_source(o);
+    auto ref_fork = fork_of(*ref_src, o, 53);
+    const StepResult want_fork = decode(*ref_fork, "action", q1);
+    const StepResult want_fork2 = decode(*ref_fork, "plan", q2);
+    ref_src->truncate(40);
+    const StepResult want_src = decode(*ref_src, "plan", q2);
+
+    auto src = run_source(shared);
+    auto fork = fork_of(*src, shared, 53);
+    const StepResult got_fork = decode(*fork, "action", q1);
+    EXPECT_EQ(got_fork.output_tokens, want_fork.output_tokens);
+    ASSERT_EQ(got_fork.logits.size(), want_fork.logits.size());
+    for (size_t i = 0; i < got_fork.logits.size(); ++i)
+      EXPECT_LE(max_abs_diff(got_fork.logits[i], want_fork.logits[i]), 1e-5f) << "fork logits row " << i;
+    src->truncate(40);  // inside the block [32, 48) the fork shares
+    const StepResult got_src = decode(*src, "plan", q2);
+    EXPECT_EQ(got_src.output_tokens, want_src.output_tokens);
+    for (size_t i = 0; i < got_src.logits.size() && i < want_src.logits.size(); ++i)
+      EXPECT_LE(max_abs_diff(got_src.logits[i], want_src.logits[i]), 1e-5f) << "source logits row " << i;
+    src.reset();  // the source and its pools go; the fork's shared blocks stay
+    EXPECT_GT((*arena)->orphan_slabs(), 0);
+    const StepResult got_fork2 = decode(*fork, "plan", q2);
+    EXPECT_EQ(got_fork2.output_tokens, want_fork2.output_tokens);
+    for (size_t i = 0; i < got_fork2.logits.size() && i < want_fork2.logits.size(); ++i)
+      EXPECT_LE(max_abs_diff(got_fork2.logits[i], want_fork2.logits[i]), 1e-5f) << "fork logits row " << i;
+    fork.reset();
+    EXPECT_EQ((*arena)->free_slabs(), (*arena)->n_slabs());
+  }
+}
+
 TEST_F(Sharing, ExhaustedPoolIsAnErrorAndKeepsTheTrajectory) {
   const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
   ReplayOptions o;

@@ -375,6 +375,43 @@ TEST_F(SessionPoolTest, ACopiedTrajectoryComputesAsTheOneItCopies) {
   }
 }
 
+// Every trajectory draws from one KV arena, so a copy shares its source's whole blocks; the source
+// is then not dropped for room while the copy lives (the copy, less recently used or not, goes
+// first). With share_blocks off each trajectory has an arena of its own and nothing is pinned.
+TEST_F(SessionPoolTest, ACopysSourceStaysWhileTheCopyLives) {
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max. Max liked to run and play in the sun.");
+  ASSERT_GE(prompt.size(), 17u);  // more than a page: whole blocks to share
+  for (bool share : {true, false}) {
+    SCOPED_TRACE(share ? "one arena" : "an arena each");
+    SessionPoolOptions o = options(ShareMode::kFull, 2);
+    o.share_blocks = share;
+    auto made = SessionPool::create(*model_, tok_.get(), SessionPool::groups_for("base", names_, ptrs_, ShareMode::kFull), o);
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    SessionPool& p = **made;
+    EXPECT_EQ(p.shared_arena() != nullptr, share);
+    auto src = p.acquire("plan", prompt);
+    ASSERT_TRUE(src.ok() && src->has_value());
+    ASSERT_TRUE((*src)->session->run_agent("plan", 4, {}, {}).ok());
+    const int64_t used_before = share ? p.shared_arena()->lent_bytes() : 0;
+    auto copy = p.acquire("action", prompt);  // the source is held: a copy beside it
+    ASSERT_TRUE(copy.ok() && copy->has_value());
+    ASSERT_NE((*copy)->id, (*src)->id);
+    ASSERT_TRUE((*copy)->session->run_agent("action", 4, {}, {}).ok());
+    if (share) EXPECT_LT(p.shared_arena()->lent_bytes(), 2 * used_before) << "the copy stored the prefix again";
+    p.release((*src)->id);
+    p.release((*copy)->id);
+    // Both slots are taken; a new conversation needs one. The source is the least recently used.
+    auto other = acquire(p, "plan", encode("The sun was hot and the sky was blue."));
+    ASSERT_TRUE(other.ok()) << other.error().message;
+    std::vector<int64_t> ids;
+    for (const SessionPool::Info& i : p.sessions()) ids.push_back(i.id);
+    const bool has_src = std::find(ids.begin(), ids.end(), (*src)->id) != ids.end();
+    const bool has_copy = std::find(ids.begin(), ids.end(), (*copy)->id) != ids.end();
+    EXPECT_EQ(has_src, share) << "the source goes first only when nothing is shared";
+    EXPECT_EQ(has_copy, !share);
+  }
+}
+
 // A conversation that parts from a kept one after at least a page in common starts as a copy of
 // that prefix (its entries are not computed again) when cutting the kept one back would lose
 // more than its last completion; with private caches (none) it then computes what a pool that
