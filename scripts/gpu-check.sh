@@ -310,6 +310,17 @@ PY
   timeout 240 python3 scripts/serve-concurrency.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b --shared-prompt \
     --prompt 4096 --levels $FO_LEVELS --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" 2>>"$LOGS/serve.log" |
     tee -a "$LOGS/serve.log" | tail -7
+  # The same over a 32k prompt, where the copies' shared blocks make the decode attention read the
+  # prompt once for all of them (shared-prefix attention); and with --no-share-blocks (each copy
+  # stores and reads the prompt again) for the comparison.
+  if [ "${QUICK:-0}" != 1 ]; then
+    for fo in "serve-fanout-32k" "serve-fanout-32k-copies --server-args=--no-share-blocks"; do
+      set -- $fo
+      timeout 240 python3 scripts/serve-concurrency.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b --shared-prompt \
+        --prompt 32000 --levels 1,3,8 --name "$@" --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" \
+        2>>"$LOGS/serve.log" | tee -a "$LOGS/serve.log" | tail -6
+    done
+  fi
 fi
 save
 if [ "${SKIP_KERNEL_BENCH:-0}" != 1 ]; then

@@ -88,11 +88,13 @@ def run_level(base, c, prompt_tokens, max_tokens, preset, seed, shared=False):
     passes = metric(base, "lragent:engine_passes_total") - passes0
     served = metric(base, "lragent:engine_pass_sequences_total") - served0
     copied = metric(base, "lragent:trajectories_copied_total") - copied0
+    kv_used = metric(base, "lragent:kv_memory_used_bytes")  # the trajectories kept after the level (nan: none)
     tokens = sum(o["tokens"] for o in out)
     lat = sorted(o["latency_s"] for o in out)
     return {"concurrency": c, "wall_s": wall, "generated_tokens": tokens, "tokens_per_s": tokens / wall,
             "latency_mean_s": sum(lat) / c, "latency_max_s": lat[-1], "engine_passes": passes,
-            "mean_batch": served / passes if passes else float("nan"), "trajectories_copied": copied}
+            "mean_batch": served / passes if passes else float("nan"), "trajectories_copied": copied,
+            "kv_memory_used_bytes": kv_used}
 
 
 def head_rule(head):
@@ -112,6 +114,7 @@ def main():
                     help="the clients are parallel agents on one prompt (baseline: the same requests one after another)")
     ap.add_argument("--server-args", default="", help="more `lragent serve` flags, e.g. \"--enforce-eager\"")
     ap.add_argument("--out-dir", default="")
+    ap.add_argument("--name", default="", help="results' file name stem (default: serve-fanout / serve-concurrency)")
     ap.add_argument("--gpu-name", default="")
     ap.add_argument("--commit", default=os.environ.get("LRAGENT_COMMIT", ""))
     a = ap.parse_args()
@@ -144,14 +147,18 @@ def main():
         what = (f"C clients send one request each at once, all on one {a.prompt}-token prompt (parallel agents reading "
                 f"one trajectory), an adapter in turn (plan / action / reflect), {a.max_tokens} tokens decoded (greedy, "
                 "ignore_eos), over HTTP. The first computes the prompt; the others run beside it on copies of its "
-                "trajectory once it has (copied: trajectories copied, from /metrics). One after another: the same C "
+                "trajectory once it has (copied: trajectories copied, from /metrics; a copy shares the prompt's "
+                "KV blocks, and the decode attention reads them once for the copies of a batch when enough are "
+                "shared). KV memory: the server's KV memory in use after the level (kv_memory_used_bytes: every "
+                "trajectory kept, shared blocks once). One after another: the same C "
                 "requests on another fresh prompt sent in turn, measured in the same run (each reuses the prompt the "
                 "first computed). Speed-up: that time / the wall time at once.")
         head = ("| clients | wall (s) | one after another (s) | generated tokens/s | mean latency (s) | max latency (s) "
-                "| mean batch | copied | speed-up vs one after another |")
+                "| mean batch | copied | KV memory (GB) | speed-up vs one after another |")
         lines_fmt = lambda r, sp: (f"| {r['concurrency']} | {r['wall_s']:.2f} | {r['sequential_wall_s']:.2f} | "
                                    f"{r['tokens_per_s']:.0f} | {r['latency_mean_s']:.2f} | {r['latency_max_s']:.2f} | "
-                                   f"{r['mean_batch']:.2f} | {r['trajectories_copied']:.0f} | {sp} |")
+                                   f"{r['mean_batch']:.2f} | {r['trajectories_copied']:.0f} | "
+                                   f"{r.get('kv_memory_used_bytes', float('nan')) / 1e9:.2f} | {sp} |")
     else:
         title = f"# lragent serve: concurrent clients ({a.preset}, {a.device}, --kv-share {a.kv_share})"
         what = (f"C clients send one request each at once: its own {a.prompt}-token prompt, an adapter in turn "
@@ -169,7 +176,7 @@ def main():
     md = "\n".join(lines) + "\n"
     print(md)
     if a.out_dir:
-        stem = serve_bench.write_results(a, "serve-fanout" if a.shared_prompt else "serve-concurrency",
+        stem = serve_bench.write_results(a, a.name or ("serve-fanout" if a.shared_prompt else "serve-concurrency"),
                                          "scripts/serve-concurrency.py", md,
                                          {"kv_share": a.kv_share, "prompt_tokens": a.prompt, "max_tokens": a.max_tokens,
                                           "shared_prompt": a.shared_prompt, "results": results})

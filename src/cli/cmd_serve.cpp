@@ -32,6 +32,7 @@ struct ServeFlags {
   int port = 8000;
   std::string served_name;
   int max_sessions = 4;
+  bool no_share_blocks = false;
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;
   std::string api_key;
@@ -156,6 +157,7 @@ int run_serve(const ServeFlags& f) {
   server::ServerOptions so;
   so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
   so.pool.max_sessions = f.max_sessions;
+  so.pool.share_blocks = !f.no_share_blocks;
   so.max_batch_tokens = f.max_batched_tokens;
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
   so.max_model_len = f.max_model_len;
@@ -250,6 +252,11 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "one runs starts on a copy of it when a slot is free, else waits)")
       ->default_val(4)
       ->check(cli::in_range(1, 4096));
+  cmd->add_flag("--no-share-blocks", f->no_share_blocks,
+                "Give each trajectory a KV memory of its own, so that a copy of another's prefix (parallel agents on "
+                "one prompt, a conversation that parts from another) stores that prefix again instead of sharing its "
+                "blocks (copy-on-write); the copies then decode over their own blocks (for measuring; --kv-memory "
+                "does the same)");
   cmd->add_option("--max-num-batched-tokens", f->max_batched_tokens,
                   "Tokens of one batched forward pass (vLLM's flag): every running request's next token, then "
                   "prompts in chunks of what is left, so a long prompt does not stall the others' decoding (with "

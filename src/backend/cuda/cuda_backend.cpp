@@ -118,10 +118,10 @@ CudaBackend::~CudaBackend() {
                "{} eager, {} capture failures (segments included); {:.1f} ms building graphs; {} attention launches "
                "served {} sequences at once; {} prefill attentions materialised K; {} RoPEs launched with their K/V "
                "stores; {} store launches computed LoRA expands; {} decode attentions did their RoPE and stores; {} q/k "
-               "norms were done by the kernel after them\n",
+               "norms were done by the kernel after them; {} shared-prefix attentions served {} sequences\n",
                t.passes, t.segments, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms,
                batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_,
-               fused_rope_attention_, fused_qk_norms_);
+               fused_rope_attention_, fused_qk_norms_, shared_prefix_attn_, shared_prefix_seqs_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
     double total = 0;
