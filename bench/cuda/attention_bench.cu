@@ -747,34 +747,41 @@ int main(int argc, char** argv) {
     int32_t* d_cl_own = dupload(cl_own);
     int32_t* d_qs_a = dupload(std::vector<int32_t>{0, n_forks});
     int32_t* d_cl_a = dupload(std::vector<int32_t>{shared_ctx});
-    std::vector<const bf16*> bp(n_forks);
+    std::vector<const bf16*> bp(n_forks), bkp(n_forks);
     for (int s = 0; s < n_forks; ++s) bp[s] = P.bv + static_cast<size_t>(s) * kWidth * kRank;
+    for (int s = 0; s < n_forks; ++s) bkp[s] = P.bk + static_cast<size_t>(s) * kWidth * kRank;
     const bf16* const* d_bp = dupload(bp);
+    const bf16* const* d_bkp = dupload(bkp);
     const size_t rows = static_cast<size_t>(n_forks) * kHeads;
     float* o_batch = dalloc<float>(rows * kD);   // [8, 32 heads, 128]
     float* o_own = dalloc<float>(rows * kD);     // [8, 32 heads, 128]
     float* o_shared = dalloc<float>(rows * kD);  // [8, 32 heads, 128]
     float* lse = dalloc<float>(2 * rows);        // [2, 8, 32 heads]: the shared pass's, the own keys'
-    auto batch = [&](int rep, bool vlr) {
+    auto batch = [&](int rep, bool vlr, bool klr) {
       lc::AttnParams p = make_params(P, d_ft, stride, d_qs, d_cl, n_forks, 1, shared_ctx + kOwn,
                                      qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, nullptr, vlr,
-                                     false, ws, ws_bytes);
+                                     klr, ws, ws_bytes);
       p.out_f32 = o_batch;
       if (vlr) p.v_lr.b_seq = d_bp;
+      if (klr) p.k_lr.b_seq = d_bkp;
       return p;
     };
-    auto shared_prefix = [&](int rep, bool vlr) {
+    auto shared_prefix = [&](int rep, bool vlr, bool klr) {
       const bf16* q = qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD;
       lc::AttnParams a =
-          make_params(P, d_ft, 0, d_qs_a, d_cl_a, 1, n_forks, shared_ctx, q, nullptr, vlr, false, ws, ws_bytes);
+          make_params(P, d_ft, 0, d_qs_a, d_cl_a, 1, n_forks, shared_ctx, q, nullptr, vlr, klr, ws, ws_bytes);
       a.agents = true;
       a.out_f32 = o_shared;
       a.lse_out = lse;
-      lc::AttnParams o = make_params(P, d_ft + pages, stride, d_qs, d_cl_own, n_forks, 1, kOwn, q, nullptr, vlr, false,
+      lc::AttnParams o = make_params(P, d_ft + pages, stride, d_qs, d_cl_own, n_forks, 1, kOwn, q, nullptr, vlr, klr,
                                      ws, ws_bytes);
       o.out_f32 = o_own;
       o.lse_out = lse + rows;
       if (vlr) a.v_lr.b_seq = o.v_lr.b_seq = d_bp;
+      if (klr) {
+        a.k_lr.b_seq = o.k_lr.b_seq = d_bkp;
+        o.k_pos0 = shared_ctx;  // the own keys' RoPE positions
+      }
       CK(lc::attention(a));
       CK(lc::attention(o));
       lc::AttnMerge m;
@@ -787,11 +794,12 @@ int main(int argc, char** argv) {
       m.head_dim = kD;
       CK(lc::attention_merge(m, nullptr));
     };
-    for (const bool vlr : {false, true}) {
-      const std::string tag = vlr ? "flash_lora_v_r16" : "plain";
-      const std::vector<Stats> t = time_interleaved(
-          {[&](int rep) { CK(lc::attention(batch(rep, vlr))); }, [&](int rep) { shared_prefix(rep, vlr); }}, warmup,
-          reps);
+    for (const int var : {0, 1, 2}) {  // plain, V term, K and V terms
+      const bool vlr = var >= 1, klr = var == 2;
+      const std::string tag = klr ? "flash_lora_kv_r16" : vlr ? "flash_lora_v_r16" : "plain";
+      const std::vector<Stats> t = time_interleaved({[&](int rep) { CK(lc::attention(batch(rep, vlr, klr))); },
+                                                     [&](int rep) { shared_prefix(rep, vlr, klr); }},
+                                                    warmup, reps);
       for (int v = 0; v < 2; ++v) {
         Result r;
         r.group = "forks";
@@ -807,8 +815,8 @@ int main(int argc, char** argv) {
         report(r);
       }
       // The two on the same inputs: relative L2 of the shared-prefix output to the batch's.
-      CK(lc::attention(batch(0, vlr)));
-      shared_prefix(0, vlr);
+      CK(lc::attention(batch(0, vlr, klr)));
+      shared_prefix(0, vlr, klr);
       CK(cudaDeviceSynchronize());
       std::vector<float> a(rows * kD), b(rows * kD);
       CK(cudaMemcpy(a.data(), o_batch, a.size() * 4, cudaMemcpyDeviceToHost));
@@ -828,7 +836,8 @@ int main(int argc, char** argv) {
     }
     for (void* ptr : {static_cast<void*>(d_ft), static_cast<void*>(d_qs), static_cast<void*>(d_cl),
                       static_cast<void*>(d_cl_own), static_cast<void*>(d_qs_a), static_cast<void*>(d_cl_a),
-                      const_cast<void*>(static_cast<const void*>(d_bp)), static_cast<void*>(o_batch),
+                      const_cast<void*>(static_cast<const void*>(d_bp)),
+                      const_cast<void*>(static_cast<const void*>(d_bkp)), static_cast<void*>(o_batch),
                       static_cast<void*>(o_own), static_cast<void*>(o_shared), static_cast<void*>(lse)})
       CK(cudaFree(ptr));
   }

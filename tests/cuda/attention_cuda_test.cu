@@ -1103,7 +1103,8 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   bad.v_lr.b_agent_stride = 128 * 4 + 1;  // agents' B read as bf16 pairs
   EXPECT_FALSE(lc::attention_params_ok(bad));
   // Per-sequence B (decode batches, v4 only): the V side alone, or the K and V sides together; a
-  // K side's b_seq without the V side's is refused. In agents mode b_seq is per agent, V side only.
+  // K side's b_seq without the V side's is refused. In agents mode b_seq is per agent (with a K
+  // term on both sides).
   static unsigned int counters[16];
   static float inv_freq[32];
   static const lc::bf16* b_ptrs[1] = {reinterpret_cast<const lc::bf16*>(dummy_h)};
@@ -1119,8 +1120,17 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   bs.v_lr.b_seq = nullptr;
   EXPECT_FALSE(lc::attention_params_ok(bs)) << "K side per sequence without the V side's";
   bs.v_lr.b_seq = b_ptrs;
+  bs.k_lr.b_seq = nullptr;
   bs.agents = true;
-  EXPECT_FALSE(lc::attention_params_ok(bs)) << "per-agent B with a K term in agents mode";
+  EXPECT_FALSE(lc::attention_params_ok(bs)) << "per-agent B_v beside a K term without per-agent B_k";
+  bs.k_lr.b_seq = b_ptrs;
+  EXPECT_TRUE(lc::attention_params_ok(bs)) << "per-agent B_k and B_v in agents mode";
+  // k_pos0 (a fork's own keys' positions): with a K term on v4 only, never negative.
+  bs.k_pos0 = 4096;
+  EXPECT_TRUE(lc::attention_params_ok(bs)) << "k_pos0 with a K term";
+  bs.k_pos0 = -1;
+  EXPECT_FALSE(lc::attention_params_ok(bs)) << "negative k_pos0";
+  bs.k_pos0 = 0;
   bs.k_lr = lc::DevLowRank{};
   bs.inv_freq = nullptr;
   EXPECT_TRUE(lc::attention_params_ok(bs)) << "per-agent B_v in agents mode (a shared prefix's pass)";
@@ -1130,6 +1140,9 @@ TEST(CudaAttention, RejectsUnsupportedShapes) {
   EXPECT_EQ(lc::attention(bs, lc::AttnKernel::kV3Mma), cudaErrorInvalidValue) << "lse_out where v4 may not run";
   bs.lse_out = reinterpret_cast<float*>(dummy_h + 1);
   EXPECT_FALSE(lc::attention_params_ok(bs)) << "lse_out 2-byte aligned";
+  bs.lse_out = nullptr;
+  bs.k_pos0 = 16;
+  EXPECT_FALSE(lc::attention_params_ok(bs)) << "k_pos0 without a K term";
   bad = ok;  // no split counters: v4 would not run
   bad.lse_out = reinterpret_cast<float*>(dummy_h);
   EXPECT_FALSE(lc::attention_params_ok(bad)) << "lse_out off v4";

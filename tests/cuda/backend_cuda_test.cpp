@@ -792,6 +792,24 @@ TEST_P(CudaOps, AttentionMatchesCpu) {
   }
 }
 
+// One decode row's attention: its query at q (one token), its last key at n_ctx - 1.
+static AttentionParams decode_row(int heads, int kv_heads, int hd, const float* q, const int32_t* q_pos, int n_ctx,
+                                  const PagedView& k, const PagedView& v, float* out) {
+  AttentionParams p;
+  p.n_heads = heads;
+  p.n_kv_heads = kv_heads;
+  p.head_dim = hd;
+  p.softmax_scale = 1.f / std::sqrt(static_cast<float>(hd));
+  p.n_q = 1;
+  p.q = q;
+  p.q_pos = q_pos;
+  p.n_ctx = n_ctx;
+  p.k = k;
+  p.v = v;
+  p.out = out;
+  return p;
+}
+
 // attention_batch over the decode rows of a pass whose sequences live in different trajectories:
 // each sequence's K, V and LRv pools (and with k_term its LRk pool) in a KV arena of its own, each
 // its own adapter's B (two sequences share one), awkward context lengths, one sequence without
@@ -854,18 +872,10 @@ static void attention_batch_over_arenas(Backend* cpu, Backend* gpu, DType dt, bo
     std::vector<AttentionParams> ps;
     for (int64_t s = 0; s < n; ++s) {
       const auto us = static_cast<size_t>(s);
-      AttentionParams p;
-      p.n_heads = kHeads;
-      p.n_kv_heads = kKv;
-      p.head_dim = kHd;
-      p.softmax_scale = 1.f / std::sqrt(static_cast<float>(kHd));
-      p.n_q = 1;
-      p.q = (side ? qd : q).f32() + s * row;
-      p.q_pos = &q_pos[us];
-      p.n_ctx = ctx[us];
       const size_t pi = static_cast<size_t>(kPools) * us;
-      p.k = pools[pi]->layer_view(0, tables[pi].data());
-      p.v = pools[pi + 1]->layer_view(0, tables[pi + 1].data());
+      AttentionParams p = decode_row(kHeads, kKv, kHd, (side ? qd : q).f32() + s * row, &q_pos[us], ctx[us],
+                                     pools[pi]->layer_view(0, tables[pi].data()),
+                                     pools[pi + 1]->layer_view(0, tables[pi + 1].data()), out.f32() + s * row);
       if (b_of[us] >= 0) {
         const auto bi = static_cast<size_t>(b_of[us]);
         const TensorView b = side ? bd[bi].view() : bs[bi].view();
@@ -876,7 +886,6 @@ static void attention_batch_over_arenas(Backend* cpu, Backend* gpu, DType dt, bo
           p.inv_freq = inv_freq.data();
         }
       }
-      p.out = out.f32() + s * row;
       ps.push_back(p);
     }
     be.attention_batch(ps);
@@ -918,6 +927,7 @@ TEST_P(CudaOps, AttentionBatchWithKTermsOverSeveralArenasAndAdaptersMatchesCpu) 
 struct SharedPrefixCase {
   int page = 16;
   int rank = 0;                    // V term rank (0: none)
+  int k_rank = 0;                  // K term rank (0: none; needs the V term)
   std::vector<int> shared_pages;   // per sequence: leading pages it takes from the shared blocks
   std::vector<int> own;            // per sequence: keys after them, in blocks of its own
   std::vector<int> b_of;           // per sequence: its B (with a V term)
@@ -930,20 +940,23 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
   const auto n = static_cast<int64_t>(c.own.size());
   const int max_shared = *std::max_element(c.shared_pages.begin(), c.shared_pages.end());
   Tensor q = random_host({n, kHeads, kHd}, 61);
-  std::vector<Tensor> bs;
+  std::vector<Tensor> bs, bks;
   for (int b = 0; b < 3; ++b) bs.push_back(random_host({width, std::max(c.rank, 1)}, 70 + static_cast<uint32_t>(b), 0.3f));
+  for (int b = 0; b < 3; ++b) bks.push_back(random_host({width, std::max(c.k_rank, 1)}, 80 + static_cast<uint32_t>(b), 0.05f));
+  std::vector<float> inv_freq(kHd / 2);
+  for (int i = 0; i < kHd / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.f, -2.f * i / kHd);
   std::vector<int> ctx(static_cast<size_t>(n));
   for (int64_t s = 0; s < n; ++s) ctx[static_cast<size_t>(s)] = c.shared_pages[static_cast<size_t>(s)] * c.page + c.own[static_cast<size_t>(s)];
   std::vector<float> outs[2];
   Backend* bes[2] = {cpu, gpu};
   const GraphStats before = gpu->graph_stats();
-  const int kPools = c.rank > 0 ? 3 : 2;  // K, V, LRv
+  const int kPools = c.k_rank > 0 ? 4 : c.rank > 0 ? 3 : 2;  // K, V, LRv, LRk
   for (int side = 0; side < 2; ++side) {
     Backend& be = *bes[side];
     Backend* pb = pool_backend(be);
     int64_t blocks = max_shared;
     for (int64_t s = 0; s < n; ++s) blocks += (ctx[static_cast<size_t>(s)] + c.page - 1) / c.page;
-    const int64_t widths[3] = {width, width, std::max(c.rank, 1)};
+    const int64_t widths[4] = {width, width, std::max(c.rank, 1), std::max(c.k_rank, 1)};
     std::vector<std::unique_ptr<BlockPool>> pools;
     std::vector<std::vector<int32_t>> tables(static_cast<size_t>(n * kPools));  // [n, kPools]
     std::vector<Tensor> keep;
@@ -979,30 +992,28 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
       pools.push_back(std::move(*pool));
     }
     Tensor qd = side ? be.upload(q.view(), DType::kF32) : Tensor();
-    std::vector<Tensor> bd;
+    std::vector<Tensor> bd, bkd;
     for (const Tensor& b : bs) bd.push_back(side ? be.upload(b.view(), be.weight_dtype()) : Tensor());
+    for (const Tensor& b : bks) bkd.push_back(side ? be.upload(b.view(), be.weight_dtype()) : Tensor());
     Tensor out = be.alloc(DType::kF32, {n, kHeads, kHd});
     std::vector<int32_t> q_pos(static_cast<size_t>(n));
     std::vector<AttentionParams> ps;
     for (int64_t s = 0; s < n; ++s) {
       const auto us = static_cast<size_t>(s);
       q_pos[us] = ctx[us] - 1;
-      AttentionParams p;
-      p.n_heads = kHeads;
-      p.n_kv_heads = kKv;
-      p.head_dim = kHd;
-      p.softmax_scale = 1.f / std::sqrt(static_cast<float>(kHd));
-      p.n_q = 1;
-      p.q = (side ? qd : q).f32() + s * row;
-      p.q_pos = &q_pos[us];
-      p.n_ctx = ctx[us];
-      p.k = pools[0]->layer_view(0, tables[us * kPools].data());
-      p.v = pools[1]->layer_view(0, tables[us * kPools + 1].data());
+      AttentionParams p = decode_row(kHeads, kKv, kHd, (side ? qd : q).f32() + s * row, &q_pos[us], ctx[us],
+                                     pools[0]->layer_view(0, tables[us * kPools].data()),
+                                     pools[1]->layer_view(0, tables[us * kPools + 1].data()), out.f32() + s * row);
       if (c.rank > 0) {
         const TensorView b = side ? bd[static_cast<size_t>(c.b_of[us])].view() : bs[static_cast<size_t>(c.b_of[us])].view();
         p.v_lr = {pools[2]->layer_view(0, tables[us * kPools + 2].data()), b.data, c.rank, 0.7f, b.dtype};
       }
-      p.out = out.f32() + s * row;
+      if (c.k_rank > 0) {
+        const auto bi = static_cast<size_t>(c.b_of[us]);
+        const TensorView bk = side ? bkd[bi].view() : bks[bi].view();
+        p.k_lr = {pools[3]->layer_view(0, tables[us * kPools + 3].data()), bk.data, c.k_rank, 2.0f, bk.dtype};
+        p.inv_freq = inv_freq.data();
+      }
       ps.push_back(p);
     }
     be.attention_batch(ps);
@@ -1017,8 +1028,8 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
   }
   const GraphStats after = gpu->graph_stats();
   const int64_t runs = after.shared_prefix_attention - before.shared_prefix_attention;
-  std::printf("  attention_batch %s, %lld forks, page %d, rank %d: %lld shared-prefix launches\n", dtype_name(dt),
-              static_cast<long long>(n), c.page, c.rank, static_cast<long long>(runs));
+  std::printf("  attention_batch %s, %lld forks, page %d, rank %d, K rank %d: %lld shared-prefix launches\n",
+              dtype_name(dt), static_cast<long long>(n), c.page, c.rank, c.k_rank, static_cast<long long>(runs));
   if (dt == DType::kBF16) {
     EXPECT_EQ(runs, c.expect_shared_keys > 0 ? 1 : 0) << n << " forks, page " << c.page;
     EXPECT_EQ(after.shared_prefix_seqs - before.shared_prefix_seqs, c.expect_shared_keys > 0 ? n : 0);
@@ -1036,15 +1047,19 @@ TEST_P(CudaOps, AttentionBatchOfForksSharesTheirPrefix) {
   const std::vector<SharedPrefixCase> cases = {
       // Six forks with V terms (three Bs); the fourth leaves the shared blocks 30 pages early, so
       // the pass covers 34 pages; own keys of awkward counts, one a whole page.
-      {16, 16, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 34 * 16},
-      // Pages of one token, rank 8, 97 shared keys.
-      {1, 8, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 97},
+      {16, 16, 0, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 34 * 16},
+      // The same with k_proj adapters (K term rank 16: per-agent B_k in the shared pass, the own
+      // keys' RoPE positions from the shared keys' end).
+      {16, 16, 16, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 34 * 16},
+      // Pages of one token, rank 8, 97 shared keys; and with a K term of rank 4.
+      {1, 8, 0, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 97},
+      {1, 8, 4, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 97},
       // Eight forks without adapter terms (full sharing: 32 rows, v4's two row tiles), 4096 shared keys.
-      {16, 0, {256, 256, 256, 256, 256, 256, 256, 256}, {1, 2, 3, 4, 5, 6, 7, 4097 - 4096}, {}, 4096},
+      {16, 0, 0, {256, 256, 256, 256, 256, 256, 256, 256}, {1, 2, 3, 4, 5, 6, 7, 4097 - 4096}, {}, 4096},
       // A single shared page and rank 4.
-      {16, 4, {1, 1}, {1, 16}, {0, 1}, 16},
+      {16, 4, 0, {1, 1}, {1, 16}, {0, 1}, 16},
       // Nine forks at G = 4 are 36 rows, more than agents mode takes: a plain decode batch.
-      {16, 16, {8, 8, 8, 8, 8, 8, 8, 8, 8}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2}, 0},
+      {16, 16, 0, {8, 8, 8, 8, 8, 8, 8, 8, 8}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2}, 0},
   };
   for (const SharedPrefixCase& c : cases) attention_batch_shared_prefix(cpu.get(), gpu.get(), GetParam(), c);
 }

@@ -44,8 +44,11 @@ bool params_ok(const AttnParams& p) {
   // Per-sequence B: v4's decode kernel only (another kernel would read b for every sequence), V
   // side alone or K and V sides together.
   if ((p.k_lr.b_seq && (!p.k_lr.active() || !p.v_lr.b_seq)) ||
-      (p.v_lr.b_seq && (!p.v_lr.active() || (p.agents && p.k_lr.active()) || !attention_v4_applies(p))))
+      (p.v_lr.b_seq && (!p.v_lr.active() || (p.agents && p.k_lr.active() && !p.k_lr.b_seq) ||
+                        !attention_v4_applies(p))))
     return false;
+  // k_pos0: v4's K term only (the other kernels place key j at position j).
+  if (p.k_pos0 != 0 && (p.k_pos0 < 0 || !p.k_lr.active() || !attention_v4_applies(p))) return false;
   if (p.lse_out && (!aligned(p.lse_out, 4) || !attention_v4_applies(p))) return false;
   if (p.split_counters_capacity < 0 || (p.split_counters_capacity > 0 && !p.split_counters)) return false;
   return true;

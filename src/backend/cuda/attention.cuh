@@ -57,9 +57,9 @@ struct DevLowRank {
   const bf16* b = nullptr;     // [n_kv_heads·head_dim, rank] lora_B (row-major)
   int64_t b_agent_stride = 0;  // agents mode: elements between agents' B matrices
   // Decode batches of sequences with different adapters: device [n_seqs] B of each sequence
-  // (used instead of b, which must still be set); in agents mode [max_q], each agent's B, on the
-  // V side only (the per-agent K term reads b + a·b_agent_stride). Only the v4 decode kernel
-  // takes it, on the V side alone or on both sides (a K side's b_seq needs the V side's);
+  // (used instead of b, which must still be set); in agents mode [max_q], each agent's B. Only
+  // the v4 decode kernel takes it, on the V side alone or on both sides (a K side's b_seq needs
+  // the V side's, and in agents mode with a K term the V side's needs the K side's);
   // attention() refuses it where v4 would not run (attention_v4_applies).
   const bf16* const* b_seq = nullptr;
   int rank = 0;
@@ -80,6 +80,9 @@ struct AttnParams {
   DevPagedView k, v;
   DevLowRank k_lr, v_lr;
   const float* inv_freq = nullptr;  // needed when k_lr is active
+  // The K term's RoPE puts key j of every sequence's view at position k_pos0 + j (a fork's own keys
+  // after a shared prefix of k_pos0 keys, read through tables that start there). v4 only.
+  int k_pos0 = 0;
   bf16* out = nullptr;              // may be null
   float* out_f32 = nullptr;         // may be null
   // Optional, [n_tokens, n_heads] like the output's rows: each row's log2 Σ_j exp(softmax_scale ·

@@ -499,7 +499,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float sn, cs;
-              detail::rope_sincos(static_cast<float>(key0 + kl) * f[e], &sn, &cs);
+              detail::rope_sincos(static_cast<float>(p.k_pos0 + key0 + kl) * f[e], &sn, &cs);
               const float x1 = c1[hh * 2 + e] * p.k_lr.scale, x2 = c2[hh * 2 + e] * p.k_lr.scale;
               y1[e] = x1 * cs - x2 * sn;
               y2[e] = x2 * cs + x1 * sn;
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
       }
       if constexpr (kK == kKPerAgent)
         agents_k_scores<D, RS, kAgentsPerPass<MT>>(p, sm + L::kLk + (st * kBN + kw * 16) * RS, bk_frags, qf, agents,
-                                                   key0, lane, sc);
+                                                   p.k_pos0 + key0, lane, sc);
       // Mask keys past the split's end (zero-filled rows), online softmax on raw scores.
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -834,8 +834,9 @@ int v4_rows(const AttnParams& p) { return (p.agents ? p.max_q : 1) * (p.n_heads 
 // The K term (session 33): beside a V term of rank <= 16 (the LR kernel's instantiation), K rank
 // <= 16. Without agents one sequence's G heads (or a batch's, each sequence's B_k by b_seq beside
 // its B_v) in one row tile (kKInPlace); agents mode at one or two row tiles, one B per agent
-// (kKPerAgent; attention() refuses b_seq there, and checks what its 4-byte B_k loads need: b
-// 4-byte aligned, agents' B matrices an even number of elements apart).
+// (kKPerAgent; b + a·b_agent_stride, or b_seq[a] beside the V side's per-agent B; attention()
+// checks what its 4-byte B_k loads need: b 4-byte aligned, agents' B matrices an even number of
+// elements apart). k_pos0 shifts the keys' RoPE positions in both.
 bool v4_takes_k_term(const AttnParams& p) {
   const bool shape = p.agents || (v4_rows(p) <= kTileRows && !p.k_lr.b_seq == !p.v_lr.b_seq);
   return shape && p.k_lr.rank <= 16 && p.inv_freq != nullptr && p.v_lr.active();

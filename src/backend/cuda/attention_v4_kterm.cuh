@@ -60,10 +60,12 @@ __device__ __forceinline__ void fill_bk_frags(const AttnParams& p, uint4* frags,
   const int rank = p.k_lr.rank;
   for (int e = tid; e < n_agents * (D / 16) * 32; e += n_threads) {
     const int ln = e % 32, pr = (e / 32) % (D / 16), a = e / (32 * (D / 16));
-    frags[e] = bk_fragment<D>(p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank, rank, pr, ln);
+    const bf16* b = p.k_lr.b_seq ? p.k_lr.b_seq[a] : p.k_lr.b + a * p.k_lr.b_agent_stride;  // agent a's B_k
+    frags[e] = bk_fragment<D>(b + static_cast<int64_t>(g) * D * rank, rank, pr, ln);
   }
 }
 // APP: agents per pass, whose residual accumulators are held at once and share the pass's sin/cos.
+// key0: the position of the warp's first key (k_pos0 included).
 template <int D, int RS, int APP>
 __device__ __forceinline__ void agents_k_scores(const AttnParams& p, const bf16* lk, const uint4* bk_frags,
                                                 const uint32_t (&qf)[D / 16][4], const AgentRows& ar, int key0,

@@ -27,7 +27,7 @@ void sig_of(lc::GraphTape& t, const lc::DevLowRank& d) {
 }
 void sig_of(lc::GraphTape& t, const lc::AttnParams& a) {
   t.sig(a.n_heads, a.n_kv_heads, a.head_dim, a.softmax_scale, a.n_seqs, a.q_start, a.ctx_len, a.max_q, a.max_ctx,
-        a.agents, a.q, a.inv_freq, a.out, a.out_f32, a.lse_out, a.workspace, a.workspace_bytes, a.num_splits,
+        a.agents, a.q, a.inv_freq, a.k_pos0, a.out, a.out_f32, a.lse_out, a.workspace, a.workspace_bytes, a.num_splits,
         a.split_counters, a.split_counters_capacity);
   sig_of(t, a.k);
   sig_of(t, a.v);
@@ -312,16 +312,24 @@ const lc::bf16* CudaBackend::q_bf16(const float* q, int64_t elems) {
   return qb;
 }
 
-void CudaBackend::run_fast_attention(const AttentionParams& p) {
-  const int64_t q_elems = static_cast<int64_t>(p.n_q) * p.n_heads * p.head_dim;
-  const lc::bf16* qb = q_bf16(p.q, q_elems);
-  const int32_t meta[3] = {0, p.n_q, p.n_ctx};  // q_start[0..1], ctx_len[0]
-  const auto* dmeta = dev_ints(meta, 3);
+lc::AttnParams CudaBackend::attn_params_for(const AttentionParams& p) const {
   lc::AttnParams a;
   a.n_heads = p.n_heads;
   a.n_kv_heads = p.n_kv_heads;
   a.head_dim = p.head_dim;
   a.softmax_scale = p.softmax_scale;
+  a.stream = stream_;
+  a.split_counters = split_counters_;
+  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
+  return a;
+}
+
+void CudaBackend::run_fast_attention(const AttentionParams& p) {
+  const int64_t q_elems = static_cast<int64_t>(p.n_q) * p.n_heads * p.head_dim;
+  const lc::bf16* qb = q_bf16(p.q, q_elems);
+  const int32_t meta[3] = {0, p.n_q, p.n_ctx};  // q_start[0..1], ctx_len[0]
+  const auto* dmeta = dev_ints(meta, 3);
+  lc::AttnParams a = attn_params_for(p);
   a.n_seqs = 1;
   a.q_start = dmeta;
   a.ctx_len = dmeta + 2;
@@ -342,9 +350,6 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   }
   if (p.k_lr.active()) a.inv_freq = dev_floats(p.inv_freq, p.head_dim / 2);
   a.out_f32 = p.out;
-  a.stream = stream_;
-  a.split_counters = split_counters_;
-  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
   // A complete AttnParams first: materialize_k_applies checks it as attention() would.
   void* const kv_copy = a.k_lr.active() ? materialize_k_full(p, a) : nullptr;
   const lc::AttnKernel kernel = attn_kernel_;
@@ -484,19 +489,12 @@ std::optional<lc::AttnParams> CudaBackend::decode_batch_params(std::span<const A
   for (const AttentionParams& p : ps) max_ctx = std::max<int64_t>(max_ctx, p.n_ctx - skip);
   const int64_t sized = sized_ctx(max_ctx);
   const bool lr = p0.v_lr.active(), klr = p0.k_lr.active();
-  lc::AttnParams a;
-  a.n_heads = p0.n_heads;
-  a.n_kv_heads = p0.n_kv_heads;
-  a.head_dim = p0.head_dim;
-  a.softmax_scale = p0.softmax_scale;
+  lc::AttnParams a = attn_params_for(p0);
   a.n_seqs = static_cast<int>(n);
   a.max_q = 1;
   a.max_ctx = static_cast<int>(sized);
   a.out_f32 = p0.out;
   a.lse_out = lse;
-  a.stream = stream_;
-  a.split_counters = split_counters_;
-  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
   if (lr) {
     a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
     a.v_lr.rank = p0.v_lr.rank;
@@ -507,6 +505,7 @@ std::optional<lc::AttnParams> CudaBackend::decode_batch_params(std::span<const A
     a.k_lr.rank = p0.k_lr.rank;
     a.k_lr.scale = p0.k_lr.scale;
     a.inv_freq = dev_floats(p0.inv_freq, p0.head_dim / 2);
+    a.k_pos0 = static_cast<int>(skip);  // the keys from `skip` on keep their positions
   }
   // Decided by the shapes, before anything is staged but the K term's RoPE frequencies (the check
   // wants them present).
@@ -598,8 +597,7 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
 
 int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) const {
   const AttentionParams& p0 = ps.front();
-  // A per-agent K term would need b_seq in the agents pass, which its kernel does not take.
-  if (ps.size() < 2 || p0.k_lr.active()) return 0;
+  if (ps.size() < 2) return 0;
   int64_t limit = p0.n_ctx - 1;  // every sequence keeps >= 1 key of its own (its new token's)
   for (const AttentionParams& p : ps) limit = std::min<int64_t>(limit, p.n_ctx - 1);
   // Whole pages whose block ids agree in every table, over the same memory.
@@ -620,6 +618,10 @@ int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) con
     keys = std::min(keys, common([](const AttentionParams& p) -> const PagedView& { return p.v_lr.lr; }));
     page = std::max<int64_t>(page, p0.v_lr.lr.page_size);
   }
+  if (p0.k_lr.active()) {  // decode_batchable: the same rank, scale and RoPE frequencies
+    keys = std::min(keys, common([](const AttentionParams& p) -> const PagedView& { return p.k_lr.lr; }));
+    page = std::max<int64_t>(page, p0.k_lr.lr.page_size);
+  }
   return keys / page * page;  // a page boundary of every cache (page sizes are powers of two)
 }
 
@@ -632,29 +634,28 @@ bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
   const int64_t rows = n * p0.n_heads;  // [n, n_heads] output rows
   const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned16(p0.out)) return false;  // the merge's 16-byte rows
-  const bool lr = p0.v_lr.active();
+  const bool lr = p0.v_lr.active(), klr = p0.k_lr.active();
 
   // The shared keys' pass: agents mode, agent i the query of sequence i.
-  lc::AttnParams a;
-  a.n_heads = p0.n_heads;
-  a.n_kv_heads = p0.n_kv_heads;
-  a.head_dim = p0.head_dim;
-  a.softmax_scale = p0.softmax_scale;
+  lc::AttnParams a = attn_params_for(p0);
   a.n_seqs = 1;
   a.agents = true;
   a.max_q = static_cast<int>(n);
   a.max_ctx = static_cast<int>(sized_ctx(shared));
-  a.stream = stream_;
-  a.split_counters = split_counters_;
-  a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
   if (lr) {
     a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
     a.v_lr.rank = p0.v_lr.rank;
     a.v_lr.scale = p0.v_lr.scale;
   }
+  if (klr) {
+    a.k_lr.b = static_cast<const lc::bf16*>(p0.k_lr.b);
+    a.k_lr.rank = p0.k_lr.rank;
+    a.k_lr.scale = p0.k_lr.scale;
+  }
   // Placeholders for the check (every pointer set below before the launch).
   a.out_f32 = p0.out;
   a.lse_out = p0.out;
+  a.inv_freq = klr ? p0.inv_freq : nullptr;
   if (!lc::attention_v4_applies(a)) return false;
 
   // Scratch: the shared pass's outputs [rows, head_dim] and log-sum-exps, the own keys' [rows].
@@ -675,11 +676,14 @@ bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
   a.q = own->q;  // the same n query rows, already in bf16
   a.k = dev_view(p0.k, shared);
   a.v = dev_view(p0.v, shared, p0.v.table == p0.k.table && p0.v.page_size == p0.k.page_size ? a.k.table : nullptr);
-  if (lr) {
+  if (lr) {  // each agent's B_v: the own keys' pass's per-sequence array
     a.v_lr.lr = dev_view(p0.v_lr.lr, shared);
-    std::vector<const void*> bs;
-    for (const AttentionParams& p : ps) bs.push_back(p.v_lr.b);
-    a.v_lr.b_seq = static_cast<const lc::bf16* const*>(dev_bytes(bs.data(), bs.size() * sizeof(void*)));
+    a.v_lr.b_seq = own->v_lr.b_seq;
+  }
+  if (klr) {  // each agent's B_k the same way, and the frequencies that pass staged
+    a.k_lr.lr = dev_view(p0.k_lr.lr, shared);
+    a.k_lr.b_seq = own->k_lr.b_seq;
+    a.inv_freq = own->inv_freq;
   }
   a.out_f32 = o_shared;
   a.lse_out = lse_shared;

@@ -432,6 +432,9 @@ class CudaBackend final : public Backend {
   // a.workspace for the split count `kernel` picks: the pass's arena when recording, else the
   // backend's attention workspace, grown as needed (none when out of memory: the launch runs unsplit).
   void set_attn_workspace(lc::AttnParams& a, lc::AttnKernel kernel);
+  // A launch's fields that come from p's shapes and the backend: heads, head_dim, scale, stream and
+  // split counters (the rest is the caller's).
+  lc::AttnParams attn_params_for(const AttentionParams& p) const;
   // q [elems] f32 as bf16 for the tuned kernels: the bf16 copy rope_pair made when it covers q
   // (q_shadow_), else converted into scratch.
   const lc::bf16* q_bf16(const float* q, int64_t elems);
@@ -448,11 +451,12 @@ class CudaBackend final : public Backend {
   // not yet set. nullopt where v4 would not run or the tables cannot be rebased.
   std::optional<lc::AttnParams> decode_batch_params(std::span<const AttentionParams> ps, int64_t skip, float* lse);
   // Keys [0, n) that every sequence of ps (decode_batchable rows) reads from the same blocks (K,
-  // V and the V term's rows), whole pages of every cache, leaving each sequence at least one key
-  // of its own; 0 when the term's inputs differ or a K term is active.
+  // V and the LR rows of the V and K terms), whole pages of every cache, leaving each sequence at
+  // least one key of its own; 0 when they differ.
   int64_t shared_prefix_keys(std::span<const AttentionParams> ps) const;
   // ps with shared_prefix_keys() > 0 as a shared-prefix attention: v4's agents mode over the
-  // shared keys (each sequence's B_v by b_seq) and the decode batch over each one's own keys, both
+  // shared keys (each sequence's B_v and B_k by b_seq) and the decode batch over each one's own
+  // keys (their K term's RoPE positions from k_pos0 on), both
   // with their log-sum-exps, then attention_merge into the outputs. False (nothing launched) when
   // too few keys are shared to pay for the two extra launches, or v4 takes neither shape.
   bool run_shared_prefix(std::span<const AttentionParams> ps);
