@@ -272,13 +272,16 @@ class CudaBackend final : public Backend {
   std::optional<lc::GemvNorm> gemv_norm_of(const TensorView& h, const TensorView& norm_w, float eps) const;
   bool batch_attention_ = true;             // attention_batch's shared launches (LRAGENT_CUDA_BATCH_ATTENTION=0: off)
   // run_shared_prefix's threshold: (sequences - 1) x shared keys, the key reads it saves per kv
-  // head (LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS; 0: off). Its three launches cost more than the
-  // batch's repeated reads below ~30k (`lragent_attention_bench`, forks rows, H200, 8B shapes,
-  // 256 own keys a fork; batch / shared-prefix time, plain and Flash-LoRA V): 4k shared x 8 forks
-  // 1.03 / 0.89, 32k x 2 1.12 / 1.02, 32k x 4 1.76 / 1.75, 32k x 8 2.91 / 2.68. The batch reads
-  // the shared pages at L2 speed when its forks' blocks run together, hence the high crossover.
+  // head (LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS; 0: off). Launched one by one (`lragent_attention_bench`,
+  // forks rows, H200, 8B shapes, 256 own keys a fork; batch / shared-prefix time, plain and
+  // Flash-LoRA V) its three launches cost more than the batch's repeated reads below ~30k: 4k
+  // shared x 8 forks 1.03 / 0.89, 32k x 2 1.12 / 1.02, 32k x 4 1.76 / 1.75, 32k x 8 2.91 / 2.68
+  // (the batch reads the shared pages at L2 speed when its forks' blocks run together). In the
+  // server's graphed decode steps the launches cost less: 8 agents on one 4096-token prompt
+  // (base-lr) finished in 1.02 s with it at any size against 1.10 s with this threshold at 48k,
+  // 3 agents 0.96 s either way (H200, serve-concurrency.py --shared-prompt).
   int64_t shared_prefix_min_keys_ = kSharedPrefixMinKeys;
-  static constexpr int64_t kSharedPrefixMinKeys = 49152;
+  static constexpr int64_t kSharedPrefixMinKeys = 16384;
   bool materialize_k_ = true;               // prefill's K-side LoRA term materialised (LRAGENT_CUDA_MATERIALIZE_K=0: off)
   bool fuse_rope_attention_ = true;         // pending_rope_attn_ (LRAGENT_CUDA_FUSE_ROPE_ATTENTION=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
