@@ -321,6 +321,12 @@ lc::AttnParams CudaBackend::attn_params_for(const AttentionParams& p) const {
   a.stream = stream_;
   a.split_counters = split_counters_;
   a.split_counters_capacity = split_counters_ ? kSplitCounters : 0;
+  for (auto [src, dst] : {std::pair{&p.k_lr, &a.k_lr}, std::pair{&p.v_lr, &a.v_lr}}) {
+    if (!src->active()) continue;
+    dst->b = static_cast<const lc::bf16*>(src->b);
+    dst->rank = src->rank;
+    dst->scale = src->scale;
+  }
   return a;
 }
 
@@ -341,13 +347,8 @@ void CudaBackend::run_fast_attention(const AttentionParams& p) {
   // copy, and the prefill kernels compute one address per key for both (Launch::kv_same).
   const bool same_table = p.v.table == p.k.table && p.v.page_size == p.k.page_size;
   a.v = dev_view(p.v, p.n_ctx, same_table ? a.k.table : nullptr);
-  for (auto [src, dst] : {std::pair{&p.k_lr, &a.k_lr}, std::pair{&p.v_lr, &a.v_lr}}) {
-    if (!src->active()) continue;
-    dst->lr = dev_view(src->lr, p.n_ctx);
-    dst->b = static_cast<const lc::bf16*>(src->b);
-    dst->rank = src->rank;
-    dst->scale = src->scale;
-  }
+  for (auto [src, dst] : {std::pair{&p.k_lr, &a.k_lr}, std::pair{&p.v_lr, &a.v_lr}})
+    if (src->active()) dst->lr = dev_view(src->lr, p.n_ctx);
   if (p.k_lr.active()) a.inv_freq = dev_floats(p.inv_freq, p.head_dim / 2);
   a.out_f32 = p.out;
   // A complete AttnParams first: materialize_k_applies checks it as attention() would.
@@ -495,15 +496,7 @@ std::optional<lc::AttnParams> CudaBackend::decode_batch_params(std::span<const A
   a.max_ctx = static_cast<int>(sized);
   a.out_f32 = p0.out;
   a.lse_out = lse;
-  if (lr) {
-    a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
-    a.v_lr.rank = p0.v_lr.rank;
-    a.v_lr.scale = p0.v_lr.scale;
-  }
   if (klr) {
-    a.k_lr.b = static_cast<const lc::bf16*>(p0.k_lr.b);
-    a.k_lr.rank = p0.k_lr.rank;
-    a.k_lr.scale = p0.k_lr.scale;
     a.inv_freq = dev_floats(p0.inv_freq, p0.head_dim / 2);
     a.k_pos0 = static_cast<int>(skip);  // the keys from `skip` on keep their positions
   }
@@ -642,16 +635,6 @@ bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
   a.agents = true;
   a.max_q = static_cast<int>(n);
   a.max_ctx = static_cast<int>(sized_ctx(shared));
-  if (lr) {
-    a.v_lr.b = static_cast<const lc::bf16*>(p0.v_lr.b);
-    a.v_lr.rank = p0.v_lr.rank;
-    a.v_lr.scale = p0.v_lr.scale;
-  }
-  if (klr) {
-    a.k_lr.b = static_cast<const lc::bf16*>(p0.k_lr.b);
-    a.k_lr.rank = p0.k_lr.rank;
-    a.k_lr.scale = p0.k_lr.scale;
-  }
   // Placeholders for the check (every pointer set below before the launch).
   a.out_f32 = p0.out;
   a.lse_out = p0.out;

@@ -435,8 +435,9 @@ class CudaBackend final : public Backend {
   // a.workspace for the split count `kernel` picks: the pass's arena when recording, else the
   // backend's attention workspace, grown as needed (none when out of memory: the launch runs unsplit).
   void set_attn_workspace(lc::AttnParams& a, lc::AttnKernel kernel);
-  // A launch's fields that come from p's shapes and the backend: heads, head_dim, scale, stream and
-  // split counters (the rest is the caller's).
+  // A launch's fields that come from p and the backend: heads, head_dim, scale, stream, split
+  // counters, and each active LoRA term's B, rank and scale (its rows' view, b_seq and the rest
+  // are the caller's).
   lc::AttnParams attn_params_for(const AttentionParams& p) const;
   // q [elems] f32 as bf16 for the tuned kernels: the bf16 copy rope_pair made when it covers q
   // (q_shadow_), else converted into scratch.
