@@ -164,6 +164,10 @@ std::string KvArena::summary() const {
     if (!s.empty()) s += ", ";
     s += fmt::format("{} {}", u.name, human_bytes(u.slab_bytes));
   }
+  if (const int64_t orphans = orphan_slabs(); orphans > 0) {
+    if (!s.empty()) s += ", ";
+    s += fmt::format("shared blocks of dropped caches {}", human_bytes(orphans * slab_bytes_));
+  }
   if (s.empty()) s = "no pool holds memory";
   return s + fmt::format("; {} free of {}", human_bytes(free_bytes()), human_bytes(capacity_bytes()));
 }
