@@ -923,7 +923,8 @@ TEST_P(CudaOps, AttentionBatchWithKTermsOverSeveralArenasAndAdaptersMatchesCpu) 
 // start with the same blocks (K, V and the V term's LR rows), then each continues in blocks of its
 // own. Against the CPU backend's attention, sequence by sequence. In bf16 (LRAGENT_CUDA_SHARED_
 // PREFIX_MIN_KEYS=1: any shared page counts) the CUDA backend must serve a run whose rows fit v4's
-// agents mode (n x G <= 32) as one shared-prefix attention, and a larger one as a plain batch.
+// agents mode (n x G <= 32) as one shared-prefix attention, a larger one in groups of 8 forks (G =
+// 4), and one that shares nothing as a plain batch.
 struct SharedPrefixCase {
   int page = 16;
   int rank = 0;                    // V term rank (0: none)
@@ -931,7 +932,7 @@ struct SharedPrefixCase {
   std::vector<int> shared_pages;   // per sequence: leading pages it takes from the shared blocks
   std::vector<int> own;            // per sequence: keys after them, in blocks of its own
   std::vector<int> b_of;           // per sequence: its B (with a V term)
-  int expect_shared_keys = 0;      // keys the shared pass should cover (0: no shared-prefix pass)
+  int runs = 0, seqs = 0;          // shared-prefix launches expected in bf16, and the rows they serve
 };
 
 static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, const SharedPrefixCase& c) {
@@ -1031,9 +1032,9 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
   std::printf("  attention_batch %s, %lld forks, page %d, rank %d, K rank %d: %lld shared-prefix launches\n",
               dtype_name(dt), static_cast<long long>(n), c.page, c.rank, c.k_rank, static_cast<long long>(runs));
   if (dt == DType::kBF16) {
-    EXPECT_EQ(runs, c.expect_shared_keys > 0 ? 1 : 0) << n << " forks, page " << c.page;
-    EXPECT_EQ(after.shared_prefix_seqs - before.shared_prefix_seqs, c.expect_shared_keys > 0 ? n : 0);
-    if (c.expect_shared_keys == 0)  // still one launch for the run
+    EXPECT_EQ(runs, c.runs) << n << " forks, page " << c.page;
+    EXPECT_EQ(after.shared_prefix_seqs - before.shared_prefix_seqs, c.seqs);
+    if (c.runs == 0)  // still one launch for the run
       EXPECT_EQ(after.batched_attention - before.batched_attention, 1);
   }
 }
@@ -1047,19 +1048,24 @@ TEST_P(CudaOps, AttentionBatchOfForksSharesTheirPrefix) {
   const std::vector<SharedPrefixCase> cases = {
       // Six forks with V terms (three Bs); the fourth leaves the shared blocks 30 pages early, so
       // the pass covers 34 pages; own keys of awkward counts, one a whole page.
-      {16, 16, 0, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 34 * 16},
+      {16, 16, 0, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 1, 6},
       // The same with k_proj adapters (K term rank 16: per-agent B_k in the shared pass, the own
       // keys' RoPE positions from the shared keys' end).
-      {16, 16, 16, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 34 * 16},
+      {16, 16, 16, {64, 64, 64, 34, 64, 64}, {1, 17, 97, 5, 16, 33}, {0, 1, 2, 0, 1, 2}, 1, 6},
       // Pages of one token, rank 8, 97 shared keys; and with a K term of rank 4.
-      {1, 8, 0, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 97},
-      {1, 8, 4, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 97},
+      {1, 8, 0, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 1, 3},
+      {1, 8, 4, {97, 97, 97}, {1, 3, 17}, {2, 0, 1}, 1, 3},
       // Eight forks without adapter terms (full sharing: 32 rows, v4's two row tiles), 4096 shared keys.
-      {16, 0, 0, {256, 256, 256, 256, 256, 256, 256, 256}, {1, 2, 3, 4, 5, 6, 7, 4097 - 4096}, {}, 4096},
+      {16, 0, 0, {256, 256, 256, 256, 256, 256, 256, 256}, {1, 2, 3, 4, 5, 6, 7, 4097 - 4096}, {}, 1, 8},
       // A single shared page and rank 4.
-      {16, 4, 0, {1, 1}, {1, 16}, {0, 1}, 16},
-      // Nine forks at G = 4 are 36 rows, more than agents mode takes: a plain decode batch.
-      {16, 16, 0, {8, 8, 8, 8, 8, 8, 8, 8, 8}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2}, 0},
+      {16, 4, 0, {1, 1}, {1, 16}, {0, 1}, 1, 2},
+      // Nine forks at G = 4 are 36 rows, more than agents mode takes: eight share a pass, the
+      // ninth runs alone; seventeen go as 8 + 8 + 1.
+      {16, 16, 0, {8, 8, 8, 8, 8, 8, 8, 8, 8}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2}, 1, 8},
+      {16, 16, 0, std::vector<int>(17, 8), {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
+       {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1}, 2, 16},
+      // Ten sequences that share nothing: one plain decode batch.
+      {16, 16, 0, std::vector<int>(10, 0), {5, 17, 33, 1, 2, 3, 4, 97, 16, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, 0, 0},
   };
   for (const SharedPrefixCase& c : cases) attention_batch_shared_prefix(cpu.get(), gpu.get(), GetParam(), c);
 }

@@ -101,6 +101,9 @@ struct AttnParams {
   cudaStream_t stream = nullptr;
 };
 
+// Agents mode on v4 takes at most this many query rows (agents x n_heads / n_kv_heads) a kv head.
+constexpr int kAgentsMaxRows = 32;
+
 // Kernel versions (llm.c style: each one kept, numbered, testable against the CPU reference).
 enum class AttnKernel {
   kV0Naive = 0,  // one block per (query, head), scalar f32, exact online softmax: the oracle

@@ -15,6 +15,7 @@ constexpr int kKeyWarps = 4;   // warps that split a key tile (16 keys each) for
 constexpr int kBN = 64;        // keys per tile
 constexpr int kTileRows = 16;  // one m16 tile
 constexpr int kMaxRowTiles = 2;
+static_assert(kTileRows * kMaxRowTiles == kAgentsMaxRows, "attention.cuh states v4's agents-mode row limit");
 constexpr int kMaxSplits = 128;  // splits of one kv head (the merge's weights: [kMaxSplits, rows] f32)
 constexpr int kStages = 2;
 // The K term's kernels (attn_v4_decode_kernel's kK).

@@ -448,7 +448,7 @@ void CudaBackend::attention_batch(std::span<const AttentionParams> ps) {
     size_t j = i + 1;
     if (batch_attention_ && ps[i].n_q == 1 && decode_batchable(ps[i], ps[i], 0))
       while (j < ps.size() && decode_batchable(ps[i], ps[j], j - i)) ++j;
-    if (j - i >= 2 && (run_shared_prefix(ps.subspan(i, j - i)) || run_decode_batch(ps.subspan(i, j - i)))) {
+    if (j - i >= 2 && (run_shared_prefix_groups(ps.subspan(i, j - i)) || run_decode_batch(ps.subspan(i, j - i)))) {
       i = j;
       continue;
     }
@@ -616,6 +616,20 @@ int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) con
     page = std::max<int64_t>(page, p0.k_lr.lr.page_size);
   }
   return keys / page * page;  // a page boundary of every cache (page sizes are powers of two)
+}
+
+bool CudaBackend::run_shared_prefix_groups(std::span<const AttentionParams> ps) {
+  const size_t per = static_cast<size_t>(std::max(1, lc::kAgentsMaxRows / (ps.front().n_heads / ps.front().n_kv_heads)));
+  if (ps.size() <= per) return run_shared_prefix(ps);
+  if (shared_prefix_min_keys_ <= 0 || shared_prefix_keys(ps) <= 0) return false;  // nothing shared: one batch
+  // Each group reads the shared keys once; one that cannot (too few forks left for the
+  // threshold, v4 refusing its shape) runs as a batch of its own, or alone.
+  for (size_t g = 0; g < ps.size(); g += per) {
+    const std::span<const AttentionParams> grp = ps.subspan(g, std::min(per, ps.size() - g));
+    if (grp.size() >= 2 && (run_shared_prefix(grp) || run_decode_batch(grp))) continue;
+    for (const AttentionParams& p : grp) attention(p);
+  }
+  return true;
 }
 
 bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {

@@ -464,6 +464,10 @@ class CudaBackend final : public Backend {
   // with their log-sum-exps, then attention_merge into the outputs. False (nothing launched) when
   // too few keys are shared to pay for the two extra launches, or v4 takes neither shape.
   bool run_shared_prefix(std::span<const AttentionParams> ps);
+  // run_shared_prefix over runs of more forks than agents mode takes (lc::kAgentsMaxRows query
+  // rows a kv head): groups of that many, each reading the shared keys once. False (nothing
+  // launched) when nothing is shared.
+  bool run_shared_prefix_groups(std::span<const AttentionParams> ps);
   // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
   // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
