@@ -317,7 +317,7 @@ PY
     for fo in "serve-fanout-32k" "serve-fanout-32k-copies --server-args=--no-share-blocks"; do
       set -- $fo
       timeout 240 python3 scripts/serve-concurrency.py --bin "$CLI_BIN" --device cuda --preset llama3.1-8b --shared-prompt \
-        --prompt 32000 --levels 1,3,8 --name "$@" --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" \
+        --prompt 32000 --levels 1,3,8,16 --name "$@" --gpu-name "$GPU" --commit "$COMMIT" --out-dir "$RES" \
         2>>"$LOGS/serve.log" | tee -a "$LOGS/serve.log" | tail -6
     done
   fi
