@@ -249,7 +249,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "Trajectories kept between requests, each with its KV memory (--max-context / --kv-memory); the "
                   "least recently used one makes room for a new one. Requests on different trajectories run "
                   "batched together, so this also bounds how many run at once (a request whose trajectory another "
-                  "one runs starts on a copy of it when a slot is free, else waits)")
+                  "one runs starts on a copy of it when a slot is free, else waits; the copy shares its source's "
+                  "KV pages, see --no-share-blocks)")
       ->default_val(4)
       ->check(cli::in_range(1, 4096));
   cmd->add_flag("--no-share-blocks", f->no_share_blocks,

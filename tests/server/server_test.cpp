@@ -815,6 +815,13 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
   EXPECT_EQ(value("lragent:num_requests_waiting"), 0);
   EXPECT_EQ(value("lragent:trajectories_copied_total"), 1);
   EXPECT_EQ(value("lragent:trajectory_copied_tokens_total"), static_cast<double>(got[4]->reused_tokens));
+  // One KV memory for every trajectory: what is in use (a page the copy shares with its source
+  // once) is above zero, within the memory, and below the pages the trajectories hold, counted
+  // in each.
+  const double used = value("lragent:kv_memory_used_bytes"), size = value("lragent:kv_memory_bytes");
+  EXPECT_GT(used, 0);
+  EXPECT_LE(used, size);
+  EXPECT_GT(size, 0);
 }
 
 // A request's choices (n > 1) run at once, each on its own trajectory (a copy of the first's once
