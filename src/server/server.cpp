@@ -751,7 +751,12 @@ void Server::install_routes() {
     send_json(res, 200, json{{"kv_share", share_mode_name(share_mode())},
                              {"sessions", list},
                              {"evicted_sessions", evicted_sessions_},
-                             {"copied_sessions", copied_sessions_}});
+                             {"copied_sessions", copied_sessions_},
+                             // the one KV memory of every trajectory (null with an arena each):
+                             // bytes in use, a page shared by copies once
+                             {"kv_memory", arena_capacity_ < 0 ? json(nullptr)
+                                                               : json{{"used_bytes", arena_used_},
+                                                                      {"bytes", arena_capacity_}}}});
   });
   // A known route with the wrong method: 405, as vLLM answers.
   auto wrong_method = [](const char* allow) {

@@ -226,6 +226,10 @@ TEST_F(ServerTest, AgentsWhosePromptsExtendATrajectoryShareItsCache) {
       EXPECT_GT(s["cache"]["lr_bytes"].get<int64_t>(), 0);
     }
   EXPECT_TRUE(found) << sessions.dump();
+  // Every trajectory draws from one KV memory (copies share pages): its use is listed.
+  ASSERT_TRUE(sessions["kv_memory"].is_object()) << sessions.dump();
+  EXPECT_GT(sessions["kv_memory"]["used_bytes"].get<int64_t>(), 0);
+  EXPECT_LE(sessions["kv_memory"]["used_bytes"].get<int64_t>(), sessions["kv_memory"]["bytes"].get<int64_t>());
 }
 
 // A server-sent-event body's events, parsed, up to "data: [DONE]" (*done says whether it came).
