@@ -84,19 +84,20 @@ void KvArena::give_slab(int64_t slab) {
   free_.push_back(slab);
 }
 
+int32_t KvArena::slot_of(int32_t block, const LentSlab& s) const {
+  return static_cast<int32_t>((static_cast<int64_t>(block) - slab_of(block) * (slab_bytes_ / kGranule)) /
+                              s.granules_per_block);
+}
+
 KvArena::LentSlab& KvArena::lent(int32_t block, int32_t* slot) {
-  const int64_t slab = slab_of(block);
-  LentSlab& s = lent_.at(slab);
-  *slot = static_cast<int32_t>((static_cast<int64_t>(block) - slab * (slab_bytes_ / kGranule)) / s.granules_per_block);
+  LentSlab& s = lent_.at(slab_of(block));
+  *slot = slot_of(block, s);
   return s;
 }
 
 int KvArena::refcount(int32_t block) const {
-  const int64_t slab = slab_of(block);
-  const auto it = lent_.find(slab);
-  if (it == lent_.end()) return 0;
-  const int64_t slot = (static_cast<int64_t>(block) - slab * (slab_bytes_ / kGranule)) / it->second.granules_per_block;
-  return it->second.refs[static_cast<size_t>(slot)];
+  const auto it = lent_.find(slab_of(block));
+  return it == lent_.end() ? 0 : it->second.refs[static_cast<size_t>(slot_of(block, it->second))];
 }
 
 int64_t KvArena::orphan_slabs() const {
@@ -125,13 +126,10 @@ void KvArena::release(int32_t block) {
   assert(r > 0 && "release of a free block (double free)");
   if (--r > 0) return;
   --s.live;
-  if (s.owner) {
+  if (s.owner)
     s.owner->slot_freed(slab_of(block), slot);  // may unlend the slab (s dangles after)
-  } else if (s.live == 0) {
-    const int64_t slab = slab_of(block);
-    lent_.erase(slab);
-    give_slab(slab);
-  }
+  else if (s.live == 0)
+    unlend(slab_of(block));
 }
 
 void KvArena::disown(int64_t slab) {

@@ -94,6 +94,7 @@ class KvArena {
     int64_t live = 0;           // blocks with refs > 0
   };
   int64_t slab_of(int32_t block) const { return static_cast<int64_t>(block) * kGranule / slab_bytes_; }
+  int32_t slot_of(int32_t block, const LentSlab& s) const;  // block's index in its slab s
   LentSlab& lent(int32_t block, int32_t* slot);
   // BlockPool's side: a slab taken by `owner`, cut into n blocks of granules_per_block granules.
   void lend(int64_t slab, BlockPool* owner, int64_t granules_per_block, int64_t n_blocks);

@@ -250,6 +250,8 @@ void CudaBackend::reset_peak_memory() {
 
 void CudaBackend::begin_pass(int64_t n_rows) {
   if (tape_->recording()) flush_tape();  // nested or unterminated pass: run what was recorded
+  pass_open_ = true;
+  prefix_memo_key_.clear();  // the tables may have changed since the last pass
   for (void* p : overflow_done_) free_async(p);  // the previous passes' overflow, read by now (stream order)
   overflow_done_.clear();
   if (failed_) return;  // ops are skipped until take_error(): nothing to record

@@ -588,9 +588,16 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   return true;
 }
 
-int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) const {
+int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) {
   const AttentionParams& p0 = ps.front();
   if (ps.size() < 2) return 0;
+  std::vector<const void*> key;  // [n, 5] each sequence's tables and length
+  key.reserve(ps.size() * 5);
+  for (const AttentionParams& p : ps)
+    key.insert(key.end(), {p.k.table, p.v.table, p.v_lr.active() ? p.v_lr.lr.table : nullptr,
+                           p.k_lr.active() ? p.k_lr.lr.table : nullptr,
+                           reinterpret_cast<const void*>(static_cast<intptr_t>(p.n_ctx))});
+  if (pass_open_ && key == prefix_memo_key_) return prefix_memo_keys_;
   int64_t limit = p0.n_ctx - 1;  // every sequence keeps >= 1 key of its own (its new token's)
   for (const AttentionParams& p : ps) limit = std::min<int64_t>(limit, p.n_ctx - 1);
   // Whole pages whose block ids agree in every table, over the same memory.
@@ -615,28 +622,34 @@ int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) con
     keys = std::min(keys, common([](const AttentionParams& p) -> const PagedView& { return p.k_lr.lr; }));
     page = std::max<int64_t>(page, p0.k_lr.lr.page_size);
   }
-  return keys / page * page;  // a page boundary of every cache (page sizes are powers of two)
+  keys = keys / page * page;  // a page boundary of every cache (page sizes are powers of two)
+  if (pass_open_) {
+    prefix_memo_key_ = std::move(key);
+    prefix_memo_keys_ = keys;
+  }
+  return keys;
 }
 
 bool CudaBackend::run_shared_prefix_groups(std::span<const AttentionParams> ps) {
+  if (shared_prefix_min_keys_ <= 0) return false;
+  // The run's shared keys are shared by every group of it too.
+  const int64_t shared = shared_prefix_keys(ps);
+  if (shared <= 0) return false;  // nothing shared: one batch
   const size_t per = static_cast<size_t>(std::max(1, lc::kAgentsMaxRows / (ps.front().n_heads / ps.front().n_kv_heads)));
-  if (ps.size() <= per) return run_shared_prefix(ps);
-  if (shared_prefix_min_keys_ <= 0 || shared_prefix_keys(ps) <= 0) return false;  // nothing shared: one batch
+  if (ps.size() <= per) return run_shared_prefix(ps, shared);
   // Each group reads the shared keys once; one that cannot (too few forks left for the
   // threshold, v4 refusing its shape) runs as a batch of its own, or alone.
   for (size_t g = 0; g < ps.size(); g += per) {
     const std::span<const AttentionParams> grp = ps.subspan(g, std::min(per, ps.size() - g));
-    if (grp.size() >= 2 && (run_shared_prefix(grp) || run_decode_batch(grp))) continue;
+    if (grp.size() >= 2 && (run_shared_prefix(grp, shared) || run_decode_batch(grp))) continue;
     for (const AttentionParams& p : grp) attention(p);
   }
   return true;
 }
 
-bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
-  if (shared_prefix_min_keys_ <= 0 || ps.size() < 2) return false;
+bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps, int64_t shared) {
   const auto n = static_cast<int64_t>(ps.size());
-  const int64_t shared = shared_prefix_keys(ps);
-  if (shared <= 0 || (n - 1) * shared < shared_prefix_min_keys_) return false;
+  if (n < 2 || shared <= 0 || (n - 1) * shared < shared_prefix_min_keys_) return false;
   const AttentionParams& p0 = ps.front();
   const int64_t rows = n * p0.n_heads;  // [n, n_heads] output rows
   const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };

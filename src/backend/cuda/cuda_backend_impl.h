@@ -104,6 +104,7 @@ class CudaBackend final : public Backend {
 
   void begin_pass(int64_t n_rows) override;
   void end_pass() override {
+    pass_open_ = false;
     if (tape_->recording()) flush_tape();
   }
   void set_matmul_only_outputs(bool on) override { matmul_only_ = on; }
@@ -281,6 +282,9 @@ class CudaBackend final : public Backend {
   // (base-lr) finished in 1.02 s with it at any size against 1.10 s with this threshold at 48k,
   // 3 agents 0.96 s either way (H200, serve-concurrency.py --shared-prompt).
   int64_t shared_prefix_min_keys_ = kSharedPrefixMinKeys;
+  bool pass_open_ = false;                         // between begin_pass and end_pass
+  std::vector<const void*> prefix_memo_key_;       // shared_prefix_keys' last question in this pass
+  int64_t prefix_memo_keys_ = 0;                   // ... and its answer
   static constexpr int64_t kSharedPrefixMinKeys = 16384;
   bool materialize_k_ = true;               // prefill's K-side LoRA term materialised (LRAGENT_CUDA_MATERIALIZE_K=0: off)
   bool fuse_rope_attention_ = true;         // pending_rope_attn_ (LRAGENT_CUDA_FUSE_ROPE_ATTENTION=0: off)
@@ -457,16 +461,18 @@ class CudaBackend final : public Backend {
   // Keys [0, n) that every sequence of ps (decode_batchable rows) reads from the same blocks (K,
   // V and the LR rows of the V and K terms), whole pages of every cache, leaving each sequence at
   // least one key of its own; 0 when they differ.
-  int64_t shared_prefix_keys(std::span<const AttentionParams> ps) const;
-  // ps with shared_prefix_keys() > 0 as a shared-prefix attention: v4's agents mode over the
+  // Within a pass the block tables do not change (bindings reserve before it), and every layer
+  // asks for the same sequences: the answer is kept for the pass, keyed by the tables and lengths.
+  int64_t shared_prefix_keys(std::span<const AttentionParams> ps);
+  // ps (its first `shared` keys the same blocks, shared_prefix_keys) as a shared-prefix attention: v4's agents mode over the
   // shared keys (each sequence's B_v and B_k by b_seq) and the decode batch over each one's own
   // keys (their K term's RoPE positions from k_pos0 on), both
   // with their log-sum-exps, then attention_merge into the outputs. False (nothing launched) when
   // too few keys are shared to pay for the two extra launches, or v4 takes neither shape.
-  bool run_shared_prefix(std::span<const AttentionParams> ps);
+  bool run_shared_prefix(std::span<const AttentionParams> ps, int64_t shared);
   // run_shared_prefix over runs of more forks than agents mode takes (lc::kAgentsMaxRows query
   // rows a kv head): groups of that many, each reading the shared keys once. False (nothing
-  // launched) when nothing is shared.
+  // launched) when nothing is shared or the run is too small for the threshold.
   bool run_shared_prefix_groups(std::span<const AttentionParams> ps);
   // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
