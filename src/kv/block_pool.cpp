@@ -1,6 +1,7 @@
 #include "kv/block_pool.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdlib>
 #include <cstring>
 
@@ -55,10 +56,11 @@ Result<std::unique_ptr<BlockPool>> BlockPool::create(std::string name, int n_lay
 
 BlockPool::~BlockPool() {
   assert(used_ == 0 && "BlockPool destroyed while streams still hold blocks: destroy them first");
-  // Blocks of ours that other pools' streams still hold keep their slab lent (orphaned).
-  for (const auto& [slab, st] : slabs_) arena_->disown(slab);
-  slabs_.clear();
+  // Detached first, so that a slab whose blocks other pools' streams still hold goes to one of
+  // them (KvArena::disown), not back to us.
   arena_->detach(this);
+  for (const auto& [slab, st] : slabs_) arena_->disown(slab, *this);
+  slabs_.clear();
 }
 
 Result<int32_t> BlockPool::allocate() {
@@ -113,6 +115,14 @@ void BlockPool::slot_freed(int64_t slab, int32_t slot) {
   with_free_.erase(slab);
   slabs_.erase(slab);
   arena_->unlend(slab);
+}
+
+void BlockPool::adopt(int64_t slab, std::vector<int32_t> free_slots) {
+  assert(static_cast<int64_t>(free_slots.size()) < blocks_per_slab_ && "an adopted slab has a held block");
+  const int64_t n_free = static_cast<int64_t>(free_slots.size());
+  slabs_[slab].free = std::move(free_slots);
+  free_in_slabs_ += n_free;
+  if (n_free > 0) with_free_.insert(slab);
 }
 
 PagedView BlockPool::layer_view(int layer, const int32_t* table) const {

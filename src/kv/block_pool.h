@@ -104,6 +104,9 @@ class BlockPool {
   BlockPool() = default;
   // KvArena::release: the last reference to slot `slot` of our slab `slab` is gone.
   void slot_freed(int64_t slab, int32_t slot);
+  // KvArena::disown: `slab`, lent to a destroyed pool of our geometry with some blocks still held,
+  // is ours now; `free_slots` (a stack) are its free blocks, handed out like those of our own slabs.
+  void adopt(int64_t slab, std::vector<int32_t> free_slots);
   struct Slab {
     std::vector<int32_t> free;  // stack of free block slots (the arena keeps the reference counts)
   };

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cstdlib>
 
 #include "kv/block_pool.h"
@@ -132,13 +133,24 @@ void KvArena::release(int32_t block) {
     unlend(slab_of(block));
 }
 
-void KvArena::disown(int64_t slab) {
+void KvArena::disown(int64_t slab, const BlockPool& geometry) {
   LentSlab& s = lent_.at(slab);
-  if (s.live > 0) {
-    s.owner = nullptr;
+  if (s.live == 0) {
+    unlend(slab);
     return;
   }
-  unlend(slab);
+  // The blocks still held sit in streams of pools with this geometry (share_prefix checks it), so
+  // one exists; the one holding the most references likely holds these and frees them last.
+  BlockPool* heir = nullptr;
+  for (BlockPool* p : pools_)
+    if (p->same_geometry(geometry) && (!heir || p->used_blocks() > heir->used_blocks())) heir = p;
+  assert(heir && "a held block of a destroyed pool must belong to a stream of a pool of its geometry");
+  s.owner = heir;  // null (release builds, never expected): the slab returns once its last block is free
+  if (!heir) return;
+  std::vector<int32_t> free_slots;  // stack, lowest slot on top as in BlockPool::allocate
+  for (int32_t i = static_cast<int32_t>(s.refs.size()); i-- > 0;)
+    if (s.refs[static_cast<size_t>(i)] == 0) free_slots.push_back(i);
+  heir->adopt(slab, std::move(free_slots));
 }
 
 void KvArena::unlend(int64_t slab) {

@@ -12,9 +12,10 @@
 //
 // Block reference counts live here, per lent slab, not in the pools: a stream may hold blocks
 // that another pool of the arena allocated (a fork of a trajectory shares its prefix's blocks,
-// PagedStream::share_prefix). A freed block goes back to the pool that owns its slab; a slab whose
-// pool is gone while other pools' streams still hold some of its blocks stays lent until they
-// release them.
+// PagedStream::share_prefix). A freed block goes back to the pool that owns its slab. When that
+// pool is destroyed while other pools' streams still hold some of the slab's blocks, a pool of
+// the same geometry adopts the slab (the holders' pools are such pools), so its free blocks are
+// handed out again instead of sitting in a slab nobody owns until the last holder lets go.
 #pragma once
 
 #include <cstdint>
@@ -78,13 +79,14 @@ class KvArena {
 
   // References to `block` (0: free), whichever pool's streams hold them.
   int refcount(int32_t block) const;
-  // Slabs lent to pools that are gone, kept for blocks other pools' streams still hold.
+  // Lent slabs without an owner: 0 while every pool keeps its blocks in one of the arena's pools
+  // (BlockPool's destructor hands held slabs on; see disown). For summaries and tests.
   int64_t orphan_slabs() const;
 
  private:
   friend class BlockPool;
   KvArena() = default;
-  void attach(const BlockPool* p) { pools_.push_back(p); }
+  void attach(BlockPool* p) { pools_.push_back(p); }
   void detach(const BlockPool* p);
   // A lent slab: its owner (null once that pool is gone) and its blocks' reference counts.
   struct LentSlab {
@@ -102,8 +104,10 @@ class KvArena {
   // Drops a reference; at zero the block goes back to its slab's owner (BlockPool::slot_freed), or
   // with no owner left the slab goes back to the arena once its last block is free.
   void release(int32_t block);
-  // The owner of `slab` gives it up: back to the arena if no block of it is held, else orphaned.
-  void disown(int64_t slab);
+  // The owner of `slab` gives it up (it is being destroyed and has detached): back to the arena if
+  // no block of it is held, else adopted by the attached pool of `geometry`'s layout that holds
+  // the most references (BlockPool::adopt).
+  void disown(int64_t slab, const BlockPool& geometry);
   // An owned slab whose blocks are all free goes back.
   void unlend(int64_t slab);
 
@@ -113,7 +117,7 @@ class KvArena {
   std::string where_;
   Tensor storage_;                       // [n_slabs * slab_bytes] bytes
   std::vector<int64_t> free_;            // stack of free slab indices
-  std::vector<const BlockPool*> pools_;  // pools drawing from the arena (accounting only)
+  std::vector<BlockPool*> pools_;        // pools drawing from the arena (accounting, adoption)
   std::unordered_map<int64_t, LentSlab> lent_;  // by slab index
 };
 

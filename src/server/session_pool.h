@@ -22,7 +22,7 @@
 // reference instead of storing them again (copy-on-write: TrajectoryKv::copy_prefix); each
 // trajectory's pools keep their --max-context caps, which count shared blocks, so a trajectory
 // never runs out of room because of another. A trajectory whose blocks a live copy shares is not
-// dropped for room before that copy is (its blocks would stay held, orphaned, anyway). Parallel
+// dropped for room before that copy is (the shared blocks would stay, held by the copy). Parallel
 // agents on one prompt then decode over the same blocks, and the CUDA backend reads those once for
 // all of them (shared-prefix attention, docs/backend-cuda.md). With --kv-memory each trajectory
 // has an arena of its own and a copy holds its own blocks.
