@@ -107,7 +107,7 @@ struct Case {
   int rank_k = 0;            // 0: no K residual
   int rank_v = 0;            // 0: no V low-rank term
   std::vector<int> ctx, nq;  // per sequence
-  bool agents = false;       // one sequence, nq[0] agents at ctx-1, adapter per agent
+  bool agents = false;       // nq[s] agents at ctx[s]-1 per sequence, adapter q_start[s] + i per agent
   int splits = 0;            // force split count (0: heuristic)
   bool materialize = false;  // also check materialise-then-attend
   bool own_v_table = false;  // V's view gets its own copy of the block table (K/V addressed apart)
@@ -176,8 +176,7 @@ void run_case(const Case& cs, uint32_t seed) {
   const int D = cs.d, n_kv = cs.n_kv, n_heads = n_kv * cs.group;
   const int width = n_kv * D;
   const int n_seqs = static_cast<int>(cs.ctx.size());
-  const int n_adapters = cs.agents ? cs.nq[0] : 1;
-  ASSERT_TRUE(!cs.agents || n_seqs == 1);
+  const int n_adapters = cs.agents ? std::accumulate(cs.nq.begin(), cs.nq.end(), 0) : 1;
 
   // Block tables: every sequence gets its own pages, shuffled over one pool with spare blocks.
   int max_pages = 0, total_pages = 0;
@@ -254,14 +253,14 @@ void run_case(const Case& cs, uint32_t seed) {
       p.v = view(v, width);
       if (cs.rank_k) {
         p.k_lr.lr = view(lrk, cs.rank_k);
-        p.k_lr.b = bk.f32.data() + static_cast<size_t>(c) * width * cs.rank_k;
+        p.k_lr.b = bk.f32.data() + static_cast<size_t>(cs.agents ? q_row : 0) * width * cs.rank_k;
         p.k_lr.rank = cs.rank_k;
         p.k_lr.scale = sk;
         p.inv_freq = inv_freq.data();
       }
       if (cs.rank_v) {
         p.v_lr.lr = view(lrv, cs.rank_v);
-        p.v_lr.b = bv.f32.data() + static_cast<size_t>(c) * width * cs.rank_v;
+        p.v_lr.b = bv.f32.data() + static_cast<size_t>(cs.agents ? q_row : 0) * width * cs.rank_v;
         p.v_lr.rank = cs.rank_v;
         p.v_lr.scale = sv;
       }
@@ -1031,6 +1030,38 @@ TEST(CudaAttention, DecodeV4TwoRowTiles) {
                            : make(d, sh.group, page, {ctx, 97, 1}, {1, 1, 1}, 0, rv);
         c.agents = sh.agents > 0;
         c.splits = sp;
+        reset_ran();
+        run_case(c, seed++);
+        EXPECT_GT(g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)], 0) << c.name() << ": v4 did not run";
+      }
+}
+
+// Agents mode over several sequences in one launch (the groups of a shared prefix's forks, one
+// group a sequence): query i of sequence s uses adapter q_start[s] + i, in every version. Groups
+// of 8 + 8 and 8 + 1 agents at G = 4 (two row tiles, and one agent beside them), 3 + 4 + 2 at
+// G = 8, 2 + 2 at G = 16; V ranks 16 / 8, K terms of ranks 16 and 4, contexts 1 / 97 / 4097 (the
+// groups at one length, as forks are, and at different lengths), pages 1 and 16, forced splits.
+TEST(CudaAttention, DecodeAgentsInSeveralSequences) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 2400;
+  struct Shape {
+    int group;
+    std::vector<int> agents;
+  };
+  const Shape shapes[] = {{4, {8, 8}}, {4, {8, 1}}, {8, {3, 4, 2}}, {16, {2, 2}}};
+  const int lr[][2] = {{0, 16}, {16, 16}, {0, 8}, {4, 16}};
+  const int splits[] = {0, 1, 13};
+  int n = 0;
+  for (int d : {64, 128})
+    for (const Shape& sh : shapes)
+      for (int ctx : {1, 97, 4097}) {
+        std::vector<int> ctxs(sh.agents.size(), ctx);
+        if (n % 4 == 3) ctxs.back() = std::max(1, ctx / 3);  // a group at another length
+        const auto& r = lr[n % 4];
+        Case c = make(d, sh.group, n % 2 ? 1 : 16, ctxs, sh.agents, r[0], r[1]);
+        c.agents = true;
+        c.splits = splits[n % 3];
+        ++n;
         reset_ran();
         run_case(c, seed++);
         EXPECT_GT(g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)], 0) << c.name() << ": v4 did not run";

@@ -1059,11 +1059,14 @@ TEST_P(CudaOps, AttentionBatchOfForksSharesTheirPrefix) {
       {16, 0, 0, {256, 256, 256, 256, 256, 256, 256, 256}, {1, 2, 3, 4, 5, 6, 7, 4097 - 4096}, {}, 1, 8},
       // A single shared page and rank 4.
       {16, 4, 0, {1, 1}, {1, 16}, {0, 1}, 1, 2},
-      // Nine forks at G = 4 are 36 rows, more than agents mode takes: eight share a pass, the
-      // ninth runs alone; seventeen go as 8 + 8 + 1.
-      {16, 16, 0, {8, 8, 8, 8, 8, 8, 8, 8, 8}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2}, 1, 8},
+      // Nine forks at G = 4 are 36 rows, more than one agents-mode sequence takes: one launch of
+      // two groups (5 + 4 agents, a sequence each over the same pages); seventeen go as 6 + 6 + 5,
+      // with V terms and with K and V terms (each group's agents index the Bs from its first on).
+      {16, 16, 0, {8, 8, 8, 8, 8, 8, 8, 8, 8}, {1, 2, 3, 4, 5, 6, 7, 8, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2}, 1, 9},
       {16, 16, 0, std::vector<int>(17, 8), {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
-       {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1}, 2, 16},
+       {0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1}, 1, 17},
+      {16, 16, 16, std::vector<int>(17, 8), {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17},
+       {2, 1, 0, 0, 1, 2, 0, 1, 2, 2, 1, 0, 0, 1, 2, 0, 1}, 1, 17},
       // Ten sequences that share nothing: one plain decode batch.
       {16, 16, 0, std::vector<int>(10, 0), {5, 17, 33, 1, 2, 3, 4, 97, 16, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, 0, 0},
   };

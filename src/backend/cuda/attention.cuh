@@ -9,8 +9,10 @@
 //   O_i = softmax(q_i · K_j^T · softmax_scale, j <= pos_i) · V
 // Query i of sequence s sits at pos_i = ctx_len[s] - n_q[s] + i (a causal chunk at the end
 // of the context: prefill chunk or decode with n_q = 1). In agents mode every query of a
-// sequence sits at ctx_len[s] - 1 and query i uses adapter i (B + i·b_agent_stride): N
-// agents decoding one token each over the same base and LR pages.
+// sequence sits at ctx_len[s] - 1 and query i uses adapter a = q_start[s] + i (B + a·b_agent_stride,
+// or b_seq[a]): N agents decoding one token each over the same base and LR pages, numbered
+// through the sequences when several groups of agents share one launch (each group a sequence,
+// their tables the same pages: the groups of a shared prefix's forks, read in one pass).
 //
 // Layouts (bf16 unless noted):
 //   q   [total_q, n_heads, head_dim]   rows q_start[s] .. q_start[s+1]-1 belong to sequence s
@@ -57,7 +59,7 @@ struct DevLowRank {
   const bf16* b = nullptr;     // [n_kv_heads·head_dim, rank] lora_B (row-major)
   int64_t b_agent_stride = 0;  // agents mode: elements between agents' B matrices
   // Decode batches of sequences with different adapters: device [n_seqs] B of each sequence
-  // (used instead of b, which must still be set); in agents mode [max_q], each agent's B. Only
+  // (used instead of b, which must still be set); in agents mode [total_q], each agent's B. Only
   // the v4 decode kernel takes it, on the V side alone or on both sides (a K side's b_seq needs
   // the V side's, and in agents mode with a K term the V side's needs the K side's);
   // attention() refuses it where v4 would not run (attention_v4_applies).

@@ -42,6 +42,10 @@ __device__ __forceinline__ SeqInfo seq_info(const AttnParams& p, int s) {
   si.ctx = p.ctx_len[s];
   return si;
 }
+// Agents mode: the agent (the index of its B in b_agent_stride steps, or in b_seq) of query i of
+// a sequence is q_start[s] + i, numbered through every sequence: a shared prefix's forks go in
+// groups, one group a sequence of one launch. 0 without agents mode (one adapter).
+__device__ __forceinline__ int agent_of(const AttnParams& p, const SeqInfo& si, int i) { return p.agents ? si.q0 + i : 0; }
 // Absolute position of query i (keys 0..pos are visible).
 __device__ __forceinline__ int query_pos(const AttnParams& p, const SeqInfo& si, int i) {
   return p.agents ? si.ctx - 1 : si.ctx - si.n_q + i;

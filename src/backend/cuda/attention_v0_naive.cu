@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kV0Threads) attn_v0_kernel(const AttnParams p)
   const int tid = threadIdx.x;
   const int group = p.n_heads / p.n_kv_heads, g = h / group;
   const int n_keys = query_pos(p, si, i) + 1;
-  const int adapter = p.agents ? i : 0;
+  const int adapter = agent_of(p, si, i);
   const bool klr = p.k_lr.active(), vlr = p.v_lr.active();
   const int kshift = ilog2(p.k.page_size), vshift = ilog2(p.v.page_size);
   const int lkshift = klr ? ilog2(p.k_lr.lr.page_size) : 0, lvshift = vlr ? ilog2(p.v_lr.lr.page_size) : 0;

@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kThreads) attn_v1_kernel(const AttnParams p, c
           const int rank = p.k_lr.rank;
           for (int a = a_lo; a <= a_hi; ++a) {
             // Kx[key] = K[key] + RoPE_key(s_k · LRk[key] · B_k[a, g]^T); warp w rebuilds keys 16w..16w+15.
-            const bf16* bk = p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
+            const bf16* bk = p.k_lr.b + agent_of(p, si, a) * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
             uint32_t la[KT_R][4];
 #pragma unroll
             for (int kk = 0; kk < KT_R; ++kk)
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(kThreads) attn_v1_kernel(const AttnParams p, c
         const int rank = p.v_lr.rank;
         for (int a = wa_lo; a <= wa_hi; ++a) {
           const bool mlo = !p.agents || r_i[0] == a, mhi = !p.agents || r_i[1] == a;
-          const bf16* bv = p.v_lr.b + a * p.v_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
+          const bf16* bv = p.v_lr.b + agent_of(p, si, a) * p.v_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
           const float sv = p.v_lr.scale;
 #pragma unroll
           for (int kk = 0; kk < KT_R; ++kk) {

@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v2_kernel(const AttnParams p
           static_assert(kBM * KS >= 2 * kBN * KS, "the Q tile holds two Kx buffers");
           for (int a = a_lo; a <= a_hi; ++a) {
             bf16* const kx = sKx + ((a - a_lo) & 1) * kBN * KS;
-            const bf16* bk = p.k_lr.b + a * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
+            const bf16* bk = p.k_lr.b + agent_of(p, si, a) * p.k_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
 #pragma unroll 2
             for (int pr = pr0; pr < pr0 + D / 32; ++pr) {
               float c1[4] = {0.f, 0.f, 0.f, 0.f}, c2[4] = {0.f, 0.f, 0.f, 0.f};
@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_v2_kernel(const AttnParams p
         const int rank = p.v_lr.rank;
         for (int a = wa_lo; a <= wa_hi; ++a) {
           const bool mlo = !p.agents || r_i[0] == a, mhi = !p.agents || r_i[1] == a;
-          const bf16* bv = p.v_lr.b + a * p.v_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
+          const bf16* bv = p.v_lr.b + agent_of(p, si, a) * p.v_lr.b_agent_stride + static_cast<int64_t>(g) * D * rank;
           const float sv = p.v_lr.scale;
 #pragma unroll
           for (int kk = 0; kk < KT_R; ++kk) {

@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
     const uint4* const bk_frags = reinterpret_cast<const uint4*>(sm + L::kEnd);
     AgentRows agents;
     if constexpr (kK == kKPerAgent) {
-      fill_bk_frags<D>(p, reinterpret_cast<uint4*>(sm + L::kEnd), RB / G, g, tid, kThreads);
+      fill_bk_frags<D>(p, reinterpret_cast<uint4*>(sm + L::kEnd), si.q0, RB / G, g, tid, kThreads);
       agents = agent_rows(r0, RB, G, gq);
     }
     for (int t = 0; t < n_tiles; ++t) {
@@ -679,7 +679,8 @@ __global__ void __launch_bounds__(Smem<D, R, MT, kK != kKNone>::kThreads, v4_min
     const int rank = p.v_lr.rank;
 #pragma unroll
     for (int k = 0; k < 8; ++k) bw[k] = 0u;
-    const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[p.agents ? agent : s] : p.v_lr.b + agent * p.v_lr.b_agent_stride;
+    const int a = agent_of(p, si, static_cast<int>(agent));
+    const bf16* b = p.v_lr.b_seq ? p.v_lr.b_seq[p.agents ? a : s] : p.v_lr.b + a * p.v_lr.b_agent_stride;
     const bf16* brow = b + (static_cast<int64_t>(g) * D + d) * rank;
     if (rank == 16 && reinterpret_cast<uintptr_t>(brow) % 16 == 0) {
       const uint4 w0 = __ldg(reinterpret_cast<const uint4*>(brow));
@@ -1013,7 +1014,8 @@ cudaError_t run_v4(const AttnParams& p, const DecodeRopeStore& rs) {
   x.n_splits = choose_splits(p);
   // Batches keep the plan's split size: 16 clients of `lragent serve` (contexts ~600, batched
   // decode) ran 1.30-1.33 s with the even split against 1.22-1.26 without (H200, session 29).
-  x.even_split = even_split_enabled() && p.n_seqs == 1;
+  // Agents mode's sequences (groups of a shared prefix's forks) read the same keys: split evenly.
+  x.even_split = even_split_enabled() && (p.n_seqs == 1 || p.agents);
   x.plan_tps = ((p.max_ctx + kBN - 1) / kBN + x.n_splits - 1) / x.n_splits;
   x.kshift = ilog2(p.k.page_size);
   x.vshift = ilog2(p.v.page_size);

@@ -53,14 +53,15 @@ __device__ __forceinline__ uint4 bk_fragment(const bf16* bk, int rank, int pr, i
                     ld_b32_guard(r2 + k0, k0 < rank), ld_b32_guard(r2 + k0 + 8, k0 + 8 < rank));
 }
 // Every agent's B_k fragments, filled once per block: [agent][pr < D/16][lane] (4 KB an agent at
-// D = 128).
+// D = 128); the block's agents are agent0 .. agent0 + n_agents - 1 (agent_of).
 template <int D>
-__device__ __forceinline__ void fill_bk_frags(const AttnParams& p, uint4* frags, int n_agents, int g, int tid,
-                                              int n_threads) {
+__device__ __forceinline__ void fill_bk_frags(const AttnParams& p, uint4* frags, int agent0, int n_agents, int g,
+                                              int tid, int n_threads) {
   const int rank = p.k_lr.rank;
   for (int e = tid; e < n_agents * (D / 16) * 32; e += n_threads) {
     const int ln = e % 32, pr = (e / 32) % (D / 16), a = e / (32 * (D / 16));
-    const bf16* b = p.k_lr.b_seq ? p.k_lr.b_seq[a] : p.k_lr.b + a * p.k_lr.b_agent_stride;  // agent a's B_k
+    const bf16* b = p.k_lr.b_seq ? p.k_lr.b_seq[agent0 + a]
+                                 : p.k_lr.b + (agent0 + static_cast<int64_t>(a)) * p.k_lr.b_agent_stride;
     frags[e] = bk_fragment<D>(b + static_cast<int64_t>(g) * D * rank, rank, pr, ln);
   }
 }

@@ -636,9 +636,9 @@ bool CudaBackend::run_shared_prefix_groups(std::span<const AttentionParams> ps) 
   const int64_t shared = shared_prefix_keys(ps);
   if (shared <= 0) return false;  // nothing shared: one batch
   const size_t per = static_cast<size_t>(std::max(1, lc::kAgentsMaxRows / (ps.front().n_heads / ps.front().n_kv_heads)));
-  if (ps.size() <= per) return run_shared_prefix(ps, shared);
-  // Each group reads the shared keys once; one that cannot (too few forks left for the
-  // threshold, v4 refusing its shape) runs as a batch of its own, or alone.
+  if (ps.size() <= per || shared_prefix_one_launch_) return run_shared_prefix(ps, shared);
+  // Measuring: each group reads the shared keys in a launch of its own; one that cannot (too few
+  // forks left for the threshold, v4 refusing its shape) runs as a batch of its own, or alone.
   for (size_t g = 0; g < ps.size(); g += per) {
     const std::span<const AttentionParams> grp = ps.subspan(g, std::min(per, ps.size() - g));
     if (grp.size() >= 2 && (run_shared_prefix(grp, shared) || run_decode_batch(grp))) continue;
@@ -656,11 +656,15 @@ bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps, int64_t
   if (!aligned16(p0.out)) return false;  // the merge's 16-byte rows
   const bool lr = p0.v_lr.active(), klr = p0.k_lr.active();
 
-  // The shared keys' pass: agents mode, agent i the query of sequence i.
+  // The shared keys' pass: agents mode, agent i the query of sequence i; more than one
+  // agents-mode sequence takes go in groups of about equal size, a sequence each, all over the
+  // same pages (table_stride 0).
+  const int64_t per = std::max(1, lc::kAgentsMaxRows / (p0.n_heads / p0.n_kv_heads));
+  const int64_t n_groups = (n + per - 1) / per, group = (n + n_groups - 1) / n_groups;
   lc::AttnParams a = attn_params_for(p0);
-  a.n_seqs = 1;
+  a.n_seqs = static_cast<int>(n_groups);
   a.agents = true;
-  a.max_q = static_cast<int>(n);
+  a.max_q = static_cast<int>(group);
   a.max_ctx = static_cast<int>(sized_ctx(shared));
   // Placeholders for the check (every pointer set below before the launch).
   a.out_f32 = p0.out;
@@ -679,10 +683,12 @@ bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps, int64_t
 
   std::optional<lc::AttnParams> own = decode_batch_params(ps, shared, lse_own);
   if (!own) return false;
-  const int32_t meta[3] = {0, static_cast<int32_t>(n), static_cast<int32_t>(shared)};  // q_start[0..1], ctx_len[0]
-  const int32_t* dmeta = dev_ints(meta, 3);
+  std::vector<int32_t> meta(static_cast<size_t>(2 * n_groups + 1));  // q_start[0..n_groups], ctx_len[n_groups]
+  for (int64_t g = 0; g <= n_groups; ++g) meta[static_cast<size_t>(g)] = static_cast<int32_t>(std::min(n, g * group));
+  for (int64_t g = 0; g < n_groups; ++g) meta[static_cast<size_t>(n_groups + 1 + g)] = static_cast<int32_t>(shared);
+  const int32_t* dmeta = dev_ints(meta.data(), static_cast<int64_t>(meta.size()));
   a.q_start = dmeta;
-  a.ctx_len = dmeta + 2;
+  a.ctx_len = dmeta + n_groups + 1;
   a.q = own->q;  // the same n query rows, already in bf16
   a.k = dev_view(p0.k, shared);
   a.v = dev_view(p0.v, shared, p0.v.table == p0.k.table && p0.v.page_size == p0.k.page_size ? a.k.table : nullptr);
