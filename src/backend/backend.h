@@ -147,11 +147,12 @@ class Backend {
   virtual MemoryStats memory_stats() const { return {}; }
   virtual void reset_peak_memory() {}
 
-  // Bracket one forward pass over `n_rows` token rows (LlamaModel::forward does; use
-  // PassScope). A GPU backend may record the ops of a small pass (a decode step) and launch them
-  // as one CUDA graph when the pass ends or its results are read (to_host, synchronize); results
-  // are the same as op by op. Tensors allocated inside a pass must not outlive it.
-  virtual void begin_pass(int64_t n_rows) { (void)n_rows; }
+  // Bracket one forward pass over `n_rows` token rows of `n_seqs` sequences (LlamaModel::forward
+  // does; use PassScope; n_seqs 0: not said). A GPU backend may record the ops of a small pass (a
+  // decode step: a row a sequence) and launch them as one CUDA graph when the pass ends or its
+  // results are read (to_host, synchronize); results are the same as op by op. Tensors allocated
+  // inside a pass must not outlive it.
+  virtual void begin_pass(int64_t n_rows, int64_t n_seqs = 0) { (void)n_rows, (void)n_seqs; }
   virtual void end_pass() {}
   virtual GraphStats graph_stats() const { return {}; }
   // While on: the outputs of rms_norm / add_rms_norm (y) and silu_mul (out) are read by nothing but
@@ -353,7 +354,7 @@ class Backend {
 // begin_pass / end_pass for a scope, also on early returns.
 class PassScope {
  public:
-  PassScope(Backend& be, int64_t n_rows) : be_(be) { be_.begin_pass(n_rows); }
+  PassScope(Backend& be, int64_t n_rows, int64_t n_seqs = 0) : be_(be) { be_.begin_pass(n_rows, n_seqs); }
   ~PassScope() { be_.end_pass(); }
   PassScope(const PassScope&) = delete;
   PassScope& operator=(const PassScope&) = delete;

@@ -111,7 +111,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   }
   const int64_t n = static_cast<int64_t>(ids.size());
   // Every tensor below dies before the scope ends (the CUDA backend may replay this pass as a graph).
-  PassScope pass(be_, n);
+  PassScope pass(be_, n, static_cast<int64_t>(batch.size()));
   // Without LoRA terms or a hidden-state hook, normalised and SwiGLU activations feed only GEMMs.
   bool any_adapter = false;
   for (const LoraSegment& sg : segs) any_adapter = any_adapter || sg.adapter != nullptr;

@@ -48,7 +48,7 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
   if (const char* f = std::getenv("LRAGENT_CUDA_FUSE_QK_NORM"); f && std::string(f) == "0")
     be->fuse_qk_norm_ = false;  // Qwen3's q/k norm a launch of its own in decode passes (measuring)
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_MAX_ROWS"); g && *g)
-    be->graph_max_rows_ = std::max<int64_t>(std::atoll(g), 0);
+    be->graph_max_rows_ = be->graph_max_mixed_rows_ = std::max<int64_t>(std::atoll(g), 0);
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_SPLIT"); g && *g) be->split_ops_ = std::max<int64_t>(std::atoll(g), 0);
   if (const char* g = std::getenv("LRAGENT_CUDA_GRAPH_SPLIT_BUSY"); g && *g) be->split_busy_ = std::atoi(g) != 0;
   if (const char* f = std::getenv("LRAGENT_CUDA_INJECT_FAULT")) {
@@ -250,14 +250,14 @@ void CudaBackend::reset_peak_memory() {
   cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero);
 }
 
-void CudaBackend::begin_pass(int64_t n_rows) {
+void CudaBackend::begin_pass(int64_t n_rows, int64_t n_seqs) {
   if (tape_->recording()) flush_tape();  // nested or unterminated pass: run what was recorded
   pass_open_ = true;
   prefix_memo_key_.clear();  // the tables may have changed since the last pass
   for (void* p : overflow_done_) free_async(p);  // the previous passes' overflow, read by now (stream order)
   overflow_done_.clear();
   if (failed_) return;  // ops are skipped until take_error(): nothing to record
-  if (!graphs_ || n_rows > graph_max_rows_ || n_rows <= 0) return;
+  if (!graphs_ || n_rows <= 0 || n_rows > (n_rows == n_seqs ? graph_max_rows_ : graph_max_mixed_rows_)) return;
   if (g_arena_live != 0) return;  // a previous pass's activation is still alive: no reset
   if (arena_want_ > act_bytes_) {
     // Grow the arena; graphs baked the old addresses in.

@@ -102,7 +102,7 @@ class CudaBackend final : public Backend {
   MemoryStats memory_stats() const override;
   void reset_peak_memory() override;
 
-  void begin_pass(int64_t n_rows) override;
+  void begin_pass(int64_t n_rows, int64_t n_seqs = 0) override;
   void end_pass() override {
     pass_open_ = false;
     if (tape_->recording()) flush_tape();
@@ -176,12 +176,17 @@ class CudaBackend final : public Backend {
   void attention_batch(std::span<const AttentionParams> ps) override;
 
  private:
-  // Passes of up to this many rows are recorded as CUDA graphs (decode steps of up to 8 sequences).
-  // 32 was measured worse (`lragent serve`, Llama-3.1-8B shapes, H200, 16 requests decoding
-  // together: 2.50 s against 2.04 s eager): its passes were re-captured and updated ~1 in 6 steps,
-  // 1.2 s of graph building in all.
-  static constexpr int64_t kGraphMaxRows = 8;
-  int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides it (measuring)
+  // Decode passes (a row a sequence) of up to this many rows are recorded as CUDA graphs; other
+  // passes (a prompt's chunk, a catch-up, either beside decode rows) up to kGraphMaxMixedRows,
+  // since their shapes seldom come back. Until session 36 both were 8: 32 had been measured
+  // worse (16 requests decoding together: 2.50 s against 2.04 s eager, their passes re-captured
+  // or updated ~1 in 6 steps). Since then, H200, Llama-3.1-8B shapes, serve-concurrency.py, two
+  // rounds: 16 clients 1.12-1.13 s against 1.21-1.22 s with 8 (5 graphs captured, none
+  // updated), 8 clients 0.93 against 0.95-0.96 s; 16 parallel agents on one 32k prompt 2.87 s
+  // against 3.15 s.
+  static constexpr int64_t kGraphMaxRows = 32, kGraphMaxMixedRows = 8;
+  int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides both (measuring)
+  int64_t graph_max_mixed_rows_ = kGraphMaxMixedRows;
   // A recorded pass that begins on an idle GPU (a step not recorded ahead) runs its first
   // kGraphSplitOps ops as a segment of their own as soon as they are recorded (graph_tape.h), so
   // the GPU works while the host records the rest. 16 ops are two to three layers of an 8B decode
