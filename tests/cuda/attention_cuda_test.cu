@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -639,21 +640,24 @@ TEST(CudaAttention, DecodeV4KTerm) {
 // part-filled, 17 at G = 1: five passes of agents in a warp, 3 at G = 8), K ranks 4 / 8 / 16
 // beside V ranks 16 / 8, D 64 and 128, pages 1 and 16, contexts 1 / 97 / 4097, forced splits;
 // every case must have run v4.
-TEST(CudaAttention, DecodeV4AgentsKTerm) {
-  SKIP_WITHOUT_GPU();
-  uint32_t seed = 1800;
-  struct Shape {
-    int group, agents;
-  };
-  const Shape shapes[] = {{4, 3}, {4, 8}, {16, 2}, {4, 5}, {1, 17}, {8, 3}};
-  const int lr[][2] = {{16, 16}, {4, 16}, {8, 8}, {16, 8}};
+// Agents-mode cases for D 64 and 128, each shape (G, agents per sequence) and contexts 1 / 97 /
+// 4097: pages 16 and 1, the (K, V) ranks of `lr` and forced splits 0 / 1 / 13 in turn; with
+// `stagger` every fourth case puts its last sequence at a third of the context. Each must run v4.
+struct AgentsShape {
+  int group;
+  std::vector<int> agents;  // per sequence
+};
+void run_agents_cases(const std::vector<AgentsShape>& shapes, const std::vector<std::array<int, 2>>& lr,
+                      uint32_t seed, bool stagger) {
   const int splits[] = {0, 1, 13};
-  int n = 0;
+  size_t n = 0;
   for (int d : {64, 128})
-    for (const Shape& sh : shapes)
+    for (const AgentsShape& sh : shapes)
       for (int ctx : {1, 97, 4097}) {
-        const auto& r = lr[n % 4];
-        Case c = make(d, sh.group, n % 2 ? 1 : 16, {ctx}, {sh.agents}, r[0], r[1]);
+        std::vector<int> ctxs(sh.agents.size(), ctx);
+        if (stagger && n % 4 == 3) ctxs.back() = std::max(1, ctx / 3);
+        const auto& r = lr[n % lr.size()];
+        Case c = make(d, sh.group, n % 2 ? 1 : 16, ctxs, sh.agents, r[0], r[1]);
         c.agents = true;
         c.splits = splits[n % 3];
         ++n;
@@ -661,6 +665,12 @@ TEST(CudaAttention, DecodeV4AgentsKTerm) {
         run_case(c, seed++);
         EXPECT_GT(g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)], 0) << c.name() << ": v4 did not run";
       }
+}
+
+TEST(CudaAttention, DecodeV4AgentsKTerm) {
+  SKIP_WITHOUT_GPU();
+  run_agents_cases({{4, {3}}, {4, {8}}, {16, {2}}, {4, {5}}, {1, {17}}, {8, {3}}},
+                   {{16, 16}, {4, 16}, {8, 8}, {16, 8}}, 1800, false);
 }
 
 // v4's decode kernel at its edges: G = 16 (all 16 rows of its m16 tile), V ranks 8 and 12 (the
@@ -1043,29 +1053,8 @@ TEST(CudaAttention, DecodeV4TwoRowTiles) {
 // groups at one length, as forks are, and at different lengths), pages 1 and 16, forced splits.
 TEST(CudaAttention, DecodeAgentsInSeveralSequences) {
   SKIP_WITHOUT_GPU();
-  uint32_t seed = 2400;
-  struct Shape {
-    int group;
-    std::vector<int> agents;
-  };
-  const Shape shapes[] = {{4, {8, 8}}, {4, {8, 1}}, {8, {3, 4, 2}}, {16, {2, 2}}};
-  const int lr[][2] = {{0, 16}, {16, 16}, {0, 8}, {4, 16}};
-  const int splits[] = {0, 1, 13};
-  int n = 0;
-  for (int d : {64, 128})
-    for (const Shape& sh : shapes)
-      for (int ctx : {1, 97, 4097}) {
-        std::vector<int> ctxs(sh.agents.size(), ctx);
-        if (n % 4 == 3) ctxs.back() = std::max(1, ctx / 3);  // a group at another length
-        const auto& r = lr[n % 4];
-        Case c = make(d, sh.group, n % 2 ? 1 : 16, ctxs, sh.agents, r[0], r[1]);
-        c.agents = true;
-        c.splits = splits[n % 3];
-        ++n;
-        reset_ran();
-        run_case(c, seed++);
-        EXPECT_GT(g_ran[static_cast<int>(lc::AttnKernel::kV4Decode)], 0) << c.name() << ": v4 did not run";
-      }
+  run_agents_cases({{4, {8, 8}}, {4, {8, 1}}, {8, {3, 4, 2}}, {16, {2, 2}}}, {{0, 16}, {16, 16}, {0, 8}, {4, 16}},
+                   2400, true);
 }
 
 TEST(CudaAttention, RejectsUnsupportedShapes) {

@@ -62,7 +62,8 @@ SyntheticSpec spec() {
 // than the tape keeps (2 by default): every step rewrites a cached graph with cudaGraphExecUpdate.
 // kLoraPrivate: one LoRA agent (q/v) on a private full cache, whose v_full expand a recorded
 // pass computes in the store kernel (GraphStats::fused_lora_stores).
-enum class Scenario { kOneSeq, kTwoSeqs, kLoraBaseLr, kTenAgents, kLoraPrivate };
+// kTwelveSeqs: a decode pass of 12 sequences (more than 8 rows, recorded since session 36).
+enum class Scenario { kOneSeq, kTwoSeqs, kLoraBaseLr, kTenAgents, kLoraPrivate, kTwelveSeqs };
 
 struct DecodeRun {
   std::vector<std::vector<float>> logits;  // [steps * seqs][vocab]
@@ -90,9 +91,10 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps,
   LlamaModel& model = **model_r;
   const ModelConfig& c = model.config();
   const int page = 16, max_tokens = prompt + steps + 64;
-  const int n_seqs = sc == Scenario::kTwoSeqs ? 2 : 1;
+  const int n_seqs = sc == Scenario::kTwoSeqs ? 2 : sc == Scenario::kTwelveSeqs ? 12 : 1;
+  const int stagger = n_seqs > 2 ? 13 : 37;  // prompt lengths prompt - stagger * s
 
-  auto pools = KvPools::create(c, page, KvPools::blocks_for(2, max_tokens, page), "graphs-test", &be);
+  auto pools = KvPools::create(c, page, KvPools::blocks_for(std::max(2, n_seqs), max_tokens, page), "graphs-test", &be);
   EXPECT_TRUE(pools.ok());
   if (!pools.ok()) return out;
   std::vector<std::unique_ptr<LoraAdapter>> adapters;
@@ -133,11 +135,11 @@ DecodeRun decode(DType dt, bool graphs, Scenario sc, int prompt, int steps,
     for (int s = 0; s < n_seqs; ++s) caches.push_back(std::make_unique<FullKvCache>(pools->kv.get()));
   }
 
-  // Prefill: sequence s gets prompt - 37 * s tokens (two different lengths).
+  // Prefill: sequence s gets prompt - stagger * s tokens (every sequence another length).
   std::vector<int32_t> next(static_cast<size_t>(n_seqs));
   std::vector<int64_t> len(static_cast<size_t>(n_seqs));
   for (int s = 0; s < n_seqs; ++s) {
-    const int n = prompt - 37 * s;
+    const int n = prompt - stagger * s;
     std::vector<int32_t> ids(static_cast<size_t>(n));
     for (int i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = 3 + (i * 31 + s * 7) % 250;
     std::unique_ptr<KvBinding> bind;
@@ -705,6 +707,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaGraphs,
                          ::testing::Values(Case{DType::kF32, Scenario::kOneSeq, "f32_one_seq"},
                                            Case{DType::kBF16, Scenario::kOneSeq, "bf16_one_seq"},
                                            Case{DType::kBF16, Scenario::kTwoSeqs, "bf16_two_seqs"},
+                                           Case{DType::kF32, Scenario::kTwelveSeqs, "f32_twelve_seqs"},
+                                           Case{DType::kBF16, Scenario::kTwelveSeqs, "bf16_twelve_seqs"},
                                            Case{DType::kF32, Scenario::kLoraBaseLr, "f32_lora_base_lr"},
                                            Case{DType::kBF16, Scenario::kLoraBaseLr, "bf16_lora_base_lr"},
                                            Case{DType::kF32, Scenario::kTenAgents, "f32_ten_agents"},
