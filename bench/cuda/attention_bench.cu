@@ -730,9 +730,11 @@ int main(int argc, char** argv) {
   // a batch (cuda_backend_attention.cpp, run_shared_prefix): v4's agents mode over the shared
   // pages, the batch over each fork's own keys, both with lse_out, then attention_merge. The
   // same for 2 and 4 forks and 1k / 4k shared keys: where the shared-prefix pass starts to pay
-  // (CudaBackend::kSharedPrefixMinKeys). ----
+  // (CudaBackend::kSharedPrefixMinKeys); and for 16 forks, more than one agents-mode sequence
+  // takes at G = 4: two groups of 8, each a sequence of one agents-mode launch over the same
+  // pages, as the backend runs them (their Bs the 8 adapters' in turn). ----
   for (const int shared_ctx : {1024, 4096, dctx})
-  for (const int n_forks : {2, 4, kSeqs}) {
+  for (const int n_forks : {2, 4, kSeqs, 2 * kSeqs}) {
     constexpr int kOwn = 256;
     const int pages = shared_ctx / kPage, own_pages = kOwn / kPage, stride = pages + own_pages;
     std::vector<int32_t> ft(static_cast<size_t>(n_forks) * stride);  // [n_forks, stride] fork tables
@@ -745,18 +747,23 @@ int main(int argc, char** argv) {
     int32_t* d_qs = dupload(qs);
     int32_t* d_cl = dupload(cl);
     int32_t* d_cl_own = dupload(cl_own);
-    int32_t* d_qs_a = dupload(std::vector<int32_t>{0, n_forks});
-    int32_t* d_cl_a = dupload(std::vector<int32_t>{shared_ctx});
+    // The shared pass's groups (run_shared_prefix): at most 32 rows a kv head each, about equal.
+    const int per = lc::kAgentsMaxRows / (kHeads / kKv), n_groups = (n_forks + per - 1) / per;
+    const int group = (n_forks + n_groups - 1) / n_groups;
+    std::vector<int32_t> qs_a(static_cast<size_t>(n_groups) + 1), cl_a(static_cast<size_t>(n_groups), shared_ctx);
+    for (int g = 0; g <= n_groups; ++g) qs_a[static_cast<size_t>(g)] = std::min(n_forks, g * group);
+    int32_t* d_qs_a = dupload(qs_a);
+    int32_t* d_cl_a = dupload(cl_a);
     std::vector<const bf16*> bp(n_forks), bkp(n_forks);
-    for (int s = 0; s < n_forks; ++s) bp[s] = P.bv + static_cast<size_t>(s) * kWidth * kRank;
-    for (int s = 0; s < n_forks; ++s) bkp[s] = P.bk + static_cast<size_t>(s) * kWidth * kRank;
+    for (int s = 0; s < n_forks; ++s) bp[s] = P.bv + static_cast<size_t>(s % kSeqs) * kWidth * kRank;
+    for (int s = 0; s < n_forks; ++s) bkp[s] = P.bk + static_cast<size_t>(s % kSeqs) * kWidth * kRank;
     const bf16* const* d_bp = dupload(bp);
     const bf16* const* d_bkp = dupload(bkp);
     const size_t rows = static_cast<size_t>(n_forks) * kHeads;
-    float* o_batch = dalloc<float>(rows * kD);   // [8, 32 heads, 128]
-    float* o_own = dalloc<float>(rows * kD);     // [8, 32 heads, 128]
-    float* o_shared = dalloc<float>(rows * kD);  // [8, 32 heads, 128]
-    float* lse = dalloc<float>(2 * rows);        // [2, 8, 32 heads]: the shared pass's, the own keys'
+    float* o_batch = dalloc<float>(rows * kD);   // [n_forks, 32 heads, 128]
+    float* o_own = dalloc<float>(rows * kD);     // [n_forks, 32 heads, 128]
+    float* o_shared = dalloc<float>(rows * kD);  // [n_forks, 32 heads, 128]
+    float* lse = dalloc<float>(2 * rows);        // [2, n_forks, 32 heads]: the shared pass's, the own keys'
     auto batch = [&](int rep, bool vlr, bool klr) {
       lc::AttnParams p = make_params(P, d_ft, stride, d_qs, d_cl, n_forks, 1, shared_ctx + kOwn,
                                      qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD, nullptr, vlr,
@@ -768,8 +775,8 @@ int main(int argc, char** argv) {
     };
     auto shared_prefix = [&](int rep, bool vlr, bool klr) {
       const bf16* q = qbuf + static_cast<size_t>(rep % kQSets) * kMaxQ * kHeads * kD;
-      lc::AttnParams a =
-          make_params(P, d_ft, 0, d_qs_a, d_cl_a, 1, n_forks, shared_ctx, q, nullptr, vlr, klr, ws, ws_bytes);
+      lc::AttnParams a = make_params(P, d_ft, 0, d_qs_a, d_cl_a, n_groups, group, shared_ctx, q, nullptr, vlr, klr,
+                                     ws, ws_bytes);
       a.agents = true;
       a.out_f32 = o_shared;
       a.lse_out = lse;
