@@ -412,6 +412,37 @@ TEST_F(SessionPoolTest, ACopysSourceStaysWhileTheCopyLives) {
   }
 }
 
+// A failed request's trajectory is dropped at once (SessionPool::drop), even while a copy shares
+// its pages: the copy's pools adopt those pages' slabs (none is left without an owner), the copy
+// decodes on into their free blocks, and once it goes too every slab is back in the KV memory.
+TEST_F(SessionPoolTest, ADroppedSourcesSharedPagesStayWithItsCopy) {
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max. Max liked to run and play in the sun.");
+  ASSERT_GE(prompt.size(), 17u);  // more than a page: whole blocks to share
+  auto made = SessionPool::create(*model_, tok_.get(), SessionPool::groups_for("base", names_, ptrs_, ShareMode::kFull),
+                                  options(ShareMode::kFull, 2));
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  SessionPool& p = **made;
+  ASSERT_NE(p.shared_arena(), nullptr);
+  const KvArena& arena = *p.shared_arena();
+  const int64_t lent0 = arena.lent_bytes();
+  auto src = p.acquire("plan", prompt);
+  ASSERT_TRUE(src.ok() && src->has_value());
+  ASSERT_TRUE((*src)->session->run_agent("plan", 4, {}, {}).ok());
+  auto copy = p.acquire("action", prompt);  // the source is held: a copy beside it, sharing its pages
+  ASSERT_TRUE(copy.ok() && copy->has_value());
+  const int64_t copy_id = (*copy)->id;
+  AgentSession& copy_session = *(*copy)->session;
+  ASSERT_TRUE(copy_session.run_agent("action", 4, {}, {}).ok());
+  p.drop((*src)->id);
+  EXPECT_EQ(arena.orphan_slabs(), 0) << arena.summary();
+  auto more = copy_session.run_agent("plan", 24, {}, {});
+  ASSERT_TRUE(more.ok()) << more.error().message;
+  EXPECT_FALSE(more->output_tokens.empty());
+  p.release(copy_id);
+  p.drop(copy_id);
+  EXPECT_EQ(arena.lent_bytes(), lent0) << "a slab stayed lent after every trajectory that held it went: " << arena.summary();
+}
+
 // A conversation that parts from a kept one after at least a page in common starts as a copy of
 // that prefix (its entries are not computed again) when cutting the kept one back would lose
 // more than its last completion; with private caches (none) it then computes what a pool that
