@@ -221,9 +221,10 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   return p;
 }
 
-Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req, const DeltaFn& on_delta) {
+Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req, const DeltaFn& on_delta,
+                                                       const AliveFn& alive) {
   LRA_ASSIGN_OR_RETURN(Prepared p, prepare(req));
-  return run(p, on_delta);
+  return run(p, on_delta, alive);
 }
 
 struct Server::ChoiceRun {
@@ -264,7 +265,7 @@ struct Server::Job {
   size_t choices() const { return p->ids.size() * static_cast<size_t>(p->req.n); }
 };
 
-Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const DeltaFn& on_delta) {
+Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const DeltaFn& on_delta, const AliveFn& alive) {
   Job job;
   job.p = &p;
   job.streaming = static_cast<bool>(on_delta);
@@ -287,7 +288,14 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
     std::vector<CompletionDelta> deltas;
     {
       std::unique_lock<std::mutex> lock(job.mu);
-      job.cv.wait(lock, [&] { return job.finished || !job.deltas.empty(); });
+      auto ready = [&] { return job.finished || !job.deltas.empty(); };
+      if (!alive || job.cancelled.load()) {
+        job.cv.wait(lock, ready);
+      } else if (!job.cv.wait_for(lock, kAlivePoll, ready)) {
+        lock.unlock();  // the check may block on the socket: not under the lock the engine takes
+        if (!alive()) job.cancelled.store(true);  // the engine ends it before it starts or at its next token
+        continue;
+      }
       deltas.swap(job.deltas);
       finished = job.finished;
     }
@@ -448,6 +456,7 @@ bool Server::emit(Job& job, ChoiceRun& run, std::string text) {
 bool Server::start_choice(Job& job) {
   const Prepared& p = *job.p;
   const CompletionRequest& req = p.req;
+  if (job.cancelled.load()) job.abandoned = true;  // its client went away while it waited
   if (job.abandoned || job.next >= job.choices()) {
     if (job.runs.empty()) end_job(job, std::nullopt);
     return false;
@@ -928,6 +937,9 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
     auto grow = [&](size_t index) {
       if (sent.size() <= index) sent.resize(index + 1, 0), offset.resize(index + 1, 0), calls.resize(index + 1);
     };
+    // While no piece comes (the request waits or computes its prompt) the socket is checked, so a
+    // client that left before its request ran does not cost it a slot and its compute.
+    const AliveFn alive = [&sink] { return !sink.is_writable || sink.is_writable(); };
     auto r = run(*p, [&](const CompletionDelta& d) {
       if (!open(d.index)) return false;
       grow(d.index);
@@ -938,7 +950,7 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
       const std::string text = tool_calls ? calls[d.index].push(d.text) : d.text;
       if (text.empty() && lp.is_null()) return true;  // held back (a tool call may be starting)
       return send(chunk(json::array({piece(d.index, chat ? json{{"content", text}} : json(text), std::move(lp))})));
-    });
+    }, alive);
     if (!r.ok()) {
       send(error_json(r.error()));
     } else {

@@ -22,6 +22,7 @@
 // engine thread fails the requests running then).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -96,6 +97,8 @@ struct CompletionDelta {
   std::vector<StepLogprobs> logprobs;  // [token_ids] or empty
 };
 using DeltaFn = std::function<bool(const CompletionDelta&)>;
+// Whether the client is still there (a streaming response's socket); asked while a request waits.
+using AliveFn = std::function<bool()>;
 
 class Server {
  public:
@@ -117,9 +120,13 @@ class Server {
 
   // One completion request, as POST /v1/completions runs it: `on_delta` gets each piece of text
   // as it can be shown (streaming), called on the calling thread; returning false abandons the
-  // request (the client went away; the engine ends it at its next token). Thread-safe: requests
-  // from many threads run batched together.
-  Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
+  // request (the client went away; the engine ends it at its next token). `alive`, when set, is
+  // asked every kAlivePoll while no piece comes (the request waits for a slot or a trajectory, or
+  // computes its prompt): false abandons it too, so a client gone before its request ran costs no
+  // compute. Thread-safe: requests from many threads run batched together.
+  Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {},
+                                                 const AliveFn& alive = {});
+  static constexpr std::chrono::milliseconds kAlivePoll{20};
 
  private:
   Server() = default;
@@ -129,7 +136,7 @@ class Server {
   Result<Prepared> prepare(const CompletionRequest& req) const;
   // Runs a prepared request (complete()'s second half): hands it to the engine thread and passes
   // its pieces to on_delta until it ends.
-  Result<std::vector<CompletionChoice>> run(const Prepared& p, const DeltaFn& on_delta);
+  Result<std::vector<CompletionChoice>> run(const Prepared& p, const DeltaFn& on_delta, const AliveFn& alive = {});
   struct Job;        // a request in the engine
   struct ChoiceRun;  // a choice of a Job running now
   // The engine thread: admits requests, starts their choices, runs one batched pass at a time.

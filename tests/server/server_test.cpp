@@ -718,6 +718,68 @@ TEST_F(ServerTest, AClientLeavingMidStreamLeavesTheServerWell) {
   EXPECT_EQ(j["choices"][0]["text"], want);
 }
 
+// A streaming client that goes away while its request waits (the one trajectory slot is held by a
+// running request, and its prompt shares nothing with that one's) is noticed before the request
+// starts (Server::kAlivePoll): it never runs (its model's prompt tokens stay 0), and the server
+// serves on. Without the check it waited on, and ran once the slot came free, streaming into a
+// closed socket. The holder's four choices run one after another in the one slot (~0.5 s).
+TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestWaitsIsNotServed) {
+  ServerOptions o;
+  o.pool.max_sessions = 1;
+  start(ShareMode::kFull, o);
+  auto metric = [&](const std::string& series) {
+    httplib::Client c("127.0.0.1", port_);
+    auto r = c.Get("/metrics");
+    if (!r) return -1.0;
+    const size_t at = r->body.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + series.size() + 2));
+  };
+  auto wait_for = [&](const std::string& series, double want) {
+    for (int i = 0; i < 1000 && metric(series) != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return metric(series) == want;
+  };
+  // The slot holder: a long greedy completion.
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> holder_done{false};
+  Clock::time_point holder_end;
+  int holder_status = 0;
+  std::thread holder([&] {
+    holder_status = complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 480}, {"n", 4},
+                              {"ignore_eos", true}, {"temperature", 0}})
+                        .first;
+    holder_end = Clock::now();
+    holder_done.store(true);
+  });
+  ASSERT_TRUE(wait_for("lragent:num_requests_running", 1)) << "the holder did not start";
+  const std::string body = json{{"model", "action"}, {"prompt", "The sun was hot and the sky was blue."},
+                                {"max_tokens", 8}, {"stream", true}}.dump();
+  const int fd = connect_with_timeout(port_);
+  ASSERT_GE(fd, 0);
+  const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
+  const bool queued = wait_for("lragent:num_requests_waiting", 1);
+  ::close(fd);
+  const Clock::time_point closed = Clock::now();
+  bool noticed = false;  // the waiting request ended while the holder still held the slot
+  while (!holder_done.load() && !(noticed = metric("lragent:num_requests_waiting") == 0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  holder.join();
+  ASSERT_TRUE(queued) << "the second request was not waiting";
+  EXPECT_EQ(holder_status, 200);
+  if (!noticed) {
+    // The slot came free first. Within a few polls that says nothing (a machine too fast for the
+    // test's timing); later, the server had time to notice and did not.
+    const double after = std::chrono::duration<double>(holder_end - closed).count();
+    if (after < 5 * std::chrono::duration<double>(Server::kAlivePoll).count())
+      GTEST_SKIP() << "the holder ended " << after << " s after the client left: too soon to tell";
+    FAIL() << "the client's leaving was not noticed in the " << after << " s the request still waited";
+  }
+  EXPECT_EQ(metric("lragent:prompt_tokens_total{model_name=\"action\"}"), 0) << "the abandoned request ran";
+  auto [status, j] = complete({{"model", "action"}, {"prompt", "The sun was hot"}, {"max_tokens", 4}, {"temperature", 0}});
+  EXPECT_EQ(status, 200) << j.dump();
+}
+
 // Requests from several clients at once each get what they would alone (none: no agent's output
 // depends on another's entries), whichever order they run in and whatever they are batched with.
 TEST_F(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
