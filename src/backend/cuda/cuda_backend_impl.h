@@ -183,7 +183,8 @@ class CudaBackend final : public Backend {
   // or updated ~1 in 6 steps). Since then, H200, Llama-3.1-8B shapes, serve-concurrency.py, two
   // rounds: 16 clients 1.12-1.13 s against 1.21-1.22 s with 8 (5 graphs captured, none
   // updated), 8 clients 0.93 against 0.95-0.96 s; 16 parallel agents on one 32k prompt 2.87 s
-  // against 3.15 s.
+  // against 3.15 s. 64 (one run, 7749e40): 32 clients 1.51 s either way, 64 clients 2.35 against
+  // 2.45 s with 32, within what two runs may differ by; not changed on one sample.
   static constexpr int64_t kGraphMaxRows = 32, kGraphMaxMixedRows = 8;
   int64_t graph_max_rows_ = kGraphMaxRows;  // LRAGENT_CUDA_GRAPH_MAX_ROWS overrides both (measuring)
   int64_t graph_max_mixed_rows_ = kGraphMaxMixedRows;
