@@ -221,10 +221,9 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   return p;
 }
 
-Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req, const DeltaFn& on_delta,
-                                                       const AliveFn& alive) {
+Result<std::vector<CompletionChoice>> Server::complete(const CompletionRequest& req, const DeltaFn& on_delta) {
   LRA_ASSIGN_OR_RETURN(Prepared p, prepare(req));
-  return run(p, on_delta, alive);
+  return run(p, on_delta);
 }
 
 struct Server::ChoiceRun {

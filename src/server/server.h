@@ -120,12 +120,10 @@ class Server {
 
   // One completion request, as POST /v1/completions runs it: `on_delta` gets each piece of text
   // as it can be shown (streaming), called on the calling thread; returning false abandons the
-  // request (the client went away; the engine ends it at its next token). `alive`, when set, is
-  // asked every kAlivePoll while no piece comes (the request waits for a slot or a trajectory, or
-  // computes its prompt): false abandons it too, so a client gone before its request ran costs no
-  // compute. Thread-safe: requests from many threads run batched together.
-  Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {},
-                                                 const AliveFn& alive = {});
+  // request (the client went away; the engine ends it at its next token). Thread-safe: requests
+  // from many threads run batched together.
+  Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
+  // How often a request with an AliveFn asks it while no piece comes (run()).
   static constexpr std::chrono::milliseconds kAlivePoll{20};
 
  private:
@@ -135,7 +133,10 @@ class Server {
   // Validates a request and tokenizes its prompts (errors: unknown model, too long, bad ids).
   Result<Prepared> prepare(const CompletionRequest& req) const;
   // Runs a prepared request (complete()'s second half): hands it to the engine thread and passes
-  // its pieces to on_delta until it ends.
+  // its pieces to on_delta until it ends. `alive`, when set (a streaming response's socket), is
+  // asked every kAlivePoll while no piece comes (the request waits for a slot or a trajectory, or
+  // computes its prompt): false abandons the request as on_delta's false does, so a client gone
+  // before its request ran costs it no slot and no compute.
   Result<std::vector<CompletionChoice>> run(const Prepared& p, const DeltaFn& on_delta, const AliveFn& alive = {});
   struct Job;        // a request in the engine
   struct ChoiceRun;  // a choice of a Job running now

@@ -39,8 +39,6 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
     be->batch_attention_ = false;  // one launch per sequence, as before attention_batch (measuring)
   if (const char* m = std::getenv("LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS"); m && *m)
     be->shared_prefix_min_keys_ = std::max<int64_t>(std::atoll(m), 0);  // 0: off (measuring; tests: 1)
-  if (const char* m = std::getenv("LRAGENT_CUDA_SHARED_PREFIX_ONE_LAUNCH"); m && std::string(m) == "0")
-    be->shared_prefix_one_launch_ = false;  // a launch per group of forks, as before (measuring)
   if (const char* m = std::getenv("LRAGENT_CUDA_MATERIALIZE_K"); m && std::string(m) == "0")
     be->materialize_k_ = false;  // prefill rebuilds K per tile in the kernel, as before (measuring)
   if (const char* f = std::getenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION"); f && std::string(f) == "0")

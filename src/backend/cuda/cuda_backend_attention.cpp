@@ -448,7 +448,7 @@ void CudaBackend::attention_batch(std::span<const AttentionParams> ps) {
     size_t j = i + 1;
     if (batch_attention_ && ps[i].n_q == 1 && decode_batchable(ps[i], ps[i], 0))
       while (j < ps.size() && decode_batchable(ps[i], ps[j], j - i)) ++j;
-    if (j - i >= 2 && (run_shared_prefix_groups(ps.subspan(i, j - i)) || run_decode_batch(ps.subspan(i, j - i)))) {
+    if (j - i >= 2 && (run_shared_prefix(ps.subspan(i, j - i)) || run_decode_batch(ps.subspan(i, j - i)))) {
       i = j;
       continue;
     }
@@ -630,26 +630,11 @@ int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) {
   return keys;
 }
 
-bool CudaBackend::run_shared_prefix_groups(std::span<const AttentionParams> ps) {
-  if (shared_prefix_min_keys_ <= 0) return false;
-  // The run's shared keys are shared by every group of it too.
-  const int64_t shared = shared_prefix_keys(ps);
-  if (shared <= 0) return false;  // nothing shared: one batch
-  const size_t per = static_cast<size_t>(std::max(1, lc::kAgentsMaxRows / (ps.front().n_heads / ps.front().n_kv_heads)));
-  if (ps.size() <= per || shared_prefix_one_launch_) return run_shared_prefix(ps, shared);
-  // Measuring: each group reads the shared keys in a launch of its own; one that cannot (too few
-  // forks left for the threshold, v4 refusing its shape) runs as a batch of its own, or alone.
-  for (size_t g = 0; g < ps.size(); g += per) {
-    const std::span<const AttentionParams> grp = ps.subspan(g, std::min(per, ps.size() - g));
-    if (grp.size() >= 2 && (run_shared_prefix(grp, shared) || run_decode_batch(grp))) continue;
-    for (const AttentionParams& p : grp) attention(p);
-  }
-  return true;
-}
-
-bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps, int64_t shared) {
+bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
   const auto n = static_cast<int64_t>(ps.size());
-  if (n < 2 || shared <= 0 || (n - 1) * shared < shared_prefix_min_keys_) return false;
+  if (shared_prefix_min_keys_ <= 0 || n < 2) return false;
+  const int64_t shared = shared_prefix_keys(ps);
+  if (shared <= 0 || (n - 1) * shared < shared_prefix_min_keys_) return false;  // nothing (enough) shared: one batch
   const AttentionParams& p0 = ps.front();
   const int64_t rows = n * p0.n_heads;  // [n, n_heads] output rows
   const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };

@@ -292,11 +292,6 @@ class CudaBackend final : public Backend {
   std::vector<const void*> prefix_memo_key_;       // shared_prefix_keys' last question in this pass
   int64_t prefix_memo_keys_ = 0;                   // ... and its answer
   static constexpr int64_t kSharedPrefixMinKeys = 16384;
-  // More forks than one agents-mode sequence takes (lc::kAgentsMaxRows query rows a kv head) run
-  // as groups, one sequence each, of one launch: the groups' blocks of a split run together and
-  // read the shared pages once from memory, the later ones from L2 (LRAGENT_CUDA_SHARED_PREFIX_ONE_LAUNCH=0:
-  // a launch per group, as before session 36: measuring).
-  bool shared_prefix_one_launch_ = true;
   bool materialize_k_ = true;               // prefill's K-side LoRA term materialised (LRAGENT_CUDA_MATERIALIZE_K=0: off)
   bool fuse_rope_attention_ = true;         // pending_rope_attn_ (LRAGENT_CUDA_FUSE_ROPE_ATTENTION=0: off)
   static constexpr size_t kArenaMin = 64u << 20;   // activations of one recorded pass
@@ -475,18 +470,15 @@ class CudaBackend final : public Backend {
   // Within a pass the block tables do not change (bindings reserve before it), and every layer
   // asks for the same sequences: the answer is kept for the pass, keyed by the tables and lengths.
   int64_t shared_prefix_keys(std::span<const AttentionParams> ps);
-  // ps (its first `shared` keys the same blocks, shared_prefix_keys) as a shared-prefix attention:
-  // v4's agents mode over the shared keys (each sequence's B_v and B_k by b_seq; more forks than
-  // one agents-mode sequence takes go in groups of about equal size, each group a sequence of the
-  // launch over the same pages) and the decode batch over each one's own keys (their K term's
-  // RoPE positions from k_pos0 on), both with their log-sum-exps, then attention_merge into the
-  // outputs. False (nothing launched) when too few keys are shared to pay for the two extra
-  // launches, or v4 takes neither shape.
-  bool run_shared_prefix(std::span<const AttentionParams> ps, int64_t shared);
-  // run_shared_prefix over a run of decode rows: all of them at once, or with
-  // shared_prefix_one_launch_ off a launch per group. False (nothing launched) when nothing is
-  // shared or the run is too small for the threshold.
-  bool run_shared_prefix_groups(std::span<const AttentionParams> ps);
+  // A run of decode rows whose first keys are the same blocks (shared_prefix_keys) as a
+  // shared-prefix attention: v4's agents mode over the shared keys (each sequence's B_v and B_k by
+  // b_seq; more forks than one agents-mode sequence takes, lc::kAgentsMaxRows query rows a kv
+  // head, go in groups of about equal size, each group a sequence of the one launch over the same
+  // pages, so the later groups read them from L2) and the decode batch over each one's own keys
+  // (their K term's RoPE positions from k_pos0 on), both with their log-sum-exps, then
+  // attention_merge into the outputs. False (nothing launched) when nothing is shared, too few
+  // keys are shared to pay for the two extra launches, or v4 takes neither shape.
+  bool run_shared_prefix(std::span<const AttentionParams> ps);
   // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
   // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
