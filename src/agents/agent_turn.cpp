@@ -22,11 +22,24 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
   t->r_.agent = name;
   t->r_.finish_reason = "length";
   t->n_ = t->forced_.empty() ? n_generate : static_cast<int>(t->forced_.size());
+  const size_t resumed = t->dec_.resumed.size();
+  if (resumed > 0) {
+    if (!t->forced_.empty() || resumed >= s.traj_.size() ||
+        !std::equal(t->dec_.resumed.begin(), t->dec_.resumed.end(), s.traj_.end() - static_cast<ptrdiff_t>(resumed)))
+      return make_error(ErrorCode::kInvalidArgument,
+                        "AgentTurn: a resumed step's tokens must end the trajectory (and it must generate)");
+    if (static_cast<int>(resumed) >= t->n_)
+      return make_error(ErrorCode::kInvalidArgument, "AgentTurn: a resumed step has {} of its {} tokens already",
+                        resumed, t->n_);
+    t->r_.output_tokens = std::move(t->dec_.resumed);
+    t->r_.logprobs = std::move(t->dec_.resumed_logprobs);
+    for (size_t i = 0; i < resumed; ++i) (void)t->sampler_->next_row();  // one draw per token, in token order
+  }
   t->begin_ = s.kv_->catchup_start(a);
   const auto traj = static_cast<int64_t>(s.traj_.size());
   t->r_.prefilled_tokens = t->n_ > 0 ? traj - t->begin_ : 0;
   if (t->n_ > 0) LRA_RETURN_IF_ERROR(s.catch_up_partial(a, t->begin_));
-  t->prompt_len_ = s.traj_.size();
+  t->prompt_len_ = s.traj_.size() - resumed;
   const bool free_pick = t->forced_.empty();
   t->penalize_ = t->dec_.penalties.active() && free_pick;
   t->want_logprobs_ = t->dec_.logprobs >= 0 && free_pick;

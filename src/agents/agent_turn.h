@@ -67,6 +67,9 @@ class AgentTurn {
   bool looks_ahead() const;
   // The step's result (call once, when done()).
   StepResult result();
+  // What the step has produced so far (its tokens and their log-probabilities): what a step
+  // stopped before its end resumes from (AgentDecode::resumed).
+  const StepResult& progress() const { return r_; }
 
  private:
   friend TurnWindow decode_turns(LlamaModel&, std::span<AgentTurn* const>, const std::function<bool()>&);

@@ -89,6 +89,13 @@ struct AgentDecode {
   // there (finish_reason "abort": the caller knows why, e.g. a streaming client went away, or
   // the server found a stop string in its own text). The token stays in the step.
   std::function<bool(int32_t, const StepLogprobs*)> on_token;
+  // The tokens this step produced before it was stopped to make room (a server preempting it by
+  // recompute, as vLLM does): they end the session's trajectory, and the resumed step takes them
+  // as its own first output (its token budget, min_tokens, stop ids and penalties count them, its
+  // result holds them) without passing them to on_token again; the sampler skips their draws, so
+  // a seeded step picks what it would have picked had it never stopped.
+  std::vector<int32_t> resumed;
+  std::vector<StepLogprobs> resumed_logprobs;  // [resumed] when `logprobs` >= 0
 };
 
 // A trajectory shared by agents, each an adapter (or null for the bare base model).

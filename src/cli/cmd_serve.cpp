@@ -33,6 +33,7 @@ struct ServeFlags {
   std::string served_name;
   int max_sessions = 4;
   bool no_share_blocks = false;
+  double kv_cache_memory_gb = 0;  // > 0: the server's one KV memory (SessionPoolOptions::pool_bytes)
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;
   std::string api_key;
@@ -158,6 +159,11 @@ int run_serve(const ServeFlags& f) {
   so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
   so.pool.max_sessions = f.max_sessions;
   so.pool.share_blocks = !f.no_share_blocks;
+  so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
+  if (so.pool.pool_bytes > 0 && (f.no_share_blocks || f.sharing.kv_memory_gb > 0))
+    return report(Error{ErrorCode::kInvalidArgument,
+                        "--kv-cache-memory sizes the one KV memory every trajectory shares: it cannot go with "
+                        "--no-share-blocks or --kv-memory (a KV memory per trajectory); drop one of them"});
   so.max_batch_tokens = f.max_batched_tokens;
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
   so.max_model_len = f.max_model_len;
@@ -253,6 +259,16 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "KV pages, see --no-share-blocks)")
       ->default_val(4)
       ->check(cli::in_range(1, 4096));
+  cmd->add_option("--kv-cache-memory", f->kv_cache_memory_gb,
+                  "KV cache memory of the whole server in GB (vLLM's --kv-cache-memory), shared by every "
+                  "trajectory: each takes blocks as it grows, up to --max-context, so that --max-sessions requests can "
+                  "run at once without each reserving its --max-context up front. When it fills, idle trajectories "
+                  "are dropped, then the request that came last is preempted: its trajectory is dropped, and it "
+                  "resumes by recomputing its prompt and the tokens it had produced once there is room (as vLLM "
+                  "preempts by recompute; lragent:num_preemptions_total counts them). 0 (default): --max-sessions "
+                  "trajectories of --max-context each, reserved at start-up, so that none ever waits for memory")
+      ->default_val(0)
+      ->check(cli::memory_gb());
   cmd->add_flag("--no-share-blocks", f->no_share_blocks,
                 "Give each trajectory a KV memory of its own, so that a copy of another's prefix (parallel agents on "
                 "one prompt, a conversation that parts from another) stores that prefix again instead of sharing its "

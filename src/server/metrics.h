@@ -57,6 +57,7 @@ struct RequestRecord {
 struct KvSnapshot {
   int64_t trajectories = 0;  // holding cache entries
   int64_t evicted = 0;
+  int64_t preempted = 0;  // running choices stopped to make room in the KV memory (resumed by recompute)
   int64_t copied = 0, copied_tokens = 0;  // trajectories started as a copy of another's prefix, and its tokens
   CacheBytes bytes;  // summed over the trajectories (a block two share counts in each)
   // The one KV arena of every trajectory (SessionPoolOptions::share_blocks): bytes of its slabs

@@ -121,11 +121,13 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   LRA_ASSIGN_OR_RETURN(s->pool_, SessionPool::create(model, tok, std::move(groups), opts.pool));
   // A KV memory smaller than the context (--kv-memory) caps the requests, as vLLM caps
   // max_model_len to what its cache holds: a request never runs out of room at its end.
-  if (opts.pool.replay.sharing.arena_bytes > 0) {
+  // The same for one KV memory smaller than the trajectories' caps (--kv-cache-memory): a request
+  // must fit it with nothing else running.
+  if (opts.pool.replay.sharing.arena_bytes > 0 || s->pool_->oversubscribed()) {
     const int64_t fits = s->pool_->capacity_tokens(opts.max_model_len);
     if (fits < 2)
-      return make_error(ErrorCode::kOutOfMemory,
-                        "the KV memory of one trajectory (--kv-memory) holds {} tokens: give it more room", fits);
+      return make_error(ErrorCode::kOutOfMemory, "the KV memory ({}) holds {} tokens of one trajectory: give it more room",
+                        s->pool_->oversubscribed() ? "--kv-cache-memory" : "--kv-memory", fits);
     opts.max_model_len = fits;
   }
   s->opts_ = std::move(opts);
@@ -234,6 +236,12 @@ struct Server::ChoiceRun {
   std::string shown;                    // the echoed prompt
   CompletionDelta pending;              // tokens (and log-probabilities) not sent with a piece yet
   size_t pushed = 0;                    // output tokens given to `text`
+  uint64_t seed = 0;                    // its sampler's (a resumed turn draws on from the same stream)
+  // Preempted (its trajectory dropped to make room in the KV memory): what it had produced, which
+  // its next turn resumes from, and the tokens its earlier turns computed.
+  std::vector<int32_t> resumed;
+  std::vector<StepLogprobs> resumed_logprobs;  // [resumed] when asked for
+  int64_t prefilled_before = 0;
   std::unique_ptr<AgentTurn> turn;
 };
 
@@ -260,6 +268,9 @@ struct Server::Job {
   // The choices running now: several at once when they can (n > 1, several prompts), each on its
   // own trajectory (a copy of the one its prompt belongs on while another choice runs there).
   std::vector<std::unique_ptr<ChoiceRun>> runs;
+  // Choices preempted to make room in the KV memory, in the order they stopped: each resumes
+  // (before any new choice of any request starts) once there is room again.
+  std::deque<std::unique_ptr<ChoiceRun>> preempted;
   std::vector<std::optional<CompletionChoice>> done;  // [choices()] the finished ones
   size_t choices() const { return p->ids.size() * static_cast<size_t>(p->req.n); }
 };
@@ -383,8 +394,12 @@ void Server::engine_loop() {
 }
 
 bool Server::engine_pass(const std::vector<Job*>& active) {
+  // Preempted choices resume first, in the order they stopped; no new choice starts while one waits.
+  auto none_preempted = [&] {
+    return std::none_of(active.begin(), active.end(), [](const Job* j) { return !j->ended && !j->preempted.empty(); });
+  };
   for (Job* j : active)
-    while (!j->ended && start_choice(*j)) {
+    while (!j->ended && start_choice(*j, none_preempted())) {
     }
   std::vector<AgentTurn*> turns;
   std::vector<std::pair<Job*, ChoiceRun*>> owners, finished;  // [turns]; nothing to generate
@@ -413,7 +428,7 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
     // (the prefix it would copy being computed): with one waiting, a window runs two passes (the
     // second launched while the first runs) and start_choice looks again.
     const bool waiting = std::any_of(active.begin(), active.end(), [](const Job* j) {
-      return !j->ended && !j->abandoned && j->next < j->choices();
+      return !j->ended && !j->abandoned && (j->next < j->choices() || !j->preempted.empty());
     });
     int launches = 0;
     TurnWindow w = decode_turns(*model_, turns, [&] {
@@ -429,11 +444,19 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
     metrics_.record_pass(step.sequences, step.tokens);
     status = std::move(step.status);
   }
+  std::vector<std::pair<Job*, ChoiceRun*>> short_of_memory;
   for (size_t k = 0; k < turns.size(); ++k) {
     // A failed choice fails its whole job (its other choices with it): skip what it ended.
     if (owners[k].first->ended) continue;
+    // The KV memory every trajectory shares is full (it is smaller than their caps): the turn
+    // tries again once room is made, its pass not run (nothing of it advanced).
+    if (!status[k].ok() && status[k].error().code == ErrorCode::kOutOfMemory && pool_->oversubscribed()) {
+      short_of_memory.push_back(owners[k]);
+      continue;
+    }
     if (!status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, status[k]);
   }
+  if (!short_of_memory.empty()) make_room(active, short_of_memory);
   return true;
 }
 
@@ -452,51 +475,80 @@ bool Server::emit(Job& job, ChoiceRun& run, std::string text) {
   return !job.abandoned;
 }
 
-bool Server::start_choice(Job& job) {
+bool Server::start_choice(Job& job, bool may_start_new) {
   const Prepared& p = *job.p;
   const CompletionRequest& req = p.req;
   if (job.cancelled.load()) job.abandoned = true;  // its client went away while it waited
-  if (job.abandoned || job.next >= job.choices()) {
+  if (job.abandoned) {
+    abort_preempted(job);
     if (job.runs.empty()) end_job(job, std::nullopt);
     return false;
   }
-  const size_t i = job.next / static_cast<size_t>(req.n);
-  const size_t j = job.next % static_cast<size_t>(req.n);
-  auto lease = pool_->acquire(p.agent, p.ids[i]);
+  const bool resume = !job.preempted.empty();
+  if (!resume && job.next >= job.choices()) {
+    if (job.runs.empty()) end_job(job, std::nullopt);
+    return false;
+  }
+  if (!resume && !may_start_new) return false;
+  const size_t index = resume ? job.preempted.front()->index : job.next;
+  const size_t i = index / static_cast<size_t>(req.n);
+  const size_t j = index % static_cast<size_t>(req.n);
+  std::vector<int32_t> prompt = p.ids[i];
+  if (resume) prompt.insert(prompt.end(), job.preempted.front()->resumed.begin(), job.preempted.front()->resumed.end());
+  auto lease = pool_->acquire(p.agent, prompt);
   if (!lease.ok()) {
     fail_job(job, lease.error());
     return false;
   }
   if (!*lease) return false;  // no trajectory for it yet (see SessionPool::acquire): next time
+  // In a KV memory smaller than the trajectories' caps, a choice whose catch-up would not fit
+  // beside the running ones waits for them (unless none runs): started, it would fill the memory
+  // part way and be preempted, its work thrown away.
+  if (pool_->oversubscribed() && pool_->held_sessions() > 1 && !pool_->has_room((*lease)->id, p.agent)) {
+    pool_->release((*lease)->id);
+    return false;
+  }
   if (!job.running) {
     metrics_.request_running();
     job.running = true;
   }
   // Held from here: every way out drops or releases it (fail_job, end_choice), an exception too.
-  job.runs.push_back(std::make_unique<ChoiceRun>());
+  if (resume) {
+    job.runs.push_back(std::move(job.preempted.front()));
+    job.preempted.pop_front();
+  } else {
+    job.runs.push_back(std::make_unique<ChoiceRun>());
+  }
   ChoiceRun& cr = *job.runs.back();
-  cr.index = job.next;
   cr.lease = (*lease)->id;
-  cr.c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
-  cr.c.prompt_index = i;
-  cr.c.reused_tokens = (*lease)->reused_tokens;
   cr.c.trajectory = (*lease)->id;
-  cr.pending.index = job.next;
+  if (!resume) {
+    cr.index = job.next;
+    cr.c.prompt_tokens = static_cast<int64_t>(p.ids[i].size());
+    cr.c.prompt_index = i;
+    cr.c.reused_tokens = (*lease)->reused_tokens;
+    cr.pending.index = job.next;
+    cr.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
+  }
   AgentDecode dec;
   dec.sampling = req.sampling;
   dec.penalties = req.penalties;
-  dec.sampling.seed = req.seeded ? req.sampling.seed + static_cast<uint64_t>(j) : next_seed_++;
+  dec.sampling.seed = cr.seed;
   dec.logprobs = req.logprobs;
   dec.logit_bias = req.logit_bias;
   dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
   dec.min_p = req.min_p;
   if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
   dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
-  // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
-  // found in this shown text (CompletionText), which ends the step through on_token; the
-  // engine itself is given none.
-  if (tok_) cr.text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back(), dec.min_tokens);
-  cr.shown = req.echo ? p.echo[i] : std::string();
+  dec.resumed = cr.resumed;
+  dec.resumed_logprobs = cr.resumed_logprobs;
+  if (!resume) {
+    // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
+    // found in this shown text (CompletionText), which ends the step through on_token; the
+    // engine itself is given none.
+    if (tok_) cr.text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back(), dec.min_tokens);
+    cr.shown = req.echo ? p.echo[i] : std::string();
+  }
   // Every token but a stop id that ends the step (ends() checks those first) comes here.
   dec.on_token = [this, &job, &cr](int32_t t, const StepLogprobs* lp) {
     if (!job.first_token) job.first_token = Job::Clock::now();
@@ -506,12 +558,14 @@ bool Server::start_choice(Job& job) {
     if (!cr.text) return emit(job, cr, {});  // no tokenizer, no text: the ids go with the last piece
     return emit(job, cr, cr.text->push(t)) && !cr.text->matched_stop();
   };
-  ++job.next;
-  if (!emit(job, cr, cr.shown)) {  // the client went away: nothing ran on the trajectory
-    pool_->release(cr.lease);
-    job.runs.pop_back();
-    if (job.runs.empty()) end_job(job, std::nullopt);
-    return false;
+  if (!resume) {
+    ++job.next;
+    if (!emit(job, cr, cr.shown)) {  // the client went away: nothing ran on the trajectory
+      pool_->release(cr.lease);
+      job.runs.pop_back();
+      if (job.runs.empty()) end_job(job, std::nullopt);
+      return false;
+    }
   }
   auto turn = AgentTurn::start(*(*lease)->session, p.agent, p.budgets[i], {}, {}, std::move(dec));
   if (!turn.ok()) {  // a droidspeak catch-up may have run part way
@@ -523,12 +577,71 @@ bool Server::start_choice(Job& job) {
   return true;
 }
 
+void Server::preempt(Job& job, ChoiceRun& cr) {
+  const StepResult& so_far = cr.turn->progress();
+  cr.resumed = so_far.output_tokens;
+  cr.resumed_logprobs = so_far.logprobs;
+  cr.prefilled_before += so_far.prefilled_tokens;
+  cr.turn.reset();          // it holds a KV binding into its trajectory's caches: first
+  pool_->drop(cr.lease);    // its blocks back to the KV memory (those a copy shares stay with it)
+  cr.lease = 0;
+  auto it = std::find_if(job.runs.begin(), job.runs.end(), [&cr](const auto& r) { return r.get() == &cr; });
+  assert(it != job.runs.end() && "a preempted choice is one of its job's running ones");
+  job.preempted.push_back(std::move(*it));
+  job.runs.erase(it);
+  ++preemptions_;
+  publish_sessions();
+}
+
+void Server::abort_preempted(Job& job) {
+  for (std::unique_ptr<ChoiceRun>& cr : job.preempted) {
+    CompletionChoice c = std::move(cr->c);
+    c.text = cr->shown + (cr->text ? cr->text->text() : std::string());
+    c.finish_reason = "abort";
+    c.completion_tokens = static_cast<int64_t>(cr->resumed.size());
+    c.token_ids = std::move(cr->resumed);
+    c.logprobs = std::move(cr->resumed_logprobs);
+    c.prefilled_tokens = cr->prefilled_before;
+    job.done[cr->index] = std::move(c);
+  }
+  job.preempted.clear();
+}
+
+void Server::make_room(const std::vector<Job*>& active, std::span<const std::pair<Job*, ChoiceRun*>> short_of_memory) {
+  // Trajectories kept only for a later request's prefix go first (vLLM's prefix cache evicts
+  // before it preempts); the turns that ran short try again at the next pass.
+  if (pool_->evict_idle()) return;
+  size_t running = 0;
+  for (const Job* j : active)
+    if (!j->ended) running += j->runs.size();
+  if (running <= 1) {
+    // Alone and still short: this request does not fit the KV memory (the start-up check sized
+    // --max-model-len so that it should; a trajectory a copy shares blocks with may hold some).
+    for (auto [job, cr] : short_of_memory)
+      if (!job->ended)
+        fail_job(*job, Error{ErrorCode::kOutOfMemory,
+                             "this request does not fit the server's KV memory (--kv-cache-memory) even with no other "
+                             "request running: shorten the prompt or lower 'max_tokens', or give the server more KV "
+                             "memory"});
+    return;
+  }
+  // Else the latest request's latest choice gives its memory back (vLLM preempts the request that
+  // came last), to resume by recompute once there is room: whichever choices ran short try again.
+  for (auto it = active.rbegin(); it != active.rend(); ++it) {
+    Job& j = **it;
+    if (j.ended || j.runs.empty()) continue;
+    preempt(j, *j.runs.back());
+    return;
+  }
+}
+
 void Server::fail_job(Job& job, Error error) {
   // The turns go before their trajectories: each may hold a KV binding into its trajectory's caches.
   std::vector<int64_t> leases;
   for (const auto& r : job.runs) leases.push_back(r->lease);
   job.runs.clear();
   for (int64_t lease : leases) pool_->drop(lease);  // their caches may hold a partial pass
+  job.preempted.clear();  // they hold no trajectory
   end_job(job, std::move(error));
 }
 
@@ -569,10 +682,12 @@ void Server::end_choice(Job& job, ChoiceRun& cr, const Status& st) {
   c.completion_tokens = static_cast<int64_t>(r.output_tokens.size());
   c.token_ids = r.output_tokens;
   c.logprobs = std::move(r.logprobs);
-  c.prefilled_tokens = r.prefilled_tokens;
+  c.prefilled_tokens = r.prefilled_tokens + cr.prefilled_before;
   job.done[cr.index] = std::move(c);
   std::erase_if(job.runs, [&cr](const std::unique_ptr<ChoiceRun>& r) { return r.get() == &cr; });
-  if (job.runs.empty() && (job.abandoned || job.next >= job.choices())) end_job(job, std::nullopt);
+  if (job.abandoned) abort_preempted(job);
+  if (job.runs.empty() && job.preempted.empty() && (job.abandoned || job.next >= job.choices()))
+    end_job(job, std::nullopt);
 }
 
 void Server::end_job(Job& job, std::optional<Error> error) {
@@ -608,6 +723,7 @@ void Server::end_job(Job& job, std::optional<Error> error) {
       kv.bytes.allocated += info.bytes.allocated;
     }
     kv.evicted = evicted_sessions_;
+    kv.preempted = preempted_choices_;
     kv.copied = copied_sessions_;
     kv.copied_tokens = copied_tokens_;
     kv.arena_used = arena_used_;
@@ -622,6 +738,7 @@ void Server::publish_sessions() {
   std::lock_guard<std::mutex> lock(sessions_mu_);
   sessions_ = std::move(infos);
   evicted_sessions_ = pool_->evicted_sessions();
+  preempted_choices_ = preemptions_;
   copied_sessions_ = pool_->copied_sessions();
   copied_tokens_ = pool_->copied_tokens();
   if (const KvArena* a = pool_->shared_arena()) {
@@ -759,6 +876,7 @@ void Server::install_routes() {
     send_json(res, 200, json{{"kv_share", share_mode_name(share_mode())},
                              {"sessions", list},
                              {"evicted_sessions", evicted_sessions_},
+                             {"preempted_requests", preempted_choices_},
                              {"copied_sessions", copied_sessions_},
                              // the one KV memory of every trajectory (null with an arena each):
                              // bytes in use, a page shared by copies once

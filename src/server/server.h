@@ -146,8 +146,19 @@ class Server {
   // pass over the running ones; false when no pass ran (every job waits, or none is left).
   bool engine_pass(const std::vector<Job*>& active);
   // Starts the job's next choice when a trajectory can be had for it (SessionPool::acquire; else
-  // it waits); true when it started. May end the job.
-  bool start_choice(Job& job);
+  // it waits); true when it started. May end the job. A choice the job had preempted resumes
+  // first; a new one starts only when `may_start_new` (no request has a preempted choice waiting).
+  bool start_choice(Job& job, bool may_start_new);
+  // Stops a running choice to give its KV memory back (its trajectory dropped; vLLM's preemption
+  // by recompute): it resumes from the tokens it has produced, recomputing them, when it can start
+  // again (start_choice).
+  void preempt(Job& job, ChoiceRun& run);
+  // The job's preempted choices end where they stopped (finish_reason "abort"): its client left.
+  void abort_preempted(Job& job);
+  // The KV memory every trajectory shares filled while `short_of_memory` (turns of the pass that
+  // just ran) needed more: an idle trajectory is dropped, else the latest request's latest choice
+  // is preempted; a choice short of memory with nothing else running fails (it does not fit).
+  void make_room(const std::vector<Job*>& active, std::span<const std::pair<Job*, ChoiceRun*>> short_of_memory);
   // A running choice ended (its turn done, or failed with `st`: the whole job fails); may end the job.
   void end_choice(Job& job, ChoiceRun& run, const Status& st);
   // Ends the job with `error`, dropping the trajectories of its running choices (after their turns).
@@ -190,6 +201,8 @@ class Server {
   mutable std::mutex sessions_mu_;
   std::vector<SessionPool::Info> sessions_;
   int64_t evicted_sessions_ = 0;
+  int64_t preempted_choices_ = 0;  // preemptions_ as last published
+  int64_t preemptions_ = 0;        // engine thread: choices preempted to make room in the KV memory
   int64_t copied_sessions_ = 0, copied_tokens_ = 0;
   int64_t arena_used_ = -1, arena_capacity_ = -1;  // KvSnapshot::arena_used / arena_capacity
   std::unique_ptr<Http> http_;

@@ -46,9 +46,13 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
       LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan plan, TrajectoryKv::plan_arena(model.config(), g.adapters, one));
       slab = std::max(slab, plan.slab_bytes);
       per = std::max(per, plan.bytes + static_cast<int64_t>(plan.n_pools) * plan.slab_bytes);
+      p->token_bytes_.push_back(static_cast<double>(plan.bytes) / static_cast<double>(std::max<int64_t>(one.max_tokens, 1)));
     }
     per = (per + slab - 1) / slab * slab;
-    LRA_ASSIGN_OR_RETURN(p->arena_, KvArena::create(per * p->opts_.max_sessions, so.backend, slab));
+    const int64_t all = per * p->opts_.max_sessions;
+    const int64_t bytes = p->opts_.pool_bytes > 0 ? std::min(p->opts_.pool_bytes, all) : all;
+    p->oversubscribed_ = bytes < all;
+    LRA_ASSIGN_OR_RETURN(p->arena_, KvArena::create(bytes, so.backend, slab));
     so.arena = p->arena_.get();
     so.cap_pools = true;
   }
@@ -99,16 +103,21 @@ bool SessionPool::copied_from(int64_t id) const {
   return std::any_of(entries_.begin(), entries_.end(), [id](const Entry& e) { return e.source == id; });
 }
 
-bool SessionPool::evict_lru(int64_t spare) {
+bool SessionPool::evict_lru(int64_t spare, bool holding_memory) {
   auto lru = entries_.end();
   for (auto it = entries_.begin(); it != entries_.end(); ++it)
     if (!it->held && it->id != spare && (!arena_ || !copied_from(it->id)) &&
+        (!holding_memory || it->session->cache_bytes().allocated > 0) &&
         (lru == entries_.end() || it->last_used < lru->last_used))
       lru = it;
   if (lru == entries_.end()) return false;
   entries_.erase(lru);
   ++evicted_;
   return true;
+}
+
+int SessionPool::held_sessions() const {
+  return static_cast<int>(std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.held; }));
 }
 
 bool SessionPool::any_held() const {
@@ -214,6 +223,17 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   s.truncate(keep);
   s.append(std::vector<int32_t>(prompt.begin() + keep, prompt.end()));
   return std::optional<Lease>(Lease{&s, use->id, keep});
+}
+
+bool SessionPool::has_room(int64_t id, const std::string& agent) {
+  const Entry* e = find(id);
+  if (!arena_ || !e) return true;
+  const AgentSession& s = *e->session;
+  const int a = s.agent_index(agent);
+  if (a < 0) return true;
+  const auto tokens = static_cast<double>(static_cast<int64_t>(s.trajectory().size()) - s.kv().catchup_start(a));
+  const double need = tokens * token_bytes_[static_cast<size_t>(e->group)] + static_cast<double>(arena_->slab_bytes());
+  return need <= static_cast<double>(arena_->free_bytes());
 }
 
 int64_t SessionPool::capacity_tokens(int64_t upto) {

@@ -51,6 +51,12 @@ struct SessionPoolOptions {
   // One KV arena for all trajectories, sized for max_sessions of them, so that copies share blocks
   // (without replay.sharing.arena_bytes, the per-trajectory --kv-memory; false: an arena each).
   bool share_blocks = true;
+  // share_blocks: the arena's bytes (vLLM's KV cache memory). 0: max_sessions trajectories at
+  // their caps, so that no request ever waits for memory once it runs. Less lets max_sessions
+  // requests run on what they hold now (trajectories take blocks as they grow, up to their caps);
+  // the arena may then fill while requests run, which the server resolves (it drops idle
+  // trajectories, then preempts the latest request by recompute).
+  int64_t pool_bytes = 0;
 };
 
 class SessionPool {
@@ -83,6 +89,20 @@ class SessionPool {
   void release(int64_t id);
   // Forgets a trajectory (after a failed request its state is not trusted).
   void drop(int64_t id);
+  // Drops the least recently used trajectory that holds KV memory, no request holds, and no
+  // live copy shares blocks with (it is kept only for a later request's prefix); false when there
+  // is none. (One holding nothing, e.g. made for a request that then waited, frees nothing.)
+  bool evict_idle() { return evict_lru(0, /*holding_memory=*/true); }
+  // Trajectories a request holds now.
+  int held_sessions() const;
+  // Whether the arena is smaller than max_sessions trajectories at their caps (pool_bytes), so
+  // that requests running at once may fill it.
+  bool oversubscribed() const { return oversubscribed_; }
+  // Whether the shared arena has room for the catch-up agent `agent` must compute on the held
+  // trajectory `id` before its first token, at the bytes a token takes in every cache of its
+  // group (an upper bound), plus a slab; true without a shared arena. A request that starts
+  // without it would likely fill the arena mid-prompt and be preempted, its work thrown away.
+  bool has_room(int64_t id, const std::string& agent);
 
   struct Info {
     int64_t id = 0;
@@ -125,7 +145,7 @@ class SessionPool {
   Result<std::optional<Entry*>> new_session(int group, int64_t spare);
   Entry* find(int64_t id);
   // Drops the least recently used trajectory no request holds, never `spare`; false when none can go.
-  bool evict_lru(int64_t spare = 0);
+  bool evict_lru(int64_t spare = 0, bool holding_memory = false);
   bool any_held() const;
 
   // Whether a live trajectory was copied from `id` (its blocks may hold that one's prefix).
@@ -136,6 +156,8 @@ class SessionPool {
   std::vector<AgentGroup> groups_;
   SessionPoolOptions opts_;
   std::unique_ptr<KvArena> arena_;  // share_blocks: every trajectory's (outlives entries_)
+  bool oversubscribed_ = false;
+  std::vector<double> token_bytes_;  // [groups] bytes a token takes in every cache of a trajectory
   std::vector<Entry> entries_;
   int64_t next_id_ = 1;
   uint64_t tick_ = 0;

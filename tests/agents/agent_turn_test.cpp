@@ -131,6 +131,70 @@ TEST_F(AgentTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
   EXPECT_NE(g->output_tokens, alone[1].output_tokens);
 }
 
+// A step stopped part way (a server preempting it to make room: its trajectory dropped) and
+// resumed on a fresh trajectory holding the prompt and the tokens it had produced picks what the
+// unstopped step picks: the same sampled draws (the sampler skips the resumed tokens' draws),
+// penalties over the same output, the same logprobs; on_token sees only the new tokens.
+TEST_F(AgentTurnTest, AStepResumedOnAFreshTrajectoryPicksWhatItWouldHave) {
+  const std::vector<Case> cs = cases();
+  for (size_t i = 0; i < cs.size(); ++i) {
+    const Case& c = cs[i];
+    if (c.n < 5) continue;
+    SCOPED_TRACE(i);
+    auto whole_s = prepare(c);
+    ASSERT_NE(whole_s, nullptr);
+    const std::vector<int32_t> prompt = whole_s->trajectory();
+    auto whole = whole_s->run_agent(c.agent, c.n, {}, {}, &c.dec);
+    ASSERT_TRUE(whole.ok()) << whole.error().message;
+    ASSERT_GT(whole->output_tokens.size(), 4u);
+    // Stopped after 3 tokens.
+    auto first_s = prepare(c);
+    auto first = AgentTurn::start(*first_s, c.agent, c.n, {}, {}, c.dec);
+    ASSERT_TRUE(first.ok()) << first.error().message;
+    AgentTurn* const one[1] = {first->get()};
+    while ((*first)->progress().output_tokens.size() < 3) {
+      const TurnStep step = step_turns(*model_, one, 1 << 20);
+      ASSERT_TRUE(step.status.front().ok());
+    }
+    const StepResult& so_far = (*first)->progress();
+    // Resumed: a fresh trajectory of the prompt (the agent before the step run on it again: in
+    // the sharing modes an entry is the computing agent's) and those tokens.
+    auto again = prepare(c);
+    again->append(so_far.output_tokens);
+    std::vector<int32_t> traj = prompt;
+    traj.insert(traj.end(), so_far.output_tokens.begin(), so_far.output_tokens.end());
+    ASSERT_EQ(again->trajectory(), traj);
+    AgentDecode dec = c.dec;
+    dec.resumed = so_far.output_tokens;
+    dec.resumed_logprobs = so_far.logprobs;
+    std::vector<int32_t> seen;
+    dec.on_token = [&seen](int32_t t, const StepLogprobs*) {
+      seen.push_back(t);
+      return true;
+    };
+    first->reset();
+    auto resumed = AgentTurn::start(*again, c.agent, c.n, {}, {}, dec);
+    ASSERT_TRUE(resumed.ok()) << resumed.error().message;
+    ASSERT_TRUE((*resumed)->run_alone().ok());
+    const StepResult r = (*resumed)->result();
+    EXPECT_EQ(r.output_tokens, whole->output_tokens);
+    EXPECT_EQ(r.finish_reason, whole->finish_reason);
+    EXPECT_EQ(r.text, whole->text);
+    EXPECT_EQ(seen, std::vector<int32_t>(whole->output_tokens.begin() + 3, whole->output_tokens.end()));
+    ASSERT_EQ(r.logprobs.size(), whole->logprobs.size());
+    for (size_t k = 0; k < r.logprobs.size(); ++k) EXPECT_NEAR(r.logprobs[k].logprob, whole->logprobs[k].logprob, 1e-4);
+  }
+  // Resumed tokens that are not the trajectory's end, or that are the whole budget, are refused.
+  auto s = prepare(cs[0]);
+  AgentDecode bad;
+  bad.resumed = {5, 6};
+  EXPECT_FALSE(AgentTurn::start(*s, cs[0].agent, cs[0].n, {}, {}, bad).ok());
+  const std::vector<int32_t> tail(s->trajectory().end() - 2, s->trajectory().end());
+  bad.resumed = tail;
+  EXPECT_FALSE(AgentTurn::start(*s, cs[0].agent, 2, {}, {}, bad).ok());
+  EXPECT_TRUE(AgentTurn::start(*s, cs[0].agent, 3, {}, {}, bad).ok());
+}
+
 // Beside a decoding turn, a catch-up longer than what the budget leaves runs in chunks of it,
 // picking only at its end, and picks what one pass over it picks (logits within f32 rounding);
 // alone, a catch-up runs whole whatever the budget.

@@ -161,6 +161,15 @@ TEST(ServeCli, APortInUseAndBadFlagsAreOneErrorLine) {
   EXPECT_NE(r.err.find("--kv-share"), std::string::npos) << r.err;
   // The choices it lists include serve's own default.
   EXPECT_NE(r.err.find("choose auto, none, full, base, base-lr or droidspeak"), std::string::npos) << r.err;
+  // One KV memory for the server and one per trajectory do not go together.
+  for (const char* other : {"--no-share-blocks", "--kv-memory 1"}) {
+    r = testing::run_lragent(std::string("serve --port 0 --kv-cache-memory 1 ") + other);
+    EXPECT_EQ(r.code, 2) << other << ": " << r.err;
+    EXPECT_NE(r.err.find("--kv-cache-memory sizes the one KV memory every trajectory shares"), std::string::npos)
+        << r.err;
+  }
+  r = testing::run_lragent("serve --kv-cache-memory -1");
+  EXPECT_EQ(r.code, 2) << r.err;
 }
 
 }  // namespace

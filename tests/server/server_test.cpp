@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <latch>
 #include <map>
 #include <numeric>
 #include <set>
@@ -1205,6 +1206,103 @@ TEST_F(ServerTest, AKvMemorySmallerThanTheContextCapsTheRequests) {
     }
     stop();
   }
+}
+
+// A KV memory (--kv-cache-memory) smaller than --max-sessions trajectories at their caps: the
+// requests run at once on what they hold, and when it fills the request that came last is
+// preempted (its trajectory dropped) and resumes by recomputing its prompt and tokens once there
+// is room. Each request still gets what it gets alone: greedy, seeded sampling (the resumed
+// sampler skips the draws it made), logprobs, penalties, a streamed text without repeats.
+TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGetsAlone) {
+  const std::vector<json> bodies = {
+      {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 300}, {"ignore_eos", true}, {"temperature", 0}},
+      {{"model", "action"}, {"prompt", "The little dog ran"}, {"max_tokens", 300}, {"ignore_eos", true},
+       {"temperature", 0.8}, {"seed", 5}},
+      {{"model", "reflect"}, {"prompt", "Lily and Ben went to the park. They"}, {"max_tokens", 300},
+       {"ignore_eos", true}, {"temperature", 0}, {"logprobs", 2}},
+      {{"model", "tiny"}, {"prompt", "A big red ball"}, {"max_tokens", 300}, {"ignore_eos", true}, {"temperature", 0}},
+      {{"model", "plan"}, {"prompt", "Tom had a toy car."}, {"max_tokens", 300}, {"ignore_eos", true},
+       {"temperature", 0}, {"presence_penalty", 0.5}},
+      {{"model", "action"}, {"prompt", "The sun was hot and"}, {"max_tokens", 300}, {"ignore_eos", true},
+       {"temperature", 1.0}, {"seed", 9}},
+  };
+  auto request = [&](const json& body) {
+    auto r = parse_completion_request(body.dump());
+    EXPECT_TRUE(r.ok());
+    return *r;
+  };
+  ServerOptions o;
+  o.pool.max_sessions = 8;
+  start(ShareMode::kBaseLr, o);
+  std::vector<CompletionChoice> alone;
+  for (const json& b : bodies) {
+    auto r = server_->complete(request(b));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    alone.push_back((*r)[0]);
+  }
+  // One trajectory at its cap (512 tokens) is an eighth of the memory reserved for 8; a request
+  // here ends at ~310 tokens. 1.5 trajectories' worth holds ~2.5 of the 6.
+  httplib::Client c("127.0.0.1", port_);
+  const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8;
+  stop();
+  o.pool.pool_bytes = static_cast<int64_t>(1.5 * per);
+  start(ShareMode::kBaseLr, o);
+  EXPECT_EQ(server_->max_model_len(), 512);  // one request alone fits its cap
+  std::vector<std::optional<CompletionChoice>> got(bodies.size());
+  std::string streamed;
+  std::vector<std::thread> threads;
+  std::latch ready(static_cast<std::ptrdiff_t>(bodies.size()));  // sent together
+  for (size_t i = 0; i < bodies.size(); ++i)
+    threads.emplace_back([&, i] {
+      ready.arrive_and_wait();
+      DeltaFn on_delta;
+      if (i == 1)
+        on_delta = [&streamed](const CompletionDelta& d) {
+          streamed += d.text;
+          return true;
+        };
+      auto r = server_->complete(request(bodies[i]), on_delta);
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      if (r.ok()) got[i] = (*r)[0];
+    });
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < bodies.size(); ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(got[i]);
+    EXPECT_EQ(got[i]->token_ids, alone[i].token_ids);
+    EXPECT_EQ(got[i]->text, alone[i].text);
+    EXPECT_EQ(got[i]->finish_reason, "length");
+    EXPECT_EQ(got[i]->completion_tokens, 300);
+    ASSERT_EQ(got[i]->logprobs.size(), alone[i].logprobs.size());
+    for (size_t k = 0; k < alone[i].logprobs.size(); ++k)
+      EXPECT_NEAR(got[i]->logprobs[k].logprob, alone[i].logprobs[k].logprob, 1e-4);
+  }
+  EXPECT_EQ(streamed, alone[1].text);
+  EXPECT_EQ(alone[2].logprobs.size(), 300u);
+  httplib::Client c2("127.0.0.1", port_);
+  auto m = c2.Get("/metrics");
+  ASSERT_TRUE(m);
+  auto value = [&](const std::string& series) {
+    const size_t at = m->body.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
+  };
+  const double preempted = value("lragent:num_preemptions_total");
+  EXPECT_GT(preempted, 0) << "the KV memory never filled: the test shows nothing";
+  EXPECT_LE(value("lragent:kv_memory_bytes"), 1.5 * per);
+  EXPECT_EQ(json::parse(c2.Get("/lragent/sessions")->body)["preempted_requests"].get<double>(), preempted);
+  // A preempted request computed its tokens again: more prefilled than its prompt.
+  double prefilled = 0, prompts = 0;
+  for (const auto& g : got) {
+    prefilled += static_cast<double>(g->prefilled_tokens);
+    prompts += static_cast<double>(g->prompt_tokens - g->reused_tokens);
+  }
+  EXPECT_GT(prefilled, prompts);
+  // Too small for one request at its cap: --max-model-len is what one holds alone.
+  stop();
+  o.pool.pool_bytes = static_cast<int64_t>(0.4 * per);
+  start(ShareMode::kBaseLr, o);
+  EXPECT_LT(server_->max_model_len(), 512);
+  EXPECT_GT(server_->max_model_len(), 16);
 }
 
 // One server per port: a second one fails to bind (no SO_REUSEPORT sharing of connections),
