@@ -77,6 +77,7 @@ def run_level(base, c, prompt_tokens, max_tokens, preset, seed, shared=False):
     passes0 = metric(base, "lragent:engine_passes_total")
     served0 = metric(base, "lragent:engine_pass_sequences_total")
     copied0 = metric(base, "lragent:trajectories_copied_total")
+    preempted0 = metric(base, "lragent:num_preemptions_total")
     threads = [threading.Thread(target=client, args=(i,)) for i in range(c)]
     for t in threads:
         t.start()
@@ -88,13 +89,16 @@ def run_level(base, c, prompt_tokens, max_tokens, preset, seed, shared=False):
     passes = metric(base, "lragent:engine_passes_total") - passes0
     served = metric(base, "lragent:engine_pass_sequences_total") - served0
     copied = metric(base, "lragent:trajectories_copied_total") - copied0
+    preempted = metric(base, "lragent:num_preemptions_total") - preempted0
     kv_used = metric(base, "lragent:kv_memory_used_bytes")  # the trajectories kept after the level (nan: none)
     tokens = sum(o["tokens"] for o in out)
+    if tokens != c * max_tokens:
+        sys.exit(f"C={c}: {tokens} tokens generated, not {c} x {max_tokens}")
     lat = sorted(o["latency_s"] for o in out)
     return {"concurrency": c, "wall_s": wall, "generated_tokens": tokens, "tokens_per_s": tokens / wall,
             "latency_mean_s": sum(lat) / c, "latency_max_s": lat[-1], "engine_passes": passes,
             "mean_batch": served / passes if passes else float("nan"), "trajectories_copied": copied,
-            "kv_memory_used_bytes": kv_used}
+            "kv_memory_used_bytes": kv_used, "preemptions": preempted}
 
 
 def head_rule(head):
@@ -113,6 +117,9 @@ def main():
     ap.add_argument("--shared-prompt", action="store_true",
                     help="the clients are parallel agents on one prompt (baseline: the same requests one after another)")
     ap.add_argument("--server-args", default="", help="more `lragent serve` flags, e.g. \"--enforce-eager\"")
+    ap.add_argument("--max-context", type=int, default=0,
+                    help="the server's --max-context (default: --prompt + --max-tokens + 64)")
+    ap.add_argument("--max-sessions", type=int, default=0, help="the server's --max-sessions (default: the top level + 1)")
     ap.add_argument("--out-dir", default="")
     ap.add_argument("--name", default="", help="results' file name stem (default: serve-fanout / serve-concurrency)")
     ap.add_argument("--gpu-name", default="")
@@ -120,7 +127,8 @@ def main():
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
     args = ["--preset", a.preset, "--device", a.device, "--kv-share", a.kv_share, "--max-context",
-            str(a.prompt + a.max_tokens + 64), "--max-sessions", str(max(levels) + 1)] + a.server_args.split()
+            str(a.max_context or a.prompt + a.max_tokens + 64), "--max-sessions",
+            str(a.max_sessions or max(levels) + 1)] + a.server_args.split()
     proc, base = serve_bench.start_server(a.bin, args)
     results = []
     try:
@@ -164,10 +172,15 @@ def main():
         what = (f"C clients send one request each at once: its own {a.prompt}-token prompt, an adapter in turn "
                 f"(plan / action / reflect), {a.max_tokens} tokens decoded (greedy, ignore_eos), over HTTP. Speed-up: "
                 "C x (one request's wall time) / (C requests' wall time), i.e. against running them one after another.")
-        head = "| clients | wall (s) | generated tokens/s | mean latency (s) | max latency (s) | mean batch | speed-up vs one at a time |"
+        what += (" Preempted: running requests the server preempted because its KV memory (--kv-cache-memory) "
+                 "filled, each resumed by recomputing (from /metrics).")
+        head = ("| clients | wall (s) | generated tokens/s | mean latency (s) | max latency (s) | mean batch | preempted "
+                "| speed-up vs one at a time |")
         lines_fmt = lambda r, sp: (f"| {r['concurrency']} | {r['wall_s']:.2f} | {r['tokens_per_s']:.0f} | "
-                                   f"{r['latency_mean_s']:.2f} | {r['latency_max_s']:.2f} | {r['mean_batch']:.2f} | {sp} |")
+                                   f"{r['latency_mean_s']:.2f} | {r['latency_max_s']:.2f} | {r['mean_batch']:.2f} | "
+                                   f"{r['preemptions']:.0f} | {sp} |")
     lines = [title, "", f"GPU: {a.gpu_name or 'n/a'} · date: {datetime.date.today()} · commit: {a.commit or 'n/a'}", "",
+             f"Server: `lragent serve {' '.join(args)}`.", "",
              what + " Mean batch: requests served per engine pass (from /metrics).", "",
              head, head_rule(head)]
     for r in results:

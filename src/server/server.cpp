@@ -490,6 +490,10 @@ bool Server::start_choice(Job& job, bool may_start_new) {
     return false;
   }
   if (!resume && !may_start_new) return false;
+  // A preempted choice waits until a running one has ended since the last preemption (or none
+  // runs): the memory its preemption gave back is what the running ones are growing into, so
+  // resuming on it at once would only be preempted again at their next page, its recompute lost.
+  if (resume && ended_choices_ == ended_at_preemption_ && pool_->held_sessions() > 0) return false;
   const size_t index = resume ? job.preempted.front()->index : job.next;
   const size_t i = index / static_cast<size_t>(req.n);
   const size_t j = index % static_cast<size_t>(req.n);
@@ -590,6 +594,7 @@ void Server::preempt(Job& job, ChoiceRun& cr) {
   job.preempted.push_back(std::move(*it));
   job.runs.erase(it);
   ++preemptions_;
+  ended_at_preemption_ = ended_choices_;
   publish_sessions();
 }
 
@@ -658,6 +663,7 @@ void Server::end_choice(Job& job, ChoiceRun& cr, const Status& st) {
   const CompletionRequest& req = job.p->req;
   StepResult r = cr.turn->result();
   pool_->release(cr.lease);
+  ++ended_choices_;
   CompletionChoice& c = cr.c;
   if (!job.first_token && !r.output_tokens.empty()) job.first_token = Job::Clock::now();  // a stop id came first
   // The stop id that ended the step, if one did, was not given to on_token: its text is never shown.

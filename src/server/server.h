@@ -203,6 +203,8 @@ class Server {
   int64_t evicted_sessions_ = 0;
   int64_t preempted_choices_ = 0;  // preemptions_ as last published
   int64_t preemptions_ = 0;        // engine thread: choices preempted to make room in the KV memory
+  int64_t ended_choices_ = 0;      // engine thread: choices that ended (their trajectories released)
+  int64_t ended_at_preemption_ = -1;  // ended_choices_ at the last preemption
   int64_t copied_sessions_ = 0, copied_tokens_ = 0;
   int64_t arena_used_ = -1, arena_capacity_ = -1;  // KvSnapshot::arena_used / arena_capacity
   std::unique_ptr<Http> http_;

@@ -47,6 +47,7 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
       slab = std::max(slab, plan.slab_bytes);
       per = std::max(per, plan.bytes + static_cast<int64_t>(plan.n_pools) * plan.slab_bytes);
       p->token_bytes_.push_back(static_cast<double>(plan.bytes) / static_cast<double>(std::max<int64_t>(one.max_tokens, 1)));
+      p->n_pools_.push_back(plan.n_pools);
     }
     per = (per + slab - 1) / slab * slab;
     const int64_t all = per * p->opts_.max_sessions;
@@ -225,14 +226,25 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   return std::optional<Lease>(Lease{&s, use->id, keep});
 }
 
+double SessionPool::catchup_bytes(const Entry& e, const std::string& agent) const {
+  const AgentSession& s = *e.session;
+  const int a = s.agent_index(agent);
+  if (a < 0) return 0;
+  const auto tokens = static_cast<double>(static_cast<int64_t>(s.trajectory().size()) - s.kv().catchup_start(a));
+  return tokens * token_bytes_[static_cast<size_t>(e.group)];
+}
+
 bool SessionPool::has_room(int64_t id, const std::string& agent) {
   const Entry* e = find(id);
   if (!arena_ || !e) return true;
-  const AgentSession& s = *e->session;
-  const int a = s.agent_index(agent);
-  if (a < 0) return true;
-  const auto tokens = static_cast<double>(static_cast<int64_t>(s.trajectory().size()) - s.kv().catchup_start(a));
-  const double need = tokens * token_bytes_[static_cast<size_t>(e->group)] + static_cast<double>(arena_->slab_bytes());
+  // What the running requests have yet to compute of their own catch-ups takes memory first
+  // (choices started in one engine round have not allocated anything yet).
+  double need = catchup_bytes(*e, agent);
+  for (const Entry& o : entries_)
+    if (o.held && o.id != id) need += catchup_bytes(o, o.agent);
+  // A trajectory that holds nothing yet takes a slab in each of its pools; else a slab of slack.
+  const int64_t slabs = e->session->cache_bytes().allocated > 0 ? 1 : n_pools_[static_cast<size_t>(e->group)];
+  need += static_cast<double>(slabs * arena_->slab_bytes());
   return need <= static_cast<double>(arena_->free_bytes());
 }
 

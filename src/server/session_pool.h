@@ -98,10 +98,12 @@ class SessionPool {
   // Whether the arena is smaller than max_sessions trajectories at their caps (pool_bytes), so
   // that requests running at once may fill it.
   bool oversubscribed() const { return oversubscribed_; }
-  // Whether the shared arena has room for the catch-up agent `agent` must compute on the held
-  // trajectory `id` before its first token, at the bytes a token takes in every cache of its
-  // group (an upper bound), plus a slab; true without a shared arena. A request that starts
-  // without it would likely fill the arena mid-prompt and be preempted, its work thrown away.
+  // Whether the shared arena's free slabs hold the catch-up agent `agent` must compute on the
+  // held trajectory `id` before its first token, beside what the other held trajectories' requests
+  // have yet to compute of theirs: at the bytes a token takes in every cache of its group (an
+  // upper bound), plus a slab in each pool of a trajectory that holds nothing yet (else one); true
+  // without a shared arena. A request that starts without that room would likely fill the arena
+  // part way through its prompt and be preempted, its work thrown away.
   bool has_room(int64_t id, const std::string& agent);
 
   struct Info {
@@ -147,6 +149,8 @@ class SessionPool {
   // Drops the least recently used trajectory no request holds, never `spare`; false when none can go.
   bool evict_lru(int64_t spare = 0, bool holding_memory = false);
   bool any_held() const;
+  // Bytes `agent`'s catch-up on e (the positions it has yet to compute) will take, at most.
+  double catchup_bytes(const Entry& e, const std::string& agent) const;
 
   // Whether a live trajectory was copied from `id` (its blocks may hold that one's prefix).
   bool copied_from(int64_t id) const;
@@ -158,6 +162,7 @@ class SessionPool {
   std::unique_ptr<KvArena> arena_;  // share_blocks: every trajectory's (outlives entries_)
   bool oversubscribed_ = false;
   std::vector<double> token_bytes_;  // [groups] bytes a token takes in every cache of a trajectory
+  std::vector<int> n_pools_;         // [groups] block pools of a trajectory
   std::vector<Entry> entries_;
   int64_t next_id_ = 1;
   uint64_t tick_ = 0;
