@@ -507,10 +507,15 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   if (!*lease) return false;  // no trajectory for it yet (see SessionPool::acquire): next time
   // In a KV memory smaller than the trajectories' caps, a choice whose catch-up would not fit
   // beside the running ones waits for them (unless none runs): started, it would fill the memory
-  // part way and be preempted, its work thrown away.
-  if (pool_->oversubscribed() && pool_->held_sessions() > 1 && !pool_->has_room((*lease)->id, p.agent)) {
-    pool_->release((*lease)->id);
-    return false;
+  // part way and be preempted, its work thrown away. Kept trajectories no request runs on make
+  // room first (least recently used), as vLLM's prefix cache gives its blocks to new requests.
+  if (pool_->oversubscribed() && pool_->held_sessions() > 1) {
+    bool room = pool_->has_room((*lease)->id, p.agent);
+    while (!room && pool_->evict_idle()) room = pool_->has_room((*lease)->id, p.agent);
+    if (!room) {
+      pool_->release((*lease)->id);
+      return false;
+    }
   }
   if (!job.running) {
     metrics_.request_running();
