@@ -1225,6 +1225,8 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
        {"temperature", 0}, {"presence_penalty", 0.5}},
       {{"model", "action"}, {"prompt", "The sun was hot and"}, {"max_tokens", 300}, {"ignore_eos", true},
        {"temperature", 1.0}, {"seed", 9}},
+      {{"model", "reflect"}, {"prompt", "Sam found a shell"}, {"max_tokens", 300}, {"ignore_eos", true},
+       {"temperature", 0.7}, {"seed", 3}, {"n", 2}},  // two choices, the second on a copy of the first's trajectory
   };
   auto request = [&](const json& body) {
     auto r = parse_completion_request(body.dump());
@@ -1234,21 +1236,21 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
   ServerOptions o;
   o.pool.max_sessions = 8;
   start(ShareMode::kBaseLr, o);
-  std::vector<CompletionChoice> alone;
+  std::vector<std::vector<CompletionChoice>> alone;
   for (const json& b : bodies) {
     auto r = server_->complete(request(b));
     ASSERT_TRUE(r.ok()) << r.error().message;
-    alone.push_back((*r)[0]);
+    alone.push_back(*r);
   }
   // One trajectory at its cap (512 tokens) is an eighth of the memory reserved for 8; a request
-  // here ends at ~310 tokens. 1.5 trajectories' worth holds ~2.5 of the 6.
+  // here ends at ~310 tokens. 1.5 trajectories' worth holds ~2.5 of the 8 choices.
   httplib::Client c("127.0.0.1", port_);
   const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8;
   stop();
   o.pool.pool_bytes = static_cast<int64_t>(1.5 * per);
   start(ShareMode::kBaseLr, o);
   EXPECT_EQ(server_->max_model_len(), 512);  // one request alone fits its cap
-  std::vector<std::optional<CompletionChoice>> got(bodies.size());
+  std::vector<std::optional<std::vector<CompletionChoice>>> got(bodies.size());
   std::string streamed;
   std::vector<std::thread> threads;
   std::latch ready(static_cast<std::ptrdiff_t>(bodies.size()));  // sent together
@@ -1263,22 +1265,26 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
         };
       auto r = server_->complete(request(bodies[i]), on_delta);
       EXPECT_TRUE(r.ok()) << r.error().message;
-      if (r.ok()) got[i] = (*r)[0];
+      if (r.ok()) got[i] = *r;
     });
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < bodies.size(); ++i) {
     SCOPED_TRACE(i);
     ASSERT_TRUE(got[i]);
-    EXPECT_EQ(got[i]->token_ids, alone[i].token_ids);
-    EXPECT_EQ(got[i]->text, alone[i].text);
-    EXPECT_EQ(got[i]->finish_reason, "length");
-    EXPECT_EQ(got[i]->completion_tokens, 300);
-    ASSERT_EQ(got[i]->logprobs.size(), alone[i].logprobs.size());
-    for (size_t k = 0; k < alone[i].logprobs.size(); ++k)
-      EXPECT_NEAR(got[i]->logprobs[k].logprob, alone[i].logprobs[k].logprob, 1e-4);
+    ASSERT_EQ(got[i]->size(), alone[i].size());
+    for (size_t k = 0; k < alone[i].size(); ++k) {
+      const CompletionChoice &g = (*got[i])[k], &a = alone[i][k];
+      EXPECT_EQ(g.token_ids, a.token_ids);
+      EXPECT_EQ(g.text, a.text);
+      EXPECT_EQ(g.finish_reason, "length");
+      EXPECT_EQ(g.completion_tokens, 300);
+      ASSERT_EQ(g.logprobs.size(), a.logprobs.size());
+      for (size_t l = 0; l < a.logprobs.size(); ++l) EXPECT_NEAR(g.logprobs[l].logprob, a.logprobs[l].logprob, 1e-4);
+    }
   }
-  EXPECT_EQ(streamed, alone[1].text);
-  EXPECT_EQ(alone[2].logprobs.size(), 300u);
+  EXPECT_NE(alone[6][0].token_ids, alone[6][1].token_ids);
+  EXPECT_EQ(streamed, alone[1][0].text);
+  EXPECT_EQ(alone[2][0].logprobs.size(), 300u);
   httplib::Client c2("127.0.0.1", port_);
   auto m = c2.Get("/metrics");
   ASSERT_TRUE(m);
@@ -1292,10 +1298,11 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
   EXPECT_EQ(json::parse(c2.Get("/lragent/sessions")->body)["preempted_requests"].get<double>(), preempted);
   // A preempted request computed its tokens again: more prefilled than its prompt.
   double prefilled = 0, prompts = 0;
-  for (const auto& g : got) {
-    prefilled += static_cast<double>(g->prefilled_tokens);
-    prompts += static_cast<double>(g->prompt_tokens - g->reused_tokens);
-  }
+  for (const auto& g : got)
+    for (const CompletionChoice& c : *g) {
+      prefilled += static_cast<double>(c.prefilled_tokens);
+      prompts += static_cast<double>(c.prompt_tokens - c.reused_tokens);
+    }
   EXPECT_GT(prefilled, prompts);
   // Too small for one request at its cap: --max-model-len is what one holds alone.
   stop();
