@@ -17,6 +17,7 @@
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
 #include "core/text_file.h"
+#include "engine/memory_plan.h"
 #include "kv/sharing.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
@@ -34,6 +35,7 @@ struct ServeFlags {
   int max_sessions = 4;
   bool no_share_blocks = false;
   double kv_cache_memory_gb = 0;  // > 0: the server's one KV memory (SessionPoolOptions::pool_bytes)
+  double gpu_memory_utilization = 0;  // > 0: that KV memory sized from the device (plan_kv_memory)
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;
   std::string api_key;
@@ -153,6 +155,16 @@ Result<LoadedModel> load_preset(const ServeFlags& f) {
 }
 
 int run_serve(const ServeFlags& f) {
+  // The server's one KV memory, sized in GB or from the device, is every trajectory's.
+  const char* sizing = f.kv_cache_memory_gb > 0 ? "--kv-cache-memory" : "--gpu-memory-utilization";
+  if (f.kv_cache_memory_gb > 0 && f.gpu_memory_utilization > 0)
+    return report(Error{ErrorCode::kInvalidArgument, "--kv-cache-memory and --gpu-memory-utilization both size the "
+                                                     "server's KV memory: give one of them"});
+  if ((f.kv_cache_memory_gb > 0 || f.gpu_memory_utilization > 0) && (f.no_share_blocks || f.sharing.kv_memory_gb > 0))
+    return report(Error{ErrorCode::kInvalidArgument,
+                        fmt::format("{} sizes the one KV memory every trajectory shares: it cannot go with "
+                                    "--no-share-blocks or --kv-memory (a KV memory per trajectory); drop one of them",
+                                    sizing)});
   auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
   if (!loaded.ok()) return report(loaded.error());
   server::ServerOptions so;
@@ -160,10 +172,19 @@ int run_serve(const ServeFlags& f) {
   so.pool.max_sessions = f.max_sessions;
   so.pool.share_blocks = !f.no_share_blocks;
   so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
-  if (so.pool.pool_bytes > 0 && (f.no_share_blocks || f.sharing.kv_memory_gb > 0))
-    return report(Error{ErrorCode::kInvalidArgument,
-                        "--kv-cache-memory sizes the one KV memory every trajectory shares: it cannot go with "
-                        "--no-share-blocks or --kv-memory (a KV memory per trajectory); drop one of them"});
+  if (f.gpu_memory_utilization > 0) {
+    // Profiled with an adapter when there is one: the LoRA buffers of a pass count too.
+    const LoraAdapter* probe =
+        loaded->adapters && loaded->adapters->size() > 0 ? &loaded->adapters->at(0) : nullptr;
+    auto plan = plan_kv_memory(*loaded->model, probe, f.gpu_memory_utilization, f.max_batched_tokens);
+    if (!plan.ok()) return report(Error{plan.error().code, "--gpu-memory-utilization: " + plan.error().message});
+    so.pool.pool_bytes = plan->kv_bytes;
+    fmt::print(stderr,
+               "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
+               "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
+               f.gpu_memory_utilization, plan->kv_bytes / 1e9, f.gpu_memory_utilization * plan->device_bytes / 1e9,
+               plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, f.max_batched_tokens);
+  }
   so.max_batch_tokens = f.max_batched_tokens;
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
   so.max_model_len = f.max_model_len;
@@ -212,10 +233,12 @@ int run_serve(const ServeFlags& f) {
   server::Server& s = **srv;
   auto port = s.bind(f.host, f.port);
   if (!port.ok()) return report(port.error());
+  const std::string memory =
+      s.kv_memory_bytes() > 0 ? fmt::format(", KV memory {:.2f} GB", s.kv_memory_bytes() / 1e9) : std::string();
   fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions{}; kv-share {}, up to {} "
-                     "trajectories of {} tokens). Ctrl-C stops.\n",
+                     "trajectories of {} tokens{}). Ctrl-C stops.\n",
              fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions" : "",
-             share_mode_name(s.share_mode()), f.max_sessions, s.max_model_len());
+             share_mode_name(s.share_mode()), f.max_sessions, s.max_model_len(), memory);
   std::fflush(stderr);
   g_server = &s;
   std::signal(SIGINT, on_signal);
@@ -269,6 +292,13 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "trajectories of --max-context each, reserved at start-up, so that none ever waits for memory")
       ->default_val(0)
       ->check(cli::memory_gb());
+  cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
+                  "Size --kv-cache-memory from the GPU instead (vLLM's flag): the fraction of the device's memory the "
+                  "server may use, in (0, 1] (vLLM's default is 0.9); the KV memory is what that leaves once the "
+                  "weights, the adapters and one pass of --max-num-batched-tokens tokens (measured by running one at "
+                  "start-up) are counted, at most --max-sessions trajectories of --max-context. 0 (default): not used")
+      ->default_val(0)
+      ->check(CLI::Range(0.0, 1.0));
   cmd->add_flag("--no-share-blocks", f->no_share_blocks,
                 "Give each trajectory a KV memory of its own, so that a copy of another's prefix (parallel agents on "
                 "one prompt, a conversation that parts from another) stores that prefix again instead of sharing its "

@@ -117,6 +117,8 @@ class Server {
   const std::vector<std::string>& model_names() const { return names_; }
   ShareMode share_mode() const { return opts_.pool.replay.sharing.mode; }
   int64_t max_model_len() const { return opts_.max_model_len; }
+  // The one KV memory every trajectory shares, in bytes (0: an arena per trajectory).
+  int64_t kv_memory_bytes() const { return pool_->shared_arena() ? pool_->shared_arena()->capacity_bytes() : 0; }
 
   // One completion request, as POST /v1/completions runs it: `on_delta` gets each piece of text
   // as it can be shown (streaming), called on the calling thread; returning false abandons the

@@ -170,6 +170,16 @@ TEST(ServeCli, APortInUseAndBadFlagsAreOneErrorLine) {
   }
   r = testing::run_lragent("serve --kv-cache-memory -1");
   EXPECT_EQ(r.code, 2) << r.err;
+  r = testing::run_lragent("serve --port 0 --kv-cache-memory 1 --gpu-memory-utilization 0.9");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_NE(r.err.find("both size the server's KV memory"), std::string::npos) << r.err;
+  r = testing::run_lragent("serve --port 0 --gpu-memory-utilization 1.5");
+  EXPECT_EQ(r.code, 2) << r.err;
+  // On the CPU there is no device memory to take a fraction of: the error says what to use.
+  r = testing::run_lragent("serve --port 0 --gpu-memory-utilization 0.9");
+  EXPECT_EQ(r.code, 5) << r.err;
+  EXPECT_NE(r.err.find("--gpu-memory-utilization: a GPU memory utilization needs a device with its own memory"),
+            std::string::npos) << r.err;
 }
 
 }  // namespace
