@@ -35,7 +35,8 @@ struct ServeFlags {
   int max_sessions = 4;
   bool no_share_blocks = false;
   double kv_cache_memory_gb = 0;  // > 0: the server's one KV memory (SessionPoolOptions::pool_bytes)
-  double gpu_memory_utilization = 0;  // > 0: that KV memory sized from the device (plan_kv_memory)
+  double gpu_memory_utilization = 0.9;  // > 0: that KV memory sized from the device (plan_kv_memory)
+  bool gpu_memory_utilization_given = false;  // on the command line (else the default applies only on a GPU)
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;
   std::string api_key;
@@ -156,11 +157,12 @@ Result<LoadedModel> load_preset(const ServeFlags& f) {
 
 int run_serve(const ServeFlags& f) {
   // The server's one KV memory, sized in GB or from the device, is every trajectory's.
+  const bool util_given = f.gpu_memory_utilization_given && f.gpu_memory_utilization > 0;
   const char* sizing = f.kv_cache_memory_gb > 0 ? "--kv-cache-memory" : "--gpu-memory-utilization";
-  if (f.kv_cache_memory_gb > 0 && f.gpu_memory_utilization > 0)
+  if (f.kv_cache_memory_gb > 0 && util_given)
     return report(Error{ErrorCode::kInvalidArgument, "--kv-cache-memory and --gpu-memory-utilization both size the "
                                                      "server's KV memory: give one of them"});
-  if ((f.kv_cache_memory_gb > 0 || f.gpu_memory_utilization > 0) && (f.no_share_blocks || f.sharing.kv_memory_gb > 0))
+  if ((f.kv_cache_memory_gb > 0 || util_given) && (f.no_share_blocks || f.sharing.kv_memory_gb > 0))
     return report(Error{ErrorCode::kInvalidArgument,
                         fmt::format("{} sizes the one KV memory every trajectory shares: it cannot go with "
                                     "--no-share-blocks or --kv-memory (a KV memory per trajectory); drop one of them",
@@ -172,18 +174,30 @@ int run_serve(const ServeFlags& f) {
   so.pool.max_sessions = f.max_sessions;
   so.pool.share_blocks = !f.no_share_blocks;
   so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
-  if (f.gpu_memory_utilization > 0) {
+  // The default fraction applies on a device with its own memory when nothing else sizes the KV
+  // memory; given, it applies (and on the CPU is an error that says what to give instead).
+  const bool other_sizing = f.kv_cache_memory_gb > 0 || f.no_share_blocks || f.sharing.kv_memory_gb > 0;
+  const bool use_util = f.gpu_memory_utilization > 0 && !other_sizing &&
+                        (util_given || loaded->model->backend().memory_stats().capacity > 0);
+  if (use_util) {
     // Profiled with an adapter when there is one: the LoRA buffers of a pass count too.
     const LoraAdapter* probe =
         loaded->adapters && loaded->adapters->size() > 0 ? &loaded->adapters->at(0) : nullptr;
     auto plan = plan_kv_memory(*loaded->model, probe, f.gpu_memory_utilization, f.max_batched_tokens);
-    if (!plan.ok()) return report(Error{plan.error().code, "--gpu-memory-utilization: " + plan.error().message});
-    so.pool.pool_bytes = plan->kv_bytes;
-    fmt::print(stderr,
-               "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
-               "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
-               f.gpu_memory_utilization, plan->kv_bytes / 1e9, f.gpu_memory_utilization * plan->device_bytes / 1e9,
-               plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, f.max_batched_tokens);
+    if (!plan.ok() && util_given)
+      return report(Error{plan.error().code, "--gpu-memory-utilization: " + plan.error().message});
+    if (!plan.ok()) {  // the default: the reservation it would have capped is made as it is
+      fmt::print(stderr, "warning: --gpu-memory-utilization {} (the default): {}; reserving --max-sessions "
+                         "trajectories of --max-context instead\n",
+                 f.gpu_memory_utilization, plan.error().message);
+    } else {
+      so.pool.pool_bytes = plan->kv_bytes;
+      fmt::print(stderr,
+                 "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
+                 "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
+                 f.gpu_memory_utilization, plan->kv_bytes / 1e9, f.gpu_memory_utilization * plan->device_bytes / 1e9,
+                 plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, f.max_batched_tokens);
+    }
   }
   so.max_batch_tokens = f.max_batched_tokens;
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
@@ -293,12 +307,16 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->default_val(0)
       ->check(cli::memory_gb());
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
-                  "Size --kv-cache-memory from the GPU instead (vLLM's flag): the fraction of the device's memory the "
-                  "server may use, in (0, 1] (vLLM's default is 0.9); the KV memory is what that leaves once the "
-                  "weights, the adapters and one pass of --max-num-batched-tokens tokens (measured by running one at "
-                  "start-up) are counted, at most --max-sessions trajectories of --max-context. 0 (default): not used")
-      ->default_val(0)
-      ->check(CLI::Range(0.0, 1.0));
+                  "On a GPU, size the KV memory (--kv-cache-memory) from the device (vLLM's flag and default): the "
+                  "fraction of the device's memory the server may use, in (0, 1]; the KV memory is what that leaves "
+                  "once the weights, the adapters and one pass of --max-num-batched-tokens tokens (measured by running "
+                  "one at start-up) are counted, and at most --max-sessions trajectories of --max-context (with the "
+                  "defaults that cap is what is reserved). Unused when --kv-cache-memory, --kv-memory or "
+                  "--no-share-blocks is given, and on the CPU. 0: --max-sessions trajectories of --max-context "
+                  "reserved at start-up, whatever the device holds")
+      ->default_val(0.9)
+      ->check(CLI::Range(0.0, 1.0))
+      ->each([f](const std::string&) { f->gpu_memory_utilization_given = true; });
   cmd->add_flag("--no-share-blocks", f->no_share_blocks,
                 "Give each trajectory a KV memory of its own, so that a copy of another's prefix (parallel agents on "
                 "one prompt, a conversation that parts from another) stores that prefix again instead of sharing its "
