@@ -288,12 +288,13 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--served-model-name", f->served_name,
                   "Name of the base model in the API (default: the --model directory's name; \"synthetic\" for the "
                   "built-in model). Adapters are served under their --adapter names");
-  cmd->add_option("--max-sessions", f->max_sessions,
-                  "Trajectories kept between requests, each with its KV memory (--max-context / --kv-memory); the "
-                  "least recently used one makes room for a new one. Requests on different trajectories run "
-                  "batched together, so this also bounds how many run at once (a request whose trajectory another "
-                  "one runs starts on a copy of it when a slot is free, else waits; the copy shares its source's "
-                  "KV pages, see --no-share-blocks)")
+  cmd->add_option("--max-sessions,--max-num-seqs", f->max_sessions,
+                  "Trajectories kept between requests, each growing up to --max-context in the server's KV memory "
+                  "(--gpu-memory-utilization, --kv-cache-memory; or --kv-memory each); the least recently used one "
+                  "makes room for a new one. Requests on different trajectories run batched together, so this also "
+                  "bounds how many run at once, as vLLM's --max-num-seqs (a request whose trajectory another one "
+                  "runs starts on a copy of it when a slot is free, else waits; the copy shares its source's KV "
+                  "pages, see --no-share-blocks)")
       ->default_val(4)
       ->check(cli::in_range(1, 4096));
   cmd->add_option("--kv-cache-memory", f->kv_cache_memory_gb,

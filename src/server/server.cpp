@@ -127,7 +127,8 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
     const int64_t fits = s->pool_->capacity_tokens(opts.max_model_len);
     if (fits < 2)
       return make_error(ErrorCode::kOutOfMemory, "the KV memory ({}) holds {} tokens of one trajectory: give it more room",
-                        s->pool_->oversubscribed() ? "--kv-cache-memory" : "--kv-memory", fits);
+                        s->pool_->oversubscribed() ? "--kv-cache-memory / --gpu-memory-utilization" : "--kv-memory",
+                        fits);
     opts.max_model_len = fits;
   }
   s->opts_ = std::move(opts);
@@ -630,9 +631,9 @@ void Server::make_room(const std::vector<Job*>& active, std::span<const std::pai
     for (auto [job, cr] : short_of_memory)
       if (!job->ended)
         fail_job(*job, Error{ErrorCode::kOutOfMemory,
-                             "this request does not fit the server's KV memory (--kv-cache-memory) even with no other "
-                             "request running: shorten the prompt or lower 'max_tokens', or give the server more KV "
-                             "memory"});
+                             "this request does not fit the server's KV memory (--kv-cache-memory / "
+                             "--gpu-memory-utilization) even with no other request running: shorten the prompt or "
+                             "lower 'max_tokens', or give the server more KV memory"});
     return;
   }
   // Else the latest request's latest choice gives its memory back (vLLM preempts the request that
