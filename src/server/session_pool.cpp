@@ -46,8 +46,17 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
       LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan plan, TrajectoryKv::plan_arena(model.config(), g.adapters, one));
       slab = std::max(slab, plan.slab_bytes);
       per = std::max(per, plan.bytes + static_cast<int64_t>(plan.n_pools) * plan.slab_bytes);
-      p->token_bytes_.push_back(static_cast<double>(plan.bytes) / static_cast<double>(std::max<int64_t>(one.max_tokens, 1)));
-      p->n_pools_.push_back(plan.n_pools);
+      // What one agent's catch-up writes: the caches a trajectory of that agent alone has (in
+      // none its own full caches, not every agent's; in base the base and its own low-rank rows).
+      std::vector<double> bytes;
+      std::vector<int> pools;
+      for (const LoraAdapter* a : g.adapters) {
+        LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan alone, TrajectoryKv::plan_arena(model.config(), {a}, one));
+        bytes.push_back(static_cast<double>(alone.bytes) / static_cast<double>(std::max<int64_t>(one.max_tokens, 1)));
+        pools.push_back(alone.n_pools);
+      }
+      p->token_bytes_.push_back(std::move(bytes));
+      p->n_pools_.push_back(std::move(pools));
     }
     per = (per + slab - 1) / slab * slab;
     const int64_t all = per * p->opts_.max_sessions;
@@ -231,7 +240,7 @@ double SessionPool::catchup_bytes(const Entry& e, const std::string& agent) cons
   const int a = s.agent_index(agent);
   if (a < 0) return 0;
   const auto tokens = static_cast<double>(static_cast<int64_t>(s.trajectory().size()) - s.kv().catchup_start(a));
-  return tokens * token_bytes_[static_cast<size_t>(e.group)];
+  return tokens * token_bytes_[static_cast<size_t>(e.group)][static_cast<size_t>(a)];
 }
 
 bool SessionPool::has_room(int64_t id, const std::string& agent) {
@@ -242,8 +251,11 @@ bool SessionPool::has_room(int64_t id, const std::string& agent) {
   double need = catchup_bytes(*e, agent);
   for (const Entry& o : entries_)
     if (o.held && o.id != id) need += catchup_bytes(o, o.agent);
-  // A trajectory that holds nothing yet takes a slab in each of its pools; else a slab of slack.
-  const int64_t slabs = e->session->cache_bytes().allocated > 0 ? 1 : n_pools_[static_cast<size_t>(e->group)];
+  // A trajectory that holds nothing yet takes a slab in each pool the agent writes; else a slab of slack.
+  const int a = e->session->agent_index(agent);
+  const int64_t slabs = e->session->cache_bytes().allocated > 0 || a < 0
+                            ? 1
+                            : n_pools_[static_cast<size_t>(e->group)][static_cast<size_t>(a)];
   need += static_cast<double>(slabs * arena_->slab_bytes());
   return need <= static_cast<double>(arena_->free_bytes());
 }

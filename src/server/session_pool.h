@@ -100,8 +100,8 @@ class SessionPool {
   bool oversubscribed() const { return oversubscribed_; }
   // Whether the shared arena's free slabs hold the catch-up agent `agent` must compute on the
   // held trajectory `id` before its first token, beside what the other held trajectories' requests
-  // have yet to compute of theirs: at the bytes a token takes in every cache of its group (an
-  // upper bound), plus a slab in each pool of a trajectory that holds nothing yet (else one); true
+  // have yet to compute of theirs: at the bytes a token takes in the caches the agent writes (an
+  // upper bound), plus a slab in each of those pools on a trajectory that holds nothing yet (else one); true
   // without a shared arena. A request that starts without that room would likely fill the arena
   // part way through its prompt and be preempted, its work thrown away.
   bool has_room(int64_t id, const std::string& agent);
@@ -161,8 +161,9 @@ class SessionPool {
   SessionPoolOptions opts_;
   std::unique_ptr<KvArena> arena_;  // share_blocks: every trajectory's (outlives entries_)
   bool oversubscribed_ = false;
-  std::vector<double> token_bytes_;  // [groups] bytes a token takes in every cache of a trajectory
-  std::vector<int> n_pools_;         // [groups] block pools of a trajectory
+  // [groups][agents] bytes a token takes in the caches an agent's catch-up writes, and their pools
+  std::vector<std::vector<double>> token_bytes_;
+  std::vector<std::vector<int>> n_pools_;
   std::vector<Entry> entries_;
   int64_t next_id_ = 1;
   uint64_t tick_ = 0;

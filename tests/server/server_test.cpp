@@ -1233,83 +1233,89 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
     EXPECT_TRUE(r.ok());
     return *r;
   };
-  ServerOptions o;
-  o.pool.max_sessions = 8;
-  start(ShareMode::kBaseLr, o);
-  std::vector<std::vector<CompletionChoice>> alone;
-  for (const json& b : bodies) {
-    auto r = server_->complete(request(b));
-    ASSERT_TRUE(r.ok()) << r.error().message;
-    alone.push_back(*r);
-  }
-  // One trajectory at its cap (512 tokens) is an eighth of the memory reserved for 8; a request
-  // here ends at ~310 tokens. 1.5 trajectories' worth holds ~2.5 of the 8 choices.
-  httplib::Client c("127.0.0.1", port_);
-  const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8;
-  stop();
-  o.pool.pool_bytes = static_cast<int64_t>(1.5 * per);
-  start(ShareMode::kBaseLr, o);
-  EXPECT_EQ(server_->max_model_len(), 512);  // one request alone fits its cap
-  std::vector<std::optional<std::vector<CompletionChoice>>> got(bodies.size());
-  std::string streamed;
-  std::vector<std::thread> threads;
-  std::latch ready(static_cast<std::ptrdiff_t>(bodies.size()));  // sent together
-  for (size_t i = 0; i < bodies.size(); ++i)
-    threads.emplace_back([&, i] {
-      ready.arrive_and_wait();
-      DeltaFn on_delta;
-      if (i == 1)
-        on_delta = [&streamed](const CompletionDelta& d) {
-          streamed += d.text;
-          return true;
-        };
-      auto r = server_->complete(request(bodies[i]), on_delta);
-      EXPECT_TRUE(r.ok()) << r.error().message;
-      if (r.ok()) got[i] = *r;
-    });
-  for (auto& t : threads) t.join();
-  for (size_t i = 0; i < bodies.size(); ++i) {
-    SCOPED_TRACE(i);
-    ASSERT_TRUE(got[i]);
-    ASSERT_EQ(got[i]->size(), alone[i].size());
-    for (size_t k = 0; k < alone[i].size(); ++k) {
-      const CompletionChoice &g = (*got[i])[k], &a = alone[i][k];
-      EXPECT_EQ(g.token_ids, a.token_ids);
-      EXPECT_EQ(g.text, a.text);
-      EXPECT_EQ(g.finish_reason, "length");
-      EXPECT_EQ(g.completion_tokens, 300);
-      ASSERT_EQ(g.logprobs.size(), a.logprobs.size());
-      for (size_t l = 0; l < a.logprobs.size(); ++l) EXPECT_NEAR(g.logprobs[l].logprob, a.logprobs[l].logprob, 1e-4);
+  for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    ServerOptions o;
+    o.pool.max_sessions = 8;
+    start(mode, o);
+    std::vector<std::vector<CompletionChoice>> alone;
+    for (const json& b : bodies) {
+      auto r = server_->complete(request(b));
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      alone.push_back(*r);
     }
-  }
-  EXPECT_NE(alone[6][0].token_ids, alone[6][1].token_ids);
-  EXPECT_EQ(streamed, alone[1][0].text);
-  EXPECT_EQ(alone[2][0].logprobs.size(), 300u);
-  httplib::Client c2("127.0.0.1", port_);
-  auto m = c2.Get("/metrics");
-  ASSERT_TRUE(m);
-  auto value = [&](const std::string& series) {
-    const size_t at = m->body.find("\n" + series + " ");
-    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
-  };
-  const double preempted = value("lragent:num_preemptions_total");
-  EXPECT_GT(preempted, 0) << "the KV memory never filled: the test shows nothing";
-  EXPECT_LE(value("lragent:kv_memory_bytes"), 1.5 * per);
-  EXPECT_EQ(json::parse(c2.Get("/lragent/sessions")->body)["preempted_requests"].get<double>(), preempted);
-  // A preempted request computed its tokens again: more prefilled than its prompt.
-  double prefilled = 0, prompts = 0;
-  for (const auto& g : got)
-    for (const CompletionChoice& c : *g) {
-      prefilled += static_cast<double>(c.prefilled_tokens);
-      prompts += static_cast<double>(c.prompt_tokens - c.reused_tokens);
+    // One trajectory at its cap (512 tokens) is an eighth of the memory reserved for 8, and one
+    // agent's caches all of it in base-lr, a quarter in none (four agents' private caches); a
+    // request here ends at ~310 tokens. 1.5 agents' caps hold ~2.5 of the 8 choices.
+    httplib::Client c("127.0.0.1", port_);
+    const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8 /
+                       (mode == ShareMode::kNone ? 4 : 1);
+    stop();
+    o.pool.pool_bytes = static_cast<int64_t>(1.5 * per);
+    start(mode, o);
+    EXPECT_EQ(server_->max_model_len(), 512);  // one request alone fits its cap
+    std::vector<std::optional<std::vector<CompletionChoice>>> got(bodies.size());
+    std::string streamed;
+    std::vector<std::thread> threads;
+    std::latch ready(static_cast<std::ptrdiff_t>(bodies.size()));  // sent together
+    for (size_t i = 0; i < bodies.size(); ++i)
+      threads.emplace_back([&, i] {
+        ready.arrive_and_wait();
+        DeltaFn on_delta;
+        if (i == 1)
+          on_delta = [&streamed](const CompletionDelta& d) {
+            streamed += d.text;
+            return true;
+          };
+        auto r = server_->complete(request(bodies[i]), on_delta);
+        EXPECT_TRUE(r.ok()) << r.error().message;
+        if (r.ok()) got[i] = *r;
+      });
+    for (auto& t : threads) t.join();
+    for (size_t i = 0; i < bodies.size(); ++i) {
+      SCOPED_TRACE(i);
+      ASSERT_TRUE(got[i]);
+      ASSERT_EQ(got[i]->size(), alone[i].size());
+      for (size_t k = 0; k < alone[i].size(); ++k) {
+        const CompletionChoice &g = (*got[i])[k], &a = alone[i][k];
+        EXPECT_EQ(g.token_ids, a.token_ids);
+        EXPECT_EQ(g.text, a.text);
+        EXPECT_EQ(g.finish_reason, "length");
+        EXPECT_EQ(g.completion_tokens, 300);
+        ASSERT_EQ(g.logprobs.size(), a.logprobs.size());
+        for (size_t l = 0; l < a.logprobs.size(); ++l) EXPECT_NEAR(g.logprobs[l].logprob, a.logprobs[l].logprob, 1e-4);
+      }
     }
-  EXPECT_GT(prefilled, prompts);
-  // Too small for one request at its cap: --max-model-len is what one holds alone.
-  stop();
-  o.pool.pool_bytes = static_cast<int64_t>(0.4 * per);
-  start(ShareMode::kBaseLr, o);
-  EXPECT_LT(server_->max_model_len(), 512);
-  EXPECT_GT(server_->max_model_len(), 16);
+    EXPECT_NE(alone[6][0].token_ids, alone[6][1].token_ids);
+    EXPECT_EQ(streamed, alone[1][0].text);
+    EXPECT_EQ(alone[2][0].logprobs.size(), 300u);
+    httplib::Client c2("127.0.0.1", port_);
+    auto m = c2.Get("/metrics");
+    ASSERT_TRUE(m);
+    auto value = [&](const std::string& series) {
+      const size_t at = m->body.find("\n" + series + " ");
+      return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
+    };
+    const double preempted = value("lragent:num_preemptions_total");
+    EXPECT_GT(preempted, 0) << "the KV memory never filled: the test shows nothing";
+    EXPECT_LE(value("lragent:kv_memory_bytes"), 1.5 * per);
+    EXPECT_EQ(json::parse(c2.Get("/lragent/sessions")->body)["preempted_requests"].get<double>(), preempted);
+    // A preempted request computed its tokens again: more prefilled than its prompt.
+    double prefilled = 0, prompts = 0;
+    for (const auto& g : got)
+      for (const CompletionChoice& c : *g) {
+        prefilled += static_cast<double>(c.prefilled_tokens);
+        prompts += static_cast<double>(c.prompt_tokens - c.reused_tokens);
+      }
+    EXPECT_GT(prefilled, prompts);
+    // Too small for one request at its cap: --max-model-len is what one holds alone.
+    stop();
+    o.pool.pool_bytes = static_cast<int64_t>(0.4 * per);
+    start(mode, o);
+    EXPECT_LT(server_->max_model_len(), 512);
+    EXPECT_GT(server_->max_model_len(), 16);
+    stop();
+  }
 }
 
 // One server per port: a second one fails to bind (no SO_REUSEPORT sharing of connections),
