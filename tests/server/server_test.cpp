@@ -61,6 +61,12 @@ int connect_with_timeout(int port) {
   return fd;
 }
 
+// The value of an unlabelled series in a /metrics text (-1 when it is absent).
+double metric_value(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
+}
+
 class ServerTest : public testing::TinyAgentsTest {
  protected:
   void SetUp() override {
@@ -869,10 +875,7 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
   httplib::Client c("127.0.0.1", port_);
   auto m = c.Get("/metrics");
   ASSERT_TRUE(m);
-  auto value = [&](const std::string& series) {
-    const size_t at = m->body.find("\n" + series + " ");
-    return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
-  };
+  auto value = [&](const std::string& series) { return metric_value(m->body, series); };
   const double passes = value("lragent:engine_passes_total"), served = value("lragent:engine_pass_sequences_total");
   double generated = 0;
   for (const auto& g : got) generated += static_cast<double>(g->completion_tokens);
@@ -901,9 +904,7 @@ TEST_F(ServerTest, ChoicesOfOneRequestRunAtOnceEachAsARequestOfItsOwn) {
     httplib::Client c("127.0.0.1", port_);
     auto value = [&](const std::string& series) {
       auto m = c.Get("/metrics");
-      if (!m) return -1.0;
-      const size_t at = m->body.find("\n" + series + " ");
-      return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
+      return m ? metric_value(m->body, series) : -1.0;
     };
     json body = {{"model", "plan"},   {"prompt", "Once upon a time, there was a little dog"},
                  {"max_tokens", 40},  {"temperature", 0.9},
@@ -1292,10 +1293,7 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
     httplib::Client c2("127.0.0.1", port_);
     auto m = c2.Get("/metrics");
     ASSERT_TRUE(m);
-    auto value = [&](const std::string& series) {
-      const size_t at = m->body.find("\n" + series + " ");
-      return at == std::string::npos ? -1.0 : std::stod(m->body.substr(at + series.size() + 2));
-    };
+    auto value = [&](const std::string& series) { return metric_value(m->body, series); };
     const double preempted = value("lragent:num_preemptions_total");
     EXPECT_GT(preempted, 0) << "the KV memory never filled: the test shows nothing";
     EXPECT_LE(value("lragent:kv_memory_bytes"), 1.5 * per);
