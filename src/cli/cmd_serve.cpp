@@ -32,7 +32,8 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 8000;
   std::string served_name;
-  int max_sessions = 4;
+  int max_sessions = 0;  // 0: 256 when --gpu-memory-utilization sizes the KV memory, else 4
+  const CLI::App* app = nullptr;  // which flags were given (--max-context's default depends on it)
   bool no_share_blocks = false;
   double kv_cache_memory_gb = 0;  // > 0: the server's one KV memory (SessionPoolOptions::pool_bytes)
   double gpu_memory_utilization = 0.9;  // > 0: that KV memory sized from the device (plan_kv_memory)
@@ -171,7 +172,6 @@ int run_serve(const ServeFlags& f) {
   if (!loaded.ok()) return report(loaded.error());
   server::ServerOptions so;
   so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
-  so.pool.max_sessions = f.max_sessions;
   so.pool.share_blocks = !f.no_share_blocks;
   so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
   // The default fraction applies on a device with its own memory when nothing else sizes the KV
@@ -228,6 +228,15 @@ int run_serve(const ServeFlags& f) {
   auto sharing = f.sharing.options_for(is_auto ? "base-lr" : f.sharing.mode);
   if (!sharing.ok()) return report(sharing.error());
   so.pool.replay.sharing = *sharing;
+  // With the KV memory taken from the device (vLLM's way), the other defaults are vLLM's too: 256
+  // requests at once (--max-num-seqs) and the model's whole context; each trajectory then takes
+  // pages as it grows, the memory shared by all (a trajectory is capped at --max-context, so the
+  // memory is at most --max-sessions of those). Else 4 trajectories of --max-context, reserved.
+  const bool device_sized = use_util && so.pool.pool_bytes > 0;
+  so.pool.max_sessions = f.max_sessions > 0 ? f.max_sessions : device_sized ? 256 : 4;
+  const int64_t model_context = loaded->model->config().max_position_embeddings;
+  if (device_sized && model_context > 0 && f.app && f.app->count("--max-context") == 0)
+    so.pool.replay.sharing.max_tokens = model_context;
   if (is_auto && loaded->adapters) {
     const std::vector<const LoraAdapter*> adapters = agents_of(*loaded->adapters).second;
     const ModelConfig& cfg = loaded->model->config();
@@ -252,7 +261,7 @@ int run_serve(const ServeFlags& f) {
   fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions{}; kv-share {}, up to {} "
                      "trajectories of {} tokens{}). Ctrl-C stops.\n",
              fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions" : "",
-             share_mode_name(s.share_mode()), f.max_sessions, s.max_model_len(), memory);
+             share_mode_name(s.share_mode()), so.pool.max_sessions, s.max_model_len(), memory);
   std::fflush(stderr);
   g_server = &s;
   std::signal(SIGINT, on_signal);
@@ -294,9 +303,10 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "makes room for a new one. Requests on different trajectories run batched together, so this also "
                   "bounds how many run at once, as vLLM's --max-num-seqs (a request whose trajectory another one "
                   "runs starts on a copy of it when a slot is free, else waits; the copy shares its source's KV "
-                  "pages, see --no-share-blocks)")
-      ->default_val(4)
-      ->check(cli::in_range(1, 4096));
+                  "pages, see --no-share-blocks). 0 (default): 256 when --gpu-memory-utilization sizes the KV memory "
+                  "(on a GPU), else 4")
+      ->default_val(0)
+      ->check(cli::in_range(0, 4096));
   cmd->add_option("--kv-cache-memory", f->kv_cache_memory_gb,
                   "KV cache memory of the whole server in GB (vLLM's --kv-cache-memory), shared by every "
                   "trajectory: each takes blocks as it grows, up to --max-context, so that --max-sessions requests can "
@@ -311,10 +321,11 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "On a GPU, size the KV memory (--kv-cache-memory) from the device (vLLM's flag and default): the "
                   "fraction of the device's memory the server may use, in (0, 1]; the KV memory is what that leaves "
                   "once the weights, the adapters and one pass of --max-num-batched-tokens tokens (measured by running "
-                  "one at start-up) are counted, and at most --max-sessions trajectories of --max-context (with the "
-                  "defaults that cap is what is reserved). Unused when --kv-cache-memory, --kv-memory or "
-                  "--no-share-blocks is given, and on the CPU. 0: --max-sessions trajectories of --max-context "
-                  "reserved at start-up, whatever the device holds")
+                  "one at start-up) are counted, and at most --max-sessions trajectories of --max-context. Sized so, "
+                  "the defaults are vLLM's too: --max-sessions 256 and --max-context the model's whole context. "
+                  "Unused when --kv-cache-memory, --kv-memory or --no-share-blocks is given, and on the CPU. 0: "
+                  "--max-sessions (default 4) trajectories of --max-context (default 4096) reserved at start-up, "
+                  "whatever the device holds")
       ->default_val(0.9)
       ->check(CLI::Range(0.0, 1.0))
       ->each([f](const std::string&) { f->gpu_memory_utilization_given = true; });
@@ -352,6 +363,7 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--preset-adapters", f->preset_adapters, "--preset adapters: shared (one A per layer and module) or independent")
       ->default_val("shared")
       ->check(CLI::IsMember({"shared", "independent"}));
+  f->app = cmd;
   cmd->callback([f, &action] { action = [f] { return run_serve(*f); }; });
 }
 

@@ -171,9 +171,9 @@ TEST(ServeCli, APortInUseAndBadFlagsAreOneErrorLine) {
   r = testing::run_lragent("serve --kv-cache-memory -1");
   EXPECT_EQ(r.code, 2) << r.err;
   // vLLM's name for --max-sessions is the same option.
-  r = testing::run_lragent("serve --max-num-seqs 0");
+  r = testing::run_lragent("serve --max-num-seqs -1");
   EXPECT_EQ(r.code, 2) << r.err;
-  EXPECT_NE(r.err.find("--max-sessions: must be >= 1, not 0"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--max-sessions: must be >= 0, not -1"), std::string::npos) << r.err;
   r = testing::run_lragent("serve --port 0 --kv-cache-memory 1 --gpu-memory-utilization 0.9");
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("both size the server's KV memory"), std::string::npos) << r.err;
