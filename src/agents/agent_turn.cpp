@@ -312,7 +312,8 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
 
 }  // namespace
 
-TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens) {
+TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens,
+                    int64_t max_pass_tokens) {
   TurnStep out;
   out.status.assign(turns.size(), Status::Ok());
   std::vector<Status>& status = out.status;
@@ -331,6 +332,7 @@ TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_
   for (size_t i = 0; i < turns.size() && (left > 0 || !decoding); ++i)
     if (turns[i]->pending_tokens() > 1) {
       give[i] = decoding ? std::min(turns[i]->pending_tokens(), left) : turns[i]->pending_tokens();
+      if (max_pass_tokens > 0) give[i] = std::min(give[i], max_pass_tokens);
       left -= give[i];
       decoding = true;  // the catch-ups after it share what is left, if anything
     }

@@ -117,13 +117,15 @@ class AgentTurn {
 // in order; a turn left without budget sits this pass out). A pass without a decode runs its
 // first catch-up whole: the budget is there so that decoding turns do not wait long.
 // When the batched pass fails, each turn's pass runs alone, so that only a turn whose own pass
-// fails gets an error (and is left with no pass: abort_pass).
+// fails gets an error (and is left with no pass: abort_pass). `max_pass_tokens` > 0 bounds that
+// whole first catch-up too (a server whose memory was planned for passes of that size).
 struct TurnStep {
   std::vector<Status> status;  // [turns]
   int64_t sequences = 0;       // turns the pass served
   int64_t tokens = 0;          // tokens it ran
 };
-TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens);
+TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_t max_batch_tokens,
+                    int64_t max_pass_tokens = 0);
 
 // Decode lookahead over turns (run_alone, and the server's engine loop over its decoding turns):
 // every turn of `turns` must be looks_ahead(). The first pass runs each turn's whole catch-up;

@@ -1,4 +1,5 @@
 // `lragent serve`: the OpenAI-compatible server (server/server.h) on a model and its adapters.
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdint>
@@ -183,7 +184,10 @@ int run_serve(const ServeFlags& f) {
     // Profiled with an adapter when there is one: the LoRA buffers of a pass count too.
     const LoraAdapter* probe =
         loaded->adapters && loaded->adapters->size() > 0 ? &loaded->adapters->at(0) : nullptr;
-    auto plan = plan_kv_memory(*loaded->model, probe, f.gpu_memory_utilization, f.max_batched_tokens);
+    // The largest pass: a prompt alone runs in chunks of this many tokens (ServerOptions::
+    // max_pass_tokens), at least vLLM's 8192, so that its working memory is what was profiled.
+    const int64_t pass = std::max<int64_t>(f.max_batched_tokens, 8192);
+    auto plan = plan_kv_memory(*loaded->model, probe, f.gpu_memory_utilization, pass);
     if (!plan.ok() && util_given)
       return report(Error{plan.error().code, "--gpu-memory-utilization: " + plan.error().message});
     if (!plan.ok()) {  // the default: the reservation it would have capped is made as it is
@@ -192,11 +196,12 @@ int run_serve(const ServeFlags& f) {
                  f.gpu_memory_utilization, plan.error().message);
     } else {
       so.pool.pool_bytes = plan->kv_bytes;
+      so.max_pass_tokens = pass;
       fmt::print(stderr,
                  "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
                  "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
                  f.gpu_memory_utilization, plan->kv_bytes / 1e9, f.gpu_memory_utilization * plan->device_bytes / 1e9,
-                 plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, f.max_batched_tokens);
+                 plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, pass);
     }
   }
   so.max_batch_tokens = f.max_batched_tokens;
@@ -320,8 +325,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,
                   "On a GPU, size the KV memory (--kv-cache-memory) from the device (vLLM's flag and default): the "
                   "fraction of the device's memory the server may use, in (0, 1]; the KV memory is what that leaves "
-                  "once the weights, the adapters and one pass of --max-num-batched-tokens tokens (measured by running "
-                  "one at start-up) are counted, and at most --max-sessions trajectories of --max-context. Sized so, "
+                  "once the weights, the adapters and one pass of max(--max-num-batched-tokens, 8192) tokens "
+                  "(measured by running one at start-up; no pass runs more) are counted, and at most --max-sessions trajectories of --max-context. Sized so, "
                   "the defaults are vLLM's too: --max-sessions 256 and --max-context the model's whole context. "
                   "Unused when --kv-cache-memory, --kv-memory or --no-share-blocks is given, and on the CPU. 0: "
                   "--max-sessions (default 4) trajectories of --max-context (default 4096) reserved at start-up, "
@@ -337,7 +342,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--max-num-batched-tokens", f->max_batched_tokens,
                   "Tokens of one batched forward pass (vLLM's flag): every running request's next token, then "
                   "prompts in chunks of what is left, so a long prompt does not stall the others' decoding (with "
-                  "nothing decoding, a prompt runs in one pass)")
+                  "nothing decoding, a prompt runs in one pass, or in chunks of max(this, 8192) when "
+                  "--gpu-memory-utilization sizes the memory: the pass it profiled)")
       ->default_val(2048)
       ->check(cli::in_range(1, 1 << 20));
   cmd->add_option("--max-model-len", f->max_model_len,

@@ -441,7 +441,7 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
     if (w.ran) status = std::move(w.status);
   }
   if (status.empty()) {
-    TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens);
+    TurnStep step = step_turns(*model_, turns, opts_.max_batch_tokens, opts_.max_pass_tokens);
     metrics_.record_pass(step.sequences, step.tokens);
     status = std::move(step.status);
   }

@@ -53,6 +53,9 @@ struct ServerOptions {
   // token, then prompt catch-ups in chunks from what is left (a pass with no decode runs its
   // first catch-up whole).
   int64_t max_batch_tokens = 2048;
+  // > 0: no pass runs more tokens, a prompt alone included (in chunks of this many): the working
+  // memory a pass may take was planned for this size (--gpu-memory-utilization's profiled pass).
+  int64_t max_pass_tokens = 0;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 32u << 20;
   // Connection threads: each open connection (a keep-alive client between requests, too) holds

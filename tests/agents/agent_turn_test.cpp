@@ -246,6 +246,29 @@ TEST_F(AgentTurnTest, ACatchUpBesideDecodingRunsInChunksOfTheBudget) {
       worst = std::max(worst, static_cast<double>(std::abs(r.logits[i][v] - ref->logits[i][v])));
   EXPECT_LT(worst, 1e-4);
   EXPECT_EQ(s->computed_per_agent()[0], static_cast<int64_t>(prompt) + 2);  // the prompt and 2 decode passes
+
+  // A bound on every pass (max_pass_tokens: a server whose working memory was planned for it)
+  // chunks a catch-up with nothing decoding beside it too, and it picks what one pass picks.
+  auto bounded = session(ShareMode::kBaseLr);
+  bounded->append(encode(text));
+  bounded->keep_logits(true);
+  auto b = AgentTurn::start(*bounded, "plan", 3, {}, {}, AgentDecode{});
+  ASSERT_TRUE(b.ok());
+  AgentTurn* lone[1] = {b->get()};
+  int bounded_chunks = 0;
+  for (int64_t done = 0; bounded->trajectory().size() == static_cast<size_t>(prompt); ++bounded_chunks) {
+    const TurnStep step = step_turns(*model_, lone, 1 << 20, 7);  // no pick until the catch-up's end
+    ASSERT_TRUE(step.status[0].ok());
+    EXPECT_EQ(step.tokens, std::min<int64_t>(prompt - done, 7));
+    done += step.tokens;
+  }
+  EXPECT_EQ(bounded_chunks, (prompt + 6) / 7);
+  while (!(*b)->done()) ASSERT_TRUE(step_turns(*model_, lone, 1 << 20, 7).status[0].ok());
+  const StepResult rb = (*b)->result();
+  EXPECT_EQ(rb.output_tokens, ref->output_tokens);
+  ASSERT_EQ(rb.logits.size(), ref->logits.size());
+  for (size_t i = 0; i < rb.logits.size(); ++i)
+    for (size_t v = 0; v < rb.logits[i].size(); ++v) EXPECT_NEAR(rb.logits[i][v], ref->logits[i][v], 1e-4);
 }
 
 // A turn whose trajectory runs out of KV memory fails alone; the turns batched with it go on and
