@@ -196,7 +196,7 @@ int run_serve(const ServeFlags& f) {
                  f.gpu_memory_utilization, plan.error().message);
     } else {
       so.pool.pool_bytes = plan->kv_bytes;
-      so.max_pass_tokens = pass;
+      so.pass_plan = {pass, plan->pass_peak, plan->kv_bytes};
       fmt::print(stderr,
                  "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
                  "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
@@ -261,8 +261,9 @@ int run_serve(const ServeFlags& f) {
   server::Server& s = **srv;
   auto port = s.bind(f.host, f.port);
   if (!port.ok()) return report(port.error());
-  const std::string memory =
+  std::string memory =
       s.kv_memory_bytes() > 0 ? fmt::format(", KV memory {:.2f} GB", s.kv_memory_bytes() / 1e9) : std::string();
+  if (s.max_pass_tokens() > 0) memory += fmt::format(", passes of at most {} tokens", s.max_pass_tokens());
   fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions{}; kv-share {}, up to {} "
                      "trajectories of {} tokens{}). Ctrl-C stops.\n",
              fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions" : "",
@@ -342,8 +343,9 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--max-num-batched-tokens", f->max_batched_tokens,
                   "Tokens of one batched forward pass (vLLM's flag): every running request's next token, then "
                   "prompts in chunks of what is left, so a long prompt does not stall the others' decoding (with "
-                  "nothing decoding, a prompt runs in one pass, or in chunks of max(this, 8192) when "
-                  "--gpu-memory-utilization sizes the memory: the pass it profiled)")
+                  "nothing decoding, a prompt runs in one pass; when --gpu-memory-utilization sizes the memory, "
+                  "in chunks of at most the pass it profiled, max(this, 8192), plus what the memory it planned "
+                  "for the KV cache and left unused holds, as the start-up line says)")
       ->default_val(2048)
       ->check(cli::in_range(1, 1 << 20));
   cmd->add_option("--max-model-len", f->max_model_len,

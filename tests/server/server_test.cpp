@@ -1316,6 +1316,37 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
   }
 }
 
+// The KV memory's plan bounds every pass (a long prompt alone runs in chunks): the profiled
+// pass's tokens, plus what the planned memory the KV memory left unused holds at that pass's
+// bytes a token; an explicit bound wins. A prompt longer than the bound answers as without it.
+TEST_F(ServerTest, APlannedMemoryBoundsThePassesByWhatItLeft) {
+  const json body = {{"model", "plan"}, {"prompt", "Once upon a time, there was a little girl named Lily. She loved"},
+                     {"max_tokens", 20}, {"temperature", 0}, {"ignore_eos", true}};
+  start(ShareMode::kBaseLr);
+  EXPECT_EQ(server_->max_pass_tokens(), 0);
+  auto [status, unbounded] = complete(body);
+  ASSERT_EQ(status, 200) << unbounded.dump();
+  const int64_t kv = server_->kv_memory_bytes();
+  ASSERT_GT(kv, 0);
+  stop();
+  ServerOptions o;
+  o.pass_plan = {7, 700, kv};  // the KV memory took all it was planned: the profiled size
+  start(ShareMode::kBaseLr, o);
+  EXPECT_EQ(server_->max_pass_tokens(), 7);
+  auto [status7, chunked] = complete(body);
+  ASSERT_EQ(status7, 200) << chunked.dump();
+  EXPECT_EQ(chunked["choices"][0]["text"], unbounded["choices"][0]["text"]);
+  EXPECT_EQ(chunked["usage"], unbounded["usage"]);
+  stop();
+  o.pass_plan = {7, 700, kv + 3500};  // 3500 bytes unused: 35 more tokens at 100 bytes a token
+  start(ShareMode::kBaseLr, o);
+  EXPECT_EQ(server_->max_pass_tokens(), 42);
+  stop();
+  o.max_pass_tokens = 5;
+  start(ShareMode::kBaseLr, o);
+  EXPECT_EQ(server_->max_pass_tokens(), 5);
+}
+
 // One server per port: a second one fails to bind (no SO_REUSEPORT sharing of connections),
 // and idle keep-alive connections do not starve other clients of connection threads.
 TEST_F(ServerTest, OneServerPerPortAndIdleConnectionsDoNotStarveOthers) {
