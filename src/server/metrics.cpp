@@ -170,6 +170,10 @@ std::string Metrics::render() const {
     out += fmt::format("lragent:kv_memory_used_bytes {}\n", kv_.arena_used);
     header(out, "lragent:kv_memory_bytes", "gauge", "Bytes of that KV memory.");
     out += fmt::format("lragent:kv_memory_bytes {}\n", kv_.arena_capacity);
+    header(out, "lragent:kv_cache_usage_perc", "gauge",
+           "The fraction of that KV memory in use, 0 to 1 (vLLM's kv_cache_usage_perc, for its dashboards).");
+    out += fmt::format("lragent:kv_cache_usage_perc {}\n",
+                       kv_.arena_capacity > 0 ? static_cast<double>(kv_.arena_used) / kv_.arena_capacity : 0.0);
   }
   return out;
 }

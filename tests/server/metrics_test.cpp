@@ -64,6 +64,9 @@ TEST(Metrics, CountersPerModelAndTheKvSnapshot) {
   kv.bytes.base = 1000;
   kv.bytes.lr = 60;
   kv.bytes.allocated = 2048;
+  kv.preempted = 3;
+  kv.arena_used = 1024;
+  kv.arena_capacity = 4096;
   m.set_kv(kv);
   for (int i = 0; i < 4; ++i) m.request_waiting();
   m.request_running();
@@ -84,6 +87,10 @@ TEST(Metrics, CountersPerModelAndTheKvSnapshot) {
   EXPECT_EQ(value_of(t, "lragent:kv_cache_bytes{kind=\"base\"}"), 1000);
   EXPECT_EQ(value_of(t, "lragent:kv_cache_bytes{kind=\"lr\"}"), 60);
   EXPECT_EQ(value_of(t, "lragent:kv_cache_allocated_bytes"), 2048);
+  EXPECT_EQ(value_of(t, "lragent:num_preemptions_total"), 3);
+  EXPECT_EQ(value_of(t, "lragent:kv_memory_used_bytes"), 1024);
+  EXPECT_EQ(value_of(t, "lragent:kv_memory_bytes"), 4096);
+  EXPECT_EQ(value_of(t, "lragent:kv_cache_usage_perc"), 0.25);
   EXPECT_EQ(value_of(t, "lragent:num_requests_running"), 1);
   EXPECT_EQ(value_of(t, "lragent:num_requests_waiting"), 3);
   // Every series has its # TYPE line, once.
