@@ -196,12 +196,12 @@ int run_serve(const ServeFlags& f) {
                  f.gpu_memory_utilization, plan.error().message);
     } else {
       so.pool.pool_bytes = plan->kv_bytes;
-      so.pass_plan = {pass, plan->pass_peak, plan->kv_bytes};
+      so.memory_plan = *plan;
       fmt::print(stderr,
                  "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
                  "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
                  f.gpu_memory_utilization, plan->kv_bytes / 1e9, f.gpu_memory_utilization * plan->device_bytes / 1e9,
-                 plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, pass);
+                 plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, plan->pass_tokens);
     }
   }
   so.max_batch_tokens = f.max_batched_tokens;

@@ -34,6 +34,7 @@ Result<KvMemoryPlan> plan_kv_memory(LlamaModel& model, const LoraAdapter* adapte
   const ModelConfig& cfg = model.config();
   int64_t n = std::max<int64_t>(pass_tokens, 1);
   if (cfg.max_position_embeddings > 0) n = std::min<int64_t>(n, cfg.max_position_embeddings - 1);
+  plan.pass_tokens = n;
   GenerateRequest req;
   req.prompt.resize(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) req.prompt[static_cast<size_t>(i)] = static_cast<int32_t>(1 + i % (cfg.vocab_size - 1));

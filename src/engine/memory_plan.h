@@ -14,6 +14,7 @@ namespace lragent {
 struct KvMemoryPlan {
   int64_t device_bytes = 0;  // the device's memory
   int64_t in_use = 0;        // held before the profiling pass: weights, adapters, buffers
+  int64_t pass_tokens = 0;   // the profiling pass's tokens (pass_tokens, within the model's context)
   int64_t pass_peak = 0;     // the profiling pass's peak above in_use (its activations and its own small cache)
   int64_t kv_bytes = 0;      // fraction × device_bytes − in_use − pass_peak
 };

@@ -131,11 +131,10 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
                         fits);
     opts.max_model_len = fits;
   }
-  const ServerOptions::PassPlan& plan = opts.pass_plan;
-  if (opts.max_pass_tokens <= 0 && plan.tokens > 0 && plan.peak_bytes > 0) {
-    const int64_t spare = std::max<int64_t>(plan.kv_bytes - s->kv_memory_bytes(), 0);
-    const double per_token = static_cast<double>(plan.peak_bytes) / static_cast<double>(plan.tokens);
-    opts.max_pass_tokens = plan.tokens + static_cast<int64_t>(static_cast<double>(spare) / per_token);
+  if (const auto& plan = opts.memory_plan; opts.max_pass_tokens <= 0 && plan && plan->pass_tokens > 0 && plan->pass_peak > 0) {
+    const int64_t spare = std::max<int64_t>(plan->kv_bytes - s->kv_memory_bytes(), 0);
+    const double per_token = static_cast<double>(plan->pass_peak) / static_cast<double>(plan->pass_tokens);
+    opts.max_pass_tokens = plan->pass_tokens + static_cast<int64_t>(static_cast<double>(spare) / per_token);
   }
   s->opts_ = std::move(opts);
   s->publish_sessions();

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/memory_plan.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
 #include "server/session_pool.h"
@@ -56,15 +57,12 @@ struct ServerOptions {
   // > 0: no pass runs more tokens, a prompt alone included (in chunks of this many), because the
   // device's memory was planned for passes of that size.
   int64_t max_pass_tokens = 0;
-  // The plan the KV memory came from (--gpu-memory-utilization, plan_kv_memory): a pass of
-  // `tokens` tokens peaked at `peak_bytes`, and the KV memory could take `kv_bytes`. Unless
-  // max_pass_tokens is set, create() bounds passes by it: the profiled size, plus as many tokens
-  // as the planned memory the KV memory leaves unused holds at that pass's bytes a token (its
-  // working memory grows with its tokens), so that a trajectory cap below the plan lets long
-  // prompts run in fewer, larger passes.
-  struct PassPlan {
-    int64_t tokens = 0, peak_bytes = 0, kv_bytes = 0;
-  } pass_plan;
+  // The plan the KV memory came from (--gpu-memory-utilization). Unless max_pass_tokens is set,
+  // create() bounds passes by it: the profiled pass's tokens, plus as many tokens as the planned
+  // KV memory the trajectories' caps leave unused holds at that pass's bytes a token (its working
+  // memory grows with its tokens), so that a cap below the plan lets long prompts run in fewer,
+  // larger passes.
+  std::optional<KvMemoryPlan> memory_plan;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
   size_t max_body_bytes = 32u << 20;
   // Connection threads: each open connection (a keep-alive client between requests, too) holds
@@ -131,7 +129,7 @@ class Server {
   int64_t max_model_len() const { return opts_.max_model_len; }
   // The one KV memory every trajectory shares, in bytes (0: an arena per trajectory).
   int64_t kv_memory_bytes() const { return pool_->shared_arena() ? pool_->shared_arena()->capacity_bytes() : 0; }
-  // The most tokens one pass runs (0: no bound; ServerOptions::max_pass_tokens / pass_plan).
+  // The most tokens one pass runs (0: no bound; ServerOptions::max_pass_tokens / memory_plan).
   int64_t max_pass_tokens() const { return opts_.max_pass_tokens; }
 
   // One completion request, as POST /v1/completions runs it: `on_delta` gets each piece of text

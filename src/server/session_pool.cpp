@@ -99,7 +99,7 @@ Result<std::optional<SessionPool::Entry*>> SessionPool::new_session(int group, i
   auto made = create_session(group, spare);
   if (made.ok()) return std::optional<Entry*>(*made);
   // Out of memory with only held trajectories left to drop waits for one to be released.
-  if (made.error().code == ErrorCode::kOutOfMemory && any_held()) return std::optional<Entry*>();
+  if (made.error().code == ErrorCode::kOutOfMemory && held_sessions() > 0) return std::optional<Entry*>();
   return made.error();
 }
 
@@ -128,10 +128,6 @@ bool SessionPool::evict_lru(int64_t spare, bool holding_memory) {
 
 int SessionPool::held_sessions() const {
   return static_cast<int>(std::count_if(entries_.begin(), entries_.end(), [](const Entry& e) { return e.held; }));
-}
-
-bool SessionPool::any_held() const {
-  return std::any_of(entries_.begin(), entries_.end(), [](const Entry& e) { return e.held; });
 }
 
 void SessionPool::release(int64_t id) {

@@ -148,7 +148,6 @@ class SessionPool {
   Entry* find(int64_t id);
   // Drops the least recently used trajectory no request holds, never `spare`; false when none can go.
   bool evict_lru(int64_t spare = 0, bool holding_memory = false);
-  bool any_held() const;
   // Bytes `agent`'s catch-up on e (the positions it has yet to compute) will take, at most.
   double catchup_bytes(const Entry& e, const std::string& agent) const;
 

@@ -1330,7 +1330,11 @@ TEST_F(ServerTest, APlannedMemoryBoundsThePassesByWhatItLeft) {
   ASSERT_GT(kv, 0);
   stop();
   ServerOptions o;
-  o.pass_plan = {7, 700, kv};  // the KV memory took all it was planned: the profiled size
+  KvMemoryPlan plan;
+  plan.pass_tokens = 7;
+  plan.pass_peak = 700;
+  plan.kv_bytes = kv;  // the KV memory took all it was planned: the profiled size
+  o.memory_plan = plan;
   start(ShareMode::kBaseLr, o);
   EXPECT_EQ(server_->max_pass_tokens(), 7);
   auto [status7, chunked] = complete(body);
@@ -1338,7 +1342,8 @@ TEST_F(ServerTest, APlannedMemoryBoundsThePassesByWhatItLeft) {
   EXPECT_EQ(chunked["choices"][0]["text"], unbounded["choices"][0]["text"]);
   EXPECT_EQ(chunked["usage"], unbounded["usage"]);
   stop();
-  o.pass_plan = {7, 700, kv + 3500};  // 3500 bytes unused: 35 more tokens at 100 bytes a token
+  plan.kv_bytes = kv + 3500;  // 3500 bytes unused: 35 more tokens at 100 bytes a token
+  o.memory_plan = plan;
   start(ShareMode::kBaseLr, o);
   EXPECT_EQ(server_->max_pass_tokens(), 42);
   stop();
