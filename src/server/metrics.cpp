@@ -95,6 +95,11 @@ void Metrics::set_kv(const KvSnapshot& kv) {
   kv_ = kv;
 }
 
+void Metrics::set_kv_used(int64_t arena_used) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_.arena_used = arena_used;
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;

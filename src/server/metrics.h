@@ -71,6 +71,8 @@ class Metrics {
   // Every HTTP answer: its route (unknown paths count as "other") and status.
   void record_http(const std::string& route, int status);
   void set_kv(const KvSnapshot& kv);
+  // Only the shared arena's bytes in use (KvSnapshot::arena_used), after each engine pass.
+  void set_kv_used(int64_t arena_used);
   // A request starts waiting for the engine, takes it, leaves it (each counted as it happens, so
   // the gauges hold whatever the threads' order).
   void request_waiting() { ++waiting_; }

@@ -248,6 +248,9 @@ struct Server::ChoiceRun {
   std::vector<int32_t> resumed;
   std::vector<StepLogprobs> resumed_logprobs;  // [resumed] when asked for
   int64_t prefilled_before = 0;
+  // Preempted once while it ran alone (Server::make_room): it ran short on a trajectory that held
+  // other agents' caches too, and resumed without them; short alone again, it does not fit.
+  bool restarted_alone = false;
   std::unique_ptr<AgentTurn> turn;
 };
 
@@ -463,6 +466,8 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
     if (!status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, status[k]);
   }
   if (!short_of_memory.empty()) make_room(active, short_of_memory);
+  // The KV memory in use grows with every pass (lragent:kv_cache_usage_perc follows it).
+  if (const KvArena* a = pool_->shared_arena()) metrics_.set_kv_used(a->lent_bytes());
   return true;
 }
 
@@ -631,14 +636,24 @@ void Server::make_room(const std::vector<Job*>& active, std::span<const std::pai
   for (const Job* j : active)
     if (!j->ended) running += j->runs.size();
   if (running <= 1) {
-    // Alone and still short: this request does not fit the KV memory (the start-up check sized
-    // --max-model-len so that it should; a trajectory a copy shares blocks with may hold some).
-    for (auto [job, cr] : short_of_memory)
-      if (!job->ended)
-        fail_job(*job, Error{ErrorCode::kOutOfMemory,
+    // Alone and still short. --max-model-len promises that one agent's caches fit alone, but its
+    // trajectory may hold other agents' too (an agent extending another's turn computes its own
+    // in none, and in base-lr with adapters of different A): once, the choice gives it all back
+    // and resumes, recomputing, on a trajectory of its own (vLLM would have evicted the other
+    // adapter's prefix blocks). Short again, this request does not fit the KV memory (a
+    // trajectory a copy shares blocks with may hold some).
+    for (auto [job, cr] : short_of_memory) {
+      if (job->ended) continue;
+      if (!cr->restarted_alone) {
+        cr->restarted_alone = true;
+        preempt(*job, *cr);
+        continue;
+      }
+      fail_job(*job, Error{ErrorCode::kOutOfMemory,
                              "this request does not fit the server's KV memory (--kv-cache-memory / "
                              "--gpu-memory-utilization) even with no other request running: shorten the prompt or "
                              "lower 'max_tokens', or give the server more KV memory"});
+    }
     return;
   }
   // Else the latest request's latest choice gives its memory back (vLLM preempts the request that
@@ -729,39 +744,33 @@ void Server::end_job(Job& job, std::optional<Error> error) {
   if (job.first_token) rec.ttft_seconds = std::chrono::duration<double>(*job.first_token - job.p->arrival).count();
   rec.e2e_seconds = std::chrono::duration<double>(now - job.p->arrival).count();
   metrics_.record(rec);
-  KvSnapshot kv;
-  {
-    std::lock_guard<std::mutex> lock(sessions_mu_);
-    for (const SessionPool::Info& info : sessions_) {
-      if (info.bytes.total() > 0) ++kv.trajectories;  // the pool also keeps a fresh one (BOS only) per group
-      kv.bytes.base += info.bytes.base;
-      kv.bytes.lr += info.bytes.lr;
-      kv.bytes.full += info.bytes.full;
-      kv.bytes.allocated += info.bytes.allocated;
-    }
-    kv.evicted = evicted_sessions_;
-    kv.preempted = preempted_choices_;
-    kv.copied = copied_sessions_;
-    kv.copied_tokens = copied_tokens_;
-    kv.arena_used = arena_used_;
-    kv.arena_capacity = arena_capacity_;
-  }
-  metrics_.set_kv(kv);
   metrics_.request_done();
 }
 
 void Server::publish_sessions() {
   std::vector<SessionPool::Info> infos = pool_->sessions();
+  // /metrics' KV series too, as the engine changes them (vLLM's gauges follow every step), not
+  // only when a request ends: a scrape during a long run sees the memory and preemptions of now.
+  KvSnapshot kv;
+  for (const SessionPool::Info& info : infos) {
+    if (info.bytes.total() > 0) ++kv.trajectories;  // the pool also keeps a fresh one (BOS only) per group
+    kv.bytes.base += info.bytes.base;
+    kv.bytes.lr += info.bytes.lr;
+    kv.bytes.full += info.bytes.full;
+    kv.bytes.allocated += info.bytes.allocated;
+  }
+  kv.evicted = pool_->evicted_sessions();
+  kv.preempted = preemptions_;
+  kv.copied = pool_->copied_sessions();
+  kv.copied_tokens = pool_->copied_tokens();
+  if (const KvArena* a = pool_->shared_arena()) {
+    kv.arena_used = a->lent_bytes();
+    kv.arena_capacity = a->capacity_bytes();
+  }
+  metrics_.set_kv(kv);
   std::lock_guard<std::mutex> lock(sessions_mu_);
   sessions_ = std::move(infos);
-  evicted_sessions_ = pool_->evicted_sessions();
-  preempted_choices_ = preemptions_;
-  copied_sessions_ = pool_->copied_sessions();
-  copied_tokens_ = pool_->copied_tokens();
-  if (const KvArena* a = pool_->shared_arena()) {
-    arena_used_ = a->lent_bytes();
-    arena_capacity_ = a->capacity_bytes();
-  }
+  sessions_kv_ = kv;
 }
 
 Result<int> Server::bind(const std::string& host, int port) {
@@ -892,14 +901,15 @@ void Server::install_routes() {
     }
     send_json(res, 200, json{{"kv_share", share_mode_name(share_mode())},
                              {"sessions", list},
-                             {"evicted_sessions", evicted_sessions_},
-                             {"preempted_requests", preempted_choices_},
-                             {"copied_sessions", copied_sessions_},
+                             {"evicted_sessions", sessions_kv_.evicted},
+                             {"preempted_requests", sessions_kv_.preempted},
+                             {"copied_sessions", sessions_kv_.copied},
                              // the one KV memory of every trajectory (null with an arena each):
                              // bytes in use, a page shared by copies once
-                             {"kv_memory", arena_capacity_ < 0 ? json(nullptr)
-                                                               : json{{"used_bytes", arena_used_},
-                                                                      {"bytes", arena_capacity_}}}});
+                             {"kv_memory", sessions_kv_.arena_capacity < 0
+                                               ? json(nullptr)
+                                               : json{{"used_bytes", sessions_kv_.arena_used},
+                                                      {"bytes", sessions_kv_.arena_capacity}}}});
   });
   // A known route with the wrong method: 405, as vLLM answers.
   auto wrong_method = [](const char* allow) {

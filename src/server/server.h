@@ -181,7 +181,8 @@ class Server {
   void end_job(Job& job, std::optional<Error> error);
   // A piece of a choice's text for a streaming client; false when the client went away.
   bool emit(Job& job, ChoiceRun& run, std::string text);
-  // Copies the pool's state for /lragent/sessions and /metrics (engine thread).
+  // Copies the pool's state for /lragent/sessions and /metrics' KV series (engine thread); called
+  // whenever a choice starts, is preempted or ends.
   void publish_sessions();
   // The agent a request's "model" names (empty: the base model).
   Result<std::string> agent_for(const std::string& model) const;
@@ -214,13 +215,10 @@ class Server {
   // The pool's state as the engine last left it (GET /lragent/sessions never waits for a pass).
   mutable std::mutex sessions_mu_;
   std::vector<SessionPool::Info> sessions_;
-  int64_t evicted_sessions_ = 0;
-  int64_t preempted_choices_ = 0;  // preemptions_ as last published
+  KvSnapshot sessions_kv_;         // their sums and the pool's counters, as /metrics was given them
   int64_t preemptions_ = 0;        // engine thread: choices preempted to make room in the KV memory
   int64_t ended_choices_ = 0;      // engine thread: choices that ended (their trajectories released)
   int64_t ended_at_preemption_ = -1;  // ended_choices_ at the last preemption
-  int64_t copied_sessions_ = 0, copied_tokens_ = 0;
-  int64_t arena_used_ = -1, arena_capacity_ = -1;  // KvSnapshot::arena_used / arena_capacity
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;

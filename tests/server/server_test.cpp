@@ -622,6 +622,20 @@ TEST_F(ServerTest, MetricsCountWhatTheRequestsDid) {
   EXPECT_GT(value("lragent:kv_cache_bytes{kind=\"base\"}"), 0);
   EXPECT_GT(value("lragent:kv_cache_bytes{kind=\"lr\"}"), 0);
   EXPECT_EQ(c.Post("/metrics", "", "text/plain")->status, 405);
+  // The KV gauges follow a running request, not only the ended ones: a streamed request on a
+  // new trajectory shows its first slab by its first token.
+  const std::string used = "lragent:kv_memory_used_bytes";
+  const double before = value(used);
+  double seen = -1;
+  CompletionRequest req = *parse_completion_request(
+      json{{"model", "reflect"}, {"prompt", "The dog"}, {"max_tokens", 20}, {"ignore_eos", true}}.dump());
+  auto streamed = server_->complete(req, [&](const CompletionDelta& d) {
+    if (seen < 0 && !d.token_ids.empty())
+      seen = metric_value(httplib::Client("127.0.0.1", port_).Get("/metrics")->body, used);
+    return true;
+  });
+  ASSERT_TRUE(streamed.ok()) << streamed.error().message;
+  EXPECT_GT(seen, before) << "the KV memory gauge did not move while the request ran";
 }
 
 TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
@@ -1314,6 +1328,140 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
     EXPECT_GT(server_->max_model_len(), 16);
     stop();
   }
+}
+
+// An agent extending another agent's kept trajectory alone in a KV memory that holds its own
+// caches but not theirs too (none: every agent computes its own; the request fits alone, as
+// --max-model-len promises): the trajectory's other caches give their memory back, and the
+// request answers as on a server with memory to spare, not with "does not fit".
+TEST_F(ServerTest, ARequestAloneInAKvMemoryFullOfItsTrajectorysOtherCachesRunsOnAFreshOne) {
+  auto request = [&](const json& body) {
+    auto r = parse_completion_request(body.dump());
+    EXPECT_TRUE(r.ok());
+    return *r;
+  };
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    ServerOptions o;
+    o.pool.max_sessions = 8;
+    start(mode, o);
+    httplib::Client c("127.0.0.1", port_);
+    const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8 /
+                       (mode == ShareMode::kNone ? 4 : 1);
+    // The plan's turn, then the action's over its whole trajectory (as a workflow's next agent).
+    const json first = {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 380}, {"ignore_eos", true},
+                        {"temperature", 0}};
+    auto plan_alone = server_->complete(request(first));
+    ASSERT_TRUE(plan_alone.ok()) << plan_alone.error().message;
+    std::vector<int32_t> ids = *tok_->encode("Once upon a time", true);
+    ids.insert(ids.end(), (*plan_alone)[0].token_ids.begin(), (*plan_alone)[0].token_ids.end());
+    const json second = {{"model", "action"}, {"prompt", ids}, {"max_tokens", 100}, {"ignore_eos", true},
+                         {"temperature", 0}, {"logprobs", 1}};
+    auto action_alone = server_->complete(request(second));
+    ASSERT_TRUE(action_alone.ok()) << action_alone.error().message;
+    stop();
+    // ~1.5 of one agent's caps: the plan's 385 tokens (0.75) and the action's 485 (0.95) do not fit together.
+    o.pool.pool_bytes = static_cast<int64_t>(1.5 * per);
+    start(mode, o);
+    EXPECT_EQ(server_->max_model_len(), 512);
+    auto plan = server_->complete(request(first));
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    EXPECT_EQ((*plan)[0].token_ids, (*plan_alone)[0].token_ids);
+    auto action = server_->complete(request(second));
+    ASSERT_TRUE(action.ok()) << action.error().message;
+    EXPECT_EQ((*action)[0].token_ids, (*action_alone)[0].token_ids);
+    ASSERT_EQ((*action)[0].logprobs.size(), 100u);
+    for (size_t l = 0; l < 100; ++l)
+      EXPECT_NEAR((*action)[0].logprobs[l].logprob, (*action_alone)[0].logprobs[l].logprob, 1e-4);
+    // In none the action ran short beside the plan's caches and started again without them (a
+    // preemption, its prompt computed twice); base-lr's action reads the plan's caches.
+    auto m = httplib::Client("127.0.0.1", port_).Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(metric_value(m->body, "lragent:num_preemptions_total"), mode == ShareMode::kNone ? 1 : 0);
+    if (mode == ShareMode::kNone) EXPECT_GT((*action)[0].prefilled_tokens, (*action)[0].prompt_tokens);
+    // And the plan again, on whatever the memory kept: still what it gets alone.
+    auto again = server_->complete(request(first));
+    ASSERT_TRUE(again.ok()) << again.error().message;
+    EXPECT_EQ((*again)[0].token_ids, (*plan_alone)[0].token_ids);
+    stop();
+  }
+}
+
+// A streaming client that goes away while its request is preempted (waiting to resume by
+// recompute) is noticed before it resumes (Server::kAlivePoll, then abort_preempted): the request
+// ends "abort" with the tokens it had, it never computes its prompt again, and the request it
+// made room for answers as alone. The window is the running request's remaining ~300 tokens
+// (~80 ms here; the server notices within a poll of 20 ms).
+TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestIsPreemptedIsNotResumed) {
+  const json holder_body = {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 480},
+                            {"ignore_eos", true}, {"temperature", 0}};
+  std::string long_prompt;  // ~300 tokens: its catch-up brings the preemption soon after it starts
+  for (int i = 0; i < 27; ++i) long_prompt += "The sun was hot and the sky was blue. ";
+  ServerOptions o;
+  o.pool.max_sessions = 8;
+  start(ShareMode::kBaseLr, o);
+  auto holder_alone = complete(holder_body);
+  ASSERT_EQ(holder_alone.first, 200) << holder_alone.second.dump();
+  httplib::Client c("127.0.0.1", port_);
+  const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8;
+  const int64_t streamed_prompt = static_cast<int64_t>(tok_->encode(long_prompt, true)->size());
+  ASSERT_GT(streamed_prompt, 240);
+  stop();
+  o.pool.pool_bytes = static_cast<int64_t>(1.0 * per);  // one agent's cap: the two do not fit at once
+  start(ShareMode::kBaseLr, o);
+  auto metric = [&](const std::string& series) {
+    auto r = httplib::Client("127.0.0.1", port_).Get("/metrics");
+    return r ? metric_value(r->body, series) : -1.0;
+  };
+  auto wait_for = [&](const std::string& series, double want) {
+    for (int i = 0; i < 2000 && metric(series) < want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return metric(series) >= want;
+  };
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> holder_done{false};
+  Clock::time_point holder_end;
+  std::pair<int, json> holder;
+  std::thread holder_thread([&] {
+    holder = complete(holder_body);
+    holder_end = Clock::now();
+    holder_done.store(true);
+  });
+  ASSERT_TRUE(wait_for("lragent:num_requests_running", 1)) << "the holder did not start";
+  const std::string body = json{{"model", "action"}, {"prompt", long_prompt}, {"max_tokens", 150},
+                                {"ignore_eos", true}, {"temperature", 0}, {"stream", true}}.dump();
+  const int fd = connect_with_timeout(port_);
+  ASSERT_GE(fd, 0);
+  const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+                           std::to_string(body.size()) + "\r\n\r\n" + body;
+  ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
+  const bool preempted = wait_for("lragent:num_preemptions_total", 1);
+  const bool holder_ran_on = !holder_done.load();
+  ::close(fd);
+  const Clock::time_point closed = Clock::now();
+  holder_thread.join();
+  ASSERT_TRUE(preempted) << "the KV memory never filled: the test shows nothing";
+  ASSERT_EQ(holder.first, 200) << holder.second.dump();
+  EXPECT_EQ(holder.second["choices"][0]["text"], holder_alone.second["choices"][0]["text"]);
+  ASSERT_TRUE(wait_for("lragent:num_requests_running", 0) || metric("lragent:num_requests_running") == 0);
+  for (int i = 0; i < 2000 && metric("lragent:num_requests_running") != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(metric("lragent:num_requests_running"), 0);
+  const double prefilled = metric("lragent:prefill_tokens_total{model_name=\"action\"}");
+  const double aborted = metric("lragent:request_success_total{model_name=\"action\",finished_reason=\"abort\"}");
+  if (prefilled > static_cast<double>(streamed_prompt)) {
+    // It resumed (its prompt computed again) before the server saw the client gone: within a poll
+    // or two of the close that says nothing (a machine too fast for the test's timing).
+    const double after = std::chrono::duration<double>(holder_end - closed).count();
+    if (!holder_ran_on || after < 2.5 * std::chrono::duration<double>(Server::kAlivePoll).count())
+      GTEST_SKIP() << "the holder ended " << after << " s after the client left: too soon to tell";
+    FAIL() << "the preempted request resumed " << after << " s after its client left";
+  }
+  EXPECT_EQ(aborted, 1) << "the preempted request did not end as aborted";
+  EXPECT_GT(metric("lragent:generation_tokens_total{model_name=\"action\"}"), 0);
+  // The server serves on, with the whole KV memory.
+  auto [status, j] = complete(holder_body);
+  EXPECT_EQ(status, 200) << j.dump();
+  EXPECT_EQ(j["choices"][0]["text"], holder_alone.second["choices"][0]["text"]);
 }
 
 // The KV memory's plan bounds every pass (a long prompt alone runs in chunks): the profiled
