@@ -238,6 +238,7 @@ struct Server::ChoiceRun {
   size_t index = 0;                     // the choice (prompt index * n + sample)
   CompletionChoice c;
   int64_t lease = 0;                    // its trajectory (SessionPool id)
+  int64_t kept = 0;                     // tokens that trajectory held when it took it (Lease::reused_tokens)
   std::optional<CompletionText> text;   // the shown text and its stop strings (with a tokenizer)
   std::string shown;                    // the echoed prompt
   CompletionDelta pending;              // tokens (and log-probabilities) not sent with a piece yet
@@ -541,6 +542,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   }
   ChoiceRun& cr = *job.runs.back();
   cr.lease = (*lease)->id;
+  cr.kept = (*lease)->reused_tokens;
   cr.c.trajectory = (*lease)->id;
   if (!resume) {
     cr.index = job.next;
@@ -597,13 +599,20 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   return true;
 }
 
-void Server::preempt(Job& job, ChoiceRun& cr) {
+void Server::preempt(Job& job, ChoiceRun& cr, bool drop_trajectory) {
   const StepResult& so_far = cr.turn->progress();
   cr.resumed = so_far.output_tokens;
   cr.resumed_logprobs = so_far.logprobs;
   cr.prefilled_before += so_far.prefilled_tokens;
-  cr.turn.reset();          // it holds a KV binding into its trajectory's caches: first
-  pool_->drop(cr.lease);    // its blocks back to the KV memory (those a copy shares stay with it)
+  cr.turn.reset();  // it holds a KV binding into its trajectory's caches: first
+  // Its blocks back to the KV memory (those a copy shares stay with it): all of them, or those
+  // past what the trajectory held before it (other agents' turns, a long shared prefix), which it
+  // resumes on unless they are needed too.
+  if (drop_trajectory) {
+    pool_->drop(cr.lease);
+  } else {
+    pool_->cut_and_release(cr.lease, cr.kept);
+  }
   cr.lease = 0;
   auto it = std::find_if(job.runs.begin(), job.runs.end(), [&cr](const auto& r) { return r.get() == &cr; });
   assert(it != job.runs.end() && "a preempted choice is one of its job's running ones");
@@ -646,7 +655,7 @@ void Server::make_room(const std::vector<Job*>& active, std::span<const std::pai
       if (job->ended) continue;
       if (!cr->restarted_alone) {
         cr->restarted_alone = true;
-        preempt(*job, *cr);
+        preempt(*job, *cr, /*drop_trajectory=*/true);
         continue;
       }
       fail_job(*job, Error{ErrorCode::kOutOfMemory,

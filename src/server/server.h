@@ -163,10 +163,11 @@ class Server {
   // it waits); true when it started. May end the job. A choice the job had preempted resumes
   // first; a new one starts only when `may_start_new` (no request has a preempted choice waiting).
   bool start_choice(Job& job, bool may_start_new);
-  // Stops a running choice to give its KV memory back (its trajectory dropped; vLLM's preemption
-  // by recompute): it resumes from the tokens it has produced, recomputing them, when it can start
-  // again (start_choice).
-  void preempt(Job& job, ChoiceRun& run);
+  // Stops a running choice to give its KV memory back (vLLM's preemption by recompute): its
+  // trajectory is cut back to what it held before the choice took it (SessionPool::cut_and_release),
+  // or dropped whole. It resumes from the tokens it has produced, recomputing them (and, when the
+  // trajectory was dropped since, what it held), when it can start again (start_choice).
+  void preempt(Job& job, ChoiceRun& run, bool drop_trajectory = false);
   // The job's preempted choices end where they stopped (finish_reason "abort"): its client left.
   void abort_preempted(Job& job);
   // The KV memory every trajectory shares filled while `short_of_memory` (turns of the pass that

@@ -278,6 +278,14 @@ int64_t SessionPool::capacity_tokens(int64_t upto) {
   return cap;
 }
 
+void SessionPool::cut_and_release(int64_t id, int64_t keep) {
+  Entry* e = find(id);
+  if (!e) return;
+  e->session->truncate(keep);
+  e->held = false;
+  e->last_prompt = static_cast<int64_t>(e->session->trajectory().size());
+}
+
 void SessionPool::drop(int64_t id) {
   std::erase_if(entries_, [id](const Entry& e) { return e.id == id; });
 }

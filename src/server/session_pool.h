@@ -89,6 +89,13 @@ class SessionPool {
   void release(int64_t id);
   // Forgets a trajectory (after a failed request its state is not trusted).
   void drop(int64_t id);
+  // The request running on trajectory `id` stops before its end (preempted to make room in the
+  // KV memory): the trajectory is cut back to its first `keep` tokens (what it held when that
+  // request took it, Lease::reused_tokens, computed by whichever agents computed them) and kept
+  // unheld, its pages past them back to the memory. The request resumes on it, computing only its
+  // own tokens again and reading the same entries as before, unless the memory needed it dropped
+  // too (evict_idle), as vLLM's prefix cache keeps a preempted request's shared blocks.
+  void cut_and_release(int64_t id, int64_t keep);
   // Drops the least recently used trajectory that holds KV memory, no request holds, and no
   // live copy shares blocks with (it is kept only for a later request's prefix); false when there
   // is none. (One holding nothing, e.g. made for a request that then waited, frees nothing.)

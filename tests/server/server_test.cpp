@@ -1464,6 +1464,71 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestIsPreemptedIsNotResumed) {
   EXPECT_EQ(j["choices"][0]["text"], holder_alone.second["choices"][0]["text"]);
 }
 
+// A request preempted while it extends another agent's kept trajectory gives back only what it
+// added (the trajectory is cut back to what it held before it, SessionPool::cut_and_release):
+// it resumes on the other agent's entries, computing only its own tokens again, and answers as it
+// does alone on them (in base-lr it reads entries the plan computed; recomputing those with its
+// own adapter could change its tokens).
+TEST_F(ServerTest, APreemptedRequestKeepsTheTrajectoryItExtendedAndResumesOnIt) {
+  auto request = [&](const json& body) {
+    auto r = parse_completion_request(body.dump());
+    EXPECT_TRUE(r.ok());
+    return *r;
+  };
+  const json plan_body = {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 250},
+                          {"ignore_eos", true}, {"temperature", 0}};
+  const json other_body = {{"model", "reflect"}, {"prompt", "The little dog ran"}, {"max_tokens", 300},
+                           {"ignore_eos", true}, {"temperature", 0}};
+  ServerOptions o;
+  o.pool.max_sessions = 8;
+  start(ShareMode::kBaseLr, o);
+  auto plan_alone = server_->complete(request(plan_body));
+  ASSERT_TRUE(plan_alone.ok()) << plan_alone.error().message;
+  std::vector<int32_t> trajectory = *tok_->encode("Once upon a time", true);
+  trajectory.insert(trajectory.end(), (*plan_alone)[0].token_ids.begin(), (*plan_alone)[0].token_ids.end());
+  const json action_body = {{"model", "action"}, {"prompt", trajectory}, {"max_tokens", 200}, {"ignore_eos", true},
+                            {"temperature", 0}};
+  auto action_alone = server_->complete(request(action_body));  // on the plan's trajectory
+  ASSERT_TRUE(action_alone.ok()) << action_alone.error().message;
+  auto other_alone = server_->complete(request(other_body));
+  ASSERT_TRUE(other_alone.ok()) << other_alone.error().message;
+  httplib::Client c("127.0.0.1", port_);
+  const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8;
+  stop();
+  // 1.2 trajectories at their caps (~614 tokens): the plan's 255 tokens extended by the action's
+  // 200 and the other request's 305 do not fit; the plan's and the other's do.
+  o.pool.pool_bytes = static_cast<int64_t>(1.2 * per);
+  start(ShareMode::kBaseLr, o);
+  auto plan = server_->complete(request(plan_body));
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  ASSERT_EQ((*plan)[0].token_ids, (*plan_alone)[0].token_ids);
+  std::optional<std::vector<CompletionChoice>> other, action;
+  std::thread first([&] {  // running before the action arrives: the action is the one preempted
+    auto r = server_->complete(request(other_body));
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    if (r.ok()) other = *r;
+  });
+  auto metric = [&](const std::string& series) {
+    auto r = httplib::Client("127.0.0.1", port_).Get("/metrics");
+    return r ? metric_value(r->body, series) : -1.0;
+  };
+  for (int i = 0; i < 2000 && metric("lragent:num_requests_running") < 1; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto r = server_->complete(request(action_body));
+  first.join();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  action = *r;
+  ASSERT_TRUE(other);
+  ASSERT_GE(metric("lragent:num_preemptions_total"), 1) << "the KV memory never filled: the test shows nothing";
+  EXPECT_EQ((*other)[0].token_ids, (*other_alone)[0].token_ids);
+  EXPECT_EQ((*action)[0].token_ids, (*action_alone)[0].token_ids);
+  // It computed its prompt's last token and its own tokens (twice, at most 201), never the plan's 255.
+  const auto& a = (*action)[0];
+  EXPECT_EQ(a.reused_tokens, static_cast<int64_t>(trajectory.size()) - 1);
+  EXPECT_GT(a.prefilled_tokens, 1) << "it was not the one preempted";
+  EXPECT_LT(a.prefilled_tokens, static_cast<int64_t>(trajectory.size())) << "it computed the plan's tokens again";
+}
+
 // The KV memory's plan bounds every pass (a long prompt alone runs in chunks): the profiled
 // pass's tokens, plus what the planned memory the KV memory left unused holds at that pass's
 // bytes a token; an explicit bound wins. A prompt longer than the bound answers as without it.
