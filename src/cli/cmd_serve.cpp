@@ -233,14 +233,16 @@ int run_serve(const ServeFlags& f) {
   auto sharing = f.sharing.options_for(is_auto ? "base-lr" : f.sharing.mode);
   if (!sharing.ok()) return report(sharing.error());
   so.pool.replay.sharing = *sharing;
-  // With the KV memory taken from the device (vLLM's way), the other defaults are vLLM's too: 256
-  // requests at once (--max-num-seqs) and the model's whole context; each trajectory then takes
-  // pages as it grows, the memory shared by all (a trajectory is capped at --max-context, so the
-  // memory is at most --max-sessions of those). Else 4 trajectories of --max-context, reserved.
-  const bool device_sized = use_util && so.pool.pool_bytes > 0;
-  so.pool.max_sessions = f.max_sessions > 0 ? f.max_sessions : device_sized ? 256 : 4;
+  // With one KV memory of a size in bytes (taken from the device, or --kv-cache-memory: vLLM's
+  // ways), the other defaults are vLLM's too: 256 requests at once (--max-num-seqs) and the
+  // model's whole context; each trajectory then takes pages as it grows, the memory shared by all
+  // (a trajectory is capped at --max-context, so the memory is at most --max-sessions of those).
+  // Else 4 trajectories of --max-context, reserved. (Before session 38 --kv-cache-memory kept 4 x
+  // 4096, which capped a memory of 40 GB at 9 GB and refused 8192-token conversations.)
+  const bool bytes_sized = so.pool.pool_bytes > 0;
+  so.pool.max_sessions = f.max_sessions > 0 ? f.max_sessions : bytes_sized ? 256 : 4;
   const int64_t model_context = loaded->model->config().max_position_embeddings;
-  if (device_sized && model_context > 0 && f.app && f.app->count("--max-context") == 0)
+  if (bytes_sized && model_context > 0 && f.app && f.app->count("--max-context") == 0)
     so.pool.replay.sharing.max_tokens = model_context;
   if (is_auto && loaded->adapters) {
     const std::vector<const LoraAdapter*> adapters = agents_of(*loaded->adapters).second;
@@ -295,7 +297,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   f->sharing.add_to(cmd, "auto",
                     "; auto (default here): base-lr when the adapters share lora_A, else base (none when a Qwen3 adapter "
                     "adapts k_proj). Here --max-context "
-                    "and --kv-memory size each kept trajectory");
+                    "and --kv-memory size each kept trajectory (--max-context defaults to the model's whole context "
+                    "when --gpu-memory-utilization or --kv-cache-memory sizes the server's KV memory)");
   cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
   cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")
       ->default_val(8000)
@@ -309,18 +312,20 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "makes room for a new one. Requests on different trajectories run batched together, so this also "
                   "bounds how many run at once, as vLLM's --max-num-seqs (a request whose trajectory another one "
                   "runs starts on a copy of it when a slot is free, else waits; the copy shares its source's KV "
-                  "pages, see --no-share-blocks). 0 (default): 256 when --gpu-memory-utilization sizes the KV memory "
-                  "(on a GPU), else 4")
+                  "pages, see --no-share-blocks). 0 (default): 256 when --gpu-memory-utilization (on a GPU) or "
+                  "--kv-cache-memory sizes the KV memory, else 4")
       ->default_val(0)
       ->check(cli::in_range(0, 4096));
   cmd->add_option("--kv-cache-memory", f->kv_cache_memory_gb,
                   "KV cache memory of the whole server in GB (vLLM's --kv-cache-memory), shared by every "
                   "trajectory: each takes blocks as it grows, up to --max-context, so that --max-sessions requests can "
                   "run at once without each reserving its --max-context up front. When it fills, idle trajectories "
-                  "are dropped, then the request that came last is preempted: its trajectory is dropped, and it "
-                  "resumes by recomputing its prompt and the tokens it had produced once there is room (as vLLM "
-                  "preempts by recompute; lragent:num_preemptions_total counts them). 0 (default): --max-sessions "
-                  "trajectories of --max-context each, reserved at start-up, so that none ever waits for memory")
+                  "are dropped, then the request that came last is preempted: its trajectory gives back what the "
+                  "request added to it, and it resumes by recomputing that once there is room (as vLLM preempts by "
+                  "recompute; lragent:num_preemptions_total counts them). Given, the defaults are vLLM's: "
+                  "--max-sessions 256 and --max-context the model's whole context. 0 (default): on a GPU "
+                  "--gpu-memory-utilization sizes it; else --max-sessions trajectories of --max-context each, "
+                  "reserved at start-up, so that none ever waits for memory")
       ->default_val(0)
       ->check(cli::memory_gb());
   cmd->add_option("--gpu-memory-utilization", f->gpu_memory_utilization,

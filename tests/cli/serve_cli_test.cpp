@@ -55,6 +55,22 @@ TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
   EXPECT_NE(r.err.find("kv-share base-lr,"), std::string::npos) << r.err;
 }
 
+// A KV memory given in GB (--kv-cache-memory) is one pool the trajectories share, as the one
+// --gpu-memory-utilization sizes on a GPU: the other defaults are vLLM's then too (256
+// trajectories, the model's whole context), and given values win. Reserved (no size given), 4.
+TEST(ServeCli, AKvCacheMemoryTakesVllmsDefaults) {
+  const std::string model = "--model " + shell_quote(testing::tinystories_dir()) + adapters("qv-shared-a-r8");
+  auto r = serve_until("INT", 6, model + " --port 0 --kv-cache-memory 0.05");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("up to 256 trajectories of 512 tokens, KV memory 0.05 GB"), std::string::npos) << r.err;
+  r = serve_until("INT", 6, model + " --port 0 --kv-cache-memory 0.05 --max-context 300 --max-num-seqs 7");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("up to 7 trajectories of 300 tokens"), std::string::npos) << r.err;
+  r = serve_until("INT", 6, model + " --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("up to 4 trajectories of 512 tokens"), std::string::npos) << r.err;
+}
+
 // Qwen3 norms every key (k_norm), so an adapter that adapts k_proj cannot keep that term in
 // low-rank form: auto picks none for it and says why, q/v adapters keep base-lr, and an explicit
 // base-lr with the k_proj adapter is one error line naming it.
