@@ -354,7 +354,9 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::build(const ModelConfig& cfg
     // Sized from max_tokens: each cache holds exactly that many tokens, as --max-context says (in a
     // shared arena too with cap_pools).
     const bool capped = (!opts.arena && opts.arena_bytes <= 0) || (opts.arena && opts.cap_pools);
-    // Each pool capped at its own share: dropping another agent's blocks cannot make room.
+    // Each pool capped at its own share: dropping another agent's blocks cannot make room. (In a
+    // server's arena smaller than every trajectory's caps it can, but the server makes room across
+    // trajectories itself, least recently used first: Server::make_room.)
     if (capped) kv->opts_.evict_private = false;
     for (const PoolPlan& pp : plans) {
       LRA_ASSIGN_OR_RETURN(auto pool, BlockPool::create(pp.name, pp.layers, opts.page_size, pp.width, arena));
