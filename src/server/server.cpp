@@ -18,6 +18,7 @@
 #include <httplib.h>
 
 #include "agents/agent_turn.h"
+#include "server/client_socket.h"
 
 namespace lragent::server {
 namespace {
@@ -41,7 +42,7 @@ void send_error(httplib::Response& res, const Error& e) { send_json(res, http_st
 // as application/x-www-form-urlencoded (what `curl -d` sends) as form fields and refuses one over
 // 8 KB with 413; read through a ContentReader, any body up to the payload limit arrives as is.
 void post_route(httplib::Server& svr, const char* route,
-                std::function<void(const std::string& body, httplib::Response&)> handler) {
+                std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)> handler) {
   svr.Post(route, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
                                                  const httplib::ContentReader& read) {
     std::string body;
@@ -58,7 +59,7 @@ void post_route(httplib::Server& svr, const char* route,
                             });
       if (!ok) return;  // res.status says why (413: over the payload limit); the error handler writes the body
     }
-    handler(body, res);
+    handler(req, body, res);
   });
 }
 
@@ -442,6 +443,7 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
     });
     int launches = 0;
     TurnWindow w = decode_turns(*model_, turns, [&] {
+      if (const KvArena* a = pool_->shared_arena()) metrics_.set_kv_used(a->lent_bytes());  // as after a pass
       if (waiting && ++launches > 1) return false;
       std::lock_guard<std::mutex> lock(queue_mu_);
       return queue_.empty() && !stopping_;
@@ -467,7 +469,8 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
     if (!status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, status[k]);
   }
   if (!short_of_memory.empty()) make_room(active, short_of_memory);
-  // The KV memory in use grows with every pass (lragent:kv_cache_usage_perc follows it).
+  // The KV memory in use grows with every pass (lragent:kv_cache_usage_perc follows it; in a
+  // decode window, before each launch).
   if (const KvArena* a = pool_->shared_arena()) metrics_.set_kv_used(a->lent_bytes());
   return true;
 }
@@ -945,7 +948,7 @@ void Server::install_routes() {
     res.status = 200;
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  post_route(svr, "/tokenize", [this](const std::string& body, httplib::Response& res) {
+  post_route(svr, "/tokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
     auto parsed = parse_tokenize_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
@@ -966,7 +969,7 @@ void Server::install_routes() {
     send_json(res, 200, json{{"count", ids->size()}, {"max_model_len", opts_.max_model_len}, {"tokens", *ids},
                              {"token_strs", std::move(strs)}});
   });
-  post_route(svr, "/detokenize", [this](const std::string& body, httplib::Response& res) {
+  post_route(svr, "/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
     auto parsed = parse_detokenize_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
     if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
@@ -974,12 +977,12 @@ void Server::install_routes() {
     if (Status in_vocab = check_vocab(parsed->tokens, "tokens"); !in_vocab.ok()) return send_error(res, in_vocab.error());
     send_json(res, 200, json{{"prompt", tok_->decode(parsed->tokens)}});
   });
-  post_route(svr, "/v1/completions", [this](const std::string& body, httplib::Response& res) {
+  post_route(svr, "/v1/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
     auto parsed = parse_completion_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
-    respond(std::move(*parsed), /*chat=*/false, res);
+    respond(std::move(*parsed), /*chat=*/false, http, res);
   });
-  post_route(svr, "/v1/chat/completions", [this](const std::string& body, httplib::Response& res) {
+  post_route(svr, "/v1/chat/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
     if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
     auto parsed = parse_chat_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
@@ -990,11 +993,12 @@ void Server::install_routes() {
     p.text = std::move(*text);
     p.add_special_tokens = false;  // the template wrote BOS (or wants none), as vLLM tokenizes chat
     req.prompts = {std::move(p)};
-    respond(std::move(req), /*chat=*/true, res, parsed->parse_tool_calls);
+    respond(std::move(req), /*chat=*/true, http, res, parsed->parse_tool_calls);
   });
 }
 
-void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, bool tool_calls) {
+void Server::respond(CompletionRequest req, bool chat, const httplib::Request& http, httplib::Response& res,
+                     bool tool_calls) {
   const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
   const int64_t created = unix_now();
   // Errors found before the first byte (unknown model, too long) are HTTP errors, also when
@@ -1045,7 +1049,12 @@ void Server::respond(CompletionRequest req, bool chat, httplib::Response& res, b
     return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
   };
   if (!req.stream) {
-    auto r = run(*prepared, {});
+    // The client is asked while its request waits and runs, as a streaming one is: gone (a
+    // client-side timeout, a killed agent), its request stops ("abort") instead of running on.
+    const int fd = find_client_socket(http.remote_addr, http.remote_port, http.local_port);
+    AliveFn alive;
+    if (fd >= 0) alive = [fd] { return client_still_there(fd); };
+    auto r = run(*prepared, {}, alive);
     if (!r.ok()) return send_error(res, r.error());
     json choices = json::array();
     for (size_t i = 0; i < r->size(); ++i) {

@@ -41,6 +41,7 @@
 #include "server/session_pool.h"
 
 namespace httplib {
+struct Request;
 struct Response;
 }
 
@@ -198,7 +199,9 @@ class Server {
   void install_routes();
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
   // chat: the chat.completion objects; tool_calls: parse each completion's calls (not streaming).
-  void respond(CompletionRequest req, bool chat, httplib::Response& res, bool tool_calls = false);
+  // `http`: the request's connection, watched so that a client gone stops its request.
+  void respond(CompletionRequest req, bool chat, const httplib::Request& http, httplib::Response& res,
+               bool tool_calls = false);
 
   LlamaModel* model_ = nullptr;
   const Tokenizer* tok_ = nullptr;
