@@ -153,7 +153,7 @@ std::string Metrics::render() const {
   header(out, "lragent:trajectories_evicted_total", "counter", "Trajectories dropped for a new one (least recently used).");
   out += fmt::format("lragent:trajectories_evicted_total {}\n", kv_.evicted);
   header(out, "lragent:num_preemptions_total", "counter",
-         "Running requests preempted because the KV memory was full (their trajectory dropped; resumed by recompute).");
+         "Running requests preempted because the KV memory was full (what they added to their trajectory given back; resumed by recompute).");
   out += fmt::format("lragent:num_preemptions_total {}\n", kv_.preempted);
   header(out, "lragent:trajectories_copied_total", "counter",
          "Trajectories started as a copy of another's prefix (a request beside the one running on it, or parting from it).");
