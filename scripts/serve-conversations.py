@@ -19,8 +19,8 @@ final tokens / wall, as bench trace defines it), the tokens the agents computed 
 eviction), the preemptions and the engine's mean batch (from /metrics), the highest KV memory
 use seen (`lragent:kv_cache_usage_perc`, sampled every 50 ms) and the calls' latencies.
 
-Writes bench/results/serve-conversations-<gpu>-<preset>-<date>.json and .md (with --out-dir),
-with GPU name, date and commit; prints the markdown.
+Writes bench/results/serve-conversations-<gpu>-<preset>-<date>.json, .md and .png (with
+--out-dir; the plot when matplotlib is there), with GPU name, date and commit; prints the markdown.
 
   scripts/serve-conversations.py --bin build-cuda/lragent --device cuda --preset llama3.1-8b \\
       --conversations 32 --length 8192 --kv-cache-memory 40 [--out-dir bench/results]
@@ -124,6 +124,29 @@ def run_mode(a, mode, budgets):
     return row
 
 
+def plot(rows, stem, title):
+    """<stem>.png: throughput and the tokens computed per mode, when matplotlib is there."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return
+    modes = [r["mode"] for r in rows]
+    fig, ax = plt.subplots(1, 3, figsize=(11, 3.5))
+    ax[0].bar(modes, [r["throughput_tok_s"] for r in rows], color="tab:blue")
+    ax[0].set_title("throughput (tokens/s)")
+    ax[1].bar(modes, [r["prefilled_tokens"] / 1e3 for r in rows], color="tab:orange")
+    ax[1].set_title("tokens computed to catch up (k)")
+    ax[2].bar(modes, [100 * r["peak_kv_usage"] for r in rows], color="tab:green")
+    ax[2].set_title("peak KV memory use (%)")
+    ax[2].set_ylim(0, 100)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=110)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default="build/lragent")
@@ -166,9 +189,12 @@ def main():
     md = "\n".join(lines) + "\n"
     print(md)
     if a.out_dir:
-        serve_bench.write_results(a, a.name, "scripts/serve-conversations.py", md,
-                                  {"budgets": budgets, "rounds": a.rounds, "length": a.length,
-                                   "kv_cache_memory_gb": a.kv_cache_memory, "server_args": a.server_args, "results": rows})
+        stem = serve_bench.write_results(a, a.name, "scripts/serve-conversations.py", md,
+                                         {"budgets": budgets, "rounds": a.rounds, "length": a.length,
+                                          "kv_cache_memory_gb": a.kv_cache_memory, "server_args": a.server_args,
+                                          "results": rows})
+        plot(rows, stem, f"{a.conversations} conversations of {a.length} tokens, {memory} ({a.preset}, "
+                         f"{a.gpu_name or a.device})")
     return 1 if any(r["errors"] for r in rows) else 0
 
 
