@@ -5,7 +5,9 @@
 #   f32-none     --dtype f32 --kv-share none, --exact: every answer equals the request alone;
 #   f32-baselr   --dtype f32 --kv-share base-lr: the unshared requests equal theirs;
 #   bf16-baselr  the same in bf16: reported, not judged. A GEMM over a batch's rows and a GEMV
-#                over one round differently, so long greedy outputs may part (docs/server.md).
+#                over one round differently, so long greedy outputs may part (docs/server.md);
+#   f32-none-kv4 f32-none in a 4 MB KV memory (--kv-cache-memory 0.004): trajectories dropped
+#                and requests preempted by the dozen, every answer still its request's alone.
 # Env: OUT (logs go there; default build-stress-logs), ROUNDS (default 2), ONLY (one run's name).
 set -u
 cd "$(dirname "$0")/.."
@@ -41,4 +43,5 @@ run() {  # NAME PORT JUDGED STRESS-FLAGS -- serve flags...
 run f32-none 18200 yes --exact --dtype f32 --kv-share none
 run f32-baselr 18201 yes "" --dtype f32 --kv-share base-lr
 run bf16-baselr 18202 no "" --kv-share base-lr
+run f32-none-kv4 18203 yes --exact --dtype f32 --kv-share none --kv-cache-memory 0.004
 exit $STATUS

@@ -414,7 +414,7 @@ def main():
         fail(f"after the storm: {len(running)} trajectories running, {busy} requests running/waiting")
     print("sessions after:", [(s["id"], s["running"], s["tokens"]) for s in sess["sessions"]])
     for k in sorted(m):
-        if re.match(r"lragent:(num_requests|trajectories|kv_cache|http_requests_total|request_success)", k):
+        if re.match(r"lragent:(num_requests|num_preemptions|trajectories|kv_cache|http_requests_total|request_success)", k):
             print(f"  {k} {m[k]:g}")
     if m.get("lragent:trajectories", 0) > 4096:
         fail("trajectories counter insane")
