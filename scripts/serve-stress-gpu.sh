@@ -6,8 +6,9 @@
 #   f32-baselr   --dtype f32 --kv-share base-lr: the unshared requests equal theirs;
 #   bf16-baselr  the same in bf16: reported, not judged. A GEMM over a batch's rows and a GEMV
 #                over one round differently, so long greedy outputs may part (docs/server.md);
-#   f32-none-kv4 f32-none in a 4 MB KV memory (--kv-cache-memory 0.004): trajectories dropped
-#                and requests preempted by the dozen, every answer still its request's alone.
+#   f32-none-kv4 f32-none in a 4 MB KV memory (--kv-cache-memory 0.004) and 64 trajectories:
+#                trajectories dropped and requests preempted by the dozen, every answer still
+#                its request's alone.
 # Env: OUT (logs go there; default build-stress-logs), ROUNDS (default 2), ONLY (one run's name).
 set -u
 cd "$(dirname "$0")/.."
@@ -27,7 +28,7 @@ run() {  # NAME PORT JUDGED STRESS-FLAGS -- serve flags...
   [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ] && return
   $LB/bin/lragent serve --device cuda --model $LB/shared/models/tinystories-656k --adapter plan=$A/plan \
     --adapter action=$A/action --adapter reflect=$A/reflect --chat-template "$TEMPLATE" \
-    --port "$port" --max-sessions 4 --quiet "$@" 2>"$OUT/serve-$name.err" &
+    --port "$port" --max-sessions "${SESSIONS:-4}" --quiet "$@" 2>"$OUT/serve-$name.err" &
   local pid=$!
   for _ in $(seq 150); do grep -q serving "$OUT/serve-$name.err" && break; sleep 0.2; done
   # shellcheck disable=SC2086
@@ -43,5 +44,5 @@ run() {  # NAME PORT JUDGED STRESS-FLAGS -- serve flags...
 run f32-none 18200 yes --exact --dtype f32 --kv-share none
 run f32-baselr 18201 yes "" --dtype f32 --kv-share base-lr
 run bf16-baselr 18202 no "" --kv-share base-lr
-run f32-none-kv4 18203 yes --exact --dtype f32 --kv-share none --kv-cache-memory 0.004
+SESSIONS=64 run f32-none-kv4 18203 yes --exact --dtype f32 --kv-share none --kv-cache-memory 0.004
 exit $STATUS

@@ -209,6 +209,7 @@ int run_serve(const ServeFlags& f) {
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
   if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  so.warn = [](const std::string& line) { fmt::print(stderr, "warning: {}\n", line); };  // --quiet too
 #ifdef __GLIBC__
   // A server runs for days. glibc raises its mmap threshold each time a large block is freed, so
   // the MB-sized buffers of later requests come from the heap, where freed space stays with the

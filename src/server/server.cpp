@@ -338,6 +338,8 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
 void Server::engine_loop() {
   std::vector<Job*> active;  // admitted, in arrival order
   bool worked = false;        // requests ran since the last on_idle
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point last_progress = Clock::now(), last_warned{};
   for (;;) {
     if (worked && active.empty() && opts_.on_idle) {
       bool waiting = false;
@@ -398,10 +400,38 @@ void Server::engine_loop() {
     // should none, wait for a new request rather than spin.
     assert((progress || active.empty()) && "every admitted request waits: no running turn to release a trajectory");
     if (!progress && !active.empty()) {
+      // That should never last: say so, with what the requests wait for, rather than hang silently.
+      const Clock::time_point now = Clock::now();
+      if (now - last_progress > kStallWarning && now - last_warned > kStallWarning && opts_.warn) {
+        opts_.warn(stall_report(active, std::chrono::duration<double>(now - last_progress).count()));
+        last_warned = now;
+      }
       std::unique_lock<std::mutex> lock(queue_mu_);
       queue_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stopping_ || !queue_.empty(); });
+    } else {
+      last_progress = Clock::now();
     }
   }
+}
+
+std::string Server::stall_report(const std::vector<Job*>& active, double seconds) const {
+  size_t running = 0, preempted = 0, unstarted = 0, abandoned = 0;
+  for (const Job* j : active) {
+    if (j->ended) continue;
+    running += j->runs.size();
+    preempted += j->preempted.size();
+    unstarted += j->choices() - std::min(j->next, j->choices());
+    abandoned += j->abandoned || j->cancelled.load() ? 1 : 0;
+  }
+  const KvArena* a = pool_->shared_arena();
+  return fmt::format(
+      "engine stalled: no pass for {:.0f} s with {} requests admitted ({} choices running, {} preempted waiting{}, "
+      "{} not started, {} abandoned); {} trajectories held{}. Please report this with the requests that led to it",
+      seconds, active.size(), running, preempted,
+      preempted > 0 ? (ended_choices_ == ended_at_preemption_ ? " for a running choice to end" : ", free to resume")
+                    : "",
+      unstarted, abandoned, pool_->held_sessions(),
+      a ? fmt::format(", KV memory {} of {} bytes in use", a->lent_bytes(), a->capacity_bytes()) : std::string());
 }
 
 bool Server::engine_pass(const std::vector<Job*>& active) {

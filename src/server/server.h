@@ -77,6 +77,8 @@ struct ServerOptions {
   std::string chat_template_missing = "none was given";
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
+  // Warnings from the engine thread (a stall, Server::kStallWarning); null: silent.
+  std::function<void(const std::string&)> warn;
   // Called on the engine thread each time it has run requests and none is left running or
   // waiting (the CLI hands freed heap back to the system there); null: nothing.
   std::function<void()> on_idle;
@@ -140,6 +142,9 @@ class Server {
   Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
   // How often a request with an AliveFn asks it while no piece comes (run()).
   static constexpr std::chrono::milliseconds kAlivePoll{20};
+  // No pass for this long with requests admitted (which should never happen: some turn always
+  // runs) is reported through ServerOptions::warn, with what the requests wait for.
+  static constexpr std::chrono::seconds kStallWarning{10};
 
  private:
   Server() = default;
@@ -157,6 +162,8 @@ class Server {
   struct ChoiceRun;  // a choice of a Job running now
   // The engine thread: admits requests, starts their choices, runs one batched pass at a time.
   void engine_loop();
+  // What the admitted jobs wait for, when no pass has run for `seconds` (engine thread).
+  std::string stall_report(const std::vector<Job*>& active, double seconds) const;
   // One iteration over the admitted jobs: starts the choices that can start and runs one batched
   // pass over the running ones; false when no pass ran (every job waits, or none is left).
   bool engine_pass(const std::vector<Job*>& active);
