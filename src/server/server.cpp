@@ -380,7 +380,8 @@ void Server::engine_loop() {
     } catch (...) {
       fail_running("unknown exception");
     }
-    const bool progress = ran || !ended_.empty();
+    const bool ended_any = !ended_.empty();
+    const bool progress = ran || ended_any;
     worked = worked || progress;
     // Handed back last: a handler may destroy its job as soon as it sees `finished`.
     for (Job* j : ended_) {
@@ -399,17 +400,18 @@ void Server::engine_loop() {
     // A job waits only for a trajectory another running job holds, so some turn always runs;
     // should none, wait for a new request rather than spin.
     assert((progress || active.empty()) && "every admitted request waits: no running turn to release a trajectory");
+    // No turn advancing for long (no pass, or only passes short of KV memory) while requests are
+    // admitted should never last: say so, with what they wait for, rather than hang silently.
+    const Clock::time_point now = Clock::now();
+    if (advanced_ || ended_any || active.empty()) last_progress = now;
+    advanced_ = false;
+    if (!active.empty() && now - last_progress > kStallWarning && now - last_warned > kStallWarning && opts_.warn) {
+      opts_.warn(stall_report(active, std::chrono::duration<double>(now - last_progress).count()));
+      last_warned = now;
+    }
     if (!progress && !active.empty()) {
-      // That should never last: say so, with what the requests wait for, rather than hang silently.
-      const Clock::time_point now = Clock::now();
-      if (now - last_progress > kStallWarning && now - last_warned > kStallWarning && opts_.warn) {
-        opts_.warn(stall_report(active, std::chrono::duration<double>(now - last_progress).count()));
-        last_warned = now;
-      }
       std::unique_lock<std::mutex> lock(queue_mu_);
       queue_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stopping_ || !queue_.empty(); });
-    } else {
-      last_progress = Clock::now();
     }
   }
 }
@@ -425,7 +427,7 @@ std::string Server::stall_report(const std::vector<Job*>& active, double seconds
   }
   const KvArena* a = pool_->shared_arena();
   return fmt::format(
-      "engine stalled: no pass for {:.0f} s with {} requests admitted ({} choices running, {} preempted waiting{}, "
+      "engine stalled: no request advanced for {:.0f} s with {} requests admitted ({} choices running, {} preempted waiting{}, "
       "{} not started, {} abandoned); {} trajectories held{}. Please report this with the requests that led to it",
       seconds, active.size(), running, preempted,
       preempted > 0 ? (ended_choices_ == ended_at_preemption_ ? " for a running choice to end" : ", free to resume")
@@ -457,6 +459,7 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   }
   // A choice that ends successfully never ends another choice of its job.
   for (auto [j, r] : finished) end_choice(*j, *r, Status::Ok());
+  advanced_ = advanced_ || !finished.empty();
   if (turns.empty()) return false;
   std::vector<Status> status;  // [turns]
   // Every turn decoding with its picks on the device: passes back to back with decode lookahead
@@ -496,6 +499,7 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
       short_of_memory.push_back(owners[k]);
       continue;
     }
+    advanced_ = advanced_ || status[k].ok();
     if (!status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, status[k]);
   }
   if (!short_of_memory.empty()) make_room(active, short_of_memory);

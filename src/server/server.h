@@ -142,8 +142,9 @@ class Server {
   Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
   // How often a request with an AliveFn asks it while no piece comes (run()).
   static constexpr std::chrono::milliseconds kAlivePoll{20};
-  // No pass for this long with requests admitted (which should never happen: some turn always
-  // runs) is reported through ServerOptions::warn, with what the requests wait for.
+  // No request advancing for this long while requests are admitted (no pass, or only passes short
+  // of KV memory; which should never happen: some turn always runs) is reported through
+  // ServerOptions::warn, with what the requests wait for.
   static constexpr std::chrono::seconds kStallWarning{10};
 
  private:
@@ -162,7 +163,7 @@ class Server {
   struct ChoiceRun;  // a choice of a Job running now
   // The engine thread: admits requests, starts their choices, runs one batched pass at a time.
   void engine_loop();
-  // What the admitted jobs wait for, when no pass has run for `seconds` (engine thread).
+  // What the admitted jobs wait for, when none has advanced for `seconds` (engine thread).
   std::string stall_report(const std::vector<Job*>& active, double seconds) const;
   // One iteration over the admitted jobs: starts the choices that can start and runs one batched
   // pass over the running ones; false when no pass ran (every job waits, or none is left).
@@ -230,6 +231,7 @@ class Server {
   int64_t preemptions_ = 0;        // engine thread: choices preempted to make room in the KV memory
   int64_t ended_choices_ = 0;      // engine thread: choices that ended (their trajectories released)
   int64_t ended_at_preemption_ = -1;  // ended_choices_ at the last preemption
+  bool advanced_ = false;          // engine thread: a turn advanced (or ended) since engine_loop last looked
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;
