@@ -109,6 +109,30 @@ class ServerTest : public testing::TinyAgentsTest {
     return {r->status, j.is_discarded() ? json(r->body) : j};
   }
   std::pair<int, json> complete(const json& body) { return post("/v1/completions", body.dump()); }
+  // The value of an unlabelled series in the server's /metrics now (-1 when it cannot be read).
+  double metric(const std::string& series) {
+    auto r = httplib::Client("127.0.0.1", port_).Get("/metrics");
+    return r ? metric_value(r->body, series) : -1.0;
+  }
+  // Waits (~4 s at most) until the series is `want` (or, with at_least, at least that); whether it got there.
+  bool wait_for(const std::string& series, double want, bool at_least = false) {
+    auto there = [&] { const double v = metric(series); return at_least ? v >= want : v == want; };
+    for (int i = 0; i < 2000 && !there(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return there();
+  }
+  // A completion request body parsed as the server parses it (for Server::complete).
+  static CompletionRequest request(const json& body) {
+    auto r = parse_completion_request(body.dump());
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    return r.ok() ? *r : CompletionRequest{};
+  }
+  // The KV memory one agent's caches take at their cap (a server started with 8 trajectories
+  // reserved: an eighth of its memory, and in none a quarter of that, four agents' private caches).
+  double agent_cap_bytes(ShareMode mode) {
+    httplib::Client c("127.0.0.1", port_);
+    return json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8 /
+           (mode == ShareMode::kNone ? 4 : 1);
+  }
   // The completion of `generate`'s greedy tokens for a prompt (BOS added), stopping at EOS as
   // the server does: the text they add to the prompt's (as vLLM's completion text is).
   std::string generate_text(const std::string& prompt, const std::string& adapter, int max_tokens) {
@@ -750,17 +774,6 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestWaitsIsNotServed) {
   ServerOptions o;
   o.pool.max_sessions = 1;
   start(ShareMode::kFull, o);
-  auto metric = [&](const std::string& series) {
-    httplib::Client c("127.0.0.1", port_);
-    auto r = c.Get("/metrics");
-    if (!r) return -1.0;
-    const size_t at = r->body.find("\n" + series + " ");
-    return at == std::string::npos ? -1.0 : std::stod(r->body.substr(at + series.size() + 2));
-  };
-  auto wait_for = [&](const std::string& series, double want) {
-    for (int i = 0; i < 1000 && metric(series) != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return metric(series) == want;
-  };
   // The slot holder: a long greedy completion.
   using Clock = std::chrono::steady_clock;
   std::atomic<bool> holder_done{false};
@@ -811,14 +824,6 @@ TEST_F(ServerTest, ANonStreamingClientGoneStopsItsRequest) {
   ServerOptions o;
   o.pool.max_sessions = 1;
   start(ShareMode::kFull, o);
-  auto metric = [&](const std::string& series) {
-    auto r = httplib::Client("127.0.0.1", port_).Get("/metrics");
-    return r ? metric_value(r->body, series) : -1.0;
-  };
-  auto wait_for = [&](const std::string& series, double want) {
-    for (int i = 0; i < 2000 && metric(series) != want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    return metric(series) == want;
-  };
   // Sends a non-streaming request on a raw socket (closed by the caller, unread).
   auto send_request = [&](const json& body) {
     const int fd = connect_with_timeout(port_);
@@ -891,11 +896,6 @@ TEST_F(ServerTest, RequestsArrivingTogetherRunBatchedAndEachGetsWhatItGetsAlone)
        {"logprobs", 2}, {"ignore_eos", true}},
       {{"model", "tiny"}, {"prompt", "A big red ball"}, {"max_tokens", 20}, {"temperature", 0}},
       {{"model", "action"}, {"prompt", "Once upon a time"}, {"max_tokens", 15}, {"temperature", 0}},  // the first's trajectory
-  };
-  auto request = [&](const json& body) {
-    auto r = parse_completion_request(body.dump());
-    EXPECT_TRUE(r.ok());
-    return *r;
   };
   start(ShareMode::kBaseLr);
   std::vector<CompletionChoice> alone;
@@ -1300,11 +1300,6 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
       {{"model", "reflect"}, {"prompt", "Sam found a shell"}, {"max_tokens", 300}, {"ignore_eos", true},
        {"temperature", 0.7}, {"seed", 3}, {"n", 2}},  // two choices, the second on a copy of the first's trajectory
   };
-  auto request = [&](const json& body) {
-    auto r = parse_completion_request(body.dump());
-    EXPECT_TRUE(r.ok());
-    return *r;
-  };
   for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
     SCOPED_TRACE(share_mode_name(mode));
     ServerOptions o;
@@ -1319,9 +1314,7 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
     // One trajectory at its cap (512 tokens) is an eighth of the memory reserved for 8, and one
     // agent's caches all of it in base-lr, a quarter in none (four agents' private caches); a
     // request here ends at ~310 tokens. 1.5 agents' caps hold ~2.5 of the 8 choices.
-    httplib::Client c("127.0.0.1", port_);
-    const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8 /
-                       (mode == ShareMode::kNone ? 4 : 1);
+    const double per = agent_cap_bytes(mode);
     stop();
     o.pool.pool_bytes = static_cast<int64_t>(1.5 * per);
     start(mode, o);
@@ -1392,19 +1385,12 @@ TEST_F(ServerTest, AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGets
 // --max-model-len promises): the trajectory's other caches give their memory back, and the
 // request answers as on a server with memory to spare, not with "does not fit".
 TEST_F(ServerTest, ARequestAloneInAKvMemoryFullOfItsTrajectorysOtherCachesRunsOnAFreshOne) {
-  auto request = [&](const json& body) {
-    auto r = parse_completion_request(body.dump());
-    EXPECT_TRUE(r.ok());
-    return *r;
-  };
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr}) {
     SCOPED_TRACE(share_mode_name(mode));
     ServerOptions o;
     o.pool.max_sessions = 8;
     start(mode, o);
-    httplib::Client c("127.0.0.1", port_);
-    const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8 /
-                       (mode == ShareMode::kNone ? 4 : 1);
+    const double per = agent_cap_bytes(mode);
     // The plan's turn, then the action's over its whole trajectory (as a workflow's next agent).
     const json first = {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 380}, {"ignore_eos", true},
                         {"temperature", 0}};
@@ -1460,21 +1446,12 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestIsPreemptedIsNotResumed) {
   start(ShareMode::kBaseLr, o);
   auto holder_alone = complete(holder_body);
   ASSERT_EQ(holder_alone.first, 200) << holder_alone.second.dump();
-  httplib::Client c("127.0.0.1", port_);
-  const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8;
+  const double per = agent_cap_bytes(ShareMode::kBaseLr);
   const int64_t streamed_prompt = static_cast<int64_t>(tok_->encode(long_prompt, true)->size());
   ASSERT_GT(streamed_prompt, 240);
   stop();
   o.pool.pool_bytes = static_cast<int64_t>(1.0 * per);  // one agent's cap: the two do not fit at once
   start(ShareMode::kBaseLr, o);
-  auto metric = [&](const std::string& series) {
-    auto r = httplib::Client("127.0.0.1", port_).Get("/metrics");
-    return r ? metric_value(r->body, series) : -1.0;
-  };
-  auto wait_for = [&](const std::string& series, double want) {
-    for (int i = 0; i < 2000 && metric(series) < want; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    return metric(series) >= want;
-  };
   using Clock = std::chrono::steady_clock;
   std::atomic<bool> holder_done{false};
   Clock::time_point holder_end;
@@ -1484,7 +1461,7 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestIsPreemptedIsNotResumed) {
     holder_end = Clock::now();
     holder_done.store(true);
   });
-  ASSERT_TRUE(wait_for("lragent:num_requests_running", 1)) << "the holder did not start";
+  ASSERT_TRUE(wait_for("lragent:num_requests_running", 1, /*at_least=*/true)) << "the holder did not start";
   const std::string body = json{{"model", "action"}, {"prompt", long_prompt}, {"max_tokens", 150},
                                 {"ignore_eos", true}, {"temperature", 0}, {"stream", true}}.dump();
   const int fd = connect_with_timeout(port_);
@@ -1492,7 +1469,7 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestIsPreemptedIsNotResumed) {
   const std::string http = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
                            std::to_string(body.size()) + "\r\n\r\n" + body;
   ASSERT_EQ(::send(fd, http.data(), http.size(), 0), static_cast<ssize_t>(http.size()));
-  const bool preempted = wait_for("lragent:num_preemptions_total", 1);
+  const bool preempted = wait_for("lragent:num_preemptions_total", 1, /*at_least=*/true);
   const bool holder_ran_on = !holder_done.load();
   ::close(fd);
   const Clock::time_point closed = Clock::now();
@@ -1500,10 +1477,7 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestIsPreemptedIsNotResumed) {
   ASSERT_TRUE(preempted) << "the KV memory never filled: the test shows nothing";
   ASSERT_EQ(holder.first, 200) << holder.second.dump();
   EXPECT_EQ(holder.second["choices"][0]["text"], holder_alone.second["choices"][0]["text"]);
-  ASSERT_TRUE(wait_for("lragent:num_requests_running", 0) || metric("lragent:num_requests_running") == 0);
-  for (int i = 0; i < 2000 && metric("lragent:num_requests_running") != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_EQ(metric("lragent:num_requests_running"), 0);
+  EXPECT_TRUE(wait_for("lragent:num_requests_running", 0)) << "the preempted request did not end";
   const double prefilled = metric("lragent:prefill_tokens_total{model_name=\"action\"}");
   const double aborted = metric("lragent:request_success_total{model_name=\"action\",finished_reason=\"abort\"}");
   if (prefilled > static_cast<double>(streamed_prompt)) {
@@ -1530,11 +1504,6 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestIsPreemptedIsNotResumed) {
 // does alone on them (in base-lr it reads entries the plan computed; recomputing those with its
 // own adapter could change its tokens).
 TEST_F(ServerTest, APreemptedRequestKeepsTheTrajectoryItExtendedAndResumesOnIt) {
-  auto request = [&](const json& body) {
-    auto r = parse_completion_request(body.dump());
-    EXPECT_TRUE(r.ok());
-    return *r;
-  };
   const json plan_body = {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 250},
                           {"ignore_eos", true}, {"temperature", 0}};
   const json other_body = {{"model", "reflect"}, {"prompt", "The little dog ran"}, {"max_tokens", 300},
@@ -1552,8 +1521,7 @@ TEST_F(ServerTest, APreemptedRequestKeepsTheTrajectoryItExtendedAndResumesOnIt) 
   ASSERT_TRUE(action_alone.ok()) << action_alone.error().message;
   auto other_alone = server_->complete(request(other_body));
   ASSERT_TRUE(other_alone.ok()) << other_alone.error().message;
-  httplib::Client c("127.0.0.1", port_);
-  const double per = json::parse(c.Get("/lragent/sessions")->body)["kv_memory"]["bytes"].get<double>() / 8;
+  const double per = agent_cap_bytes(ShareMode::kBaseLr);
   stop();
   // 1.2 trajectories at their caps (~614 tokens): the plan's 255 tokens extended by the action's
   // 200 and the other request's 305 do not fit; the plan's and the other's do.
@@ -1568,10 +1536,6 @@ TEST_F(ServerTest, APreemptedRequestKeepsTheTrajectoryItExtendedAndResumesOnIt) 
     EXPECT_TRUE(r.ok()) << r.error().message;
     if (r.ok()) other = *r;
   });
-  auto metric = [&](const std::string& series) {
-    auto r = httplib::Client("127.0.0.1", port_).Get("/metrics");
-    return r ? metric_value(r->body, series) : -1.0;
-  };
   for (int i = 0; i < 2000 && metric("lragent:num_requests_running") < 1; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   auto r = server_->complete(request(action_body));
