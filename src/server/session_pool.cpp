@@ -198,6 +198,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
     copy_id = best->id;
     copy_len = best_len;
   }
+  const bool fresh = !use;
   if (!use) {
     auto made = new_session(group, copy_id);
     if (!made.ok()) return made.error();
@@ -228,7 +229,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   AgentSession& s = *use->session;
   s.truncate(keep);
   s.append(std::vector<int32_t>(prompt.begin() + keep, prompt.end()));
-  return std::optional<Lease>(Lease{&s, use->id, keep});
+  return std::optional<Lease>(Lease{&s, use->id, keep, fresh});
 }
 
 double SessionPool::catchup_bytes(const Entry& e, const std::string& agent) const {

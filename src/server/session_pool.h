@@ -75,6 +75,11 @@ class SessionPool {
     // Prompt tokens kept from the trajectory (all but the last, which always runs again). Whether
     // this agent computes them anyway is the sharing mode's (StepResult::prefilled_tokens).
     int64_t reused_tokens = 0;
+    // Made for this request (a new trajectory, or a copy of another's prefix): it holds nothing
+    // another request left, so a caller that then does not start the request drops it instead of
+    // keeping it (SessionPool::drop): kept, it would hold the blocks its copy took while the
+    // request waits, and be made again at the next try.
+    bool fresh = false;
   };
   // The trajectory that will run `agent` on `prompt` (which then is its whole token sequence),
   // held by the caller until release(). The one this prompt belongs on, when another request

@@ -106,6 +106,7 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   auto l2 = acquire(*p, "action", turn2);
   ASSERT_TRUE(l2.ok());
   EXPECT_EQ(l2->id, l1->id);
+  EXPECT_FALSE(l2->fresh);  // a kept trajectory, extended
   EXPECT_EQ(l2->reused_tokens, static_cast<int64_t>(turn2.size() - obs.size()));
   auto r2 = l2->session->run_agent("action", 4, {}, {});
   ASSERT_TRUE(r2.ok()) << r2.error().message;
@@ -117,6 +118,7 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   auto l3 = acquire(*p, "reflect", encode("Once upon a time the sun was hot."));
   ASSERT_TRUE(l3.ok());
   EXPECT_NE(l3->id, l1->id);
+  EXPECT_TRUE(l3->fresh);  // made for it
   auto infos = p->sessions();
   const auto first = std::find_if(infos.begin(), infos.end(), [&](const auto& i) { return i.id == l1->id; });
   ASSERT_NE(first, infos.end());
@@ -126,6 +128,7 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   auto l4 = acquire(*p, "plan", prompt);
   ASSERT_TRUE(l4.ok());
   EXPECT_EQ(l4->id, l1->id);
+  EXPECT_FALSE(l4->fresh);  // a kept one, cut back
   EXPECT_EQ(l4->reused_tokens, static_cast<int64_t>(prompt.size()) - 1);
   EXPECT_EQ(l4->session->trajectory(), prompt);
 
@@ -247,6 +250,7 @@ TEST_F(SessionPoolTest, AHeldTrajectoryIsCopiedForAnotherRequestAndNeverDropped)
   auto copy = p->acquire("action", next);  // the next turn of a's conversation, sent early
   ASSERT_TRUE(copy.ok() && copy->has_value());
   EXPECT_NE((*copy)->id, (*a)->id);
+  EXPECT_TRUE((*copy)->fresh);  // a copy made for it: a request that then waits drops it
   EXPECT_EQ((*copy)->session->trajectory(), next);
   EXPECT_EQ((*copy)->reused_tokens, static_cast<int64_t>(alpha.size()));
   EXPECT_EQ(p->copied_sessions(), 1);
