@@ -562,14 +562,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
     bool room = pool_->has_room((*lease)->id, p.agent);
     while (!room && pool_->evict_idle()) room = pool_->has_room((*lease)->id, p.agent);
     if (!room) {
-      // A trajectory made for it now goes again: kept idle, the blocks its copy took would be what
-      // the running requests run short of, and make_room would drop it only for this request to
-      // make it again at its next try (a livelock seen once on the GPU: docs/server.md).
-      if ((*lease)->fresh) {
-        pool_->drop((*lease)->id);
-      } else {
-        pool_->release((*lease)->id);
-      }
+      pool_->unacquire(**lease);
       return false;
     }
   }
@@ -627,7 +620,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   if (!resume) {
     ++job.next;
     if (!emit(job, cr, cr.shown)) {  // the client went away: nothing ran on the trajectory
-      pool_->release(cr.lease);
+      pool_->unacquire(**lease);
       job.runs.pop_back();
       if (job.runs.empty()) end_job(job, std::nullopt);
       return false;

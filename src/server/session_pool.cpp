@@ -279,6 +279,14 @@ int64_t SessionPool::capacity_tokens(int64_t upto) {
   return cap;
 }
 
+void SessionPool::unacquire(const Lease& lease) {
+  if (lease.fresh) {
+    drop(lease.id);
+  } else {
+    release(lease.id);
+  }
+}
+
 void SessionPool::cut_and_release(int64_t id, int64_t keep) {
   Entry* e = find(id);
   if (!e) return;

@@ -76,9 +76,7 @@ class SessionPool {
     // this agent computes them anyway is the sharing mode's (StepResult::prefilled_tokens).
     int64_t reused_tokens = 0;
     // Made for this request (a new trajectory, or a copy of another's prefix): it holds nothing
-    // another request left, so a caller that then does not start the request drops it instead of
-    // keeping it (SessionPool::drop): kept, it would hold the blocks its copy took while the
-    // request waits, and be made again at the next try.
+    // another request left (unacquire() drops it).
     bool fresh = false;
   };
   // The trajectory that will run `agent` on `prompt` (which then is its whole token sequence),
@@ -92,6 +90,11 @@ class SessionPool {
   Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
   // The request running on trajectory `id` is done with it.
   void release(int64_t id);
+  // The caller ran nothing on the lease after all (the request waits for KV room, or its client
+  // left): a trajectory made for it goes again, another is released. Kept, a fresh copy would
+  // hold the blocks it took while the request waits, be dropped for room, and be made again at the
+  // next try (a livelock seen once on the GPU: docs/server.md).
+  void unacquire(const Lease& lease);
   // Forgets a trajectory (after a failed request its state is not trusted).
   void drop(int64_t id);
   // The request running on trajectory `id` stops before its end (preempted to make room in the
