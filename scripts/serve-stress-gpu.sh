@@ -9,6 +9,7 @@
 #   f32-none-kv4 f32-none in a 4 MB KV memory (--kv-cache-memory 0.004) and 64 trajectories:
 #                trajectories dropped and requests preempted by the dozen, every answer still
 #                its request's alone.
+# A run whose server warns that its engine stalled fails (the warning is printed).
 # Env: OUT (logs go there; default build-stress-logs), ROUNDS (default 2), ONLY (one run's name).
 set -u
 cd "$(dirname "$0")/.."
@@ -39,6 +40,8 @@ run() {  # NAME PORT JUDGED STRESS-FLAGS -- serve flags...
   local serve_rc=$?
   echo "$name: stress exit $rc ($(tail -1 "$OUT/stress-$name.log")), serve exit $serve_rc"
   [ "$serve_rc" = 0 ] || STATUS=1
+  # The engine's stall warning (ServerOptions::stall_warning) fails every run, judged or not.
+  if grep "engine stalled" "$OUT/serve-$name.err"; then STATUS=1; fi
   [ "$judged" = yes ] && [ "$rc" != 0 ] && STATUS=1
 }
 run f32-none 18200 yes --exact --dtype f32 --kv-share none

@@ -362,6 +362,11 @@ void Server::engine_loop() {
         for (Job* j : active) fail_job(*j, Error{ErrorCode::kInternal, "the server is shutting down"});
         active.clear();
       } else {
+        // The stall clock starts when requests come to an idle engine: its idle wait is no stall.
+        if (active.empty()) {
+          last_progress = Clock::now();
+          counts_at_advance_ = counts_;
+        }
         active.insert(active.end(), queue_.begin(), queue_.end());
         queue_.clear();
       }
@@ -403,9 +408,15 @@ void Server::engine_loop() {
     // No turn advancing for long (no pass, or only passes short of KV memory) while requests are
     // admitted should never last: say so, with what they wait for, rather than hang silently.
     const Clock::time_point now = Clock::now();
-    if (advanced_ || ended_any || active.empty()) last_progress = now;
+    counts_.evicted = pool_->evicted_sessions();
+    counts_.preempted = preemptions_;
+    if (advanced_ || ended_any || active.empty()) {
+      last_progress = now;
+      counts_at_advance_ = counts_;
+    }
     advanced_ = false;
-    if (!active.empty() && now - last_progress > kStallWarning && now - last_warned > kStallWarning && opts_.warn) {
+    if (!active.empty() && now - last_progress > opts_.stall_warning && now - last_warned > opts_.stall_warning &&
+        opts_.warn) {
       opts_.warn(stall_report(active, std::chrono::duration<double>(now - last_progress).count()));
       last_warned = now;
     }
@@ -418,22 +429,52 @@ void Server::engine_loop() {
 
 std::string Server::stall_report(const std::vector<Job*>& active, double seconds) const {
   size_t running = 0, preempted = 0, unstarted = 0, abandoned = 0;
+  const std::vector<SessionPool::Info> kept = pool_->sessions();
+  auto trajectory = [&](int64_t id) -> const SessionPool::Info* {
+    for (const auto& i : kept)
+      if (i.id == id) return &i;
+    return nullptr;
+  };
+  // Each running choice: its agent, what it has produced and the trajectory it runs on.
+  std::string choices;
   for (const Job* j : active) {
     if (j->ended) continue;
     running += j->runs.size();
     preempted += j->preempted.size();
     unstarted += j->choices() - std::min(j->next, j->choices());
     abandoned += j->abandoned || j->cancelled.load() ? 1 : 0;
+    for (const auto& r : j->runs) {
+      const SessionPool::Info* t = trajectory(r->lease);
+      choices += fmt::format("; choice {} of a request to '{}' ({} prompt tokens, {} produced{}{}, on trajectory {}",
+                             r->index, j->p->agent.empty() ? "the base model" : j->p->agent,
+                             r->c.prompt_tokens, r->resumed.size() + r->pushed,
+                             r->resumed.empty() ? "" : ", resumed", r->restarted_alone ? ", restarted alone" : "",
+                             r->lease);
+      if (t) choices += fmt::format(": {} tokens, {} bytes", t->tokens, t->bytes.allocated);
+      choices += ")";
+    }
+  }
+  size_t idle = 0, idle_copied = 0;
+  int64_t idle_bytes = 0;
+  for (const auto& i : kept) {
+    if (i.running || i.bytes.allocated == 0) continue;
+    ++idle;
+    idle_bytes += i.bytes.allocated;
+    idle_copied += i.copied ? 1 : 0;
   }
   const KvArena* a = pool_->shared_arena();
   return fmt::format(
-      "engine stalled: no request advanced for {:.0f} s with {} requests admitted ({} choices running, {} preempted waiting{}, "
-      "{} not started, {} abandoned); {} trajectories held{}. Please report this with the requests that led to it",
+      "engine stalled: no request advanced for {:.1f} s with {} requests admitted ({} choices running, {} preempted waiting{}, "
+      "{} not started, {} abandoned); {} trajectories held, {} idle holding {} bytes ({} of them shared by a live "
+      "copy){}; since the last advance {} passes ran, {} of them short of KV memory, {} trajectories were dropped and {} "
+      "choices preempted{}. Please report this with the requests that led to it",
       seconds, active.size(), running, preempted,
       preempted > 0 ? (ended_choices_ == ended_at_preemption_ ? " for a running choice to end" : ", free to resume")
                     : "",
-      unstarted, abandoned, pool_->held_sessions(),
-      a ? fmt::format(", KV memory {} of {} bytes in use", a->lent_bytes(), a->capacity_bytes()) : std::string());
+      unstarted, abandoned, pool_->held_sessions(), idle, idle_bytes, idle_copied,
+      a ? fmt::format(", KV memory {} of {} bytes in use", a->lent_bytes(), a->capacity_bytes()) : std::string(),
+      counts_.passes - counts_at_advance_.passes, counts_.short_passes - counts_at_advance_.short_passes,
+      counts_.evicted - counts_at_advance_.evicted, counts_.preempted - counts_at_advance_.preempted, choices);
 }
 
 bool Server::engine_pass(const std::vector<Job*>& active) {
@@ -502,7 +543,11 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
     advanced_ = advanced_ || status[k].ok();
     if (!status[k].ok() || turns[k]->done()) end_choice(*owners[k].first, *owners[k].second, status[k]);
   }
-  if (!short_of_memory.empty()) make_room(active, short_of_memory);
+  ++counts_.passes;
+  if (!short_of_memory.empty()) {
+    ++counts_.short_passes;
+    make_room(active, short_of_memory);
+  }
   // The KV memory in use grows with every pass (lragent:kv_cache_usage_perc follows it; in a
   // decode window, before each launch).
   if (const KvArena* a = pool_->shared_arena()) metrics_.set_kv_used(a->lent_bytes());

@@ -77,8 +77,12 @@ struct ServerOptions {
   std::string chat_template_missing = "none was given";
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
-  // Warnings from the engine thread (a stall, Server::kStallWarning); null: silent.
+  // Warnings from the engine thread (a stall); null: silent.
   std::function<void(const std::string&)> warn;
+  // No admitted request advancing for this long (no pass, or only passes short of KV memory;
+  // which should never happen: some turn always runs) is reported through `warn`, with what the
+  // requests wait for. Only time with requests admitted counts, not the engine's idle waits.
+  std::chrono::milliseconds stall_warning{10'000};
   // Called on the engine thread each time it has run requests and none is left running or
   // waiting (the CLI hands freed heap back to the system there); null: nothing.
   std::function<void()> on_idle;
@@ -142,10 +146,6 @@ class Server {
   Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
   // How often a request with an AliveFn asks it while no piece comes (run()).
   static constexpr std::chrono::milliseconds kAlivePoll{20};
-  // No request advancing for this long while requests are admitted (no pass, or only passes short
-  // of KV memory; which should never happen: some turn always runs) is reported through
-  // ServerOptions::warn, with what the requests wait for.
-  static constexpr std::chrono::seconds kStallWarning{10};
 
  private:
   Server() = default;
@@ -232,6 +232,15 @@ class Server {
   int64_t ended_choices_ = 0;      // engine thread: choices that ended (their trajectories released)
   int64_t ended_at_preemption_ = -1;  // ended_choices_ at the last preemption
   bool advanced_ = false;          // engine thread: a turn advanced (or ended) since engine_loop last looked
+  // Engine thread: what the engine did, counted from the start and as it stood when a turn last
+  // advanced (the stall report gives the difference).
+  struct EngineCounts {
+    int64_t passes = 0;        // passes run (a decode window counts once)
+    int64_t short_passes = 0;  // of those, passes that left a turn short of KV memory
+    int64_t evicted = 0;       // trajectories dropped (SessionPool::evicted_sessions)
+    int64_t preempted = 0;     // choices preempted (preemptions_)
+  };
+  EngineCounts counts_, counts_at_advance_;
   std::unique_ptr<Http> http_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;

@@ -306,6 +306,7 @@ std::vector<SessionPool::Info> SessionPool::sessions() const {
     i.id = e.id;
     i.group = e.group;
     i.running = e.held;
+    i.copied = arena_ && copied_from(e.id);
     i.tokens = static_cast<int64_t>(e.session->trajectory().size());
     i.bytes = e.session->cache_bytes();
     i.agents = e.session->agent_names();

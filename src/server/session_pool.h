@@ -125,6 +125,8 @@ class SessionPool {
     int64_t id = 0;
     int group = 0;
     bool running = false;  // a request holds it (acquire() until release())
+    // A live copy shares its blocks (with one KV arena): evict_idle() does not drop it first.
+    bool copied = false;
     int64_t tokens = 0;
     CacheBytes bytes;
     std::vector<std::string> agents;

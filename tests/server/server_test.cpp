@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <latch>
 #include <map>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -1428,6 +1429,41 @@ TEST_F(ServerTest, ARequestAloneInAKvMemoryFullOfItsTrajectorysOtherCachesRunsOn
     EXPECT_EQ((*again)[0].token_ids, (*plan_alone)[0].token_ids);
     stop();
   }
+}
+
+// The stall warning counts only time with requests admitted: a request that comes to an engine
+// idle for longer than the warning's threshold, and whose first pass runs short of KV memory
+// (the memory full of an idle trajectory, dropped for it), is no stall. The engine's idle wait
+// once counted, and the GPU stress runs reported such requests as stalled.
+TEST_F(ServerTest, AnIdleEngineIsNoStall) {
+  ServerOptions o;
+  o.pool.max_sessions = 8;
+  start(ShareMode::kNone, o);
+  const double per = agent_cap_bytes(ShareMode::kNone);
+  stop();
+  std::mutex mu;
+  std::vector<std::string> warnings;
+  o.warn = [&](const std::string& w) {
+    std::lock_guard<std::mutex> lock(mu);
+    warnings.push_back(w);
+  };
+  o.stall_warning = std::chrono::milliseconds(300);
+  o.pool.pool_bytes = static_cast<int64_t>(per);  // one agent's caps
+  start(ShareMode::kNone, o);
+  // 385 tokens kept idle: three quarters of the memory.
+  auto first = server_->complete(request({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 380},
+                                          {"ignore_eos", true}, {"temperature", 0}}));
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  // ~300 prompt tokens of another conversation: its first pass does not fit beside them.
+  std::string other;
+  for (int i = 0; i < 27; ++i) other += "The sun was hot and the sky was blue. ";
+  auto second = server_->complete(
+      request({{"model", "action"}, {"prompt", other}, {"max_tokens", 8}, {"ignore_eos", true}, {"temperature", 0}}));
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  EXPECT_GE(metric("lragent:trajectories_evicted_total"), 1);  // it ran short and made room
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_TRUE(warnings.empty()) << warnings.front();
 }
 
 // A streaming client that goes away while its request is preempted (waiting to resume by
