@@ -31,6 +31,12 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
     if (static_cast<int>(resumed) >= t->n_)
       return make_error(ErrorCode::kInvalidArgument, "AgentTurn: a resumed step has {} of its {} tokens already",
                         resumed, t->n_);
+    if (t->dec_.guide) {  // the guide's state after the tokens the step had produced
+      t->guide_state_ = t->dec_.guide->start();
+      for (int32_t tok : t->dec_.resumed) t->guide_state_ = t->dec_.guide->advance(t->guide_state_, tok);
+      if (t->guide_state_ == guide::TokenGuide::kDead)
+        return make_error(ErrorCode::kInvalidArgument, "AgentTurn: a resumed step's tokens do not follow its guide");
+    }
     t->r_.output_tokens = std::move(t->dec_.resumed);
     t->r_.logprobs = std::move(t->dec_.resumed_logprobs);
     for (size_t i = 0; i < resumed; ++i) (void)t->sampler_->next_row();  // one draw per token, in token order
@@ -43,7 +49,9 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
   const bool free_pick = t->forced_.empty();
   t->penalize_ = t->dec_.penalties.active() && free_pick;
   t->want_logprobs_ = t->dec_.logprobs >= 0 && free_pick;
-  t->shape_ = free_pick && (!t->dec_.logit_bias.empty() || t->dec_.min_tokens > 0 || t->dec_.min_p > 0.f);
+  if (t->dec_.guide && resumed == 0) t->guide_state_ = t->dec_.guide->start();
+  t->shape_ = free_pick && (!t->dec_.logit_bias.empty() || t->dec_.min_tokens > 0 || t->dec_.min_p > 0.f ||
+                            t->dec_.guide != nullptr);
   t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_;
   t->done_ = t->n_ <= 0;
   return t;
@@ -94,6 +102,11 @@ Status AgentTurn::complete(float* row, int32_t picked) {
     if (want_logprobs_ && changed) raw.assign(row, row + vocab);
     const size_t generated = r_.output_tokens.size();
     if (shape_) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/true);
+    if (dec_.guide && dec_.guide->mask(guide_state_, logits, dec_.stop_ids) == 0)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "the structured output cannot go on: no token of the vocabulary continues its text (after {} "
+                        "tokens) towards a match, and no stop id may end it there",
+                        generated);
     if (penalize_) apply_penalties(logits, {s_.traj_.data(), prompt_len_}, r_.output_tokens, dec_.penalties);
     if (shape_ && !sampler_->greedy()) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/false);
     tok = sampler_->greedy() ? Sampler::argmax(row, vocab) : sample_row(row, vocab, pick_);
@@ -111,7 +124,15 @@ void AgentTurn::accept(int32_t tok) {
   r_.output_tokens.push_back(tok);
   begin_ = static_cast<int64_t>(s_.traj_.size());
   s_.traj_.push_back(tok);  // the step's last token is left for whoever runs next
-  if (s_.ends(stop_, dec_, r_) || static_cast<int>(r_.output_tokens.size()) >= n_) done_ = true;
+  const bool guided = dec_.guide && forced_.empty();
+  const bool stop_id = std::find(dec_.stop_ids.begin(), dec_.stop_ids.end(), tok) != dec_.stop_ids.end();
+  if (guided && !stop_id) guide_state_ = dec_.guide->advance(guide_state_, tok);
+  if (s_.ends(stop_, dec_, r_) || static_cast<int>(r_.output_tokens.size()) >= n_) {
+    done_ = true;
+  } else if (guided && !stop_id && guide_state_ != guide::TokenGuide::kDead && !dec_.guide->can_continue(guide_state_)) {
+    done_ = true;  // a whole match nothing extends: the structured output is complete
+    r_.finish_reason = "stop";
+  }
 }
 
 bool AgentTurn::looks_ahead() const { return !done_ && !host_ && s_.lookahead_; }

@@ -105,6 +105,7 @@ class AgentTurn {
   size_t prompt_len_ = 0;      // penalties' "prompt": the trajectory before this step
   bool host_ = false;          // every token pass picks on the host
   bool penalize_ = false, want_logprobs_ = false, shape_ = false;
+  int32_t guide_state_ = 0;    // dec_.guide's state after the step's tokens so far
   bool drawn_ = false;         // pick_ holds the next token's draw
   RowSampling pick_;
   std::vector<int32_t> toks_;  // [chunk] the pending pass's tokens

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/guide/token_guide.h"
 #include "engine/sampler.h"
 #include "kv/sharing.h"
 #include "model/llama.h"
@@ -84,6 +85,11 @@ struct AgentDecode {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those ids' logits
   int min_tokens = 0;  // stop_ids cannot be picked before this many tokens (their logits are -inf)
   float min_p = 0.f;   // sampled rows keep only tokens of probability >= min_p x the top one's
+  // Structured output (vLLM's guided decoding): each pick keeps the step's text a prefix of a
+  // match of this guide, a stop id may end the step only at a whole match, and the step ends
+  // ("stop") once the text is a match nothing can extend. Applied after logit_bias and
+  // min_tokens, before the penalties. Null: free. Not owned: the caller keeps it for the step.
+  guide::TokenGuide* guide = nullptr;
   // Called with each generated token as it is taken (not with a stop id, which ends the step
   // first), and its log-probabilities when asked for (else null); returning false ends the step
   // there (finish_reason "abort": the caller knows why, e.g. a streaming client went away, or

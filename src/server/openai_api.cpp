@@ -6,6 +6,10 @@
 #include <limits>
 #include <random>
 
+#include <fmt/ranges.h>
+
+#include "engine/guide/json_regex.h"
+
 namespace lragent::server {
 namespace {
 
@@ -123,7 +127,7 @@ Result<json> parse_body(std::string_view text) {
 }
 
 // The fields completions and chat completions share (all but prompt/messages, max_tokens, echo).
-Status parse_common(const json& body, CompletionRequest& r);
+Status parse_common(const json& body, std::string_view text, CompletionRequest& r);
 
 }  // namespace
 
@@ -135,7 +139,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   r.max_tokens = static_cast<int>(max_tokens);
   LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
   if (r.max_tokens == 0 && !r.echo) return bad("'max_tokens' must be at least 1 (0 only with \"echo\": true)");
-  LRA_RETURN_IF_ERROR(parse_common(body, r));
+  LRA_RETURN_IF_ERROR(parse_common(body, text, r));
   if (r.min_tokens > r.max_tokens)
     return bad(fmt::format("'min_tokens' ({}) must not exceed 'max_tokens' ({})", r.min_tokens, r.max_tokens));
   LRA_ASSIGN_OR_RETURN(int64_t logprobs, get_int(body, "logprobs", -1, 0, kMaxLogprobs));
@@ -147,6 +151,49 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
   LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
   return r;
 }
+
+namespace {
+
+// tool_choice "required" or {"type": "function", "function": {"name"}}: the completion is one or
+// more calls (a named function: one call of it) in the Hermes form the tool parser reads,
+// "<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>", each call's arguments following
+// its function's parameters schema (json_regex.h). `other` says a structured output was given too.
+Result<std::string> forced_tool_calls(const nlohmann::ordered_json& tools, const json& choice, bool other) {
+  if (other) return bad("'tool_choice' forcing a call cannot be combined with another structured output");
+  std::string name;  // empty: any tool ("required")
+  if (choice.is_object()) {
+    const json& f = field(choice, "function");
+    if (field(choice, "type") != json("function") || !f.is_object() || !field(f, "name").is_string())
+      return bad("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": "
+                 "{\"name\": ...}}");
+    name = field(f, "name").get<std::string>();
+  } else if (choice != json("required")) {
+    return bad(fmt::format("'tool_choice' = {} is not one of \"none\", \"auto\", \"required\" or a named function",
+                           choice.dump()));
+  }
+  std::vector<std::string> calls;  // [matching tools] one call's regex each
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const nlohmann::ordered_json& f = tools[i]["function"];
+    const std::string fn = f["name"].get<std::string>();
+    if (!name.empty() && fn != name) continue;
+    nlohmann::ordered_json params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"]
+                                                                                  : nlohmann::ordered_json{{"type", "object"}};
+    nlohmann::ordered_json schema = {{"type", "object"},
+                           {"properties", {{"name", {{"const", fn}}}, {"arguments", std::move(params)}}},
+                           {"required", {"name", "arguments"}}};
+    auto re = guide::json_schema_regex(schema);
+    if (!re.ok())
+      return Error{re.error().code,
+                   fmt::format("'tool_choice' needs tool '{}' parameters lragent can enforce: {}", fn, re.error().message)};
+    calls.push_back("<tool_call>\\n" + *re + "\\n</tool_call>");
+  }
+  if (calls.empty()) return bad(fmt::format("'tool_choice' names function '{}', which is not among 'tools'", name));
+  std::string one = calls.size() == 1 ? calls[0] : "(?:" + fmt::format("{}", fmt::join(calls, "|")) + ")";
+  if (!name.empty()) return one;
+  return one + "(?:\\n" + one + ")*";
+}
+
+}  // namespace
 
 Result<ChatRequest> parse_chat_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
@@ -164,7 +211,7 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, budget, -1, 1, 1 << 24));
   if (max_tokens < 0 && !field(body, budget).is_null()) return bad(fmt::format("'{}' must be at least 1", budget));
   c.req.max_tokens = static_cast<int>(max_tokens);
-  LRA_RETURN_IF_ERROR(parse_common(body, c.req));
+  LRA_RETURN_IF_ERROR(parse_common(body, text, c.req));
   if (c.req.max_tokens >= 0 && c.req.min_tokens > c.req.max_tokens)
     return bad(fmt::format("'min_tokens' ({}) must not exceed '{}' ({})", c.req.min_tokens, budget, c.req.max_tokens));
   LRA_ASSIGN_OR_RETURN(c.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
@@ -183,20 +230,140 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(c.tools, parse_chat_tools(ordered_field("tools")));
   LRA_RETURN_IF_ERROR(neutral(body, "functions", json(nullptr), "give the functions as 'tools'"));
   const json& choice = field(body, "tool_choice");
-  if (!choice.is_null() && choice != json("none") && choice != json("auto"))
-    return Error{ErrorCode::kUnsupported,
-                 "'tool_choice' = " + choice.dump() +
-                     " is not supported: forcing a call needs constrained decoding, which lragent lacks; use \"auto\" "
-                     "or \"none\""};
   if (!choice.is_null() && c.tools.empty())
     return bad("'tool_choice' needs 'tools': give the tool definitions, or leave tool_choice out");
   c.parse_tool_calls = !c.tools.empty() && choice != json("none");
+  if (!choice.is_null() && choice != json("none") && choice != json("auto")) {
+    LRA_ASSIGN_OR_RETURN(c.req.guided_regex, forced_tool_calls(ordered_field("tools"), choice, !c.req.guided_from.empty()));
+    c.req.guided_from = "tool_choice";
+  }
   return c;
 }
 
 namespace {
 
-Status parse_common(const json& body, CompletionRequest& r) {
+using ordered_json = nlohmann::ordered_json;
+
+// A JSON schema given as an object (or a boolean schema), or as its text (vLLM takes both), with
+// its keys in the client's order (an object's properties are written in the schema's order).
+Result<ordered_json> schema_value(const ordered_json& v, const std::string& where) {
+  if (v.is_object() || v.is_boolean()) return v;
+  if (v.is_string()) {
+    ordered_json parsed = ordered_json::parse(v.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_discarded() || !(parsed.is_object() || parsed.is_boolean()))
+      return bad(fmt::format("{} must be a JSON schema (an object, or its JSON text)", where));
+    return parsed;
+  }
+  return bad(fmt::format("{} must be a JSON schema (an object, or its JSON text), not {}", where, v.type_name()));
+}
+
+Result<std::string> schema_regex(const ordered_json& schema, const std::string& where, const guide::JsonRegexOptions& o) {
+  auto re = guide::json_schema_regex(schema, o);
+  if (!re.ok()) return Error{re.error().code, fmt::format("{}: {}", where, re.error().message)};
+  return *re;
+}
+
+Result<std::vector<std::string>> choice_list(const json& v, const std::string& where) {
+  if (!v.is_array() || v.empty()) return bad(fmt::format("{} must be a non-empty list of strings", where));
+  std::vector<std::string> out;
+  for (const json& c : v) {
+    if (!c.is_string()) return bad(fmt::format("{} must be a non-empty list of strings", where));
+    out.push_back(c.get<std::string>());
+  }
+  return out;
+}
+
+// Structured outputs: OpenAI's response_format, vLLM's guided_* fields and its newer
+// structured_outputs object, all compiled to one regex (engine/guide/json_regex.h).
+Status parse_guided(const json& body, std::string_view text, CompletionRequest& r) {
+  // The body again with its keys in order, for the schemas (parse_body has checked it).
+  static const ordered_json kNull;
+  const bool schemas = !field(body, "guided_json").is_null() || !field(body, "structured_outputs").is_null() ||
+                       !field(body, "response_format").is_null();
+  const ordered_json ordered = schemas ? ordered_json::parse(text, nullptr, /*allow_exceptions=*/false) : ordered_json();
+  auto in_order = [&](std::initializer_list<const char*> path) -> const ordered_json& {
+    const ordered_json* v = &ordered;
+    for (const char* k : path) {
+      if (!v->is_object() || !v->contains(k)) return kNull;
+      v = &(*v)[k];
+    }
+    return *v;
+  };
+  guide::JsonRegexOptions o;
+  const json& ws = field(body, "guided_whitespace_pattern");
+  if (!ws.is_null()) {
+    if (!ws.is_string()) return bad("'guided_whitespace_pattern' must be a regex string, like \"[ ]?\"");
+    o.whitespace = ws.get<std::string>();
+  }
+  std::vector<std::string> given;  // the fields that constrain the output
+  auto take = [&](const std::string& from, Result<std::string> re) -> Status {
+    if (!re.ok()) return re.error();
+    given.push_back(from);
+    r.guided_regex = std::move(*re);
+    r.guided_from = from;
+    return Status::Ok();
+  };
+  if (const json& v = field(body, "guided_json"); !v.is_null()) {
+    LRA_ASSIGN_OR_RETURN(ordered_json schema, schema_value(in_order({"guided_json"}), "'guided_json'"));
+    LRA_RETURN_IF_ERROR(take("guided_json", schema_regex(schema, "'guided_json'", o)));
+  }
+  if (const json& v = field(body, "guided_regex"); !v.is_null()) {
+    if (!v.is_string()) return bad("'guided_regex' must be a string");
+    LRA_RETURN_IF_ERROR(take("guided_regex", v.get<std::string>()));
+  }
+  if (const json& v = field(body, "guided_choice"); !v.is_null()) {
+    LRA_ASSIGN_OR_RETURN(auto choices, choice_list(v, "'guided_choice'"));
+    LRA_RETURN_IF_ERROR(take("guided_choice", guide::choice_regex(choices)));
+  }
+  if (const json& so = field(body, "structured_outputs"); !so.is_null()) {
+    if (!so.is_object())
+      return bad("'structured_outputs' must be an object like {\"json\": {...}}, {\"regex\": \"...\"} or {\"choice\": [...]}");
+    for (const auto& [key, v] : so.items()) {
+      const std::string where = "'structured_outputs." + key + "'";
+      if (key == "json") {
+        LRA_ASSIGN_OR_RETURN(ordered_json schema, schema_value(in_order({"structured_outputs", "json"}), where));
+        LRA_RETURN_IF_ERROR(take(where, schema_regex(schema, where, o)));
+      } else if (key == "regex") {
+        if (!v.is_string()) return bad(where + " must be a string");
+        LRA_RETURN_IF_ERROR(take(where, v.get<std::string>()));
+      } else if (key == "choice") {
+        LRA_ASSIGN_OR_RETURN(auto choices, choice_list(v, where));
+        LRA_RETURN_IF_ERROR(take(where, guide::choice_regex(choices)));
+      } else if (key == "json_object") {
+        if (v != json(true)) return bad(where + " must be true");
+        LRA_RETURN_IF_ERROR(take(where, guide::json_object_regex(o)));
+      } else if (key == "grammar" || key == "structural_tag") {
+        return Error{ErrorCode::kUnsupported, fmt::format("{} is not supported: use json, regex or choice", where)};
+      } else if (!v.is_null() && key != "disable_any_whitespace" && key != "disable_fallback" &&
+                 key != "disable_additional_properties" && key != "whitespace_pattern") {
+        return bad(fmt::format("{} is not a structured_outputs field (json, regex, choice, json_object)", where));
+      }
+    }
+  }
+  if (const json& rf = field(body, "response_format"); !rf.is_null()) {
+    const json& type = rf.is_object() ? field(rf, "type") : rf;
+    if (!rf.is_object() || !type.is_string())
+      return bad("'response_format' must be an object like {\"type\": \"json_object\"}");
+    const std::string t = type.get<std::string>();
+    if (t == "json_object") {
+      LRA_RETURN_IF_ERROR(take("response_format", guide::json_object_regex(o)));
+    } else if (t == "json_schema") {
+      const json& js = field(rf, "json_schema");
+      if (!js.is_object() || field(js, "schema").is_null())
+        return bad("'response_format' of type json_schema needs \"json_schema\": {\"name\": ..., \"schema\": {...}}");
+      LRA_ASSIGN_OR_RETURN(ordered_json schema, schema_value(in_order({"response_format", "json_schema", "schema"}),
+                                                             "'response_format.json_schema.schema'"));
+      LRA_RETURN_IF_ERROR(take("response_format", schema_regex(schema, "'response_format.json_schema.schema'", o)));
+    } else if (t != "text") {
+      return bad(fmt::format("'response_format' type \"{}\" is not one of text, json_object, json_schema", t));
+    }
+  }
+  if (given.size() > 1)
+    return bad(fmt::format("give one structured output at most; this request gives {}", fmt::join(given, " and ")));
+  return Status::Ok();
+}
+
+Status parse_common(const json& body, std::string_view text, CompletionRequest& r) {
   const json& model = field(body, "model");
   if (!model.is_null()) {
     if (!model.is_string()) return bad("'model' must be a string: a name from GET /v1/models");
@@ -270,17 +437,16 @@ Status parse_common(const json& body, CompletionRequest& r) {
   LRA_RETURN_IF_ERROR(neutral(body, "truncate_prompt_tokens", json(nullptr), "a prompt is never truncated"));
   LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr),
                               "a prompt read from a shared cache is not recomputed, so it has no log-probabilities"));
-  // Present at all (even {}: an empty JSON schema still constrains the output): refused.
-  for (const char* g : {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-                        "allowed_token_ids", "bad_words", "logits_processors"})
+  // Present at all: refused.
+  for (const char* g : {"guided_grammar", "allowed_token_ids", "bad_words", "logits_processors"})
     if (!field(body, g).is_null())
       return Error{ErrorCode::kUnsupported,
-                   fmt::format("'{}' is not supported: lragent has no constrained decoding or logits processors", g)};
+                   fmt::format("'{}' is not supported: lragent's structured outputs take guided_json, guided_regex, "
+                               "guided_choice, structured_outputs or response_format, and it runs no logits processors",
+                               g)};
   LRA_RETURN_IF_ERROR(neutral(body, "use_beam_search", json(false), "lragent does not run beam search"));
   LRA_RETURN_IF_ERROR(neutral(body, "length_penalty", json(1), "it applies to beam search, which lragent does not run"));
-  const json& rf = field(body, "response_format");
-  if (!rf.is_null() && !(rf.is_object() && rf.size() == 1 && rf.contains("type") && rf["type"] == json("text")))
-    return Error{ErrorCode::kUnsupported, "'response_format' other than {\"type\": \"text\"} is not supported: lragent has no guided decoding"};
+  LRA_RETURN_IF_ERROR(parse_guided(body, text, r));
   LRA_ASSIGN_OR_RETURN(double presence, get_number(body, "presence_penalty", 0.0, -2.0, 2.0));
   LRA_ASSIGN_OR_RETURN(double frequency, get_number(body, "frequency_penalty", 0.0, -2.0, 2.0));
   LRA_ASSIGN_OR_RETURN(double repetition, get_number(body, "repetition_penalty", 1.0, 0.0, 100.0));

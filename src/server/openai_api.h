@@ -53,6 +53,12 @@ struct CompletionRequest {
   std::vector<std::pair<int32_t, float>> logit_bias;
   int min_tokens = 0;
   float min_p = 0.f;
+  // Structured output: the completion's text matches this regex whole (engine/guide/byte_dfa.h's
+  // dialect), made from whichever of OpenAI's response_format (json_object, json_schema) and
+  // vLLM's guided_json, guided_regex, guided_choice or structured_outputs the request gave (one
+  // at most). Empty `guided_from`: free text.
+  std::string guided_regex;
+  std::string guided_from;  // the field it came from, for errors ("guided_json", "response_format", ...)
 };
 constexpr int kMaxLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's chat limit
 

@@ -94,6 +94,8 @@ struct Server::Prepared {
   std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
   std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
   std::vector<int> budgets;               // [prompts] tokens to generate at most
+  // The structured output every choice follows (req.guided_regex compiled); null: free text.
+  std::unique_ptr<guide::TokenGuide> guide;
 };
 
 Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenizer* tok, const AdapterRegistry* adapters,
@@ -159,6 +161,11 @@ Server::~Server() {
   }
 }
 
+const guide::VocabTrie& Server::vocab_trie() const {
+  std::call_once(vocab_trie_once_, [this] { vocab_trie_ = guide::VocabTrie::build(*tok_); });
+  return *vocab_trie_;
+}
+
 Result<std::string> Server::agent_for(const std::string& model) const {
   if (model.empty()) return names_.front();
   if (std::find(names_.begin(), names_.end(), model) != names_.end()) return model;
@@ -206,6 +213,15 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   if (!tok_ && !req.stop.empty())
     return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
   for (const auto& [id, bias] : req.logit_bias) LRA_RETURN_IF_ERROR(check_vocab({&id, 1}, "logit_bias"));
+  if (!req.guided_from.empty()) {
+    if (!tok_)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'{}' needs the model's tokenizer.json (to know the text of each token), which this model lacks",
+                        req.guided_from);
+    auto g = guide::TokenGuide::compile(req.guided_regex, vocab_trie());
+    if (!g.ok()) return Error{g.error().code, fmt::format("'{}': {}", req.guided_from, g.error().message)};
+    p.guide = std::move(*g);
+  }
   const int64_t max_model_len = opts_.max_model_len;
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, prompt_ids(req.prompts[i]));
@@ -642,6 +658,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   dec.logit_bias = req.logit_bias;
   dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
   dec.min_p = req.min_p;
+  dec.guide = p.guide.get();  // shared by the request's choices, all run on this thread
   if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
   dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
   dec.resumed = cr.resumed;

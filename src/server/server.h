@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/guide/token_guide.h"
 #include "engine/memory_plan.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
@@ -197,6 +198,8 @@ class Server {
   // The agent a request's "model" names (empty: the base model).
   Result<std::string> agent_for(const std::string& model) const;
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
+  // Every token's bytes in a trie, for structured outputs; built at the first request that asks for one.
+  const guide::VocabTrie& vocab_trie() const;
   // Every id inside the model's vocabulary; the error names the request field.
   Status check_vocab(std::span<const int32_t> ids, const char* field) const;
   // The conversation through the server's chat template (as /v1/chat/completions and /tokenize
@@ -216,6 +219,8 @@ class Server {
   ServerOptions opts_;
   std::vector<std::string> names_;
   std::unique_ptr<SessionPool> pool_;  // the engine thread's alone
+  mutable std::once_flag vocab_trie_once_;
+  mutable std::unique_ptr<guide::VocabTrie> vocab_trie_;  // vocab_trie()
   Metrics metrics_;
   // Requests handed to the engine thread, not admitted yet.
   std::mutex queue_mu_;

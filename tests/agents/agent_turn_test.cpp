@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <regex>
 
 #include "agents/agent_turn.h"
 #include "tiny_agents.h"
@@ -58,9 +59,23 @@ class AgentTurnTest : public testing::TinyAgentsTest {
     shaped.min_p = 0.1f;
     shaped.logit_bias = {{13, -5.f}};
     cs.push_back({ShareMode::kDroidSpeak, "A big red ball rolled down the hill and a cat ran after it.", "action", "plan", 9, shaped});
+    // A structured output, sampled: the guide's state follows the step's tokens (and a resumed
+    // step's, replayed), and its mask comes before the sampler's draw.
+    if (!trie_) trie_ = guide::VocabTrie::build(*tok_);
+    if (!guide_) {
+      auto g = guide::TokenGuide::compile("[a-z ]{20,60}\\.", *trie_);
+      EXPECT_TRUE(g.ok()) << g.error().message;
+      if (g.ok()) guide_ = std::move(*g);
+    }
+    AgentDecode guided;
+    guided.sampling = {1.0f, 0, 1.f, 5};
+    guided.guide = guide_.get();
+    cs.push_back({ShareMode::kNone, "The cat sat on the mat and", "", "action", 12, guided});
     cs.push_back({ShareMode::kFull, "Tom had a toy car.", "", "plan", 1, {}});
     return cs;
   }
+  std::unique_ptr<guide::VocabTrie> trie_;
+  std::unique_ptr<guide::TokenGuide> guide_;
   // The session of a case with its prompt in place and `before` run.
   std::unique_ptr<AgentSession> prepare(const Case& c, bool lookahead = true) {
     auto s = session(c.mode, 256, lookahead);
@@ -83,6 +98,8 @@ TEST_F(AgentTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
     alone.push_back(std::move(*r));
     alone_computed.push_back(s->computed_per_agent());
   }
+  // The guided case's text stays a prefix of its language: [a-z ]{20,60}\. (12 tokens may end it early).
+  EXPECT_TRUE(std::regex_match(alone[4].text, std::regex("[a-z ]{1,60}\\.?"))) << alone[4].text;
   for (int64_t budget : {int64_t{7}, int64_t{1} << 20}) {
     SCOPED_TRACE(budget);
     std::vector<std::unique_ptr<AgentSession>> sessions;

@@ -129,14 +129,11 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "logit_bias": [5]})", ErrorCode::kInvalidArgument, "'logit_bias'");
   expect_error(R"({"prompt": "a", "include_stop_str_in_output": true})", ErrorCode::kUnsupported, "include_stop_str");
   expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 5})", ErrorCode::kUnsupported, "truncate_prompt_tokens");
-  expect_error(R"({"prompt": "a", "guided_json": {"type": "object"}})", ErrorCode::kUnsupported, "guided_json");
-  expect_error(R"({"prompt": "a", "guided_json": {}})", ErrorCode::kUnsupported, "guided_json");  // {} constrains too
+  expect_error(R"({"prompt": "a", "guided_grammar": "root ::= x"})", ErrorCode::kUnsupported, "guided_grammar");
   expect_error(R"({"prompt": "a", "allowed_token_ids": [1, 2]})", ErrorCode::kUnsupported, "allowed_token_ids");
   expect_error(R"({"prompt": "a", "bad_words": ["x"]})", ErrorCode::kUnsupported, "bad_words");
   expect_error(R"({"prompt": "a", "use_beam_search": true})", ErrorCode::kUnsupported, "use_beam_search");
   expect_error(R"({"prompt": "a", "length_penalty": 0.5})", ErrorCode::kUnsupported, "length_penalty");
-  expect_error(R"({"prompt": "a", "response_format": {"type": "json_object"}})", ErrorCode::kUnsupported,
-               "response_format");
   expect_error(R"({"prompt": "a", "stream": true, "stream_options": {"continuous_usage_stats": true}})",
                ErrorCode::kUnsupported, "continuous_usage_stats");
   expect_error(R"({"prompt": "a", "suffix": "x"})", ErrorCode::kUnsupported, "'suffix'");
@@ -158,6 +155,63 @@ TEST(OpenAiRequest, LogitBiasMinTokensAndMinP) {
 
 // Completions: "logprobs" is the top count (0-20, null: none). Chat: "logprobs": true, with
 // "top_logprobs" (0-20) only alongside it.
+// Structured outputs: every form vLLM and OpenAI take becomes one regex (json_regex.h makes it;
+// its own tests check the languages), named by the field it came from.
+TEST(OpenAiRequest, StructuredOutputsInEveryForm) {
+  const std::string schema = R"({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})";
+  CompletionRequest free_text = parse_ok(R"({"prompt": "a", "response_format": {"type": "text"}})");
+  EXPECT_TRUE(free_text.guided_from.empty());
+  struct Case {
+    std::string fields, from;
+  };
+  const Case cases[] = {
+      {R"("guided_json": )" + schema, "guided_json"},
+      {R"("guided_json": "{\"type\": \"boolean\"}")", "guided_json"},  // its JSON text
+      {R"("guided_regex": "[0-9]{3}")", "guided_regex"},
+      {R"("guided_choice": ["yes", "no"])", "guided_choice"},
+      {R"("structured_outputs": {"json": )" + schema + "}", "'structured_outputs.json'"},
+      {R"("structured_outputs": {"regex": "a+"})", "'structured_outputs.regex'"},
+      {R"("structured_outputs": {"choice": ["x"]})", "'structured_outputs.choice'"},
+      {R"("structured_outputs": {"json_object": true})", "'structured_outputs.json_object'"},
+      {R"("response_format": {"type": "json_object"})", "response_format"},
+      {R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )" + schema + "}}",
+       "response_format"},
+  };
+  for (const Case& c : cases) {
+    const std::string body = R"({"prompt": "a", )" + c.fields + "}";
+    auto r = parse_completion_request(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.error().message;
+    EXPECT_EQ(r->guided_from, c.from) << body;
+    EXPECT_FALSE(r->guided_regex.empty()) << body;
+  }
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "guided_regex": "[0-9]{3}"})").guided_regex, "[0-9]{3}");
+  // Chat takes them too.
+  auto chat = parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}],
+      "response_format": {"type": "json_object"}})");
+  ASSERT_TRUE(chat.ok()) << chat.error().message;
+  EXPECT_EQ(chat->req.guided_from, "response_format");
+
+  expect_error(R"({"prompt": "a", "guided_regex": "a", "guided_choice": ["b"]})", ErrorCode::kInvalidArgument,
+               "guided_regex and guided_choice");
+  expect_error(R"({"prompt": "a", "guided_regex": 5})", ErrorCode::kInvalidArgument, "'guided_regex'");
+  expect_error(R"({"prompt": "a", "guided_choice": []})", ErrorCode::kInvalidArgument, "'guided_choice'");
+  expect_error(R"({"prompt": "a", "guided_choice": ["a", 1]})", ErrorCode::kInvalidArgument, "'guided_choice'");
+  expect_error(R"({"prompt": "a", "guided_json": "{not json"})", ErrorCode::kInvalidArgument, "'guided_json'");
+  expect_error(R"({"prompt": "a", "guided_json": [1]})", ErrorCode::kInvalidArgument, "'guided_json'");
+  // A schema keyword the converter cannot enforce is refused, naming the field and the keyword.
+  expect_error(R"({"prompt": "a", "guided_json": {"type": "string", "not": {"const": "x"}}})", ErrorCode::kUnsupported,
+               "not");
+  expect_error(R"({"prompt": "a", "structured_outputs": {"grammar": "root ::= x"}})", ErrorCode::kUnsupported,
+               "structured_outputs.grammar");
+  expect_error(R"({"prompt": "a", "structured_outputs": {"jsn": {}}})", ErrorCode::kInvalidArgument, "jsn");
+  expect_error(R"({"prompt": "a", "structured_outputs": {"json_object": false}})", ErrorCode::kInvalidArgument,
+               "json_object");
+  expect_error(R"({"prompt": "a", "response_format": {"type": "xml"}})", ErrorCode::kInvalidArgument, "xml");
+  expect_error(R"({"prompt": "a", "response_format": {"type": "json_schema"}})", ErrorCode::kInvalidArgument,
+               "json_schema");
+  expect_error(R"({"prompt": "a", "response_format": "json"})", ErrorCode::kInvalidArgument, "'response_format'");
+}
+
 TEST(OpenAiRequest, LogprobsFollowEachApisForm) {
   EXPECT_EQ(parse_ok(R"({"prompt": "a"})").logprobs, -1);
   EXPECT_EQ(parse_ok(R"({"prompt": "a", "logprobs": null})").logprobs, -1);
@@ -179,7 +233,7 @@ TEST(OpenAiRequest, LogprobsFollowEachApisForm) {
 }
 
 // Chat tools: rendered in vLLM's form; tool_choice auto (default) parses calls, none leaves the
-// text; forcing a call or streaming parsed calls is refused with the reason.
+// text, required or a named function forces calls (a structured output).
 TEST(OpenAiRequest, ChatToolsAndToolChoice) {
   const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
   const std::string tools = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "a": 2}}}])";
@@ -193,11 +247,29 @@ TEST(OpenAiRequest, ChatToolsAndToolChoice) {
   EXPECT_FALSE(none->parse_tool_calls);
   EXPECT_FALSE(parse_chat_request("{" + msgs + "}")->parse_tool_calls);
   EXPECT_TRUE(parse_chat_request("{" + msgs + ", " + tools + R"(, "stream": true})")->parse_tool_calls);
+  // Forcing a call is a structured output: Hermes blocks whose arguments follow the parameters
+  // (the structured-output tests run it; here, what is accepted and what is refused).
+  const std::string typed = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+      "properties": {"q": {"type": "string"}}, "required": ["q"]}}}, {"type": "function", "function": {"name": "g"}}])";
   for (const std::string extra : {R"(, "tool_choice": "required")", R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})"}) {
-    auto r = parse_chat_request("{" + msgs + ", " + tools + extra + "}");
-    ASSERT_FALSE(r.ok()) << extra;
-    EXPECT_EQ(r.error().code, ErrorCode::kUnsupported) << extra;
+    auto r = parse_chat_request("{" + msgs + ", " + typed + extra + "}");
+    ASSERT_TRUE(r.ok()) << extra << ": " << r.error().message;
+    EXPECT_EQ(r->req.guided_from, "tool_choice");
+    EXPECT_NE(r->req.guided_regex.find("<tool_call>"), std::string::npos);
+    EXPECT_TRUE(r->parse_tool_calls);
   }
+  for (const auto& [extra, what] : std::vector<std::pair<std::string, std::string>>{
+           {R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}})", "'nope'"},
+           {R"(, "tool_choice": "sometimes")", "sometimes"},
+           {R"(, "tool_choice": "required", "guided_regex": "x")", "cannot be combined"}}) {
+    auto r = parse_chat_request("{" + msgs + ", " + typed + extra + "}");
+    ASSERT_FALSE(r.ok()) << extra;
+    EXPECT_NE(r.error().message.find(what), std::string::npos) << r.error().message;
+  }
+  // Parameters the converter cannot enforce (the toy schema above: no type, unknown keys) are refused, naming the tool.
+  auto loose = parse_chat_request("{" + msgs + ", " + tools + R"(, "tool_choice": "required"})");
+  ASSERT_FALSE(loose.ok());
+  EXPECT_NE(loose.error().message.find("'f'"), std::string::npos) << loose.error().message;
   EXPECT_EQ(parse_chat_request("{" + msgs + R"(, "tools": [{"type": "function"}]})").error().code,
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(parse_chat_request("{" + msgs + R"(, "tool_choice": "auto"})").error().code, ErrorCode::kInvalidArgument);

@@ -1246,8 +1246,11 @@ TEST_F(ServerTest, ChatToolsAreRenderedIntoThePrompt) {
   EXPECT_EQ(finish, with_tools["choices"][0]["finish_reason"]);
   auto [s4, forced] = post("/v1/chat/completions", json{{"messages", messages}, {"tools", tools},
                                                         {"tool_choice", "required"}}.dump());
+  // Forcing a call needs a "{", which tinystories' vocabulary cannot spell (StructuredOutputTest
+  // forces calls on a model whose can).
   EXPECT_EQ(s4, 400);
-  EXPECT_NE(forced["error"]["message"].get<std::string>().find("tool_choice"), std::string::npos);
+  EXPECT_NE(forced["error"]["message"].get<std::string>().find("no token of the vocabulary"), std::string::npos)
+      << forced.dump();
 }
 
 // A KV memory smaller than the context caps max_model_len at what one trajectory holds (as vLLM

@@ -1,0 +1,253 @@
+// Structured outputs end to end (Server::complete, no HTTP), checked against references nobody
+// here wrote: std::regex for regexes and choices, nlohmann::json for JSON documents.
+//   - tinystories-656k and its adapters write choices and regexes in its own words (its 2048
+//     tokens spell no brace: a JSON request there fails with a message saying so);
+//   - JSON runs on the built-in synthetic model (random weights, one token a byte: every text is
+//     spellable, and random logits push the guide into every corner of its language).
+// The languages are finite (bounded strings, enums, booleans) so every completion must end with
+// "stop" at a whole match, greedy or sampled, for every agent.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "model/synthetic.h"
+#include "server/chat_template.h"
+#include "server/openai_api.h"
+#include "server/server.h"
+#include "test_util.h"
+#include "tiny_agents.h"
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::json;
+
+class StructuredOutputTest : public testing::TinyAgentsTest {
+ protected:
+  void SetUp() override {
+    TinyAgentsTest::SetUp();
+    for (auto& a : adapters_) ASSERT_TRUE(reg_.add(std::move(a)).ok());
+    server_ = start(*model_, tok_.get(), reg_);
+    auto synth = make_synthetic_model(SyntheticSpec{}, *be_);
+    ASSERT_TRUE(synth.ok()) << synth.error().message;
+    synth_ = std::move(*synth);
+    bytes_ = make_byte_tokenizer();
+    for (auto& a : make_synthetic_adapters(synth_->config())) ASSERT_TRUE(synth_reg_.add(std::move(a)).ok());
+    synth_server_ = start(*synth_, bytes_.get(), synth_reg_);
+  }
+  std::unique_ptr<Server> start(LlamaModel& m, const Tokenizer* tok, AdapterRegistry& reg) {
+    ServerOptions o;
+    o.base_name = "tiny";
+    o.pool.replay.sharing.mode = ShareMode::kBaseLr;
+    o.pool.replay.sharing.max_tokens = 512;
+    auto s = Server::create(m, tok, &reg, o);
+    EXPECT_TRUE(s.ok()) << s.error().message;
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  void TearDown() override {
+    for (Server* s : {server_.get(), synth_server_.get()})
+      if (s) s->stop();
+  }
+  // The request's choices (ok), or its error.
+  static Result<std::vector<CompletionChoice>> complete(Server& s, const json& body) {
+    auto r = parse_completion_request(body.dump());
+    if (!r.ok()) return r.error();
+    return s.complete(*r);
+  }
+  Result<std::vector<CompletionChoice>> complete(const json& body) { return complete(*server_, body); }
+  AdapterRegistry reg_, synth_reg_;
+  std::unique_ptr<Server> server_, synth_server_;
+  std::unique_ptr<LlamaModel> synth_;
+  std::unique_ptr<Tokenizer> bytes_;
+};
+
+const char* kPrompt = "Once upon a time, there was a little girl named Lily. She";
+
+TEST_F(StructuredOutputTest, ChoicesAndRegexesEndAtAWholeMatch) {
+  const std::vector<std::string> choices = {"happy", "sad", "a big red dog", "1+1"};
+  for (const char* model : {"tiny", "plan", "action"}) {
+    SCOPED_TRACE(model);
+    auto c = complete({{"model", model}, {"prompt", kPrompt}, {"max_tokens", 20}, {"temperature", 0},
+                       {"guided_choice", choices}});
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_NE(std::find(choices.begin(), choices.end(), (*c)[0].text), choices.end()) << (*c)[0].text;
+    EXPECT_EQ((*c)[0].finish_reason, "stop");
+    // Free, the same request writes something else (else the guide proved nothing).
+    auto free = complete({{"model", model}, {"prompt", kPrompt}, {"max_tokens", 20}, {"temperature", 0}});
+    ASSERT_TRUE(free.ok());
+    EXPECT_EQ(std::find(choices.begin(), choices.end(), (*free)[0].text), choices.end());
+
+    const std::string re = " (?:yes|no), [a-z]{3,8}(?: [a-z]{2,5}){0,2}\\.";
+    auto r = complete({{"model", model}, {"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 1.0},
+                       {"seed", 11}, {"n", 3}, {"guided_regex", re}});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    ASSERT_EQ(r->size(), 3u);
+    for (const CompletionChoice& ch : *r) {
+      EXPECT_TRUE(std::regex_match(ch.text, std::regex(re))) << ch.text;
+      EXPECT_EQ(ch.finish_reason, "stop") << ch.text;
+    }
+  }
+}
+
+TEST_F(StructuredOutputTest, JsonSchemasGiveDocumentsThatHoldTheirFields) {
+  const json schema = {
+      {"type", "object"},
+      {"properties",
+       {{"name", {{"type", "string"}, {"minLength", 1}, {"maxLength", 10}}},
+        {"happy", {{"type", "boolean"}}},
+        {"color", {{"enum", {"red", "blue", "green"}}}},
+        {"pet", {{"anyOf", {{{"type", "null"}}, {{"type", "string"}, {"maxLength", 6}}}}}}}},
+      {"required", {"name", "happy", "color"}}};
+  for (const json& form : {json{{"guided_json", schema}},
+                           json{{"response_format",
+                                 {{"type", "json_schema"}, {"json_schema", {{"name", "story"}, {"schema", schema}}}}}}}) {
+    for (double temperature : {0.0, 1.0}) {
+      json body = {{"model", "reflect"}, {"prompt", kPrompt}, {"max_tokens", 150}, {"temperature", temperature},
+                   {"seed", 3}, {"n", 2}};
+      body.update(form);
+      auto r = complete(*synth_server_, body);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      for (const CompletionChoice& ch : *r) {
+        SCOPED_TRACE(ch.text);
+        EXPECT_EQ(ch.finish_reason, "stop");
+        const json doc = json::parse(ch.text, nullptr, /*allow_exceptions=*/false);
+        ASSERT_TRUE(doc.is_object());
+        ASSERT_TRUE(doc.contains("name") && doc["name"].is_string());
+        const std::string name = doc["name"].get<std::string>();
+        const auto chars = static_cast<size_t>(std::count_if(
+            name.begin(), name.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+        EXPECT_GE(chars, 1u);
+        EXPECT_LE(chars, 10u);
+        EXPECT_TRUE(doc["happy"].is_boolean());
+        EXPECT_TRUE(doc["color"] == "red" || doc["color"] == "blue" || doc["color"] == "green");
+        if (doc.contains("pet")) EXPECT_TRUE(doc["pet"].is_null() || doc["pet"].is_string());
+        for (const auto& [k, v] : doc.items()) EXPECT_TRUE(k == "name" || k == "happy" || k == "color" || k == "pet") << k;
+      }
+    }
+  }
+}
+
+// Any JSON object: a long enough budget ends in a whole object; a short one ends "length" with
+// a prefix of one. Streamed, the pieces join into the same text.
+TEST_F(StructuredOutputTest, JsonObjectsAndStreaming) {
+  json body = {{"model", "plan"}, {"prompt", kPrompt}, {"max_tokens", 6}, {"temperature", 0},
+               {"response_format", {{"type", "json_object"}}}};
+  auto shortened = complete(*synth_server_, body);
+  ASSERT_TRUE(shortened.ok()) << shortened.error().message;
+  EXPECT_EQ((*shortened)[0].finish_reason, "length");
+  EXPECT_EQ((*shortened)[0].text.substr(0, 1), "{");
+  body["max_tokens"] = 300;
+  auto whole = complete(*synth_server_, body);
+  ASSERT_TRUE(whole.ok());
+  if ((*whole)[0].finish_reason == "stop") {
+    const json doc = json::parse((*whole)[0].text, nullptr, false);
+    EXPECT_TRUE(doc.is_object()) << (*whole)[0].text;
+  }
+  EXPECT_EQ((*whole)[0].text.substr(0, (*shortened)[0].text.size()), (*shortened)[0].text);
+  std::string streamed;
+  auto parsed = parse_completion_request(body.dump());
+  ASSERT_TRUE(parsed.ok());
+  auto s = synth_server_->complete(*parsed, [&](const CompletionDelta& d) {
+    streamed += d.text;
+    return true;
+  });
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(streamed, (*whole)[0].text);
+}
+
+// tool_choice required / named on Qwen3's template: the message's tool_calls are the forced
+// calls, each with its function's name and arguments that hold its parameters, finish_reason
+// "tool_calls"; a named function is the one called.
+TEST_F(StructuredOutputTest, ForcedToolCallsFollowTheirParameters) {
+  const std::string cfg_path = testing::fetched_fixtures_dir() + "/qwen3/tokenizer_config.json";
+  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << cfg_path << " missing: run scripts/fetch-fixtures.sh";
+  auto t = ChatTemplate::from_tokenizer_config(testing::read_file(cfg_path), cfg_path);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  ServerOptions o;
+  o.base_name = "tiny";
+  o.chat_template = *t;
+  o.pool.replay.sharing.max_tokens = 2048;
+  auto s = Server::create(*synth_, bytes_.get(), &synth_reg_, o);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto port = (*s)->bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.error().message;
+  std::thread serving([&] { (void)(*s)->serve(); });
+  struct Stop {  // an ASSERT leaving early stops the server too
+    Server& s;
+    std::thread& t;
+    ~Stop() {
+      s.stop();
+      t.join();
+    }
+  } stop{**s, serving};
+  const json tools = json::parse(R"([
+      {"type": "function", "function": {"name": "search", "parameters": {"type": "object",
+        "properties": {"query": {"type": "string", "maxLength": 12}, "top": {"enum": [1, 5, 10]}},
+        "required": ["query"]}}},
+      {"type": "function", "function": {"name": "finish", "parameters": {"type": "object",
+        "properties": {"answer": {"type": "boolean"}}, "required": ["answer"]}}}])");
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "finish"}}}}}) {
+    SCOPED_TRACE(choice.dump());
+    const json body = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Which is older?"}}}},
+                       {"tools", tools}, {"tool_choice", choice}, {"max_tokens", 300}, {"temperature", 0.7},
+                       {"seed", 2}};
+    httplib::Client c("127.0.0.1", *port);
+    c.set_read_timeout(120, 0);
+    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    const json answer = json::parse(res->body);
+    const json& ch = answer["choices"][0];
+    EXPECT_EQ(ch["finish_reason"], "tool_calls") << ch.dump();
+    const json& calls = ch["message"]["tool_calls"];
+    ASSERT_TRUE(calls.is_array() && !calls.empty()) << ch.dump();
+    EXPECT_TRUE(ch["message"]["content"].is_null()) << ch.dump();
+    if (choice.is_object()) EXPECT_EQ(calls.size(), 1u);
+    for (const json& call : calls) {
+      const std::string name = call["function"]["name"];
+      const json args = json::parse(call["function"]["arguments"].get<std::string>());
+      if (name == "search") {
+        EXPECT_TRUE(args["query"].is_string());
+        if (args.contains("top")) EXPECT_TRUE(args["top"] == 1 || args["top"] == 5 || args["top"] == 10);
+      } else {
+        ASSERT_EQ(name, "finish");
+        EXPECT_TRUE(args["answer"].is_boolean());
+      }
+      if (choice.is_object()) EXPECT_EQ(name, "finish");
+    }
+  }
+}
+
+// What cannot be followed is a 400 before anything runs: a bad regex, a schema keyword the
+// converter cannot enforce; and a server without a tokenizer cannot guide at all.
+TEST_F(StructuredOutputTest, BadPatternsAreRequestErrors) {
+  auto bad = complete({{"prompt", kPrompt}, {"guided_regex", "(ab"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.error().message.find("guided_regex"), std::string::npos) << bad.error().message;
+  auto backref = complete({{"prompt", kPrompt}, {"guided_regex", "(a)\\1"}});
+  ASSERT_FALSE(backref.ok());
+  EXPECT_EQ(backref.error().code, ErrorCode::kUnsupported);
+  auto empty = complete({{"prompt", kPrompt}, {"guided_regex", "[^\\x00-\\u{10FFFF}]"}});
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.error().message.find("matches no text"), std::string::npos) << empty.error().message;
+  // tinystories' vocabulary has no "{": the request fails, saying why.
+  auto no_brace = complete({{"prompt", kPrompt}, {"response_format", {{"type", "json_object"}}}});
+  ASSERT_FALSE(no_brace.ok());
+  EXPECT_NE(no_brace.error().message.find("no token of the vocabulary"), std::string::npos) << no_brace.error().message;
+  // The server keeps serving.
+  auto ok = complete({{"prompt", kPrompt}, {"max_tokens", 4}, {"guided_choice", {"yes"}}});
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ((*ok)[0].text, "yes");
+}
+
+}  // namespace
+}  // namespace lragent::server
