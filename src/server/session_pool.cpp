@@ -290,6 +290,11 @@ void SessionPool::unacquire(const Lease& lease) {
 void SessionPool::cut_and_release(int64_t id, int64_t keep) {
   Entry* e = find(id);
   if (!e) return;
+  // Less than a page (a fresh trajectory's BOS, most often) is not worth keeping for a later
+  // request's prefix, as a copy is not taken for less (acquire) and vLLM's prefix cache keeps only
+  // whole blocks. Kept, another agent's request would extend it and, in base-lr, read a BOS entry
+  // this agent computed: its answer would then depend on which request ran before.
+  if (keep < opts_.replay.sharing.page_size) return drop(id);
   e->session->truncate(keep);
   e->held = false;
   e->last_prompt = static_cast<int64_t>(e->session->trajectory().size());

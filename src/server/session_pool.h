@@ -102,7 +102,8 @@ class SessionPool {
   // request took it, Lease::reused_tokens, computed by whichever agents computed them) and kept
   // unheld, its pages past them back to the memory. The request resumes on it, computing only its
   // own tokens again and reading the same entries as before, unless the memory needed it dropped
-  // too (evict_idle), as vLLM's prefix cache keeps a preempted request's shared blocks.
+  // too (evict_idle), as vLLM's prefix cache keeps a preempted request's shared blocks. Cut back to
+  // less than a page, it is dropped instead.
   void cut_and_release(int64_t id, int64_t keep);
   // Drops the least recently used trajectory that holds KV memory, no request holds, and no
   // live copy shares blocks with (it is kept only for a later request's prefix); false when there

@@ -495,6 +495,38 @@ TEST_F(SessionPoolTest, AConversationThatPartsStartsFromACopyOfTheCommonPrefix) 
 // those tokens computes: the same tokens and logits, in every mode. Reference: a fresh session
 // where plan is forced through the kept part of its own output, so every kept position has the
 // same origin (plan) as in the cut trajectory.
+// A preempted request's trajectory is kept cut back to what it held before the request took it
+// (Server::preempt), but not when that is less than a page: a fresh trajectory's BOS kept alone
+// would be extended by the next request of any agent, which in base-lr then reads this agent's
+// BOS entry instead of computing its own (an answer that depends on what ran before; seen as a
+// flaky logprob in ServerTest.AKvMemoryTooSmallForEveryRequestPreemptsAndEachGetsWhatItGetsAlone).
+TEST_F(SessionPoolTest, APreemptedTrajectoryCutToLessThanAPageIsDropped) {
+  auto p = pool(ShareMode::kBaseLr, 4);
+  ASSERT_NE(p, nullptr);
+  const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max.");
+  auto held = p->acquire("plan", prompt);
+  ASSERT_TRUE(held.ok() && *held);
+  const SessionPool::Lease l = **held;
+  EXPECT_EQ(l.reused_tokens, 1);  // the BOS a new trajectory starts with
+  ASSERT_TRUE(l.session->run_agent("plan", 4, {}, {}).ok());
+  p->cut_and_release(l.id, l.reused_tokens);
+  for (const auto& i : p->sessions()) EXPECT_NE(i.id, l.id);
+  // The next request of another agent starts a trajectory of its own, not on plan's BOS.
+  auto next = acquire(*p, "reflect", encode("Sam found a shell"));
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(next->fresh);
+  EXPECT_EQ(next->session->kv().processed(next->session->agent_index("plan")), 0);
+  // A page or more is kept, cut back.
+  auto again = p->acquire("plan", prompt);
+  ASSERT_TRUE(again.ok() && *again);
+  ASSERT_TRUE((*again)->session->run_agent("plan", 20, {}, {}).ok());
+  const int64_t page = options(ShareMode::kBaseLr).replay.sharing.page_size;
+  p->cut_and_release((*again)->id, page);
+  bool kept = false;
+  for (const auto& i : p->sessions()) kept = kept || (i.id == (*again)->id && i.tokens == page && !i.running);
+  EXPECT_TRUE(kept);
+}
+
 TEST_F(SessionPoolTest, ACutTrajectoryComputesAsOneThatNeverHeldTheCutTokens) {
   const std::vector<int32_t> prompt = encode("Once upon a time, there was a little dog named Max.");
   for (ShareMode mode : kAllShareModes) {
