@@ -51,7 +51,7 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
   t->want_logprobs_ = t->dec_.logprobs >= 0 && free_pick;
   if (t->dec_.guide && resumed == 0) t->guide_state_ = t->dec_.guide->start();
   t->shape_ = free_pick && (!t->dec_.logit_bias.empty() || t->dec_.min_tokens > 0 || t->dec_.min_p > 0.f ||
-                            t->dec_.guide != nullptr);
+                            t->dec_.guide != nullptr || !t->dec_.allowed_ids.empty());
   t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_;
   t->done_ = t->n_ <= 0;
   return t;

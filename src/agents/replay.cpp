@@ -195,6 +195,13 @@ void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, si
   if (before_penalties) {
     for (const auto& [id, bias] : dec.logit_bias)
       if (id >= 0 && id < vocab) row[static_cast<size_t>(id)] += bias;
+    if (!dec.allowed_ids.empty()) {  // every other id out, the stop ids too (as vLLM's processor)
+      std::vector<float> kept;
+      for (int32_t id : dec.allowed_ids) kept.push_back(id >= 0 && id < vocab ? row[static_cast<size_t>(id)] : neg_inf);
+      std::fill(row.begin(), row.end(), neg_inf);
+      for (size_t k = 0; k < kept.size(); ++k)
+        if (dec.allowed_ids[k] >= 0 && dec.allowed_ids[k] < vocab) row[static_cast<size_t>(dec.allowed_ids[k])] = kept[k];
+    }
     if (static_cast<int64_t>(generated) < dec.min_tokens)
       for (int32_t id : dec.stop_ids)
         if (id >= 0 && id < vocab) row[static_cast<size_t>(id)] = neg_inf;

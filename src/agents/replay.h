@@ -85,6 +85,7 @@ struct AgentDecode {
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those ids' logits
   int min_tokens = 0;  // stop_ids cannot be picked before this many tokens (their logits are -inf)
   float min_p = 0.f;   // sampled rows keep only tokens of probability >= min_p x the top one's
+  std::vector<int32_t> allowed_ids;  // vLLM's allowed_token_ids: no other id is picked (empty: any)
   // Structured output (vLLM's guided decoding): each pick keeps the step's text a prefix of a
   // match of this guide, a stop id may end the step only at a whole match, and the step ends
   // ("stop") once the text is a match nothing can extend. Applied after logit_bias and

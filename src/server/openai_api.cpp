@@ -438,7 +438,12 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr),
                               "a prompt read from a shared cache is not recomputed, so it has no log-probabilities"));
   // Present at all: refused.
-  for (const char* g : {"guided_grammar", "allowed_token_ids", "bad_words", "logits_processors"})
+  const json& allowed = field(body, "allowed_token_ids");
+  if (!allowed.is_null()) {
+    LRA_ASSIGN_OR_RETURN(r.allowed_token_ids, get_ids(allowed, "'allowed_token_ids'"));
+    if (r.allowed_token_ids.empty()) return bad("'allowed_token_ids' is empty: it would allow no token at all");
+  }
+  for (const char* g : {"guided_grammar", "bad_words", "logits_processors"})
     if (!field(body, g).is_null())
       return Error{ErrorCode::kUnsupported,
                    fmt::format("'{}' is not supported: lragent's structured outputs take guided_json, guided_regex, "

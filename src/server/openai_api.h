@@ -53,6 +53,8 @@ struct CompletionRequest {
   std::vector<std::pair<int32_t, float>> logit_bias;
   int min_tokens = 0;
   float min_p = 0.f;
+  // vLLM's allowed_token_ids: only these ids may be generated (empty: any).
+  std::vector<int32_t> allowed_token_ids;
   // Structured output: the completion's text matches this regex whole (engine/guide/byte_dfa.h's
   // dialect), made from whichever of OpenAI's response_format (json_object, json_schema) and
   // vLLM's guided_json, guided_regex, guided_choice or structured_outputs the request gave (one

@@ -213,6 +213,7 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   if (!tok_ && !req.stop.empty())
     return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
   for (const auto& [id, bias] : req.logit_bias) LRA_RETURN_IF_ERROR(check_vocab({&id, 1}, "logit_bias"));
+  LRA_RETURN_IF_ERROR(check_vocab(req.allowed_token_ids, "allowed_token_ids"));
   if (!req.guided_from.empty()) {
     if (!tok_)
       return make_error(ErrorCode::kInvalidArgument,
@@ -658,6 +659,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   dec.logit_bias = req.logit_bias;
   dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
   dec.min_p = req.min_p;
+  dec.allowed_ids = req.allowed_token_ids;
   dec.guide = p.guide.get();  // shared by the request's choices, all run on this thread
   if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
   dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());

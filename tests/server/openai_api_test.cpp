@@ -130,7 +130,8 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "include_stop_str_in_output": true})", ErrorCode::kUnsupported, "include_stop_str");
   expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 5})", ErrorCode::kUnsupported, "truncate_prompt_tokens");
   expect_error(R"({"prompt": "a", "guided_grammar": "root ::= x"})", ErrorCode::kUnsupported, "guided_grammar");
-  expect_error(R"({"prompt": "a", "allowed_token_ids": [1, 2]})", ErrorCode::kUnsupported, "allowed_token_ids");
+  expect_error(R"({"prompt": "a", "allowed_token_ids": []})", ErrorCode::kInvalidArgument, "allowed_token_ids");
+  expect_error(R"({"prompt": "a", "allowed_token_ids": [1, "x"]})", ErrorCode::kInvalidArgument, "allowed_token_ids");
   expect_error(R"({"prompt": "a", "bad_words": ["x"]})", ErrorCode::kUnsupported, "bad_words");
   expect_error(R"({"prompt": "a", "use_beam_search": true})", ErrorCode::kUnsupported, "use_beam_search");
   expect_error(R"({"prompt": "a", "length_penalty": 0.5})", ErrorCode::kUnsupported, "length_penalty");
@@ -141,6 +142,7 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
 
 // vLLM's logits processors: logit_bias clamped to [-100, 100] as vLLM clamps it, min_tokens, min_p.
 TEST(OpenAiRequest, LogitBiasMinTokensAndMinP) {
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "allowed_token_ids": [7, 3]})").allowed_token_ids, (std::vector<int32_t>{7, 3}));
   CompletionRequest r = parse_ok(R"({"prompt": "a", "logit_bias": {"5": 10, "7": -300.5}, "min_tokens": 4, "min_p": 0.05})");
   ASSERT_EQ(r.logit_bias.size(), 2u);
   EXPECT_EQ(r.logit_bias[0], (std::pair<int32_t, float>{5, 10.f}));

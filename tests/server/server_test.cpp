@@ -434,7 +434,7 @@ TEST_F(ServerTest, LogprobsChangeNoTokenAndAreTakenBeforePenalties) {
 // vLLM's logits processors, each checked by what it must do to the greedy choice: logit_bias
 // moves the pick, min_tokens keeps a stop id (and a stop string) out, min_p = 1 leaves only the
 // top token (so a sampled request is greedy), min_p = 0 changes nothing.
-TEST_F(ServerTest, LogitBiasMinTokensAndMinPDoWhatVllmsDo) {
+TEST_F(ServerTest, LogitBiasAllowedIdsMinTokensAndMinPDoWhatVllmsDo) {
   start(ShareMode::kBase);
   const std::string prompt = "Once upon a time, there was a little girl named Lily.";
   auto run = [&](json extra) {
@@ -487,6 +487,14 @@ TEST_F(ServerTest, LogitBiasMinTokensAndMinPDoWhatVllmsDo) {
       << "this seed samples the greedy tokens: min_p = 1 above would prove nothing";
   EXPECT_EQ(run({{"temperature", 1.0}, {"seed", 3}, {"min_p", 0.0}})["lragent"]["choices"][0]["token_ids"],
             sampled["lragent"]["choices"][0]["token_ids"]);
+
+  // allowed_token_ids: the greedy pick among the runner-up and one more id is the runner-up, every
+  // step only those ids (the greedy first token left out).
+  const json allowed = run({{"allowed_token_ids", {runner_up, 13}}});
+  for (const json& id : allowed["lragent"]["choices"][0]["token_ids"]) EXPECT_TRUE(id == runner_up || id == 13) << id;
+  EXPECT_EQ(allowed["lragent"]["choices"][0]["token_ids"][0], runner_up);
+  auto [bad_id, bad_id_err] = complete({{"prompt", prompt}, {"allowed_token_ids", {999999}}});
+  EXPECT_EQ(bad_id, 400) << bad_id_err.dump();
 
   auto [bad, err] = complete({{"prompt", prompt}, {"logit_bias", {{"999999", 5}}}});
   EXPECT_EQ(bad, 400);
