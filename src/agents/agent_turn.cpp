@@ -125,7 +125,7 @@ void AgentTurn::accept(int32_t tok) {
   begin_ = static_cast<int64_t>(s_.traj_.size());
   s_.traj_.push_back(tok);  // the step's last token is left for whoever runs next
   const bool guided = dec_.guide && forced_.empty();
-  const bool stop_id = std::find(dec_.stop_ids.begin(), dec_.stop_ids.end(), tok) != dec_.stop_ids.end();
+  const bool stop_id = guided && std::find(dec_.stop_ids.begin(), dec_.stop_ids.end(), tok) != dec_.stop_ids.end();
   if (guided && !stop_id) guide_state_ = dec_.guide->advance(guide_state_, tok);
   if (s_.ends(stop_, dec_, r_) || static_cast<int>(r_.output_tokens.size()) >= n_) {
     done_ = true;
