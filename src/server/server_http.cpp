@@ -1,0 +1,423 @@
+// Server's HTTP side: the OpenAI-compatible routes, each turning a request body into
+// Server::complete's work and its answer into JSON or server-sent events (server.cpp runs them).
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <tuple>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <fmt/core.h>
+#include <httplib.h>
+
+#include "server/client_socket.h"
+#include "server/server_internal.h"
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::json;
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+void send_json(httplib::Response& res, int status, const json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+void send_error(httplib::Response& res, const Error& e) { send_json(res, http_status(e.code), error_json(e)); }
+
+// A POST route whose handler gets the body whatever its Content-Type. httplib reads a body sent
+// as application/x-www-form-urlencoded (what `curl -d` sends) as form fields and refuses one over
+// 8 KB with 413; read through a ContentReader, any body up to the payload limit arrives as is.
+void post_route(httplib::Server& svr, const char* route,
+                std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)> handler) {
+  svr.Post(route, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
+                                                 const httplib::ContentReader& read) {
+    std::string body;
+    // Without Content-Length or Transfer-Encoding a request has no body (RFC 9112 6.3); httplib
+    // would read until the client closes, which `curl -X POST URL` never does (5 s, then a bare 400).
+    if (req.has_header("Content-Length") || req.has_header("Transfer-Encoding")) {
+      // A multipart form's parts are read and dropped: the empty body is then refused as no JSON.
+      const bool ok = req.is_multipart_form_data()
+                          ? read([](const httplib::MultipartFormData&) { return true; },
+                                 [](const char*, size_t) { return true; })
+                          : read([&](const char* data, size_t n) {
+                              body.append(data, n);
+                              return true;
+                            });
+      if (!ok) return;  // res.status says why (413: over the payload limit); the error handler writes the body
+    }
+    handler(req, body, res);
+  });
+}
+
+std::string random_id(const char* prefix) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  return fmt::format("{}-{:016x}", prefix, rng());
+}
+
+}  // namespace
+
+Result<int> Server::bind(const std::string& host, int port) {
+  int bound = -1;
+  if (port == 0) {
+    bound = http_->svr.bind_to_any_port(host);
+  } else if (http_->svr.bind_to_port(host, port)) {
+    bound = port;
+  }
+  if (bound < 0)
+    return make_error(ErrorCode::kIo, "cannot listen on {}:{} (in use, or not an address of this machine): pick "
+                      "another --port or --host", host, port);
+  // httplib listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into the library):
+  // a burst of clients connecting at once overflows it and the kernel drops their handshakes
+  // (with SYN cookies some read "connection reset by peer"). listen() again on the listening
+  // socket only raises its backlog (capped by net.core.somaxconn; uvicorn, vLLM's server, asks 2048).
+  if (::listen(http_->socket, 4096) != 0)
+    return make_error(ErrorCode::kIo, "cannot raise the listen backlog of {}:{}: {}", host, bound, std::strerror(errno));
+  http_->bound = true;
+  return bound;
+}
+
+Status Server::serve() {
+  if (!http_->bound) return make_error(ErrorCode::kInternal, "Server::serve before bind");
+  if (!http_->svr.listen_after_bind()) return make_error(ErrorCode::kIo, "the server's socket failed");
+  return Status::Ok();
+}
+
+void Server::stop() {
+  if (http_ && http_->svr.is_running()) http_->svr.stop();
+}
+
+void Server::install_routes() {
+  httplib::Server& svr = http_->svr;
+  svr.set_payload_max_length(opts_.max_body_bytes);
+  const size_t threads = static_cast<size_t>(std::max(opts_.http_threads, 2));
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr.set_keep_alive_timeout(opts_.keep_alive_seconds);
+  // SO_REUSEADDR (a restarted server can listen at once) but not httplib's default SO_REUSEPORT,
+  // with which a second server on a busy port would start and take half of its connections.
+  svr.set_socket_options([this](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    http_->socket = sock;  // the one bound last is the one that listens (bind() raises its backlog)
+  });
+  svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (opts_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key)
+      return httplib::Server::HandlerResponse::Unhandled;
+    send_json(res, 401,
+              json{{"error", {{"message", "missing or wrong API key: send \"Authorization: Bearer <key>\" with the "
+                                          "server's --api-key"},
+                              {"type", "authentication_error"},
+                              {"param", nullptr},
+                              {"code", 401}}}});
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string msg;
+    if (res.status == 404)
+      msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions, "
+                        "POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics",
+                        req.method, req.path);
+    else if (res.status == 413)
+      msg = "the request body is larger than the server accepts";
+    else
+      msg = fmt::format("HTTP {}", res.status);
+    const int status = res.status;
+    const char* type = status == 404 ? "not_found_error" : status >= 500 ? "server_error" : "invalid_request_error";
+    send_json(res, status, json{{"error", {{"message", msg}, {"type", type}, {"param", nullptr}, {"code", status}}}});
+  });
+  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    send_error(res, Error{ErrorCode::kInternal, fmt::format("internal error: {}", what)});
+  });
+  // Counted before the answer is written (the logger runs after it: a client could read
+  // /metrics before its own request was counted).
+  svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Known routes by name; anything else as "other" (a scan of random paths must not grow the
+    // metrics without bound).
+    static const char* const kRoutes[] = {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
+                                          "/lragent/sessions", "/tokenize", "/detokenize", "/metrics"};
+    std::string route = "other";
+    for (const char* r : kRoutes)
+      if (req.path == r) route = r;
+    metrics_.record_http(route, res.status);
+  });
+  if (opts_.log) {
+    svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+      opts_.log(fmt::format("{} {} {} {}", req.remote_addr, req.method, req.path, res.status));
+    });
+  }
+
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json{{"status", "ok"}}); });
+  svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json data = json::array();
+    for (size_t i = 0; i < names_.size(); ++i) {
+      data.push_back({{"id", names_[i]},
+                      {"object", "model"},
+                      {"created", created_},
+                      {"owned_by", "lragent"},
+                      {"root", names_[i]},
+                      {"parent", i == 0 ? json(nullptr) : json(names_[0])},
+                      {"max_model_len", opts_.max_model_len}});
+    }
+    send_json(res, 200, json{{"object", "list"}, {"data", data}});
+  });
+  svr.Get("/lragent/sessions", [this](const httplib::Request&, httplib::Response& res) {
+    std::lock_guard<std::mutex> lock(sessions_mu_);
+    json list = json::array();
+    for (const SessionPool::Info& s : sessions_) {
+      json computed = json::object();
+      for (size_t a = 0; a < s.agents.size(); ++a) computed[s.agents[a]] = s.computed[a];
+      list.push_back({{"id", s.id},
+                      {"running", s.running},
+                      {"tokens", s.tokens},
+                      {"agents", s.agents},
+                      {"computed_tokens", computed},
+                      {"cache", {{"base_bytes", s.bytes.base}, {"lr_bytes", s.bytes.lr}, {"full_bytes", s.bytes.full},
+                                 {"total_bytes", s.bytes.total()}}}});
+    }
+    send_json(res, 200, json{{"kv_share", share_mode_name(share_mode())},
+                             {"sessions", list},
+                             {"evicted_sessions", sessions_kv_.evicted},
+                             {"preempted_requests", sessions_kv_.preempted},
+                             {"copied_sessions", sessions_kv_.copied},
+                             // the one KV memory of every trajectory (null with an arena each):
+                             // bytes in use, a page shared by copies once
+                             {"kv_memory", sessions_kv_.arena_capacity < 0
+                                               ? json(nullptr)
+                                               : json{{"used_bytes", sessions_kv_.arena_used},
+                                                      {"bytes", sessions_kv_.arena_capacity}}}});
+  });
+  // A known route with the wrong method: 405, as vLLM answers.
+  auto wrong_method = [](const char* allow) {
+    return [allow](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", allow);
+      send_json(res, 405, json{{"error", {{"message", fmt::format("{} takes {}, not {}", req.path, allow, req.method)},
+                                          {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
+    };
+  };
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}) {
+    svr.Get(route, wrong_method("POST"));
+    svr.Put(route, wrong_method("POST"));
+    svr.Delete(route, wrong_method("POST"));
+    svr.Patch(route, wrong_method("POST"));
+  }
+  for (const char* route : {"/v1/models", "/health", "/lragent/sessions", "/metrics"}) {
+    svr.Post(route, wrong_method("GET"));
+    svr.Put(route, wrong_method("GET"));
+    svr.Delete(route, wrong_method("GET"));
+    svr.Patch(route, wrong_method("GET"));
+  }
+  // Never waits for the engine: the figures are those the last request left (metrics.h).
+  svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.status = 200;
+    res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  post_route(svr, "/tokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+    auto parsed = parse_tokenize_request(body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
+    if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to tokenize with"});
+    std::string text = parsed->prompt;
+    if (parsed->chat) {
+      auto rendered = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools);
+      if (!rendered.ok()) return send_error(res, rendered.error());
+      text = std::move(*rendered);
+    }
+    auto ids = tok_->encode(text, parsed->add_special_tokens);
+    if (!ids.ok()) return send_error(res, ids.error());
+    json strs = nullptr;
+    if (parsed->return_token_strs) {
+      strs = json::array();
+      for (int32_t id : *ids) strs.push_back(tok_->id_to_token(id));
+    }
+    send_json(res, 200, json{{"count", ids->size()}, {"max_model_len", opts_.max_model_len}, {"tokens", *ids},
+                             {"token_strs", std::move(strs)}});
+  });
+  post_route(svr, "/detokenize", [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+    auto parsed = parse_detokenize_request(body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    if (auto agent = agent_for(parsed->model); !agent.ok()) return send_error(res, agent.error());
+    if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to decode with"});
+    if (Status in_vocab = check_vocab(parsed->tokens, "tokens"); !in_vocab.ok()) return send_error(res, in_vocab.error());
+    send_json(res, 200, json{{"prompt", tok_->decode(parsed->tokens)}});
+  });
+  post_route(svr, "/v1/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
+    auto parsed = parse_completion_request(body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    respond(std::move(*parsed), /*chat=*/false, http, res);
+  });
+  post_route(svr, "/v1/chat/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
+    if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
+    auto parsed = parse_chat_request(body);
+    if (!parsed.ok()) return send_error(res, parsed.error());
+    auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools);
+    if (!text.ok()) return send_error(res, text.error());
+    CompletionRequest req = std::move(parsed->req);
+    PromptInput p;
+    p.text = std::move(*text);
+    p.add_special_tokens = false;  // the template wrote BOS (or wants none), as vLLM tokenizes chat
+    req.prompts = {std::move(p)};
+    respond(std::move(req), /*chat=*/true, http, res, parsed->parse_tool_calls);
+  });
+}
+
+void Server::respond(CompletionRequest req, bool chat, const httplib::Request& http, httplib::Response& res,
+                     bool tool_calls) {
+  const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
+  const int64_t created = unix_now();
+  // Errors found before the first byte (unknown model, too long) are HTTP errors, also when
+  // streaming; later ones are an error event there.
+  auto prepared = prepare(req);
+  if (!prepared.ok()) return send_error(res, prepared.error());
+  const std::string model = prepared->agent;
+  auto usage_of = [](const std::vector<CompletionChoice>& cs) {
+    const auto [prompt, completion] = count_tokens(cs);
+    return json{{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+  };
+  auto stop_reason = [](const CompletionChoice& c) {
+    return c.stop_reason ? json(*c.stop_reason) : c.stop_token ? json(*c.stop_token) : json(nullptr);
+  };
+  const bool want_logprobs = req.logprobs >= 0;
+  // The logprobs object of tokens [from, end) of a choice (null when not asked for); `offset`:
+  // the completions API's text offset, continued across a stream's events.
+  auto logprobs_of = [this, chat, want_logprobs](std::span<const int32_t> ids, std::span<const StepLogprobs> lps,
+                                                 size_t* offset) {
+    return want_logprobs ? logprobs_json(tok_, chat, ids, lps, offset) : json(nullptr);
+  };
+  // A whole choice (non-streaming), or a stream's last event for it (no text; the log-probabilities
+  // of its tokens from `sent` on, which no earlier event carried).
+  auto choice_json = [chat, tool_calls, stop_reason, logprobs_of](size_t index, const CompletionChoice& c, bool whole, size_t sent,
+                                                      size_t* offset) {
+    const size_t from = std::min(sent, c.logprobs.size());
+    json j = {{"index", index},
+              {"logprobs", logprobs_of(std::span(c.token_ids).subspan(std::min(sent, c.token_ids.size())),
+                                       std::span(c.logprobs).subspan(from), offset)},
+              {"finish_reason", c.finish_reason},
+              {"stop_reason", stop_reason(c)}};
+    if (chat) {
+      if (whole) {
+        put_chat_message(j, c.text, tool_calls);
+      } else {
+        j["delta"] = json::object();
+      }
+    } else {
+      j["text"] = whole ? c.text : "";
+    }
+    return j;
+  };
+  auto lragent_json = [this](const std::vector<CompletionChoice>& cs) {
+    json per = json::array();
+    for (const CompletionChoice& c : cs)
+      per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens},
+                     {"prefilled_tokens", c.prefilled_tokens}, {"token_ids", c.token_ids}});
+    return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
+  };
+  if (!req.stream) {
+    // The client is asked while its request waits and runs, as a streaming one is: gone (a
+    // client-side timeout, a killed agent), its request stops ("abort") instead of running on.
+    const int fd = find_client_socket(http.remote_addr, http.remote_port, http.local_port);
+    AliveFn alive;
+    if (fd >= 0) alive = [fd] { return client_still_there(fd); };
+    auto r = run(*prepared, {}, alive);
+    if (!r.ok()) return send_error(res, r.error());
+    json choices = json::array();
+    for (size_t i = 0; i < r->size(); ++i) {
+      size_t offset = 0;
+      choices.push_back(choice_json(i, (*r)[i], true, 0, &offset));
+    }
+    return send_json(res, 200,
+                     json{{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                          {"model", model}, {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
+  }
+  auto p = std::make_shared<const Prepared>(std::move(*prepared));  // the provider is copied: share the ids
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, p, chat, tool_calls, id, created, model, usage_of,
+                                                         choice_json, logprobs_of,
+                                                         lragent_json](size_t, httplib::DataSink& sink) {
+    auto send = [&sink](const json& j) {
+      const std::string line = "data: " + dump(j) + "\n\n";
+      return sink.write(line.data(), line.size());
+    };
+    auto chunk = [&](json choices) {
+      return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                  {"model", model}, {"choices", std::move(choices)}};
+    };
+    auto piece = [chat](size_t index, json delta, json logprobs) {
+      json j = {{"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
+      if (chat) j["delta"] = std::move(delta);
+      else j["text"] = std::move(delta);
+      return j;
+    };
+    std::vector<bool> opened;  // chat: the choice's first event (its role) went out
+    auto open = [&](size_t index) {
+      if (!chat) return true;
+      if (opened.size() <= index) opened.resize(index + 1, false);
+      if (opened[index]) return true;
+      opened[index] = true;
+      return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}}, nullptr)})));
+    };
+    // Per choice: tokens whose log-probabilities went out, and the characters of text streamed
+    // (each event's text_offset starts there, as vLLM's previous_text_lens).
+    std::vector<size_t> sent, offset;
+    std::vector<ToolCallStream> calls;  // per choice, when tool calls are parsed
+    auto grow = [&](size_t index) {
+      if (sent.size() <= index) sent.resize(index + 1, 0), offset.resize(index + 1, 0), calls.resize(index + 1);
+    };
+    // While no piece comes (the request waits or computes its prompt) the socket is checked, so a
+    // client that left before its request ran does not cost it a slot and its compute.
+    const AliveFn alive = [&sink] { return !sink.is_writable || sink.is_writable(); };
+    auto r = run(*p, [&](const CompletionDelta& d) {
+      if (!open(d.index)) return false;
+      grow(d.index);
+      sent[d.index] += d.token_ids.size();
+      size_t at = offset[d.index];
+      json lp = logprobs_of(d.token_ids, d.logprobs, &at);
+      offset[d.index] += utf8_chars(d.text);
+      const std::string text = tool_calls ? calls[d.index].push(d.text) : d.text;
+      if (text.empty() && lp.is_null()) return true;  // held back (a tool call may be starting)
+      return send(chunk(json::array({piece(d.index, chat ? json{{"content", text}} : json(text), std::move(lp))})));
+    }, alive);
+    if (!r.ok()) {
+      send(error_json(r.error()));
+    } else {
+      for (size_t i = 0; i < r->size(); ++i) {
+        open(i);
+        grow(i);
+        json last = choice_json(i, (*r)[i], false, sent[i], &offset[i]);
+        if (tool_calls) {
+          ToolCallStream::End end = calls[i].finish();
+          if (!end.content.empty()) send(chunk(json::array({piece(i, {{"content", end.content}}, nullptr)})));
+          if (!end.tool_calls.empty()) {
+            send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)})));
+            last["finish_reason"] = "tool_calls";
+          }
+        }
+        send(chunk(json::array({std::move(last)})));
+      }
+      if (p->req.include_usage) {
+        json last = chunk(json::array());
+        last["usage"] = usage_of(*r);
+        last["lragent"] = lragent_json(*r);
+        send(last);
+      }
+    }
+    const std::string done = "data: [DONE]\n\n";
+    sink.write(done.data(), done.size());
+    sink.done();
+    return true;
+  });
+}
+
+}  // namespace lragent::server

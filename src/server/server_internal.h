@@ -1,0 +1,50 @@
+// What server.cpp (the engine side: requests, choices, preemption) and server_http.cpp (the HTTP
+// side: routes, responses) share of Server's insides. Not part of the API.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <httplib.h>
+
+#include "server/server.h"
+
+namespace lragent::server {
+
+struct Server::Http {
+  httplib::Server svr;
+  bool bound = false;
+  int socket = -1;  // the socket httplib last made (set_socket_options sees each before its bind)
+};
+
+struct Server::Prepared {
+  CompletionRequest req;
+  std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
+  std::string agent;
+  std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
+  std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
+  std::vector<int> budgets;               // [prompts] tokens to generate at most
+  // The structured output every choice follows (req.guided_regex compiled); null: free text.
+  std::unique_ptr<guide::TokenGuide> guide;
+};
+
+inline int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Prompt and completion tokens of a request's choices; a prompt counts once however many
+// completions (n) it has, as vLLM counts.
+inline std::pair<int64_t, int64_t> count_tokens(const std::vector<CompletionChoice>& cs) {
+  int64_t prompt = 0, completion = 0;
+  for (size_t i = 0; i < cs.size(); ++i) {
+    completion += cs[i].completion_tokens;
+    if (i == 0 || cs[i].prompt_index != cs[i - 1].prompt_index) prompt += cs[i].prompt_tokens;
+  }
+  return {prompt, completion};
+}
+
+}  // namespace lragent::server
