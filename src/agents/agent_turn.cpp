@@ -43,8 +43,15 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
   }
   t->begin_ = s.kv_->catchup_start(a);
   const auto traj = static_cast<int64_t>(s.traj_.size());
-  t->r_.prefilled_tokens = t->n_ > 0 ? traj - t->begin_ : 0;
-  if (t->n_ > 0) LRA_RETURN_IF_ERROR(s.catch_up_partial(a, t->begin_));
+  t->prompt_lp_ = t->dec_.prompt_logprobs >= 0 && t->forced_.empty();
+  if (t->prompt_lp_ && t->begin_ != 0)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "AgentTurn: prompt log-probabilities need a trajectory that agent '{}' computes from its start "
+                      "({} positions are cached already)",
+                      name, t->begin_);
+  const bool runs = t->n_ > 0 || t->prompt_lp_;
+  t->r_.prefilled_tokens = runs ? traj - t->begin_ : 0;
+  if (runs) LRA_RETURN_IF_ERROR(s.catch_up_partial(a, t->begin_));
   t->prompt_len_ = s.traj_.size() - resumed;
   const bool free_pick = t->forced_.empty();
   t->penalize_ = t->dec_.penalties.active() && free_pick;
@@ -52,8 +59,8 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
   if (t->dec_.guide && resumed == 0) t->guide_state_ = t->dec_.guide->start();
   t->shape_ = free_pick && (!t->dec_.logit_bias.empty() || t->dec_.min_tokens > 0 || t->dec_.min_p > 0.f ||
                             t->dec_.guide != nullptr || !t->dec_.allowed_ids.empty());
-  t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_;
-  t->done_ = t->n_ <= 0;
+  t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_ || t->prompt_lp_;
+  t->done_ = !runs;
   return t;
 }
 
@@ -68,12 +75,19 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
   const auto end = static_cast<int64_t>(s_.traj_.size());
   if (end == begin_) return s_.nothing_to_forward(a_, begin_);
   Pass p;
+  if (prompt_lp_ && begin_ + 1 < static_cast<int64_t>(prompt_len_)) {
+    // Every row of the chunk comes to the host: chunks of at most ~128 MB of logits.
+    const int64_t rows = std::max<int64_t>((int64_t{32} << 20) / std::max(s_.model_.config().vocab_size, 1), 1);
+    max_tokens = std::min(max_tokens, rows);
+    p.host_logits = true;
+  }
   p.produces_token = end - begin_ <= std::max<int64_t>(max_tokens, 1);
   chunk_end_ = p.produces_token ? end : begin_ + std::max<int64_t>(max_tokens, 1);
   binding_.reset();  // a binding of an earlier try of this pass goes first (it pins the agent's caches)
   binding_ = s_.kv_->bind(a_);
   toks_.assign(s_.traj_.begin() + begin_, s_.traj_.begin() + chunk_end_);
   p.input = s_.agent_input(a_, toks_, begin_, binding_.get());
+  p.input.all_logits = p.host_logits;  // set above only for the prompt's log-probabilities
   if (p.produces_token) {
     // One draw per token, in token order (as step by step), however often the pass is retried.
     if (!drawn_ && forced_.empty()) pick_ = sampler_->next_row();
@@ -86,11 +100,21 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
 
 Status AgentTurn::complete(float* row, int32_t picked) {
   if (done_ || !binding_) return make_error(ErrorCode::kInternal, "AgentTurn::complete without a pass");
+  const bool all_rows = binding_ && prompt_lp_ && begin_ + 1 < static_cast<int64_t>(prompt_len_);
+  if (all_rows) {
+    if (!row) return make_error(ErrorCode::kInternal, "AgentTurn::complete: the pass needs all its logits rows");
+    record_prompt_logprobs(row);
+    row += static_cast<int64_t>(chunk_end_ - begin_ - 1) * s_.model_.config().vocab_size;  // the pick's row
+  }
   binding_.reset();
   s_.kv_->advance(a_, chunk_end_);
   s_.computed_[static_cast<size_t>(a_)] += chunk_end_ - begin_;
   begin_ = chunk_end_;
   if (begin_ < static_cast<int64_t>(s_.traj_.size())) return Status::Ok();  // a catch-up chunk: no pick
+  if (n_ <= 0) {  // only the prompt's log-probabilities were wanted
+    done_ = true;
+    return Status::Ok();
+  }
   int32_t tok = picked;
   if (host_) {
     if (!row) return make_error(ErrorCode::kInternal, "AgentTurn::complete: the pass needs its logits row");
@@ -132,6 +156,16 @@ void AgentTurn::accept(int32_t tok) {
   } else if (guided && !stop_id && guide_state_ != guide::TokenGuide::kDead && !dec_.guide->can_continue(guide_state_)) {
     done_ = true;  // a whole match nothing extends: the structured output is complete
     r_.finish_reason = "stop";
+  }
+}
+
+void AgentTurn::record_prompt_logprobs(const float* rows) {
+  const int vocab = s_.model_.config().vocab_size;
+  const auto prompt_end = static_cast<int64_t>(prompt_len_);
+  for (int64_t p = begin_; p < chunk_end_ && p + 1 < prompt_end; ++p) {
+    const std::span<const float> row(rows + (p - begin_) * vocab, static_cast<size_t>(vocab));
+    r_.prompt_logprobs.push_back(step_logprobs(row, s_.traj_[static_cast<size_t>(p + 1)], dec_.prompt_logprobs,
+                                               /*with_rank=*/true));
   }
 }
 
@@ -308,21 +342,25 @@ namespace {
 Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::span<const AgentTurn::Pass> passes,
                   std::span<Status> done) {
   std::vector<SeqInput> batch;
-  std::vector<RowSampling> picks;  // [passes] one row each (all_logits is never set)
+  std::vector<RowSampling> picks;  // [passes] one row each (forward_sample: all_logits is never set)
   bool host = false;
   for (const AgentTurn::Pass& p : passes) {
     batch.push_back(p.input);
     picks.push_back(p.pick);
     host = host || p.host_logits;
   }
-  if (host) {  // some turn needs its row: every row comes to the host, the others picked there
+  if (host) {  // some turn needs its rows: every row comes to the host, the others picked there
     LRA_ASSIGN_OR_RETURN(Tensor logits, model.forward(batch));
     const int vocab = model.config().vocab_size;
+    int64_t at = 0;  // the pass's first row
     for (size_t i = 0; i < passes.size(); ++i) {
-      float* row = logits.f32() + static_cast<int64_t>(i) * vocab;
       const AgentTurn::Pass& p = passes[i];
-      const int32_t id = p.produces_token && !p.host_logits ? sample_row(row, vocab, p.pick) : 0;
-      done[i] = turns[i]->complete(p.host_logits ? row : nullptr, id);
+      const int64_t rows = p.input.all_logits ? p.input.n_tokens : 1;
+      float* first = logits.f32() + at * vocab;
+      at += rows;
+      const int32_t id =
+          p.produces_token && !p.host_logits ? sample_row(first + (rows - 1) * vocab, vocab, p.pick) : 0;
+      done[i] = turns[i]->complete(p.host_logits ? first : nullptr, id);
     }
     return Status::Ok();
   }

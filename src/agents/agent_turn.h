@@ -49,11 +49,13 @@ class AgentTurn {
     SeqInput input;
     bool produces_token = false;
     bool host_logits = false;  // complete() needs the row's logits
+    // input.all_logits: complete() takes every row of the pass ([n_tokens, vocab], the last one
+    // the pick's), for the prompt's log-probabilities; host_logits is then set too.
     RowSampling pick;          // the device pick's parameters (its u drawn once per token)
   };
   Result<Pass> next_pass(int64_t max_tokens);
   // The pass ran. `row` [vocab]: its logits when host_logits (may be changed in place), else
-  // null; `picked`: the device's pick otherwise. Ends the step at a stop, on_token declining, or
+  // null ([n_tokens, vocab] when the pass asked for all_logits); `picked`: the device's pick otherwise. Ends the step at a stop, on_token declining, or
   // the token budget.
   Status complete(float* row, int32_t picked);
   // The pending pass failed and will not complete: releases its KV binding (which pins the
@@ -77,6 +79,9 @@ class AgentTurn {
   // Takes token `tok` as the step's next output (the tail of complete() and decode_turns'): a
   // stop or the token budget ends the step.
   void accept(int32_t tok);
+  // The prompt's log-probabilities from the rows [n_tokens, vocab] of the pass over positions
+  // [begin_, chunk_end_): position p's row gives the prompt token at p + 1.
+  void record_prompt_logprobs(const float* rows);
   // decode_turns' steps on this turn's session (AgentTurn is the session's friend):
   // the pass next_pass() gave was launched: its positions count as processed;
   void launched();
@@ -105,6 +110,7 @@ class AgentTurn {
   size_t prompt_len_ = 0;      // penalties' "prompt": the trajectory before this step
   bool host_ = false;          // every token pass picks on the host
   bool penalize_ = false, want_logprobs_ = false, shape_ = false;
+  bool prompt_lp_ = false;     // dec_.prompt_logprobs >= 0: every catch-up pass returns all its rows
   int32_t guide_state_ = 0;    // dec_.guide's state after the step's tokens so far
   bool drawn_ = false;         // pick_ holds the next token's draw
   RowSampling pick_;

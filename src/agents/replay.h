@@ -45,6 +45,9 @@ struct StepResult {
   std::string text;
   std::vector<std::vector<float>> logits;  // [decoded or forced tokens][vocab] (when kept)
   std::vector<StepLogprobs> logprobs;      // [output_tokens] (when AgentDecode::logprobs >= 0)
+  // [prompt tokens - 1] (when AgentDecode::prompt_logprobs >= 0): each prompt token after the
+  // first, given the ones before it, with its rank.
+  std::vector<StepLogprobs> prompt_logprobs;
   double seconds = 0;
 };
 
@@ -80,6 +83,11 @@ struct AgentDecode {
   // >= 0: each generated token's log-probability and its row's `logprobs` most likely tokens
   // (StepResult::logprobs; decoding then runs step by step, as with penalties).
   int logprobs = -1;
+  // >= 0: vLLM's prompt_logprobs, each prompt token's log-probability given the tokens before it,
+  // its rank and its position's `prompt_logprobs` most likely tokens (StepResult::prompt_logprobs).
+  // The agent must compute the whole prompt itself (a fresh trajectory: no entry of it cached),
+  // its rows coming to the host in chunks; with n_generate 0 the step computes the prompt only.
+  int prompt_logprobs = -1;
   // vLLM's logits processors, in vLLM's order: logit_bias and min_tokens, then the penalties,
   // then temperature and min_p, then top-k / top-p. Any of them picks on the host, step by step.
   std::vector<std::pair<int32_t, float>> logit_bias;  // added to those ids' logits

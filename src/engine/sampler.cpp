@@ -35,7 +35,7 @@ void apply_penalties(std::span<float> logits, std::span<const int32_t> prompt, s
   }
 }
 
-StepLogprobs step_logprobs(std::span<const float> logits, int32_t token, int top) {
+StepLogprobs step_logprobs(std::span<const float> logits, int32_t token, int top, bool with_rank) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   auto value = [&](size_t t) { return std::isnan(logits[t]) ? neg_inf : logits[t]; };
   float mx = neg_inf;
@@ -67,6 +67,11 @@ StepLogprobs step_logprobs(std::span<const float> logits, int32_t token, int top
     };
     std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), higher);
     for (size_t i = 0; i < k; ++i) out.top.push_back({ids[i], lp(value(static_cast<size_t>(ids[i])))});
+  }
+  if (with_rank && token >= 0 && static_cast<size_t>(token) < logits.size()) {
+    const float v = value(static_cast<size_t>(token));
+    out.rank = 1;
+    for (size_t t = 0; t < logits.size(); ++t) out.rank += value(t) > v ? 1 : 0;
   }
   return out;
 }

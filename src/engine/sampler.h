@@ -45,10 +45,13 @@ struct TokenLogprob {
 struct StepLogprobs {
   float logprob = 0.f;            // of the token taken
   std::vector<TokenLogprob> top;  // the `top` most likely, highest first (ties: lower id first)
+  // 1 + the number of tokens more likely than the one taken (vLLM's rank); 0 when not asked for.
+  int32_t rank = 0;
 };
 // log_softmax over logits [vocab] (in double), the value at `token` and the top `top` entries.
 // NaN logits count as -inf (never among the top).
-StepLogprobs step_logprobs(std::span<const float> logits, int32_t token, int top);
+// with_rank: StepLogprobs::rank too (a prompt token's, as vLLM's prompt_logprobs give it).
+StepLogprobs step_logprobs(std::span<const float> logits, int32_t token, int top, bool with_rank = false);
 
 class Sampler {
  public:

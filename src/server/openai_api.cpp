@@ -144,10 +144,13 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
     return bad(fmt::format("'min_tokens' ({}) must not exceed 'max_tokens' ({})", r.min_tokens, r.max_tokens));
   LRA_ASSIGN_OR_RETURN(int64_t logprobs, get_int(body, "logprobs", -1, 0, kMaxLogprobs));
   r.logprobs = static_cast<int>(logprobs);
-  if (r.logprobs >= 0 && r.echo)
+  // echo with logprobs: the prompt's tokens come first in the logprobs object (OpenAI's legacy
+  // completions; what lm-evaluation-harness asks a server for), computed as prompt_logprobs.
+  if (r.logprobs >= 0 && r.echo) r.prompt_logprobs = std::max(r.prompt_logprobs, r.logprobs);
+  if (r.prompt_logprobs >= 0 && r.stream)
     return Error{ErrorCode::kUnsupported,
-                 "'logprobs' with \"echo\": true is not supported: it asks for the prompt's log-probabilities, and "
-                 "lragent does not recompute a prompt whose cache it shares; drop echo"};
+                 "the prompt's log-probabilities ('prompt_logprobs', or 'logprobs' with \"echo\": true) are not "
+                 "streamed: send the request with \"stream\": false"};
   LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
   return r;
 }
@@ -224,6 +227,9 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   LRA_ASSIGN_OR_RETURN(int64_t top, get_int(body, "top_logprobs", -1, 0, kMaxLogprobs));
   if (top >= 0 && !logprobs) return bad("'top_logprobs' needs \"logprobs\": true");
   if (logprobs) c.req.logprobs = static_cast<int>(std::max<int64_t>(top, 0));
+  if (c.req.prompt_logprobs >= 0 && c.req.stream)
+    return Error{ErrorCode::kUnsupported,
+                 "'prompt_logprobs' are not streamed: send the request with \"stream\": false"};
   LRA_RETURN_IF_ERROR(neutral(body, "echo", json(false), "a chat completion never repeats the conversation"));
   LRA_RETURN_IF_ERROR(neutral(body, "continue_final_message", json(false), "the final message is never continued"));
   LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
@@ -435,8 +441,9 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   r.min_p = static_cast<float>(min_p);
   LRA_RETURN_IF_ERROR(neutral(body, "include_stop_str_in_output", json(false), "the stop string is never in the text"));
   LRA_RETURN_IF_ERROR(neutral(body, "truncate_prompt_tokens", json(nullptr), "a prompt is never truncated"));
-  LRA_RETURN_IF_ERROR(neutral(body, "prompt_logprobs", json(nullptr),
-                              "a prompt read from a shared cache is not recomputed, so it has no log-probabilities"));
+  LRA_ASSIGN_OR_RETURN(int64_t prompt_logprobs, get_int(body, "prompt_logprobs", -1, 0, kMaxLogprobs));
+  r.prompt_logprobs = static_cast<int>(prompt_logprobs);
+  r.show_prompt_logprobs = r.prompt_logprobs >= 0;
   // Present at all: refused.
   const json& allowed = field(body, "allowed_token_ids");
   if (!allowed.is_null()) {
@@ -570,6 +577,42 @@ json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids
   if (text_offset) *text_offset = offset;
   return json{{"tokens", std::move(tokens)}, {"token_logprobs", std::move(token_logprobs)},
               {"top_logprobs", std::move(top_logprobs)}, {"text_offset", std::move(offsets)}};
+}
+
+json prompt_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt, std::span<const StepLogprobs> lps) {
+  json out = json::array();
+  if (prompt.empty()) return out;
+  out.push_back(nullptr);  // the first token has nothing before it
+  for (size_t i = 0; i + 1 < prompt.size() && i < lps.size(); ++i) {
+    json e = json::object();
+    auto put = [&](int32_t id, float lp, int64_t rank) {
+      e[std::to_string(id)] = {{"logprob", clamp_logprob(lp)}, {"rank", rank}, {"decoded_token", token_text(tok, id)}};
+    };
+    for (size_t k = 0; k < lps[i].top.size(); ++k) put(lps[i].top[k].id, lps[i].top[k].logprob, static_cast<int64_t>(k) + 1);
+    put(prompt[i + 1], lps[i].logprob, lps[i].rank);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt, std::span<const StepLogprobs> prompt_lps,
+                        int top, std::span<const int32_t> ids, std::span<const StepLogprobs> lps) {
+  if (prompt.empty()) return logprobs_json(tok, /*chat=*/false, ids, lps, nullptr);
+  // The prompt's first token: text, no log-probability (null, as OpenAI's and vLLM's).
+  const std::string first = token_text(tok, prompt[0]);
+  size_t offset = utf8_chars(first);
+  std::vector<StepLogprobs> shown(prompt_lps.begin(), prompt_lps.end());
+  for (StepLogprobs& lp : shown) lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(std::max(top, 0))));
+  json head = logprobs_json(tok, false, prompt.subspan(1), shown, &offset);
+  json tail = logprobs_json(tok, false, ids, lps, &offset);
+  json out = {{"tokens", json::array({first})},
+              {"token_logprobs", json::array({nullptr})},
+              {"top_logprobs", json::array({nullptr})},
+              {"text_offset", json::array({0})}};
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+    for (const json* part : {&head, &tail})
+      for (const json& v : (*part)[key]) out[key].push_back(v);
+  return out;
 }
 
 namespace {

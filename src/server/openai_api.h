@@ -48,6 +48,14 @@ struct CompletionRequest {
   // this many most likely tokens per position: completions' "logprobs" (0-20), chat's
   // "top_logprobs" (0-20) when "logprobs" is true.
   int logprobs = -1;
+  // -1: none. Otherwise vLLM's prompt_logprobs: each prompt token's log-probability given those
+  // before it, its rank, and this many most likely tokens per position (0-20), computed on a
+  // trajectory of the request's own (none of the prompt read from a cache). Set by the
+  // "prompt_logprobs" field (show_prompt_logprobs: a choice's "prompt_logprobs" list), or, on
+  // /v1/completions, by "logprobs" with "echo": true (the legacy logprobs object then starts with
+  // the prompt's tokens). Not with stream.
+  int prompt_logprobs = -1;
+  bool show_prompt_logprobs = false;
   // vLLM's logits processors (AgentDecode): OpenAI's logit_bias ({"id": bias}, clamped to
   // [-100, 100] as vLLM clamps), vLLM's min_tokens (no stop id nor stop string before it) and min_p.
   std::vector<std::pair<int32_t, float>> logit_bias;
@@ -119,6 +127,17 @@ nlohmann::json error_json(const Error& e);
 // tokenizer; log-probabilities below -9999 (and -inf) are -9999, as vLLM clamps them.
 nlohmann::json logprobs_json(const Tokenizer* tok, bool chat, std::span<const int32_t> ids,
                              std::span<const StepLogprobs> lps, size_t* text_offset);
+// vLLM's "prompt_logprobs" of a prompt whose tokens after the first have `lps` (StepResult::
+// prompt_logprobs): [null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...], each position's
+// object holding the prompt token and the most likely ones (ranks 1..k).
+nlohmann::json prompt_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt,
+                                    std::span<const StepLogprobs> lps);
+// The completions API's logprobs object with "echo": the prompt's tokens first (the first one with
+// null log-probability and top_logprobs, the others with their `top` most likely tokens), then the
+// generated tokens `ids`; text offsets run from 0 over the prompt's text.
+nlohmann::json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt,
+                                  std::span<const StepLogprobs> prompt_lps, int top, std::span<const int32_t> ids,
+                                  std::span<const StepLogprobs> lps);
 // Characters (code points) of UTF-8 text, as Python's len() counts them (text_offset's unit).
 size_t utf8_chars(std::string_view s);
 

@@ -527,7 +527,8 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   const size_t j = index % static_cast<size_t>(req.n);
   std::vector<int32_t> prompt = p.ids[i];
   if (resume) prompt.insert(prompt.end(), job.preempted.front()->resumed.begin(), job.preempted.front()->resumed.end());
-  auto lease = pool_->acquire(p.agent, prompt);
+  // The prompt's log-probabilities need all of it computed by this request: a trajectory of its own.
+  auto lease = pool_->acquire(p.agent, prompt, /*reuse=*/req.prompt_logprobs < 0);
   if (!lease.ok()) {
     fail_job(job, lease.error());
     return false;
@@ -573,6 +574,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   dec.penalties = req.penalties;
   dec.sampling.seed = cr.seed;
   dec.logprobs = req.logprobs;
+  dec.prompt_logprobs = req.prompt_logprobs;
   dec.logit_bias = req.logit_bias;
   dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
   dec.min_p = req.min_p;
@@ -741,6 +743,7 @@ void Server::end_choice(Job& job, ChoiceRun& cr, const Status& st) {
   c.completion_tokens = static_cast<int64_t>(r.output_tokens.size());
   c.token_ids = r.output_tokens;
   c.logprobs = std::move(r.logprobs);
+  c.prompt_logprobs = std::move(r.prompt_logprobs);
   c.prefilled_tokens = r.prefilled_tokens + cr.prefilled_before;
   job.done[cr.index] = std::move(c);
   std::erase_if(job.runs, [&cr](const std::unique_ptr<ChoiceRun>& r) { return r.get() == &cr; });

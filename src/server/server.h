@@ -103,6 +103,9 @@ struct CompletionChoice {
   int64_t trajectory = 0;        // SessionPool id
   std::vector<int32_t> token_ids;  // the generated ids (the stop id included), as vLLM's return_token_ids
   std::vector<StepLogprobs> logprobs;  // [token_ids] when the request asked for them
+  // [prompt_tokens - 1] when the request asked for them (CompletionRequest::prompt_logprobs):
+  // each prompt token after the first, with its rank.
+  std::vector<StepLogprobs> prompt_logprobs;
 };
 
 // A piece of a streamed completion: its text, and the generated tokens since the last piece

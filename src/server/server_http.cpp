@@ -335,11 +335,18 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
     json choices = json::array();
     for (size_t i = 0; i < r->size(); ++i) {
       size_t offset = 0;
-      choices.push_back(choice_json(i, (*r)[i], true, 0, &offset));
+      const CompletionChoice& c = (*r)[i];
+      choices.push_back(choice_json(i, c, true, 0, &offset));
+      const std::vector<int32_t>& prompt = prepared->ids[c.prompt_index];
+      if (!chat && req.echo && want_logprobs)  // the legacy form: the prompt's tokens lead
+        choices.back()["logprobs"] = echo_logprobs_json(tok_, prompt, c.prompt_logprobs, req.logprobs, c.token_ids, c.logprobs);
+      if (!chat && req.show_prompt_logprobs) choices.back()["prompt_logprobs"] = prompt_logprobs_json(tok_, prompt, c.prompt_logprobs);
     }
-    return send_json(res, 200,
-                     json{{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                          {"model", model}, {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}});
+    json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                 {"model", model}, {"choices", choices}, {"usage", usage_of(*r)}, {"lragent", lragent_json(*r)}};
+    if (chat && req.show_prompt_logprobs && !r->empty())  // vLLM's chat: once, for the one prompt
+      body["prompt_logprobs"] = prompt_logprobs_json(tok_, prepared->ids.front(), r->front().prompt_logprobs);
+    return send_json(res, 200, body);
   }
   auto p = std::make_shared<const Prepared>(std::move(*prepared));  // the provider is copied: share the ids
   res.set_header("Cache-Control", "no-cache");

@@ -135,7 +135,8 @@ void SessionPool::release(int64_t id) {
     if (e.id == id) e.held = false;
 }
 
-Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt) {
+Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt,
+                                                               bool reuse) {
   int group = -1;
   for (size_t g = 0; g < groups_.size() && group < 0; ++g)
     if (std::find(groups_[g].names.begin(), groups_[g].names.end(), agent) != groups_[g].names.end())
@@ -146,7 +147,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   Entry* best = nullptr;    // the longest common prefix otherwise
   int64_t extend_len = -1, best_len = -1;
   for (Entry& e : entries_) {
-    if (e.group != group) continue;
+    if (e.group != group || !reuse) continue;
     const std::vector<int32_t>& traj = e.session->trajectory();
     const int64_t l = common_prefix(traj, prompt);
     if (l == static_cast<int64_t>(traj.size()) && l > extend_len) {

@@ -87,7 +87,10 @@ class SessionPool {
   // for a new one can only be made by dropping a held one; ask again after the next engine pass.
   // Held trajectories are never cut back or dropped.
   // Errors: unknown agent (kNotFound), no memory for a new trajectory (kOutOfMemory).
-  Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt);
+  // reuse false: a new trajectory that holds none of the prompt (no other is extended, cut back
+  // or copied), for a request that must compute all of it (prompt log-probabilities).
+  Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt,
+                                       bool reuse = true);
   // The request running on trajectory `id` is done with it.
   void release(int64_t id);
   // The caller ran nothing on the lease after all (the request waits for KV room, or its client

@@ -73,6 +73,20 @@ TEST(OpenAiRequest, EveryFormOfTheFields) {
   EXPECT_FLOAT_EQ(r.penalties.frequency, -1.f);
   EXPECT_FLOAT_EQ(r.penalties.repetition, 1.2f);
   EXPECT_EQ(r.max_tokens, 0);
+  EXPECT_EQ(r.prompt_logprobs, -1);
+  // The prompt's log-probabilities: vLLM's field (shown as prompt_logprobs), or echo + logprobs
+  // (the legacy logprobs object), computed with the larger top count of the two.
+  r = parse_ok(R"({"prompt": "a", "prompt_logprobs": 3})");
+  EXPECT_EQ(r.prompt_logprobs, 3);
+  EXPECT_TRUE(r.show_prompt_logprobs);
+  r = parse_ok(R"({"prompt": "a", "max_tokens": 0, "echo": true, "logprobs": 2})");
+  EXPECT_EQ(r.prompt_logprobs, 2);
+  EXPECT_FALSE(r.show_prompt_logprobs);
+  r = parse_ok(R"({"prompt": "a", "echo": true, "logprobs": 4, "prompt_logprobs": 1})");
+  EXPECT_EQ(r.prompt_logprobs, 4);
+  EXPECT_EQ(r.logprobs, 4);
+  r = parse_ok(R"({"prompt": "a", "logprobs": 4, "prompt_logprobs": null})");
+  EXPECT_EQ(r.prompt_logprobs, -1);
 
   r = parse_ok(R"({"prompt": ["a", [5, 6]], "stop": "x", "top_k": 40})");
   ASSERT_EQ(r.prompts.size(), 2u);
@@ -110,9 +124,10 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
                "'stream_options'");
   expect_error(R"({"prompt": "a", "logprobs": 21})", ErrorCode::kInvalidArgument, "'logprobs'");
   expect_error(R"({"prompt": "a", "logprobs": true})", ErrorCode::kInvalidArgument, "'logprobs'");
-  expect_error(R"({"prompt": "a", "logprobs": 2, "echo": true})", ErrorCode::kUnsupported, "echo");
-  expect_error(R"({"prompt": "a", "prompt_logprobs": 1})", ErrorCode::kUnsupported,
-               "'prompt_logprobs' = 1 is not supported: a prompt read from a shared cache is not recomputed");
+  expect_error(R"({"prompt": "a", "logprobs": 2, "echo": true, "stream": true})", ErrorCode::kUnsupported,
+               "are not streamed");
+  expect_error(R"({"prompt": "a", "prompt_logprobs": 1, "stream": true})", ErrorCode::kUnsupported, "not streamed");
+  expect_error(R"({"prompt": "a", "prompt_logprobs": 21})", ErrorCode::kInvalidArgument, "'prompt_logprobs'");
   expect_error(R"({"prompt": "a", "best_of": 4})", ErrorCode::kUnsupported, "'best_of'");
   expect_error(R"({"prompt": "a", "presence_penalty": 2.5})", ErrorCode::kInvalidArgument, "'presence_penalty'");
   expect_error(R"({"prompt": "a", "frequency_penalty": -3})", ErrorCode::kInvalidArgument, "'frequency_penalty'");
