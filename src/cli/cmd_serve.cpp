@@ -364,9 +364,10 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--chat-template", f->chat_template,
                   "Chat template for /v1/chat/completions: a file or the template text (default: the model's "
                   "chat_template.jinja, else tokenizer_config.json's). "
-                  "lragent has no Jinja engine: it renders the Llama-3-Instruct and Qwen3 templates, recognised by "
-                  "their exact text. A --chat-template it cannot render stops start-up; a model's own unknown "
-                  "template leaves /v1/chat/completions answering 400");
+                  "Rendered as transformers' apply_chat_template renders it (lragent's Jinja interpreter; the "
+                  "Llama-3-Instruct and Qwen3 templates, recognised by their exact text, in C++). A --chat-template "
+                  "that cannot be parsed stops start-up; a model's own one leaves /v1/chat/completions answering 400 "
+                  "with the reason");
   cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
   auto* preset = cmd->add_option("--preset", f->preset,
                                  "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b, qwen3-8b or tiny (random "

@@ -165,11 +165,13 @@ const char* chat_format_name(ChatFormat f) {
   switch (f) {
     case ChatFormat::kLlama3: return "llama3";
     case ChatFormat::kQwen3: return "qwen3";
+    case ChatFormat::kJinja: return "jinja";
   }
   return "?";
 }
 
-Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config_json, const std::string& source) {
+Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config_json, const std::string& source,
+                                                         bool builtin) {
   const json cfg = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (cfg.is_discarded() || !cfg.is_object()) return make_error(ErrorCode::kCorrupt, "{}: not a JSON object", source);
   const auto it = cfg.find("chat_template");
@@ -189,23 +191,86 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config
   // Jinja's trim_blocks (transformers sets it) drops the newline right after a block tag, so a
   // file's final newline after "%}" renders nothing: the template is the same without it.
   if (text.size() >= 3 && text.compare(text.size() - 3, 3, "%}\n") == 0) text.pop_back();
+  ChatTemplate t;
+  // The special tokens as transformers' special_tokens_map gives them to the template: each
+  // "<name>_token" of the config, a string or an AddedToken object's content.
+  for (const auto& [key, value] : cfg.items()) {
+    if (key.size() < 7 || key.compare(key.size() - 6, 6, "_token") != 0) continue;
+    if (value.is_string()) t.special_tokens[key] = value.get<std::string>();
+    else if (value.is_object() && value.contains("content") && value["content"].is_string())
+      t.special_tokens[key] = value["content"].get<std::string>();
+  }
+  if (t.special_tokens.contains("bos_token")) t.bos_token = t.special_tokens["bos_token"].get<std::string>();
   const uint64_t h = fnv1a(text);
   for (const Known& k : kKnown) {
-    if (k.hash != h || k.size != text.size()) continue;
-    ChatTemplate t;
+    if (!builtin || k.hash != h || k.size != text.size()) continue;
     t.format = k.format;
     t.generation_prompt_always = k.generation_prompt_always;
-    const auto bos = cfg.find("bos_token");
-    if (bos != cfg.end() && bos->is_string()) t.bos_token = bos->get<std::string>();
-    if (bos != cfg.end() && bos->is_object() && bos->contains("content") && (*bos)["content"].is_string())
-      t.bos_token = (*bos)["content"].get<std::string>();
     return t;
   }
-  return make_error(ErrorCode::kUnsupported,
-                    "{}: its chat_template is not one lragent renders (having no Jinja engine, it renders the "
-                    "Meta-Llama-3-Instruct and Qwen3 templates, recognised by their exact text): format the "
-                    "conversation as text and use /v1/completions",
-                    source);
+  auto parsed = jinja::Template::parse(text);
+  if (!parsed.ok())
+    return make_error(ErrorCode::kCorrupt,
+                      "{}: its chat_template cannot be used ({}): give a template lragent's Jinja can read with "
+                      "--chat-template, or format the conversation as text and use /v1/completions",
+                      source, parsed.error().message);
+  t.format = ChatFormat::kJinja;
+  t.jinja = std::move(*parsed);
+  return t;
+}
+
+namespace {
+
+// The message as vLLM gives it to a template (ChatMessage::template_view, or made from the fields).
+ordered_json message_view(const ChatMessage& m) {
+  if (!m.template_view.is_null()) return m.template_view;
+  ordered_json v = {{"role", m.role}, {"content", m.content}};
+  if (m.reasoning_content) v["reasoning_content"] = *m.reasoning_content;
+  if (!m.tool_calls.empty()) {
+    ordered_json calls = ordered_json::array();
+    for (const ToolCall& c : m.tool_calls) {
+      ordered_json args = ordered_json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+      if (args.is_discarded()) args = c.arguments;  // a string argument, written as is
+      calls.push_back({{"type", "function"}, {"function", {{"name", c.name}, {"arguments", std::move(args)}}}});
+    }
+    v["tool_calls"] = std::move(calls);
+  }
+  return v;
+}
+
+}  // namespace
+
+Result<std::string> ChatTemplate::render_jinja(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                               bool enable_thinking, const std::vector<std::string>& tools) const {
+  // What transformers' render_jinja_template passes: messages, tools (None when absent),
+  // documents, add_generation_prompt, then the special tokens and the chat_template_kwargs.
+  ordered_json vars = ordered_json::object();
+  ordered_json msgs = ordered_json::array();
+  for (const ChatMessage& m : messages) msgs.push_back(message_view(m));
+  vars["messages"] = std::move(msgs);
+  if (tools.empty()) {
+    vars["tools"] = nullptr;
+  } else {
+    ordered_json ts = ordered_json::array();
+    for (const std::string& t : tools) ts.push_back(ordered_json::parse(t, nullptr, /*allow_exceptions=*/false));
+    vars["tools"] = std::move(ts);
+  }
+  vars["documents"] = nullptr;
+  vars["add_generation_prompt"] = add_generation_prompt;
+  for (const auto& [key, value] : special_tokens.items()) vars[key] = value;
+  if (!enable_thinking) vars["enable_thinking"] = false;  // given only when the client sets it off
+  jinja::RenderOptions o;
+  o.strftime_now = strftime_now;
+  auto text = jinja->render(vars, o);
+  if (!text.ok()) {
+    const std::string& msg = text.error().message;
+    const size_t at = msg.find(jinja::kRaisedPrefix);
+    if (at != std::string::npos)  // the template refused the conversation: its own words
+      return make_error(ErrorCode::kInvalidArgument, "the chat template refused the conversation: {}",
+                        msg.substr(at + jinja::kRaisedPrefix.size()));
+    return make_error(ErrorCode::kInvalidArgument, "the chat template failed on this conversation: {}", msg);
+  }
+  return text;
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
@@ -227,6 +292,9 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
     case ChatFormat::kLlama3:
       return render_llama3(messages, bos_token, add_generation_prompt || generation_prompt_always);
     case ChatFormat::kQwen3: return render_qwen3(messages, add_generation_prompt, enable_thinking, tools);
+    case ChatFormat::kJinja:
+      if (!jinja) return make_error(ErrorCode::kInternal, "a Jinja chat template without its parsed text");
+      return render_jinja(messages, add_generation_prompt, enable_thinking, tools);
   }
   return make_error(ErrorCode::kInternal, "unknown chat format");
 }
@@ -417,6 +485,8 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const ordered_json& message
     } else {
       return make_error(ErrorCode::kInvalidArgument, "'messages'[{}].content must be a string or a list of text parts", i);
     }
+    msg.template_view = m;
+    msg.template_view["content"] = msg.content;
     if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
       const json& calls = m["tool_calls"];
       if (!calls.is_array()) return make_error(ErrorCode::kInvalidArgument, "'messages'[{}].tool_calls must be a list", i);
@@ -441,6 +511,9 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const ordered_json& message
             return make_error(ErrorCode::kInvalidArgument,
                               "'messages'[{}].tool_calls[{}].function.arguments is not valid JSON text", i, k);
         }
+        json& view = msg.template_view["tool_calls"][k];
+        if (view.is_object() && view.contains("function") && view["function"].is_object())
+          view["function"]["arguments"] = parsed;
         // A string after parsing is written as it is (the template's `arguments is string`).
         msg.tool_calls.push_back(
             {(*f)["name"].get<std::string>(), parsed.is_string() ? parsed.get<std::string>() : python_json_dumps(parsed)});

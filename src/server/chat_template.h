@@ -1,10 +1,13 @@
-// Chat templates for POST /v1/chat/completions. lragent has no Jinja engine: it recognises a
-// model's chat_template (tokenizer_config.json) by its exact text and renders the known ones in
-// C++, checked against transformers' apply_chat_template (tests/server/chat_template_test.cpp),
-// as llama.cpp renders its built-in templates. A template it does not know is refused with a
-// message, never approximated.
+// Chat templates for POST /v1/chat/completions. A model's chat_template (tokenizer_config.json)
+// is rendered by server/jinja, an interpreter of the Jinja2 that transformers' apply_chat_template
+// runs (tests/server/chat_template_jinja_test.cpp checks it against transformers on real
+// templates). The Meta-Llama-3-Instruct and Qwen3 templates, recognised by their exact text, are
+// rendered by C++ code instead (no interpretation on the request path; checked against
+// transformers by tests/server/chat_template_test.cpp), as llama.cpp renders its built-in ones.
+// A template the interpreter cannot parse is refused with a message, never approximated.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,12 +16,14 @@
 #include <nlohmann/json.hpp>
 
 #include "core/result.h"
+#include "server/jinja/jinja.h"
 
 namespace lragent::server {
 
 enum class ChatFormat {
   kLlama3,  // Meta-Llama-3-*-Instruct: header blocks, <|eot_id|>, content trimmed
   kQwen3,   // Qwen3: ChatML with <think> handling, tool results as <tool_response> user turns
+  kJinja,   // any other template: interpreted (server/jinja)
 };
 const char* chat_format_name(ChatFormat f);
 
@@ -35,6 +40,10 @@ struct ChatMessage {
   std::string content;  // text parts joined with "\n"
   std::optional<std::string> reasoning_content;  // Qwen3: an assistant turn's thinking, given apart
   std::vector<ToolCall> tool_calls;              // assistant
+  // The message as vLLM hands it to a Jinja template: the client's object (its other fields,
+  // tool_call_id, name, ..., in its order), content as the text above ("" for null), each tool
+  // call's function.arguments parsed. Null: made from the fields above.
+  nlohmann::ordered_json template_view;
 };
 
 // JSON text nested at most `max_depth` arrays/objects deep (brackets inside strings do not
@@ -51,10 +60,18 @@ struct ChatTemplate {
   ChatFormat format = ChatFormat::kLlama3;
   std::string bos_token;  // tokenizer_config.json's bos_token (Llama-3 writes it as text)
   bool generation_prompt_always = false;  // the template ends with the assistant header regardless
+  // kJinja: the parsed template, the special tokens it is given (bos_token, eos_token, ... of
+  // tokenizer_config.json, as transformers passes its special_tokens_map), and the clock of its
+  // strftime_now (unset: the local time now; tests pin it).
+  std::optional<jinja::Template> jinja;
+  nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object();
+  std::function<std::string(const std::string& format)> strftime_now;
 
   // The template a tokenizer_config.json text names (its chat_template, or the "default" one of
-  // a list). kNotFound: it has none; kUnsupported: one lragent does not render.
-  static Result<ChatTemplate> from_tokenizer_config(std::string_view config_json, const std::string& source);
+  // a list). kNotFound: it has none; kCorrupt: one the interpreter cannot parse (the error says
+  // where). `builtin` false: a known template is interpreted too (tests compare the two).
+  static Result<ChatTemplate> from_tokenizer_config(std::string_view config_json, const std::string& source,
+                                                    bool builtin = true);
 
   // What apply_chat_template(messages, tokenize=False, add_generation_prompt, enable_thinking,
   // tools) gives; `tools`: each tool's JSON text (python_json_dumps of its vLLM form,
@@ -62,8 +79,15 @@ struct ChatTemplate {
   // (kUnsupported).
   Result<std::string> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                              bool enable_thinking = true, const std::vector<std::string>& tools = {}) const;
-  // Whether the template writes tool definitions and calls (Qwen3's Hermes-style <tool_call>).
-  bool supports_tools() const { return format == ChatFormat::kQwen3; }
+  // render() of a kJinja template; a template's raise_exception is a kInvalidArgument error with
+  // its message (the client's conversation is what it refused).
+  Result<std::string> render_jinja(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                   bool enable_thinking, const std::vector<std::string>& tools) const;
+  // Whether tool definitions and calls go to the template: Qwen3's (Hermes-style <tool_call>) and
+  // any interpreted one, which decides what to write of them (as vLLM hands them to it; one that
+  // has no place for them leaves them out, as it does under vLLM). The Llama-3-Instruct built-in
+  // templates have none and refuse them.
+  bool supports_tools() const { return format != ChatFormat::kLlama3; }
 };
 
 // The "messages" of a chat request: role and content (a string, or a list of {"type": "text",

@@ -119,10 +119,16 @@ TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
   auto missing = testing::run_lragent("serve " + model + " --chat-template /no/such/template.jinja");
   EXPECT_EQ(missing.code, 3) << missing.err;
   EXPECT_NE(missing.err.find("--chat-template /no/such/template.jinja"), std::string::npos) << missing.err;
+  // Any other template is interpreted; one that cannot be parsed stops start-up, saying where.
   std::ofstream(dir + "/other.jinja") << "{{ messages[0]['content'] }}";
-  auto unknown = testing::run_lragent("serve " + model + " --chat-template " + shell_quote(dir + "/other.jinja"));
-  EXPECT_EQ(unknown.code, 5) << unknown.err;
-  EXPECT_NE(unknown.err.find("not one lragent renders"), std::string::npos) << unknown.err;
+  r = serve_until("INT", 6, model + " --port 0 --chat-template " + shell_quote(dir + "/other.jinja"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("chat template: jinja (" + dir + "/other.jinja)"), std::string::npos) << r.err;
+  std::ofstream(dir + "/broken.jinja") << "{{ messages[0]['content'] }";
+  auto broken = testing::run_lragent("serve " + model + " --chat-template " + shell_quote(dir + "/broken.jinja"));
+  EXPECT_EQ(broken.code, 4) << broken.err;  // kCorrupt
+  EXPECT_NE(broken.err.find("its chat_template cannot be used"), std::string::npos) << broken.err;
+  EXPECT_NE(broken.err.find("line 1"), std::string::npos) << broken.err;
 }
 
 // One SIGINT lets the requests in flight finish, and a client that stalls mid-body holds the exit
