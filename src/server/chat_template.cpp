@@ -241,7 +241,8 @@ ordered_json message_view(const ChatMessage& m) {
 }  // namespace
 
 Result<std::string> ChatTemplate::render_jinja(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                               bool enable_thinking, const std::vector<std::string>& tools) const {
+                                               bool enable_thinking, const std::vector<std::string>& tools,
+                                               const ordered_json& kwargs) const {
   // What transformers' render_jinja_template passes: messages, tools (None when absent),
   // documents, add_generation_prompt, then the special tokens and the chat_template_kwargs.
   ordered_json vars = ordered_json::object();
@@ -259,6 +260,9 @@ Result<std::string> ChatTemplate::render_jinja(const std::vector<ChatMessage>& m
   vars["add_generation_prompt"] = add_generation_prompt;
   for (const auto& [key, value] : special_tokens.items()) vars[key] = value;
   if (!enable_thinking) vars["enable_thinking"] = false;  // given only when the client sets it off
+  if (kwargs.is_object())
+    for (const auto& [key, value] : kwargs.items())
+      if (key != "messages" && key != "tools" && key != "documents" && key != "add_generation_prompt") vars[key] = value;
   jinja::RenderOptions o;
   o.strftime_now = strftime_now;
   auto text = jinja->render(vars, o);
@@ -274,7 +278,8 @@ Result<std::string> ChatTemplate::render_jinja(const std::vector<ChatMessage>& m
 }
 
 Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                         bool enable_thinking, const std::vector<std::string>& tools) const {
+                                         bool enable_thinking, const std::vector<std::string>& tools,
+                                         const ordered_json& kwargs) const {
   if (!supports_tools()) {
     if (!tools.empty())
       return make_error(ErrorCode::kUnsupported,
@@ -294,7 +299,7 @@ Result<std::string> ChatTemplate::render(const std::vector<ChatMessage>& message
     case ChatFormat::kQwen3: return render_qwen3(messages, add_generation_prompt, enable_thinking, tools);
     case ChatFormat::kJinja:
       if (!jinja) return make_error(ErrorCode::kInternal, "a Jinja chat template without its parsed text");
-      return render_jinja(messages, add_generation_prompt, enable_thinking, tools);
+      return render_jinja(messages, add_generation_prompt, enable_thinking, tools, kwargs);
   }
   return make_error(ErrorCode::kInternal, "unknown chat format");
 }

@@ -77,12 +77,17 @@ struct ChatTemplate {
   // tools) gives; `tools`: each tool's JSON text (python_json_dumps of its vLLM form,
   // parse_chat_tools). Errors: tools or tool calls with a template that has no place for them
   // (kUnsupported).
+  // `kwargs`: the request's chat_template_kwargs, which an interpreted template gets as variables
+  // (all but messages, tools, documents and add_generation_prompt, as transformers passes them);
+  // the built-in renderers read only enable_thinking.
   Result<std::string> render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                             bool enable_thinking = true, const std::vector<std::string>& tools = {}) const;
+                             bool enable_thinking = true, const std::vector<std::string>& tools = {},
+                             const nlohmann::ordered_json& kwargs = nlohmann::ordered_json::object()) const;
   // render() of a kJinja template; a template's raise_exception is a kInvalidArgument error with
   // its message (the client's conversation is what it refused).
   Result<std::string> render_jinja(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                   bool enable_thinking, const std::vector<std::string>& tools) const;
+                                   bool enable_thinking, const std::vector<std::string>& tools,
+                                   const nlohmann::ordered_json& kwargs) const;
   // Whether tool definitions and calls go to the template: Qwen3's (Hermes-style <tool_call>) and
   // any interpreted one, which decides what to write of them (as vLLM hands them to it; one that
   // has no place for them leaves them out, as it does under vLLM). The Llama-3-Instruct built-in

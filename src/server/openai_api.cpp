@@ -222,6 +222,7 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   if (!kw.is_null()) {
     if (!kw.is_object()) return bad("'chat_template_kwargs' must be an object like {\"enable_thinking\": false}");
     LRA_ASSIGN_OR_RETURN(c.enable_thinking, get_bool(kw, "enable_thinking", true));
+    c.template_kwargs = ordered_field("chat_template_kwargs");
   }
   LRA_ASSIGN_OR_RETURN(bool logprobs, get_bool(body, "logprobs", false));
   LRA_ASSIGN_OR_RETURN(int64_t top, get_int(body, "top_logprobs", -1, 0, kMaxLogprobs));
@@ -507,6 +508,7 @@ Result<TokenizeRequest> parse_tokenize_request(std::string_view text) {
     if (!kw.is_null()) {
       if (!kw.is_object()) return bad("'chat_template_kwargs' must be an object like {\"enable_thinking\": false}");
       LRA_ASSIGN_OR_RETURN(r.enable_thinking, get_bool(kw, "enable_thinking", true));
+      r.template_kwargs = ordered["chat_template_kwargs"];
     }
   }
   LRA_ASSIGN_OR_RETURN(r.add_special_tokens, get_bool(body, "add_special_tokens", !r.chat));

@@ -84,6 +84,8 @@ struct ChatRequest {
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // vLLM extension
   bool enable_thinking = true;        // chat_template_kwargs.enable_thinking (Qwen3)
+  // chat_template_kwargs as given (client's order): an interpreted template gets them all.
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   std::vector<std::string> tools;     // each tool's JSON text for the template (parse_chat_tools)
   // tool_choice "auto" (the default with tools): the completion's tool calls are parsed out of
   // its text (parse_hermes_tool_calls); "none": the tools are shown, the text is left as is.
@@ -100,6 +102,7 @@ struct TokenizeRequest {
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // chat
   bool enable_thinking = true;        // chat: chat_template_kwargs.enable_thinking
+  nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat: as given
   std::vector<std::string> tools;     // chat: as /v1/chat/completions renders them (parse_chat_tools)
   bool add_special_tokens = true;     // default true for a prompt, false for messages (the template writes BOS)
   bool return_token_strs = false;     // also each id's vocabulary string

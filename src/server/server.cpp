@@ -107,9 +107,10 @@ Error Server::no_chat_template() const {
 }
 
 Result<std::string> Server::render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                        bool enable_thinking, const std::vector<std::string>& tools) const {
+                                        bool enable_thinking, const std::vector<std::string>& tools,
+                                        const nlohmann::ordered_json& kwargs) const {
   if (!opts_.chat_template) return no_chat_template();
-  return opts_.chat_template->render(messages, add_generation_prompt, enable_thinking, tools);
+  return opts_.chat_template->render(messages, add_generation_prompt, enable_thinking, tools, kwargs);
 }
 
 Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {

@@ -208,7 +208,8 @@ class Server {
   // The conversation through the server's chat template (as /v1/chat/completions and /tokenize
   // render it); no_chat_template() is the error when the server has none.
   Result<std::string> render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
-                                  bool enable_thinking, const std::vector<std::string>& tools) const;
+                                  bool enable_thinking, const std::vector<std::string>& tools,
+                                  const nlohmann::ordered_json& kwargs) const;
   Error no_chat_template() const;
   void install_routes();
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);

@@ -231,7 +231,8 @@ void Server::install_routes() {
     if (!tok_) return send_error(res, Error{ErrorCode::kInvalidArgument, "this model has no tokenizer.json to tokenize with"});
     std::string text = parsed->prompt;
     if (parsed->chat) {
-      auto rendered = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools);
+      auto rendered = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools,
+                                  parsed->template_kwargs);
       if (!rendered.ok()) return send_error(res, rendered.error());
       text = std::move(*rendered);
     }
@@ -262,7 +263,8 @@ void Server::install_routes() {
     if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
     auto parsed = parse_chat_request(body);
     if (!parsed.ok()) return send_error(res, parsed.error());
-    auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools);
+    auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools,
+                            parsed->template_kwargs);
     if (!text.ok()) return send_error(res, text.error());
     CompletionRequest req = std::move(parsed->req);
     PromptInput p;

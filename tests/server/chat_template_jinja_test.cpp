@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/chat_template.h"
+#include "server/openai_api.h"
 #include "test_util.h"
 
 namespace lragent::server {
@@ -138,6 +139,26 @@ TEST(ChatTemplateJinja, ABrokenTemplateIsRefusedWithWhereAndASpecialTokenObjectI
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().code, ErrorCode::kInvalidArgument);
   EXPECT_EQ(refused.error().message, "the chat template refused the conversation: user first, please");
+}
+
+// chat_template_kwargs reach an interpreted template as variables, as vLLM passes them (Llama-3.2's
+// date_string; a kwarg cannot replace the messages).
+TEST(ChatTemplateJinja, ChatTemplateKwargsAreTheTemplatesVariables) {
+  const auto tokens = ordered_json::parse(testing::read_file(templates_dir() + "/tokens.json"));
+  auto t = ChatTemplate::from_tokenizer_config(config_for("llama3_2", tokens), "llama3_2");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  t->strftime_now = pinned_strftime;
+  auto req = parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}],
+      "chat_template_kwargs": {"date_string": "01 Jan 2025", "messages": [], "enable_thinking": true}})");
+  ASSERT_TRUE(req.ok()) << req.error().message;
+  EXPECT_EQ(req->template_kwargs.size(), 3u);
+  auto with = t->render(req->messages, true, req->enable_thinking, req->tools, req->template_kwargs);
+  ASSERT_TRUE(with.ok()) << with.error().message;
+  EXPECT_NE(with->find("Today Date: 01 Jan 2025"), std::string::npos) << *with;
+  EXPECT_NE(with->find("hi<|eot_id|>"), std::string::npos) << *with;  // the messages are the request's
+  auto without = t->render(req->messages, true);
+  ASSERT_TRUE(without.ok()) << without.error().message;
+  EXPECT_NE(without->find("Today Date: 30 Nov 2026"), std::string::npos) << *without;  // strftime_now's
 }
 
 }  // namespace
