@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -37,6 +38,24 @@ inline std::string lragent_bin() {
   if (const char* env = std::getenv("LRAGENT_BIN")) return env;
   return std::string(LRAGENT_BINARY_DIR) + "/lragent";
 }
+// strftime of a fixed UTC time, its weekday and day of the year filled in (tests pin a chat
+// template's strftime_now with it, as the golden scripts pin transformers').
+inline std::string strftime_at(const std::string& format, int year, int month, int day, int hour, int minute,
+                               int second) {
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = month - 1;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = minute;
+  tm.tm_sec = second;
+  const time_t t = timegm(&tm);
+  gmtime_r(&t, &tm);
+  char buf[512];
+  const size_t n = std::strftime(buf, sizeof buf, format.c_str(), &tm);
+  return std::string(buf, n);
+}
+
 inline std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream ss;

@@ -47,16 +47,7 @@ double rel_l2(const float* a, const float* b, int64_t n) {
   return std::sqrt(num / std::max(den, 1e-30));
 }
 
-SyntheticSpec spec() {
-  SyntheticSpec s;
-  s.hidden = 512;  // 4 heads of 128 (the tuned kernels' head_dim), 2 KV heads
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.layers = 2;
-  s.intermediate = 1024;
-  s.max_positions = 4096;
-  return s;
-}
+SyntheticSpec spec() { return testing::small_synthetic_spec(); }
 
 // kTenAgents: ten LoRA agents take turns on one base-lr cache, more decode graphs of one shape
 // than the tape keeps (2 by default): every step rewrites a cached graph with cudaGraphExecUpdate.

@@ -23,17 +23,6 @@ namespace {
 
 using testing::have_gpu;
 
-SyntheticSpec small_spec() {
-  SyntheticSpec s;
-  s.hidden = 512;  // 4 heads of 128, 2 KV heads (the tuned kernels' shapes)
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.layers = 2;
-  s.intermediate = 1024;
-  s.max_positions = 4096;
-  return s;
-}
-
 struct Agents {
   std::unique_ptr<Backend> be;
   std::unique_ptr<LlamaModel> model;
@@ -45,7 +34,7 @@ struct Agents {
 Agents make(std::unique_ptr<Backend> be, bool upload) {
   Agents ag;
   ag.be = std::move(be);
-  auto model = make_synthetic_model(small_spec(), *ag.be);
+  auto model = make_synthetic_model(testing::small_synthetic_spec(), *ag.be);
   EXPECT_TRUE(model.ok()) << model.error().message;
   ag.model = std::move(*model);
   ag.adapters = make_synthetic_adapters(ag.model->config(), 16, 7);

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/chat_template.h"
+#include "server/http_fixture.h"
 #include "server/openai_api.h"
 #include "test_util.h"
 
@@ -24,19 +25,7 @@ namespace {
 using nlohmann::ordered_json;
 
 // strftime of the goldens' pinned time (2026-11-30 13:45:00), as the script pins transformers'.
-std::string pinned_strftime(const std::string& format) {
-  std::tm tm{};
-  tm.tm_year = 2026 - 1900;
-  tm.tm_mon = 10;
-  tm.tm_mday = 30;
-  tm.tm_hour = 13;
-  tm.tm_min = 45;
-  tm.tm_wday = 1;   // a Monday
-  tm.tm_yday = 333;
-  char buf[256];
-  const size_t n = std::strftime(buf, sizeof(buf), format.c_str(), &tm);
-  return std::string(buf, n);
-}
+std::string pinned_strftime(const std::string& format) { return testing::strftime_at(format, 2026, 11, 30, 13, 45, 0); }
 
 std::string templates_dir() { return testing::fixtures_dir() + "/chat_templates"; }
 
@@ -87,8 +76,9 @@ TEST(ChatTemplateJinja, EveryRealTemplateRendersAsTransformersDoes) {
         // The template's own message, as transformers raised it.
         const std::string want = c["error"].get<std::string>();
         const std::string words = want.substr(want.find(": ") + 2);
-        if (want.rfind("TemplateError", 0) == 0)
+        if (want.rfind("TemplateError", 0) == 0) {
           EXPECT_NE(got.error().message.find(words), std::string::npos) << got.error().message;
+        }
         ++refused;
       }
       continue;
@@ -159,6 +149,52 @@ TEST(ChatTemplateJinja, ChatTemplateKwargsAreTheTemplatesVariables) {
   auto without = t->render(req->messages, true);
   ASSERT_TRUE(without.ok()) << without.error().message;
   EXPECT_NE(without->find("Today Date: 30 Nov 2026"), std::string::npos) << *without;  // strftime_now's
+}
+
+// End to end over HTTP with an interpreted template (Qwen2.5's, on the tiny model: the plumbing,
+// not the model's chat skill): the conversation is rendered as the template renders it and
+// completed as /v1/completions completes the rendered text; /tokenize counts the same tokens; a
+// conversation the template refuses (Mistral-Nemo's alternation rule) is a 400 in its words, and
+// the server goes on.
+class ChatJinjaServerTest : public testing::HttpServerTest {};
+
+TEST_F(ChatJinjaServerTest, AnInterpretedTemplateServesChatAndItsRefusalsAre400) {
+  const auto tokens = ordered_json::parse(testing::read_file(templates_dir() + "/tokens.json"));
+  auto t = ChatTemplate::from_tokenizer_config(config_for("qwen2_5", tokens), "qwen2_5");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  ASSERT_EQ(t->format, ChatFormat::kJinja);
+  ServerOptions o;
+  o.chat_template = *t;
+  start(o);
+  const nlohmann::json messages = nlohmann::json::array({{{"role", "system"}, {"content", "You plan."}},
+                                                         {{"role", "user"}, {"content", "Once upon a time"}}});
+  auto [st, chat] = post("/v1/chat/completions",
+                         {{"model", "plan"}, {"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(st, 200) << chat.dump();
+  const std::string rendered = *t->render(*parse_chat_messages(ordered_json::parse(messages.dump())), true);
+  EXPECT_NE(rendered.find("<|im_start|>system\nYou plan.<|im_end|>"), std::string::npos) << rendered;
+  const std::vector<int32_t> ids = *tok_->encode(rendered, /*add_special_tokens=*/false);
+  EXPECT_EQ(chat["usage"]["prompt_tokens"].get<size_t>(), ids.size());
+  auto [st2, plain] = post("/v1/completions", {{"model", "plan"}, {"prompt", ids}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_EQ(st2, 200) << plain.dump();
+  EXPECT_EQ(chat["choices"][0]["message"]["content"], plain["choices"][0]["text"]);
+  auto [st3, counted] = post("/tokenize", {{"model", "plan"}, {"messages", messages}});
+  ASSERT_EQ(st3, 200) << counted.dump();
+  EXPECT_EQ(counted["count"].get<size_t>(), ids.size());
+
+  server_->stop();
+  thread_.join();
+  auto m = ChatTemplate::from_tokenizer_config(config_for("mistral_nemo", tokens), "mistral_nemo");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  o.chat_template = *m;
+  start(o);
+  auto [st4, refused] = post("/v1/chat/completions",
+                             {{"messages", {{{"role", "user"}, {"content", "a"}}, {{"role", "user"}, {"content", "b"}}}}});
+  EXPECT_EQ(st4, 400) << refused.dump();
+  EXPECT_NE(refused.dump().find("roles must alternate"), std::string::npos) << refused.dump();
+  auto [st5, fine] = post("/v1/chat/completions",
+                          {{"messages", {{{"role", "user"}, {"content", "a"}}}}, {"max_tokens", 2}});
+  EXPECT_EQ(st5, 200) << fine.dump();
 }
 
 }  // namespace

@@ -18,20 +18,7 @@ namespace {
 using nlohmann::ordered_json;
 
 // strftime_now at the script's FIXED_NOW, 2026-11-30 14:05:09 (a Monday).
-std::string fixed_strftime(const std::string& format) {
-  std::tm tm{};
-  tm.tm_year = 2026 - 1900;
-  tm.tm_mon = 10;
-  tm.tm_mday = 30;
-  tm.tm_hour = 14;
-  tm.tm_min = 5;
-  tm.tm_sec = 9;
-  const time_t t = timegm(&tm);
-  gmtime_r(&t, &tm);  // fills in the weekday and the day of the year
-  char buf[512];
-  const size_t n = std::strftime(buf, sizeof buf, format.c_str(), &tm);
-  return std::string(buf, n);
-}
+std::string fixed_strftime(const std::string& format) { return testing::strftime_at(format, 2026, 11, 30, 14, 5, 9); }
 
 RenderOptions golden_options() {
   RenderOptions o;

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agents/agent_turn.h"
+#include "server/http_fixture.h"
 #include "server/openai_api.h"
 #include "server/server.h"
 #include "test_util.h"
@@ -201,45 +202,16 @@ namespace {
 
 using nlohmann::json;
 
-class PromptLogprobsHttpTest : public testing::TinyAgentsTest {
+class PromptLogprobsHttpTest : public testing::HttpServerTest {
  protected:
   void SetUp() override {
-    TinyAgentsTest::SetUp();
-    for (auto& a : adapters_) ASSERT_TRUE(reg_.add(std::move(a)).ok());
+    HttpServerTest::SetUp();
     ServerOptions o;
-    o.base_name = "tiny";
     o.pool.replay.sharing.mode = ShareMode::kBaseLr;
-    o.pool.replay.sharing.max_tokens = 512;
     o.max_batch_tokens = 16;  // the prompt in chunks
     o.max_pass_tokens = 16;
-    auto s = Server::create(*model_, tok_.get(), &reg_, o);
-    ASSERT_TRUE(s.ok()) << s.error().message;
-    server_ = std::move(*s);
-    auto port = server_->bind("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok()) << port.error().message;
-    port_ = *port;
-    thread_ = std::thread([this] { (void)server_->serve(); });
-    for (int i = 0; i < 200; ++i) {
-      if (auto r = httplib::Client("127.0.0.1", port_).Get("/health"); r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL() << "the server did not come up";
+    start(o);
   }
-  void TearDown() override {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  std::pair<int, json> post(const std::string& path, const json& body) {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    auto r = c.Post(path.c_str(), body.dump(), "application/json");
-    if (!r) return {-1, json(httplib::to_string(r.error()))};
-    return {r->status, json::parse(r->body, nullptr, false)};
-  }
-  AdapterRegistry reg_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  int port_ = 0;
 };
 
 const char* kPrompt = "Once upon a time, there was a little girl named Lily. She liked to play in the park with her";

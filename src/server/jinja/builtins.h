@@ -26,6 +26,16 @@ struct CallArgs {
 // many, unknown or repeated arguments. Missing ones are nullopt.
 Result<std::vector<std::optional<Value>>> bind_args(const CallArgs& args, const std::vector<const char*>& names,
                                                     const char* function);
+using Bound = std::vector<std::optional<Value>>;
+
+// What the filters share: a filter's error, an optional boolean argument, and "takes none".
+inline Error filter_error(const std::string& what) { return Error{ErrorCode::kInvalidArgument, what}; }
+inline bool flag(const std::optional<Value>& v, bool fallback) { return v ? v->truthy() : fallback; }
+inline Status no_args(const CallArgs& a, const char* name) {
+  auto b = bind_args(a, {}, name);
+  if (!b.ok()) return b.error();
+  return Status::Ok();
+}
 
 // Parse-time checks: jinja2 fails to compile a template naming an unknown filter or test.
 bool is_filter_name(std::string_view name);

@@ -14,21 +14,6 @@
 
 namespace lragent::server::jinja {
 
-namespace {
-
-using Bound = std::vector<std::optional<Value>>;
-
-Error filter_error(const std::string& what) { return Error{ErrorCode::kInvalidArgument, what}; }
-
-bool flag(const std::optional<Value>& v, bool fallback) { return v ? v->truthy() : fallback; }
-
-Status no_args(const CallArgs& a, const char* name) {
-  auto b = bind_args(a, {}, name);
-  if (!b.ok()) return b.error();
-  return Status::Ok();
-}
-
-}  // namespace
 
 Result<Value> attribute_path(Interp& in, const Value& item, const Value& attribute, const Value* fallback) {
   auto step = [&](const Value& from, const Value& key) -> Result<Value> {

@@ -13,18 +13,6 @@ namespace lragent::server::jinja {
 
 namespace {
 
-using Bound = std::vector<std::optional<Value>>;
-
-Error filter_error(const std::string& what) { return Error{ErrorCode::kInvalidArgument, what}; }
-
-bool flag(const std::optional<Value>& v, bool fallback) { return v ? v->truthy() : fallback; }
-
-Status no_args(const CallArgs& a, const char* name) {
-  auto b = bind_args(a, {}, name);
-  if (!b.ok()) return b.error();
-  return Status::Ok();
-}
-
 Result<Value> f_abs(Interp&, const Value& v, const CallArgs& a) {
   LRA_RETURN_IF_ERROR(no_args(a, "abs"));
   if (v.is_integral()) {

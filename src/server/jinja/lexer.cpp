@@ -308,15 +308,7 @@ class Lexer {
             // jinja2 backslash-escapes non-ASCII text before decoding, so "\é" is "\xe9".
             size_t len = 1;
             while (i + len < raw.size() && (static_cast<unsigned char>(raw[i + len]) & 0xC0) == 0x80) ++len;
-            const char32_t c = py::decode(raw.substr(i, len))[0];
-            char buf[16];
-            if (c < 0x100)
-              std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(c));
-            else if (c < 0x10000)
-              std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-            else
-              std::snprintf(buf, sizeof buf, "\\U%08x", static_cast<unsigned>(c));
-            out += buf;
+            out += py::escape_code_point(py::decode(raw.substr(i, len))[0]);
             i += len - 1;
           } else {
             out.push_back('\\');

@@ -256,6 +256,17 @@ std::string strip(std::string_view s, const std::optional<std::string>& chars, b
   return encode(std::u32string_view(u).substr(b, e - b));
 }
 
+std::string escape_code_point(char32_t c) {
+  char buf[16];
+  if (c < 0x100)
+    std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(c));
+  else if (c < 0x10000)
+    std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
+  else
+    std::snprintf(buf, sizeof buf, "\\U%08x", static_cast<unsigned>(c));
+  return buf;
+}
+
 std::string repr_string(std::string_view s) {
   const bool has_single = s.find('\'') != std::string_view::npos;
   const bool has_double = s.find('"') != std::string_view::npos;
@@ -272,14 +283,7 @@ std::string repr_string(std::string_view s) {
     } else if (c == '\t') {
       out += "\\t";
     } else if (!is_printable(c) || (c >= 0xDC80 && c <= 0xDCFF)) {
-      char buf[16];
-      if (c < 0x100)
-        std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned>(c));
-      else if (c < 0x10000)
-        std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-      else
-        std::snprintf(buf, sizeof buf, "\\U%08x", static_cast<unsigned>(c));
-      out += buf;
+      out += escape_code_point(c);
     } else {
       append_utf8(out, c);
     }

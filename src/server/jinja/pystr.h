@@ -32,6 +32,8 @@ bool is_alpha(char32_t c);
 bool is_digit(char32_t c);
 bool is_word(char32_t c);  // regex \w
 bool is_printable(char32_t c);
+// Python's backslash escape of a code point: \xHH, \uHHHH or \UHHHHHHHH.
+std::string escape_code_point(char32_t c);
 char32_t to_upper(char32_t c);
 char32_t to_lower(char32_t c);
 bool is_cased(char32_t c);

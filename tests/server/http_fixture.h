@@ -1,0 +1,62 @@
+// A server over HTTP on the tiny model (tests/tiny_agents.h) with its three role adapters, for
+// tests that talk to it as a client does: start() with the options under test, post() a body.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "server/server.h"
+#include "tiny_agents.h"
+
+namespace lragent::testing {
+
+class HttpServerTest : public TinyAgentsTest {
+ protected:
+  void SetUp() override {
+    TinyAgentsTest::SetUp();
+    for (auto& a : adapters_) ASSERT_TRUE(reg_.add(std::move(a)).ok());
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  // Serves "tiny" and the adapters on 512-token trajectories (the model's context), in `o`'s
+  // sharing mode (base-lr unless set).
+  void start(server::ServerOptions o = {}) {
+    o.base_name = "tiny";
+    o.pool.replay.sharing.max_tokens = 512;
+    auto s = server::Server::create(*model_, tok_.get(), &reg_, o);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    server_ = std::move(*s);
+    auto port = server_->bind("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.error().message;
+    port_ = *port;
+    thread_ = std::thread([this] { (void)server_->serve(); });
+    for (int i = 0; i < 200; ++i) {
+      if (auto r = httplib::Client("127.0.0.1", port_).Get("/health"); r && r->status == 200) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "the server did not come up";
+  }
+  // POSTs `body`; the status and the parsed answer (discarded JSON when it is not JSON).
+  std::pair<int, nlohmann::json> post(const std::string& path, const nlohmann::json& body) {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    if (!r) return {-1, nlohmann::json(httplib::to_string(r.error()))};
+    return {r->status, nlohmann::json::parse(r->body, nullptr, false)};
+  }
+
+  AdapterRegistry reg_;
+  std::unique_ptr<server::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace lragent::testing
