@@ -22,10 +22,7 @@ class HttpServerTest : public TinyAgentsTest {
     TinyAgentsTest::SetUp();
     for (auto& a : adapters_) ASSERT_TRUE(reg_.add(std::move(a)).ok());
   }
-  void TearDown() override {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-  }
+  void TearDown() override { stop(); }
   // Serves "tiny" and the adapters on 512-token trajectories (the model's context), in `o`'s
   // sharing mode (base-lr unless set).
   void start(server::ServerOptions o = {}) {
@@ -44,14 +41,23 @@ class HttpServerTest : public TinyAgentsTest {
     }
     FAIL() << "the server did not come up";
   }
-  // POSTs `body`; the status and the parsed answer (discarded JSON when it is not JSON).
-  std::pair<int, nlohmann::json> post(const std::string& path, const nlohmann::json& body) {
+  void stop() {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+    server_.reset();
+  }
+  // POSTs `body`; the status and the parsed answer (the raw text as a JSON string when it is not
+  // JSON; -1 and the client's error when nothing came back).
+  std::pair<int, nlohmann::json> post(const std::string& path, const std::string& body, const httplib::Headers& h = {}) {
     httplib::Client c("127.0.0.1", port_);
     c.set_read_timeout(120, 0);
-    auto r = c.Post(path.c_str(), body.dump(), "application/json");
+    auto r = c.Post(path.c_str(), h, body, "application/json");
     if (!r) return {-1, nlohmann::json(httplib::to_string(r.error()))};
-    return {r->status, nlohmann::json::parse(r->body, nullptr, false)};
+    nlohmann::json j = nlohmann::json::parse(r->body, nullptr, false);
+    return {r->status, j.is_discarded() ? nlohmann::json(r->body) : j};
   }
+  std::pair<int, nlohmann::json> post(const std::string& path, const char* body) { return post(path, std::string(body)); }
+  std::pair<int, nlohmann::json> post(const std::string& path, const nlohmann::json& body) { return post(path, body.dump()); }
 
   AdapterRegistry reg_;
   std::unique_ptr<server::Server> server_;

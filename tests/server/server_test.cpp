@@ -29,6 +29,7 @@
 
 #include "engine/generator.h"
 #include "server/server.h"
+#include "server/http_fixture.h"
 #include "test_util.h"
 #include "tiny_agents.h"
 
@@ -68,46 +69,11 @@ double metric_value(const std::string& text, const std::string& series) {
   return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
 }
 
-class ServerTest : public testing::TinyAgentsTest {
+class ServerTest : public testing::HttpServerTest {
  protected:
-  void SetUp() override {
-    TinyAgentsTest::SetUp();
-    for (auto& a : adapters_) ASSERT_TRUE(reg_.add(std::move(a)).ok());
-  }
-  void TearDown() override { stop(); }
-
   void start(ShareMode mode, ServerOptions o = {}) {
-    o.base_name = "tiny";
     o.pool.replay.sharing.mode = mode;
-    o.pool.replay.sharing.max_tokens = 512;
-    auto s = Server::create(*model_, tok_.get(), &reg_, o);
-    ASSERT_TRUE(s.ok()) << s.error().message;
-    server_ = std::move(*s);
-    auto port = server_->bind("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok()) << port.error().message;
-    port_ = *port;
-    thread_ = std::thread([this] { (void)server_->serve(); });
-    // Up once /health answers.
-    for (int i = 0; i < 200; ++i) {
-      httplib::Client c("127.0.0.1", port_);
-      if (auto r = c.Get("/health"); r && r->status == 200) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL() << "the server did not come up";
-  }
-  void stop() {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-    server_.reset();
-  }
-  // POST body; returns (status, parsed body or the raw text as a JSON string).
-  std::pair<int, json> post(const std::string& path, const std::string& body, const httplib::Headers& h = {}) {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    auto r = c.Post(path.c_str(), h, body, "application/json");
-    if (!r) return {-1, json(httplib::to_string(r.error()))};
-    json j = json::parse(r->body, nullptr, false);
-    return {r->status, j.is_discarded() ? json(r->body) : j};
+    HttpServerTest::start(o);
   }
   std::pair<int, json> complete(const json& body) { return post("/v1/completions", body.dump()); }
   // The value of an unlabelled series in the server's /metrics now (-1 when it cannot be read).
@@ -156,10 +122,6 @@ class ServerTest : public testing::TinyAgentsTest {
     return whole.substr(head.size());
   }
 
-  AdapterRegistry reg_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  int port_ = 0;
 };
 
 TEST_F(ServerTest, ModelsListTheBaseModelAndEveryAdapter) {
