@@ -75,7 +75,8 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
   const auto end = static_cast<int64_t>(s_.traj_.size());
   if (end == begin_) return s_.nothing_to_forward(a_, begin_);
   Pass p;
-  if (prompt_lp_ && begin_ + 1 < static_cast<int64_t>(prompt_len_)) {
+  all_rows_ = prompt_lp_ && begin_ + 1 < static_cast<int64_t>(prompt_len_);
+  if (all_rows_) {
     // Every row of the chunk comes to the host: chunks of at most ~128 MB of logits.
     const int64_t rows = std::max<int64_t>((int64_t{32} << 20) / std::max(s_.model_.config().vocab_size, 1), 1);
     max_tokens = std::min(max_tokens, rows);
@@ -87,7 +88,7 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
   binding_ = s_.kv_->bind(a_);
   toks_.assign(s_.traj_.begin() + begin_, s_.traj_.begin() + chunk_end_);
   p.input = s_.agent_input(a_, toks_, begin_, binding_.get());
-  p.input.all_logits = p.host_logits;  // set above only for the prompt's log-probabilities
+  p.input.all_logits = all_rows_;
   if (p.produces_token) {
     // One draw per token, in token order (as step by step), however often the pass is retried.
     if (!drawn_ && forced_.empty()) pick_ = sampler_->next_row();
@@ -100,8 +101,7 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
 
 Status AgentTurn::complete(float* row, int32_t picked) {
   if (done_ || !binding_) return make_error(ErrorCode::kInternal, "AgentTurn::complete without a pass");
-  const bool all_rows = binding_ && prompt_lp_ && begin_ + 1 < static_cast<int64_t>(prompt_len_);
-  if (all_rows) {
+  if (all_rows_) {
     if (!row) return make_error(ErrorCode::kInternal, "AgentTurn::complete: the pass needs all its logits rows");
     record_prompt_logprobs(row);
     row += static_cast<int64_t>(chunk_end_ - begin_ - 1) * s_.model_.config().vocab_size;  // the pick's row

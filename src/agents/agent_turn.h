@@ -110,7 +110,8 @@ class AgentTurn {
   size_t prompt_len_ = 0;      // penalties' "prompt": the trajectory before this step
   bool host_ = false;          // every token pass picks on the host
   bool penalize_ = false, want_logprobs_ = false, shape_ = false;
-  bool prompt_lp_ = false;     // dec_.prompt_logprobs >= 0: every catch-up pass returns all its rows
+  bool prompt_lp_ = false;     // dec_.prompt_logprobs >= 0: catch-up passes over the prompt return all their rows
+  bool all_rows_ = false;      // the pending pass returns all its rows (next_pass decides, complete reads)
   int32_t guide_state_ = 0;    // dec_.guide's state after the step's tokens so far
   bool drawn_ = false;         // pick_ holds the next token's draw
   RowSampling pick_;

@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "server/jinja/pystr.h"
 #include "tokenizer/unicode.h"
 
 namespace lragent::server {
@@ -40,9 +41,6 @@ constexpr Known kKnown[] = {
     {0x2bfdb7aa9754484eull, 4116, ChatFormat::kQwen3, false},
 };
 
-// Python's str.isspace(): Unicode White_Space plus the separators U+001C..U+001F.
-bool is_py_space(char32_t c) { return unicode::is_white_space(c) || (c >= 0x1c && c <= 0x1f); }
-
 // Jinja's |trim: Python's str.strip() (Unicode whitespace at both ends). Message content comes
 // from a parsed JSON body, so it is valid UTF-8; anything else is stripped of ASCII whitespace.
 std::string py_strip(std::string_view s) {
@@ -53,13 +51,13 @@ std::string py_strip(std::string_view s) {
   size_t begin = 0;
   while (begin < s.size()) {
     size_t len = 0;
-    if (!is_py_space(unicode::decode_utf8(s, begin, &len))) break;
+    if (!jinja::py::is_space(unicode::decode_utf8(s, begin, &len))) break;
     begin += len;
   }
   size_t end = begin;  // one past the last non-space code point
   for (size_t i = begin; i < s.size();) {
     size_t len = 0;
-    const bool space = is_py_space(unicode::decode_utf8(s, i, &len));
+    const bool space = jinja::py::is_space(unicode::decode_utf8(s, i, &len));
     i += len;
     if (!space) end = i;
   }

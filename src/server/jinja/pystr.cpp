@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "tokenizer/unicode.h"
+
 namespace lragent::server::jinja::py {
 
 std::u32string decode(std::string_view s) {
@@ -50,20 +52,8 @@ std::u32string decode(std::string_view s) {
 void append_utf8(std::string& out, char32_t c) {
   if (c >= 0xDC80 && c <= 0xDCFF) {  // an undecodable byte (decode), written back as it was
     out.push_back(static_cast<char>(c - 0xDC00));
-  } else if (c < 0x80) {
-    out.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
   } else {
-    out.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (c & 0x3F)));
+    unicode::append_utf8(out, c);
   }
 }
 
@@ -85,10 +75,8 @@ size_t length(std::string_view s) {
   return decode(s).size();
 }
 
-bool is_space(char32_t c) {
-  return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
+// Unicode White_Space plus the separators U+001C..U+001F, as Python counts them.
+bool is_space(char32_t c) { return unicode::is_white_space(c) || (c >= 0x1C && c <= 0x1F); }
 
 char32_t to_upper(char32_t c) {
   if (c < 0x80) return (c >= 'a' && c <= 'z') ? c - 32 : c;
