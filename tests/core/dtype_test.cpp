@@ -22,6 +22,10 @@ TEST(DType, Bf16RoundTripsAndRoundsToNearestEven) {
 // The compiler's own _Float16 conversion (GCC >= 12 on x86-64: IEEE round-to-nearest-even) is the
 // reference, bit for bit, over random values of every magnitude (subnormals, overflow included).
 TEST(DType, F16MatchesIeeeOnRandomValues) {
+#ifndef __FLT16_MANT_DIG__
+  GTEST_SKIP() << "this compiler has no _Float16 on this target (clang < 15 on x86-64); the release "
+                  "build (GCC) runs this test";
+#else
   auto ieee = [](float x) {
     const _Float16 h = static_cast<_Float16>(x);
     uint16_t bits;
@@ -46,6 +50,10 @@ TEST(DType, F16MatchesIeeeOnRandomValues) {
       EXPECT_EQ(f32_to_f16(x), ieee(x)) << x;
       EXPECT_EQ(f32_to_f16(-x), ieee(-x)) << -x;
     }
+#endif
+}
+
+TEST(DType, F16RoundsTiesToEvenWrittenOut) {
   // Ties to even, written out: 1 + 2^-11 -> 1.0, 1 + 3 * 2^-11 -> 1 + 2^-9; 2^-25 -> +0,
   // 3 * 2^-26 -> the smallest subnormal; 65520 -> inf.
   EXPECT_EQ(f32_to_f16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);

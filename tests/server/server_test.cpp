@@ -575,9 +575,9 @@ TEST_F(ServerTest, MetricsCountWhatTheRequestsDid) {
   auto [s1, plan] = complete({{"model", "plan"}, {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}});
   ASSERT_EQ(s1, 200);
   // The action agent reads the plan's trajectory: its prompt extends it.
-  const std::vector<int32_t> next = [&] {
+  const std::vector<int32_t> next = [&, &first = plan] {  // clang 14 captures no structured binding
     std::vector<int32_t> v = *tok_->encode(prompt, true);
-    for (const json& id : plan["lragent"]["choices"][0]["token_ids"]) v.push_back(id.get<int32_t>());
+    for (const json& id : first["lragent"]["choices"][0]["token_ids"]) v.push_back(id.get<int32_t>());
     return v;
   }();
   auto [s2, action] = complete({{"model", "action"}, {"prompt", next}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}});

@@ -111,7 +111,7 @@ TEST(TokenizerMalformed, BadMerges) {
   expect_error(j, ErrorCode::kCorrupt, "needs token \"ba\"");
   j["model"]["merges"] = {"ab"};
   expect_error(j, ErrorCode::kCorrupt, "is not two tokens separated by one space");
-  j["model"]["merges"] = {json::array({"a"})};
+  j["model"]["merges"] = json::array({json::array({"a"})});  // a one-element brace list collapses under clang
   expect_error(j, ErrorCode::kCorrupt, "a merge must be");
   j["model"]["merges"] = "a b";
   expect_error(j, ErrorCode::kCorrupt, "model.merges: expected an array");
