@@ -14,6 +14,10 @@ namespace {
 
 void fuzz_chat(const std::string& text) {
   using namespace lragent::server;
+  for (ToolCallFormat f : {ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {  // forced calls in their forms
+    auto other = parse_chat_request(text, f);
+    if (!other.ok() && other.error().message.empty()) __builtin_trap();
+  }
   auto c = parse_chat_request(text);
   if (!c.ok()) {
     if (c.error().message.empty()) __builtin_trap();
@@ -52,24 +56,52 @@ void fuzz_tokenize(const std::string& text) {
 }
 
 
-// A completion's text through the Hermes tool-call parser; a JSON value through Python's dumps.
+// A completion's text through each tool-call parser, whole and streamed; a JSON value through
+// Python's dumps.
 void fuzz_tool_calls(const std::string& text) {
   using namespace lragent::server;
-  const ParsedToolCalls p = parse_hermes_tool_calls(text);
-  if (p.calls.empty() ? p.content != text : text.compare(0, p.content.size(), p.content) != 0) __builtin_trap();
-  for (const ToolCall& c : p.calls)
-    if (nlohmann::ordered_json::parse(c.arguments, nullptr, false).is_discarded()) __builtin_trap();
-  // Streamed in pieces of 1-7 bytes: what goes out as content is the parsed content (or the text).
-  ToolCallStream stream;
-  std::string shown;
-  for (size_t at = 0, k = 0; at < text.size(); ++k) {
-    const size_t n = std::min(text.size() - at, 1 + k % 7);
-    shown += stream.push(text.substr(at, n));
-    at += n;
+  for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+    const ParsedToolCalls p = parse_tool_calls(f, text);
+    // Content beside calls is the text before them (llama3_json: none); no calls: the text
+    // (mistral: the text without its markers, stripped, when it had one).
+    if (!p.calls.empty() && text.compare(0, p.content.size(), p.content) != 0) __builtin_trap();
+    if (!p.calls.empty() && f == ToolCallFormat::kLlama3Json && !p.content.empty()) __builtin_trap();
+    if (p.calls.empty() && f != ToolCallFormat::kMistral && p.content != text) __builtin_trap();
+    for (const ToolCall& c : p.calls)
+      if (nlohmann::ordered_json::parse(c.arguments, nullptr, false).is_discarded()) __builtin_trap();
+    // Streamed in pieces of 1-7 bytes: the content that goes out and the calls are the parse's
+    // (or the whole text and no calls: a Llama completion that does not begin with a call).
+    ToolCallStream stream(f);
+    std::string shown;
+    for (size_t at = 0, k = 0; at < text.size(); ++k) {
+      const size_t n = std::min(text.size() - at, 1 + k % 7);
+      shown += stream.push(text.substr(at, n));
+      at += n;
+    }
+    const ToolCallStream::End end = stream.finish();
+    const bool streamed_calls = f != ToolCallFormat::kLlama3Json || (!text.empty() && text[0] == '{');
+    if (streamed_calls && end.tool_calls.size() != p.calls.size()) __builtin_trap();
+    if (end.tool_calls.size() != 0 && end.tool_calls.size() != p.calls.size()) __builtin_trap();
+    if (shown + end.content != (end.tool_calls.empty() ? text : p.content)) __builtin_trap();
+    for (const auto& call : end.tool_calls)
+      if (f == ToolCallFormat::kMistral && call["id"].get<std::string>().size() != 9) __builtin_trap();
   }
-  const ToolCallStream::End end = stream.finish();
-  if (shown + end.content != (p.calls.empty() ? text : p.content) || end.tool_calls.size() != p.calls.size())
-    __builtin_trap();
+  // Reasoning split off whole and streamed: the same parts.
+  for (bool thinking : {true, false}) {
+    const ReasoningSplit whole = split_reasoning(text, thinking);
+    ReasoningStream stream(thinking);
+    std::string reasoning, content;
+    for (size_t at = 0, k = 0; at < text.size(); ++k) {
+      const size_t n = std::min(text.size() - at, 1 + k % 5);
+      const ReasoningStream::Piece p = stream.push(text.substr(at, n));
+      reasoning += p.reasoning;
+      content += p.content;
+      at += n;
+    }
+    const ReasoningStream::Piece last = stream.finish();
+    if (reasoning + last.reasoning != whole.reasoning.value_or("") || content + last.content != whole.content.value_or(""))
+      __builtin_trap();
+  }
   const auto v = nlohmann::ordered_json::parse(text, nullptr, false);
   if (!v.is_discarded()) {
     // What it writes reads back as the same value (when the strings were valid UTF-8).

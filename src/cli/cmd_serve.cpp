@@ -43,6 +43,8 @@ struct ServeFlags {
   int64_t max_model_len = 0;
   std::string api_key;
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
+  std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | auto (the template's)
+  std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
   std::string preset;         // a synthetic model with a published model's shapes (benchmarks)
   int preset_rank = 16;
   std::string preset_adapters = "shared";
@@ -91,7 +93,9 @@ Status set_chat_template(const ServeFlags& f, server::ServerOptions& so) {
   auto t = server::ChatTemplate::from_tokenizer_config(cfg.dump(), source);
   if (t.ok()) {
     so.chat_template = *t;
-    fmt::print(stderr, "chat template: {} ({})\n", server::chat_format_name(t->format), source);
+    fmt::print(stderr, "chat template: {} ({}); tool calls: {}{}\n", server::chat_format_name(t->format), source,
+               server::tool_call_format_name(so.tool_call_parser.value_or(t->tool_call_format)),
+               so.tool_call_parser ? " (--tool-call-parser)" : "");
     return Status::Ok();
   }
   if (!f.chat_template.empty()) return t.error();  // asked for explicitly: it must work
@@ -219,6 +223,16 @@ int run_serve(const ServeFlags& f) {
   mallopt(M_MMAP_THRESHOLD, 256 << 10);
   so.on_idle = [] { malloc_trim(0); };
 #endif
+  if (f.tool_call_parser != "auto") {
+    auto format = server::parse_tool_call_format(f.tool_call_parser);
+    if (!format.ok()) return report(Error{format.error().code, "--tool-call-parser: " + format.error().message + " (or auto)"});
+    so.tool_call_parser = *format;
+  }
+  if (!f.reasoning_parser.empty()) {
+    auto format = server::parse_reasoning_format(f.reasoning_parser);
+    if (!format.ok()) return report(Error{format.error().code, "--reasoning-parser: " + format.error().message});
+    so.reasoning_parser = *format;
+  }
   if (f.preset.empty()) {
     if (Status st = set_chat_template(f, so); !st.ok()) return report(st.error());
   } else {
@@ -368,6 +382,22 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "Llama-3-Instruct and Qwen3 templates, recognised by their exact text, in C++). A --chat-template "
                   "that cannot be parsed stops start-up; a model's own one leaves /v1/chat/completions answering 400 "
                   "with the reason");
+  cmd->add_option("--tool-call-parser", f->tool_call_parser,
+                  "How the model writes tool calls, so how a chat completion's calls are read out of its text and "
+                  "what a forced tool_choice makes it write (vLLM's parsers): hermes (<tool_call>{...}</tool_call>: "
+                  "Qwen2.5, Qwen3, Hermes), llama3_json ({\"name\", \"parameters\"} objects: Llama 3.1-3.3), mistral "
+                  "([TOOL_CALLS][...]: Mistral), or auto: the form the chat template shows the model (hermes when "
+                  "it shows none). Calls are parsed whenever a request gives tools (no --enable-auto-tool-choice "
+                  "needed)")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral"}));
+  cmd->add_option("--reasoning-parser", f->reasoning_parser,
+                  "Hand a thinking model's reasoning to the client apart (vLLM's parsers): qwen3 or deepseek_r1. "
+                  "A chat completion's <think>...</think> becomes the message's reasoning_content (and "
+                  "\"reasoning\", vLLM's newer name), streamed as such deltas, and tool calls are parsed from the "
+                  "answer after it. qwen3: no reasoning when the request sets chat_template_kwargs.enable_thinking "
+                  "false. Default: none, the text is left whole")
+      ->check(CLI::IsMember({"qwen3", "deepseek_r1"}));
   cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
   auto* preset = cmd->add_option("--preset", f->preset,
                                  "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b, qwen3-8b or tiny (random "

@@ -199,6 +199,7 @@ Result<ChatTemplate> ChatTemplate::from_tokenizer_config(std::string_view config
       t.special_tokens[key] = value["content"].get<std::string>();
   }
   if (t.special_tokens.contains("bos_token")) t.bos_token = t.special_tokens["bos_token"].get<std::string>();
+  t.tool_call_format = detect_tool_call_format(text);
   const uint64_t h = fnv1a(text);
   for (const Known& k : kKnown) {
     if (!builtin || k.hash != h || k.size != text.size()) continue;
@@ -358,19 +359,19 @@ std::string python_float(double d) {
 
 }  // namespace
 
-std::string python_json_dumps(const ordered_json& v) {
+std::string python_json_dumps(const ordered_json& v, bool ensure_ascii) {
   switch (v.type()) {
     case ordered_json::value_t::array: {
       std::string out = "[";
-      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + python_json_dumps(v[i]);
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + python_json_dumps(v[i], ensure_ascii);
       return out + "]";
     }
     case ordered_json::value_t::object: {
       std::string out = "{";
       bool first = true;
       for (const auto& [key, value] : v.items()) {
-        out += (first ? "" : ", ") + ordered_json(key).dump(-1, ' ', false, ordered_json::error_handler_t::replace) + ": " +
-               python_json_dumps(value);
+        out += (first ? "" : ", ") + ordered_json(key).dump(-1, ' ', ensure_ascii, ordered_json::error_handler_t::replace) +
+               ": " + python_json_dumps(value, ensure_ascii);
         first = false;
       }
       return out + "}";
@@ -378,7 +379,7 @@ std::string python_json_dumps(const ordered_json& v) {
     case ordered_json::value_t::number_float:
       return python_float(v.get<double>());
     default:  // strings (escapes, \u00XX), integers, booleans, null: nlohmann writes them as Python's json does
-      return v.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+      return v.dump(-1, ' ', ensure_ascii, ordered_json::error_handler_t::replace);
   }
 }
 
@@ -414,35 +415,6 @@ Result<std::vector<std::string>> parse_chat_tools(const ordered_json& tools) {
       if (!norm.contains(k)) norm[k] = v;
     out.push_back(python_json_dumps(norm));
   }
-  return out;
-}
-
-ParsedToolCalls parse_hermes_tool_calls(const std::string& text) {
-  static const std::string kOpen = "<tool_call>", kClose = "</tool_call>";
-  ParsedToolCalls out;
-  const size_t first = text.find(kOpen);
-  if (first == std::string::npos) {
-    out.content = text;
-    return out;
-  }
-  // The regex <tool_call>(.*?)</tool_call>|<tool_call>(.*) (DOTALL): closed blocks, then the
-  // rest after an unclosed one.
-  for (size_t at = first; at != std::string::npos;) {
-    const size_t body = at + kOpen.size();
-    const size_t close = text.find(kClose, body);
-    const std::string inner = text.substr(body, close == std::string::npos ? std::string::npos : close - body);
-    const ordered_json j = json_depth_within(inner) ? ordered_json::parse(inner, nullptr, /*allow_exceptions=*/false)
-                                                    : ordered_json(ordered_json::value_t::discarded);
-    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments")) {
-      out.calls.clear();
-      out.content = text;
-      return out;
-    }
-    out.calls.push_back({j["name"].get<std::string>(), python_json_dumps(j["arguments"])});
-    if (close == std::string::npos) break;
-    at = text.find(kOpen, close + kClose.size());
-  }
-  out.content = text.substr(0, first);
   return out;
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/result.h"
 #include "server/jinja/jinja.h"
+#include "server/tool_calls.h"
 
 namespace lragent::server {
 
@@ -26,14 +27,6 @@ enum class ChatFormat {
   kJinja,   // any other template: interpreted (server/jinja)
 };
 const char* chat_format_name(ChatFormat f);
-
-// A function call of an assistant turn. Its arguments are kept as the JSON text the template
-// writes: Python's json.dumps of the parsed arguments (vLLM parses the OpenAI API's arguments
-// string before rendering; the template's tojson dumps it again, keys in their order).
-struct ToolCall {
-  std::string name;
-  std::string arguments;
-};
 
 struct ChatMessage {
   std::string role;     // system | developer | user | assistant | tool | function
@@ -53,13 +46,17 @@ constexpr int kMaxJsonDepth = 256;
 bool json_depth_within(std::string_view text, int max_depth = kMaxJsonDepth);
 
 // Python's json.dumps(value, ensure_ascii=False) (Jinja's tojson as transformers defines it):
-// ", " and ": " separators, keys in their order, non-ASCII as is.
-std::string python_json_dumps(const nlohmann::ordered_json& value);
+// ", " and ": " separators, keys in their order, non-ASCII as is; with ensure_ascii, json.dumps'
+// default: non-ASCII as \uXXXX escapes (surrogate pairs above U+FFFF).
+std::string python_json_dumps(const nlohmann::ordered_json& value, bool ensure_ascii = false);
 
 struct ChatTemplate {
   ChatFormat format = ChatFormat::kLlama3;
   std::string bos_token;  // tokenizer_config.json's bos_token (Llama-3 writes it as text)
   bool generation_prompt_always = false;  // the template ends with the assistant header regardless
+  // The form the template shows the model tool calls in, so the form they come back in
+  // (detect_tool_call_format; `serve --tool-call-parser` overrides it).
+  ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
   // kJinja: the parsed template, the special tokens it is given (bos_token, eos_token, ... of
   // tokenizer_config.json, as transformers passes its special_tokens_map), and the clock of its
   // strftime_now (unset: the local time now; tests pin it).
@@ -106,15 +103,5 @@ Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::json& messa
 // model_dump: type, then function with name, description and parameters, null when absent,
 // then any other keys as given).
 Result<std::vector<std::string>> parse_chat_tools(const nlohmann::ordered_json& tools);
-
-// vLLM's Hermes tool parser (Qwen models): the <tool_call>{"name", "arguments"}</tool_call>
-// blocks of a completion (a last unclosed one too). Found: `content` is the text before the
-// first block (empty: none) and each call's arguments are json.dumps of the parsed ones. A
-// block that is not such JSON: no calls, the whole text is content.
-struct ParsedToolCalls {
-  std::vector<ToolCall> calls;
-  std::string content;
-};
-ParsedToolCalls parse_hermes_tool_calls(const std::string& text);
 
 }  // namespace lragent::server

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
-#include <random>
 
 #include <fmt/ranges.h>
 
@@ -157,11 +156,10 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
 
 namespace {
 
-// tool_choice "required" or {"type": "function", "function": {"name"}}: the completion is one or
-// more calls (a named function: one call of it) in the Hermes form the tool parser reads,
-// "<tool_call>\n{"name": N, "arguments": {...}}\n</tool_call>", each call's arguments following
-// its function's parameters schema (json_regex.h). `other` says a structured output was given too.
-Result<std::string> forced_tool_calls(const nlohmann::ordered_json& tools, const json& choice, bool other) {
+// tool_choice "required" or {"type": "function", "function": {"name"}}: the regex of the calls
+// (forced_tool_calls_regex, in the model's form). `other` says a structured output was given too.
+Result<std::string> forced_tool_calls(ToolCallFormat format, const nlohmann::ordered_json& tools, const json& choice,
+                                      bool other) {
   if (other) return bad("'tool_choice' forcing a call cannot be combined with another structured output");
   std::string name;  // empty: any tool ("required")
   if (choice.is_object()) {
@@ -174,31 +172,12 @@ Result<std::string> forced_tool_calls(const nlohmann::ordered_json& tools, const
     return bad(fmt::format("'tool_choice' = {} is not one of \"none\", \"auto\", \"required\" or a named function",
                            choice.dump()));
   }
-  std::vector<std::string> calls;  // [matching tools] one call's regex each
-  for (size_t i = 0; i < tools.size(); ++i) {
-    const nlohmann::ordered_json& f = tools[i]["function"];
-    const std::string fn = f["name"].get<std::string>();
-    if (!name.empty() && fn != name) continue;
-    nlohmann::ordered_json params = f.contains("parameters") && !f["parameters"].is_null() ? f["parameters"]
-                                                                                  : nlohmann::ordered_json{{"type", "object"}};
-    nlohmann::ordered_json schema = {{"type", "object"},
-                           {"properties", {{"name", {{"const", fn}}}, {"arguments", std::move(params)}}},
-                           {"required", {"name", "arguments"}}};
-    auto re = guide::json_schema_regex(schema);
-    if (!re.ok())
-      return Error{re.error().code,
-                   fmt::format("'tool_choice' needs tool '{}' parameters lragent can enforce: {}", fn, re.error().message)};
-    calls.push_back("<tool_call>\\n" + *re + "\\n</tool_call>");
-  }
-  if (calls.empty()) return bad(fmt::format("'tool_choice' names function '{}', which is not among 'tools'", name));
-  std::string one = calls.size() == 1 ? calls[0] : "(?:" + fmt::format("{}", fmt::join(calls, "|")) + ")";
-  if (!name.empty()) return one;
-  return one + "(?:\\n" + one + ")*";
+  return forced_tool_calls_regex(format, tools, name);
 }
 
 }  // namespace
 
-Result<ChatRequest> parse_chat_request(std::string_view text) {
+Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat tool_format) {
   LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
   // Messages and tools keep the client's key order (the template writes them as JSON).
   const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -239,9 +218,13 @@ Result<ChatRequest> parse_chat_request(std::string_view text) {
   const json& choice = field(body, "tool_choice");
   if (!choice.is_null() && c.tools.empty())
     return bad("'tool_choice' needs 'tools': give the tool definitions, or leave tool_choice out");
-  c.parse_tool_calls = !c.tools.empty() && choice != json("none");
+  if (!c.tools.empty() && choice != json("none")) {
+    c.tool_calls = tool_format;
+    if (tool_format == ToolCallFormat::kMistral) c.req.skip_special_tokens = false;  // [TOOL_CALLS] is one
+  }
   if (!choice.is_null() && choice != json("none") && choice != json("auto")) {
-    LRA_ASSIGN_OR_RETURN(c.req.guided_regex, forced_tool_calls(ordered_field("tools"), choice, !c.req.guided_from.empty()));
+    LRA_ASSIGN_OR_RETURN(c.req.guided_regex,
+                         forced_tool_calls(tool_format, ordered_field("tools"), choice, !c.req.guided_from.empty()));
     c.req.guided_from = "tool_choice";
   }
   return c;
@@ -617,63 +600,62 @@ json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt, s
   return out;
 }
 
-namespace {
-
-std::string tool_call_id() {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
-}
-
-}  // namespace
-
-std::string ToolCallStream::push(const std::string& piece) {
-  static const std::string kOpen = "<tool_call>";
-  text_ += piece;
-  if (in_call_) return {};
-  const size_t at = text_.find(kOpen, sent_ >= kOpen.size() ? sent_ - kOpen.size() + 1 : 0);
-  size_t upto = text_.size();
-  if (at != std::string::npos) {
-    in_call_ = true;
-    upto = at;
-  } else {  // hold back a tail that a later piece may complete into "<tool_call>"
-    for (size_t k = std::min(kOpen.size() - 1, text_.size()); k > 0; --k)
-      if (text_.compare(text_.size() - k, k, kOpen, 0, k) == 0) {
-        upto = text_.size() - k;
-        break;
-      }
-  }
-  upto = std::max(upto, sent_);
-  std::string out = text_.substr(sent_, upto - sent_);
-  sent_ = upto;
-  return out;
-}
-
-ToolCallStream::End ToolCallStream::finish() {
-  End end;
-  const ParsedToolCalls parsed = parse_hermes_tool_calls(text_);
-  const std::string& content = parsed.calls.empty() ? text_ : parsed.content;
-  if (content.size() > sent_) end.content = content.substr(sent_);
-  for (size_t k = 0; k < parsed.calls.size(); ++k)
-    end.tool_calls.push_back({{"index", k},
-                              {"id", tool_call_id()},
-                              {"type", "function"},
-                              {"function", {{"name", parsed.calls[k].name}, {"arguments", parsed.calls[k].arguments}}}});
-  sent_ = text_.size();
-  return end;
-}
-
-void put_chat_message(json& choice, const std::string& text, bool parse_tool_calls) {
+void put_chat_message(json& choice, const std::string& text, const ChatParsing& parsing) {
   json& m = choice["message"];
-  m = {{"role", "assistant"}, {"content", text}, {"tool_calls", json::array()}};
-  if (!parse_tool_calls) return;
-  ParsedToolCalls parsed = parse_hermes_tool_calls(text);
+  m = {{"role", "assistant"}, {"content", text}};
+  std::string content = text;
+  if (parsing.reasoning) {
+    ReasoningSplit split = split_reasoning(text, *parsing.reasoning);
+    const json reasoning = split.reasoning ? json(*split.reasoning) : json(nullptr);
+    m["content"] = split.content ? json(*split.content) : json(nullptr);
+    m["reasoning_content"] = reasoning;
+    m["reasoning"] = reasoning;
+    content = split.content.value_or("");
+  }
+  m["tool_calls"] = json::array();
+  if (!parsing.tool_calls) return;
+  ParsedToolCalls parsed = parse_tool_calls(*parsing.tool_calls, content);
   if (parsed.calls.empty()) return;
   m["content"] = parsed.content.empty() ? json(nullptr) : json(parsed.content);
   for (const ToolCall& call : parsed.calls)
-    m["tool_calls"].push_back({{"id", tool_call_id()},
+    m["tool_calls"].push_back({{"id", new_tool_call_id(*parsing.tool_calls)},
                                {"type", "function"},
                                {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
   choice["finish_reason"] = "tool_calls";
+}
+
+ChatStream::ChatStream(const ChatParsing& parsing)
+    : parsing_(parsing),
+      reasoning_(parsing.reasoning.value_or(true)),
+      calls_(parsing.tool_calls.value_or(ToolCallFormat::kHermes)) {}
+
+ChatStream::Delta ChatStream::push(const std::string& piece) {
+  Delta d;
+  if (parsing_.reasoning) {
+    ReasoningStream::Piece p = reasoning_.push(piece);
+    d.reasoning = std::move(p.reasoning);
+    d.content = std::move(p.content);
+  } else {
+    d.content = piece;
+  }
+  if (parsing_.tool_calls) d.content = calls_.push(d.content);
+  return d;
+}
+
+ChatStream::End ChatStream::finish() {
+  End end;
+  if (parsing_.reasoning) {
+    ReasoningStream::Piece p = reasoning_.finish();
+    end.rest.reasoning = std::move(p.reasoning);
+    end.rest.content = std::move(p.content);
+  }
+  if (parsing_.tool_calls) {
+    std::string shown = calls_.push(end.rest.content);
+    ToolCallStream::End calls = calls_.finish();
+    end.rest.content = shown + calls.content;
+    end.tool_calls = std::move(calls.tool_calls);
+  }
+  return end;
 }
 
 int http_status(ErrorCode code) {

@@ -16,6 +16,8 @@
 #include "core/result.h"
 #include "engine/sampler.h"
 #include "server/chat_template.h"
+#include "server/reasoning.h"
+#include "server/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lragent::server {
@@ -87,11 +89,16 @@ struct ChatRequest {
   // chat_template_kwargs as given (client's order): an interpreted template gets them all.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   std::vector<std::string> tools;     // each tool's JSON text for the template (parse_chat_tools)
-  // tool_choice "auto" (the default with tools): the completion's tool calls are parsed out of
-  // its text (parse_hermes_tool_calls); "none": the tools are shown, the text is left as is.
-  bool parse_tool_calls = false;
+  // tool_choice "auto" (the default with tools) or a forced call: the completion's tool calls are
+  // parsed out of its text (parse_tool_calls) in this form; "none" or no tools: unset, the text
+  // is left as is. (ChatParsing::tool_calls)
+  std::optional<ToolCallFormat> tool_calls;
 };
-Result<ChatRequest> parse_chat_request(std::string_view body);
+// `tool_format`: the form the model writes tool calls in (the chat template's, or `serve
+// --tool-call-parser`): a forced tool_choice asks for calls in that form. With mistral's, a
+// request whose calls are parsed keeps special tokens in its text (the [TOOL_CALLS] marker is
+// one), as vLLM's mistral parser asks.
+Result<ChatRequest> parse_chat_request(std::string_view body, ToolCallFormat tool_format = ToolCallFormat::kHermes);
 
 // POST /tokenize (vLLM's): a "prompt" string, or chat "messages" (rendered with the chat
 // template as /v1/chat/completions renders them), to token ids.
@@ -144,32 +151,43 @@ nlohmann::json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t>
 // Characters (code points) of UTF-8 text, as Python's len() counts them (text_offset's unit).
 size_t utf8_chars(std::string_view s);
 
-// Sets a chat choice's "message": {"role": "assistant", "content", "tool_calls": []}. With
-// parse_tool_calls, the calls of vLLM's Hermes parser (parse_hermes_tool_calls) each as
-// {"id": "chatcmpl-tool-<hex>", "type": "function", "function": {"name", "arguments"}}, the text
-// before them as content (null when empty), and the choice's finish_reason "tool_calls" when
-// any was found.
-void put_chat_message(nlohmann::json& choice, const std::string& text, bool parse_tool_calls);
+// How a chat completion's text becomes its message: the reasoning split off first (a server with
+// a reasoning parser), then the tool calls parsed out of what is left.
+struct ChatParsing {
+  std::optional<bool> reasoning;             // set: split_reasoning, the value saying whether thinking is on
+  std::optional<ToolCallFormat> tool_calls;  // set: parse_tool_calls in that form
+};
 
-// A streamed chat completion whose tool calls are parsed (vLLM's Hermes parser, streamed): its
-// text goes out as content until a "<tool_call>" could begin there, and is held from that point;
-// at the end the calls go out in one delta (clients join tool_call deltas by index), or, when the
-// held text holds no valid call, the rest as content.
-class ToolCallStream {
+// Sets a chat choice's "message": {"role": "assistant", "content", "tool_calls": []}. With
+// parsing.reasoning, the reasoning as "reasoning_content" (and "reasoning", vLLM's newer name;
+// null when none) and the rest as content. With parsing.tool_calls, the calls its parser finds
+// (parse_tool_calls) each as {"id", "type": "function", "function": {"name", "arguments"}}
+// (new_tool_call_id), the content beside them (null when empty), and the choice's finish_reason
+// "tool_calls" when any was found.
+void put_chat_message(nlohmann::json& choice, const std::string& text, const ChatParsing& parsing);
+
+// A streamed chat completion's text, piece by piece, parsed as put_chat_message parses it whole:
+// reasoning (ReasoningStream), then content whose tool calls are held back (ToolCallStream).
+class ChatStream {
  public:
-  // The content to send now out of the next piece of shown text.
-  std::string push(const std::string& piece);
-  struct End {
-    std::string content;      // content not sent yet
-    nlohmann::json tool_calls = nlohmann::json::array();  // [{"index", "id", "type", "function": {"name", "arguments"}}]
+  explicit ChatStream(const ChatParsing& parsing = {});
+  struct Delta {
+    std::string reasoning;
+    std::string content;
   };
-  // After the last piece: the rest of the content, and the calls parsed out of the whole text.
+  // What to send now out of the next piece of shown text.
+  Delta push(const std::string& piece);
+  // After the last piece: what was held back, and the tool calls ([] when none or not parsed).
+  struct End {
+    Delta rest;
+    nlohmann::json tool_calls = nlohmann::json::array();
+  };
   End finish();
 
  private:
-  std::string text_;
-  size_t sent_ = 0;        // bytes of text_ sent as content
-  bool in_call_ = false;   // "<tool_call>" seen: nothing more goes out before finish()
+  ChatParsing parsing_;
+  ReasoningStream reasoning_;
+  ToolCallStream calls_;
 };
 
 // The text of one completion, built token by token: special tokens are left out (unless

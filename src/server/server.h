@@ -76,6 +76,12 @@ struct ServerOptions {
   // why (the error that endpoint answers with).
   std::optional<ChatTemplate> chat_template;
   std::string chat_template_missing = "none was given";
+  // The form of the model's tool calls (vLLM's --tool-call-parser); unset: the one the chat
+  // template shows the model (ChatTemplate::tool_call_format).
+  std::optional<ToolCallFormat> tool_call_parser;
+  // Set (vLLM's --reasoning-parser): a chat completion's <think>...</think> goes to the message's
+  // reasoning_content, apart from its content (ChatParsing::reasoning).
+  std::optional<ReasoningFormat> reasoning_parser;
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
   // Warnings from the engine thread (a stall); null: silent.
@@ -213,10 +219,13 @@ class Server {
   Error no_chat_template() const;
   void install_routes();
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
-  // chat: the chat.completion objects; tool_calls: parse each completion's calls (not streaming).
-  // `http`: the request's connection, watched so that a client gone stops its request.
+  // chat: the chat.completion objects, each completion's text parsed as `parsing` says (reasoning,
+  // tool calls; streamed too: ChatStream). `http`: the request's connection, watched so that a
+  // client gone stops its request.
   void respond(CompletionRequest req, bool chat, const httplib::Request& http, httplib::Response& res,
-               bool tool_calls = false);
+               const ChatParsing& parsing = {});
+  // The form the model writes tool calls in: --tool-call-parser, else the chat template's.
+  ToolCallFormat tool_call_format() const;
 
   LlamaModel* model_ = nullptr;
   const Tokenizer* tok_ = nullptr;

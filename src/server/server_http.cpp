@@ -261,7 +261,7 @@ void Server::install_routes() {
   });
   post_route(svr, "/v1/chat/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
     if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
-    auto parsed = parse_chat_request(body);
+    auto parsed = parse_chat_request(body, tool_call_format());
     if (!parsed.ok()) return send_error(res, parsed.error());
     auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools,
                             parsed->template_kwargs);
@@ -271,12 +271,22 @@ void Server::install_routes() {
     p.text = std::move(*text);
     p.add_special_tokens = false;  // the template wrote BOS (or wants none), as vLLM tokenizes chat
     req.prompts = {std::move(p)};
-    respond(std::move(req), /*chat=*/true, http, res, parsed->parse_tool_calls);
+    ChatParsing parsing;
+    parsing.tool_calls = parsed->tool_calls;
+    // Qwen3 thinks unless the request turned it off (its template then closes an empty block).
+    if (opts_.reasoning_parser)
+      parsing.reasoning = *opts_.reasoning_parser != ReasoningFormat::kQwen3 || parsed->enable_thinking;
+    respond(std::move(req), /*chat=*/true, http, res, parsing);
   });
 }
 
+ToolCallFormat Server::tool_call_format() const {
+  if (opts_.tool_call_parser) return *opts_.tool_call_parser;
+  return opts_.chat_template ? opts_.chat_template->tool_call_format : ToolCallFormat::kHermes;
+}
+
 void Server::respond(CompletionRequest req, bool chat, const httplib::Request& http, httplib::Response& res,
-                     bool tool_calls) {
+                     const ChatParsing& parsing) {
   const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
   const int64_t created = unix_now();
   // Errors found before the first byte (unknown model, too long) are HTTP errors, also when
@@ -300,7 +310,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   };
   // A whole choice (non-streaming), or a stream's last event for it (no text; the log-probabilities
   // of its tokens from `sent` on, which no earlier event carried).
-  auto choice_json = [chat, tool_calls, stop_reason, logprobs_of](size_t index, const CompletionChoice& c, bool whole, size_t sent,
+  auto choice_json = [chat, parsing, stop_reason, logprobs_of](size_t index, const CompletionChoice& c, bool whole, size_t sent,
                                                       size_t* offset) {
     const size_t from = std::min(sent, c.logprobs.size());
     json j = {{"index", index},
@@ -310,7 +320,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
               {"stop_reason", stop_reason(c)}};
     if (chat) {
       if (whole) {
-        put_chat_message(j, c.text, tool_calls);
+        put_chat_message(j, c.text, parsing);
       } else {
         j["delta"] = json::object();
       }
@@ -352,7 +362,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   }
   auto p = std::make_shared<const Prepared>(std::move(*prepared));  // the provider is copied: share the ids
   res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider("text/event-stream", [this, p, chat, tool_calls, id, created, model, usage_of,
+  res.set_chunked_content_provider("text/event-stream", [this, p, chat, parsing, id, created, model, usage_of,
                                                          choice_json, logprobs_of,
                                                          lragent_json](size_t, httplib::DataSink& sink) {
     auto send = [&sink](const json& j) {
@@ -380,9 +390,20 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
     // Per choice: tokens whose log-probabilities went out, and the characters of text streamed
     // (each event's text_offset starts there, as vLLM's previous_text_lens).
     std::vector<size_t> sent, offset;
-    std::vector<ToolCallStream> calls;  // per choice, when tool calls are parsed
+    std::vector<ChatStream> texts;  // per choice: reasoning and tool calls parsed out (chat)
     auto grow = [&](size_t index) {
-      if (sent.size() <= index) sent.resize(index + 1, 0), offset.resize(index + 1, 0), calls.resize(index + 1);
+      if (sent.size() > index) return;
+      sent.resize(index + 1, 0);
+      offset.resize(index + 1, 0);
+      texts.resize(index + 1, ChatStream(parsing));
+    };
+    // A chat delta: the reasoning when there is some, the content when there is some (or nothing
+    // else to carry the event's log-probabilities).
+    auto chat_delta = [](const ChatStream::Delta& d) {
+      json delta = json::object();
+      if (!d.reasoning.empty()) delta["reasoning_content"] = delta["reasoning"] = d.reasoning;
+      if (!d.content.empty() || d.reasoning.empty()) delta["content"] = d.content;
+      return delta;
     };
     // While no piece comes (the request waits or computes its prompt) the socket is checked, so a
     // client that left before its request ran does not cost it a slot and its compute.
@@ -394,9 +415,10 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       size_t at = offset[d.index];
       json lp = logprobs_of(d.token_ids, d.logprobs, &at);
       offset[d.index] += utf8_chars(d.text);
-      const std::string text = tool_calls ? calls[d.index].push(d.text) : d.text;
-      if (text.empty() && lp.is_null()) return true;  // held back (a tool call may be starting)
-      return send(chunk(json::array({piece(d.index, chat ? json{{"content", text}} : json(text), std::move(lp))})));
+      const ChatStream::Delta shown = texts[d.index].push(d.text);
+      // Held back (a tag or a tool call may be starting): no event unless log-probabilities are due.
+      if (shown.content.empty() && shown.reasoning.empty() && lp.is_null()) return true;
+      return send(chunk(json::array({piece(d.index, chat ? chat_delta(shown) : json(shown.content), std::move(lp))})));
     }, alive);
     if (!r.ok()) {
       send(error_json(r.error()));
@@ -405,13 +427,12 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
         open(i);
         grow(i);
         json last = choice_json(i, (*r)[i], false, sent[i], &offset[i]);
-        if (tool_calls) {
-          ToolCallStream::End end = calls[i].finish();
-          if (!end.content.empty()) send(chunk(json::array({piece(i, {{"content", end.content}}, nullptr)})));
-          if (!end.tool_calls.empty()) {
-            send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)})));
-            last["finish_reason"] = "tool_calls";
-          }
+        ChatStream::End end = texts[i].finish();
+        if (chat && (!end.rest.content.empty() || !end.rest.reasoning.empty()))
+          send(chunk(json::array({piece(i, chat_delta(end.rest), nullptr)})));
+        if (!end.tool_calls.empty()) {
+          send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)})));
+          last["finish_reason"] = "tool_calls";
         }
         send(chunk(json::array({std::move(last)})));
       }

@@ -123,7 +123,18 @@ TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
   std::ofstream(dir + "/other.jinja") << "{{ messages[0]['content'] }}";
   r = serve_until("INT", 6, model + " --port 0 --chat-template " + shell_quote(dir + "/other.jinja"));
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("chat template: jinja (" + dir + "/other.jinja)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("chat template: jinja (" + dir + "/other.jinja); tool calls: hermes"), std::string::npos) << r.err;
+  // The tool-call form follows the template unless --tool-call-parser names one; a parser lragent
+  // lacks is a bad flag (exit 2) naming the ones it has.
+  r = serve_until("INT", 6, model + " --port 0 --chat-template " + shell_quote(dir + "/other.jinja") +
+                                " --tool-call-parser mistral --reasoning-parser qwen3");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("tool calls: mistral (--tool-call-parser)"), std::string::npos) << r.err;
+  for (const std::string flag : {"--tool-call-parser pythonic", "--reasoning-parser granite"}) {
+    auto bad = testing::run_lragent("serve " + model + " " + flag);
+    EXPECT_EQ(bad.code, 2) << flag << ": " << bad.err;
+    EXPECT_NE(bad.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << bad.err;
+  }
   std::ofstream(dir + "/broken.jinja") << "{{ messages[0]['content'] }";
   auto broken = testing::run_lragent("serve " + model + " --chat-template " + shell_quote(dir + "/broken.jinja"));
   EXPECT_EQ(broken.code, 4) << broken.err;  // kCorrupt

@@ -17,6 +17,7 @@
 #include "server/chat_template.h"
 #include "server/http_fixture.h"
 #include "server/openai_api.h"
+#include "server/template_fixture.h"
 #include "test_util.h"
 
 namespace lragent::server {
@@ -27,20 +28,12 @@ using nlohmann::ordered_json;
 // strftime of the goldens' pinned time (2026-11-30 13:45:00), as the script pins transformers'.
 std::string pinned_strftime(const std::string& format) { return testing::strftime_at(format, 2026, 11, 30, 13, 45, 0); }
 
-std::string templates_dir() { return testing::fixtures_dir() + "/chat_templates"; }
-
-// The tokenizer_config.json a model with this template would have.
-std::string config_for(const std::string& name, const ordered_json& tokens) {
-  ordered_json cfg = ordered_json::object();
-  for (const auto& [key, value] : tokens[name].items())
-    if (key != "package" && !value.is_null()) cfg[key] = value;
-  cfg["chat_template"] = testing::read_file(templates_dir() + "/" + name + ".jinja");
-  return cfg.dump();
-}
+using testing::config_for;
+using testing::templates_dir;
 
 TEST(ChatTemplateJinja, EveryRealTemplateRendersAsTransformersDoes) {
   const auto goldens = ordered_json::parse(testing::read_file(testing::fixtures_dir() + "/goldens/chat_templates_jinja.json"));
-  const auto tokens = ordered_json::parse(testing::read_file(templates_dir() + "/tokens.json"));
+  const auto tokens = testing::template_tokens();
   std::map<std::string, ChatTemplate> interpreted, builtin;
   int rendered = 0, refused = 0, compared_builtin = 0;
   for (const ordered_json& c : goldens["cases"]) {
@@ -134,7 +127,7 @@ TEST(ChatTemplateJinja, ABrokenTemplateIsRefusedWithWhereAndASpecialTokenObjectI
 // chat_template_kwargs reach an interpreted template as variables, as vLLM passes them (Llama-3.2's
 // date_string; a kwarg cannot replace the messages).
 TEST(ChatTemplateJinja, ChatTemplateKwargsAreTheTemplatesVariables) {
-  const auto tokens = ordered_json::parse(testing::read_file(templates_dir() + "/tokens.json"));
+  const auto tokens = testing::template_tokens();
   auto t = ChatTemplate::from_tokenizer_config(config_for("llama3_2", tokens), "llama3_2");
   ASSERT_TRUE(t.ok()) << t.error().message;
   t->strftime_now = pinned_strftime;
@@ -159,7 +152,7 @@ TEST(ChatTemplateJinja, ChatTemplateKwargsAreTheTemplatesVariables) {
 class ChatJinjaServerTest : public testing::HttpServerTest {};
 
 TEST_F(ChatJinjaServerTest, AnInterpretedTemplateServesChatAndItsRefusalsAre400) {
-  const auto tokens = ordered_json::parse(testing::read_file(templates_dir() + "/tokens.json"));
+  const auto tokens = testing::template_tokens();
   auto t = ChatTemplate::from_tokenizer_config(config_for("qwen2_5", tokens), "qwen2_5");
   ASSERT_TRUE(t.ok()) << t.error().message;
   ASSERT_EQ(t->format, ChatFormat::kJinja);

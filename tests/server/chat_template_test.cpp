@@ -169,28 +169,5 @@ TEST(ChatTemplate, PythonJsonDumpsMatchesPythons) {
   EXPECT_EQ(python_json_dumps(oj::parse("[12, -3]")), "[12, -3]");
 }
 
-// vLLM's Hermes parser: the calls out of <tool_call> blocks (the last may be unclosed), the text
-// before the first as content; a block that is not a call leaves the whole text as content.
-TEST(ChatTemplate, HermesToolCallsAreParsedAsVllmParsesThem) {
-  ParsedToolCalls none = parse_hermes_tool_calls("just text");
-  EXPECT_TRUE(none.calls.empty());
-  EXPECT_EQ(none.content, "just text");
-  ParsedToolCalls two = parse_hermes_tool_calls(
-      "Let me search.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\":\"x\",\"k\":2}}\n</tool_call>\n"
-      "<tool_call>\n{\"name\": \"finish\", \"arguments\": {}}\n</tool_call>");
-  ASSERT_EQ(two.calls.size(), 2u);
-  EXPECT_EQ(two.content, "Let me search.\n");
-  EXPECT_EQ(two.calls[0].name, "search");
-  EXPECT_EQ(two.calls[0].arguments, R"({"query": "x", "k": 2})");  // json.dumps, keys in order
-  EXPECT_EQ(two.calls[1].arguments, "{}");
-  ParsedToolCalls unclosed = parse_hermes_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}");
-  ASSERT_EQ(unclosed.calls.size(), 1u);
-  EXPECT_EQ(unclosed.content, "");
-  ParsedToolCalls bad = parse_hermes_tool_calls("x<tool_call>{\"name\": \"f\"}</tool_call>");
-  EXPECT_TRUE(bad.calls.empty());
-  EXPECT_EQ(bad.content, "x<tool_call>{\"name\": \"f\"}</tool_call>");
-  EXPECT_TRUE(parse_hermes_tool_calls("<tool_call>not json</tool_call>").calls.empty());
-}
-
 }  // namespace
 }  // namespace lragent::server

@@ -7,6 +7,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,23 @@
 #include "tiny_agents.h"
 
 namespace lragent::testing {
+
+// A server-sent-event body's events, parsed, up to "data: [DONE]" (*done says whether it came).
+inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* done = nullptr) {
+  std::vector<nlohmann::json> events;
+  if (done) *done = false;
+  for (size_t at = 0; (at = body.find("data: ", at)) != std::string::npos;) {
+    const size_t end = body.find("\n\n", at);
+    const std::string data = body.substr(at + 6, end - at - 6);
+    at = end;
+    if (data == "[DONE]") {
+      if (done) *done = true;
+      break;
+    }
+    events.push_back(nlohmann::json::parse(data));
+  }
+  return events;
+}
 
 class HttpServerTest : public TinyAgentsTest {
  protected:

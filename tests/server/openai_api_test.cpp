@@ -258,14 +258,23 @@ TEST(OpenAiRequest, ChatToolsAndToolChoice) {
   ASSERT_TRUE(c.ok()) << c.error().message;
   ASSERT_EQ(c->tools.size(), 1u);
   EXPECT_EQ(c->tools[0], R"({"type": "function", "function": {"name": "f", "description": null, "parameters": {"z": 1, "a": 2}}})");
-  EXPECT_TRUE(c->parse_tool_calls);
+  EXPECT_EQ(c->tool_calls, ToolCallFormat::kHermes);
+  EXPECT_TRUE(c->req.skip_special_tokens);
   auto none = parse_chat_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none", "stream": true})");
   ASSERT_TRUE(none.ok()) << none.error().message;
-  EXPECT_FALSE(none->parse_tool_calls);
-  EXPECT_FALSE(parse_chat_request("{" + msgs + "}")->parse_tool_calls);
-  EXPECT_TRUE(parse_chat_request("{" + msgs + ", " + tools + R"(, "stream": true})")->parse_tool_calls);
-  // Forcing a call is a structured output: Hermes blocks whose arguments follow the parameters
-  // (the structured-output tests run it; here, what is accepted and what is refused).
+  EXPECT_FALSE(none->tool_calls);
+  EXPECT_FALSE(parse_chat_request("{" + msgs + "}")->tool_calls);
+  EXPECT_EQ(parse_chat_request("{" + msgs + ", " + tools + R"(, "stream": true})")->tool_calls, ToolCallFormat::kHermes);
+  // The model's form: Mistral's [TOOL_CALLS] is a special token, kept in the text (as vLLM's
+  // mistral parser asks) when calls are parsed.
+  auto mistral = parse_chat_request("{" + msgs + ", " + tools + "}", ToolCallFormat::kMistral);
+  ASSERT_TRUE(mistral.ok()) << mistral.error().message;
+  EXPECT_EQ(mistral->tool_calls, ToolCallFormat::kMistral);
+  EXPECT_FALSE(mistral->req.skip_special_tokens);
+  EXPECT_TRUE(parse_chat_request("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", ToolCallFormat::kMistral)
+                  ->req.skip_special_tokens);
+  // Forcing a call is a structured output: calls in the model's form whose arguments follow the
+  // parameters (the structured-output tests run it; here, what is accepted and what is refused).
   const std::string typed = R"("tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
       "properties": {"q": {"type": "string"}}, "required": ["q"]}}}, {"type": "function", "function": {"name": "g"}}])";
   for (const std::string extra : {R"(, "tool_choice": "required")", R"(, "tool_choice": {"type": "function", "function": {"name": "f"}})"}) {
@@ -273,7 +282,11 @@ TEST(OpenAiRequest, ChatToolsAndToolChoice) {
     ASSERT_TRUE(r.ok()) << extra << ": " << r.error().message;
     EXPECT_EQ(r->req.guided_from, "tool_choice");
     EXPECT_NE(r->req.guided_regex.find("<tool_call>"), std::string::npos);
-    EXPECT_TRUE(r->parse_tool_calls);
+    EXPECT_EQ(r->tool_calls, ToolCallFormat::kHermes);
+    auto llama = parse_chat_request("{" + msgs + ", " + typed + extra + "}", ToolCallFormat::kLlama3Json);
+    ASSERT_TRUE(llama.ok()) << llama.error().message;
+    EXPECT_EQ(llama->req.guided_regex.find("<tool_call>"), std::string::npos);
+    EXPECT_NE(llama->req.guided_regex.find("parameters"), std::string::npos);
   }
   for (const auto& [extra, what] : std::vector<std::pair<std::string, std::string>>{
            {R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}})", "'nope'"},
@@ -305,7 +318,7 @@ TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
   const std::string text = "Searching.<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"x\"}}\n</tool_call>";
   auto message = [](const std::string& t, bool parse, std::string* finish = nullptr) {
     nlohmann::json choice = {{"index", 0}, {"finish_reason", "stop"}};
-    put_chat_message(choice, t, parse);
+    put_chat_message(choice, t, parse ? std::optional(ToolCallFormat::kHermes) : std::nullopt);
     if (finish) *finish = choice["finish_reason"];
     return choice["message"];
   };
@@ -326,40 +339,10 @@ TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
   EXPECT_TRUE(message("<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>", true)["content"].is_null());
   EXPECT_EQ(message("no calls", true, &finish)["content"], "no calls");
   EXPECT_EQ(finish, "stop");
-}
-
-// Streamed tool calls: content goes out until a "<tool_call>" could begin (a split tag is held),
-// the calls come whole at the end with their index; text that holds no valid call is content.
-TEST(OpenAiRequest, ToolCallStreamHoldsBackFromTheCall) {
-  ToolCallStream a;
-  std::string shown;
-  const std::vector<std::string> pieces = {"Let me ", "search.<tool", "_call>\n{\"name\": ", "\"s\", \"arguments\": {\"q\": 1}}",
-                                           "\n</tool_call>"};
-  for (const std::string& p : pieces) {
-    shown += a.push(p);
-    EXPECT_EQ(shown.find('<'), std::string::npos) << shown;
-  }
-  EXPECT_EQ(shown, "Let me search.");
-  ToolCallStream::End end = a.finish();
-  EXPECT_EQ(end.content, "");
-  ASSERT_EQ(end.tool_calls.size(), 1u);
-  EXPECT_EQ(end.tool_calls[0]["index"], 0);
-  EXPECT_EQ(end.tool_calls[0]["function"]["name"], "s");
-  EXPECT_EQ(end.tool_calls[0]["function"]["arguments"], R"({"q": 1})");
-  EXPECT_EQ(end.tool_calls[0]["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
-
-  ToolCallStream b;  // not a call: all of it is content in the end
-  EXPECT_EQ(b.push("a<tool_call>oops"), "a");
-  EXPECT_EQ(b.finish().content, "<tool_call>oops");
-  ToolCallStream c;  // a tail that only looked like the start of one
-  EXPECT_EQ(c.push("hello <tool"), "hello ");
-  EXPECT_EQ(c.push("box> done"), "<toolbox> done");
-  ToolCallStream::End rest = c.finish();
-  EXPECT_EQ(rest.content, "");
-  EXPECT_TRUE(rest.tool_calls.empty());
-  ToolCallStream d;
-  EXPECT_EQ(d.push("x <tool"), "x ");
-  EXPECT_EQ(d.finish().content, "<tool");
+  nlohmann::json choice = {{"index", 0}, {"finish_reason", "stop"}};  // another form: its parser, its ids
+  put_chat_message(choice, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]", ToolCallFormat::kMistral);
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["id"].get<std::string>().size(), 9u);
 }
 
 // The two JSON forms, without a tokenizer (tokens are "token_id:<id>"): -inf and anything

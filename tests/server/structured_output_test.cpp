@@ -20,8 +20,10 @@
 
 #include "model/synthetic.h"
 #include "server/chat_template.h"
+#include "server/http_fixture.h"
 #include "server/openai_api.h"
 #include "server/server.h"
+#include "server/template_fixture.h"
 #include "test_util.h"
 #include "tiny_agents.h"
 
@@ -224,6 +226,164 @@ TEST_F(StructuredOutputTest, ForcedToolCallsFollowTheirParameters) {
       if (choice.is_object()) EXPECT_EQ(name, "finish");
     }
   }
+}
+
+// A forced call comes in the form the model's template shows it (Qwen2.5: Hermes blocks;
+// Llama-3.2: {"name", "parameters"}; Mistral-Nemo: [TOOL_CALLS][...]), is read back by that form's
+// parser, whole and streamed alike, and the call (its id too: Mistral's templates take only 9
+// letters and digits) goes back into the template in the next turn with its result.
+TEST_F(StructuredOutputTest, ForcedCallsComeInTheTemplatesFormAndGoBackIntoIt) {
+  const auto tokens = testing::template_tokens();
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "weather", "parameters": {
+      "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}])");
+  for (const auto& [name, format] : std::vector<std::pair<std::string, ToolCallFormat>>{
+           {"qwen2_5", ToolCallFormat::kHermes}, {"llama3_2", ToolCallFormat::kLlama3Json},
+           {"mistral_nemo", ToolCallFormat::kMistral}}) {
+    SCOPED_TRACE(name);
+    auto t = ChatTemplate::from_tokenizer_config(testing::config_for(name, tokens), name);
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    ASSERT_EQ(t->tool_call_format, format);
+    ServerOptions o;
+    o.base_name = "tiny";
+    o.chat_template = *t;
+    o.pool.replay.sharing.max_tokens = 2048;
+    auto s = Server::create(*synth_, bytes_.get(), &synth_reg_, o);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    auto port = (*s)->bind("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.error().message;
+    std::thread serving([&] { (void)(*s)->serve(); });
+    struct Stop {  // an ASSERT leaving early stops the server too
+      Server& s;
+      std::thread& t;
+      ~Stop() {
+        s.stop();
+        t.join();
+      }
+    } stop{**s, serving};
+    auto post = [&](const json& body) {
+      httplib::Client c("127.0.0.1", *port);
+      c.set_read_timeout(120, 0);
+      auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+      return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
+    };
+    json messages = {{{"role", "user"}, {"content", "What is the weather in Paris?"}}};
+    json body = {{"model", "plan"}, {"messages", messages}, {"tools", tools}, {"max_tokens", 200},
+                 {"tool_choice", {{"type", "function"}, {"function", {{"name", "weather"}}}}},
+                 {"temperature", 0.7}, {"seed", 3}};
+    auto [st, text] = post(body);
+    ASSERT_EQ(st, 200) << text;
+    const json ch = json::parse(text)["choices"][0];
+    EXPECT_EQ(ch["finish_reason"], "tool_calls") << ch.dump();
+    EXPECT_TRUE(ch["message"]["content"].is_null()) << ch.dump();
+    ASSERT_EQ(ch["message"]["tool_calls"].size(), 1u) << ch.dump();
+    const json call = ch["message"]["tool_calls"][0];
+    EXPECT_EQ(call["function"]["name"], "weather");
+    const json args = json::parse(call["function"]["arguments"].get<std::string>());
+    ASSERT_TRUE(args["city"].is_string()) << args.dump();
+    const std::string id = call["id"];
+    if (format == ToolCallFormat::kMistral) {
+      EXPECT_EQ(id.size(), 9u) << id;
+    } else {
+      EXPECT_EQ(id.rfind("chatcmpl-tool-", 0), 0u) << id;
+    }
+
+    // Streamed, the same request (same seed) gives the same call, in one tool_calls delta.
+    body["stream"] = true;
+    auto [sst, events] = post(body);
+    ASSERT_EQ(sst, 200) << events;
+    json streamed = json::array();
+    std::string content, finish;
+    bool done = false;
+    for (const json& e : testing::sse_events(events, &done)) {
+      if (e["choices"].empty()) continue;
+      const json& c = e["choices"][0];
+      if (c["delta"].contains("content")) content += c["delta"]["content"].get<std::string>();
+      if (c["delta"].contains("tool_calls"))
+        for (const json& tc : c["delta"]["tool_calls"]) streamed.push_back(tc);
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+    }
+    EXPECT_TRUE(done);
+    EXPECT_EQ(content, "");
+    EXPECT_EQ(finish, "tool_calls");
+    ASSERT_EQ(streamed.size(), 1u) << events;
+    EXPECT_EQ(streamed[0]["index"], 0);
+    EXPECT_EQ(streamed[0]["function"], call["function"]);
+
+    // The next turn: the call and its result go back into the template.
+    messages.push_back({{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {call}}});
+    messages.push_back({{"role", "tool"}, {"tool_call_id", id}, {"content", "sunny"}});
+    auto [nst, next] = post({{"model", "plan"}, {"messages", messages}, {"tools", tools}, {"max_tokens", 4}});
+    EXPECT_EQ(nst, 200) << next;
+  }
+}
+
+// With a reasoning parser (serve --reasoning-parser qwen3) a completion's <think> block comes as
+// the message's reasoning_content and the rest as its content, whole and streamed alike; with
+// enable_thinking false it is all content. The synthetic model is made to think by a regex.
+TEST_F(StructuredOutputTest, AReasoningParserHandsTheThinkingApart) {
+  const auto tokens = testing::template_tokens();
+  auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  ServerOptions o;
+  o.base_name = "tiny";
+  o.chat_template = *t;
+  o.reasoning_parser = ReasoningFormat::kQwen3;
+  o.pool.replay.sharing.max_tokens = 2048;
+  auto s = Server::create(*synth_, bytes_.get(), &synth_reg_, o);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  auto port = (*s)->bind("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.error().message;
+  std::thread serving([&] { (void)(*s)->serve(); });
+  struct Stop {
+    Server& s;
+    std::thread& t;
+    ~Stop() {
+      s.stop();
+      t.join();
+    }
+  } stop{**s, serving};
+  auto post = [&](const json& body) {
+    httplib::Client c("127.0.0.1", *port);
+    c.set_read_timeout(120, 0);
+    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+    return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
+  };
+  const std::string re = "<think>\\n[a-z]{1,8}( [a-z]{1,8}){0,3}\\n</think>\\n\\n[a-z]{1,8}( [a-z]{1,8}){0,3}";
+  json body = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Which is older?"}}}},
+               {"max_tokens", 120}, {"temperature", 0.8}, {"seed", 4}, {"guided_regex", re}};
+  auto [st, text] = post(body);
+  ASSERT_EQ(st, 200) << text;
+  const json m = json::parse(text)["choices"][0]["message"];
+  ASSERT_TRUE(m["reasoning_content"].is_string()) << m.dump();
+  ASSERT_TRUE(m["content"].is_string()) << m.dump();
+  const std::string reasoning = m["reasoning_content"], content = m["content"];
+  EXPECT_EQ(m["reasoning"], reasoning);
+  EXPECT_TRUE(std::regex_match(reasoning, std::regex("\\n[a-z]{1,8}( [a-z]{1,8}){0,3}\\n"))) << reasoning;
+  EXPECT_TRUE(std::regex_match(content, std::regex("\\n\\n[a-z]{1,8}( [a-z]{1,8}){0,3}"))) << content;
+
+  body["stream"] = true;
+  auto [sst, events] = post(body);
+  ASSERT_EQ(sst, 200) << events;
+  std::string streamed_reasoning, streamed_content;
+  bool done = false;
+  for (const json& e : testing::sse_events(events, &done)) {
+    if (e["choices"].empty()) continue;
+    const json& d = e["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) streamed_reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) streamed_content += d["content"].get<std::string>();
+  }
+  EXPECT_TRUE(done);
+  EXPECT_EQ(streamed_reasoning, reasoning);
+  EXPECT_EQ(streamed_content, content);
+
+  // Thinking turned off: the same text is all content.
+  body["stream"] = false;
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  auto [ost, off] = post(body);
+  ASSERT_EQ(ost, 200) << off;
+  const json plain = json::parse(off)["choices"][0]["message"];
+  EXPECT_TRUE(plain["reasoning_content"].is_null()) << plain.dump();
+  EXPECT_EQ(plain["content"].get<std::string>().rfind("<think>\n", 0), 0u) << plain.dump();
 }
 
 // What cannot be followed is a 400 before anything runs: a bad regex, a schema keyword the

@@ -1,0 +1,267 @@
+#include "server/tool_calls.h"
+
+#include <algorithm>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "engine/guide/json_regex.h"
+#include "server/chat_template.h"
+
+namespace lragent::server {
+
+using ordered_json = nlohmann::ordered_json;
+
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>";
+constexpr std::string_view kHermesClose = "</tool_call>";
+constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+// The text parsed as one JSON value, or a discarded value (not JSON, or nested too deep to walk).
+ordered_json parse_json(std::string_view text) {
+  if (!json_depth_within(text)) return ordered_json(ordered_json::value_t::discarded);
+  return ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
+
+// The end (one past the closing brace) of the JSON object that begins at text[at] == '{', braces
+// inside strings not counted; npos: it does not close.
+size_t object_end(std::string_view text, size_t at) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = at; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{') {
+      ++depth;
+    } else if (c == '}' && --depth == 0) {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+ParsedToolCalls no_calls(std::string content) { return ParsedToolCalls{{}, std::move(content)}; }
+
+}  // namespace
+
+const char* tool_call_format_name(ToolCallFormat f) {
+  switch (f) {
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kMistral: return "mistral";
+  }
+  return "?";
+}
+
+Result<ToolCallFormat> parse_tool_call_format(std::string_view name) {
+  if (name == "hermes") return ToolCallFormat::kHermes;
+  if (name == "llama3_json" || name == "llama3") return ToolCallFormat::kLlama3Json;
+  if (name == "mistral") return ToolCallFormat::kMistral;
+  return make_error(ErrorCode::kInvalidArgument, "tool-call parser '{}' is not one of hermes, llama3_json, mistral",
+                    name);
+}
+
+ToolCallFormat detect_tool_call_format(std::string_view t) {
+  // Mistral's templates write [TOOL_CALLS] for an assistant's calls; Hermes-style ones show the
+  // model <tool_call> blocks; Llama 3.1-3.3's have the ipython role (tool results) and ask for
+  // {"name", "parameters"} objects.
+  if (t.find(kMistralMarker) != std::string_view::npos) return ToolCallFormat::kMistral;
+  if (t.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
+  if (t.find("ipython") != std::string_view::npos || t.find(kPythonTag) != std::string_view::npos)
+    return ToolCallFormat::kLlama3Json;
+  return ToolCallFormat::kHermes;
+}
+
+ParsedToolCalls parse_hermes_tool_calls(const std::string& text) {
+  const size_t first = text.find(kHermesOpen);
+  if (first == std::string::npos) return no_calls(text);
+  ParsedToolCalls out;
+  // vLLM's regex <tool_call>(.*?)</tool_call>|<tool_call>(.*) (DOTALL): closed blocks, then the
+  // rest after an unclosed one.
+  for (size_t at = first; at != std::string::npos;) {
+    const size_t body = at + kHermesOpen.size();
+    const size_t close = text.find(kHermesClose, body);
+    const ordered_json j =
+        parse_json(std::string_view(text).substr(body, close == std::string::npos ? std::string::npos : close - body));
+    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("arguments"))
+      return no_calls(text);
+    out.calls.push_back({j["name"].get<std::string>(), python_json_dumps(j["arguments"])});
+    if (close == std::string::npos) break;
+    at = text.find(kHermesOpen, close + kHermesClose.size());
+  }
+  out.content = text.substr(0, first);
+  return out;
+}
+
+ParsedToolCalls parse_llama3_json_tool_calls(const std::string& text) {
+  const std::string_view t = text;
+  size_t at = t.find('{');
+  if (at == std::string_view::npos) return no_calls(text);
+  ParsedToolCalls out;  // content stays empty: vLLM gives none beside the calls
+  while (true) {
+    const size_t end = object_end(t, at);
+    if (end == std::string_view::npos) return no_calls(text);
+    const ordered_json j = parse_json(t.substr(at, end - at));
+    if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return no_calls(text);
+    const auto args = j.contains("arguments") ? j.find("arguments") : j.find("parameters");
+    if (args == j.end()) return no_calls(text);
+    out.calls.push_back({j["name"].get<std::string>(), python_json_dumps(*args, /*ensure_ascii=*/true)});
+    // Another call follows after ";" (whitespace around it allowed); anything else ends the list.
+    size_t next = end;
+    while (next < t.size() && is_ascii_space(t[next])) ++next;
+    if (next >= t.size() || t[next] != ';') break;
+    ++next;
+    while (next < t.size() && is_ascii_space(t[next])) ++next;
+    if (next >= t.size() || t[next] != '{') break;
+    at = next;
+  }
+  return out;
+}
+
+ParsedToolCalls parse_mistral_tool_calls(const std::string& text) {
+  const size_t first = text.find(kMistralMarker);
+  if (first == std::string::npos) return no_calls(text);
+  std::string rest;  // the text without any marker, whitespace stripped
+  for (size_t from = 0;;) {
+    const size_t m = text.find(kMistralMarker, from);
+    rest.append(text, from, m == std::string::npos ? std::string::npos : m - from);
+    if (m == std::string::npos) break;
+    from = m + kMistralMarker.size();
+  }
+  const size_t b = std::find_if_not(rest.begin(), rest.end(), is_ascii_space) - rest.begin();
+  const size_t e = std::find_if_not(rest.rbegin(), rest.rend(), is_ascii_space).base() - rest.begin();
+  rest = b < e ? rest.substr(b, e - b) : std::string();
+  ordered_json list = parse_json(rest);
+  if (list.is_discarded()) {  // vLLM's fallback: the "[{...}]" part (regex \[{.*}\], greedy)
+    const size_t open = rest.find("[{"), close = rest.rfind("}]");
+    if (open != std::string::npos && close != std::string::npos && close >= open + 1)
+      list = parse_json(std::string_view(rest).substr(open, close + 2 - open));
+  }
+  if (list.is_discarded() || !list.is_array() || list.empty()) return no_calls(rest);
+  ParsedToolCalls out;
+  for (const ordered_json& call : list) {
+    if (!call.is_object() || !call.contains("name") || !call["name"].is_string() || !call.contains("arguments"))
+      return no_calls(rest);
+    out.calls.push_back({call["name"].get<std::string>(), python_json_dumps(call["arguments"])});
+  }
+  out.content = text.substr(0, first);
+  return out;
+}
+
+ParsedToolCalls parse_tool_calls(ToolCallFormat f, const std::string& text) {
+  switch (f) {
+    case ToolCallFormat::kHermes: return parse_hermes_tool_calls(text);
+    case ToolCallFormat::kLlama3Json: return parse_llama3_json_tool_calls(text);
+    case ToolCallFormat::kMistral: return parse_mistral_tool_calls(text);
+  }
+  return no_calls(text);
+}
+
+std::string new_tool_call_id(ToolCallFormat f) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  if (f == ToolCallFormat::kMistral) {
+    static constexpr std::string_view kAlnum = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    std::string id(9, ' ');
+    for (char& c : id) c = kAlnum[rng() % kAlnum.size()];
+    return id;
+  }
+  return fmt::format("chatcmpl-tool-{:016x}{:016x}", rng(), rng());
+}
+
+Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const ordered_json& tools, const std::string& name) {
+  // Llama's templates ask for "parameters"; the other two write "arguments".
+  const char* args_key = f == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
+  std::vector<std::string> calls;  // [matching tools] one call object's regex each
+  for (const ordered_json& tool : tools) {
+    const ordered_json& fn = tool["function"];
+    const std::string fn_name = fn["name"].get<std::string>();
+    if (!name.empty() && fn_name != name) continue;
+    ordered_json params = fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"]
+                                                                                   : ordered_json{{"type", "object"}};
+    ordered_json schema = {{"type", "object"},
+                           {"properties", {{"name", {{"const", fn_name}}}, {args_key, std::move(params)}}},
+                           {"required", {"name", args_key}}};
+    auto re = guide::json_schema_regex(schema);
+    if (!re.ok())
+      return Error{re.error().code, fmt::format("'tool_choice' needs tool '{}' parameters lragent can enforce: {}",
+                                                fn_name, re.error().message)};
+    calls.push_back(std::move(*re));
+  }
+  if (calls.empty())
+    return make_error(ErrorCode::kInvalidArgument, "'tool_choice' names function '{}', which is not among 'tools'", name);
+  const std::string one = calls.size() == 1 ? calls[0] : "(?:" + fmt::format("{}", fmt::join(calls, "|")) + ")";
+  const bool many = name.empty();  // "required": one or more calls; a named function: one
+  switch (f) {
+    case ToolCallFormat::kHermes: {
+      const std::string block = "<tool_call>\\n" + one + "\\n</tool_call>";
+      return many ? block + "(?:\\n" + block + ")*" : block;
+    }
+    case ToolCallFormat::kLlama3Json: return many ? one + "(?:; " + one + ")*" : one;
+    case ToolCallFormat::kMistral:
+      return guide::escape_regex(std::string(kMistralMarker)) + "\\[" + one + (many ? "(?:, " + one + ")*" : "") + "\\]";
+  }
+  return one;
+}
+
+std::string ToolCallStream::push(const std::string& piece) {
+  text_ += piece;
+  if (in_call_) return {};
+  size_t upto = text_.size();
+  if (format_ == ToolCallFormat::kLlama3Json) {
+    // vLLM streams a Llama completion as calls when it begins with "{" or <|python_tag|>: hold
+    // the text until its start shows which.
+    if (!decided_) {
+      if (text_.empty()) return {};
+      if (text_[0] == '{' || text_.starts_with(kPythonTag)) {
+        in_call_ = decided_ = true;
+        return {};
+      }
+      if (kPythonTag.starts_with(text_)) return {};  // may still become the tag
+      decided_ = true;
+    }
+  } else {
+    const std::string_view open = format_ == ToolCallFormat::kMistral ? kMistralMarker : kHermesOpen;
+    const size_t at = text_.find(open, sent_ >= open.size() ? sent_ - open.size() + 1 : 0);
+    if (at != std::string::npos) {
+      in_call_ = true;
+      upto = at;
+    } else {  // hold back a tail that a later piece may complete into the marker
+      for (size_t k = std::min(open.size() - 1, text_.size()); k > 0; --k)
+        if (text_.compare(text_.size() - k, k, open, 0, k) == 0) {
+          upto = text_.size() - k;
+          break;
+        }
+    }
+  }
+  upto = std::max(upto, sent_);
+  std::string out = text_.substr(sent_, upto - sent_);
+  sent_ = upto;
+  return out;
+}
+
+ToolCallStream::End ToolCallStream::finish() {
+  End end;
+  // A Llama completion streamed as content is content, whatever it holds (as vLLM streams it).
+  const bool parse = format_ != ToolCallFormat::kLlama3Json || in_call_ || !decided_;
+  const ParsedToolCalls parsed = parse ? parse_tool_calls(format_, text_) : no_calls(text_);
+  // Calls found: what precedes them that was not sent yet; none: the rest of the text as it is.
+  const std::string& content = parsed.calls.empty() ? text_ : parsed.content;
+  if (content.size() > sent_) end.content = content.substr(sent_);
+  for (size_t k = 0; k < parsed.calls.size(); ++k)
+    end.tool_calls.push_back({{"index", k},
+                              {"id", new_tool_call_id(format_)},
+                              {"type", "function"},
+                              {"function", {{"name", parsed.calls[k].name}, {"arguments", parsed.calls[k].arguments}}}});
+  sent_ = text_.size();
+  return end;
+}
+
+}  // namespace lragent::server

@@ -1,0 +1,101 @@
+// Tool calls in a chat completion's text: how each model family writes them, how the server reads
+// them out (vLLM's --tool-call-parser: hermes, llama3_json, mistral), and what a forced
+// tool_choice makes the model write. The format follows the chat template: a template that
+// shows the model Hermes blocks gets Hermes blocks back (docs/server.md, "Tool calls").
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/result.h"
+
+namespace lragent::server {
+
+enum class ToolCallFormat {
+  kHermes,      // <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call> (Qwen2.5, Qwen3, Hermes)
+  kLlama3Json,  // {"name": N, "parameters": {...}}; {...} (Llama 3.1-3.3; after <|python_tag|> or not)
+  kMistral,     // [TOOL_CALLS][{"name": N, "arguments": {...}}, ...] (Mistral 7B v0.3, Nemo, Small)
+};
+// vLLM's parser name: "hermes", "llama3_json", "mistral".
+const char* tool_call_format_name(ToolCallFormat f);
+// A parser name (vLLM's names; "llama3" too). kInvalidArgument lists the known ones.
+Result<ToolCallFormat> parse_tool_call_format(std::string_view name);
+// The format a chat template's text shows the model: "[TOOL_CALLS]" mistral, "<tool_call>"
+// hermes, Llama's ipython role or <|python_tag|> llama3_json; otherwise hermes.
+ToolCallFormat detect_tool_call_format(std::string_view template_text);
+
+// A function call of an assistant turn. Its arguments are kept as the JSON text the template
+// writes: Python's json.dumps of the parsed arguments (vLLM parses the OpenAI API's arguments
+// string before rendering; the template's tojson dumps it again, keys in their order).
+struct ToolCall {
+  std::string name;
+  std::string arguments;
+};
+
+// The calls found in a completion's text and the content left beside them. No calls: the content
+// is what the client gets as the message's text.
+struct ParsedToolCalls {
+  std::vector<ToolCall> calls;
+  std::string content;
+};
+
+// vLLM's Hermes parser: the <tool_call>{"name", "arguments"}</tool_call> blocks (a last unclosed
+// one too). Found: content is the text before the first block, arguments json.dumps(ensure_ascii
+// =False) of the parsed ones. A block that is not such JSON: no calls, the whole text is content.
+ParsedToolCalls parse_hermes_tool_calls(const std::string& text);
+// vLLM's llama3_json parser: the first JSON object of the text and those that follow it after a
+// ";" each, every one {"name", "arguments" or "parameters"}. Found: no content (vLLM drops the
+// text around the calls), arguments json.dumps (ASCII) of the parsed ones. vLLM finds the objects
+// with a regex that sees at most two levels of braces and counts braces inside strings; here
+// the objects are scanned as JSON, so deeper arguments parse too.
+ParsedToolCalls parse_llama3_json_tool_calls(const std::string& text);
+// vLLM's mistral parser (a tokenizer of Hugging Face's kind): the text after "[TOOL_CALLS]", the
+// marker removed and whitespace stripped, is a JSON list of {"name", "arguments"} (or its
+// "[{...}]" part, from the first "[{" to the last "}]"). Found: content is the text before the
+// first marker; arguments json.dumps(ensure_ascii=False). Not such a list: no calls, and the
+// content is the stripped text without the marker.
+ParsedToolCalls parse_mistral_tool_calls(const std::string& text);
+ParsedToolCalls parse_tool_calls(ToolCallFormat f, const std::string& text);
+
+// A new call id as the format's models take it back in a later turn: "chatcmpl-tool-" and 32 hex
+// digits (vLLM's), for Mistral 9 letters and digits (its templates refuse any other id).
+std::string new_tool_call_id(ToolCallFormat f);
+
+// tool_choice "required" (`name` empty: one or more calls of any of `tools`) or a named function
+// (one call of it): the regex of the completion, the calls in `f`'s form, each call's arguments
+// following its function's parameters schema (guide/json_regex.h). `tools` is the request's
+// list, already checked (parse_chat_tools). kInvalidArgument: `name` is not among them;
+// kUnsupported: a schema the guide cannot enforce.
+Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const nlohmann::ordered_json& tools,
+                                            const std::string& name);
+
+// A streamed chat completion whose tool calls are parsed. Its text goes out as content until a
+// call could begin there (hermes "<tool_call>", mistral "[TOOL_CALLS]"; llama3_json: a text that
+// begins with "{" or "<|python_tag|>", as vLLM streams it) and is held from that point; at the
+// end the calls go out in one delta (clients join tool_call deltas by index), or, when the held
+// text holds no valid call, the rest as content.
+class ToolCallStream {
+ public:
+  explicit ToolCallStream(ToolCallFormat f = ToolCallFormat::kHermes) : format_(f) {}
+  // The content to send now out of the next piece of shown text.
+  std::string push(const std::string& piece);
+  struct End {
+    std::string content;                                  // content not sent yet
+    nlohmann::json tool_calls = nlohmann::json::array();  // [{"index", "id", "type", "function": {"name", "arguments"}}]
+  };
+  // After the last piece: the rest of the content, and the calls parsed out of the whole text.
+  End finish();
+
+ private:
+  ToolCallFormat format_;
+  std::string text_;
+  size_t sent_ = 0;       // bytes of text_ sent as content
+  bool in_call_ = false;  // a call began: nothing more goes out before finish()
+  bool decided_ = false;  // llama3_json: the text's start showed whether it is a call
+};
+
+}  // namespace lragent::server

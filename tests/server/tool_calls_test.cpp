@@ -1,0 +1,252 @@
+// Tool calls out of a completion's text, in the three forms vLLM's parsers read (hermes,
+// llama3_json, mistral), whole and streamed; the form a real template shows its model; and the
+// calls a forced tool_choice makes the model write, which each parser must read back.
+// The cases follow vLLM's parsers (vllm/entrypoints/openai/tool_parsers/): what each finds, the
+// content it leaves, and how it dumps the arguments (json.dumps, ASCII for llama3_json).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/guide/byte_dfa.h"
+#include "server/chat_template.h"
+#include "server/template_fixture.h"
+#include "server/tool_calls.h"
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::ordered_json;
+
+// vLLM's Hermes parser: the calls out of <tool_call> blocks (the last may be unclosed), the text
+// before the first as content; a block that is not a call leaves the whole text as content.
+TEST(ToolCalls, HermesAsVllmParsesThem) {
+  ParsedToolCalls none = parse_hermes_tool_calls("just text");
+  EXPECT_TRUE(none.calls.empty());
+  EXPECT_EQ(none.content, "just text");
+  ParsedToolCalls two = parse_hermes_tool_calls(
+      "Let me search.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\":\"x\",\"k\":2}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"finish\", \"arguments\": {}}\n</tool_call>");
+  ASSERT_EQ(two.calls.size(), 2u);
+  EXPECT_EQ(two.content, "Let me search.\n");
+  EXPECT_EQ(two.calls[0].name, "search");
+  EXPECT_EQ(two.calls[0].arguments, R"({"query": "x", "k": 2})");  // json.dumps, keys in order
+  EXPECT_EQ(two.calls[1].arguments, "{}");
+  ParsedToolCalls unclosed = parse_hermes_tool_calls("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"é\"}}");
+  ASSERT_EQ(unclosed.calls.size(), 1u);
+  EXPECT_EQ(unclosed.content, "");
+  EXPECT_EQ(unclosed.calls[0].arguments, R"({"a": "é"})");  // ensure_ascii=False
+  ParsedToolCalls bad = parse_hermes_tool_calls("x<tool_call>{\"name\": \"f\"}</tool_call>");
+  EXPECT_TRUE(bad.calls.empty());
+  EXPECT_EQ(bad.content, "x<tool_call>{\"name\": \"f\"}</tool_call>");
+  EXPECT_TRUE(parse_hermes_tool_calls("<tool_call>not json</tool_call>").calls.empty());
+}
+
+// vLLM's llama3_json parser: the first JSON object and those after ";", "parameters" or
+// "arguments"; no content beside calls; arguments dumped with ensure_ascii.
+TEST(ToolCalls, Llama3JsonAsVllmParsesThem) {
+  ParsedToolCalls one = parse_llama3_json_tool_calls(R"({"name": "search", "parameters": {"q": "café", "k": 2}})");
+  ASSERT_EQ(one.calls.size(), 1u);
+  EXPECT_EQ(one.calls[0].name, "search");
+  EXPECT_EQ(one.calls[0].arguments, R"({"q": "caf\u00e9", "k": 2})");
+  EXPECT_EQ(one.content, "");
+  // After <|python_tag|> (when special tokens are kept), with text around it (dropped, as vLLM does),
+  // two calls joined by ";", "arguments" also taken, a brace inside a string and deeper nesting
+  // (vLLM's regex sees two levels of braces; the JSON here is scanned as JSON).
+  ParsedToolCalls two = parse_llama3_json_tool_calls(
+      "<|python_tag|>Sure. {\"name\": \"a\", \"arguments\": {\"s\": \"}{\"}} ;\n {\"name\": \"b\", \"parameters\": "
+      "{\"x\": {\"y\": {\"z\": [1, {}]}}}} trailing");
+  ASSERT_EQ(two.calls.size(), 2u);
+  EXPECT_EQ(two.calls[0].name, "a");
+  EXPECT_EQ(two.calls[0].arguments, R"({"s": "}{"})");
+  EXPECT_EQ(two.calls[1].name, "b");
+  EXPECT_EQ(two.calls[1].arguments, R"({"x": {"y": {"z": [1, {}]}}})");
+  EXPECT_EQ(two.content, "");
+  // Not calls: the whole text is content.
+  for (const std::string text : {"no braces here", R"({"name": "f"})", R"({"parameters": {}})", R"({"name": 3, "parameters": {}})",
+                                 R"({"name": "f", "parameters": {})", "{not json}", R"({"name": "f", "parameters": {}}; {"name": 1})"}) {
+    ParsedToolCalls p = parse_llama3_json_tool_calls(text);
+    EXPECT_TRUE(p.calls.empty()) << text;
+    EXPECT_EQ(p.content, text);
+  }
+}
+
+// vLLM's mistral parser (a Hugging Face tokenizer): [TOOL_CALLS] then a JSON list of calls; the
+// text before the marker is content; not a list of calls: the stripped text without the marker.
+TEST(ToolCalls, MistralAsVllmParsesThem) {
+  ParsedToolCalls p = parse_mistral_tool_calls(
+      "Let me look. [TOOL_CALLS] [{\"name\": \"search\", \"arguments\": {\"q\": \"café\"}}, {\"name\": \"done\", "
+      "\"arguments\": {}}]\n");
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.content, "Let me look. ");
+  EXPECT_EQ(p.calls[0].name, "search");
+  EXPECT_EQ(p.calls[0].arguments, R"({"q": "café"})");  // ensure_ascii=False
+  EXPECT_EQ(p.calls[1].arguments, "{}");
+  // Text after the list: the "[{...}]" part is taken (vLLM's fallback regex).
+  ParsedToolCalls tail = parse_mistral_tool_calls("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {\"a\": 1}}] and more");
+  ASSERT_EQ(tail.calls.size(), 1u);
+  EXPECT_EQ(tail.content, "");
+  EXPECT_EQ(parse_mistral_tool_calls("no marker {\"name\": \"f\"}").content, "no marker {\"name\": \"f\"}");
+  for (const auto& [text, content] : std::vector<std::pair<std::string, std::string>>{
+           {"[TOOL_CALLS] {\"name\": \"f\", \"arguments\": {}} ", "{\"name\": \"f\", \"arguments\": {}}"},  // not a list
+           {"x[TOOL_CALLS][{\"name\": \"f\"}]", "x[{\"name\": \"f\"}]"},                                   // no arguments
+           {"[TOOL_CALLS] oops", "oops"},
+           {"[TOOL_CALLS][]", "[]"}}) {
+    ParsedToolCalls q = parse_mistral_tool_calls(text);
+    EXPECT_TRUE(q.calls.empty()) << text;
+    EXPECT_EQ(q.content, content) << text;
+  }
+  for (int i = 0; i < 20; ++i) {  // ids a Mistral template takes back: 9 letters and digits
+    const std::string id = new_tool_call_id(ToolCallFormat::kMistral);
+    ASSERT_EQ(id.size(), 9u);
+    for (char c : id) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c))) << id;
+  }
+  EXPECT_EQ(new_tool_call_id(ToolCallFormat::kHermes).rfind("chatcmpl-tool-", 0), 0u);
+}
+
+// The form each real template shows its model, and the parser names.
+TEST(ToolCalls, TheFormFollowsTheTemplate) {
+  const auto tokens = testing::template_tokens();
+  for (const auto& [name, format] : std::vector<std::pair<std::string, ToolCallFormat>>{
+           {"qwen2_5", ToolCallFormat::kHermes},
+           {"qwen3", ToolCallFormat::kHermes},
+           {"llama3_2", ToolCallFormat::kLlama3Json},
+           {"mistral_nemo", ToolCallFormat::kMistral},
+           {"llama3", ToolCallFormat::kHermes},  // shows no tools: the default
+       }) {
+    auto t = ChatTemplate::from_tokenizer_config(testing::config_for(name, tokens), name);
+    ASSERT_TRUE(t.ok()) << name << ": " << t.error().message;
+    EXPECT_EQ(t->tool_call_format, format) << name;
+  }
+  for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral})
+    EXPECT_EQ(*parse_tool_call_format(tool_call_format_name(f)), f);
+  auto bad = parse_tool_call_format("pythonic");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("hermes, llama3_json, mistral"), std::string::npos) << bad.error().message;
+}
+
+// Streamed: content goes out until a call could begin (a split marker is held), the calls come
+// whole at the end with their index; text that holds no valid call is content.
+TEST(ToolCalls, StreamHoldsBackFromTheCall) {
+  ToolCallStream a;
+  std::string shown;
+  const std::vector<std::string> pieces = {"Let me ", "search.<tool", "_call>\n{\"name\": ", "\"s\", \"arguments\": {\"q\": 1}}",
+                                           "\n</tool_call>"};
+  for (const std::string& p : pieces) {
+    shown += a.push(p);
+    EXPECT_EQ(shown.find('<'), std::string::npos) << shown;
+  }
+  EXPECT_EQ(shown, "Let me search.");
+  ToolCallStream::End end = a.finish();
+  EXPECT_EQ(end.content, "");
+  ASSERT_EQ(end.tool_calls.size(), 1u);
+  EXPECT_EQ(end.tool_calls[0]["index"], 0);
+  EXPECT_EQ(end.tool_calls[0]["function"]["name"], "s");
+  EXPECT_EQ(end.tool_calls[0]["function"]["arguments"], R"({"q": 1})");
+  EXPECT_EQ(end.tool_calls[0]["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
+
+  ToolCallStream b;  // not a call: all of it is content in the end
+  EXPECT_EQ(b.push("a<tool_call>oops"), "a");
+  EXPECT_EQ(b.finish().content, "<tool_call>oops");
+  ToolCallStream c;  // a tail that only looked like the start of one
+  EXPECT_EQ(c.push("hello <tool"), "hello ");
+  EXPECT_EQ(c.push("box> done"), "<toolbox> done");
+  ToolCallStream::End rest = c.finish();
+  EXPECT_EQ(rest.content, "");
+  EXPECT_TRUE(rest.tool_calls.empty());
+  ToolCallStream d;
+  EXPECT_EQ(d.push("x <tool"), "x ");
+  EXPECT_EQ(d.finish().content, "<tool");
+
+  // Mistral: the same around [TOOL_CALLS]; its ids are 9 characters.
+  ToolCallStream m(ToolCallFormat::kMistral);
+  EXPECT_EQ(m.push("Sure [TOOL"), "Sure ");
+  EXPECT_EQ(m.push("_CALLS][{\"name\": \"f\", "), "");
+  EXPECT_EQ(m.push("\"arguments\": {}}]"), "");
+  ToolCallStream::End mend = m.finish();
+  EXPECT_EQ(mend.content, "");
+  ASSERT_EQ(mend.tool_calls.size(), 1u);
+  EXPECT_EQ(mend.tool_calls[0]["function"]["name"], "f");
+  EXPECT_EQ(mend.tool_calls[0]["id"].get<std::string>().size(), 9u);
+
+  // Llama: a completion that begins with "{" (or <|python_tag|>) is held and parsed at the end;
+  // one that begins otherwise streams as content, calls or not (as vLLM streams it).
+  ToolCallStream l(ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(l.push("{\"name\": \"f\", "), "");
+  EXPECT_EQ(l.push("\"parameters\": {\"a\": 1}}"), "");
+  ToolCallStream::End lend = l.finish();
+  EXPECT_EQ(lend.content, "");
+  ASSERT_EQ(lend.tool_calls.size(), 1u);
+  EXPECT_EQ(lend.tool_calls[0]["function"]["arguments"], R"({"a": 1})");
+  ToolCallStream tag(ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(tag.push("<|python"), "");
+  EXPECT_EQ(tag.push("_tag|>{\"name\": \"g\", \"parameters\": {}}"), "");
+  EXPECT_EQ(tag.finish().tool_calls.size(), 1u);
+  ToolCallStream prose(ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(prose.push("<|py"), "");  // may still be the tag
+  EXPECT_EQ(prose.push("thon> {\"name\": \"f\", \"parameters\": {}}"), "<|python> {\"name\": \"f\", \"parameters\": {}}");
+  ToolCallStream::End pend = prose.finish();
+  EXPECT_EQ(pend.content, "");
+  EXPECT_TRUE(pend.tool_calls.empty());
+  ToolCallStream bad_call(ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(bad_call.push("{oops"), "");
+  EXPECT_EQ(bad_call.finish().content, "{oops");
+}
+
+// A forced tool_choice asks for calls in the parser's form: a call the regex takes is read back
+// by that parser, and a call in another form is refused by the regex.
+TEST(ToolCalls, ForcedCallsAreWhatTheParserReads) {
+  const ordered_json tools = ordered_json::parse(R"([
+      {"type": "function", "function": {"name": "search", "parameters": {"type": "object",
+        "properties": {"query": {"type": "string"}}, "required": ["query"]}}},
+      {"type": "function", "function": {"name": "finish"}}])");
+  auto full_match = [](const std::string& re, const std::string& text) {
+    auto dfa = guide::ByteDfa::compile(re);
+    EXPECT_TRUE(dfa.ok()) << dfa.error().message;
+    if (!dfa.ok()) return false;
+    int32_t s = (*dfa)->start();
+    for (unsigned char c : text) s = (*dfa)->next(s, c);
+    return (*dfa)->accepting(s);
+  };
+  struct Case {
+    ToolCallFormat format;
+    std::string one, two, other_form;  // a named call of search; two calls ("required"); a call in another form
+  };
+  const std::vector<Case> cases = {
+      {ToolCallFormat::kHermes, "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>",
+       "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>\n<tool_call>\n{\"name\": "
+       "\"finish\", \"arguments\": {}}\n</tool_call>",
+       "{\"name\": \"search\", \"parameters\": {\"query\": \"x\"}}"},
+      {ToolCallFormat::kLlama3Json, "{\"name\": \"search\", \"parameters\": {\"query\": \"x\"}}",
+       "{\"name\": \"search\", \"parameters\": {\"query\": \"x\"}}; {\"name\": \"finish\", \"parameters\": {}}",
+       "{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}]",
+       "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}, {\"name\": \"finish\", \"arguments\": {}}]",
+       "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(tool_call_format_name(c.format));
+    auto named = forced_tool_calls_regex(c.format, tools, "search");
+    auto any = forced_tool_calls_regex(c.format, tools, "");
+    ASSERT_TRUE(named.ok() && any.ok());
+    EXPECT_TRUE(full_match(*named, c.one));
+    EXPECT_FALSE(full_match(*named, c.two));  // a named function: one call
+    EXPECT_TRUE(full_match(*any, c.one));
+    EXPECT_TRUE(full_match(*any, c.two));
+    EXPECT_FALSE(full_match(*any, c.other_form));
+    EXPECT_EQ(parse_tool_calls(c.format, c.one).calls.size(), 1u);
+    const ParsedToolCalls two = parse_tool_calls(c.format, c.two);
+    ASSERT_EQ(two.calls.size(), 2u);
+    EXPECT_EQ(two.calls[0].arguments, R"({"query": "x"})");
+    EXPECT_EQ(two.calls[1].name, "finish");
+    EXPECT_EQ(two.content, "");
+    auto unknown = forced_tool_calls_regex(c.format, tools, "nope");
+    ASSERT_FALSE(unknown.ok());
+    EXPECT_NE(unknown.error().message.find("'nope'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace lragent::server
