@@ -318,7 +318,7 @@ TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
   const std::string text = "Searching.<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"x\"}}\n</tool_call>";
   auto message = [](const std::string& t, bool parse, std::string* finish = nullptr) {
     nlohmann::json choice = {{"index", 0}, {"finish_reason", "stop"}};
-    put_chat_message(choice, t, parse ? std::optional(ToolCallFormat::kHermes) : std::nullopt);
+    put_chat_message(choice, t, ChatParsing{std::nullopt, parse ? std::optional(ToolCallFormat::kHermes) : std::nullopt});
     if (finish) *finish = choice["finish_reason"];
     return choice["message"];
   };
@@ -340,7 +340,7 @@ TEST(OpenAiRequest, ChatMessageJsonCarriesParsedToolCalls) {
   EXPECT_EQ(message("no calls", true, &finish)["content"], "no calls");
   EXPECT_EQ(finish, "stop");
   nlohmann::json choice = {{"index", 0}, {"finish_reason", "stop"}};  // another form: its parser, its ids
-  put_chat_message(choice, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]", ToolCallFormat::kMistral);
+  put_chat_message(choice, "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}]", ChatParsing{std::nullopt, ToolCallFormat::kMistral});
   EXPECT_EQ(choice["finish_reason"], "tool_calls");
   EXPECT_EQ(choice["message"]["tool_calls"][0]["id"].get<std::string>().size(), 9u);
 }
