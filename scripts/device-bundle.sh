@@ -7,7 +7,7 @@
 #   bash scripts/gpu-check.sh           # there
 set -euo pipefail
 cd "$(dirname "$0")/.."
-B=${BUILD:-build-cuda}
+B=${BUILD:-build}  # scripts/test.sh builds the CUDA backend there too (where nvcc is)
 SHARED=${LRAGENT_SHARED:-../shared}
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
