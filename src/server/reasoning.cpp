@@ -38,6 +38,16 @@ ReasoningSplit split_reasoning(const std::string& text, bool thinking) {
   return {non_empty(t.substr(0, close)), non_empty(t.substr(close + kClose.size()))};
 }
 
+std::string after_reasoning(const std::string& regex) {
+  // Text without "</think>": the tag's characters are all different, so after a '<' a run of its
+  // prefix either breaks off at a character that is neither the tag's next one nor '<' (back to
+  // the start), or meets another '<' (a new run), or the text ends inside it.
+  static const std::string kPrefix = "(?:/(?:t(?:h(?:i(?:n(?:k)?)?)?)?)?)?";  // "/", "/t", ... "/think" or none
+  static const std::string kBreak = "(?:[^/<]|/(?:[^t<]|t(?:[^h<]|h(?:[^i<]|i(?:[^n<]|n(?:[^k<]|k[^<>]))))))";
+  static const std::string kNoClose = "(?:[^<]|<(?:" + kPrefix + "<)*" + kBreak + ")*(?:<(?:" + kPrefix + "<)*" + kPrefix + ")?";
+  return "(?:<think>)?" + kNoClose + "</think>\\s*(?:" + regex + ")";
+}
+
 ReasoningStream::Piece ReasoningStream::push(const std::string& piece) {
   text_ += piece;
   return advance(/*last=*/false);

@@ -34,6 +34,12 @@ struct ReasoningSplit {
 };
 ReasoningSplit split_reasoning(const std::string& text, bool thinking);
 
+// The regex of a completion that reasons first and then matches `regex`: an optional "<think>",
+// any text that holds no "</think>", then "</think>", whitespace, and a match of `regex`. A
+// structured output (a forced tool call, a JSON schema, ...) of a thinking model is enforced only
+// once its reasoning ends, as vLLM enforces it; the split then hands the match over as content.
+std::string after_reasoning(const std::string& regex);
+
 // The same split of a streamed completion, piece by piece: reasoning goes out until "</think>"
 // (a tag split across pieces is held back), then content. Each part's pieces joined are
 // split_reasoning's parts (unset: "").

@@ -276,6 +276,8 @@ void Server::install_routes() {
     // Qwen3 thinks unless the request turned it off (its template then closes an empty block).
     if (opts_.reasoning_parser)
       parsing.reasoning = *opts_.reasoning_parser != ReasoningFormat::kQwen3 || parsed->enable_thinking;
+    // A thinking model's structured output (a forced call too) is enforced once it has reasoned.
+    if (parsing.reasoning.value_or(false) && !req.guided_from.empty()) req.guided_regex = after_reasoning(req.guided_regex);
     respond(std::move(req), /*chat=*/true, http, res, parsing);
   });
 }

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/guide/byte_dfa.h"
 #include "server/openai_api.h"
 #include "server/reasoning.h"
 
@@ -128,6 +129,34 @@ TEST(Reasoning, ToolCallsAreParsedFromTheAnswer) {
   put_chat_message(cut, "<think>hmm", ChatParsing{true, std::nullopt});
   EXPECT_TRUE(cut["message"]["content"].is_null());
   EXPECT_EQ(cut["message"]["reasoning_content"], "hmm");
+}
+
+// A structured output under a reasoning parser: any reasoning (that does not close the block),
+// "</think>", whitespace, then the output. Checked on the regex's DFA against a plain search for
+// the tag, over texts made of the tag's pieces.
+TEST(Reasoning, StructuredOutputsComeAfterTheReasoning) {
+  auto dfa = guide::ByteDfa::compile(after_reasoning("\\{[a-z]{1,3}\\}"));
+  ASSERT_TRUE(dfa.ok()) << dfa.error().message;
+  auto matches = [&](const std::string& text) {
+    int32_t s = (*dfa)->start();
+    for (unsigned char c : text) s = (*dfa)->next(s, c);
+    return (*dfa)->accepting(s);
+  };
+  EXPECT_TRUE(matches("<think>\nLet me see.\n</think>\n\n{abc}"));
+  EXPECT_TRUE(matches("</think>{a}"));                      // DeepSeek-R1: opened in the prompt
+  EXPECT_TRUE(matches("a < b, </thin </think> {ab}"));      // tag-like text inside the reasoning
+  EXPECT_FALSE(matches("{abc}"));                           // not before the reasoning ends
+  EXPECT_FALSE(matches("<think>x</think>y</think>{a}"));    // the first "</think>" ends it
+  EXPECT_FALSE(matches("<think>x</think>{abcd}"));
+  const std::vector<std::string> pieces = {"<", "/", "t", "h", "i", "n", "k", ">", "</thin", "</think", "</think>", "<<", "a", "\n", "é"};
+  std::mt19937 rng(9);
+  for (int i = 0; i < 3000; ++i) {
+    std::string r;
+    for (int k = rng() % 7; k > 0; --k) r += pieces[rng() % pieces.size()];
+    EXPECT_EQ(matches(r + "</think>{ab}"), r.find("</think>") == std::string::npos) << r;
+    EXPECT_EQ(matches("<think>" + r + "</think> {ab}"), r.find("</think>") == std::string::npos) << r;
+    EXPECT_FALSE(matches(r)) << r;
+  }
 }
 
 }  // namespace
