@@ -65,6 +65,42 @@ class StructuredOutputTest : public testing::TinyAgentsTest {
     return s.complete(*r);
   }
   Result<std::vector<CompletionChoice>> complete(const json& body) { return complete(*server_, body); }
+  // The synthetic model served over HTTP with chat template `t` (and `o`'s other options),
+  // stopped when it goes (an ASSERT leaving a test early stops it too).
+  struct ChatServing {
+    std::unique_ptr<Server> server;
+    std::thread thread;
+    int port = 0;
+    ~ChatServing() {
+      if (!server) return;
+      server->stop();
+      if (thread.joinable()) thread.join();
+    }
+    // POST /v1/chat/completions: the status and the body (-1 when nothing came back).
+    std::pair<int, std::string> post(const json& body) const {
+      httplib::Client c("127.0.0.1", port);
+      c.set_read_timeout(120, 0);
+      auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
+      return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
+    }
+  };
+  std::unique_ptr<ChatServing> serve_chat(const ChatTemplate& t, ServerOptions o = {}) {
+    o.base_name = "tiny";
+    o.chat_template = t;
+    o.pool.replay.sharing.max_tokens = 2048;
+    auto served = std::make_unique<ChatServing>();
+    auto s = Server::create(*synth_, bytes_.get(), &synth_reg_, o);
+    EXPECT_TRUE(s.ok()) << s.error().message;
+    if (!s.ok()) return nullptr;
+    served->server = std::move(*s);
+    auto port = served->server->bind("127.0.0.1", 0);
+    EXPECT_TRUE(port.ok()) << port.error().message;
+    if (!port.ok()) return nullptr;
+    served->port = *port;
+    Server* raw = served->server.get();
+    served->thread = std::thread([raw] { (void)raw->serve(); });
+    return served;
+  }
   AdapterRegistry reg_, synth_reg_;
   std::unique_ptr<Server> server_, synth_server_;
   std::unique_ptr<LlamaModel> synth_;
@@ -173,23 +209,8 @@ TEST_F(StructuredOutputTest, ForcedToolCallsFollowTheirParameters) {
   if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << cfg_path << " missing: run scripts/fetch-fixtures.sh";
   auto t = ChatTemplate::from_tokenizer_config(testing::read_file(cfg_path), cfg_path);
   ASSERT_TRUE(t.ok()) << t.error().message;
-  ServerOptions o;
-  o.base_name = "tiny";
-  o.chat_template = *t;
-  o.pool.replay.sharing.max_tokens = 2048;
-  auto s = Server::create(*synth_, bytes_.get(), &synth_reg_, o);
-  ASSERT_TRUE(s.ok()) << s.error().message;
-  auto port = (*s)->bind("127.0.0.1", 0);
-  ASSERT_TRUE(port.ok()) << port.error().message;
-  std::thread serving([&] { (void)(*s)->serve(); });
-  struct Stop {  // an ASSERT leaving early stops the server too
-    Server& s;
-    std::thread& t;
-    ~Stop() {
-      s.stop();
-      t.join();
-    }
-  } stop{**s, serving};
+  auto served = serve_chat(*t);
+  ASSERT_TRUE(served);
   const json tools = json::parse(R"([
       {"type": "function", "function": {"name": "search", "parameters": {"type": "object",
         "properties": {"query": {"type": "string", "maxLength": 12}, "top": {"enum": [1, 5, 10]}},
@@ -201,12 +222,9 @@ TEST_F(StructuredOutputTest, ForcedToolCallsFollowTheirParameters) {
     const json body = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Which is older?"}}}},
                        {"tools", tools}, {"tool_choice", choice}, {"max_tokens", 300}, {"temperature", 0.7},
                        {"seed", 2}};
-    httplib::Client c("127.0.0.1", *port);
-    c.set_read_timeout(120, 0);
-    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
-    ASSERT_TRUE(res);
-    ASSERT_EQ(res->status, 200) << res->body;
-    const json answer = json::parse(res->body);
+    const auto [status, text] = served->post(body);
+    ASSERT_EQ(status, 200) << text;
+    const json answer = json::parse(text);
     const json& ch = answer["choices"][0];
     EXPECT_EQ(ch["finish_reason"], "tool_calls") << ch.dump();
     const json& calls = ch["message"]["tool_calls"];
@@ -243,29 +261,9 @@ TEST_F(StructuredOutputTest, ForcedCallsComeInTheTemplatesFormAndGoBackIntoIt) {
     auto t = ChatTemplate::from_tokenizer_config(testing::config_for(name, tokens), name);
     ASSERT_TRUE(t.ok()) << t.error().message;
     ASSERT_EQ(t->tool_call_format, format);
-    ServerOptions o;
-    o.base_name = "tiny";
-    o.chat_template = *t;
-    o.pool.replay.sharing.max_tokens = 2048;
-    auto s = Server::create(*synth_, bytes_.get(), &synth_reg_, o);
-    ASSERT_TRUE(s.ok()) << s.error().message;
-    auto port = (*s)->bind("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok()) << port.error().message;
-    std::thread serving([&] { (void)(*s)->serve(); });
-    struct Stop {  // an ASSERT leaving early stops the server too
-      Server& s;
-      std::thread& t;
-      ~Stop() {
-        s.stop();
-        t.join();
-      }
-    } stop{**s, serving};
-    auto post = [&](const json& body) {
-      httplib::Client c("127.0.0.1", *port);
-      c.set_read_timeout(120, 0);
-      auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
-      return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
-    };
+    auto served = serve_chat(*t);
+    ASSERT_TRUE(served);
+    auto post = [&](const json& body) { return served->post(body); };
     json messages = {{{"role", "user"}, {"content", "What is the weather in Paris?"}}};
     json body = {{"model", "plan"}, {"messages", messages}, {"tools", tools}, {"max_tokens", 200},
                  {"tool_choice", {{"type", "function"}, {"function", {{"name", "weather"}}}}},
@@ -327,29 +325,10 @@ TEST_F(StructuredOutputTest, AReasoningParserHandsTheThinkingApart) {
   auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
   ASSERT_TRUE(t.ok()) << t.error().message;
   ServerOptions o;
-  o.base_name = "tiny";
-  o.chat_template = *t;
   o.reasoning_parser = ReasoningFormat::kQwen3;
-  o.pool.replay.sharing.max_tokens = 2048;
-  auto s = Server::create(*synth_, bytes_.get(), &synth_reg_, o);
-  ASSERT_TRUE(s.ok()) << s.error().message;
-  auto port = (*s)->bind("127.0.0.1", 0);
-  ASSERT_TRUE(port.ok()) << port.error().message;
-  std::thread serving([&] { (void)(*s)->serve(); });
-  struct Stop {
-    Server& s;
-    std::thread& t;
-    ~Stop() {
-      s.stop();
-      t.join();
-    }
-  } stop{**s, serving};
-  auto post = [&](const json& body) {
-    httplib::Client c("127.0.0.1", *port);
-    c.set_read_timeout(120, 0);
-    auto res = c.Post("/v1/chat/completions", body.dump(), "application/json");
-    return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
-  };
+  auto served = serve_chat(*t, o);
+  ASSERT_TRUE(served);
+  auto post = [&](const json& body) { return served->post(body); };
   // ASCII only: the byte tokenizer hands out a character's bytes one by one, and each event's JSON
   // would replace a split one.
   json ascii = json::object();
