@@ -386,8 +386,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "How the model writes tool calls, so how a chat completion's calls are read out of its text and "
                   "what a forced tool_choice makes it write (vLLM's parsers): hermes (<tool_call>{...}</tool_call>: "
                   "Qwen2.5, Qwen3, Hermes), llama3_json ({\"name\", \"parameters\"} objects: Llama 3.1-3.3), mistral "
-                  "([TOOL_CALLS][...]: Mistral), or auto: the form the chat template shows the model (hermes when "
-                  "it shows none). Calls are parsed whenever a request gives tools (no --enable-auto-tool-choice "
+                  "([TOOL_CALLS][...]: Mistral), or auto: the form the chat template shows the model (a Llama-3 "
+                  "template's is llama3_json; hermes when it shows none). Calls are parsed whenever a request gives tools (no --enable-auto-tool-choice "
                   "needed)")
       ->default_val("auto")
       ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral"}));

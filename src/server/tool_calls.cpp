@@ -72,11 +72,13 @@ Result<ToolCallFormat> parse_tool_call_format(std::string_view name) {
 ToolCallFormat detect_tool_call_format(std::string_view t) {
   // Mistral's templates write [TOOL_CALLS] for an assistant's calls; Hermes-style ones show the
   // model <tool_call> blocks; Llama 3.1-3.3's have the ipython role (tool results) and ask for
-  // {"name", "parameters"} objects.
+  // {"name", "parameters"} objects, and every Llama-3 template has its header tokens.
   if (t.find(kMistralMarker) != std::string_view::npos) return ToolCallFormat::kMistral;
   if (t.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
   if (t.find("ipython") != std::string_view::npos || t.find(kPythonTag) != std::string_view::npos)
     return ToolCallFormat::kLlama3Json;
+  // A Llama-3 template that shows no tools: a forced call is still best written as Llama writes one.
+  if (t.find("<|start_header_id|>") != std::string_view::npos) return ToolCallFormat::kLlama3Json;
   return ToolCallFormat::kHermes;
 }
 

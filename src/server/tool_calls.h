@@ -25,7 +25,7 @@ const char* tool_call_format_name(ToolCallFormat f);
 // A parser name (vLLM's names; "llama3" too). kInvalidArgument lists the known ones.
 Result<ToolCallFormat> parse_tool_call_format(std::string_view name);
 // The format a chat template's text shows the model: "[TOOL_CALLS]" mistral, "<tool_call>"
-// hermes, Llama's ipython role or <|python_tag|> llama3_json; otherwise hermes.
+// hermes, Llama's ipython role, <|python_tag|> or header tokens llama3_json; otherwise hermes.
 ToolCallFormat detect_tool_call_format(std::string_view template_text);
 
 // A function call of an assistant turn. Its arguments are kept as the JSON text the template

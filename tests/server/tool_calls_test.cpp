@@ -114,7 +114,8 @@ TEST(ToolCalls, TheFormFollowsTheTemplate) {
            {"qwen3", ToolCallFormat::kHermes},
            {"llama3_2", ToolCallFormat::kLlama3Json},
            {"mistral_nemo", ToolCallFormat::kMistral},
-           {"llama3", ToolCallFormat::kHermes},  // shows no tools: the default
+           {"llama3", ToolCallFormat::kLlama3Json},  // shows no tools, but is Llama's
+           {"gemma3", ToolCallFormat::kHermes},      // shows no form: the default
        }) {
     auto t = ChatTemplate::from_tokenizer_config(testing::config_for(name, tokens), name);
     ASSERT_TRUE(t.ok()) << name << ": " << t.error().message;
