@@ -41,29 +41,6 @@ constexpr Known kKnown[] = {
     {0x2bfdb7aa9754484eull, 4116, ChatFormat::kQwen3, false},
 };
 
-// Jinja's |trim: Python's str.strip() (Unicode whitespace at both ends). Message content comes
-// from a parsed JSON body, so it is valid UTF-8; anything else is stripped of ASCII whitespace.
-std::string py_strip(std::string_view s) {
-  if (!unicode::is_valid_utf8(s)) {
-    const size_t b = s.find_first_not_of(" \t\n\r\v\f");
-    return b == std::string_view::npos ? std::string() : std::string(s.substr(b, s.find_last_not_of(" \t\n\r\v\f") - b + 1));
-  }
-  size_t begin = 0;
-  while (begin < s.size()) {
-    size_t len = 0;
-    if (!jinja::py::is_space(unicode::decode_utf8(s, begin, &len))) break;
-    begin += len;
-  }
-  size_t end = begin;  // one past the last non-space code point
-  for (size_t i = begin; i < s.size();) {
-    size_t len = 0;
-    const bool space = jinja::py::is_space(unicode::decode_utf8(s, i, &len));
-    i += len;
-    if (!space) end = i;
-  }
-  return std::string(s.substr(begin, end - begin));
-}
-
 std::string lstrip_nl(std::string_view s) {
   const size_t b = s.find_first_not_of('\n');
   return b == std::string_view::npos ? std::string() : std::string(s.substr(b));
@@ -158,6 +135,27 @@ Result<std::string> render_qwen3(const std::vector<ChatMessage>& msgs, bool add_
 }
 
 }  // namespace
+
+std::string py_strip(std::string_view s) {
+  if (!unicode::is_valid_utf8(s)) {
+    const size_t b = s.find_first_not_of(" \t\n\r\v\f");
+    return b == std::string_view::npos ? std::string() : std::string(s.substr(b, s.find_last_not_of(" \t\n\r\v\f") - b + 1));
+  }
+  size_t begin = 0;
+  while (begin < s.size()) {
+    size_t len = 0;
+    if (!jinja::py::is_space(unicode::decode_utf8(s, begin, &len))) break;
+    begin += len;
+  }
+  size_t end = begin;  // one past the last non-space code point
+  for (size_t i = begin; i < s.size();) {
+    size_t len = 0;
+    const bool space = jinja::py::is_space(unicode::decode_utf8(s, i, &len));
+    i += len;
+    if (!space) end = i;
+  }
+  return std::string(s.substr(begin, end - begin));
+}
 
 const char* chat_format_name(ChatFormat f) {
   switch (f) {

@@ -131,16 +131,14 @@ ParsedToolCalls parse_llama3_json_tool_calls(const std::string& text) {
 ParsedToolCalls parse_mistral_tool_calls(const std::string& text) {
   const size_t first = text.find(kMistralMarker);
   if (first == std::string::npos) return no_calls(text);
-  std::string rest;  // the text without any marker, whitespace stripped
+  std::string rest;  // the text without any marker
   for (size_t from = 0;;) {
     const size_t m = text.find(kMistralMarker, from);
     rest.append(text, from, m == std::string::npos ? std::string::npos : m - from);
     if (m == std::string::npos) break;
     from = m + kMistralMarker.size();
   }
-  const size_t b = std::find_if_not(rest.begin(), rest.end(), is_ascii_space) - rest.begin();
-  const size_t e = std::find_if_not(rest.rbegin(), rest.rend(), is_ascii_space).base() - rest.begin();
-  rest = b < e ? rest.substr(b, e - b) : std::string();
+  rest = py_strip(rest);  // vLLM strips it with Python's str.strip()
   ordered_json list = parse_json(rest);
   if (list.is_discarded()) {  // vLLM's fallback: the "[{...}]" part (regex \[{.*}\], greedy)
     const size_t open = rest.find("[{"), close = rest.rfind("}]");

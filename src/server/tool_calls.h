@@ -54,7 +54,7 @@ ParsedToolCalls parse_hermes_tool_calls(const std::string& text);
 // the objects are scanned as JSON, so deeper arguments parse too.
 ParsedToolCalls parse_llama3_json_tool_calls(const std::string& text);
 // vLLM's mistral parser (a tokenizer of Hugging Face's kind): the text after "[TOOL_CALLS]", the
-// marker removed and whitespace stripped, is a JSON list of {"name", "arguments"} (or its
+// marker removed and whitespace stripped (str.strip), is a JSON list of {"name", "arguments"} (or its
 // "[{...}]" part, from the first "[{" to the last "}]"). Found: content is the text before the
 // first marker; arguments json.dumps(ensure_ascii=False). Not such a list: no calls, and the
 // content is the stripped text without the marker.

@@ -93,6 +93,7 @@ TEST(ToolCalls, MistralAsVllmParsesThem) {
            {"[TOOL_CALLS] {\"name\": \"f\", \"arguments\": {}} ", "{\"name\": \"f\", \"arguments\": {}}"},  // not a list
            {"x[TOOL_CALLS][{\"name\": \"f\"}]", "x[{\"name\": \"f\"}]"},                                   // no arguments
            {"[TOOL_CALLS] oops", "oops"},
+           {"[TOOL_CALLS]\u00a0oops\u3000", "oops"},  // str.strip: Unicode whitespace too
            {"[TOOL_CALLS][]", "[]"}}) {
     ParsedToolCalls q = parse_mistral_tool_calls(text);
     EXPECT_TRUE(q.calls.empty()) << text;
