@@ -77,14 +77,30 @@ Result<std::unique_ptr<TokenGuide>> TokenGuide::compile(std::string_view regex, 
   return g;
 }
 
-int32_t TokenGuide::advance(int32_t state, int32_t token) {
+Result<std::unique_ptr<TokenGuide>> TokenGuide::compile_grammar(std::string_view gbnf, std::string_view root,
+                                                               const VocabTrie& vocab) {
+  std::unique_ptr<TokenGuide> g(new TokenGuide());
+  LRA_ASSIGN_OR_RETURN(std::unique_ptr<Grammar> grammar, Grammar::parse(gbnf, root));
+  g->grammar_ = std::make_unique<GrammarDfa>(std::move(grammar));
+  // Grammar::parse refused a start rule that never finishes, so the start state is alive.
+  if (g->grammar_->start() == kDead) return make_error(ErrorCode::kInvalidArgument, "the grammar matches no text at all");
+  g->vocab_ = &vocab;
+  return g;
+}
+
+template <typename Automaton>
+int32_t TokenGuide::advance_in(Automaton& a, int32_t state, int32_t token) {
   const std::string_view b = vocab_->bytes(token);
   if (b.empty()) return kDead;
   for (unsigned char c : b) {
-    state = dfa_->next(state, c);
+    state = a.next(state, c);
     if (state == kDead) return kDead;
   }
   return state;
+}
+
+int32_t TokenGuide::advance(int32_t state, int32_t token) {
+  return dfa_ ? advance_in(*dfa_, state, token) : advance_in(*grammar_, state, token);
 }
 
 const std::vector<uint64_t>& TokenGuide::allowed(int32_t state) {
@@ -93,6 +109,13 @@ const std::vector<uint64_t>& TokenGuide::allowed(int32_t state) {
   std::vector<uint64_t>& bits = masks_[state];
   bits.assign((static_cast<size_t>(vocab_->vocab_) + 63) / 64, 0);
   if (state == kDead) return bits;
+  if (dfa_) walk(*dfa_, state, bits);
+  else walk(*grammar_, state, bits);
+  return bits;
+}
+
+template <typename Automaton>
+void TokenGuide::walk(Automaton& a, int32_t state, std::vector<uint64_t>& bits) {
   const VocabTrie& v = *vocab_;
   // Depth first over the trie, each node with the DFA state its bytes lead to; a dead state
   // prunes the node's whole subtree (every token that starts with those bytes).
@@ -101,7 +124,7 @@ const std::vector<uint64_t>& TokenGuide::allowed(int32_t state) {
     const auto [node, s] = stack.back();
     stack.pop_back();
     for (uint32_t e = v.child_begin_[node]; e < v.child_begin_[node + 1]; ++e) {
-      const int32_t s2 = dfa_->next(s, v.child_byte_[e]);
+      const int32_t s2 = a.next(s, v.child_byte_[e]);
       if (s2 == kDead) continue;
       const uint32_t c = v.child_node_[e];
       for (uint32_t k = v.token_begin_[c]; k < v.token_begin_[c + 1]; ++k) {
@@ -111,12 +134,11 @@ const std::vector<uint64_t>& TokenGuide::allowed(int32_t state) {
       stack.emplace_back(c, s2);
     }
   }
-  return bits;
 }
 
 int64_t TokenGuide::mask(int32_t state, std::span<float> logits, std::span<const int32_t> stop_ids) {
   const std::vector<uint64_t>& bits = allowed(state);
-  const bool may_stop = state != kDead && dfa_->accepting(state);
+  const bool may_stop = state != kDead && accepting(state);
   // The stop ids' own logits: they may end the step where the text is a whole match, whatever
   // their bytes (special tokens are not in the trie).
   std::vector<std::pair<size_t, float>> stops;

@@ -1,9 +1,11 @@
 // Structured outputs (vLLM's guided decoding, OpenAI's response_format): the tokens a step may
-// pick are those whose bytes keep the completion's text a prefix of some string of a regular
-// language (a JSON schema, a choice of strings or a regex, each compiled to a regex first:
-// json_regex.h). The regex is a byte DFA (byte_dfa.h); every token of the vocabulary is walked
-// through it from the DFA state the text so far reached, in a trie of the tokens' bytes so that
-// tokens sharing a prefix share the walk, and the allowed set of each DFA state is kept.
+// pick are those whose bytes keep the completion's text a prefix of some string of a language:
+// a regular one (a JSON schema, a choice of strings or a regex, each compiled to a regex first:
+// json_regex.h) as a byte DFA (byte_dfa.h), or a context-free one (a GBNF grammar, grammar.h) as
+// a lazily built automaton over its parse stacks (grammar_dfa.h). Every token of the vocabulary
+// is walked through the automaton from the state the text so far reached, in a trie of the
+// tokens' bytes so that tokens sharing a prefix share the walk, and the allowed set of each
+// state is kept.
 //
 // One VocabTrie per tokenizer (built once, read-only after), one TokenGuide per request (its DFA
 // and masks grow as states are reached), one int32 state per choice (TokenGuide::start, advance).
@@ -20,6 +22,7 @@
 
 #include "core/result.h"
 #include "engine/guide/byte_dfa.h"
+#include "engine/guide/grammar_dfa.h"
 
 namespace lragent {
 class Tokenizer;
@@ -58,25 +61,37 @@ class TokenGuide {
   // `regex` in ByteDfa's dialect; `vocab` must outlive the guide. Errors: the regex's (ByteDfa::compile),
   // and kInvalidArgument when it matches nothing.
   static Result<std::unique_ptr<TokenGuide>> compile(std::string_view regex, const VocabTrie& vocab);
+  // A GBNF grammar (grammar.h) starting at rule `root`. Errors: Grammar::parse's.
+  static Result<std::unique_ptr<TokenGuide>> compile_grammar(std::string_view gbnf, std::string_view root,
+                                                             const VocabTrie& vocab);
 
-  int32_t start() const { return dfa_->start(); }
+  int32_t start() const { return dfa_ ? dfa_->start() : grammar_->start(); }
   // The state after `token`'s bytes; kDead when they leave the language (or the token is not in
   // the trie: a special token, which only a stop id may be, and that ends the step).
   int32_t advance(int32_t state, int32_t token);
   // The text so far is a whole match: a stop id may end the step here.
-  bool accepting(int32_t state) const { return dfa_->accepting(state); }
+  bool accepting(int32_t state) const { return dfa_ ? dfa_->accepting(state) : grammar_->accepting(state); }
   // Some token can extend the text towards a match.
-  bool can_continue(int32_t state) const { return dfa_->can_continue(state); }
+  bool can_continue(int32_t state) const { return dfa_ ? dfa_->can_continue(state) : grammar_->can_continue(state); }
+  // Why a grammar's automaton stopped (it answers kDead from then on: grammar_dfa.h's bounds);
+  // empty while it has not, and always for a regex.
+  std::string exhausted() const { return grammar_ ? grammar_->exhausted() : std::string(); }
   // Sets every logit of a token that cannot follow `state` to -inf. `stop_ids` keep theirs only
   // when the state accepts. Returns how many tokens are left (stop ids included).
   int64_t mask(int32_t state, std::span<float> logits, std::span<const int32_t> stop_ids);
   // Tokens allowed from `state` (stop ids aside), for tests and tools.
   const std::vector<uint64_t>& allowed(int32_t state);  // bitset [ceil(vocab / 64)]
-  size_t dfa_states() const { return dfa_->states(); }
+  size_t dfa_states() const { return dfa_ ? dfa_->states() : grammar_->states(); }
 
  private:
   TokenGuide() = default;
+  template <typename Automaton>
+  int32_t advance_in(Automaton& a, int32_t state, int32_t token);
+  template <typename Automaton>
+  void walk(Automaton& a, int32_t state, std::vector<uint64_t>& bits);
+  // Exactly one of the two.
   std::unique_ptr<ByteDfa> dfa_;
+  std::unique_ptr<GrammarDfa> grammar_;
   const VocabTrie* vocab_ = nullptr;
   // Allowed-token bitsets of the states reached so far. Bounded (kMaxMasks): a guide that
   // wanders through more states recomputes the ones it drops.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/guide/grammar.h"
 #include "engine/guide/json_regex.h"
 #include "engine/guide/token_guide.h"
 #include "test_util.h"
@@ -19,8 +20,10 @@ namespace {
 
 bool allowed_bit(const std::vector<uint64_t>& bits, int32_t id) { return bits[static_cast<size_t>(id) / 64] >> (id % 64) & 1; }
 
-// Every token the brute-force walk allows from `state`, against the guide's set.
-void expect_allowed_is_brute_force(TokenGuide& g, ByteDfa& ref, const VocabTrie& trie, const Tokenizer& tok,
+// Every token the brute-force walk allows from `state`, against the guide's set. `ref` is a
+// second automaton of the same language (a ByteDfa or a GrammarDfa), walked byte by byte.
+template <typename Automaton>
+void expect_allowed_is_brute_force(TokenGuide& g, Automaton& ref, const VocabTrie& trie, const Tokenizer& tok,
                                    int32_t state, int32_t ref_state) {
   const std::vector<uint64_t> bits = g.allowed(state);
   int64_t n = 0;
@@ -30,7 +33,7 @@ void expect_allowed_is_brute_force(TokenGuide& g, ByteDfa& ref, const VocabTrie&
     for (unsigned char c : tok.token_bytes(id)) {
       if (!ok) break;
       s = ref.next(s, c);
-      ok = s != ByteDfa::kDead;
+      ok = s != Automaton::kDead;
     }
     ASSERT_EQ(allowed_bit(bits, id), ok) << "token " << id << " '" << tok.token_bytes(id) << "'";
     n += ok;
@@ -38,6 +41,9 @@ void expect_allowed_is_brute_force(TokenGuide& g, ByteDfa& ref, const VocabTrie&
   EXPECT_EQ(trie.vocab_size(), tok.vocab_size());
   (void)n;
 }
+
+template <typename Automaton>
+void random_walk(TokenGuide& g, Automaton& ref, const VocabTrie& trie, const Tokenizer& tok);
 
 void check_vocabulary(const Tokenizer& tok) {
   auto trie = VocabTrie::build(tok);
@@ -54,23 +60,52 @@ void check_vocabulary(const Tokenizer& tok) {
     ASSERT_TRUE(g.ok()) << g.error().message;
     auto ref = ByteDfa::compile(re);  // a second DFA, walked byte by byte for the reference
     ASSERT_TRUE(ref.ok());
-    // States along a random walk of allowed tokens (each a token the guide allowed).
-    std::mt19937 rng(7);
-    int32_t s = (*g)->start(), rs = (*ref)->start();
-    for (int step = 0; step < 6; ++step) {
-      expect_allowed_is_brute_force(**g, **ref, *trie, tok, s, rs);
-      if (::testing::Test::HasFatalFailure()) return;
-      std::vector<int32_t> ok;
-      const std::vector<uint64_t>& bits = (*g)->allowed(s);
-      for (int32_t id = 0; id < tok.vocab_size(); ++id)
-        if (allowed_bit(bits, id)) ok.push_back(id);
-      if (ok.empty()) break;
-      const int32_t pick = ok[rng() % ok.size()];
-      s = (*g)->advance(s, pick);
-      for (unsigned char c : tok.token_bytes(pick)) rs = (*ref)->next(rs, c);
-      ASSERT_NE(s, TokenGuide::kDead);
-      EXPECT_EQ((*g)->accepting(s), (*ref)->accepting(rs));
-    }
+    random_walk(**g, **ref, *trie, tok);
+  }
+}
+
+// States along a random walk of tokens the guide allowed: at each, its allowed set against the
+// brute-force walk, and the two automata agree on whole matches.
+template <typename Automaton>
+void random_walk(TokenGuide& g, Automaton& ref, const VocabTrie& trie, const Tokenizer& tok) {
+  std::mt19937 rng(7);
+  int32_t s = g.start(), rs = ref.start();
+  for (int step = 0; step < 6; ++step) {
+    expect_allowed_is_brute_force(g, ref, trie, tok, s, rs);
+    if (::testing::Test::HasFatalFailure()) return;
+    std::vector<int32_t> ok;
+    const std::vector<uint64_t>& bits = g.allowed(s);
+    for (int32_t id = 0; id < tok.vocab_size(); ++id)
+      if (allowed_bit(bits, id)) ok.push_back(id);
+    if (ok.empty()) break;
+    const int32_t pick = ok[rng() % ok.size()];
+    s = g.advance(s, pick);
+    for (unsigned char c : tok.token_bytes(pick)) rs = ref.next(rs, c);
+    ASSERT_NE(s, TokenGuide::kDead);
+    EXPECT_EQ(g.accepting(s), ref.accepting(rs));
+  }
+}
+
+// The same for grammars (grammar.h): JSON, and a little language no regex describes.
+void check_vocabulary_grammars(const Tokenizer& tok) {
+  auto trie = VocabTrie::build(tok);
+  const char* kGrammars[] = {
+      R"(root ::= "{" ws (pair ("," ws pair)*)? "}"
+pair ::= "\"" [a-z_]+ "\"" ws ":" ws value ws
+value ::= [0-9]+ | "\"" [^"\\]* "\"" | root | "[" ws (value ("," ws value)*)? "]"
+ws ::= [ \n]?)",
+      R"g(root ::= expr "="
+expr ::= term (("+" | "-") term)*
+term ::= [0-9]+ | "(" expr ")" | " " term)g",
+  };
+  for (const char* gbnf : kGrammars) {
+    SCOPED_TRACE(gbnf);
+    auto g = TokenGuide::compile_grammar(gbnf, "root", *trie);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    auto grammar = Grammar::parse(gbnf);
+    ASSERT_TRUE(grammar.ok());
+    GrammarDfa ref(std::move(*grammar));
+    random_walk(**g, ref, *trie, tok);
   }
 }
 
@@ -85,6 +120,16 @@ TEST(TokenGuide, AllowsExactlyTheTokensWhoseBytesStayInTheLanguageLlama3) {
   auto llama3 = Tokenizer::load_dir(dir);
   if (!llama3.ok()) GTEST_SKIP() << "no Llama-3 tokenizer at " << dir << " (scripts/fetch-fixtures.sh)";
   check_vocabulary(**llama3);
+}
+
+TEST(TokenGuide, GrammarsAllowExactlyTheTokensWhoseBytesStayInTheLanguage) {
+  auto tiny = Tokenizer::load_dir(testing::tinystories_dir());
+  ASSERT_TRUE(tiny.ok()) << tiny.error().message;
+  check_vocabulary_grammars(**tiny);
+  const std::string dir = testing::fetched_fixtures_dir() + "/llama3";
+  auto llama3 = Tokenizer::load_dir(dir);
+  if (!llama3.ok()) GTEST_SKIP() << "no Llama-3 tokenizer at " << dir << " (scripts/fetch-fixtures.sh)";
+  check_vocabulary_grammars(**llama3);
 }
 
 // The stop ids keep their logits exactly where the text is a whole match; everything outside the
