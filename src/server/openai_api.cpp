@@ -293,6 +293,18 @@ Status parse_guided(const json& body, std::string_view text, CompletionRequest& 
     r.guided_from = from;
     return Status::Ok();
   };
+  // A GBNF grammar: compiled (and its errors reported) when the request is prepared, as a regex.
+  auto take_grammar = [&](const std::string& from, const json& v) -> Status {
+    if (!v.is_string())
+      return bad(fmt::format("'{}' must be a GBNF grammar as a string, like \"root ::= \\\"yes\\\" | \\\"no\\\"\"", from));
+    given.push_back(from);
+    r.guided_grammar = v.get<std::string>();
+    r.guided_regex.clear();
+    r.guided_from = from;
+    return Status::Ok();
+  };
+  for (const char* g : {"guided_grammar", "grammar"})  // vLLM's; llama.cpp's
+    if (const json& v = field(body, g); !v.is_null()) LRA_RETURN_IF_ERROR(take_grammar(g, v));
   if (const json& v = field(body, "guided_json"); !v.is_null()) {
     LRA_ASSIGN_OR_RETURN(ordered_json schema, schema_value(in_order({"guided_json"}), "'guided_json'"));
     LRA_RETURN_IF_ERROR(take("guided_json", schema_regex(schema, "'guided_json'", o)));
@@ -309,24 +321,27 @@ Status parse_guided(const json& body, std::string_view text, CompletionRequest& 
     if (!so.is_object())
       return bad("'structured_outputs' must be an object like {\"json\": {...}}, {\"regex\": \"...\"} or {\"choice\": [...]}");
     for (const auto& [key, v] : so.items()) {
-      const std::string where = "'structured_outputs." + key + "'";
+      const std::string name = "structured_outputs." + key;  // as guided_from: quoted where it is shown
+      const std::string where = "'" + name + "'";
       if (key == "json") {
         LRA_ASSIGN_OR_RETURN(ordered_json schema, schema_value(in_order({"structured_outputs", "json"}), where));
-        LRA_RETURN_IF_ERROR(take(where, schema_regex(schema, where, o)));
+        LRA_RETURN_IF_ERROR(take(name, schema_regex(schema, where, o)));
       } else if (key == "regex") {
         if (!v.is_string()) return bad(where + " must be a string");
-        LRA_RETURN_IF_ERROR(take(where, v.get<std::string>()));
+        LRA_RETURN_IF_ERROR(take(name, v.get<std::string>()));
       } else if (key == "choice") {
         LRA_ASSIGN_OR_RETURN(auto choices, choice_list(v, where));
-        LRA_RETURN_IF_ERROR(take(where, guide::choice_regex(choices)));
+        LRA_RETURN_IF_ERROR(take(name, guide::choice_regex(choices)));
       } else if (key == "json_object") {
         if (v != json(true)) return bad(where + " must be true");
-        LRA_RETURN_IF_ERROR(take(where, guide::json_object_regex(o)));
-      } else if (key == "grammar" || key == "structural_tag") {
-        return Error{ErrorCode::kUnsupported, fmt::format("{} is not supported: use json, regex or choice", where)};
+        LRA_RETURN_IF_ERROR(take(name, guide::json_object_regex(o)));
+      } else if (key == "grammar") {
+        LRA_RETURN_IF_ERROR(take_grammar(name, v));
+      } else if (key == "structural_tag") {
+        return Error{ErrorCode::kUnsupported, fmt::format("{} is not supported: use json, regex, choice or grammar", where)};
       } else if (!v.is_null() && key != "disable_any_whitespace" && key != "disable_fallback" &&
                  key != "disable_additional_properties" && key != "whitespace_pattern") {
-        return bad(fmt::format("{} is not a structured_outputs field (json, regex, choice, json_object)", where));
+        return bad(fmt::format("{} is not a structured_outputs field (json, regex, choice, grammar, json_object)", where));
       }
     }
   }
@@ -434,11 +449,12 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
     LRA_ASSIGN_OR_RETURN(r.allowed_token_ids, get_ids(allowed, "'allowed_token_ids'"));
     if (r.allowed_token_ids.empty()) return bad("'allowed_token_ids' is empty: it would allow no token at all");
   }
-  for (const char* g : {"guided_grammar", "bad_words", "logits_processors"})
+  for (const char* g : {"bad_words", "logits_processors"})
     if (!field(body, g).is_null())
       return Error{ErrorCode::kUnsupported,
                    fmt::format("'{}' is not supported: lragent's structured outputs take guided_json, guided_regex, "
-                               "guided_choice, structured_outputs or response_format, and it runs no logits processors",
+                               "guided_choice, guided_grammar, structured_outputs or response_format, and it runs no "
+                               "logits processors",
                                g)};
   LRA_RETURN_IF_ERROR(neutral(body, "use_beam_search", json(false), "lragent does not run beam search"));
   LRA_RETURN_IF_ERROR(neutral(body, "length_penalty", json(1), "it applies to beam search, which lragent does not run"));

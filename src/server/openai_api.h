@@ -70,6 +70,10 @@ struct CompletionRequest {
   // vLLM's guided_json, guided_regex, guided_choice or structured_outputs the request gave (one
   // at most). Empty `guided_from`: free text.
   std::string guided_regex;
+  // Or a GBNF grammar (engine/guide/grammar.h) from vLLM's guided_grammar / structured_outputs.grammar
+  // or llama.cpp's grammar, starting at guided_grammar_root; guided_regex is then empty.
+  std::string guided_grammar;
+  std::string guided_grammar_root = "root";
   std::string guided_from;  // the field it came from, for errors ("guided_json", "response_format", ...)
 };
 constexpr int kMaxLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's chat limit

@@ -137,7 +137,9 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
       return make_error(ErrorCode::kInvalidArgument,
                         "'{}' needs the model's tokenizer.json (to know the text of each token), which this model lacks",
                         req.guided_from);
-    auto g = guide::TokenGuide::compile(req.guided_regex, vocab_trie());
+    auto g = req.guided_grammar.empty()
+                 ? guide::TokenGuide::compile(req.guided_regex, vocab_trie())
+                 : guide::TokenGuide::compile_grammar(req.guided_grammar, req.guided_grammar_root, vocab_trie());
     if (!g.ok()) return Error{g.error().code, fmt::format("'{}': {}", req.guided_from, g.error().message)};
     p.guide = std::move(*g);
   }

@@ -12,6 +12,7 @@
 #include <fmt/core.h>
 #include <httplib.h>
 
+#include "engine/guide/grammar.h"
 #include "server/client_socket.h"
 #include "server/server_internal.h"
 
@@ -277,7 +278,10 @@ void Server::install_routes() {
     if (opts_.reasoning_parser)
       parsing.reasoning = *opts_.reasoning_parser != ReasoningFormat::kQwen3 || parsed->enable_thinking;
     // A thinking model's structured output (a forced call too) is enforced once it has reasoned.
-    if (parsing.reasoning.value_or(false) && !req.guided_from.empty()) req.guided_regex = after_reasoning(req.guided_regex);
+    if (parsing.reasoning.value_or(false) && !req.guided_from.empty()) {
+      if (req.guided_grammar.empty()) req.guided_regex = after_reasoning(req.guided_regex);
+      else req.guided_grammar = guide::grammar_after_reasoning(req.guided_grammar, req.guided_grammar_root, &req.guided_grammar_root);
+    }
     respond(std::move(req), /*chat=*/true, http, res, parsing);
   });
 }

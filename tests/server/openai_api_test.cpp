@@ -144,7 +144,6 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "logit_bias": [5]})", ErrorCode::kInvalidArgument, "'logit_bias'");
   expect_error(R"({"prompt": "a", "include_stop_str_in_output": true})", ErrorCode::kUnsupported, "include_stop_str");
   expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 5})", ErrorCode::kUnsupported, "truncate_prompt_tokens");
-  expect_error(R"({"prompt": "a", "guided_grammar": "root ::= x"})", ErrorCode::kUnsupported, "guided_grammar");
   expect_error(R"({"prompt": "a", "allowed_token_ids": []})", ErrorCode::kInvalidArgument, "allowed_token_ids");
   expect_error(R"({"prompt": "a", "allowed_token_ids": [1, "x"]})", ErrorCode::kInvalidArgument, "allowed_token_ids");
   expect_error(R"({"prompt": "a", "bad_words": ["x"]})", ErrorCode::kUnsupported, "bad_words");
@@ -186,10 +185,10 @@ TEST(OpenAiRequest, StructuredOutputsInEveryForm) {
       {R"("guided_json": "{\"type\": \"boolean\"}")", "guided_json"},  // its JSON text
       {R"("guided_regex": "[0-9]{3}")", "guided_regex"},
       {R"("guided_choice": ["yes", "no"])", "guided_choice"},
-      {R"("structured_outputs": {"json": )" + schema + "}", "'structured_outputs.json'"},
-      {R"("structured_outputs": {"regex": "a+"})", "'structured_outputs.regex'"},
-      {R"("structured_outputs": {"choice": ["x"]})", "'structured_outputs.choice'"},
-      {R"("structured_outputs": {"json_object": true})", "'structured_outputs.json_object'"},
+      {R"("structured_outputs": {"json": )" + schema + "}", "structured_outputs.json"},
+      {R"("structured_outputs": {"regex": "a+"})", "structured_outputs.regex"},
+      {R"("structured_outputs": {"choice": ["x"]})", "structured_outputs.choice"},
+      {R"("structured_outputs": {"json_object": true})", "structured_outputs.json_object"},
       {R"("response_format": {"type": "json_object"})", "response_format"},
       {R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )" + schema + "}}",
        "response_format"},
@@ -200,7 +199,26 @@ TEST(OpenAiRequest, StructuredOutputsInEveryForm) {
     ASSERT_TRUE(r.ok()) << body << ": " << r.error().message;
     EXPECT_EQ(r->guided_from, c.from) << body;
     EXPECT_FALSE(r->guided_regex.empty()) << body;
+    EXPECT_TRUE(r->guided_grammar.empty()) << body;
   }
+  // A GBNF grammar stays text (Grammar::parse reads it when the request is prepared): vLLM's two
+  // fields and llama.cpp's.
+  for (const auto& [fields, from] : {std::pair<std::string, std::string>{R"("guided_grammar": "root ::= x")", "guided_grammar"},
+                                     {R"("structured_outputs": {"grammar": "root ::= x"})", "structured_outputs.grammar"},
+                                     {R"("grammar": "root ::= x")", "grammar"}}) {
+    const std::string body = R"({"prompt": "a", )" + fields + "}";
+    auto r = parse_completion_request(body);
+    ASSERT_TRUE(r.ok()) << body << ": " << r.error().message;
+    EXPECT_EQ(r->guided_from, from) << body;
+    EXPECT_EQ(r->guided_grammar, "root ::= x") << body;
+    EXPECT_EQ(r->guided_grammar_root, "root") << body;
+    EXPECT_TRUE(r->guided_regex.empty()) << body;
+  }
+  expect_error(R"({"prompt": "a", "guided_grammar": 5})", ErrorCode::kInvalidArgument, "'guided_grammar' must be a GBNF");
+  expect_error(R"({"prompt": "a", "guided_grammar": "root ::= x", "guided_regex": "a"})", ErrorCode::kInvalidArgument,
+               "one structured output at most");
+  expect_error(R"({"prompt": "a", "structured_outputs": {"structural_tag": "x"}})", ErrorCode::kUnsupported,
+               "structured_outputs.structural_tag");
   EXPECT_EQ(parse_ok(R"({"prompt": "a", "guided_regex": "[0-9]{3}"})").guided_regex, "[0-9]{3}");
   // Chat takes them too.
   auto chat = parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}],
@@ -218,8 +236,6 @@ TEST(OpenAiRequest, StructuredOutputsInEveryForm) {
   // A schema keyword the converter cannot enforce is refused, naming the field and the keyword.
   expect_error(R"({"prompt": "a", "guided_json": {"type": "string", "not": {"const": "x"}}})", ErrorCode::kUnsupported,
                "not");
-  expect_error(R"({"prompt": "a", "structured_outputs": {"grammar": "root ::= x"}})", ErrorCode::kUnsupported,
-               "structured_outputs.grammar");
   expect_error(R"({"prompt": "a", "structured_outputs": {"jsn": {}}})", ErrorCode::kInvalidArgument, "jsn");
   expect_error(R"({"prompt": "a", "structured_outputs": {"json_object": false}})", ErrorCode::kInvalidArgument,
                "json_object");

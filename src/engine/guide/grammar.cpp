@@ -571,11 +571,10 @@ std::string grammar_after_reasoning(std::string_view gbnf, std::string_view root
   // then a number makes them new).
   std::string p = "lragent-think";
   for (int k = 2; gbnf.find(p) != std::string_view::npos; ++k) p = fmt::format("lragent-think{}", k);
-  *new_root = p;
   // Text without "</think>", as reasoning.cpp's after_reasoning spells it for regexes: after a
   // '<', a run of the tag's prefix breaks off at a character that is neither its next one nor
   // '<', meets another '<', or the text ends inside it.
-  return fmt::format(
+  std::string text = fmt::format(
       "{gbnf}\n"
       "{p} ::= \"<think>\"? {p}-text \"</think>\" [ \\t\\n\\r\\f\\v]* {root}\n"
       "{p}-text ::= ([^<] | \"<\" ({p}-prefix \"<\")* {p}-break)* (\"<\" ({p}-prefix \"<\")* {p}-prefix)?\n"
@@ -583,6 +582,8 @@ std::string grammar_after_reasoning(std::string_view gbnf, std::string_view root
       "{p}-break ::= [^/<] | \"/\" ([^t<] | \"t\" ([^h<] | \"h\" ([^i<] | \"i\" ([^n<] | \"n\" ([^k<] | \"k\" "
       "[^<>])))))\n",
       fmt::arg("gbnf", gbnf), fmt::arg("p", p), fmt::arg("root", root));
+  *new_root = p;  // last: the caller may pass its own root as both `root` and `new_root`
+  return text;
 }
 
 }  // namespace lragent::guide

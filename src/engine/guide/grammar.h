@@ -82,7 +82,8 @@ class Grammar {
 
 // A GBNF grammar whose start rule reads a thinking model's reasoning first: an optional
 // "<think>", any text without "</think>", "</think>", whitespace, then `root` (reasoning.h's
-// after_reasoning for grammars). Returns the new text; its start rule's name goes to *new_root.
+// after_reasoning for grammars). Returns the new text; its start rule's name goes to *new_root
+// (which may be the string `root` views).
 std::string grammar_after_reasoning(std::string_view gbnf, std::string_view root, std::string* new_root);
 
 }  // namespace lragent::guide

@@ -1,0 +1,36 @@
+// libFuzzer target: GBNF grammars (engine/guide/grammar.h) from untrusted request text. The
+// input up to its first NUL is the grammar; the bytes after it are walked through its automaton
+// (grammar_dfa.h). A grammar that parses must also parse with the reasoning prefix in front
+// (grammar_after_reasoning), and a walk must answer within the automaton's bounds. Every input
+// must give a grammar or an error, never a crash, a throw or a hang.
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "engine/guide/grammar.h"
+#include "engine/guide/grammar_dfa.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string_view input(reinterpret_cast<const char*>(data), size);
+  const size_t nul = input.find('\0');
+  const std::string_view text = input.substr(0, nul);
+  const std::string_view walk = nul == std::string_view::npos ? std::string_view() : input.substr(nul + 1);
+  auto g = lragent::guide::Grammar::parse(text);
+  if (!g.ok()) return 0;
+  std::string root;
+  const std::string wrapped = lragent::guide::grammar_after_reasoning(text, "root", &root);
+  if (!lragent::guide::Grammar::parse(wrapped, root).ok()) std::abort();  // the prefix broke a good grammar
+  lragent::guide::GrammarDfa dfa(std::move(*g));
+  // Grammar::parse refused every grammar with no whole match, so the start state is alive.
+  if (dfa.start() == lragent::guide::GrammarDfa::kDead && dfa.exhausted().empty()) std::abort();
+  int32_t s = dfa.start();
+  for (unsigned char c : walk) {
+    s = dfa.next(s, c);
+    if (s == lragent::guide::GrammarDfa::kDead) break;
+    (void)dfa.accepting(s);
+    (void)dfa.can_continue(s);
+  }
+  return 0;
+}
