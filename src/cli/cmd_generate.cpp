@@ -8,7 +8,10 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/text_file.h"
 #include "engine/generator.h"
+#include "engine/guide/json_regex.h"
+#include "engine/guide/token_guide.h"
 
 namespace lragent::cli {
 namespace {
@@ -22,7 +25,46 @@ struct GenerateFlags {
   uint64_t seed = 0;
   bool json = false, logits = false, ignore_eos = false, keep_special = false;
   bool prompt_tokens_given = false;  // --prompt-tokens was on the command line (even empty)
+  // Structured output, at most one (llama.cpp's --grammar / --grammar-file / --json-schema;
+  // vLLM's regex).
+  std::string grammar, grammar_file, json_schema, json_schema_file, regex;
 };
+
+// The guide the flags ask for (null: free text), over `trie` (built here when one is needed).
+Result<std::unique_ptr<guide::TokenGuide>> make_guide(const GenerateFlags& f, const Tokenizer* tok,
+                                                      std::unique_ptr<guide::VocabTrie>& trie) {
+  const bool any = !f.grammar.empty() || !f.grammar_file.empty() || !f.json_schema.empty() ||
+                   !f.json_schema_file.empty() || !f.regex.empty();
+  if (!any) return std::unique_ptr<guide::TokenGuide>();
+  if (!tok)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "structured output needs the model's tokenizer.json (to know the text of each token), which "
+                      "this model lacks");
+  trie = guide::VocabTrie::build(*tok);
+  // Errors name the flag, then the cause (line and column for a grammar).
+  auto named = [](const char* flag, Result<std::unique_ptr<guide::TokenGuide>> g) {
+    if (!g.ok()) return Result<std::unique_ptr<guide::TokenGuide>>(Error{g.error().code, fmt::format("{}: {}", flag, g.error().message)});
+    return g;
+  };
+  if (!f.grammar.empty()) return named("--grammar", guide::TokenGuide::compile_grammar(f.grammar, "root", *trie));
+  if (!f.grammar_file.empty()) {
+    LRA_ASSIGN_OR_RETURN(std::string text, read_text_file(f.grammar_file));
+    return named("--grammar-file", guide::TokenGuide::compile_grammar(text, "root", *trie));
+  }
+  if (!f.regex.empty()) return named("--regex", guide::TokenGuide::compile(f.regex, *trie));
+  std::string schema_text = f.json_schema;
+  const char* flag = "--json-schema";
+  if (!f.json_schema_file.empty()) {
+    LRA_ASSIGN_OR_RETURN(schema_text, read_text_file(f.json_schema_file));
+    flag = "--json-schema-file";
+  }
+  const auto schema = nlohmann::ordered_json::parse(schema_text, nullptr, /*allow_exceptions=*/false);
+  if (schema.is_discarded())
+    return make_error(ErrorCode::kInvalidArgument, "{}: not JSON: give a JSON schema like '{{\"type\": \"object\"}}'", flag);
+  auto re = guide::json_schema_regex(schema);
+  if (!re.ok()) return Error{re.error().code, fmt::format("{}: {}", flag, re.error().message)};
+  return named(flag, guide::TokenGuide::compile(*re, *trie));
+}
 
 int run_generate(const GenerateFlags& f) {
   auto loaded = load_model(f.model);
@@ -50,6 +92,10 @@ int run_generate(const GenerateFlags& f) {
       return report(make_error(ErrorCode::kNotFound, "--use {}: no adapter of that name (register it with --adapter {}=DIR)",
                                f.use, f.use));
   }
+  std::unique_ptr<guide::VocabTrie> trie;  // outlives the guide, which reads it
+  auto guided = make_guide(f, lm.tokenizer.get(), trie);
+  if (!guided.ok()) return report(guided.error());
+  req.guide = guided->get();
   req.max_tokens = f.max_tokens;
   req.sampling = {f.temperature, f.top_k, f.top_p, f.seed};
   req.keep_first_logits = f.logits;
@@ -79,7 +125,7 @@ int run_generate(const GenerateFlags& f) {
     j["prompt_tokens"] = req.prompt;
     j["output_tokens"] = r.output;
     std::vector<int32_t> shown = r.output;
-    if (r.finish_reason == "stop" && !shown.empty()) shown.pop_back();
+    if (r.finish_reason == "stop" && !shown.empty() && is_stop(shown.back())) shown.pop_back();  // not a guide's end
     std::erase_if(shown, hidden);
     j["text"] = lm.tokenizer ? nlohmann::json(lm.tokenizer->decode(shown)) : nlohmann::json(nullptr);
     j["finish_reason"] = r.finish_reason;
@@ -125,6 +171,22 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--keep-special-tokens", f->keep_special,
                 "Show special tokens (e.g. <|eot_id|>) in the text; by default they are left out, as vLLM's "
                 "skip_special_tokens does (their ids stay in output_tokens)");
+  // Structured output: the text is held to a language as it is generated (vLLM's guided decoding,
+  // llama.cpp's grammars; docs/server.md, Structured outputs).
+  auto* g = cmd->add_option("--grammar", f->grammar,
+                            "Hold the output to a GBNF grammar (llama.cpp's format, start rule root), e.g. "
+                            "'root ::= \"yes\" | \"no\"'; the output ends at a whole match nothing extends");
+  auto* gf = cmd->add_option("--grammar-file", f->grammar_file, "--grammar, read from a file (e.g. a .gbnf)");
+  auto* js = cmd->add_option("--json-schema", f->json_schema,
+                             "Hold the output to a JSON document valid under this JSON schema, e.g. "
+                             "'{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}}}' "
+                             "(keywords: src/engine/guide/json_regex.h); '{}' for any JSON value");
+  auto* jsf = cmd->add_option("--json-schema-file", f->json_schema_file, "--json-schema, read from a file");
+  auto* re = cmd->add_option("--regex", f->regex, "Hold the output to a whole match of this regular expression");
+  const std::vector<CLI::Option*> structured = {g, gf, js, jsf, re};
+  for (CLI::Option* a : structured)
+    for (CLI::Option* b : structured)
+      if (a != b) a->excludes(b);
   cmd->callback([f, p, pt, &action] {
     f->prompt_tokens_given = pt->count() > 0;
     if (p->count() == 0 && pt->count() == 0)

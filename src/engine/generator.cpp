@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "engine/guide/token_guide.h"
+
 namespace lragent {
 namespace {
 
@@ -12,6 +14,7 @@ struct Running {
   std::vector<int32_t> tokens;  // prompt then generated tokens
   int64_t processed = 0;        // tokens already in the cache
   Sampler sampler;
+  int32_t guide_state = 0;  // the request's guide's state after its output so far
   bool done = false;
   explicit Running(SamplingParams p) : sampler(p) {}
 };
@@ -45,6 +48,7 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
     r.index = i;
     r.kv = std::make_unique<FullKvCache>(pools.kv.get());
     r.tokens = reqs[i].prompt;
+    if (reqs[i].guide) r.guide_state = reqs[i].guide->start();
     r.done = reqs[i].max_tokens <= 0;
     if (r.done) results[i].finish_reason = "length";  // nothing to generate: the length is reached
     run.push_back(std::move(r));
@@ -64,29 +68,49 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
   };
   // A pick becomes a token: appended, streamed, checked against the stops. A sequence that
   // finished on the pass before (after this one was launched with it) drops its pick.
-  auto accept = [&](Running& r, int32_t tok, const float* logits_row) {
+  std::vector<float> masked;  // [vocab] a guided row
+  auto accept = [&](Running& r, int32_t tok, const float* logits_row) -> Status {
     GenerateResult& res = results[r.index];
     const GenerateRequest& req = reqs[r.index];
     if (logits_row) {
       if (req.keep_first_logits && res.output.empty()) res.first_logits.assign(logits_row, logits_row + cfg.vocab_size);
+      if (req.guide) {
+        masked.assign(logits_row, logits_row + cfg.vocab_size);
+        if (req.guide->mask(r.guide_state, masked, req.stop_ids) == 0) {
+          const std::string why = req.guide->exhausted();
+          return make_error(ErrorCode::kInvalidArgument,
+                            "request {}: the structured output cannot go on after {} tokens: {}", r.index,
+                            res.output.size(),
+                            why.empty() ? "no token of the vocabulary continues its text towards a match, and no "
+                                          "stop token may end it there"
+                                        : why);
+        }
+        logits_row = masked.data();
+      }
       tok = r.sampler.sample(logits_row, cfg.vocab_size);  // the same rules as the device pick
     }
     res.output.push_back(tok);
     r.tokens.push_back(tok);
     if (on_token) on_token(r.index, tok);
-    if (std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end()) {
+    const bool stop = std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end();
+    if (req.guide && !stop) r.guide_state = req.guide->advance(r.guide_state, tok);
+    if (stop) {
       res.finish_reason = "stop";
       r.done = true;
     } else if (static_cast<int>(res.output.size()) >= req.max_tokens) {
       res.finish_reason = "length";
       r.done = true;
+    } else if (req.guide && !req.guide->can_continue(r.guide_state)) {
+      res.finish_reason = "stop";  // a whole match nothing extends
+      r.done = true;
     }
     if (r.done) r.kv.reset();  // give the blocks back to the pool for other sequences
+    return Status::Ok();
   };
   auto take = [&](const Pass& p) -> Status {
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> picked, model_.take_picks());
     for (size_t b = 0; b < p.batch.size(); ++b)
-      if (p.samples[b] && !p.members[b]->done) accept(*p.members[b], picked[b], nullptr);
+      if (p.samples[b] && !p.members[b]->done) LRA_RETURN_IF_ERROR(accept(*p.members[b], picked[b], nullptr));
     return Status::Ok();
   };
 
@@ -141,14 +165,15 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
         budget -= take_n;
       }
     }
-    // Unless some member wants this step's logits (keep_first_logits), the picks are made on the
-    // device and only the ids come back. The u of each row that samples is drawn here, on the
+    // Unless some member wants this step's logits (keep_first_logits, or a guide to mask them),
+    // the picks are made on the device and only the ids come back. The u of each row that samples is drawn here, on the
     // host; rows of unfinished prompt chunks sample nothing (greedy, no draw, id discarded).
     bool want_logits = false;
     for (size_t b = 0; b < next.batch.size(); ++b) {
       const size_t i = next.members[b]->index;
-      want_logits = want_logits || (next.samples[b] && next.batch[b].feed_row < 0 && reqs[i].keep_first_logits &&
-                                    results[i].output.empty());
+      want_logits = want_logits ||
+                    (next.samples[b] && next.batch[b].feed_row < 0 &&
+                     ((reqs[i].keep_first_logits && results[i].output.empty()) || reqs[i].guide != nullptr));
     }
     const bool lookahead = opts_.decode_lookahead && !want_logits && !next.batch.empty();
     if (inflight && !lookahead) {  // take the launched pass's tokens first, then schedule again
@@ -180,9 +205,9 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       r.processed += next.batch[b].n_tokens;
       if (!next.samples[b]) continue;  // prompt chunk, no sample yet
       if (!want_logits)
-        accept(r, picked[b], nullptr);
+        LRA_RETURN_IF_ERROR(accept(r, picked[b], nullptr));
       else
-        accept(r, 0, logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size);
+        LRA_RETURN_IF_ERROR(accept(r, 0, logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size));
     }
   }
   return results;

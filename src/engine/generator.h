@@ -15,6 +15,10 @@
 
 namespace lragent {
 
+namespace guide {
+class TokenGuide;
+}
+
 struct GenerateRequest {
   std::vector<int32_t> prompt;        // ids, BOS included when wanted
   int max_tokens = 64;
@@ -22,6 +26,11 @@ struct GenerateRequest {
   const LoraAdapter* adapter = nullptr;
   std::vector<int32_t> stop_ids;      // e.g. EOS; generation ends after emitting one
   bool keep_first_logits = false;     // keep the logits of the first generated token
+  // Structured output (engine/guide/token_guide.h): every pick keeps the text a prefix of the
+  // guide's language, a stop id may end it only at a whole match, and a whole match nothing
+  // extends ends the request ("stop"). Its steps pick on the host (no decode lookahead). Not
+  // owned; it may serve several requests (each keeps its own state), all on run()'s thread.
+  guide::TokenGuide* guide = nullptr;
 };
 
 struct GenerateResult {

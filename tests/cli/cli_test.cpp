@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -258,6 +259,53 @@ TEST(Cli, GenerateEdges) {
   r = run_cli("generate " + model_arg() + " --prompt 'Once upon a time' --max-tokens 300");
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find(end + "\n"), std::string::npos) << r.out;  // streamed: the same text
+}
+
+// Structured output from the command line, as llama-cli takes it: a GBNF grammar (inline or a
+// file), a JSON schema, a regex; the text is in the language and ends at a whole match, the same
+// with and without decode lookahead. Bad ones are one error line naming the flag and the cause.
+TEST(Cli, GenerateStructuredOutputs) {
+  const std::string gbnf = R"(root ::= " " name (" and " name){0,2} ".")" "\n" R"(name ::= "Lily" | "Tom" | "the dog")";
+  // The text decodes without its first space, as HF's decode of the output alone drops it.
+  const std::regex names(" ?(Lily|Tom|the dog)( and (Lily|Tom|the dog)){0,2}\\.");
+  const std::string file = testing::temp_dir("gbnf") + "/names.gbnf";
+  std::ofstream(file) << gbnf << "\n";
+  nlohmann::json seen;
+  for (const std::string& how : {"--grammar " + shell_quote(gbnf), "--grammar-file " + shell_quote(file)}) {
+    for (const char* lookahead : {"", " --no-decode-lookahead"}) {
+      const CliRun r = run_cli("generate " + model_arg() + " --prompt 'Once upon a time' --max-tokens 30 --temperature 1 "
+                               "--seed 4 --json " + how + lookahead);
+      ASSERT_EQ(r.code, 0) << r.err;
+      const auto j = nlohmann::json::parse(r.out);
+      EXPECT_EQ(j["finish_reason"], "stop");
+      EXPECT_TRUE(std::regex_match(j["text"].get<std::string>(), names)) << j["text"];
+      if (seen.is_null()) seen = j["output_tokens"];
+      EXPECT_EQ(j["output_tokens"], seen);  // the same picks every way
+    }
+  }
+  const CliRun re = run_cli("generate " + model_arg() + " --prompt 'She was' --max-tokens 30 --regex ' (very )?(happy|sad)\\.'");
+  ASSERT_EQ(re.code, 0) << re.err;
+  EXPECT_TRUE(std::regex_match(re.out, std::regex(" ?(very )?(happy|sad)\\.\n"))) << re.out;
+  const CliRun schema = run_cli("generate " + model_arg() + " --prompt 'She said' --max-tokens 30 --json "
+                                "--json-schema '{\"enum\": [\"yes\", \"no\", \"maybe not\"]}'");
+  ASSERT_EQ(schema.code, 0) << schema.err;
+  const auto sj = nlohmann::json::parse(schema.out);
+  EXPECT_EQ(sj["finish_reason"], "stop");
+  const std::string answer = sj["text"];
+  EXPECT_TRUE(answer == "\"yes\"" || answer == "\"no\"" || answer == "\"maybe not\"") << answer;
+
+  const CliRun bad = run_cli("generate " + model_arg() + " --prompt hi --grammar 'root ::= nme'");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_EQ(error_line(bad), "error: --grammar: grammar: rule 'nme' is used but never defined (line 1, column 10)");
+  const CliRun not_json = run_cli("generate " + model_arg() + " --prompt hi --json-schema '{type'");
+  EXPECT_EQ(not_json.code, 2);
+  EXPECT_NE(error_line(not_json).find("--json-schema: not JSON"), std::string::npos) << not_json.err;
+  const CliRun two = run_cli("generate " + model_arg() + " --prompt hi --regex a --grammar 'root ::= \"a\"'");
+  EXPECT_EQ(two.code, 2);
+  EXPECT_NE(two.err.find("excludes"), std::string::npos) << two.err;
+  const CliRun missing = run_cli("generate " + model_arg() + " --prompt hi --grammar-file /nonexistent/x.gbnf");
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(error_line(missing).find("/nonexistent/x.gbnf"), std::string::npos) << missing.err;
 }
 
 // As vLLM: special tokens are left out of the text (their ids stay in output_tokens) unless

@@ -5,9 +5,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include <regex>
+#include <string>
+
 #include "engine/generator.h"
+#include "engine/guide/token_guide.h"
 #include "engine/sampler.h"
 #include "model/synthetic.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lragent {
 namespace {
@@ -107,6 +112,66 @@ TEST(Generator, NothingToGenerateFinishesAtOnceAndTakesNoRoom) {
     EXPECT_EQ((*res)[i].finish_reason, "length") << i;
   }
   EXPECT_EQ((*res)[2].output.size(), 64u);
+}
+
+// A guided request (grammar or regex) batched with free ones: its text is in its language and
+// ends at a whole match ("stop"), sampled or greedy, and the free requests get what they get
+// alone (a guided row picks on the host, from the same logits). The synthetic model's random
+// logits, one token a byte, reach every corner of the language.
+TEST(Generator, GuidedRequestsFollowTheirLanguageBesideFreeOnes) {
+  auto be = make_cpu_backend(2);
+  auto model = make_synthetic_model(SyntheticSpec{}, *be);
+  ASSERT_TRUE(model.ok());
+  auto bytes = make_byte_tokenizer();
+  auto trie = guide::VocabTrie::build(*bytes);
+  const std::string gbnf = "root ::= \"(\" [a-c]{1,4} (\",\" root)? \")\"";
+  auto grammar = guide::TokenGuide::compile_grammar(gbnf, "root", *trie);
+  ASSERT_TRUE(grammar.ok()) << grammar.error().message;
+  auto regex = guide::TokenGuide::compile("[0-9]{2,5}-(yes|no)", *trie);
+  ASSERT_TRUE(regex.ok());
+  const auto free_reqs = make_requests();
+  std::vector<GenerateResult> alone;
+  for (const auto& r : free_reqs) {
+    auto res = Generator(**model, EngineOptions{}).run({r});
+    ASSERT_TRUE(res.ok());
+    alone.push_back((*res)[0]);
+  }
+  // Balanced: every "(" closed, letters between.
+  auto balanced = [](const std::string& t) {
+    int depth = 0;
+    for (char c : t) {
+      depth += c == '(' ? 1 : c == ')' ? -1 : 0;
+      if (depth < 0) return false;
+    }
+    return depth == 0 && !t.empty() && t.front() == '(' && std::regex_match(t, std::regex("[(),a-c]+"));
+  };
+  for (float temperature : {0.f, 1.f}) {
+    for (bool lookahead : {true, false}) {
+      std::vector<GenerateRequest> reqs = free_reqs;
+      for (int k = 0; k < 3; ++k) {
+        GenerateRequest g;
+        g.prompt = {1, 40 + k, 50};
+        g.max_tokens = 200;
+        g.sampling.temperature = temperature;
+        g.sampling.seed = 9 + k;
+        g.guide = k == 2 ? regex->get() : grammar->get();  // two requests on one guide
+        reqs.push_back(g);
+      }
+      EngineOptions opts;
+      opts.decode_lookahead = lookahead;
+      opts.max_batch_tokens = 7;  // chunked prompts mixed with decode steps
+      auto res = Generator(**model, opts).run(reqs);
+      ASSERT_TRUE(res.ok()) << res.error().message;
+      for (size_t i = 0; i < free_reqs.size(); ++i) EXPECT_EQ((*res)[i].output, alone[i].output) << i;
+      for (size_t i = free_reqs.size(); i < reqs.size(); ++i) {
+        const std::string text = bytes->decode((*res)[i].output);
+        SCOPED_TRACE(text);
+        EXPECT_EQ((*res)[i].finish_reason, "stop");
+        if (i + 1 == reqs.size()) EXPECT_TRUE(std::regex_match(text, std::regex("[0-9]{2,5}-(yes|no)")));
+        else EXPECT_TRUE(balanced(text));
+      }
+    }
+  }
 }
 
 TEST(Generator, ExhaustedKvPoolIsAnErrorNotACrash) {
