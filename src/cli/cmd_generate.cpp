@@ -106,7 +106,13 @@ int run_generate(const GenerateFlags& f) {
   Generator gen(*lm.model, eo);
   const bool stream = !f.json && lm.tokenizer;
   std::optional<StreamDecoder> stream_dec;  // only with a tokenizer to decode with
-  if (stream) stream_dec.emplace(*lm.tokenizer);
+  // Decoded after the prompt's last token, as vLLM decodes a completion: a leading space stays.
+  auto decoder = [&] {
+    StreamDecoder d(*lm.tokenizer);
+    d.prime(req.prompt.back());
+    return d;
+  };
+  if (stream) stream_dec.emplace(decoder());
   // The stop token ends the output: its id is kept, its text is not shown; nor is any other
   // special token's unless --keep-special-tokens (vLLM's skip_special_tokens, default true).
   auto is_stop = [&](int32_t tok) { return std::find(req.stop_ids.begin(), req.stop_ids.end(), tok) != req.stop_ids.end(); };
@@ -127,7 +133,14 @@ int run_generate(const GenerateFlags& f) {
     std::vector<int32_t> shown = r.output;
     if (r.finish_reason == "stop" && !shown.empty() && is_stop(shown.back())) shown.pop_back();  // not a guide's end
     std::erase_if(shown, hidden);
-    j["text"] = lm.tokenizer ? nlohmann::json(lm.tokenizer->decode(shown)) : nlohmann::json(nullptr);
+    if (lm.tokenizer) {
+      StreamDecoder d = decoder();
+      std::string text;
+      for (int32_t t : shown) text += d.push(t);
+      j["text"] = text + d.finish();
+    } else {
+      j["text"] = nullptr;
+    }
     j["finish_reason"] = r.finish_reason;
     if (!f.use.empty()) j["adapter"] = f.use;
     if (f.logits) j["last_logits"] = r.first_logits;
@@ -160,8 +173,9 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--use", f->use, "Name of a registered adapter to generate with (default: base model)");
   auto* json = cmd->add_flag("--json", f->json,
                              "Print one JSON object: prompt_tokens, output_tokens (with the stop token, if one ended "
-                             "the output), text (without it and other special tokens), finish_reason (stop: a stop "
-                             "token; length: --max-tokens)");
+                             "the output), text (without it and other special tokens, decoded after the prompt as "
+                             "vLLM decodes a completion), finish_reason (stop: a stop token or a structured output's "
+                             "end; length: --max-tokens)");
   cmd->add_flag("--logits", f->logits,
                 "With --json: add last_logits, the logits at the prompt's last position (the first generated token's "
                 "distribution)")
