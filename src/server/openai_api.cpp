@@ -7,6 +7,7 @@
 
 #include <fmt/ranges.h>
 
+#include "engine/guide/grammar.h"
 #include "engine/guide/json_regex.h"
 
 namespace lragent::server {
@@ -299,6 +300,15 @@ Status parse_guided(const json& body, std::string_view text, CompletionRequest& 
       return bad(fmt::format("'{}' must be a GBNF grammar as a string, like \"root ::= \\\"yes\\\" | \\\"no\\\"\"", from));
     given.push_back(from);
     r.guided_grammar = v.get<std::string>();
+    r.guided_grammar_root = "root";
+    // vLLM reads a grammar without "::=" as Lark's syntax and converts it.
+    if (guide::looks_like_lark(r.guided_grammar)) {
+      auto gbnf = guide::lark_to_gbnf(r.guided_grammar, &r.guided_grammar_root);
+      if (!gbnf.ok())
+        return Error{gbnf.error().code, fmt::format("'{}' (read as Lark's syntax: it has no '::='): {}", from,
+                                                    gbnf.error().message)};
+      r.guided_grammar = std::move(*gbnf);
+    }
     r.guided_regex.clear();
     r.guided_from = from;
     return Status::Ok();

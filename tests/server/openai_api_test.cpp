@@ -214,6 +214,12 @@ TEST(OpenAiRequest, StructuredOutputsInEveryForm) {
     EXPECT_EQ(r->guided_grammar_root, "root") << body;
     EXPECT_TRUE(r->guided_regex.empty()) << body;
   }
+  // Without "::=" it is Lark's syntax, converted as vLLM converts it; its start rule is kept.
+  const CompletionRequest lark = parse_ok(R"({"prompt": "a", "guided_grammar": "start: word+\nword: \"a\" | 'b'"})");
+  EXPECT_EQ(lark.guided_grammar_root, "start");
+  EXPECT_EQ(lark.guided_grammar, "start ::= word+\nword ::= \"a\" | \"b\"\n");
+  expect_error(R"({"prompt": "a", "guided_grammar": "start: /x+/"})", ErrorCode::kUnsupported,
+               "'guided_grammar' (read as Lark's syntax: it has no '::='): Lark grammar, line 1: regular expressions");
   expect_error(R"({"prompt": "a", "guided_grammar": 5})", ErrorCode::kInvalidArgument, "'guided_grammar' must be a GBNF");
   expect_error(R"({"prompt": "a", "guided_grammar": "root ::= x", "guided_regex": "a"})", ErrorCode::kInvalidArgument,
                "one structured output at most");

@@ -87,3 +87,26 @@ class Grammar {
 std::string grammar_after_reasoning(std::string_view gbnf, std::string_view root, std::string* new_root);
 
 }  // namespace lragent::guide
+
+namespace lragent::guide {
+
+// vLLM takes a guided grammar with no "::=" in it as Lark's syntax and converts it to GBNF
+// (convert_lark_to_ebnf). The same test here (comments, `#` or `//`, left out).
+bool looks_like_lark(std::string_view text);
+
+// Lark's grammar syntax (lark-parser.readthedocs.io, "Grammar Reference") as GBNF:
+//   name: alternatives        a rule (a leading ? or !, and a .priority, dropped); terminals
+//                             (NAME: ...) are rules too
+//   | more                    a line starting with | adds alternatives to the rule above
+//   "text" 'text'             literals; "a".."z" a range of characters
+//   [x]  x?  x*  x+           [x] is optional (Lark's meaning, not a character class)
+//   x ~ 3   x ~ 2..5          repetition
+//   -> alias                  dropped (it names a tree node)
+//   // and # comments
+// The start rule is `start` when there is one, else the first rule (vLLM's choice); its name
+// goes to *root. Refused, kUnsupported with the line: regular expressions /.../, directives
+// (%import, %ignore, %declare, ...), literal flags ("x"i), templates. Other malformed lines are
+// kInvalidArgument with the line. The GBNF then goes through Grammar::parse like any other.
+Result<std::string> lark_to_gbnf(std::string_view lark, std::string* root);
+
+}  // namespace lragent::guide
