@@ -270,7 +270,7 @@ Status parse_guided(const json& body, std::string_view text, CompletionRequest& 
   // The body again with its keys in order, for the schemas (parse_body has checked it).
   static const ordered_json kNull;
   const bool schemas = !field(body, "guided_json").is_null() || !field(body, "structured_outputs").is_null() ||
-                       !field(body, "response_format").is_null();
+                       !field(body, "response_format").is_null() || !field(body, "json_schema").is_null();
   const ordered_json ordered = schemas ? ordered_json::parse(text, nullptr, /*allow_exceptions=*/false) : ordered_json();
   auto in_order = [&](std::initializer_list<const char*> path) -> const ordered_json& {
     const ordered_json* v = &ordered;
@@ -315,9 +315,11 @@ Status parse_guided(const json& body, std::string_view text, CompletionRequest& 
   };
   for (const char* g : {"guided_grammar", "grammar"})  // vLLM's; llama.cpp's
     if (const json& v = field(body, g); !v.is_null()) LRA_RETURN_IF_ERROR(take_grammar(g, v));
-  if (const json& v = field(body, "guided_json"); !v.is_null()) {
-    LRA_ASSIGN_OR_RETURN(ordered_json schema, schema_value(in_order({"guided_json"}), "'guided_json'"));
-    LRA_RETURN_IF_ERROR(take("guided_json", schema_regex(schema, "'guided_json'", o)));
+  for (const char* f : {"guided_json", "json_schema"}) {  // vLLM's; llama.cpp's
+    if (field(body, f).is_null()) continue;
+    const std::string where = fmt::format("'{}'", f);
+    LRA_ASSIGN_OR_RETURN(ordered_json schema, schema_value(in_order({f}), where));
+    LRA_RETURN_IF_ERROR(take(f, schema_regex(schema, where, o)));
   }
   if (const json& v = field(body, "guided_regex"); !v.is_null()) {
     if (!v.is_string()) return bad("'guided_regex' must be a string");

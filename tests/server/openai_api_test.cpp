@@ -183,6 +183,7 @@ TEST(OpenAiRequest, StructuredOutputsInEveryForm) {
   const Case cases[] = {
       {R"("guided_json": )" + schema, "guided_json"},
       {R"("guided_json": "{\"type\": \"boolean\"}")", "guided_json"},  // its JSON text
+      {R"("json_schema": )" + schema, "json_schema"},  // llama.cpp's
       {R"("guided_regex": "[0-9]{3}")", "guided_regex"},
       {R"("guided_choice": ["yes", "no"])", "guided_choice"},
       {R"("structured_outputs": {"json": )" + schema + "}", "structured_outputs.json"},

@@ -101,6 +101,16 @@ class StructuredOutputTest : public testing::TinyAgentsTest {
     served->thread = std::thread([raw] { (void)raw->serve(); });
     return served;
   }
+  // The synthetic model's chat server with Qwen2.5's real template behind qwen3's reasoning parser.
+  std::unique_ptr<ChatServing> serve_thinking_chat() {
+    const auto tokens = testing::template_tokens();
+    auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
+    EXPECT_TRUE(t.ok()) << t.error().message;
+    if (!t.ok()) return nullptr;
+    ServerOptions o;
+    o.reasoning_parser = ReasoningFormat::kQwen3;
+    return serve_chat(*t, o);
+  }
   AdapterRegistry reg_, synth_reg_;
   std::unique_ptr<Server> server_, synth_server_;
   std::unique_ptr<LlamaModel> synth_;
@@ -321,12 +331,7 @@ TEST_F(StructuredOutputTest, ForcedCallsComeInTheTemplatesFormAndGoBackIntoIt) {
 // tool call waits until the model has reasoned (here: it never starts), and with thinking off it
 // comes at once. Where the split falls once "</think>" comes: tests/server/reasoning_test.cpp.
 TEST_F(StructuredOutputTest, AReasoningParserHandsTheThinkingApart) {
-  const auto tokens = testing::template_tokens();
-  auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
-  ASSERT_TRUE(t.ok()) << t.error().message;
-  ServerOptions o;
-  o.reasoning_parser = ReasoningFormat::kQwen3;
-  auto served = serve_chat(*t, o);
+  auto served = serve_thinking_chat();
   ASSERT_TRUE(served);
   auto post = [&](const json& body) { return served->post(body); };
   // ASCII only: the byte tokenizer hands out a character's bytes one by one, and each event's JSON
@@ -438,12 +443,7 @@ e1 ::= [0-9]
   EXPECT_GT(nested, 0);  // the random model reached the second level somewhere
 
   // Behind qwen3's reasoning parser: with thinking off the grammar holds from the first token.
-  const auto tokens = testing::template_tokens();
-  auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
-  ASSERT_TRUE(t.ok()) << t.error().message;
-  ServerOptions o;
-  o.reasoning_parser = ReasoningFormat::kQwen3;
-  auto served = serve_chat(*t, o);
+  auto served = serve_thinking_chat();
   ASSERT_TRUE(served);
   json body = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Numbers?"}}}}, {"max_tokens", 60},
                {"temperature", 1.0}, {"seed", 2}, {"guided_grammar", arrays},
