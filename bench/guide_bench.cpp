@@ -5,6 +5,8 @@
 // every token is allowed. Skipped when the tokenizer is not there.
 #include <benchmark/benchmark.h>
 
+#include <fmt/format.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +99,39 @@ void BM_MaskSeenBefore(benchmark::State& state) {
   state.SetLabel(grammar ? "grammar" : "regex");
 }
 BENCHMARK(BM_MaskSeenBefore)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+
+// A whole document the way a guided request meets it: at each of its tokens the mask of the
+// state so far (a state seen before is cached; a new one walks the trie), then the token. A fresh
+// guide per iteration, as every request compiles its own.
+void BM_JsonDocument(benchmark::State& state) {
+  const Vocab* v = llama3();
+  if (!v) return state.SkipWithError("no Llama-3 tokenizer in .fixtures (scripts/fetch-fixtures.sh)");
+  const bool grammar = state.range(0) != 0;
+  const std::string doc =
+      R"({"name": "Ada Lovelace", "born": 1815, "fields": ["mathematics", "computing"], "notes": {"first": )"
+      R"("program", "machine": "Analytical Engine", "collaborator": {"name": "Charles Babbage", "born": 1791}}})";
+  const auto ids = v->tok->encode(doc, /*add_special_tokens=*/false);
+  if (!ids.ok()) return state.SkipWithError("encode failed");
+  std::vector<float> row(static_cast<size_t>(v->tok->vocab_size()));
+  size_t states = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto g = guide(grammar, *v);
+    state.ResumeTiming();
+    int32_t s = g->start();
+    for (int32_t id : *ids) {
+      std::fill(row.begin(), row.end(), 0.f);
+      benchmark::DoNotOptimize(g->mask(s, row, {}));
+      s = g->advance(s, id);
+    }
+    if (s == TokenGuide::kDead || !g->accepting(s)) return state.SkipWithError("the document left the language");
+    states = g->dfa_states();
+  }
+  state.SetLabel(fmt::format("{}, {} tokens, {} automaton states", grammar ? "grammar" : "regex", ids->size(), states));
+  state.counters["ms/token"] = benchmark::Counter(static_cast<double>(ids->size()),
+                                                  benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_JsonDocument)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace lragent::guide
