@@ -124,6 +124,30 @@ Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
   return tok_->encode(p.text, p.add_special_tokens);
 }
 
+Result<std::shared_ptr<guide::TokenGuide>> Server::guide_for(const CompletionRequest& req) const {
+  const bool grammar = !req.guided_grammar.empty();
+  const std::string key = grammar ? "grammar\n" + req.guided_grammar_root + "\n" + req.guided_grammar
+                                  : "regex\n" + req.guided_regex;
+  {
+    std::lock_guard<std::mutex> lock(guides_mu_);
+    for (auto it = guides_.begin(); it != guides_.end(); ++it)
+      if (it->first == key) {
+        guides_.splice(guides_.begin(), guides_, it);  // most recently used first
+        return guides_.front().second;
+      }
+  }
+  // Compiled outside the lock (a large schema takes a while); two requests racing on a new text
+  // each compile it, and the cache keeps one.
+  auto g = grammar ? guide::TokenGuide::compile_grammar(req.guided_grammar, req.guided_grammar_root, vocab_trie())
+                   : guide::TokenGuide::compile(req.guided_regex, vocab_trie());
+  if (!g.ok()) return g.error();
+  std::shared_ptr<guide::TokenGuide> shared = std::move(*g);
+  std::lock_guard<std::mutex> lock(guides_mu_);
+  guides_.emplace_front(key, shared);
+  if (guides_.size() > kGuideCache) guides_.pop_back();
+  return shared;
+}
+
 Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   Prepared p;
   p.req = req;
@@ -137,9 +161,7 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
       return make_error(ErrorCode::kInvalidArgument,
                         "'{}' needs the model's tokenizer.json (to know the text of each token), which this model lacks",
                         req.guided_from);
-    auto g = req.guided_grammar.empty()
-                 ? guide::TokenGuide::compile(req.guided_regex, vocab_trie())
-                 : guide::TokenGuide::compile_grammar(req.guided_grammar, req.guided_grammar_root, vocab_trie());
+    auto g = guide_for(req);
     if (!g.ok()) return Error{g.error().code, fmt::format("'{}': {}", req.guided_from, g.error().message)};
     p.guide = std::move(*g);
   }

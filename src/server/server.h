@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -154,6 +155,11 @@ class Server {
   // request (the client went away; the engine ends it at its next token). Thread-safe: requests
   // from many threads run batched together.
   Result<std::vector<CompletionChoice>> complete(const CompletionRequest& req, const DeltaFn& on_delta = {});
+  // Structured outputs compiled and kept for requests of the same text (at most kGuideCache).
+  size_t cached_guides() const {
+    std::lock_guard<std::mutex> lock(guides_mu_);
+    return guides_.size();
+  }
   // How often a request with an AliveFn asks it while no piece comes (run()).
   static constexpr std::chrono::milliseconds kAlivePoll{20};
 
@@ -209,6 +215,8 @@ class Server {
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
   // Every token's bytes in a trie, for structured outputs; built at the first request that asks for one.
   const guide::VocabTrie& vocab_trie() const;
+  // The request's structured output compiled, or the cached guide of the same text (guides_).
+  Result<std::shared_ptr<guide::TokenGuide>> guide_for(const CompletionRequest& req) const;
   // Every id inside the model's vocabulary; the error names the request field.
   Status check_vocab(std::span<const int32_t> ids, const char* field) const;
   // The conversation through the server's chat template (as /v1/chat/completions and /tokenize
@@ -234,6 +242,15 @@ class Server {
   std::unique_ptr<SessionPool> pool_;  // the engine thread's alone
   mutable std::once_flag vocab_trie_once_;
   mutable std::unique_ptr<guide::VocabTrie> vocab_trie_;  // vocab_trie()
+  // Compiled structured outputs by kind and text, the most recently used first: agents that send
+  // the same schema, grammar or tool list at every turn reuse its automaton and the masks of the
+  // states it reached (as vLLM's xgrammar backend caches compiled grammars), instead of walking
+  // the vocabulary again (~4 ms a new state at a 128k vocabulary, docs/server.md). Shared
+  // ownership: a request keeps its guide alive after the cache lets it go. Looked up on request
+  // threads under guides_mu_; a guide is only advanced and masked on the engine thread.
+  static constexpr size_t kGuideCache = 8;
+  mutable std::mutex guides_mu_;
+  mutable std::list<std::pair<std::string, std::shared_ptr<guide::TokenGuide>>> guides_;
   Metrics metrics_;
   // Requests handed to the engine thread, not admitted yet.
   std::mutex queue_mu_;

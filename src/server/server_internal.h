@@ -28,8 +28,10 @@ struct Server::Prepared {
   std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
   std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
   std::vector<int> budgets;               // [prompts] tokens to generate at most
-  // The structured output every choice follows (req.guided_regex compiled); null: free text.
-  std::unique_ptr<guide::TokenGuide> guide;
+  // The structured output every choice follows (req.guided_regex or guided_grammar compiled);
+  // null: free text. Shared with the server's guide cache and other requests of the same text
+  // (Server::guides_); advanced and masked on the engine thread only.
+  std::shared_ptr<guide::TokenGuide> guide;
 };
 
 inline int64_t unix_now() {

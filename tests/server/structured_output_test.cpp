@@ -464,6 +464,57 @@ e1 ::= [0-9]
   EXPECT_TRUE(tc["message"]["reasoning_content"].is_string()) << tc.dump();
 }
 
+// Agents send the same schema at every turn: its compiled guide is kept (at most kGuideCache
+// texts, the least recently used dropped) and reused, with the same outputs as a fresh one, also
+// by requests running at once.
+TEST_F(StructuredOutputTest, ACompiledGuideIsKeptForTheNextRequestOfTheSameText) {
+  ASSERT_EQ(server_->cached_guides(), 0u);
+  const std::string re = " (?:yes|no), [a-z]{3,8}(?: [a-z]{2,5}){0,2}\\.";
+  const json body = {{"model", "plan"}, {"prompt", kPrompt}, {"max_tokens", 40}, {"temperature", 1.0},
+                     {"seed", 5}, {"n", 2}, {"guided_regex", re}};
+  auto first = complete(body);
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_EQ(server_->cached_guides(), 1u);
+  auto again = complete(body);  // the cached guide, its masks already made
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(server_->cached_guides(), 1u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ((*again)[k].text, (*first)[k].text);
+    EXPECT_TRUE(std::regex_match((*again)[k].text, std::regex(re))) << (*again)[k].text;
+  }
+  // A grammar of the same language is another text: another guide, the same picks.
+  json as_grammar = body;
+  as_grammar.erase("guided_regex");
+  as_grammar["guided_grammar"] =
+      "root ::= \" \" (\"yes\" | \"no\") \", \" [a-z]{3,8} (\" \" [a-z]{2,5}){0,2} \".\"";
+  auto g = complete(as_grammar);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  EXPECT_EQ(server_->cached_guides(), 2u);
+  for (size_t k = 0; k < 2; ++k) EXPECT_EQ((*g)[k].text, (*first)[k].text);
+  // Several clients at once on one cached guide.
+  std::vector<std::thread> clients;
+  std::vector<Result<std::vector<CompletionChoice>>> got(4, Error{ErrorCode::kInternal, "not run"});
+  for (int c = 0; c < 4; ++c)
+    clients.emplace_back([&, c] {
+      json b = body;
+      b["seed"] = 5 + c % 2;
+      got[static_cast<size_t>(c)] = complete(b);
+    });
+  for (auto& t : clients) t.join();
+  for (int c = 0; c < 4; ++c) {
+    ASSERT_TRUE(got[static_cast<size_t>(c)].ok()) << got[static_cast<size_t>(c)].error().message;
+    for (const CompletionChoice& ch : *got[static_cast<size_t>(c)])
+      EXPECT_TRUE(std::regex_match(ch.text, std::regex(re))) << ch.text;
+    if (c % 2 == 0) EXPECT_EQ((*got[static_cast<size_t>(c)])[0].text, (*first)[0].text);
+  }
+  // Bounded: the oldest texts go.
+  for (int k = 0; k < 12; ++k) {
+    auto r = complete({{"prompt", kPrompt}, {"max_tokens", 8}, {"guided_choice", {"a" + std::to_string(k)}}});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+  }
+  EXPECT_EQ(server_->cached_guides(), 8u);
+}
+
 // What cannot be followed is a 400 before anything runs: a bad regex, a schema keyword the
 // converter cannot enforce; and a server without a tokenizer cannot guide at all.
 TEST_F(StructuredOutputTest, BadPatternsAreRequestErrors) {
