@@ -298,6 +298,7 @@ Status parse_guided(const json& body, std::string_view text, CompletionRequest& 
   auto take_grammar = [&](const std::string& from, const json& v) -> Status {
     if (!v.is_string())
       return bad(fmt::format("'{}' must be a GBNF grammar as a string, like \"root ::= \\\"yes\\\" | \\\"no\\\"\"", from));
+    if (v.get<std::string>().empty()) return Status::Ok();  // no grammar, as vLLM and llama.cpp read ""
     given.push_back(from);
     r.guided_grammar = v.get<std::string>();
     r.guided_grammar_root = "root";

@@ -221,6 +221,7 @@ TEST(OpenAiRequest, StructuredOutputsInEveryForm) {
   EXPECT_EQ(lark.guided_grammar, "start ::= word+\nword ::= \"a\" | \"b\"\n");
   expect_error(R"({"prompt": "a", "guided_grammar": "start: /x+/"})", ErrorCode::kUnsupported,
                "'guided_grammar' (read as Lark's syntax: it has no '::='): Lark grammar, line 1: regular expressions");
+  EXPECT_TRUE(parse_ok(R"({"prompt": "a", "grammar": ""})").guided_from.empty());  // "": free text, as llama.cpp
   expect_error(R"({"prompt": "a", "guided_grammar": 5})", ErrorCode::kInvalidArgument, "'guided_grammar' must be a GBNF");
   expect_error(R"({"prompt": "a", "guided_grammar": "root ::= x", "guided_regex": "a"})", ErrorCode::kInvalidArgument,
                "one structured output at most");

@@ -45,8 +45,8 @@ class GrammarBuilder {
         return bad(r.used_at, fmt::format("rule '{}' is used but never defined", r.name));
     const auto it = by_name_.find(std::string(root));
     if (it == by_name_.end())
-      return make_error(ErrorCode::kInvalidArgument,
-                        "grammar: there is no rule named '{}' to start from (the start rule is called {})", root, root);
+      return make_error(ErrorCode::kInvalidArgument, "grammar: there is no rule named '{}' to start from: define one ({} ::= ...)",
+                        root, root);
     LRA_RETURN_IF_ERROR(check(it->second));
     return flatten(it->second);
   }
@@ -56,7 +56,7 @@ class GrammarBuilder {
     std::string name;
     std::vector<Alt> alts;
     bool defined = false;
-    bool helper = false;    // made for a group, repetition or class of the rule `owner`
+    bool helper = false;    // made for a group, repetition or class (named after its rule, "root-2")
     size_t used_at = 0;     // where it was first referred to (or made)
     size_t defined_at = 0;  // where its definition starts
   };

@@ -40,6 +40,10 @@ int32_t GrammarDfa::node(int32_t pos, int32_t below) {
 void GrammarDfa::expand(int32_t stack) {
   work_.push_back(stack);
   while (!work_.empty()) {
+    if (!exhausted_.empty()) {  // past a bound: the transition answers kDead, no need to go on
+      work_.clear();
+      return;
+    }
     const int32_t n = work_.back();
     work_.pop_back();
     if (n == kEmpty) {
