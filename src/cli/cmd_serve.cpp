@@ -43,7 +43,7 @@ struct ServeFlags {
   int64_t max_model_len = 0;
   std::string api_key;
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
-  std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | auto (the template's)
+  std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
   std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
   std::string preset;         // a synthetic model with a published model's shapes (benchmarks)
   int preset_rank = 16;
@@ -386,11 +386,12 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "How the model writes tool calls, so how a chat completion's calls are read out of its text and "
                   "what a forced tool_choice makes it write (vLLM's parsers): hermes (<tool_call>{...}</tool_call>: "
                   "Qwen2.5, Qwen3, Hermes), llama3_json ({\"name\", \"parameters\"} objects: Llama 3.1-3.3), mistral "
-                  "([TOOL_CALLS][...]: Mistral), or auto: the form the chat template shows the model (a Llama-3 "
+                  "([TOOL_CALLS][...]: Mistral), deepseek_v3 (<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME and a "
+                  "```json block: DeepSeek-V3, R1 and its Llama and Qwen distills), or auto: the form the chat template shows the model (a Llama-3 "
                   "template's is llama3_json; hermes when it shows none). Calls are parsed whenever a request gives tools (no --enable-auto-tool-choice "
                   "needed)")
       ->default_val("auto")
-      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral"}));
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral", "deepseek_v3"}));
   cmd->add_option("--reasoning-parser", f->reasoning_parser,
                   "Hand a thinking model's reasoning to the client apart (vLLM's parsers): qwen3 or deepseek_r1. "
                   "A chat completion's <think>...</think> becomes the message's reasoning_content (and "

@@ -221,7 +221,10 @@ Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat too
     return bad("'tool_choice' needs 'tools': give the tool definitions, or leave tool_choice out");
   if (!c.tools.empty() && choice != json("none")) {
     c.tool_calls = tool_format;
-    if (tool_format == ToolCallFormat::kMistral) c.req.skip_special_tokens = false;  // [TOOL_CALLS] is one
+    // Their markers are special tokens ([TOOL_CALLS], DeepSeek's <｜tool▁calls▁begin｜>): the
+    // parser must see them, as vLLM's parsers ask.
+    if (tool_format == ToolCallFormat::kMistral || tool_format == ToolCallFormat::kDeepSeekV3)
+      c.req.skip_special_tokens = false;
   }
   if (!choice.is_null() && choice != json("none") && choice != json("auto")) {
     LRA_ASSIGN_OR_RETURN(c.req.guided_regex,

@@ -18,6 +18,13 @@ constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kDsJsonOpen = "\n```json\n";
+constexpr std::string_view kDsJsonClose = "\n```";
 
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 
@@ -57,6 +64,7 @@ const char* tool_call_format_name(ToolCallFormat f) {
     case ToolCallFormat::kHermes: return "hermes";
     case ToolCallFormat::kLlama3Json: return "llama3_json";
     case ToolCallFormat::kMistral: return "mistral";
+    case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
   }
   return "?";
 }
@@ -65,8 +73,9 @@ Result<ToolCallFormat> parse_tool_call_format(std::string_view name) {
   if (name == "hermes") return ToolCallFormat::kHermes;
   if (name == "llama3_json" || name == "llama3") return ToolCallFormat::kLlama3Json;
   if (name == "mistral") return ToolCallFormat::kMistral;
-  return make_error(ErrorCode::kInvalidArgument, "tool-call parser '{}' is not one of hermes, llama3_json, mistral",
-                    name);
+  if (name == "deepseek_v3") return ToolCallFormat::kDeepSeekV3;
+  return make_error(ErrorCode::kInvalidArgument,
+                    "tool-call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3", name);
 }
 
 ToolCallFormat detect_tool_call_format(std::string_view t) {
@@ -74,6 +83,7 @@ ToolCallFormat detect_tool_call_format(std::string_view t) {
   // model <tool_call> blocks; Llama 3.1-3.3's have the ipython role (tool results) and ask for
   // {"name", "parameters"} objects, and every Llama-3 template has its header tokens.
   if (t.find(kMistralMarker) != std::string_view::npos) return ToolCallFormat::kMistral;
+  if (t.find(kDsCallsBegin) != std::string_view::npos) return ToolCallFormat::kDeepSeekV3;
   if (t.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
   if (t.find("ipython") != std::string_view::npos || t.find(kPythonTag) != std::string_view::npos)
     return ToolCallFormat::kLlama3Json;
@@ -156,11 +166,39 @@ ParsedToolCalls parse_mistral_tool_calls(const std::string& text) {
   return out;
 }
 
+ParsedToolCalls parse_deepseek_v3_tool_calls(const std::string& text) {
+  const size_t first = text.find(kDsCallsBegin);
+  if (first == std::string::npos) return no_calls(text);
+  const std::string_view t = text;
+  ParsedToolCalls out;
+  // vLLM's findall: each "<｜tool▁call▁begin｜>" a match may start at, left to right.
+  for (size_t at = t.find(kDsCallBegin); at != std::string_view::npos; at = t.find(kDsCallBegin, at + 1)) {
+    const size_t head = at + kDsCallBegin.size();
+    const size_t eol = t.find('\n', head);
+    if (eol == std::string_view::npos) break;
+    const std::string_view line = t.substr(head, eol - head);  // TYPE<｜tool▁sep｜>NAME
+    const size_t sep = line.rfind(kDsSep);
+    if (sep == std::string_view::npos || t.substr(eol, kDsJsonOpen.size()) != kDsJsonOpen) continue;
+    const size_t args_at = eol + kDsJsonOpen.size();
+    const size_t args_end = t.find('\n', args_at);
+    if (args_end == std::string_view::npos) break;
+    const size_t close = args_end + kDsJsonClose.size();
+    if (t.substr(args_end, kDsJsonClose.size()) != kDsJsonClose || t.substr(close, kDsCallEnd.size()) != kDsCallEnd)
+      continue;
+    out.calls.push_back({std::string(line.substr(sep + kDsSep.size())), std::string(t.substr(args_at, args_end - args_at))});
+    at = close + kDsCallEnd.size() - 1;  // the next match starts after this one
+  }
+  if (out.calls.empty()) return no_calls(text);
+  out.content = text.substr(0, first);
+  return out;
+}
+
 ParsedToolCalls parse_tool_calls(ToolCallFormat f, const std::string& text) {
   switch (f) {
     case ToolCallFormat::kHermes: return parse_hermes_tool_calls(text);
     case ToolCallFormat::kLlama3Json: return parse_llama3_json_tool_calls(text);
     case ToolCallFormat::kMistral: return parse_mistral_tool_calls(text);
+    case ToolCallFormat::kDeepSeekV3: return parse_deepseek_v3_tool_calls(text);
   }
   return no_calls(text);
 }
@@ -179,20 +217,27 @@ std::string new_tool_call_id(ToolCallFormat f) {
 Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const ordered_json& tools, const std::string& name) {
   // Llama's templates ask for "parameters"; the other two write "arguments".
   const char* args_key = f == ToolCallFormat::kLlama3Json ? "parameters" : "arguments";
-  std::vector<std::string> calls;  // [matching tools] one call object's regex each
+  std::vector<std::string> calls;  // [matching tools] one call's regex each
   for (const ordered_json& tool : tools) {
     const ordered_json& fn = tool["function"];
     const std::string fn_name = fn["name"].get<std::string>();
     if (!name.empty() && fn_name != name) continue;
     ordered_json params = fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"]
                                                                                    : ordered_json{{"type", "object"}};
-    ordered_json schema = {{"type", "object"},
-                           {"properties", {{"name", {{"const", fn_name}}}, {args_key, std::move(params)}}},
-                           {"required", {"name", args_key}}};
+    // DeepSeek writes the name, then the arguments alone in a ```json block (on one line: vLLM's
+    // parser reads them with '.'); the others one {"name", arguments} object.
+    const bool deepseek = f == ToolCallFormat::kDeepSeekV3;
+    ordered_json schema = deepseek ? std::move(params)
+                                   : ordered_json{{"type", "object"},
+                                                  {"properties", {{"name", {{"const", fn_name}}}, {args_key, std::move(params)}}},
+                                                  {"required", {"name", args_key}}};
     auto re = guide::json_schema_regex(schema);
     if (!re.ok())
       return Error{re.error().code, fmt::format("'tool_choice' needs tool '{}' parameters lragent can enforce: {}",
                                                 fn_name, re.error().message)};
+    if (deepseek)
+      *re = guide::escape_regex(fmt::format("{}function{}{}{}", kDsCallBegin, kDsSep, fn_name, kDsJsonOpen)) + *re +
+            guide::escape_regex(fmt::format("{}{}", kDsJsonClose, kDsCallEnd));
     calls.push_back(std::move(*re));
   }
   if (calls.empty())
@@ -207,6 +252,9 @@ Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const ordered_json
     case ToolCallFormat::kLlama3Json: return many ? one + "(?:; " + one + ")*" : one;
     case ToolCallFormat::kMistral:
       return guide::escape_regex(std::string(kMistralMarker)) + "\\[" + one + (many ? "(?:, " + one + ")*" : "") + "\\]";
+    case ToolCallFormat::kDeepSeekV3:  // calls one a line, as the template writes them back
+      return guide::escape_regex(std::string(kDsCallsBegin)) + one + (many ? "(?:\\n" + one + ")*" : "") +
+             guide::escape_regex(std::string(kDsCallsEnd));
   }
   return one;
 }
@@ -228,7 +276,9 @@ std::string ToolCallStream::push(const std::string& piece) {
       decided_ = true;
     }
   } else {
-    const std::string_view open = format_ == ToolCallFormat::kMistral ? kMistralMarker : kHermesOpen;
+    const std::string_view open = format_ == ToolCallFormat::kMistral      ? kMistralMarker
+                                  : format_ == ToolCallFormat::kDeepSeekV3 ? kDsCallsBegin
+                                                                           : kHermesOpen;
     const size_t at = text_.find(open, sent_ >= open.size() ? sent_ - open.size() + 1 : 0);
     if (at != std::string::npos) {
       in_call_ = true;

@@ -1,5 +1,5 @@
 // Tool calls in a chat completion's text: how each model family writes them, how the server reads
-// them out (vLLM's --tool-call-parser: hermes, llama3_json, mistral), and what a forced
+// them out (vLLM's --tool-call-parser: hermes, llama3_json, mistral, deepseek_v3), and what a forced
 // tool_choice makes the model write. The format follows the chat template: a template that
 // shows the model Hermes blocks gets Hermes blocks back (docs/server.md, "Tool calls").
 #pragma once
@@ -19,13 +19,17 @@ enum class ToolCallFormat {
   kHermes,      // <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call> (Qwen2.5, Qwen3, Hermes)
   kLlama3Json,  // {"name": N, "parameters": {...}}; {...} (Llama 3.1-3.3; after <|python_tag|> or not)
   kMistral,     // [TOOL_CALLS][{"name": N, "arguments": {...}}, ...] (Mistral 7B v0.3, Nemo, Small)
+  // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\n{...}\n```<｜tool▁call▁end｜>
+  // ...<｜tool▁calls▁end｜> (DeepSeek-V3 and R1, and R1's Llama and Qwen distills)
+  kDeepSeekV3,
 };
-// vLLM's parser name: "hermes", "llama3_json", "mistral".
+// vLLM's parser name: "hermes", "llama3_json", "mistral", "deepseek_v3".
 const char* tool_call_format_name(ToolCallFormat f);
 // A parser name (vLLM's names; "llama3" too). kInvalidArgument lists the known ones.
 Result<ToolCallFormat> parse_tool_call_format(std::string_view name);
-// The format a chat template's text shows the model: "[TOOL_CALLS]" mistral, "<tool_call>"
-// hermes, Llama's ipython role, <|python_tag|> or header tokens llama3_json; otherwise hermes.
+// The format a chat template's text shows the model: "[TOOL_CALLS]" mistral, "<｜tool▁calls▁begin｜>"
+// deepseek_v3, "<tool_call>" hermes, Llama's ipython role, <|python_tag|> or header tokens
+// llama3_json; otherwise hermes.
 ToolCallFormat detect_tool_call_format(std::string_view template_text);
 
 // A function call of an assistant turn. Its arguments are kept as the JSON text the template
@@ -59,6 +63,13 @@ ParsedToolCalls parse_llama3_json_tool_calls(const std::string& text);
 // first marker; arguments json.dumps(ensure_ascii=False). Not such a list: no calls, and the
 // content is the stripped text without the marker.
 ParsedToolCalls parse_mistral_tool_calls(const std::string& text);
+// vLLM's deepseek_v3 parser: with "<｜tool▁calls▁begin｜>" in the text, every
+// <｜tool▁call▁begin｜>TYPE<｜tool▁sep｜>NAME\n```json\nARGUMENTS\n```<｜tool▁call▁end｜> (vLLM's regex
+// without DOTALL: TYPE, NAME and ARGUMENTS each within one line, TYPE up to the line's last
+// separator). Found: content is the text before the first "<｜tool▁calls▁begin｜>", arguments the
+// text as written (vLLM does not parse them). None found: no calls, the whole text is content
+// (vLLM reports an empty list of calls and the text before the marker).
+ParsedToolCalls parse_deepseek_v3_tool_calls(const std::string& text);
 ParsedToolCalls parse_tool_calls(ToolCallFormat f, const std::string& text);
 
 // A new call id as the format's models take it back in a later turn: "chatcmpl-tool-" and 32 hex
@@ -74,7 +85,8 @@ Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const nlohmann::or
                                             const std::string& name);
 
 // A streamed chat completion whose tool calls are parsed. Its text goes out as content until a
-// call could begin there (hermes "<tool_call>", mistral "[TOOL_CALLS]"; llama3_json: a text that
+// call could begin there (hermes "<tool_call>", mistral "[TOOL_CALLS]", deepseek_v3
+// "<｜tool▁calls▁begin｜>"; llama3_json: a text that
 // begins with "{" or "<|python_tag|>", as vLLM streams it) and is held from that point; at the
 // end the calls go out in one delta (clients join tool_call deltas by index), or, when the held
 // text holds no valid call, the rest as content.

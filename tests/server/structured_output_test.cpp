@@ -257,7 +257,8 @@ TEST_F(StructuredOutputTest, ForcedToolCallsFollowTheirParameters) {
 }
 
 // A forced call comes in the form the model's template shows it (Qwen2.5: Hermes blocks;
-// Llama-3.2: {"name", "parameters"}; Mistral-Nemo: [TOOL_CALLS][...]), is read back by that form's
+// Llama-3.2: {"name", "parameters"}; Mistral-Nemo: [TOOL_CALLS][...]; DeepSeek-V3: its call
+// blocks), is read back by that form's
 // parser, whole and streamed alike, and the call (its id too: Mistral's templates take only 9
 // letters and digits) goes back into the template in the next turn with its result.
 TEST_F(StructuredOutputTest, ForcedCallsComeInTheTemplatesFormAndGoBackIntoIt) {
@@ -266,7 +267,7 @@ TEST_F(StructuredOutputTest, ForcedCallsComeInTheTemplatesFormAndGoBackIntoIt) {
       "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}])");
   for (const auto& [name, format] : std::vector<std::pair<std::string, ToolCallFormat>>{
            {"qwen2_5", ToolCallFormat::kHermes}, {"llama3_2", ToolCallFormat::kLlama3Json},
-           {"mistral_nemo", ToolCallFormat::kMistral}}) {
+           {"mistral_nemo", ToolCallFormat::kMistral}, {"deepseek_v3", ToolCallFormat::kDeepSeekV3}}) {
     SCOPED_TRACE(name);
     auto t = ChatTemplate::from_tokenizer_config(testing::config_for(name, tokens), name);
     ASSERT_TRUE(t.ok()) << t.error().message;

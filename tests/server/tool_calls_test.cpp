@@ -107,6 +107,37 @@ TEST(ToolCalls, MistralAsVllmParsesThem) {
   EXPECT_EQ(new_tool_call_id(ToolCallFormat::kHermes).rfind("chatcmpl-tool-", 0), 0u);
 }
 
+// DeepSeek's calls as vLLM's deepseek_v3 regex reads them: every call block, its arguments the
+// text as written; the content before the first "<｜tool▁calls▁begin｜>".
+TEST(ToolCalls, DeepSeekV3AsVllmParsesThem) {
+  const std::string two =
+      "I will check. <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+      "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n"
+      "{\"q\":\"café\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  ParsedToolCalls p = parse_deepseek_v3_tool_calls(two);
+  ASSERT_EQ(p.calls.size(), 2u);
+  EXPECT_EQ(p.content, "I will check. ");
+  EXPECT_EQ(p.calls[0].name, "get_weather");
+  EXPECT_EQ(p.calls[0].arguments, R"({"city": "Paris"})");
+  EXPECT_EQ(p.calls[1].name, "search");
+  EXPECT_EQ(p.calls[1].arguments, R"({"q":"café"})");  // as written, not parsed and dumped again
+  // The type runs to the line's last separator (vLLM's greedy '.*'); a block that does not close
+  // as the regex wants is skipped, the others stay.
+  ParsedToolCalls q = parse_deepseek_v3_tool_calls(
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>x<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{\"a\":\n1}\n```<｜tool▁call▁end｜>");
+  ASSERT_EQ(q.calls.size(), 1u);
+  EXPECT_EQ(q.calls[0].name, "f");
+  for (const std::string& none :
+       {std::string("<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜>"),  // no calls marker
+        std::string("<｜tool▁calls▁begin｜>oops"),
+        std::string("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}")}) {
+    ParsedToolCalls r = parse_deepseek_v3_tool_calls(none);
+    EXPECT_TRUE(r.calls.empty()) << none;
+    EXPECT_EQ(r.content, none);
+  }
+}
+
 // The form each real template shows its model, and the parser names.
 TEST(ToolCalls, TheFormFollowsTheTemplate) {
   const auto tokens = testing::template_tokens();
@@ -117,12 +148,14 @@ TEST(ToolCalls, TheFormFollowsTheTemplate) {
            {"mistral_nemo", ToolCallFormat::kMistral},
            {"llama3", ToolCallFormat::kLlama3Json},  // shows no tools, but is Llama's
            {"gemma3", ToolCallFormat::kHermes},      // shows no form: the default
+           {"deepseek_v3", ToolCallFormat::kDeepSeekV3},
        }) {
     auto t = ChatTemplate::from_tokenizer_config(testing::config_for(name, tokens), name);
     ASSERT_TRUE(t.ok()) << name << ": " << t.error().message;
     EXPECT_EQ(t->tool_call_format, format) << name;
   }
-  for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral})
+  for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral,
+                           ToolCallFormat::kDeepSeekV3})
     EXPECT_EQ(*parse_tool_call_format(tool_call_format_name(f)), f);
   auto bad = parse_tool_call_format("pythonic");
   ASSERT_FALSE(bad.ok());
@@ -227,6 +260,13 @@ TEST(ToolCalls, ForcedCallsAreWhatTheParserReads) {
       {ToolCallFormat::kMistral, "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}]",
        "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}, {\"name\": \"finish\", \"arguments\": {}}]",
        "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>"},
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{\"query\": \"x\"}\n```"
+       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>search\n```json\n{\"query\": \"x\"}\n```"
+       "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>finish\n```json\n{}\n```<｜tool▁call▁end｜>"
+       "<｜tool▁calls▁end｜>",
+       "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}]"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(tool_call_format_name(c.format));
