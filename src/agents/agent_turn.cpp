@@ -126,15 +126,9 @@ Status AgentTurn::complete(float* row, int32_t picked) {
     if (want_logprobs_ && changed) raw.assign(row, row + vocab);
     const size_t generated = r_.output_tokens.size();
     if (shape_) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/true);
-    if (dec_.guide && dec_.guide->mask(guide_state_, logits, dec_.stop_ids) == 0) {
-      if (const std::string why = dec_.guide->exhausted(); !why.empty())
-        return make_error(ErrorCode::kInvalidArgument, "the structured output cannot go on after {} tokens: {}",
-                          generated, why);
-      return make_error(ErrorCode::kInvalidArgument,
-                        "the structured output cannot go on: no token of the vocabulary continues its text (after {} "
-                        "tokens) towards a match, and no stop id may end it there",
-                        generated);
-    }
+    if (dec_.guide && dec_.guide->mask(guide_state_, logits, dec_.stop_ids) == 0)
+      return make_error(ErrorCode::kInvalidArgument, "the structured output cannot go on after {} tokens: {}",
+                        generated, dec_.guide->dead_end());
     if (penalize_) apply_penalties(logits, {s_.traj_.data(), prompt_len_}, r_.output_tokens, dec_.penalties);
     if (shape_ && !sampler_->greedy()) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/false);
     tok = sampler_->greedy() ? Sampler::argmax(row, vocab) : sample_row(row, vocab, pick_);

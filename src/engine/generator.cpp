@@ -76,15 +76,10 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       if (req.keep_first_logits && res.output.empty()) res.first_logits.assign(logits_row, logits_row + cfg.vocab_size);
       if (req.guide) {
         masked.assign(logits_row, logits_row + cfg.vocab_size);
-        if (req.guide->mask(r.guide_state, masked, req.stop_ids) == 0) {
-          const std::string why = req.guide->exhausted();
+        if (req.guide->mask(r.guide_state, masked, req.stop_ids) == 0)
           return make_error(ErrorCode::kInvalidArgument,
                             "request {}: the structured output cannot go on after {} tokens: {}", r.index,
-                            res.output.size(),
-                            why.empty() ? "no token of the vocabulary continues its text towards a match, and no "
-                                          "stop token may end it there"
-                                        : why);
-        }
+                            res.output.size(), req.guide->dead_end());
         logits_row = masked.data();
       }
       tok = r.sampler.sample(logits_row, cfg.vocab_size);  // the same rules as the device pick

@@ -92,11 +92,10 @@ int32_t GrammarDfa::intern() {
   }
   const auto id = static_cast<int32_t>(states_.size());
   State s;
-  s.stacks = set_;
+  s.stacks = &state_of_.emplace(set_, id).first->first;
   s.accepting = set_.front() == kEmpty;
   s.can_continue = set_.back() >= 0;
-  states_.push_back(std::move(s));
-  state_of_.emplace(set_, id);
+  states_.push_back(s);
   return id;
 }
 
@@ -106,7 +105,7 @@ int32_t GrammarDfa::next_slow(int32_t state, uint8_t byte) {
   seen_empty_ = false;
   set_.clear();
   // expand() adds nodes but no states, so the set stays where it is.
-  for (int32_t n : states_[static_cast<size_t>(state)].stacks) {
+  for (int32_t n : *states_[static_cast<size_t>(state)].stacks) {
     if (n == kEmpty) continue;
     const Node nd = nodes_[static_cast<size_t>(n)];
     const Grammar::Element& e = el_[nd.pos];

@@ -72,7 +72,9 @@ class GrammarDfa {
     int32_t below;  // the node under it, or kEmpty
   };
   struct State {
-    std::vector<int32_t> stacks;  // sorted node ids (kEmpty first when present)
+    // Sorted node ids (kEmpty first when present): the key of state_of_, which owns it (map keys
+    // never move), so each set is kept once.
+    const std::vector<int32_t>* stacks = nullptr;
     int32_t row = -1;             // its transition row in rows_, or -1
     bool accepting = false;
     bool can_continue = false;

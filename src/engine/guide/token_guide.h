@@ -73,9 +73,12 @@ class TokenGuide {
   bool accepting(int32_t state) const { return dfa_ ? dfa_->accepting(state) : grammar_->accepting(state); }
   // Some token can extend the text towards a match.
   bool can_continue(int32_t state) const { return dfa_ ? dfa_->can_continue(state) : grammar_->can_continue(state); }
-  // Why a grammar's automaton stopped (it answers kDead from then on: grammar_dfa.h's bounds);
-  // empty while it has not, and always for a regex.
-  std::string exhausted() const { return grammar_ ? grammar_->exhausted() : std::string(); }
+  // Why mask() left no token: a grammar's automaton past its bounds (grammar_dfa.h), or a text
+  // the vocabulary cannot continue. For the caller's error.
+  std::string dead_end() const {
+    if (grammar_ && !grammar_->exhausted().empty()) return grammar_->exhausted();
+    return "no token of the vocabulary continues its text towards a match, and no stop token may end it there";
+  }
   // Sets every logit of a token that cannot follow `state` to -inf. `stop_ids` keep theirs only
   // when the state accepts. Returns how many tokens are left (stop ids included).
   int64_t mask(int32_t state, std::span<float> logits, std::span<const int32_t> stop_ids);

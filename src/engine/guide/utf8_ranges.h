@@ -1,6 +1,7 @@
 // Code point sets as UTF-8 byte ranges, shared by the two structured-output front ends (the
 // regex compiler, byte_dfa.h, and the grammar compiler, grammar.h): both turn a character class
-// into alternatives of byte-range sequences so that their automata only ever see bytes.
+// into alternatives of byte-range sequences so that their automata only ever see bytes. Also the
+// hex digits of the \xHH / \uHHHH escapes both read as code points.
 #pragma once
 
 #include <array>
@@ -14,6 +15,9 @@ namespace lragent::guide {
 using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code point ranges [lo, hi]
 
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+
+inline bool is_hex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+inline uint32_t hex_value(char c) { return c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; }  // of an is_hex digit
 
 // The length of the well-formed UTF-8 character at s[pos] (its code point in *cp), or 0.
 // Well-formed per Unicode table 3-7: no overlong forms, no surrogates, nothing above U+10FFFF.
