@@ -14,8 +14,9 @@ GrammarDfa::GrammarDfa(std::unique_ptr<Grammar> g) : g_(std::move(g)), el_(g_->e
   ++stamp_;
   seen_empty_ = false;
   set_.clear();
+  over_ = false;
   for (int32_t a : g_->alternatives(g_->root())) expand(node(a, kEmpty));
-  start_ = intern();
+  start_ = over_ ? kDead : intern();
 }
 
 void GrammarDfa::fail(std::string why) {
@@ -40,7 +41,7 @@ int32_t GrammarDfa::node(int32_t pos, int32_t below) {
 void GrammarDfa::expand(int32_t stack) {
   work_.push_back(stack);
   while (!work_.empty()) {
-    if (!exhausted_.empty()) {  // past a bound: the transition answers kDead, no need to go on
+    if (!exhausted_.empty() || over_) {  // past a bound: the transition answers kDead, no need to go on
       work_.clear();
       return;
     }
@@ -61,10 +62,15 @@ void GrammarDfa::expand(int32_t stack) {
     switch (e.kind) {
       case Grammar::Element::kBytes:
         set_.push_back(n);
-        if (set_.size() > kMaxStacks)
-          fail(fmt::format("the grammar is too ambiguous: more than {} parses of the text so far are alive at once "
-                           "(let its alternatives differ in their first characters)",
-                           kMaxStacks));
+        if (set_.size() > kMaxStacks) {
+          // Only this transition is cut: the mask's walk of a long token (say "((((((((" into a
+          // nested rule) must not end the texts that stay under the bound.
+          over_ = true;
+          if (cut_.empty())
+            cut_ = fmt::format("the grammar is too ambiguous: more than {} parses of one text were alive at once "
+                               "(let its alternatives differ in their first characters)",
+                               kMaxStacks);
+        }
         break;
       case Grammar::Element::kEnd:  // the rule is done: back to where it was called from
         work_.push_back(nd.below);
@@ -103,6 +109,7 @@ int32_t GrammarDfa::next_slow(int32_t state, uint8_t byte) {
   if (!exhausted_.empty()) return kDead;
   ++stamp_;
   seen_empty_ = false;
+  over_ = false;
   set_.clear();
   // expand() adds nodes but no states, so the set stays where it is.
   for (int32_t n : *states_[static_cast<size_t>(state)].stacks) {
@@ -111,7 +118,7 @@ int32_t GrammarDfa::next_slow(int32_t state, uint8_t byte) {
     const Grammar::Element& e = el_[nd.pos];
     if (byte >= e.lo && byte <= e.hi) expand(node(nd.pos + 1, nd.below));
   }
-  const int32_t t = intern();
+  const int32_t t = over_ ? kDead : intern();  // a cut transition is kept as kDead: answers stay the same
   if (!exhausted_.empty()) return kDead;
   State& s = states_[static_cast<size_t>(state)];
   if (s.row < 0) {

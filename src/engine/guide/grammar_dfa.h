@@ -10,10 +10,11 @@
 // that expansion endless (left recursion) and rules that never finish, so a non-empty set can
 // always reach a whole match: kDead is exact, as for ByteDfa.
 //
-// Bounds: a set holds at most kMaxStacks parses (an ambiguous grammar can multiply them), and
-// the automaton at most kMaxNodes stack nodes and kMaxStateEntries node ids over all its sets.
-// Past a bound next() answers kDead and exhausted() says why, so a guided request ends with that
-// error instead of using unbounded memory. Transition rows (256 x int32 each) are a cache of at
+// Bounds: a set holds at most kMaxStacks parses (an ambiguous grammar can multiply them): a
+// transition to a bigger one answers kDead, that one only, and cut() says why. The automaton
+// holds at most kMaxNodes stack nodes and kMaxStateEntries node ids over all its sets: past
+// either, every new transition answers kDead and exhausted() says why. A guided request ends
+// with that error instead of using unbounded memory. Transition rows (256 x int32 each) are a cache of at
 // most kMaxCachedRows, dropped whole when full and refilled on demand.
 //
 // Not thread-safe: next() mutates the automaton; one per request (TokenGuide), as ByteDfa.
@@ -61,6 +62,9 @@ class GrammarDfa {
   size_t nodes() const { return nodes_.size(); }
   // Why the automaton stopped answering; empty while it has not.
   const std::string& exhausted() const { return exhausted_; }
+  // Why some transition answered kDead where the language goes on (too many parses at once);
+  // empty while none did. The other transitions are not affected.
+  const std::string& cut() const { return cut_; }
   const Grammar& grammar() const { return *g_; }
 
  private:
@@ -106,6 +110,7 @@ class GrammarDfa {
   std::vector<int32_t> row_owner_;  // [cached rows] the state each row belongs to
   int32_t start_ = kDead;
   std::string exhausted_;
+  std::string cut_;
 
   // Scratch for expand(), kept to avoid allocating per transition.
   std::vector<int32_t> set_;
@@ -113,6 +118,7 @@ class GrammarDfa {
   std::vector<uint32_t> seen_;  // [nodes] == stamp_: expanded by the current transition
   uint32_t stamp_ = 0;
   bool seen_empty_ = false;
+  bool over_ = false;  // the current transition's set passed kMaxStacks
 };
 
 }  // namespace lragent::guide

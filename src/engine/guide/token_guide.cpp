@@ -82,8 +82,11 @@ Result<std::unique_ptr<TokenGuide>> TokenGuide::compile_grammar(std::string_view
   std::unique_ptr<TokenGuide> g(new TokenGuide());
   LRA_ASSIGN_OR_RETURN(std::unique_ptr<Grammar> grammar, Grammar::parse(gbnf, root));
   g->grammar_ = std::make_unique<GrammarDfa>(std::move(grammar));
-  // Grammar::parse refused a start rule that never finishes, so the start state is alive.
-  if (g->grammar_->start() == kDead) return make_error(ErrorCode::kInvalidArgument, "the grammar matches no text at all");
+  // Grammar::parse refused a start rule that never finishes, so the start state is alive unless
+  // its parses alone pass the automaton's bound.
+  if (g->grammar_->start() == kDead)
+    return make_error(ErrorCode::kInvalidArgument, "the grammar cannot be followed: {}",
+                      g->grammar_->cut().empty() ? std::string("it matches no text at all") : g->grammar_->cut());
   g->vocab_ = &vocab;
   return g;
 }

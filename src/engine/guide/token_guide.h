@@ -77,7 +77,9 @@ class TokenGuide {
   // the vocabulary cannot continue. For the caller's error.
   std::string dead_end() const {
     if (grammar_ && !grammar_->exhausted().empty()) return grammar_->exhausted();
-    return "no token of the vocabulary continues its text towards a match, and no stop token may end it there";
+    std::string why = "no token of the vocabulary continues its text towards a match, and no stop token may end it there";
+    if (grammar_ && !grammar_->cut().empty()) why += " (some continuations were cut: " + grammar_->cut() + ")";
+    return why;
   }
   // Sets every logit of a token that cannot follow `state` to -inf. `stop_ids` keep theirs only
   // when the state accepts. Returns how many tokens are left (stop ids included).

@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "engine/guide/byte_dfa.h"
@@ -447,7 +448,26 @@ TEST(Grammar, AnExplodingAmbiguityIsCutOffWithAReason) {
   for (; n < 40 && s != GrammarDfa::kDead; ++n) s = d->next(s, '(');
   EXPECT_EQ(s, GrammarDfa::kDead);
   EXPECT_LE(n, 14);  // 2^13 > kMaxStacks
-  EXPECT_NE(d->exhausted().find("too ambiguous"), std::string::npos) << d->exhausted();
+  EXPECT_NE(d->cut().find("too ambiguous"), std::string::npos) << d->cut();
+  // Only that text was cut: a shallower one (as the mask's walk of a long token meets the bound
+  // before the text the request picks) still goes on to its whole matches.
+  EXPECT_TRUE(d->exhausted().empty()) << d->exhausted();
+  s = walk(*d, "((((((", d->start());
+  ASSERT_NE(s, GrammarDfa::kDead);
+  EXPECT_FALSE(d->accepting(s));
+  EXPECT_TRUE(d->accepting(walk(*d, "xyyxyx", s)));
+  EXPECT_EQ(walk(*d, "xyyxyxx", s), GrammarDfa::kDead);
+}
+
+// A start rule whose parses alone pass the bound is refused when the guide is compiled.
+TEST(Grammar, AStartPastTheAmbiguityBoundIsRefused) {
+  std::string g = "root ::= a0\n";
+  for (int i = 0; i < 13; ++i) g += fmt::format("a{} ::= a{} \"x\" | a{} \"y\"\n", i, i + 1, i + 1);
+  g += "a13 ::= \"z\"\n";
+  auto d = dfa_of(g);
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->start(), GrammarDfa::kDead);
+  EXPECT_NE(d->cut().find("too ambiguous"), std::string::npos) << d->cut();
 }
 
 // The reasoning prefix for grammars reads exactly what reasoning.h's regex prefix reads.

@@ -180,5 +180,46 @@ TEST(TokenGuide, MasksTheRowAndLetsStopIdsEndOnlyAWholeMatch) {
   EXPECT_FALSE(TokenGuide::compile("[^\\x00-\\u{10FFFF}]", *trie).ok());
 }
 
+// A grammar whose parses double with each letter: the mask's walk of the longest words passes
+// the automaton's ambiguity bound, which cuts those tokens only; the short words the text is
+// made of stay allowed, and the guide goes on to a whole match.
+TEST(TokenGuide, ATokenPastTheAmbiguityBoundIsCutAlone) {
+  auto tok = Tokenizer::load_dir(testing::tinystories_dir());
+  ASSERT_TRUE(tok.ok());
+  auto trie = VocabTrie::build(**tok);
+  auto g = TokenGuide::compile_grammar(R"(root ::= [ a-z] root "x" | [ a-z] root "y" | ".")", "root", *trie);
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  const size_t vocab = static_cast<size_t>((*tok)->vocab_size());
+  int32_t longest = 0;
+  for (int32_t id = 0; id < static_cast<int32_t>(vocab); ++id) {
+    const std::string& b = (*tok)->token_bytes(id);
+    if (!(*tok)->is_special(id) && b.find_first_not_of(" abcdefghijklmnopqrstuvwxyz") == std::string::npos &&
+        b.size() > (*tok)->token_bytes(longest).size())
+      longest = id;
+  }
+  ASSERT_GE((*tok)->token_bytes(longest).size(), 13u) << "no word long enough to pass 2^12 parses";
+  const std::vector<uint64_t> first = (*g)->allowed((*g)->start());
+  EXPECT_FALSE(first[static_cast<size_t>(longest) / 64] >> (longest % 64) & 1);
+  EXPECT_NE((*g)->dead_end().find("too ambiguous"), std::string::npos) << (*g)->dead_end();
+  // " the" then "." then one closing letter per opened one: a whole match.
+  int32_t s = (*g)->start();
+  for (const char* piece : {" the", "."}) {
+    auto ids = (*tok)->encode(piece, /*add_special_tokens=*/false);
+    ASSERT_TRUE(ids.ok());
+    for (int32_t id : *ids) {
+      const std::vector<uint64_t>& bits = (*g)->allowed(s);
+      ASSERT_TRUE(bits[static_cast<size_t>(id) / 64] >> (id % 64) & 1) << piece << ": token " << id;
+      s = (*g)->advance(s, id);
+      ASSERT_NE(s, TokenGuide::kDead) << piece;
+    }
+  }
+  int32_t x = -1;
+  for (int32_t id = 0; id < static_cast<int32_t>(vocab) && x < 0; ++id)
+    if (!(*tok)->is_special(id) && (*tok)->token_bytes(id) == "x") x = id;
+  ASSERT_GE(x, 0);
+  for (int n = 0; n < 8 && !(*g)->accepting(s); ++n) s = (*g)->advance(s, x);
+  EXPECT_TRUE((*g)->accepting(s));
+}
+
 }  // namespace
 }  // namespace lragent::guide
