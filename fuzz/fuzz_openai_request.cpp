@@ -1,14 +1,16 @@
 // libFuzzer target: arbitrary bytes as the body of POST /v1/completions, of POST
-// /v1/chat/completions (then rendered with each chat template) and as a tokenizer_config.json's
-// chat_template. Each parser must return a value or an error (never crash or throw), and what
+// /v1/chat/completions (then rendered with each chat template), of POST /v1/responses and as a
+// tokenizer_config.json's chat_template. Each parser must return a value or an error (never crash or throw), and what
 // it accepts must hold the invariants the server relies on.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 
 namespace {
 
@@ -35,6 +37,31 @@ void fuzz_chat(const std::string& text) {
     if (out->empty()) __builtin_trap();
   }
   (void)ChatTemplate::from_tokenizer_config(text, "<fuzz config>");
+}
+
+// POST /v1/responses: the body, the chat body it runs as (which the chat parser must take or
+// refuse with a reason), and its output items built from the body's own bytes as text.
+void fuzz_responses(const std::string& text) {
+  using namespace lragent::server;
+  auto r = parse_responses_request(text);
+  if (!r.ok()) {
+    if (r.error().message.empty()) __builtin_trap();
+    return;
+  }
+  if (r->input_messages.empty() && !r->input_messages.is_array()) __builtin_trap();
+  const std::string body = chat_body(*r, nlohmann::ordered_json::array());
+  auto c = parse_chat_request(body);
+  if (!c.ok() && c.error().message.empty()) __builtin_trap();
+  ResponseBuilder b("resp_fuzz", 0, r->model, *r);
+  std::vector<nlohmann::json> events;
+  b.begin(events);
+  const size_t half = text.size() / 2;
+  b.reasoning(text.substr(0, half), events);
+  b.text(text.substr(half), events);
+  b.finish(nlohmann::json::array(), "stop", {}, events);
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i]["sequence_number"] != i) __builtin_trap();
+  (void)b.assistant_message().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // /tokenize and /detokenize bodies.
@@ -117,6 +144,7 @@ void fuzz_tool_calls(const std::string& text) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   fuzz_chat(text);
+  fuzz_responses(text);
   fuzz_tokenize(text);
   fuzz_tool_calls(text);
   auto r = lragent::server::parse_completion_request(text);

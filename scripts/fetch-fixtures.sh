@@ -39,3 +39,20 @@ for name in "${!PACKAGES[@]}"; do
   echo "$pkg" > "$out/PACKAGE"
   rm -rf "$tmp/x" "$tarball"
 done
+
+# OpenAI's official JavaScript SDK (no dependencies; Node >= 20), the client the Responses API
+# end-to-end test drives the server with (tests/server/responses_sdk.mjs): its stream helper
+# rebuilds a response from the typed events and throws on an event out of place.
+SDK="openai@6.30.1"
+out="$DEST/openai"
+if [ $force = 0 ] && [ -s "$out/package/index.mjs" ] && [ "$(cat "$out/PACKAGE" 2>/dev/null)" = "$SDK" ]; then
+  echo "fetch-fixtures: openai already present ($SDK)"
+else
+  echo "fetch-fixtures: openai <- $SDK"
+  (cd "$tmp" && npm pack --silent "$SDK" >/dev/null)
+  rm -rf "$out"
+  mkdir -p "$out"
+  tar -xzf "$tmp"/openai-*.tgz -C "$out"
+  echo "$SDK" > "$out/PACKAGE"
+  rm -f "$tmp"/openai-*.tgz
+fi

@@ -42,6 +42,7 @@ struct ServeFlags {
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;
   std::string api_key;
+  int64_t max_stored_responses = 1024;
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
   std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
   std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
@@ -212,6 +213,7 @@ int run_serve(const ServeFlags& f) {
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
+  so.max_stored_responses = static_cast<size_t>(f.max_stored_responses);
   if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
   so.warn = [](const std::string& line) { fmt::print(stderr, "warning: {}\n", line); };  // --quiet too
 #ifdef __GLIBC__
@@ -283,7 +285,7 @@ int run_serve(const ServeFlags& f) {
   if (s.max_pass_tokens() > 0) memory += fmt::format(", passes of at most {} tokens", s.max_pass_tokens());
   fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions{}; kv-share {}, up to {} "
                      "trajectories of {} tokens{}). Ctrl-C stops.\n",
-             fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions" : "",
+             fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions, /v1/responses" : "",
              share_mode_name(s.share_mode()), so.pool.max_sessions, s.max_model_len(), memory);
   std::fflush(stderr);
   g_server = &s;
@@ -304,7 +306,7 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand(
       "serve",
       "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions "
-      "and /v1/chat/completions; "
+      "and /v1/chat/completions (and OpenAI's Responses API, /v1/responses); "
       "requests whose prompts extend one trajectory share its KV cache across adapters. Also GET /health, "
       "GET /v1/models, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics (Prometheus); "
       "docs/server.md has every field");
@@ -375,6 +377,12 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->default_val(0)
       ->check(cli::non_negative());
   cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
+  cmd->add_option("--max-stored-responses", f->max_stored_responses,
+                  "Responses API: how many responses (\"store\": true, the default) are kept in memory for GET "
+                  "/v1/responses/{id} and previous_response_id, the least recently used dropped first (also past "
+                  "256 MB of them); 0 keeps none")
+      ->default_val(1024)
+      ->check(cli::non_negative());
   cmd->add_option("--chat-template", f->chat_template,
                   "Chat template for /v1/chat/completions: a file or the template text (default: the model's "
                   "chat_template.jinja, else tokenizer_config.json's). "

@@ -62,6 +62,7 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   s->created_ = unix_now();
   s->next_seed_ = std::random_device{}();
   s->http_ = std::make_unique<Http>();
+  s->responses_ = std::make_unique<ResponseStore>(s->opts_.max_stored_responses, s->opts_.max_stored_response_bytes);
   s->install_routes();
   return s;
 }

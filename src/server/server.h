@@ -11,6 +11,8 @@
 //   GET  /lragent/sessions       the kept trajectories: tokens, cache bytes, tokens each agent computed
 //   POST /tokenize, /detokenize  vLLM's: a prompt (or chat messages) to ids, ids to text
 //   GET  /metrics                Prometheus counters (server/metrics.h)
+//   POST /v1/responses           OpenAI's Responses API (responses_api.h), run as a chat completion;
+//   GET, DELETE /v1/responses/{id}   a stored response (previous_response_id continues it)
 // Requests are batched: one engine thread runs a forward pass at a time over the next pass of
 // every running request (continuous batching, as vLLM's scheduler: decode tokens first, then
 // prompt catch-ups in chunks within --max-num-batched-tokens), each on its own trajectory and
@@ -40,6 +42,7 @@
 #include "engine/memory_plan.h"
 #include "server/metrics.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 #include "server/session_pool.h"
 
 namespace httplib {
@@ -67,6 +70,11 @@ struct ServerOptions {
   // larger passes.
   std::optional<KvMemoryPlan> memory_plan;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
+  // POST /v1/responses with "store": true keeps each response in memory (ResponseStore) for GET
+  // /v1/responses/{id} and previous_response_id: the latest this many, within this many bytes
+  // (0 responses: none kept).
+  size_t max_stored_responses = 1024;
+  size_t max_stored_response_bytes = size_t{256} << 20;
   size_t max_body_bytes = 32u << 20;
   // Connection threads: each open connection (a keep-alive client between requests, too) holds
   // one, so there are many more than requests that run at once.
@@ -226,6 +234,9 @@ class Server {
                                   const nlohmann::ordered_json& kwargs) const;
   Error no_chat_template() const;
   void install_routes();
+  // POST /v1/responses, GET and DELETE /v1/responses/{id} (server_responses.cpp).
+  void install_responses_routes();
+  void respond_responses(const ResponsesRequest& r, const httplib::Request& http, httplib::Response& res);
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
   // chat: the chat.completion objects, each completion's text parsed as `parsing` says (reasoning,
   // tool calls; streamed too: ChatStream). `http`: the request's connection, watched so that a
@@ -277,6 +288,7 @@ class Server {
   };
   EngineCounts counts_, counts_at_advance_;
   std::unique_ptr<Http> http_;
+  std::unique_ptr<ResponseStore> responses_;  // stored /v1/responses (thread-safe)
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;
 };

@@ -17,7 +17,7 @@
 #include "server/server_internal.h"
 
 namespace lragent::server {
-namespace {
+namespace routes {
 
 using nlohmann::json;
 
@@ -30,9 +30,9 @@ void send_json(httplib::Response& res, int status, const json& j) {
 
 void send_error(httplib::Response& res, const Error& e) { send_json(res, http_status(e.code), error_json(e)); }
 
-// A POST route whose handler gets the body whatever its Content-Type. httplib reads a body sent
-// as application/x-www-form-urlencoded (what `curl -d` sends) as form fields and refuses one over
-// 8 KB with 413; read through a ContentReader, any body up to the payload limit arrives as is.
+// httplib reads a body sent as application/x-www-form-urlencoded (what `curl -d` sends) as form
+// fields and refuses one over 8 KB with 413; read through a ContentReader, any body up to the
+// payload limit arrives as is.
 void post_route(httplib::Server& svr, const char* route,
                 std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)> handler) {
   svr.Post(route, [handler = std::move(handler)](const httplib::Request& req, httplib::Response& res,
@@ -60,7 +60,10 @@ std::string random_id(const char* prefix) {
   return fmt::format("{}-{:016x}", prefix, rng());
 }
 
-}  // namespace
+}  // namespace routes
+
+using nlohmann::json;
+using namespace routes;
 
 Result<int> Server::bind(const std::string& host, int port) {
   int bound = -1;
@@ -122,7 +125,8 @@ void Server::install_routes() {
     std::string msg;
     if (res.status == 404)
       msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions, "
-                        "POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics",
+                        "POST /v1/chat/completions, POST /v1/responses, GET|DELETE /v1/responses/{{id}}, POST /tokenize, "
+                        "POST /detokenize, GET /lragent/sessions, GET /metrics",
                         req.method, req.path);
     else if (res.status == 413)
       msg = "the request body is larger than the server accepts";
@@ -148,10 +152,11 @@ void Server::install_routes() {
     // Known routes by name; anything else as "other" (a scan of random paths must not grow the
     // metrics without bound).
     static const char* const kRoutes[] = {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
-                                          "/lragent/sessions", "/tokenize", "/detokenize", "/metrics"};
+                                          "/v1/responses", "/lragent/sessions", "/tokenize", "/detokenize", "/metrics"};
     std::string route = "other";
     for (const char* r : kRoutes)
       if (req.path == r) route = r;
+    if (req.path.rfind("/v1/responses/", 0) == 0) route = "/v1/responses/{id}";
     metrics_.record_http(route, res.status);
   });
   if (opts_.log) {
@@ -208,7 +213,7 @@ void Server::install_routes() {
                                           {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
     };
   };
-  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"}) {
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"}) {
     svr.Get(route, wrong_method("POST"));
     svr.Put(route, wrong_method("POST"));
     svr.Delete(route, wrong_method("POST"));
@@ -284,6 +289,7 @@ void Server::install_routes() {
     }
     respond(std::move(req), /*chat=*/true, http, res, parsing);
   });
+  install_responses_routes();
 }
 
 ToolCallFormat Server::tool_call_format() const {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -33,6 +34,17 @@ struct Server::Prepared {
   // (Server::guides_); advanced and masked on the engine thread only.
   std::shared_ptr<guide::TokenGuide> guide;
 };
+
+// What the routes of server_http.cpp and server_responses.cpp share.
+namespace routes {
+std::string dump(const nlohmann::json& j);  // invalid UTF-8 replaced, never a throw
+void send_json(httplib::Response& res, int status, const nlohmann::json& j);
+void send_error(httplib::Response& res, const Error& e);  // its status (http_status) and error_json
+// A POST route whose handler gets the body whatever its Content-Type.
+void post_route(httplib::Server& svr, const char* route,
+                std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)> handler);
+std::string random_id(const char* prefix);  // "<prefix>-<16 hex digits>"
+}  // namespace routes
 
 inline int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();

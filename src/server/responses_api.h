@@ -1,0 +1,129 @@
+// OpenAI's Responses API (POST /v1/responses), as vLLM serves it: a request is translated into
+// the /v1/chat/completions body it runs as (so every sampling, tool and structured-output rule
+// of chat applies unchanged), and the completion's text into the response's output items
+// (reasoning, message, function_call), whole or as the API's stream of typed events. A stored
+// response can be continued by `previous_response_id`: the server keeps each response's
+// conversation (ResponseStore), and the next request, whichever agent (model) it names, runs
+// on that conversation, so its KV cache is the trajectory's (the session pool finds it).
+// No HTTP here (server_responses.cpp does that): all of it is tested and fuzzed without a socket.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/result.h"
+#include "server/openai_api.h"
+
+namespace lragent::server {
+
+struct ResponsesRequest {
+  std::string model;
+  bool stream = false;
+  bool store = true;  // keep the response for GET /v1/responses/{id} and previous_response_id
+  std::string previous_response_id;  // empty: a new conversation
+  std::optional<std::string> instructions;  // a system message before everything (not carried on)
+  // The chat messages this request adds: its input items as /v1/chat/completions messages.
+  nlohmann::ordered_json input_messages = nlohmann::ordered_json::array();
+  // The chat body's other fields (sampling, tools in chat's form, response_format, ...); the
+  // messages are added by chat_body().
+  nlohmann::ordered_json chat_fields = nlohmann::ordered_json::object();
+  // Request fields the response object repeats back (tools, tool_choice, text, temperature, ...).
+  nlohmann::ordered_json echo = nlohmann::ordered_json::object();
+};
+
+// Parses and validates a request body. Errors name the field: kInvalidArgument for bad values,
+// kUnsupported for what lragent does not serve (images and files, built-in tools such as
+// web_search, background mode, truncation "auto"). Fields the API does not know are ignored.
+Result<ResponsesRequest> parse_responses_request(std::string_view body);
+
+// The /v1/chat/completions body the request runs as: `history` (the previous response's
+// conversation, chat messages; empty for none) after the instructions, then the input.
+std::string chat_body(const ResponsesRequest& r, const nlohmann::ordered_json& history);
+
+// A response's output items built from its completion's text, and the events that stream them
+// (stream: true). The text comes in pieces already split by ChatStream (reasoning, content); the
+// tool calls at the end. The same builder makes a whole response (its events not sent), so a
+// streamed response and a whole one have the same items.
+class ResponseBuilder {
+ public:
+  // `id`: "resp_..."; `echo`: ResponsesRequest::echo (and `previous_response_id`, `store`).
+  ResponseBuilder(std::string id, int64_t created_at, std::string model, const ResponsesRequest& r);
+  // response.created and response.in_progress.
+  void begin(std::vector<nlohmann::json>& events);
+  // A piece of reasoning, or of the message's text: its item (and content part) opened first.
+  void reasoning(const std::string& delta, std::vector<nlohmann::json>& events);
+  void text(const std::string& delta, std::vector<nlohmann::json>& events);
+  // Closes the open item, adds one function_call item per call (chat's tool_calls form: each
+  // {"id", "function": {"name", "arguments"}}), and the final response.completed event
+  // (response.incomplete when finish_reason is "length", its incomplete_details saying
+  // max_output_tokens; "abort", a client gone: cancelled). The usage's tokens: `u`.
+  struct Usage {
+    int64_t input = 0, output = 0;
+    int64_t cached = 0;     // input tokens the KV cache held already
+    int64_t reasoning = 0;  // output tokens of the reasoning
+  };
+  void finish(const nlohmann::json& tool_calls, const std::string& finish_reason, const Usage& u,
+              std::vector<nlohmann::json>& events);
+  // An "error" event (after the stream started), then response.failed.
+  void fail(const Error& e, std::vector<nlohmann::json>& events);
+  const nlohmann::json& response() const { return response_; }
+  // The assistant's turn as a chat message (content and tool calls; reasoning_content when any),
+  // what a later request continuing this response reads back.
+  nlohmann::ordered_json assistant_message() const;
+
+ private:
+  nlohmann::json event(const char* type);
+  void close_open_item(std::vector<nlohmann::json>& events);
+  nlohmann::json response_;
+  int64_t sequence_ = 0;
+  // The item being streamed: -1 none; else its index in output and its kind.
+  int open_ = -1;
+  bool open_is_reasoning_ = false;
+};
+
+// The responses a server keeps (store: true): each response object, and the conversation a
+// request naming it as previous_response_id continues. A response keeps only its own turn
+// (its input messages and the assistant's message) and the id before it; a conversation is the
+// chain back to its start. The least recently used are dropped past `max_responses` or
+// `max_bytes`; a chain's responses are used together (continuing one touches all its chain).
+// Thread-safe.
+class ResponseStore {
+ public:
+  ResponseStore(size_t max_responses, size_t max_bytes) : max_responses_(max_responses), max_bytes_(max_bytes) {}
+  // Keeps a finished response (a second put of an id replaces it).
+  void put(const std::string& id, const std::string& previous_id, nlohmann::json response,
+           nlohmann::ordered_json turn_messages);
+  std::optional<nlohmann::json> get(const std::string& id);
+  bool erase(const std::string& id);
+  // The chat messages of the conversation that ends with response `id` (every turn of its
+  // chain, oldest first). kNotFound when it, or a response of its chain, is not kept.
+  Result<nlohmann::ordered_json> conversation(const std::string& id);
+  size_t size() const;
+  size_t bytes() const;
+
+ private:
+  struct Entry {
+    std::string previous;
+    nlohmann::json response;
+    nlohmann::ordered_json messages;
+    size_t bytes = 0;
+    std::list<std::string>::iterator lru;
+  };
+  void touch(Entry& e, const std::string& id);
+  void shrink();
+  mutable std::mutex mu_;
+  size_t max_responses_, max_bytes_, bytes_ = 0;
+  std::unordered_map<std::string, Entry> entries_;
+  std::list<std::string> lru_;  // most recently used first
+};
+
+}  // namespace lragent::server

@@ -1,0 +1,412 @@
+// OpenAI's Responses API (responses_api.h): the translation of a request into the chat
+// completion it runs as, the output items and events a completion becomes, the response store;
+// and end to end over HTTP on the synthetic model with Qwen2.5's real chat template, where
+// every response must carry exactly the text /v1/chat/completions gives for the same
+// conversation and seed, and OpenAI's own JavaScript SDK (fetched by scripts/fetch-fixtures.sh)
+// must read what the server sends, streamed and whole.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "model/synthetic.h"
+#include "server/chat_template.h"
+#include "server/http_fixture.h"
+#include "server/openai_api.h"
+#include "server/responses_api.h"
+#include "server/server.h"
+#include "server/template_fixture.h"
+#include "test_util.h"
+
+namespace lragent::server {
+namespace {
+
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+ResponsesRequest parsed(const json& body) {
+  auto r = parse_responses_request(body.dump());
+  EXPECT_TRUE(r.ok()) << body.dump() << "\n" << (r.ok() ? "" : r.error().message);
+  return r.ok() ? *r : ResponsesRequest{};
+}
+
+// The chat request a Responses body runs as, parsed by the chat endpoint's own parser.
+ChatRequest as_chat(const json& body, const ordered_json& history = ordered_json::array()) {
+  auto c = parse_chat_request(chat_body(parsed(body), history));
+  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+  return c.ok() ? *c : ChatRequest{};
+}
+
+std::string error_of(const json& body) {
+  auto r = parse_responses_request(body.dump());
+  return r.ok() ? "" : r.error().message;
+}
+
+TEST(ResponsesApi, InputItemsBecomeTheChatMessagesTheyStandFor) {
+  // A string: one user message; instructions first, as a system message.
+  ChatRequest c = as_chat({{"model", "plan"}, {"input", "Hi"}, {"instructions", "Be brief."}});
+  ASSERT_EQ(c.messages.size(), 2u);
+  EXPECT_EQ(c.messages[0].role, "system");
+  EXPECT_EQ(c.messages[0].content, "Be brief.");
+  EXPECT_EQ(c.messages[1].role, "user");
+  EXPECT_EQ(c.messages[1].content, "Hi");
+
+  // Messages (developer as system, text parts joined as chat joins them), a reasoning item, a
+  // message and two calls of one assistant turn, their outputs.
+  const json input = json::parse(R"([
+    {"role": "developer", "content": "Use tools."},
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather in"}, {"type": "input_text", "text": "Paris and Rome?"}]},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Two cities."}]},
+    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+    {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{\"city\": \"Paris\"}"},
+    {"type": "function_call", "call_id": "c2", "name": "weather", "arguments": "{\"city\": \"Rome\"}"},
+    {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "rain"}]}
+  ])");
+  c = as_chat({{"input", input}});
+  ASSERT_EQ(c.messages.size(), 5u);
+  EXPECT_EQ(c.messages[0].role, "system");
+  EXPECT_EQ(c.messages[1].content, "Weather in\nParis and Rome?");
+  const ChatMessage& a = c.messages[2];
+  EXPECT_EQ(a.role, "assistant");
+  EXPECT_EQ(a.content, "Checking.");
+  EXPECT_EQ(a.reasoning_content.value_or(""), "Two cities.");
+  ASSERT_EQ(a.tool_calls.size(), 2u);
+  EXPECT_EQ(a.tool_calls[1].name, "weather");
+  EXPECT_EQ(a.tool_calls[1].arguments, "{\"city\": \"Rome\"}");
+  EXPECT_EQ(c.messages[3].role, "tool");
+  EXPECT_EQ(c.messages[3].template_view["tool_call_id"], "c1");
+  EXPECT_EQ(c.messages[4].content, "rain");
+
+  // A call with no message before it is an assistant turn of its own.
+  c = as_chat({{"input", json::parse(R"([{"role": "user", "content": "x"},
+      {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}])")}});
+  ASSERT_EQ(c.messages.size(), 2u);
+  EXPECT_EQ(c.messages[1].role, "assistant");
+  EXPECT_EQ(c.messages[1].tool_calls.size(), 1u);
+
+  // History goes between the instructions and the input.
+  const ordered_json history = ordered_json::parse(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])");
+  c = as_chat({{"input", "c"}, {"instructions", "I"}}, history);
+  ASSERT_EQ(c.messages.size(), 4u);
+  EXPECT_EQ(c.messages[0].content, "I");
+  EXPECT_EQ(c.messages[2].content, "b");
+  EXPECT_EQ(c.messages[3].content, "c");
+}
+
+TEST(ResponsesApi, FieldsMapToTheirChatNames) {
+  const json tools = json::parse(R"([{"type": "function", "name": "weather", "description": "d",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "strict": true}])");
+  ChatRequest c = as_chat({{"input", "x"}, {"max_output_tokens", 7}, {"temperature", 0.5}, {"top_p", 0.9},
+                           {"seed", 11}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"name", "weather"}}}});
+  EXPECT_EQ(c.req.max_tokens, 7);
+  EXPECT_FLOAT_EQ(c.req.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(c.req.sampling.top_p, 0.9f);
+  EXPECT_TRUE(c.req.seeded);
+  ASSERT_EQ(c.tools.size(), 1u);
+  EXPECT_EQ(json::parse(c.tools[0])["function"]["name"], "weather");
+  EXPECT_EQ(json::parse(c.tools[0])["function"]["strict"], true);
+  EXPECT_EQ(c.req.guided_from, "tool_choice");  // a forced call is guided
+  // text.format json_schema is chat's response_format.
+  c = as_chat({{"input", "x"}, {"text", {{"format", {{"type", "json_schema"}, {"name", "n"},
+              {"schema", {{"type", "object"}, {"properties", {{"a", {{"type", "integer"}}}}}, {"required", {"a"}}}}}}}}});
+  EXPECT_EQ(c.req.guided_from, "response_format");
+  EXPECT_FALSE(c.req.guided_regex.empty());
+  c = as_chat({{"input", "x"}, {"text", {{"format", {{"type", "text"}}}}}});
+  EXPECT_TRUE(c.req.guided_from.empty());
+  // The response repeats the request's fields, with the API's defaults.
+  const ResponsesRequest r = parsed({{"input", "x"}, {"temperature", 0.5}, {"metadata", {{"k", "v"}}}});
+  EXPECT_EQ(r.echo["temperature"], 0.5);
+  EXPECT_EQ(r.echo["top_p"], 1.0);
+  EXPECT_EQ(r.echo["metadata"]["k"], "v");
+  EXPECT_EQ(r.echo["tool_choice"], "auto");
+  EXPECT_EQ(r.echo["text"]["format"]["type"], "text");
+  EXPECT_TRUE(r.store);
+}
+
+TEST(ResponsesApi, WhatIsNotServedIsRefusedByName) {
+  EXPECT_NE(error_of({{"model", "x"}}).find("'input' is missing"), std::string::npos);
+  EXPECT_NE(error_of({{"input", 3}}).find("'input' must be"), std::string::npos);
+  EXPECT_NE(error_of({{"input", {{{"role", "user"}, {"content", {{{"type", "input_image"}, {"image_url", "u"}}}}}}}})
+                .find("input[0].content[0] is input_image"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"input", {{{"role", "robot"}, {"content", "x"}}}}}).find("input[0].role"), std::string::npos);
+  EXPECT_NE(error_of({{"input", {{{"type", "function_call"}, {"name", "f"}, {"arguments", "{}"}}}}}).find("input[0].call_id"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"input", {{{"type", "item_reference"}, {"id", "x"}}}}}).find("previous_response_id"), std::string::npos);
+  EXPECT_NE(error_of({{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}).find("tools[0] is a 'web_search' tool"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"input", "x"}, {"background", true}}).find("'background'"), std::string::npos);
+  EXPECT_NE(error_of({{"input", "x"}, {"max_output_tokens", 0}}).find("'max_output_tokens'"), std::string::npos);
+  EXPECT_NE(error_of({{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}).find("'text.format.type'"),
+            std::string::npos);
+  EXPECT_NE(error_of({{"input", "x"}, {"tools", json::array({{{"type", "function"}, {"name", "f"}}})}, {"tool_choice", "any"}})
+                .find("'tool_choice'"),
+            std::string::npos);
+  auto unsupported = parse_responses_request(R"({"input": "x", "background": true})");
+  ASSERT_FALSE(unsupported.ok());
+  EXPECT_EQ(unsupported.error().code, ErrorCode::kUnsupported);
+  EXPECT_FALSE(parse_responses_request("{").ok());
+  EXPECT_FALSE(parse_responses_request("[]").ok());
+}
+
+// The events of a streamed response rebuild its items exactly (as the SDK's stream helper
+// rebuilds them), in order, with sequence numbers from 0.
+TEST(ResponsesApi, EventsRebuildTheResponse) {
+  const ResponsesRequest r = parsed({{"input", "x"}, {"max_output_tokens", 9}});
+  ResponseBuilder b("resp_1", 100, "plan", r);
+  std::vector<json> ev;
+  b.begin(ev);
+  b.reasoning("Let me ", ev);
+  b.reasoning("think.", ev);
+  b.text("Hello", ev);
+  b.text(" there", ev);
+  const json calls = json::parse(R"([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}])");
+  b.finish(calls, "length", {.input = 5, .output = 9, .cached = 2, .reasoning = 3}, ev);
+  // Rebuild as the SDK does.
+  json snapshot;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const json& e = ev[i];
+    ASSERT_EQ(e["sequence_number"], i);
+    const std::string type = e["type"];
+    if (i == 0) {
+      ASSERT_EQ(type, "response.created");
+      snapshot = e["response"];
+      continue;
+    }
+    if (type == "response.output_item.added") {
+      ASSERT_EQ(e["output_index"], snapshot["output"].size());
+      snapshot["output"].push_back(e["item"]);
+    } else if (type == "response.content_part.added") {
+      snapshot["output"][e["output_index"].get<size_t>()]["content"].push_back(e["part"]);
+    } else if (type == "response.output_text.delta" || type == "response.reasoning_text.delta") {
+      json& part = snapshot["output"][e["output_index"].get<size_t>()]["content"][e["content_index"].get<size_t>()];
+      part["text"] = part["text"].get<std::string>() + e["delta"].get<std::string>();
+    } else if (type == "response.function_call_arguments.delta") {
+      json& item = snapshot["output"][e["output_index"].get<size_t>()];
+      item["arguments"] = item["arguments"].get<std::string>() + e["delta"].get<std::string>();
+    } else if (type == "response.output_item.done") {
+      snapshot["output"][e["output_index"].get<size_t>()] = e["item"];
+    }
+  }
+  EXPECT_EQ(ev.back()["type"], "response.incomplete");
+  const json& final = b.response();
+  EXPECT_EQ(ev.back()["response"], final);
+  EXPECT_EQ(snapshot["output"], final["output"]);
+  ASSERT_EQ(final["output"].size(), 3u);
+  EXPECT_EQ(final["output"][0]["type"], "reasoning");
+  EXPECT_EQ(final["output"][0]["content"][0]["text"], "Let me think.");
+  EXPECT_EQ(final["output"][1]["content"][0]["text"], "Hello there");
+  EXPECT_EQ(final["output"][2]["call_id"], "call_1");
+  EXPECT_EQ(final["output"][2]["arguments"], "{\"a\": 1}");
+  EXPECT_EQ(final["status"], "incomplete");
+  EXPECT_EQ(final["incomplete_details"]["reason"], "max_output_tokens");
+  EXPECT_EQ(final["usage"]["total_tokens"], 14);
+  EXPECT_EQ(final["usage"]["input_tokens_details"]["cached_tokens"], 2);
+  EXPECT_EQ(final["usage"]["output_tokens_details"]["reasoning_tokens"], 3);
+  EXPECT_EQ(final["max_output_tokens"], 9);
+  // The turn as a chat message, for the conversation a later request continues.
+  const ordered_json m = b.assistant_message();
+  EXPECT_EQ(m["content"], "Hello there");
+  EXPECT_EQ(m["reasoning_content"], "Let me think.");
+  EXPECT_EQ(m["tool_calls"][0]["id"], "call_1");
+  EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], "{\"a\": 1}");
+}
+
+TEST(ResponsesApi, TheStoreKeepsConversationsAndDropsTheLeastRecentlyUsed) {
+  auto turn = [](const std::string& u) {
+    return ordered_json::array({{{"role", "user"}, {"content", u}}, {{"role", "assistant"}, {"content", u + "!"}}});
+  };
+  ResponseStore s(3, 1 << 20);
+  s.put("r1", "", json{{"id", "r1"}}, turn("a"));
+  s.put("r2", "r1", json{{"id", "r2"}}, turn("b"));
+  auto conv = s.conversation("r2");
+  ASSERT_TRUE(conv.ok());
+  ASSERT_EQ(conv->size(), 4u);
+  EXPECT_EQ((*conv)[0]["content"], "a");
+  EXPECT_EQ((*conv)[3]["content"], "b!");
+  // r1 is r2's chain: continuing r2 keeps r1 too; an unrelated response goes first.
+  s.put("x", "", json{{"id", "x"}}, turn("x"));
+  ASSERT_TRUE(s.conversation("r2").ok());
+  s.put("r3", "r2", json{{"id", "r3"}}, turn("c"));
+  EXPECT_EQ(s.size(), 3u);
+  EXPECT_FALSE(s.get("x"));
+  EXPECT_EQ(s.conversation("r3")->size(), 6u);
+  // A broken chain says which response is missing.
+  ASSERT_TRUE(s.erase("r1"));
+  auto broken = s.conversation("r3");
+  ASSERT_FALSE(broken.ok());
+  EXPECT_EQ(broken.error().code, ErrorCode::kNotFound);
+  EXPECT_NE(broken.error().message.find("'r1'"), std::string::npos) << broken.error().message;
+  EXPECT_EQ(s.conversation("nope").error().code, ErrorCode::kNotFound);
+  EXPECT_FALSE(s.erase("nope"));
+  // The byte bound.
+  ResponseStore small(100, 300);
+  for (int i = 0; i < 10; ++i) small.put("r" + std::to_string(i), "", json{{"id", i}}, turn(std::string(50, 'x')));
+  EXPECT_LE(small.bytes(), 300u);
+  EXPECT_GE(small.size(), 1u);
+  EXPECT_TRUE(small.get("r9"));
+}
+
+// --- End to end over HTTP --------------------------------------------------------------------
+class ResponsesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    be_ = make_cpu_backend(2);
+    auto m = make_synthetic_model(SyntheticSpec{}, *be_);
+    ASSERT_TRUE(m.ok()) << m.error().message;
+    model_ = std::move(*m);
+    tok_ = make_byte_tokenizer();
+    for (auto& a : make_synthetic_adapters(model_->config())) ASSERT_TRUE(reg_.add(std::move(a)).ok());
+    const auto tokens = testing::template_tokens();
+    auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    ServerOptions o;
+    o.base_name = "tiny";
+    o.chat_template = *t;
+    o.pool.replay.sharing.mode = ShareMode::kBaseLr;
+    o.pool.replay.sharing.max_tokens = 2048;
+    auto s = Server::create(*model_, tok_.get(), &reg_, o);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    server_ = std::move(*s);
+    auto port = server_->bind("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.error().message;
+    port_ = *port;
+    thread_ = std::thread([this] { (void)server_->serve(); });
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::pair<int, std::string> post(const char* path, const json& body) const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(120, 0);
+    auto res = c.Post(path, body.dump(), "application/json");
+    return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
+  }
+  static json ascii_only() {  // the byte tokenizer hands out a character's bytes one by one
+    json bias = json::object();
+    for (int b = 0x80; b < 0x100; ++b) bias[std::to_string(3 + b)] = -100;
+    return bias;
+  }
+  std::unique_ptr<Backend> be_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+  AdapterRegistry reg_;
+  std::unique_ptr<Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+// A response's text is the chat completion's for the same conversation and seed, whole and
+// streamed; a continued response runs on its conversation (another agent reads its cache) and
+// gives what sending the whole conversation gives.
+TEST_F(ResponsesTest, AResponseIsTheChatCompletionOfItsConversation) {
+  const json sampling = {{"temperature", 0.8}, {"seed", 9}, {"logit_bias", ascii_only()}};
+  json chat = {{"model", "plan"}, {"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}}},
+               {"max_tokens", 20}};
+  chat.update(sampling);
+  auto [cst, ctext] = post("/v1/chat/completions", chat);
+  ASSERT_EQ(cst, 200) << ctext;
+  const json cj = json::parse(ctext);
+  const std::string want = cj["choices"][0]["message"]["content"];
+
+  json body = {{"model", "plan"}, {"instructions", "Be brief."}, {"input", "Hi"}, {"max_output_tokens", 20}};
+  body.update(sampling);
+  auto [st, text] = post("/v1/responses", body);
+  ASSERT_EQ(st, 200) << text;
+  const json r = json::parse(text);
+  EXPECT_EQ(r["object"], "response");
+  EXPECT_EQ(r["model"], "plan");
+  ASSERT_EQ(r["output"].size(), 1u) << text;
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], want);
+  EXPECT_EQ(r["usage"]["input_tokens"], cj["usage"]["prompt_tokens"]);
+  EXPECT_EQ(r["usage"]["output_tokens"], cj["usage"]["completion_tokens"]);
+  EXPECT_EQ(r["status"], "incomplete");
+
+  body["stream"] = true;
+  auto [sst, events] = post("/v1/responses", body);
+  ASSERT_EQ(sst, 200) << events;
+  std::string streamed;
+  json last;
+  for (const json& e : testing::sse_events(events)) {
+    if (e["type"] == "response.output_text.delta") streamed += e["delta"].get<std::string>();
+    last = e;
+  }
+  EXPECT_EQ(streamed, want);
+  EXPECT_EQ(last["type"], "response.incomplete");
+  EXPECT_EQ(last["response"]["output"][0]["content"][0]["text"], want);
+  EXPECT_EQ(events.find("[DONE]"), std::string::npos);
+  EXPECT_NE(events.find("event: response.created\ndata: "), std::string::npos);
+
+  // Continued by another agent: the conversation so far (without the first instructions, as the
+  // API drops them) plus the new input, read from the trajectory's cache.
+  json next = {{"model", "action"}, {"previous_response_id", r["id"]}, {"input", "More?"}, {"max_output_tokens", 12}};
+  next.update(sampling);
+  auto [nst, ntext] = post("/v1/responses", next);
+  ASSERT_EQ(nst, 200) << ntext;
+  const json n = json::parse(ntext);
+  json whole = {{"model", "action"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", want}},
+                {{"role", "user"}, {"content", "More?"}}}}, {"max_tokens", 12}};
+  whole.update(sampling);
+  auto [wst, wtext] = post("/v1/chat/completions", whole);
+  ASSERT_EQ(wst, 200) << wtext;
+  const json w = json::parse(wtext);
+  EXPECT_EQ(n["output"][0]["content"][0]["text"], w["choices"][0]["message"]["content"]);
+  EXPECT_EQ(n["usage"]["input_tokens"], w["usage"]["prompt_tokens"]);
+  EXPECT_GT(n["usage"]["input_tokens_details"]["cached_tokens"].get<int>(), 0);
+  EXPECT_EQ(n["previous_response_id"], r["id"]);
+
+  // Stored: GET gives it back, DELETE drops it, and then it is a 404 to continue.
+  httplib::Client c("127.0.0.1", port_);
+  auto got = c.Get(fmt::format("/v1/responses/{}", r["id"].get<std::string>()));
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->status, 200);
+  EXPECT_EQ(json::parse(got->body)["output"], r["output"]);
+  auto del = c.Delete(fmt::format("/v1/responses/{}", r["id"].get<std::string>()));
+  ASSERT_TRUE(del);
+  EXPECT_EQ(del->status, 200);
+  auto [gst, gone] = post("/v1/responses", next);
+  EXPECT_EQ(gst, 404) << gone;
+  // Not stored: nothing to continue.
+  json unstored = body;
+  unstored["stream"] = false;
+  unstored["store"] = false;
+  auto [ust, utext] = post("/v1/responses", unstored);
+  ASSERT_EQ(ust, 200) << utext;
+  auto missing = c.Get(fmt::format("/v1/responses/{}", json::parse(utext)["id"].get<std::string>()));
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  // Bad requests are 400s naming the field, an unknown model a 404.
+  EXPECT_EQ(post("/v1/responses", {{"input", "x"}, {"tools", {{{"type", "file_search"}}}}}).first, 400);
+  EXPECT_EQ(post("/v1/responses", {{"model", "nobody"}, {"input", "x"}}).first, 404);
+}
+
+// OpenAI's JavaScript SDK reads the server's responses and events (tests/server/responses_sdk.mjs).
+TEST_F(ResponsesTest, OpenAisSdkReadsWhatTheServerSends) {
+  const std::string sdk = testing::fetched_fixtures_dir() + "/openai/package/index.mjs";
+  if (!std::ifstream(sdk)) GTEST_SKIP() << "no OpenAI SDK at " << sdk << " (scripts/fetch-fixtures.sh)";
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no node on PATH";
+  const std::string cmd = fmt::format("node {}/tests/server/responses_sdk.mjs {} http://127.0.0.1:{}/v1 plan 2>&1",
+                                      testing::source_dir(), sdk, port_);
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = pclose(p);
+  EXPECT_EQ(status, 0) << out;
+  EXPECT_NE(out.find("ok"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace lragent::server
