@@ -267,10 +267,15 @@ class ResponsesTest : public ::testing::Test {
     model_ = std::move(*m);
     tok_ = make_byte_tokenizer();
     for (auto& a : make_synthetic_adapters(model_->config())) ASSERT_TRUE(reg_.add(std::move(a)).ok());
+    start({});
+  }
+  // Serves the synthetic model with Qwen2.5's real template (and `o`'s other options), in place
+  // of the server before.
+  void start(ServerOptions o) {
+    TearDown();
     const auto tokens = testing::template_tokens();
     auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
     ASSERT_TRUE(t.ok()) << t.error().message;
-    ServerOptions o;
     o.base_name = "tiny";
     o.chat_template = *t;
     o.pool.replay.sharing.mode = ShareMode::kBaseLr;
@@ -286,6 +291,7 @@ class ResponsesTest : public ::testing::Test {
   void TearDown() override {
     if (server_) server_->stop();
     if (thread_.joinable()) thread_.join();
+    server_.reset();
   }
   std::pair<int, std::string> post(const char* path, const json& body) const {
     httplib::Client c("127.0.0.1", port_);
@@ -389,6 +395,53 @@ TEST_F(ResponsesTest, AResponseIsTheChatCompletionOfItsConversation) {
   // Bad requests are 400s naming the field, an unknown model a 404.
   EXPECT_EQ(post("/v1/responses", {{"input", "x"}, {"tools", {{{"type", "file_search"}}}}}).first, 400);
   EXPECT_EQ(post("/v1/responses", {{"model", "nobody"}, {"input", "x"}}).first, 404);
+}
+
+// Behind a reasoning parser (serve --reasoning-parser qwen3) the reasoning is an item of its
+// own, the text chat gives as reasoning_content (the synthetic model never closes its <think>
+// block: all of it), streamed as reasoning_text events; with thinking off, all of it is the message.
+TEST_F(ResponsesTest, ReasoningIsAnItemOfItsOwn) {
+  ServerOptions o;
+  o.reasoning_parser = ReasoningFormat::kQwen3;
+  start(o);
+  const json sampling = {{"temperature", 0.8}, {"seed", 4}, {"logit_bias", ascii_only()}};
+  json chat = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Which is older?"}}}}, {"max_tokens", 24}};
+  chat.update(sampling);
+  auto [cst, ctext] = post("/v1/chat/completions", chat);
+  ASSERT_EQ(cst, 200) << ctext;
+  const std::string reasoning = json::parse(ctext)["choices"][0]["message"]["reasoning_content"];
+  ASSERT_FALSE(reasoning.empty());
+
+  json body = {{"model", "plan"}, {"input", "Which is older?"}, {"max_output_tokens", 24}};
+  body.update(sampling);
+  auto [st, text] = post("/v1/responses", body);
+  ASSERT_EQ(st, 200) << text;
+  const json r = json::parse(text);
+  ASSERT_EQ(r["output"].size(), 1u) << text;
+  EXPECT_EQ(r["output"][0]["type"], "reasoning");
+  EXPECT_EQ(r["output"][0]["content"][0]["text"], reasoning);
+  const int rt = r["usage"]["output_tokens_details"]["reasoning_tokens"];
+  EXPECT_GT(rt, 0);
+  EXPECT_LE(rt, 24);
+
+  body["stream"] = true;
+  auto [sst, events] = post("/v1/responses", body);
+  ASSERT_EQ(sst, 200) << events;
+  std::string streamed;
+  for (const json& e : testing::sse_events(events)) {
+    EXPECT_NE(e["type"], "response.output_text.delta");
+    if (e["type"] == "response.reasoning_text.delta") streamed += e["delta"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, reasoning);
+
+  body["stream"] = false;
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  auto [ost, off] = post("/v1/responses", body);
+  ASSERT_EQ(ost, 200) << off;
+  const json plain = json::parse(off);
+  ASSERT_EQ(plain["output"].size(), 1u) << off;
+  EXPECT_EQ(plain["output"][0]["type"], "message");
+  EXPECT_EQ(plain["output"][0]["content"][0]["text"], reasoning);
 }
 
 // OpenAI's JavaScript SDK reads the server's responses and events (tests/server/responses_sdk.mjs).
