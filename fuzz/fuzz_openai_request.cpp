@@ -1,6 +1,6 @@
 // libFuzzer target: arbitrary bytes as the body of POST /v1/completions, of POST
-// /v1/chat/completions (then rendered with each chat template), of POST /v1/responses and as a
-// tokenizer_config.json's chat_template. Each parser must return a value or an error (never crash or throw), and what
+// /v1/chat/completions (then rendered with each chat template), of POST /v1/responses and POST
+// /v1/messages, and as a tokenizer_config.json's chat_template. Each parser must return a value or an error (never crash or throw), and what
 // it accepts must hold the invariants the server relies on.
 #include <algorithm>
 #include <cmath>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "server/messages_api.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
 
@@ -62,6 +63,28 @@ void fuzz_responses(const std::string& text) {
   for (size_t i = 0; i < events.size(); ++i)
     if (events[i]["sequence_number"] != i) __builtin_trap();
   (void)b.assistant_message().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// POST /v1/messages (Anthropic's): the body, the chat body it runs as, and its content blocks
+// built from the body's own bytes (as text and as a tool call's arguments).
+void fuzz_messages(const std::string& text) {
+  using namespace lragent::server;
+  (void)parse_count_tokens_request(text);
+  auto m = parse_messages_request(text);
+  if (!m.ok()) {
+    if (m.error().message.empty()) __builtin_trap();
+    return;
+  }
+  auto c = parse_chat_request(m->chat.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  if (!c.ok() && c.error().message.empty()) __builtin_trap();
+  MessageBuilder b("msg_fuzz", m->model, 7);
+  std::vector<nlohmann::json> events;
+  b.begin(events);
+  b.thinking(text.substr(0, text.size() / 3), events);
+  b.text(text.substr(text.size() / 3), events);
+  const nlohmann::json calls = {{{"id", "c"}, {"type", "function"}, {"function", {{"name", "f"}, {"arguments", text}}}}};
+  b.finish(calls, "stop", std::nullopt, 3, 9, events);
+  if (events.back()["type"] != "message_stop" || !b.message()["content"].back()["input"].is_object()) __builtin_trap();
 }
 
 // /tokenize and /detokenize bodies.
@@ -145,6 +168,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   fuzz_chat(text);
   fuzz_responses(text);
+  fuzz_messages(text);
   fuzz_tokenize(text);
   fuzz_tool_calls(text);
   auto r = lragent::server::parse_completion_request(text);

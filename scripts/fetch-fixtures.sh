@@ -40,19 +40,26 @@ for name in "${!PACKAGES[@]}"; do
   rm -rf "$tmp/x" "$tarball"
 done
 
-# OpenAI's official JavaScript SDK (no dependencies; Node >= 20), the client the Responses API
-# end-to-end test drives the server with (tests/server/responses_sdk.mjs): its stream helper
-# rebuilds a response from the typed events and throws on an event out of place.
-SDK="openai@6.30.1"
-out="$DEST/openai"
-if [ $force = 0 ] && [ -s "$out/package/index.mjs" ] && [ "$(cat "$out/PACKAGE" 2>/dev/null)" = "$SDK" ]; then
-  echo "fetch-fixtures: openai already present ($SDK)"
-else
-  echo "fetch-fixtures: openai <- $SDK"
-  (cd "$tmp" && npm pack --silent "$SDK" >/dev/null)
+# The official JavaScript SDKs of OpenAI and Anthropic (no dependencies; Node >= 20), the clients
+# the Responses and Messages API end-to-end tests drive the server with
+# (tests/server/responses_sdk.mjs, messages_sdk.mjs): their stream helpers rebuild a response
+# from its events and throw on an event out of place.
+declare -A SDKS=(
+  [openai]="openai@6.30.1"
+  [anthropic]="@anthropic-ai/sdk@0.60.0"
+)
+for name in "${!SDKS[@]}"; do
+  sdk="${SDKS[$name]}"
+  out="$DEST/$name"
+  if [ $force = 0 ] && [ -s "$out/package/package.json" ] && [ "$(cat "$out/PACKAGE" 2>/dev/null)" = "$sdk" ]; then
+    echo "fetch-fixtures: $name already present ($sdk)"
+    continue
+  fi
+  echo "fetch-fixtures: $name <- $sdk"
+  (cd "$tmp" && npm pack --silent "$sdk" >/dev/null)
   rm -rf "$out"
   mkdir -p "$out"
-  tar -xzf "$tmp"/openai-*.tgz -C "$out"
-  echo "$SDK" > "$out/PACKAGE"
-  rm -f "$tmp"/openai-*.tgz
-fi
+  tar -xzf "$(ls "$tmp"/*.tgz)" -C "$out"
+  echo "$sdk" > "$out/PACKAGE"
+  rm -f "$tmp"/*.tgz
+done

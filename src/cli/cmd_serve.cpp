@@ -285,7 +285,7 @@ int run_serve(const ServeFlags& f) {
   if (s.max_pass_tokens() > 0) memory += fmt::format(", passes of at most {} tokens", s.max_pass_tokens());
   fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions{}; kv-share {}, up to {} "
                      "trajectories of {} tokens{}). Ctrl-C stops.\n",
-             fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions, /v1/responses" : "",
+             fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions, /v1/responses, /v1/messages" : "",
              share_mode_name(s.share_mode()), so.pool.max_sessions, s.max_model_len(), memory);
   std::fflush(stderr);
   g_server = &s;
@@ -306,7 +306,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand(
       "serve",
       "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions "
-      "and /v1/chat/completions (and OpenAI's Responses API, /v1/responses); "
+      "and /v1/chat/completions (and OpenAI's Responses API, /v1/responses, and Anthropic's Messages API, "
+      "/v1/messages); "
       "requests whose prompts extend one trajectory share its KV cache across adapters. Also GET /health, "
       "GET /v1/models, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics (Prometheus); "
       "docs/server.md has every field");

@@ -13,6 +13,8 @@
 //   GET  /metrics                Prometheus counters (server/metrics.h)
 //   POST /v1/responses           OpenAI's Responses API (responses_api.h), run as a chat completion;
 //   GET, DELETE /v1/responses/{id}   a stored response (previous_response_id continues it)
+//   POST /v1/messages            Anthropic's Messages API (messages_api.h), run as a chat completion;
+//   POST /v1/messages/count_tokens   its prompt's tokens
 // Requests are batched: one engine thread runs a forward pass at a time over the next pass of
 // every running request (continuous batching, as vLLM's scheduler: decode tokens first, then
 // prompt catch-ups in chunks within --max-num-batched-tokens), each on its own trajectory and
@@ -41,6 +43,7 @@
 #include "engine/guide/token_guide.h"
 #include "engine/memory_plan.h"
 #include "server/metrics.h"
+#include "server/messages_api.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
 #include "server/session_pool.h"
@@ -234,9 +237,15 @@ class Server {
                                   const nlohmann::ordered_json& kwargs) const;
   Error no_chat_template() const;
   void install_routes();
+  // A /v1/chat/completions body (or the one a Responses or Messages request runs as) parsed and
+  // its conversation rendered into the request's prompt; *parsing: how its text splits
+  // (reasoning, tool calls). Errors: the body's, the template's.
+  Result<CompletionRequest> chat_completion_request(std::string_view body, ChatParsing* parsing) const;
   // POST /v1/responses, GET and DELETE /v1/responses/{id} (server_responses.cpp).
   void install_responses_routes();
   void respond_responses(const ResponsesRequest& r, const httplib::Request& http, httplib::Response& res);
+  // POST /v1/messages and /v1/messages/count_tokens, Anthropic's (server_messages.cpp).
+  void install_messages_routes();
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
   // chat: the chat.completion objects, each completion's text parsed as `parsing` says (reasoning,
   // tool calls; streamed too: ChatStream). `http`: the request's connection, watched so that a

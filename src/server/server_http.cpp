@@ -87,12 +87,22 @@ Result<int> Server::bind(const std::string& host, int port) {
 
 Status Server::serve() {
   if (!http_->bound) return make_error(ErrorCode::kInternal, "Server::serve before bind");
-  if (!http_->svr.listen_after_bind()) return make_error(ErrorCode::kIo, "the server's socket failed");
+  if (http_->stop_requested) return Status::Ok();
+  const bool ok = http_->svr.listen_after_bind();
+  if (!ok && !http_->stop_requested) return make_error(ErrorCode::kIo, "the server's socket failed");
   return Status::Ok();
 }
 
 void Server::stop() {
-  if (http_ && http_->svr.is_running()) http_->svr.stop();
+  if (!http_) return;
+  http_->stop_requested = true;
+  if (http_->svr.is_running()) {
+    http_->svr.stop();
+  } else if (http_->bound && http_->socket >= 0) {
+    // Not listening yet (serve() may be about to): httplib's stop() does nothing then, and the
+    // listen would go on for ever. A socket shut down makes its accept fail, so serve() returns.
+    ::shutdown(http_->socket, SHUT_RDWR);
+  }
 }
 
 void Server::install_routes() {
@@ -110,11 +120,12 @@ void Server::install_routes() {
   });
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (opts_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key)
+    // Anthropic's clients send the key as x-api-key.
+    if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key || req.get_header_value("x-api-key") == opts_.api_key)
       return httplib::Server::HandlerResponse::Unhandled;
     send_json(res, 401,
-              json{{"error", {{"message", "missing or wrong API key: send \"Authorization: Bearer <key>\" with the "
-                                          "server's --api-key"},
+              json{{"error", {{"message", "missing or wrong API key: send \"Authorization: Bearer <key>\" (or "
+                                          "\"x-api-key: <key>\") with the server's --api-key"},
                               {"type", "authentication_error"},
                               {"param", nullptr},
                               {"code", 401}}}});
@@ -125,7 +136,8 @@ void Server::install_routes() {
     std::string msg;
     if (res.status == 404)
       msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions, "
-                        "POST /v1/chat/completions, POST /v1/responses, GET|DELETE /v1/responses/{{id}}, POST /tokenize, "
+                        "POST /v1/chat/completions, POST /v1/responses, GET|DELETE /v1/responses/{{id}}, POST /v1/messages, "
+                        "POST /v1/messages/count_tokens, POST /tokenize, "
                         "POST /detokenize, GET /lragent/sessions, GET /metrics",
                         req.method, req.path);
     else if (res.status == 413)
@@ -152,7 +164,8 @@ void Server::install_routes() {
     // Known routes by name; anything else as "other" (a scan of random paths must not grow the
     // metrics without bound).
     static const char* const kRoutes[] = {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
-                                          "/v1/responses", "/lragent/sessions", "/tokenize", "/detokenize", "/metrics"};
+                                          "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
+                                          "/lragent/sessions", "/tokenize", "/detokenize", "/metrics"};
     std::string route = "other";
     for (const char* r : kRoutes)
       if (req.path == r) route = r;
@@ -213,7 +226,8 @@ void Server::install_routes() {
                                           {"type", "invalid_request_error"}, {"param", nullptr}, {"code", 405}}}});
     };
   };
-  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"}) {
+  for (const char* route : {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
+                            "/v1/messages/count_tokens", "/tokenize", "/detokenize"}) {
     svr.Get(route, wrong_method("POST"));
     svr.Put(route, wrong_method("POST"));
     svr.Delete(route, wrong_method("POST"));
@@ -267,29 +281,35 @@ void Server::install_routes() {
   });
   post_route(svr, "/v1/chat/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
     if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
-    auto parsed = parse_chat_request(body, tool_call_format());
-    if (!parsed.ok()) return send_error(res, parsed.error());
-    auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools,
-                            parsed->template_kwargs);
-    if (!text.ok()) return send_error(res, text.error());
-    CompletionRequest req = std::move(parsed->req);
-    PromptInput p;
-    p.text = std::move(*text);
-    p.add_special_tokens = false;  // the template wrote BOS (or wants none), as vLLM tokenizes chat
-    req.prompts = {std::move(p)};
     ChatParsing parsing;
-    parsing.tool_calls = parsed->tool_calls;
-    // Qwen3 thinks unless the request turned it off (its template then closes an empty block).
-    if (opts_.reasoning_parser)
-      parsing.reasoning = *opts_.reasoning_parser != ReasoningFormat::kQwen3 || parsed->enable_thinking;
-    // A thinking model's structured output (a forced call too) is enforced once it has reasoned.
-    if (parsing.reasoning.value_or(false) && !req.guided_from.empty()) {
-      if (req.guided_grammar.empty()) req.guided_regex = after_reasoning(req.guided_regex);
-      else req.guided_grammar = guide::grammar_after_reasoning(req.guided_grammar, req.guided_grammar_root, &req.guided_grammar_root);
-    }
-    respond(std::move(req), /*chat=*/true, http, res, parsing);
+    auto req = chat_completion_request(body, &parsing);
+    if (!req.ok()) return send_error(res, req.error());
+    respond(std::move(*req), /*chat=*/true, http, res, parsing);
   });
   install_responses_routes();
+  install_messages_routes();
+}
+
+Result<CompletionRequest> Server::chat_completion_request(std::string_view body, ChatParsing* parsing) const {
+  LRA_ASSIGN_OR_RETURN(ChatRequest parsed, parse_chat_request(body, tool_call_format()));
+  LRA_ASSIGN_OR_RETURN(std::string text, render_chat(parsed.messages, parsed.add_generation_prompt, parsed.enable_thinking,
+                                                     parsed.tools, parsed.template_kwargs));
+  CompletionRequest req = std::move(parsed.req);
+  PromptInput p;
+  p.text = std::move(text);
+  p.add_special_tokens = false;  // the template wrote BOS (or wants none), as vLLM tokenizes chat
+  req.prompts = {std::move(p)};
+  *parsing = ChatParsing{};
+  parsing->tool_calls = parsed.tool_calls;
+  // Qwen3 thinks unless the request turned it off (its template then closes an empty block).
+  if (opts_.reasoning_parser)
+    parsing->reasoning = *opts_.reasoning_parser != ReasoningFormat::kQwen3 || parsed.enable_thinking;
+  // A thinking model's structured output (a forced call too) is enforced once it has reasoned.
+  if (parsing->reasoning.value_or(false) && !req.guided_from.empty()) {
+    if (req.guided_grammar.empty()) req.guided_regex = after_reasoning(req.guided_regex);
+    else req.guided_grammar = guide::grammar_after_reasoning(req.guided_grammar, req.guided_grammar_root, &req.guided_grammar_root);
+  }
+  return req;
 }
 
 ToolCallFormat Server::tool_call_format() const {

@@ -2,6 +2,7 @@
 // side: routes, responses) share of Server's insides. Not part of the API.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -20,6 +21,7 @@ struct Server::Http {
   httplib::Server svr;
   bool bound = false;
   int socket = -1;  // the socket httplib last made (set_socket_options sees each before its bind)
+  std::atomic<bool> stop_requested{false};  // stop() was called, maybe before serve() listened
 };
 
 struct Server::Prepared {

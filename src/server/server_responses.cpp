@@ -4,7 +4,6 @@
 // "store", the response is kept for GET /v1/responses/{id} and previous_response_id.
 #include <httplib.h>
 
-#include "engine/guide/grammar.h"
 #include "server/client_socket.h"
 #include "server/server_internal.h"
 
@@ -48,25 +47,10 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
     if (!h.ok()) return send_error(res, h.error());
     history = std::move(*h);
   }
-  auto parsed = parse_chat_request(chat_body(r, history), tool_call_format());
-  if (!parsed.ok()) return send_error(res, parsed.error());
-  auto text = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools,
-                          parsed->template_kwargs);
-  if (!text.ok()) return send_error(res, text.error());
-  CompletionRequest req = std::move(parsed->req);
-  PromptInput p;
-  p.text = std::move(*text);
-  p.add_special_tokens = false;  // the template wrote BOS (or wants none)
-  req.prompts = {std::move(p)};
   ChatParsing parsing;
-  parsing.tool_calls = parsed->tool_calls;
-  if (opts_.reasoning_parser)
-    parsing.reasoning = *opts_.reasoning_parser != ReasoningFormat::kQwen3 || parsed->enable_thinking;
-  if (parsing.reasoning.value_or(false) && !req.guided_from.empty()) {
-    if (req.guided_grammar.empty()) req.guided_regex = after_reasoning(req.guided_regex);
-    else req.guided_grammar = guide::grammar_after_reasoning(req.guided_grammar, req.guided_grammar_root, &req.guided_grammar_root);
-  }
-  auto prepared = prepare(req);
+  auto req = chat_completion_request(chat_body(r, history), &parsing);
+  if (!req.ok()) return send_error(res, req.error());
+  auto prepared = prepare(*req);
   if (!prepared.ok()) return send_error(res, prepared.error());
 
   // One builder and text splitter for the response, shared by the stream's provider (copied by

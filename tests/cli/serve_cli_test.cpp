@@ -110,7 +110,7 @@ TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("chat template: llama3 (" + dir + "/chat_template.jinja)"), std::string::npos) << r.err;
   // The start-up line names the chat route only when there is a template to serve it.
-  EXPECT_NE(r.err.find("/v1/completions, /v1/chat/completions, /v1/responses;"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/v1/completions, /v1/chat/completions, /v1/responses, /v1/messages;"), std::string::npos) << r.err;
 
   const std::string model = "--model " + shell_quote(testing::tinystories_dir());
   r = serve_until("INT", 6, model + " --port 0 --chat-template " + shell_quote(llama3));  // the text itself

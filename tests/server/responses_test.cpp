@@ -6,26 +6,16 @@
 // must read what the server sends, streamed and whole.
 #include <gtest/gtest.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
-#include "backend/backend.h"
-#include "model/synthetic.h"
-#include "server/chat_template.h"
 #include "server/http_fixture.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
-#include "server/server.h"
-#include "server/template_fixture.h"
-#include "test_util.h"
+#include "server/synthetic_chat_fixture.h"
 
 namespace lragent::server {
 namespace {
@@ -258,60 +248,7 @@ TEST(ResponsesApi, TheStoreKeepsConversationsAndDropsTheLeastRecentlyUsed) {
 }
 
 // --- End to end over HTTP --------------------------------------------------------------------
-class ResponsesTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    be_ = make_cpu_backend(2);
-    auto m = make_synthetic_model(SyntheticSpec{}, *be_);
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    model_ = std::move(*m);
-    tok_ = make_byte_tokenizer();
-    for (auto& a : make_synthetic_adapters(model_->config())) ASSERT_TRUE(reg_.add(std::move(a)).ok());
-    start({});
-  }
-  // Serves the synthetic model with Qwen2.5's real template (and `o`'s other options), in place
-  // of the server before.
-  void start(ServerOptions o) {
-    TearDown();
-    const auto tokens = testing::template_tokens();
-    auto t = ChatTemplate::from_tokenizer_config(testing::config_for("qwen2_5", tokens), "qwen2_5");
-    ASSERT_TRUE(t.ok()) << t.error().message;
-    o.base_name = "tiny";
-    o.chat_template = *t;
-    o.pool.replay.sharing.mode = ShareMode::kBaseLr;
-    o.pool.replay.sharing.max_tokens = 2048;
-    auto s = Server::create(*model_, tok_.get(), &reg_, o);
-    ASSERT_TRUE(s.ok()) << s.error().message;
-    server_ = std::move(*s);
-    auto port = server_->bind("127.0.0.1", 0);
-    ASSERT_TRUE(port.ok()) << port.error().message;
-    port_ = *port;
-    thread_ = std::thread([this] { (void)server_->serve(); });
-  }
-  void TearDown() override {
-    if (server_) server_->stop();
-    if (thread_.joinable()) thread_.join();
-    server_.reset();
-  }
-  std::pair<int, std::string> post(const char* path, const json& body) const {
-    httplib::Client c("127.0.0.1", port_);
-    c.set_read_timeout(120, 0);
-    auto res = c.Post(path, body.dump(), "application/json");
-    return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
-  }
-  static json ascii_only() {  // the byte tokenizer hands out a character's bytes one by one
-    json bias = json::object();
-    for (int b = 0x80; b < 0x100; ++b) bias[std::to_string(3 + b)] = -100;
-    return bias;
-  }
-  std::unique_ptr<Backend> be_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Tokenizer> tok_;
-  AdapterRegistry reg_;
-  std::unique_ptr<Server> server_;
-  std::thread thread_;
-  int port_ = 0;
-};
+class ResponsesTest : public testing::SyntheticChatServerTest {};
 
 // A response's text is the chat completion's for the same conversation and seed, whole and
 // streamed; a continued response runs on its conversation (another agent reads its cache) and
@@ -446,19 +383,7 @@ TEST_F(ResponsesTest, ReasoningIsAnItemOfItsOwn) {
 
 // OpenAI's JavaScript SDK reads the server's responses and events (tests/server/responses_sdk.mjs).
 TEST_F(ResponsesTest, OpenAisSdkReadsWhatTheServerSends) {
-  const std::string sdk = testing::fetched_fixtures_dir() + "/openai/package/index.mjs";
-  if (!std::ifstream(sdk)) GTEST_SKIP() << "no OpenAI SDK at " << sdk << " (scripts/fetch-fixtures.sh)";
-  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no node on PATH";
-  const std::string cmd = fmt::format("node {}/tests/server/responses_sdk.mjs {} http://127.0.0.1:{}/v1 plan 2>&1",
-                                      testing::source_dir(), sdk, port_);
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  const int status = pclose(p);
-  EXPECT_EQ(status, 0) << out;
-  EXPECT_NE(out.find("ok"), std::string::npos) << out;
+  run_sdk_script("responses_sdk.mjs", "openai", fmt::format("http://127.0.0.1:{}/v1", port_));
 }
 
 }  // namespace
