@@ -1,10 +1,10 @@
 #include "server/messages_api.h"
 
-#include <random>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "server/api_translation.h"
 #include "server/chat_template.h"
 
 namespace lragent::server {
@@ -13,25 +13,7 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-Error bad(std::string msg) { return Error{ErrorCode::kInvalidArgument, std::move(msg)}; }
-Error unsupported(std::string msg) { return Error{ErrorCode::kUnsupported, std::move(msg)}; }
-
-const ordered_json& field(const ordered_json& o, const char* name) {
-  static const ordered_json kNull;
-  const auto it = o.find(name);
-  return it == o.end() ? kNull : *it;
-}
-
-Result<std::string> get_string(const ordered_json& o, const char* name, const std::string& where) {
-  const ordered_json& v = field(o, name);
-  if (!v.is_string()) return bad(fmt::format("{}.{} must be a string", where, name));
-  return v.get<std::string>();
-}
-
-std::string block_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{}_{:016x}{:08x}", prefix, rng(), static_cast<uint32_t>(rng()));
-}
+using namespace translation;
 
 // Text blocks ({"type": "text", "text"}; cache_control and citations ignored) as one string, or
 // a string as is: a system prompt or a tool result's content.
@@ -298,7 +280,7 @@ void MessageBuilder::finish(const json& tool_calls, const std::string& finish_re
     // The API's input is an object: arguments that are not one (a parser that keeps them as
     // written, DeepSeek's) are handed over under "arguments".
     if (input.is_discarded() || !input.is_object()) input = json{{"arguments", arguments}};
-    open({{"type", "tool_use"}, {"id", block_id("toolu")}, {"name", call["function"].value("name", "")}, {"input", json::object()}},
+    open({{"type", "tool_use"}, {"id", translation::random_id("toolu")}, {"name", call["function"].value("name", "")}, {"input", json::object()}},
          events);
     const std::string partial = input.dump(-1, ' ', false, json::error_handler_t::replace);
     events.push_back({{"type", "content_block_delta"}, {"index", open_},

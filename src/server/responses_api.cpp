@@ -1,9 +1,10 @@
 #include "server/responses_api.h"
 
-#include <random>
 #include <utility>
 
 #include <fmt/format.h>
+
+#include "server/api_translation.h"
 
 namespace lragent::server {
 namespace {
@@ -11,25 +12,7 @@ namespace {
 using nlohmann::json;
 using nlohmann::ordered_json;
 
-Error bad(std::string msg) { return Error{ErrorCode::kInvalidArgument, std::move(msg)}; }
-Error unsupported(std::string msg) { return Error{ErrorCode::kUnsupported, std::move(msg)}; }
-
-const ordered_json& field(const ordered_json& o, const char* name) {
-  static const ordered_json kNull;
-  const auto it = o.find(name);
-  return it == o.end() ? kNull : *it;
-}
-
-Result<std::string> get_string(const ordered_json& o, const char* name, const std::string& where) {
-  const ordered_json& v = field(o, name);
-  if (!v.is_string()) return bad(fmt::format("{}.{} must be a string", where, name));
-  return v.get<std::string>();
-}
-
-std::string item_id(const char* prefix) {
-  static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{}_{:016x}{:016x}", prefix, rng(), rng());
-}
+using namespace translation;
 
 // A message's content: a string as is, or its text parts in chat's form.
 Result<ordered_json> content_of(const ordered_json& content, const std::string& where) {
@@ -314,7 +297,7 @@ void ResponseBuilder::reasoning(const std::string& delta, std::vector<json>& eve
   if (open_ < 0) {
     open_ = static_cast<int>(output.size());
     open_is_reasoning_ = true;
-    json item = {{"id", item_id("rs")}, {"type", "reasoning"}, {"summary", json::array()},
+    json item = {{"id", translation::random_id("rs")}, {"type", "reasoning"}, {"summary", json::array()},
                  {"content", json::array()}, {"status", "in_progress"}};
     json added = event("response.output_item.added");
     added["output_index"] = open_;
@@ -341,7 +324,7 @@ void ResponseBuilder::text(const std::string& delta, std::vector<json>& events) 
   if (open_ < 0) {
     open_ = static_cast<int>(output.size());
     open_is_reasoning_ = false;
-    json item = {{"id", item_id("msg")}, {"type", "message"}, {"status", "in_progress"}, {"role", "assistant"},
+    json item = {{"id", translation::random_id("msg")}, {"type", "message"}, {"status", "in_progress"}, {"role", "assistant"},
                  {"content", json::array()}};
     json added = event("response.output_item.added");
     added["output_index"] = open_;
@@ -386,7 +369,7 @@ void ResponseBuilder::finish(const json& tool_calls, const std::string& finish_r
   json& output = response_["output"];
   for (const json& call : tool_calls) {
     const int index = static_cast<int>(output.size());
-    json item = {{"id", item_id("fc")},
+    json item = {{"id", translation::random_id("fc")},
                  {"type", "function_call"},
                  {"call_id", call.value("id", "")},
                  {"name", call["function"].value("name", "")},
@@ -474,11 +457,7 @@ void ResponseStore::shrink() {
 void ResponseStore::put(const std::string& id, const std::string& previous_id, json response,
                         ordered_json turn_messages) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = entries_.find(id); it != entries_.end()) {
-    bytes_ -= it->second.bytes;
-    lru_.erase(it->second.lru);
-    entries_.erase(it);
-  }
+  erase_locked(id);
   Entry e;
   e.previous = previous_id;
   e.bytes = response.dump(-1, ' ', false, json::error_handler_t::replace).size() +
@@ -511,6 +490,10 @@ std::optional<json> ResponseStore::get(const std::string& id) {
 
 bool ResponseStore::erase(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
+  return erase_locked(id);
+}
+
+bool ResponseStore::erase_locked(const std::string& id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return false;
   bytes_ -= it->second.bytes;

@@ -120,6 +120,7 @@ class ResponseStore {
   };
   void touch(Entry& e, const std::string& id);
   void shrink();
+  bool erase_locked(const std::string& id);  // mu_ held
   mutable std::mutex mu_;
   size_t max_responses_, max_bytes_, bytes_ = 0;
   std::unordered_map<std::string, Entry> entries_;

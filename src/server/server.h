@@ -246,6 +246,10 @@ class Server {
   void respond_responses(const ResponsesRequest& r, const httplib::Request& http, httplib::Response& res);
   // POST /v1/messages and /v1/messages/count_tokens, Anthropic's (server_messages.cpp).
   void install_messages_routes();
+  struct EventAnswer;  // server_internal.h
+  // Runs a prepared request (its first choice) and answers it as `answer` builds it.
+  void respond_events(Prepared p, bool stream, const httplib::Request& http, httplib::Response& res,
+                      std::shared_ptr<EventAnswer> answer);
   // Runs a parsed request and writes its response (JSON, or server-sent events when streaming);
   // chat: the chat.completion objects, each completion's text parsed as `parsing` says (reasoning,
   // tool calls; streamed too: ChatStream). `http`: the request's connection, watched so that a

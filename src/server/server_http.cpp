@@ -482,4 +482,50 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   });
 }
 
+void Server::respond_events(Prepared prepared, bool stream, const httplib::Request& http, httplib::Response& res,
+                            std::shared_ptr<EventAnswer> answer) {
+  if (!stream) {
+    const int fd = find_client_socket(http.remote_addr, http.remote_port, http.local_port);
+    AliveFn alive;
+    if (fd >= 0) alive = [fd] { return client_still_there(fd); };
+    auto out = run(prepared, {}, alive);
+    if (!out.ok()) return answer->send_error(res, out.error());
+    if (out->empty()) return answer->send_error(res, Error{ErrorCode::kInternal, "a request ended with no completion"});
+    EventAnswer::Events unsent;
+    answer->begin(unsent);
+    answer->push(out->front().text, unsent);
+    answer->finish(out->front(), unsent);
+    return send_json(res, 200, answer->whole());
+  }
+  auto p = std::make_shared<const Prepared>(std::move(prepared));
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, p, answer](size_t, httplib::DataSink& sink) {
+    auto send = [&sink](EventAnswer::Events& events) {
+      bool ok = true;
+      for (const json& e : events) {
+        const std::string line = "event: " + e.value("type", "") + "\ndata: " + dump(e) + "\n\n";
+        ok = ok && sink.write(line.data(), line.size());
+      }
+      events.clear();
+      return ok;
+    };
+    EventAnswer::Events events;
+    answer->begin(events);
+    if (!send(events)) return false;
+    const AliveFn alive = [&sink] { return !sink.is_writable || sink.is_writable(); };
+    auto out = run(*p, [&](const CompletionDelta& d) {
+      answer->push(d.text, events);
+      return send(events);
+    }, alive);
+    if (!out.ok()) {
+      answer->fail(out.error(), events);
+    } else if (!out->empty()) {
+      answer->finish(out->front(), events);
+    }
+    send(events);
+    sink.done();
+    return true;
+  });
+}
+
 }  // namespace lragent::server

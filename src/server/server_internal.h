@@ -48,6 +48,20 @@ void post_route(httplib::Server& svr, const char* route,
 std::string random_id(const char* prefix);  // "<prefix>-<16 hex digits>"
 }  // namespace routes
 
+// An API whose answer is built from a completion's text as typed events (the Responses and
+// Messages APIs: server_responses.cpp, server_messages.cpp), run by Server::respond_events:
+// whole (its events built, not sent, and whole() answered) or streamed as server-sent events
+// `event: TYPE` / `data: JSON` (no [DONE] line, as those APIs send none).
+struct Server::EventAnswer {
+  using Events = std::vector<nlohmann::json>;
+  std::function<void(Events&)> begin;
+  std::function<void(const std::string& piece, Events&)> push;  // the completion's text, a piece at a time
+  std::function<void(const CompletionChoice&, Events&)> finish;
+  std::function<void(const Error&, Events&)> fail;              // after the stream started
+  std::function<nlohmann::json()> whole;                        // the answer when not streamed
+  std::function<void(httplib::Response&, const Error&)> send_error;
+};
+
 inline int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
