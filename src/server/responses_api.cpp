@@ -290,47 +290,27 @@ void ResponseBuilder::begin(std::vector<json>& events) {
   }
 }
 
-void ResponseBuilder::reasoning(const std::string& delta, std::vector<json>& events) {
-  if (delta.empty()) return;
-  if (open_ >= 0 && !open_is_reasoning_) close_open_item(events);
-  json& output = response_["output"];
-  if (open_ < 0) {
-    open_ = static_cast<int>(output.size());
-    open_is_reasoning_ = true;
-    json item = {{"id", translation::random_id("rs")}, {"type", "reasoning"}, {"summary", json::array()},
-                 {"content", json::array()}, {"status", "in_progress"}};
-    json added = event("response.output_item.added");
-    added["output_index"] = open_;
-    added["item"] = item;
-    events.push_back(std::move(added));
-    const json part = {{"type", "reasoning_text"}, {"text", ""}};
-    json part_added = event("response.content_part.added");
-    part_added.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"part", part}});
-    events.push_back(std::move(part_added));
-    item["content"].push_back(part);
-    output.push_back(std::move(item));
-  }
-  json& item = output[static_cast<size_t>(open_)];
-  item["content"][0]["text"] = item["content"][0]["text"].get<std::string>() + delta;
-  json d = event("response.reasoning_text.delta");
-  d.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"delta", delta}});
-  events.push_back(std::move(d));
-}
+void ResponseBuilder::reasoning(const std::string& delta, std::vector<json>& events) { append(true, delta, events); }
+void ResponseBuilder::text(const std::string& delta, std::vector<json>& events) { append(false, delta, events); }
 
-void ResponseBuilder::text(const std::string& delta, std::vector<json>& events) {
+void ResponseBuilder::append(bool reasoning, const std::string& delta, std::vector<json>& events) {
   if (delta.empty()) return;
-  if (open_ >= 0 && open_is_reasoning_) close_open_item(events);
+  if (open_ >= 0 && open_is_reasoning_ != reasoning) close_open_item(events);
   json& output = response_["output"];
   if (open_ < 0) {
     open_ = static_cast<int>(output.size());
-    open_is_reasoning_ = false;
-    json item = {{"id", translation::random_id("msg")}, {"type", "message"}, {"status", "in_progress"}, {"role", "assistant"},
-                 {"content", json::array()}};
+    open_is_reasoning_ = reasoning;
+    json item = reasoning ? json{{"id", translation::random_id("rs")}, {"type", "reasoning"}, {"summary", json::array()},
+                                 {"content", json::array()}, {"status", "in_progress"}}
+                          : json{{"id", translation::random_id("msg")}, {"type", "message"}, {"status", "in_progress"},
+                                 {"role", "assistant"}, {"content", json::array()}};
     json added = event("response.output_item.added");
     added["output_index"] = open_;
     added["item"] = item;
     events.push_back(std::move(added));
-    const json part = {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}, {"logprobs", json::array()}};
+    const json part = reasoning ? json{{"type", "reasoning_text"}, {"text", ""}}
+                                : json{{"type", "output_text"}, {"text", ""}, {"annotations", json::array()},
+                                       {"logprobs", json::array()}};
     json part_added = event("response.content_part.added");
     part_added.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"part", part}});
     events.push_back(std::move(part_added));
@@ -339,9 +319,9 @@ void ResponseBuilder::text(const std::string& delta, std::vector<json>& events) 
   }
   json& item = output[static_cast<size_t>(open_)];
   item["content"][0]["text"] = item["content"][0]["text"].get<std::string>() + delta;
-  json d = event("response.output_text.delta");
-  d.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"delta", delta},
-            {"logprobs", json::array()}});
+  json d = event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta");
+  d.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"delta", delta}});
+  if (!reasoning) d["logprobs"] = json::array();
   events.push_back(std::move(d));
 }
 

@@ -82,6 +82,8 @@ class ResponseBuilder {
 
  private:
   nlohmann::json event(const char* type);
+  // A piece of the reasoning item's text or of the message's, opening it first.
+  void append(bool reasoning, const std::string& delta, std::vector<nlohmann::json>& events);
   void close_open_item(std::vector<nlohmann::json>& events);
   nlohmann::json response_;
   int64_t sequence_ = 0;

@@ -188,12 +188,9 @@ class MessagesTest : public testing::SyntheticChatServerTest {};
 // streamed; errors come in the API's shape.
 TEST_F(MessagesTest, AMessageIsTheChatCompletionOfItsConversation) {
   const json sampling = {{"temperature", 0.8}, {"seed", 9}, {"logit_bias", ascii_only()}};
-  json chat = {{"model", "plan"}, {"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}}},
-               {"max_tokens", 20}};
-  chat.update(sampling);
-  auto [cst, ctext] = post("/v1/chat/completions", chat);
-  ASSERT_EQ(cst, 200) << ctext;
-  const json cj = json::parse(ctext);
+  const json cj = chat_reference("plan", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}},
+                                  20, sampling);
+  ASSERT_FALSE(cj.is_null());
   const std::string want = cj["choices"][0]["message"]["content"];
 
   json body = {{"model", "plan"}, {"system", "Be brief."}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 20}};
@@ -272,11 +269,9 @@ TEST_F(MessagesTest, ThinkingIsABlockOfItsOwn) {
   o.reasoning_parser = ReasoningFormat::kQwen3;
   start(o);
   const json sampling = {{"temperature", 0.8}, {"seed", 4}, {"logit_bias", ascii_only()}};
-  json chat = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Which is older?"}}}}, {"max_tokens", 24}};
-  chat.update(sampling);
-  auto [cst, ctext] = post("/v1/chat/completions", chat);
-  ASSERT_EQ(cst, 200) << ctext;
-  const std::string reasoning = json::parse(ctext)["choices"][0]["message"]["reasoning_content"];
+  const json cj = chat_reference("plan", {{{"role", "user"}, {"content", "Which is older?"}}}, 24, sampling);
+  ASSERT_FALSE(cj.is_null());
+  const std::string reasoning = cj["choices"][0]["message"]["reasoning_content"];
 
   json body = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Which is older?"}}}}, {"max_tokens", 24}};
   body.update(sampling);

@@ -255,12 +255,9 @@ class ResponsesTest : public testing::SyntheticChatServerTest {};
 // gives what sending the whole conversation gives.
 TEST_F(ResponsesTest, AResponseIsTheChatCompletionOfItsConversation) {
   const json sampling = {{"temperature", 0.8}, {"seed", 9}, {"logit_bias", ascii_only()}};
-  json chat = {{"model", "plan"}, {"messages", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}}},
-               {"max_tokens", 20}};
-  chat.update(sampling);
-  auto [cst, ctext] = post("/v1/chat/completions", chat);
-  ASSERT_EQ(cst, 200) << ctext;
-  const json cj = json::parse(ctext);
+  const json cj = chat_reference("plan", {{{"role", "system"}, {"content", "Be brief."}}, {{"role", "user"}, {"content", "Hi"}}},
+                                  20, sampling);
+  ASSERT_FALSE(cj.is_null());
   const std::string want = cj["choices"][0]["message"]["content"];
 
   json body = {{"model", "plan"}, {"instructions", "Be brief."}, {"input", "Hi"}, {"max_output_tokens", 20}};
@@ -298,12 +295,9 @@ TEST_F(ResponsesTest, AResponseIsTheChatCompletionOfItsConversation) {
   auto [nst, ntext] = post("/v1/responses", next);
   ASSERT_EQ(nst, 200) << ntext;
   const json n = json::parse(ntext);
-  json whole = {{"model", "action"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", want}},
-                {{"role", "user"}, {"content", "More?"}}}}, {"max_tokens", 12}};
-  whole.update(sampling);
-  auto [wst, wtext] = post("/v1/chat/completions", whole);
-  ASSERT_EQ(wst, 200) << wtext;
-  const json w = json::parse(wtext);
+  const json w = chat_reference("action", {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", want}},
+                                          {{"role", "user"}, {"content", "More?"}}}, 12, sampling);
+  ASSERT_FALSE(w.is_null());
   EXPECT_EQ(n["output"][0]["content"][0]["text"], w["choices"][0]["message"]["content"]);
   EXPECT_EQ(n["usage"]["input_tokens"], w["usage"]["prompt_tokens"]);
   EXPECT_GT(n["usage"]["input_tokens_details"]["cached_tokens"].get<int>(), 0);
@@ -342,11 +336,9 @@ TEST_F(ResponsesTest, ReasoningIsAnItemOfItsOwn) {
   o.reasoning_parser = ReasoningFormat::kQwen3;
   start(o);
   const json sampling = {{"temperature", 0.8}, {"seed", 4}, {"logit_bias", ascii_only()}};
-  json chat = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Which is older?"}}}}, {"max_tokens", 24}};
-  chat.update(sampling);
-  auto [cst, ctext] = post("/v1/chat/completions", chat);
-  ASSERT_EQ(cst, 200) << ctext;
-  const std::string reasoning = json::parse(ctext)["choices"][0]["message"]["reasoning_content"];
+  const json cj = chat_reference("plan", {{{"role", "user"}, {"content", "Which is older?"}}}, 24, sampling);
+  ASSERT_FALSE(cj.is_null());
+  const std::string reasoning = cj["choices"][0]["message"]["reasoning_content"];
   ASSERT_FALSE(reasoning.empty());
 
   json body = {{"model", "plan"}, {"input", "Which is older?"}, {"max_output_tokens", 24}};

@@ -67,6 +67,19 @@ class SyntheticChatServerTest : public ::testing::Test {
     auto res = c.Post(path, body.dump(), "application/json");
     return res ? std::pair<int, std::string>{res->status, res->body} : std::pair<int, std::string>{-1, ""};
   }
+  // The /v1/chat/completions answer a translated API's answer is checked against: `messages`
+  // with the sampling fields (null, and a failure, when it is not a 200).
+  nlohmann::json chat_reference(const char* model, const nlohmann::json& messages, int max_tokens,
+                                const nlohmann::json& sampling) const {
+    nlohmann::json body = {{"model", model}, {"messages", messages}, {"max_tokens", max_tokens}};
+    body.update(sampling);
+    auto [status, text] = post("/v1/chat/completions", body);
+    if (status != 200) {
+      ADD_FAILURE() << "chat reference: " << status << " " << text;
+      return nullptr;
+    }
+    return nlohmann::json::parse(text);
+  }
   // logit_bias keeping the text ASCII: the byte tokenizer hands out a character's bytes one by
   // one, and each event's JSON would replace a split one.
   static nlohmann::json ascii_only() {
