@@ -107,6 +107,11 @@ std::string Metrics::render() const {
   out += fmt::format("lragent:num_requests_running {}\n", running_.load());
   header(out, "lragent:num_requests_waiting", "gauge", "Requests waiting for the engine.");
   out += fmt::format("lragent:num_requests_waiting {}\n", waiting_.load());
+  header(out, "lragent:stored_responses", "gauge",
+         "Responses kept in memory for GET /v1/responses/{id} and previous_response_id (--max-stored-responses).");
+  out += fmt::format("lragent:stored_responses {}\n", stored_responses_.load());
+  header(out, "lragent:stored_response_bytes", "gauge", "Bytes of the stored responses' JSON (at most 256 MB).");
+  out += fmt::format("lragent:stored_response_bytes {}\n", stored_response_bytes_.load());
 
   auto per_model = [&](const char* name, const char* help, auto value) {
     header(out, name, "counter", help);

@@ -83,6 +83,11 @@ class Metrics {
   void request_done() { --running_; }
   // One batched forward pass of the engine: the requests it served and the tokens it ran.
   void record_pass(int64_t sequences, int64_t tokens);
+  // The Responses API's stored responses (ResponseStore's size and bytes), as /metrics is asked.
+  void set_stored_responses(int64_t count, int64_t bytes) {
+    stored_responses_ = count;
+    stored_response_bytes_ = bytes;
+  }
   // Prometheus text exposition format 0.0.4.
   std::string render() const;
 
@@ -99,6 +104,7 @@ class Metrics {
   int64_t passes_ = 0, pass_sequences_ = 0;
   Histogram pass_tokens_{Histogram::iteration_token_bounds()};
   std::atomic<int64_t> running_{0}, waiting_{0};
+  std::atomic<int64_t> stored_responses_{0}, stored_response_bytes_{0};
 };
 
 }  // namespace lragent::server

@@ -241,6 +241,7 @@ void Server::install_routes() {
   }
   // Never waits for the engine: the figures are those the last request left (metrics.h).
   svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    metrics_.set_stored_responses(static_cast<int64_t>(responses_->size()), static_cast<int64_t>(responses_->bytes()));
     res.status = 200;
     res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -303,8 +303,11 @@ TEST_F(ResponsesTest, AResponseIsTheChatCompletionOfItsConversation) {
   EXPECT_GT(n["usage"]["input_tokens_details"]["cached_tokens"].get<int>(), 0);
   EXPECT_EQ(n["previous_response_id"], r["id"]);
 
-  // Stored: GET gives it back, DELETE drops it, and then it is a 404 to continue.
+  // Stored: GET gives it back, DELETE drops it, and then it is a 404 to continue; /metrics counts them.
   httplib::Client c("127.0.0.1", port_);
+  auto metrics = c.Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_NE(metrics->body.find("\nlragent:stored_responses 3\n"), std::string::npos) << metrics->body;
   auto got = c.Get(fmt::format("/v1/responses/{}", r["id"].get<std::string>()));
   ASSERT_TRUE(got);
   EXPECT_EQ(got->status, 200);
