@@ -155,6 +155,11 @@ Result<MessagesRequest> parse(std::string_view body, bool count_only) {
   const ordered_json& msgs = field(b, "messages");
   if (!msgs.is_array() || msgs.empty()) return bad("'messages' must be a non-empty list of {\"role\", \"content\"}");
   for (size_t i = 0; i < msgs.size(); ++i) LRA_RETURN_IF_ERROR(add_message(msgs[i], fmt::format("messages[{}]", i), messages));
+  // The API continues a last assistant message (a "prefill"); a chat template opens a new turn
+  // after it instead, which would answer something else than what was asked.
+  if (field(msgs.back(), "role") == "assistant")
+    return unsupported(fmt::format("messages[{}] is an assistant message: continuing it (a prefill) is not served; "
+                                   "end with a user message", msgs.size() - 1));
   chat["messages"] = std::move(messages);
   chat["stream"] = r.stream;
 

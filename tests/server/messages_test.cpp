@@ -107,6 +107,9 @@ TEST(MessagesApi, WhatIsNotServedIsRefusedByName) {
             std::string::npos);
   EXPECT_NE(error_of({{"max_tokens", 5}, {"messages", user}, {"mcp_servers", json::array()}}).find("mcp_servers"),
             std::string::npos);
+  EXPECT_NE(error_of({{"max_tokens", 5}, {"messages", {{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "The"}}}}})
+                .find("messages[1] is an assistant message: continuing it (a prefill) is not served"),
+            std::string::npos);
   EXPECT_NE(error_of({{"max_tokens", 5}, {"messages", user}, {"thinking", {{"type", "maybe"}}}}).find("'thinking'"),
             std::string::npos);
   auto u = parse_messages_request(json({{"max_tokens", 5}, {"messages", {{{"role", "user"}, {"content", {{{"type", "document"}}}}}}}}).dump());
