@@ -46,6 +46,8 @@ struct ServeFlags {
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
   std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
   std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
+  bool vllm_enable_lora = false;       // --enable-lora: vLLM's; adapters are always served
+  bool vllm_auto_tool_choice = false;  // --enable-auto-tool-choice: vLLM's; tool calls are always parsed
   std::string preset;         // a synthetic model with a published model's shapes (benchmarks)
   int preset_rank = 16;
   std::string preset_adapters = "shared";
@@ -413,7 +415,16 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                                  "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b, qwen3-8b or tiny (random "
                                  "weights made on the device, byte tokenizer) and bench trace's plan/action/reflect "
                                  "adapters, instead of --model: for measuring the server");
-  preset->excludes("--model")->excludes("--adapter");
+  // vLLM's command line: `vllm serve MODEL --enable-lora --lora-modules NAME=DIR ... --enable-auto-tool-choice`.
+  auto* positional = cmd->add_option("model_dir", f->model.model_dir,
+                                     "The model directory, as --model (vLLM's `serve MODEL` form)");
+  positional->excludes("--model");
+  preset->excludes("--model")->excludes("--adapter")->excludes(positional);
+  cmd->add_flag("--enable-lora", f->vllm_enable_lora,
+                "Accepted for vLLM's command lines: lragent always serves the --adapter / --lora-modules given");
+  cmd->add_flag("--enable-auto-tool-choice", f->vllm_auto_tool_choice,
+                "Accepted for vLLM's command lines: a chat request with tools always has its tool calls parsed "
+                "(tool_choice auto, the default with tools)");
   cmd->add_option("--preset-rank", f->preset_rank, "--preset adapters' LoRA rank")->default_val(16)->check(cli::in_range(1, 256));
   cmd->add_option("--preset-adapters", f->preset_adapters, "--preset adapters: shared (one A per layer and module) or independent")
       ->default_val("shared")

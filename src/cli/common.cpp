@@ -10,6 +10,7 @@
 #include <string>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "model/synthetic.h"
 
@@ -34,9 +35,10 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters, bool decodes) {
   add_prefill_attention_flag(app, prefill_attention);
   if (decodes) add_decode_lookahead_flag(app, no_decode_lookahead);
   if (with_adapters)
-    app->add_option("--adapter", adapters,
+    app->add_option("--adapter,--lora-modules", adapters,
                     "Register a PEFT LoRA adapter as NAME=DIR (adapter_config.json + adapter_model.safetensors); "
-                    "repeatable");
+                    "repeatable, several after one flag too. --lora-modules is vLLM's name, and takes its JSON form "
+                    "'{\"name\": NAME, \"path\": DIR}' as well");
 }
 
 void add_decode_lookahead_flag(CLI::App* app, bool& off) {
@@ -188,10 +190,22 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
   }
   out.adapters = std::make_unique<AdapterRegistry>();
   for (const std::string& spec : flags.adapters) {
-    const size_t eq = spec.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
-      return make_error(ErrorCode::kInvalidArgument, "--adapter '{}': expected NAME=DIR", spec);
-    const std::string name = spec.substr(0, eq), dir = spec.substr(eq + 1);
+    std::string name, dir;
+    if (!spec.empty() && spec.front() == '{') {  // vLLM's --lora-modules JSON form
+      const nlohmann::json j = nlohmann::json::parse(spec, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string() || !j.contains("path") ||
+          !j["path"].is_string() || j["name"].get<std::string>().empty())
+        return make_error(ErrorCode::kInvalidArgument,
+                          "--adapter '{}': expected NAME=DIR or {{\"name\": NAME, \"path\": DIR}}", spec);
+      name = j["name"];
+      dir = j["path"];
+    } else {
+      const size_t eq = spec.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+        return make_error(ErrorCode::kInvalidArgument, "--adapter '{}': expected NAME=DIR", spec);
+      name = spec.substr(0, eq);
+      dir = spec.substr(eq + 1);
+    }
     LRA_ASSIGN_OR_RETURN(auto adapter, load_lora_adapter(name, dir, out.model->config()));
     LRA_RETURN_IF_ERROR(upload_adapter(*adapter, *out.backend));
     LRA_RETURN_IF_ERROR(out.adapters->add(std::move(adapter)));

@@ -55,6 +55,25 @@ TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
   EXPECT_NE(r.err.find("kv-share base-lr,"), std::string::npos) << r.err;
 }
 
+// vLLM's command line serves as is: the model as the first argument, --enable-lora, the adapters
+// as --lora-modules (NAME=DIR or its JSON form, several after one flag), --enable-auto-tool-choice.
+TEST(ServeCli, VllmsCommandLineServes) {
+  const std::string dir = testing::adapters_dir() + "/qv-shared-a-r8/";
+  const nlohmann::json reflect = {{"name", "reflect"}, {"path", dir + "reflect"}};
+  auto r = serve_until("INT", 6, shell_quote(testing::tinystories_dir()) + " --enable-lora --lora-modules plan=" +
+                                     shell_quote(dir + "plan") + " action=" + shell_quote(dir + "action") + " " +
+                                     shell_quote(reflect.dump()) + " --enable-auto-tool-choice --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("serving tinystories-656k, plan, action, reflect"), std::string::npos) << r.err;
+  // Its errors: the model twice, a JSON form without its path.
+  auto twice = testing::run_lragent("serve " + shell_quote(testing::tinystories_dir()) + " --model " +
+                                    shell_quote(testing::tinystories_dir()));
+  EXPECT_EQ(twice.code, 2) << twice.err;
+  auto bad = testing::run_lragent("serve --port 0 --lora-modules '{\"name\": \"plan\"}'");
+  EXPECT_EQ(bad.code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("expected NAME=DIR or {\"name\": NAME, \"path\": DIR}"), std::string::npos) << bad.err;
+}
+
 // A KV memory given in GB (--kv-cache-memory) is one pool the trajectories share, as the one
 // --gpu-memory-utilization sizes on a GPU: the other defaults are vLLM's then too (256
 // trajectories, the model's whole context), and given values win. Reserved (no size given), 4.
