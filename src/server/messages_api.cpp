@@ -166,7 +166,7 @@ Result<MessagesRequest> parse(std::string_view body, bool count_only) {
   // Sampling: the API's names, then vLLM's extras with chat's names.
   static const char* const kSame[] = {"temperature", "top_p", "top_k", "seed", "min_p", "presence_penalty",
                                       "frequency_penalty", "repetition_penalty", "logit_bias", "stop_token_ids",
-                                      "ignore_eos", "skip_special_tokens", "min_tokens"};
+                                      "ignore_eos", "skip_special_tokens", "min_tokens", "cache_salt"};
   for (const char* name : kSame)
     if (!field(b, name).is_null()) chat[name] = b[name];
   const ordered_json& stops = field(b, "stop_sequences");

@@ -390,6 +390,12 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
     if (!model.is_string()) return bad("'model' must be a string: a name from GET /v1/models");
     r.model = model.get<std::string>();
   }
+  const json& salt = field(body, "cache_salt");
+  if (!salt.is_null()) {
+    if (!salt.is_string() || salt.get<std::string>().empty())
+      return bad("'cache_salt' must be a non-empty string: requests share cached prompts only with the same salt");
+    r.cache_salt = salt.get<std::string>();
+  }
   LRA_ASSIGN_OR_RETURN(int64_t n, get_int(body, "n", 1, 1, 64));
   r.n = static_cast<int>(n);
   LRA_ASSIGN_OR_RETURN(double temperature, get_number(body, "temperature", 1.0, 0.0, 100.0));

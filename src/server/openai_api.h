@@ -75,6 +75,9 @@ struct CompletionRequest {
   std::string guided_grammar;
   std::string guided_grammar_root = "root";
   std::string guided_from;  // the field it came from, for errors ("guided_json", "response_format", ...)
+  // vLLM's cache_salt: the request shares kept trajectories (their KV cache) only with requests
+  // of the same salt (SessionPool::acquire); empty: with the other unsalted ones.
+  std::string cache_salt;
 };
 constexpr int kMaxLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's chat limit
 

@@ -554,7 +554,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   std::vector<int32_t> prompt = p.ids[i];
   if (resume) prompt.insert(prompt.end(), job.preempted.front()->resumed.begin(), job.preempted.front()->resumed.end());
   // The prompt's log-probabilities need all of it computed by this request: a trajectory of its own.
-  auto lease = pool_->acquire(p.agent, prompt, /*reuse=*/req.prompt_logprobs < 0);
+  auto lease = pool_->acquire(p.agent, prompt, /*reuse=*/req.prompt_logprobs < 0, req.cache_salt);
   if (!lease.ok()) {
     fail_job(job, lease.error());
     return false;

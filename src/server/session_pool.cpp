@@ -136,7 +136,7 @@ void SessionPool::release(int64_t id) {
 }
 
 Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt,
-                                                               bool reuse) {
+                                                               bool reuse, const std::string& salt) {
   int group = -1;
   for (size_t g = 0; g < groups_.size() && group < 0; ++g)
     if (std::find(groups_[g].names.begin(), groups_[g].names.end(), agent) != groups_[g].names.end())
@@ -147,7 +147,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
   Entry* best = nullptr;    // the longest common prefix otherwise
   int64_t extend_len = -1, best_len = -1;
   for (Entry& e : entries_) {
-    if (e.group != group || !reuse) continue;
+    if (e.group != group || e.salt != salt || !reuse) continue;
     const std::vector<int32_t>& traj = e.session->trajectory();
     const int64_t l = common_prefix(traj, prompt);
     if (l == static_cast<int64_t>(traj.size()) && l > extend_len) {
@@ -205,6 +205,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
     if (!made.ok()) return made.error();
     if (!*made) return std::optional<Lease>();  // every slot runs a request, or only they hold memory: wait
     use = **made;
+    use->salt = salt;
     keep = common_prefix(use->session->trajectory(), prompt);  // the BOS a new trajectory starts with
     if (copy_id > 0) {
       const Entry* from = find(copy_id);

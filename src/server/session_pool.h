@@ -89,8 +89,11 @@ class SessionPool {
   // Errors: unknown agent (kNotFound), no memory for a new trajectory (kOutOfMemory).
   // reuse false: a new trajectory that holds none of the prompt (no other is extended, cut back
   // or copied), for a request that must compute all of it (prompt log-probabilities).
+  // salt (vLLM's cache_salt): only trajectories made for requests of the same salt are extended,
+  // cut back or copied, so that clients that do not share a salt never share cache entries (nor
+  // learn from a request's speed what another client sent).
   Result<std::optional<Lease>> acquire(const std::string& agent, const std::vector<int32_t>& prompt,
-                                       bool reuse = true);
+                                       bool reuse = true, const std::string& salt = {});
   // The request running on trajectory `id` is done with it.
   void release(int64_t id);
   // The caller ran nothing on the lease after all (the request waits for KV room, or its client
@@ -158,6 +161,7 @@ class SessionPool {
     bool held = false;        // a request runs on it (acquire() until release())
     std::string agent;        // the agent of the latest request on it
     int64_t source = 0;       // the trajectory it was copied from (0: none)
+    std::string salt;         // the cache_salt of the requests it serves (acquire)
   };
   SessionPool(LlamaModel& m) : model_(m) {}
   // A new trajectory of `group`; out of memory, the least recently used unheld one other than

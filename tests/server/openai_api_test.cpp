@@ -107,6 +107,8 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": [-1]})", ErrorCode::kInvalidArgument, "no token id");
   expect_error(R"({"prompt": [99999999999]})", ErrorCode::kInvalidArgument, "no token id");
   expect_error(R"({"prompt": "a", "model": 3})", ErrorCode::kInvalidArgument, "'model'");
+  expect_error(R"({"prompt": "a", "cache_salt": ""})", ErrorCode::kInvalidArgument, "'cache_salt'");
+  expect_error(R"({"prompt": "a", "cache_salt": 7})", ErrorCode::kInvalidArgument, "'cache_salt'");
   expect_error(R"({"prompt": "a", "max_tokens": -1})", ErrorCode::kInvalidArgument, "'max_tokens'");
   expect_error(R"({"prompt": "a", "max_tokens": 1.5})", ErrorCode::kInvalidArgument, "'max_tokens'");
   expect_error(R"({"prompt": "a", "max_tokens": "16"})", ErrorCode::kInvalidArgument, "'max_tokens'");

@@ -96,6 +96,31 @@ TEST_F(ServerTest, TheIdleHookRunsOnceTheRequestsHaveEnded) {
   EXPECT_EQ(idle.load(), 2);
 }
 
+// vLLM's cache_salt over HTTP: the same prompt under another salt is computed again on a
+// trajectory of its own, and the same salt reads it back, giving the same greedy text.
+TEST_F(ServerTest, ACacheSaltKeepsClientsApart) {
+  start(ShareMode::kBaseLr);
+  const json body = {{"model", "plan"}, {"prompt", "Question: where is the dog?\nThought 1:"}, {"max_tokens", 6},
+                     {"temperature", 0}};
+  auto salted = [&](const char* salt) {
+    json b = body;
+    b["cache_salt"] = salt;
+    auto [status, j] = complete(b);
+    EXPECT_EQ(status, 200) << j.dump();
+    return j;
+  };
+  const json a = salted("a");
+  const json b = salted("b");
+  const json a2 = salted("a");
+  const int64_t prompt = a["usage"]["prompt_tokens"];
+  EXPECT_NE(b["lragent"]["choices"][0]["trajectory"], a["lragent"]["choices"][0]["trajectory"]);
+  EXPECT_EQ(b["lragent"]["choices"][0]["prefilled_tokens"].get<int64_t>(), prompt);
+  EXPECT_EQ(a2["lragent"]["choices"][0]["trajectory"], a["lragent"]["choices"][0]["trajectory"]);
+  EXPECT_EQ(a2["lragent"]["choices"][0]["reused_tokens"].get<int64_t>(), prompt - 1);
+  EXPECT_EQ(b["choices"][0]["text"], a["choices"][0]["text"]);
+  EXPECT_EQ(a2["choices"][0]["text"], a["choices"][0]["text"]);
+}
+
 TEST_F(ServerTest, AgentsWhosePromptsExtendATrajectoryShareItsCache) {
   start(ShareMode::kBaseLr);
   std::string traj = "Question: where is the dog?\nThought 1:";

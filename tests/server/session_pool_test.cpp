@@ -139,6 +139,40 @@ TEST_F(SessionPoolTest, AgentTurnsExtendOneTrajectoryAndOthersStartTheirOwn) {
   EXPECT_EQ(acquire(*p, "nobody", prompt).error().code, ErrorCode::kNotFound);
 }
 
+// vLLM's cache_salt: a trajectory serves only requests of its salt. The same prompt under
+// another salt starts a trajectory of its own (no entry extended, cut back or copied from the
+// other's), and under its own salt extends it as ever.
+TEST_F(SessionPoolTest, ASaltedRequestSharesOnlyWithItsSalt) {
+  auto p = pool(ShareMode::kBaseLr, 4);
+  ASSERT_NE(p, nullptr);
+  std::vector<int32_t> prompt = encode("Question: where is the red ball? It is under the bed, said Tom.");
+  auto acquire_salted = [&](const std::string& agent, const std::vector<int32_t>& ids, const std::string& salt) {
+    auto l = p->acquire(agent, ids, /*reuse=*/true, salt);
+    EXPECT_TRUE(l.ok() && l->has_value());
+    SessionPool::Lease lease = **l;
+    p->release(lease.id);
+    return lease;
+  };
+  const SessionPool::Lease a = acquire_salted("plan", prompt, "tenant-a");
+  ASSERT_TRUE(a.session->run_agent("plan", 3, {}, {}).ok());
+  const std::vector<int32_t> turn = a.session->trajectory();
+  // Another tenant, the same text: a new trajectory that holds nothing of it (only the BOS every
+  // trajectory starts with), neither extended nor copied.
+  const SessionPool::Lease b = acquire_salted("action", turn, "tenant-b");
+  EXPECT_NE(b.id, a.id);
+  EXPECT_LE(b.reused_tokens, 1);
+  EXPECT_TRUE(b.fresh);
+  // No salt is a salt of its own too.
+  const SessionPool::Lease none = acquire_salted("action", turn, "");
+  EXPECT_NE(none.id, a.id);
+  EXPECT_NE(none.id, b.id);
+  EXPECT_LE(none.reused_tokens, 1);
+  // The first tenant's next turn extends its trajectory.
+  const SessionPool::Lease again = acquire_salted("action", turn, "tenant-a");
+  EXPECT_EQ(again.id, a.id);
+  EXPECT_EQ(again.reused_tokens, static_cast<int64_t>(turn.size()) - 1);
+}
+
 // Two conversations that share a prefix and take turns keep a trajectory each while slots are
 // free (cutting one back for the other would recompute it at every turn); the end of a
 // previous completion that tokenizes differently is cut back instead of copied.
