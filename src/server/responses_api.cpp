@@ -175,6 +175,37 @@ Result<ordered_json> response_format(const ordered_json& text) {
   return bad(fmt::format("'text.format.type' is '{}': expected text, json_object or json_schema", type));
 }
 
+// The input as the API lists it back (GET /v1/responses/{id}/input_items): items with an id and
+// a type, a message's content as parts (input_text, or output_text for the assistant's). Called
+// on an input input_messages() accepted.
+ordered_json input_items(const ordered_json& input) {
+  ordered_json out = ordered_json::array();
+  auto message = [](const std::string& role, const ordered_json& content) {
+    ordered_json parts = content;
+    if (content.is_string())
+      parts = ordered_json::array({{{"type", role == "assistant" ? "output_text" : "input_text"}, {"text", content}}});
+    return ordered_json{{"id", translation::random_id("msg")}, {"type", "message"}, {"role", role},
+                        {"content", std::move(parts)}, {"status", "completed"}};
+  };
+  if (input.is_string()) {
+    out.push_back(message("user", input));
+    return out;
+  }
+  for (const ordered_json& it : input) {
+    const ordered_json& type = field(it, "type");
+    if (type.is_null() || type == "message") {
+      ordered_json m = message(it["role"].get<std::string>(), it["content"]);
+      if (field(it, "id").is_string()) m["id"] = it["id"];
+      out.push_back(std::move(m));
+    } else {
+      ordered_json item = it;
+      if (!field(item, "id").is_string()) item["id"] = translation::random_id("item");
+      out.push_back(std::move(item));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Result<ResponsesRequest> parse_responses_request(std::string_view body) {
@@ -187,6 +218,7 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body) {
   if (model.is_string()) r.model = model;
   if (field(b, "input").is_null()) return bad("'input' is missing: give the text, or a list of messages and items");
   LRA_ASSIGN_OR_RETURN(r.input_messages, input_messages(b["input"]));
+  r.input_items = input_items(b["input"]);
   auto get_bool = [&](const char* name, bool dflt) -> Result<bool> {
     const ordered_json& v = field(b, name);
     if (v.is_null()) return dflt;
@@ -435,15 +467,17 @@ void ResponseStore::shrink() {
 }
 
 void ResponseStore::put(const std::string& id, const std::string& previous_id, json response,
-                        ordered_json turn_messages) {
+                        ordered_json turn_messages, ordered_json input_items) {
   std::lock_guard<std::mutex> lock(mu_);
   erase_locked(id);
   Entry e;
   e.previous = previous_id;
   e.bytes = response.dump(-1, ' ', false, json::error_handler_t::replace).size() +
-            turn_messages.dump(-1, ' ', false, json::error_handler_t::replace).size();
+            turn_messages.dump(-1, ' ', false, json::error_handler_t::replace).size() +
+            input_items.dump(-1, ' ', false, json::error_handler_t::replace).size();
   e.response = std::move(response);
   e.messages = std::move(turn_messages);
+  e.input_items = std::move(input_items);
   lru_.push_front(id);
   e.lru = lru_.begin();
   bytes_ += e.bytes;
@@ -466,6 +500,13 @@ std::optional<json> ResponseStore::get(const std::string& id) {
   auto it = entries_.find(id);
   if (it == entries_.end()) return std::nullopt;
   return it->second.response;
+}
+
+std::optional<ordered_json> ResponseStore::input_items(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.input_items;
 }
 
 bool ResponseStore::erase(const std::string& id) {

@@ -33,6 +33,8 @@ struct ResponsesRequest {
   std::optional<std::string> instructions;  // a system message before everything (not carried on)
   // The chat messages this request adds: its input items as /v1/chat/completions messages.
   nlohmann::ordered_json input_messages = nlohmann::ordered_json::array();
+  // Its input as the API lists it back (GET /v1/responses/{id}/input_items): items with ids.
+  nlohmann::ordered_json input_items = nlohmann::ordered_json::array();
   // The chat body's other fields (sampling, tools in chat's form, response_format, ...); the
   // messages are added by chat_body().
   nlohmann::ordered_json chat_fields = nlohmann::ordered_json::object();
@@ -103,8 +105,10 @@ class ResponseStore {
   ResponseStore(size_t max_responses, size_t max_bytes) : max_responses_(max_responses), max_bytes_(max_bytes) {}
   // Keeps a finished response (a second put of an id replaces it).
   void put(const std::string& id, const std::string& previous_id, nlohmann::json response,
-           nlohmann::ordered_json turn_messages);
+           nlohmann::ordered_json turn_messages, nlohmann::ordered_json input_items = nlohmann::ordered_json::array());
   std::optional<nlohmann::json> get(const std::string& id);
+  // The request's input items (ResponsesRequest::input_items), oldest first.
+  std::optional<nlohmann::ordered_json> input_items(const std::string& id);
   bool erase(const std::string& id);
   // The chat messages of the conversation that ends with response `id` (every turn of its
   // chain, oldest first). kNotFound when it, or a response of its chain, is not kept.
@@ -117,6 +121,7 @@ class ResponseStore {
     std::string previous;
     nlohmann::json response;
     nlohmann::ordered_json messages;
+    nlohmann::ordered_json input_items;
     size_t bytes = 0;
     std::list<std::string>::iterator lru;
   };

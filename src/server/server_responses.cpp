@@ -2,6 +2,10 @@
 // translates to, through the same prepare/run as /v1/chat/completions; its text becomes output
 // items (ChatStream splits reasoning and tool calls, whole or streamed alike) and, with
 // "store", the response is kept for GET /v1/responses/{id} and previous_response_id.
+#include <algorithm>
+#include <cstdlib>
+#include <vector>
+
 #include <httplib.h>
 
 #include "server/api_translation.h"
@@ -25,6 +29,45 @@ void Server::install_responses_routes() {
     auto r = responses_->get(id);
     if (!r) return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no stored response '{}'", id)});
     send_json(res, 200, *r);
+  });
+  // The API's list: newest first unless order=asc, `limit` (1-100, default 20) a page, `after`
+  // an item id to start past; has_more says whether a page follows.
+  svr.Get(R"(/v1/responses/([^/]+)/input_items)", [this](const httplib::Request& req, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    auto items = responses_->input_items(id);
+    if (!items) return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no stored response '{}'", id)});
+    const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
+    if (order != "asc" && order != "desc")
+      return send_error(res, Error{ErrorCode::kInvalidArgument, "'order' must be asc or desc"});
+    int limit = 20;
+    if (req.has_param("limit")) {
+      const std::string l = req.get_param_value("limit");
+      char* end = nullptr;
+      const long v = std::strtol(l.c_str(), &end, 10);
+      if (l.empty() || *end != '\0' || v < 1 || v > 100)
+        return send_error(res, Error{ErrorCode::kInvalidArgument, "'limit' must be an integer from 1 to 100"});
+      limit = static_cast<int>(v);
+    }
+    std::vector<nlohmann::ordered_json> all(items->begin(), items->end());
+    if (order == "desc") std::reverse(all.begin(), all.end());
+    size_t from = 0;
+    if (req.has_param("after")) {
+      const std::string after = req.get_param_value("after");
+      auto it = std::find_if(all.begin(), all.end(), [&](const nlohmann::ordered_json& x) { return x.value("id", "") == after; });
+      if (it == all.end())
+        return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no input item '{}' in response '{}'", after, id)});
+      from = static_cast<size_t>(it - all.begin()) + 1;
+    }
+    const size_t to = std::min(all.size(), from + static_cast<size_t>(limit));
+    nlohmann::ordered_json data = nlohmann::ordered_json::array();
+    for (size_t i = from; i < to; ++i) data.push_back(all[i]);
+    nlohmann::ordered_json page = {{"object", "list"},
+                                   {"data", data},
+                                   {"first_id", data.empty() ? nlohmann::ordered_json(nullptr) : data.front()["id"]},
+                                   {"last_id", data.empty() ? nlohmann::ordered_json(nullptr) : data.back()["id"]},
+                                   {"has_more", to < all.size()}};
+    res.status = 200;
+    res.set_content(page.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   });
   svr.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
@@ -80,7 +123,8 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
     if (r.store && opts_.max_stored_responses > 0) {
       nlohmann::ordered_json turn = r.input_messages;
       turn.push_back(state->builder.assistant_message());
-      responses_->put(state->builder.response()["id"], r.previous_response_id, state->builder.response(), std::move(turn));
+      responses_->put(state->builder.response()["id"], r.previous_response_id, state->builder.response(), std::move(turn),
+                      r.input_items);
     }
   };
   answer->fail = [state](const Error& e, EventAnswer::Events& events) { state->builder.fail(e, events); };

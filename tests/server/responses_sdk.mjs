@@ -68,6 +68,16 @@ check(chained.output_text === next.output_text, `chained "${chained.output_text}
 check(chained.usage.input_tokens === next.usage.input_tokens, 'the same conversation');
 check(chained.usage.input_tokens_details.cached_tokens > 0, 'the conversation read from the KV cache');
 
+// Input items, listed back page by page (the SDK follows has_more with `after`), newest first.
+const listed = [];
+for await (const item of client.responses.inputItems.list(next.id, { limit: 1 })) listed.push(item);
+check(listed.length === 3, `input items ${JSON.stringify(listed)}`);
+check(listed[0].type === 'function_call_output' && listed[0].call_id === calls[0].call_id, 'newest first');
+check(listed[1].type === 'function_call' && listed[2].type === 'message' && listed[2].role === 'user', 'then the call, then the question');
+check(listed[2].content[0].type === 'input_text' && listed[2].content[0].text === input[0].content, 'a string content as input_text');
+const ascending = await client.responses.inputItems.list(next.id, { order: 'asc' });
+check(ascending.data.map((i) => i.id).join() === listed.map((i) => i.id).reverse().join(), 'order=asc');
+
 // Stored: retrieved, deleted, then gone.
 const got = await client.responses.retrieve(called.id);
 check(got.id === called.id && got.output.length === called.output.length, 'retrieve');

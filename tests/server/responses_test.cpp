@@ -84,6 +84,16 @@ TEST(ResponsesApi, InputItemsBecomeTheChatMessagesTheyStandFor) {
   EXPECT_EQ(c.messages[1].role, "assistant");
   EXPECT_EQ(c.messages[1].tool_calls.size(), 1u);
 
+  // The input as the API lists it back: ids on every item, string contents as parts.
+  const ResponsesRequest listed = parsed({{"input", input}});
+  ASSERT_EQ(listed.input_items.size(), input.size());
+  EXPECT_EQ(listed.input_items[0]["type"], "message");
+  EXPECT_EQ(listed.input_items[0]["role"], "developer");
+  EXPECT_EQ(listed.input_items[0]["content"][0], ordered_json({{"type", "input_text"}, {"text", "Use tools."}}));
+  EXPECT_EQ(listed.input_items[2]["id"], "rs_1");  // an item's own id is kept
+  for (const auto& item : listed.input_items) EXPECT_TRUE(item["id"].is_string()) << item.dump();
+  EXPECT_EQ(parsed({{"input", "Hi"}}).input_items[0]["content"][0]["text"], "Hi");
+
   // History goes between the instructions and the input.
   const ordered_json history = ordered_json::parse(R"([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])");
   c = as_chat({{"input", "c"}, {"instructions", "I"}}, history);
