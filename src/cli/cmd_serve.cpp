@@ -47,6 +47,7 @@ struct ServeFlags {
   std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
   std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
   bool vllm_enable_lora = false;       // --enable-lora: vLLM's; adapters are always served
+  int max_lora_rank = 0;               // --max-lora-rank: vLLM's; > 0 refuses adapters of a higher rank
   bool vllm_auto_tool_choice = false;  // --enable-auto-tool-choice: vLLM's; tool calls are always parsed
   std::string preset;         // a synthetic model with a published model's shapes (benchmarks)
   int preset_rank = 16;
@@ -178,6 +179,20 @@ int run_serve(const ServeFlags& f) {
                                     sizing)});
   auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
   if (!loaded.ok()) return report(loaded.error());
+  // vLLM's --max-lora-rank: an adapter of a higher rank is refused at start, as vLLM refuses it.
+  if (f.max_lora_rank > 0 && loaded->adapters) {
+    for (int i = 0; i < loaded->adapters->size(); ++i) {
+      const LoraAdapter& a = loaded->adapters->at(i);
+      int rank = 0;
+      for (const auto& layer : a.layers)
+        for (const auto& m : layer)
+          if (m) rank = std::max(rank, m->rank);
+      if (rank > f.max_lora_rank)
+        return report(Error{ErrorCode::kInvalidArgument,
+                            fmt::format("adapter '{}' has LoRA rank {}, more than --max-lora-rank {}: raise it, or drop "
+                                        "the flag (lragent serves any rank)", a.name, rank, f.max_lora_rank)});
+    }
+  }
   server::ServerOptions so;
   so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
   so.pool.share_blocks = !f.no_share_blocks;
@@ -422,6 +437,11 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   preset->excludes("--model")->excludes("--adapter")->excludes(positional);
   cmd->add_flag("--enable-lora", f->vllm_enable_lora,
                 "Accepted for vLLM's command lines: lragent always serves the --adapter / --lora-modules given");
+  cmd->add_option("--max-lora-rank", f->max_lora_rank,
+                  "vLLM's: refuse to start when an adapter's LoRA rank is higher (0, the default: any rank; "
+                  "lragent sizes every cache from the adapters themselves)")
+      ->default_val(0)
+      ->check(cli::non_negative());
   cmd->add_flag("--enable-auto-tool-choice", f->vllm_auto_tool_choice,
                 "Accepted for vLLM's command lines: a chat request with tools always has its tool calls parsed "
                 "(tool_choice auto, the default with tools)");

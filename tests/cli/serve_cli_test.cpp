@@ -65,7 +65,16 @@ TEST(ServeCli, VllmsCommandLineServes) {
                                      shell_quote(reflect.dump()) + " --enable-auto-tool-choice --port 0");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tinystories-656k, plan, action, reflect"), std::string::npos) << r.err;
-  // Its errors: the model twice, a JSON form without its path.
+  // Its errors: the model twice, a JSON form without its path, an adapter above --max-lora-rank
+  // (these are rank 8: 8 serves, 4 is refused naming the adapter).
+  auto low = testing::run_lragent("serve " + shell_quote(testing::tinystories_dir()) + " --max-lora-rank 4 --lora-modules plan=" +
+                                  shell_quote(dir + "plan"));
+  EXPECT_EQ(low.code, 2) << low.err;
+  EXPECT_NE(low.err.find("adapter 'plan' has LoRA rank 8, more than --max-lora-rank 4"), std::string::npos) << low.err;
+  r = serve_until("INT", 4, shell_quote(testing::tinystories_dir()) + " --max-lora-rank 8 --lora-modules plan=" +
+                                shell_quote(dir + "plan") + " --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("serving tinystories-656k, plan"), std::string::npos) << r.err;
   auto twice = testing::run_lragent("serve " + shell_quote(testing::tinystories_dir()) + " --model " +
                                     shell_quote(testing::tinystories_dir()));
   EXPECT_EQ(twice.code, 2) << twice.err;
