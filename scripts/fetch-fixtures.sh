@@ -40,10 +40,10 @@ for name in "${!PACKAGES[@]}"; do
   rm -rf "$tmp/x" "$tarball"
 done
 
-# The official JavaScript SDKs of OpenAI and Anthropic (no dependencies; Node >= 20), the clients
-# the Responses and Messages API end-to-end tests drive the server with
-# (tests/server/responses_sdk.mjs, messages_sdk.mjs): their stream helpers rebuild a response
-# from its events and throw on an event out of place.
+# The official JavaScript SDKs of OpenAI and Anthropic (no dependencies; the tests pass with Node
+# 18.19, Debian 12's, and 20), the clients the Responses and Messages API end-to-end tests drive
+# the server with (tests/server/responses_sdk.mjs, messages_sdk.mjs): their stream helpers rebuild
+# a response from its events and throw on an event out of place.
 declare -A SDKS=(
   [openai]="openai@6.30.1"
   [anthropic]="@anthropic-ai/sdk@0.60.0"
