@@ -127,8 +127,11 @@ Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
 
 Result<std::shared_ptr<guide::TokenGuide>> Server::guide_for(const CompletionRequest& req) const {
   const bool grammar = !req.guided_grammar.empty();
-  const std::string key = grammar ? "grammar\n" + req.guided_grammar_root + "\n" + req.guided_grammar
-                                  : "regex\n" + req.guided_regex;
+  // Kept per cache_salt too: a guide another client compiled would answer faster, which tells
+  // a client of another salt what that one asked for.
+  const std::string key = req.cache_salt + "\n" +
+                          (grammar ? "grammar\n" + req.guided_grammar_root + "\n" + req.guided_grammar
+                                   : "regex\n" + req.guided_regex);
   {
     std::lock_guard<std::mutex> lock(guides_mu_);
     for (auto it = guides_.begin(); it != guides_.end(); ++it)

@@ -266,7 +266,7 @@ class Server {
   std::unique_ptr<SessionPool> pool_;  // the engine thread's alone
   mutable std::once_flag vocab_trie_once_;
   mutable std::unique_ptr<guide::VocabTrie> vocab_trie_;  // vocab_trie()
-  // Compiled structured outputs by kind and text, the most recently used first: agents that send
+  // Compiled structured outputs by cache_salt, kind and text, the most recently used first: agents that send
   // the same schema, grammar or tool list at every turn reuse its automaton and the masks of the
   // states it reached (as vLLM's xgrammar backend caches compiled grammars), instead of walking
   // the vocabulary again (~4 ms a new state at a 128k vocabulary, docs/server.md). Shared

@@ -119,6 +119,15 @@ TEST_F(ServerTest, ACacheSaltKeepsClientsApart) {
   EXPECT_EQ(a2["lragent"]["choices"][0]["reused_tokens"].get<int64_t>(), prompt - 1);
   EXPECT_EQ(b["choices"][0]["text"], a["choices"][0]["text"]);
   EXPECT_EQ(a2["choices"][0]["text"], a["choices"][0]["text"]);
+  // A structured output compiled for one salt is not another's (its speed would tell).
+  for (const char* salt : {"a", "b", "a"}) {
+    json g = body;
+    g["cache_salt"] = salt;
+    g["guided_choice"] = {" Tom", " Lily"};
+    auto [status, j] = complete(g);
+    EXPECT_EQ(status, 200) << j.dump();
+  }
+  EXPECT_EQ(server_->cached_guides(), 2u);
 }
 
 TEST_F(ServerTest, AgentsWhosePromptsExtendATrajectoryShareItsCache) {
