@@ -15,12 +15,12 @@ using nlohmann::ordered_json;
 
 using namespace translation;
 
-// Text blocks ({"type": "text", "text"}; cache_control and citations ignored) as one string, or
-// a string as is: a system prompt or a tool result's content.
-Result<std::string> text_of(const ordered_json& v, const std::string& where) {
-  if (v.is_string()) return v.get<std::string>();
+// Text blocks ({"type": "text", "text"}; cache_control and citations ignored) as chat's text
+// parts, which chat joins as it joins any, or a string as is: a system prompt or a tool result's content.
+Result<ordered_json> text_of(const ordered_json& v, const std::string& where) {
+  if (v.is_string()) return v;
   if (!v.is_array()) return bad(fmt::format("{} must be a string or a list of text blocks", where));
-  std::string out;
+  ordered_json parts = ordered_json::array();
   for (size_t i = 0; i < v.size(); ++i) {
     const std::string at = fmt::format("{}[{}]", where, i);
     if (!v[i].is_object() || field(v[i], "type") != "text") {
@@ -30,9 +30,9 @@ Result<std::string> text_of(const ordered_json& v, const std::string& where) {
       return bad(fmt::format("{} must be a text block {{\"type\": \"text\", \"text\": ...}}", at));
     }
     LRA_ASSIGN_OR_RETURN(std::string t, get_string(v[i], "text", at));
-    out += (i ? "\n" : "") + t;  // as chat joins text parts
+    parts.push_back({{"type", "text"}, {"text", std::move(t)}});
   }
-  return out;
+  return parts;
 }
 
 // One message of the API as chat messages: an assistant turn (text, thinking, tool_use blocks)
@@ -79,7 +79,7 @@ Status add_message(const ordered_json& m, const std::string& at, ordered_json& o
     } else if (type == "tool_result" && role == "user") {
       flush_user_text();
       LRA_ASSIGN_OR_RETURN(std::string id, get_string(b, "tool_use_id", bat));
-      std::string text;
+      ordered_json text = "";
       if (!field(b, "content").is_null()) {
         LRA_ASSIGN_OR_RETURN(text, text_of(b["content"], bat + ".content"));
       }
@@ -149,7 +149,7 @@ Result<MessagesRequest> parse(std::string_view body, bool count_only) {
   ordered_json messages = ordered_json::array();
   const ordered_json& system = field(b, "system");
   if (!system.is_null()) {
-    LRA_ASSIGN_OR_RETURN(std::string s, text_of(system, "system"));
+    LRA_ASSIGN_OR_RETURN(ordered_json s, text_of(system, "system"));
     messages.push_back({{"role", "system"}, {"content", std::move(s)}});
   }
   const ordered_json& msgs = field(b, "messages");
@@ -262,7 +262,7 @@ void MessageBuilder::thinking(const std::string& delta, std::vector<json>& event
   if (open_ >= 0 && message_["content"][static_cast<size_t>(open_)]["type"] != "thinking") close(events);
   if (open_ < 0) open({{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}, events);
   json& block = message_["content"][static_cast<size_t>(open_)];
-  block["thinking"] = block["thinking"].get<std::string>() + delta;
+  block["thinking"].get_ref<std::string&>() += delta;  // in place: a stream appends a token's text at a time
   events.push_back({{"type", "content_block_delta"}, {"index", open_}, {"delta", {{"type", "thinking_delta"}, {"thinking", delta}}}});
 }
 
@@ -271,7 +271,7 @@ void MessageBuilder::text(const std::string& delta, std::vector<json>& events) {
   if (open_ >= 0 && message_["content"][static_cast<size_t>(open_)]["type"] != "text") close(events);
   if (open_ < 0) open({{"type", "text"}, {"text", ""}}, events);
   json& block = message_["content"][static_cast<size_t>(open_)];
-  block["text"] = block["text"].get<std::string>() + delta;
+  block["text"].get_ref<std::string&>() += delta;
   events.push_back({{"type", "content_block_delta"}, {"index", open_}, {"delta", {{"type", "text_delta"}, {"text", delta}}}});
 }
 

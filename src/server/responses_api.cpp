@@ -350,7 +350,7 @@ void ResponseBuilder::append(bool reasoning, const std::string& delta, std::vect
     output.push_back(std::move(item));
   }
   json& item = output[static_cast<size_t>(open_)];
-  item["content"][0]["text"] = item["content"][0]["text"].get<std::string>() + delta;
+  item["content"][0]["text"].get_ref<std::string&>() += delta;  // in place: a stream appends a token's text at a time
   json d = event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta");
   d.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"delta", delta}});
   if (!reasoning) d["logprobs"] = json::array();

@@ -65,6 +65,23 @@ std::string random_id(const char* prefix) {
 using nlohmann::json;
 using namespace routes;
 
+namespace {
+
+// Whether the client of a plain (non-streaming) request is still there: its connection's socket,
+// found among the process's descriptors; null when it cannot be found (then nobody is asked).
+AliveFn connection_alive(const httplib::Request& http) {
+  const int fd = find_client_socket(http.remote_addr, http.remote_port, http.local_port);
+  if (fd < 0) return {};
+  return [fd] { return client_still_there(fd); };
+}
+
+// Whether a streaming response's client is still there (its sink can take more).
+AliveFn sink_alive(httplib::DataSink& sink) {
+  return [&sink] { return !sink.is_writable || sink.is_writable(); };
+}
+
+}  // namespace
+
 Result<int> Server::bind(const std::string& host, int port) {
   int bound = -1;
   if (port == 0) {
@@ -372,10 +389,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   if (!req.stream) {
     // The client is asked while its request waits and runs, as a streaming one is: gone (a
     // client-side timeout, a killed agent), its request stops ("abort") instead of running on.
-    const int fd = find_client_socket(http.remote_addr, http.remote_port, http.local_port);
-    AliveFn alive;
-    if (fd >= 0) alive = [fd] { return client_still_there(fd); };
-    auto r = run(*prepared, {}, alive);
+    auto r = run(*prepared, {}, connection_alive(http));
     if (!r.ok()) return send_error(res, r.error());
     json choices = json::array();
     for (size_t i = 0; i < r->size(); ++i) {
@@ -440,7 +454,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
     };
     // While no piece comes (the request waits or computes its prompt) the socket is checked, so a
     // client that left before its request ran does not cost it a slot and its compute.
-    const AliveFn alive = [&sink] { return !sink.is_writable || sink.is_writable(); };
+    const AliveFn alive = sink_alive(sink);
     auto r = run(*p, [&](const CompletionDelta& d) {
       if (!open(d.index)) return false;
       grow(d.index);
@@ -486,10 +500,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
 void Server::respond_events(Prepared prepared, bool stream, const httplib::Request& http, httplib::Response& res,
                             std::shared_ptr<EventAnswer> answer) {
   if (!stream) {
-    const int fd = find_client_socket(http.remote_addr, http.remote_port, http.local_port);
-    AliveFn alive;
-    if (fd >= 0) alive = [fd] { return client_still_there(fd); };
-    auto out = run(prepared, {}, alive);
+    auto out = run(prepared, {}, connection_alive(http));
     if (!out.ok()) return answer->send_error(res, out.error());
     if (out->empty()) return answer->send_error(res, Error{ErrorCode::kInternal, "a request ended with no completion"});
     EventAnswer::Events unsent;
@@ -513,7 +524,7 @@ void Server::respond_events(Prepared prepared, bool stream, const httplib::Reque
     EventAnswer::Events events;
     answer->begin(events);
     if (!send(events)) return false;
-    const AliveFn alive = [&sink] { return !sink.is_writable || sink.is_writable(); };
+    const AliveFn alive = sink_alive(sink);
     auto out = run(*p, [&](const CompletionDelta& d) {
       answer->push(d.text, events);
       return send(events);
