@@ -1,6 +1,6 @@
 // libFuzzer target: arbitrary bytes as the body of POST /v1/completions, of POST
-// /v1/chat/completions (then rendered with each chat template), of POST /v1/responses and POST
-// /v1/messages, and as a tokenizer_config.json's chat_template. Each parser must return a value or an error (never crash or throw), and what
+// /v1/chat/completions (then rendered with each chat template), of POST /v1/responses, POST
+// /v1/messages and /v1/load_lora_adapter, and as a tokenizer_config.json's chat_template. Each parser must return a value or an error (never crash or throw), and what
 // it accepts must hold the invariants the server relies on.
 #include <algorithm>
 #include <cmath>
@@ -171,6 +171,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz_messages(text);
   fuzz_tokenize(text);
   fuzz_tool_calls(text);
+  // vLLM's runtime LoRA bodies: a name (and for a load a path) or a reason.
+  for (bool load : {true, false}) {
+    auto l = load ? lragent::server::parse_load_lora_request(text) : lragent::server::parse_unload_lora_request(text);
+    if (!l.ok() ? l.error().message.empty() : l->name.empty() || (load && l->path.empty())) __builtin_trap();
+  }
   auto r = lragent::server::parse_completion_request(text);
   if (!r.ok()) {
     if (r.error().message.empty()) __builtin_trap();

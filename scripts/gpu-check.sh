@@ -260,6 +260,10 @@ if [ -n "$CLI_BIN" ] && [ -x "$CLI_BIN" ]; then
       --adapter action=$AD/action --adapter reflect=$AD/reflect --device $dev >"$LOGS/serve-check-${dev// /_}.json" \
       2>>"$LOGS/serve.log"
   done
+  # reflect loaded at run time (POST /v1/load_lora_adapter) must answer as when served from the start.
+  timeout 120 python3 scripts/serve-check.py --bin "$CLI_BIN" --load-reflect $AD/reflect -- --model "$TS" \
+    --adapter plan=$AD/plan --adapter action=$AD/action --device cuda --dtype f32 \
+    >"$LOGS/serve-check-runtime-lora.json" 2>>"$LOGS/serve.log"
   python3 - "$LOGS" <<'PY' | tee -a "$LOGS/serve.log"
 import json, sys
 logs = sys.argv[1]
@@ -291,6 +295,15 @@ for dev in ("cuda_--dtype_f32", "cuda_--dtype_bf16"):
           f"stream = non-stream={d['stream_equals_plain']}{note}, logprobs max |diff| vs cpu={lp_err}, "
           f"logit_bias/min_tokens/min_p sample identical={shaped}, n=3 at once identical to cpu={d.get('n3') == ref.get('n3')} "
           f"(choices alike={len(set(d.get('n3') or [''])) == 1}, trajectories {d.get('n3_trajectories')}, copies {d.get('trajectories_copied')})")
+rt, f32 = load("runtime-lora"), load("cuda_--dtype_f32")
+if not rt or not f32:
+    print("serve-check runtime-lora: no result")
+else:
+    keys = ("reflect", "reflect_stream", "logprobs", "shaped", "n3")
+    print(f"serve-check runtime-lora (cuda f32, reflect loaded before its turn): {rt.get('load_reflect')!r}; "
+          f"greedy turns identical={[t['text'] for t in rt['turns']] == [t['text'] for t in f32['turns']]}, "
+          f"every later answer identical to reflect served from the start={all(rt.get(k) == f32.get(k) for k in keys)}, "
+          f"unload: {rt.get('unload_reflect')!r}, reflect after it: HTTP {rt.get('reflect_after_unload')}")
 PY
   SB_LENGTHS=4987,9095,17300,33700
   [ "${QUICK:-0}" = 1 ] && SB_LENGTHS=4987

@@ -6,6 +6,10 @@ fields, and the sessions. Comparing the output of two runs (e.g. --device cpu an
 --dtype f32) checks that the server gives the same answers on both.
 
   scripts/serve-check.py --bin build/lragent -- --model DIR --adapter plan=P ... [--device cuda]
+
+With --load-reflect DIR the server starts without reflect (give it plan and action only) and
+with --enable-runtime-lora; reflect is loaded through POST /v1/load_lora_adapter right before its
+first turn (it must then answer as when served from the start) and unloaded at the end.
 """
 import argparse
 import json
@@ -13,6 +17,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 
@@ -26,9 +31,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", default="build/lragent")
     ap.add_argument("--question", default="Question: Which magazine was started first, Arthur's Magazine or First for Women?\n")
+    ap.add_argument("--load-reflect", default="", help="load reflect from DIR at run time")
     ap.add_argument("serve_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     args = [x for x in a.serve_args if x != "--"]
+    if a.load_reflect:
+        args.append("--enable-runtime-lora")
     proc = subprocess.Popen([a.bin, "serve", "--port", "0", "--quiet", *args], stderr=subprocess.PIPE, text=True)
     try:
         port = None
@@ -54,6 +62,8 @@ def main():
                 traj += text + "\n"
             traj += f"Observation {step}: nothing found.\n"
         traj += "Reflect:"
+        if a.load_reflect:
+            out["load_reflect"] = post(base, "/v1/load_lora_adapter", {"lora_name": "reflect", "lora_path": a.load_reflect})
         body = {"model": "reflect", "prompt": traj, "max_tokens": 16, "temperature": 0.8, "top_p": 0.9, "seed": 5,
                 "stream": True, "stream_options": {"include_usage": True}}
         events = [json.loads(l[6:]) for l in post(base, "/v1/completions", body).split("\n\n")
@@ -89,6 +99,13 @@ def main():
             float(l.split()[-1]) for l in metrics.splitlines() if l.startswith("lragent:prompt_tokens_reused_total{"))
         with urllib.request.urlopen(base + "/lragent/sessions") as r:
             out["sessions"] = json.loads(r.read().decode())
+        if a.load_reflect:
+            out["unload_reflect"] = post(base, "/v1/unload_lora_adapter", {"lora_name": "reflect"})
+            try:
+                post(base, "/v1/completions", {"model": "reflect", "prompt": traj, "max_tokens": 4})
+                out["reflect_after_unload"] = 200
+            except urllib.error.HTTPError as e:
+                out["reflect_after_unload"] = e.code
         print(json.dumps(out, indent=1))
     finally:
         proc.terminate()

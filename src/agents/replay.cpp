@@ -171,12 +171,22 @@ int AgentSession::agent_index(const std::string& name) const {
   return it == names_.end() ? -1 : static_cast<int>(it - names_.begin());
 }
 
-Status AgentSession::start_from(const AgentSession& src, int64_t tokens) {
-  if (src.names_ != names_ || src.adapters_ != adapters_)
-    return make_error(ErrorCode::kInvalidArgument, "a session can start only from a session of the same agents");
+Status AgentSession::start_from(const AgentSession& src, int64_t tokens, bool keep_counts) {
+  // from[a]: src's agent of a's name and adapter (a name loaded again is another adapter).
+  std::vector<int> from(names_.size(), -1);
+  for (size_t a = 0; a < names_.size(); ++a) {
+    const int j = src.agent_index(names_[a]);
+    if (j >= 0 && src.adapters_[static_cast<size_t>(j)] == adapters_[a]) from[a] = j;
+  }
   tokens = std::clamp<int64_t>(tokens, 0, static_cast<int64_t>(src.traj_.size()));
-  LRA_RETURN_IF_ERROR(kv_->copy_prefix(*src.kv_, tokens));
+  LRA_RETURN_IF_ERROR(kv_->copy_prefix(*src.kv_, tokens, from));
   traj_.assign(src.traj_.begin(), src.traj_.begin() + tokens);
+  if (keep_counts)
+    for (size_t a = 0; a < from.size(); ++a)
+      if (from[a] >= 0) {
+        computed_[a] = src.computed_[static_cast<size_t>(from[a])];
+        partial_[a] = src.partial_[static_cast<size_t>(from[a])];
+      }
   return Status::Ok();
 }
 

@@ -126,10 +126,14 @@ class AgentSession {
   // them (TrajectoryKv::truncate): the next agent computes from there.
   void truncate(int64_t tokens);
   Result<std::vector<int32_t>> encode(const std::string& text) const;
-  // Makes this session, a fresh one of the same agents, `src`'s first `tokens` positions: their
-  // tokens and every cache entry src holds for them, copied (TrajectoryKv::copy_prefix) so that
-  // no agent computes them again. Its compute counts start at zero. On error it stays fresh.
-  Status start_from(const AgentSession& src, int64_t tokens);
+  // Makes this session, a fresh one, `src`'s first `tokens` positions: their tokens and every
+  // cache entry src holds for them, copied (TrajectoryKv::copy_prefix) so that no agent computes
+  // them again. src may hold other agents (a server that loaded or unloaded an adapter since):
+  // an agent of the same name and adapter takes its private entries, another computes what it
+  // reads as in a new trajectory. Compute counts start at zero, or with `keep_counts` at src's
+  // (by agent; the session takes src's place). On error it stays fresh.
+  Status start_from(const AgentSession& src, int64_t tokens, bool keep_counts = false);
+  const std::vector<const LoraAdapter*>& adapters() const { return adapters_; }
   // A generate (forced empty) or force step for agent `name`; `decode` null: greedy, no stop ids.
   Result<StepResult> run_agent(const std::string& name, int n_generate, const std::vector<int32_t>& forced,
                                const std::vector<std::string>& stop, const AgentDecode* decode = nullptr);

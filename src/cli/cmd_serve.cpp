@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 
@@ -48,6 +49,7 @@ struct ServeFlags {
   std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
   bool vllm_enable_lora = false;       // --enable-lora: vLLM's; adapters are always served
   int max_lora_rank = 0;               // --max-lora-rank: vLLM's; > 0 refuses adapters of a higher rank
+  bool runtime_lora = false;           // --enable-runtime-lora: POST /v1/load_lora_adapter and /v1/unload_lora_adapter
   bool vllm_auto_tool_choice = false;  // --enable-auto-tool-choice: vLLM's; tool calls are always parsed
   std::string preset;         // a synthetic model with a published model's shapes (benchmarks)
   int preset_rank = 16;
@@ -179,21 +181,12 @@ int run_serve(const ServeFlags& f) {
                                     sizing)});
   auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
   if (!loaded.ok()) return report(loaded.error());
-  // vLLM's --max-lora-rank: an adapter of a higher rank is refused at start, as vLLM refuses it.
-  if (f.max_lora_rank > 0 && loaded->adapters) {
-    for (int i = 0; i < loaded->adapters->size(); ++i) {
-      const LoraAdapter& a = loaded->adapters->at(i);
-      int rank = 0;
-      for (const auto& layer : a.layers)
-        for (const auto& m : layer)
-          if (m) rank = std::max(rank, m->rank);
-      if (rank > f.max_lora_rank)
-        return report(Error{ErrorCode::kInvalidArgument,
-                            fmt::format("adapter '{}' has LoRA rank {}, more than --max-lora-rank {}: raise it, or drop "
-                                        "the flag (lragent serves any rank)", a.name, rank, f.max_lora_rank)});
-    }
-  }
   server::ServerOptions so;
+  so.max_lora_rank = f.max_lora_rank;
+  // vLLM turns runtime LoRA updating on from its environment; the flag says the same.
+  const char* env_runtime = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
+  const std::string env = env_runtime ? env_runtime : "";
+  so.runtime_lora = f.runtime_lora || env == "True" || env == "true" || env == "1";
   so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
   so.pool.share_blocks = !f.no_share_blocks;
   so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
@@ -304,6 +297,9 @@ int run_serve(const ServeFlags& f) {
                      "trajectories of {} tokens{}). Ctrl-C stops.\n",
              fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions, /v1/responses, /v1/messages" : "",
              share_mode_name(s.share_mode()), so.pool.max_sessions, s.max_model_len(), memory);
+  if (so.runtime_lora)
+    fmt::print(stderr, "runtime LoRA updating is on: POST /v1/load_lora_adapter and /v1/unload_lora_adapter{}\n",
+               so.api_key.empty() ? " (no --api-key: any client can make the server read a directory)" : "");
   std::fflush(stderr);
   g_server = &s;
   std::signal(SIGINT, on_signal);
@@ -442,6 +438,12 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "lragent sizes every cache from the adapters themselves)")
       ->default_val(0)
       ->check(cli::non_negative());
+  cmd->add_flag("--enable-runtime-lora", f->runtime_lora,
+                "Serve POST /v1/load_lora_adapter {\"lora_name\", \"lora_path\"} and /v1/unload_lora_adapter "
+                "{\"lora_name\"} (vLLM's runtime LoRA updating; VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in the "
+                "environment does the same). A loaded adapter is served at once under its name and shares the "
+                "other agents' KV cache. Any client that may call /v1 can then make the server read a directory on "
+                "its disk: use --api-key");
   cmd->add_flag("--enable-auto-tool-choice", f->vllm_auto_tool_choice,
                 "Accepted for vLLM's command lines: a chat request with tools always has its tool calls parsed "
                 "(tool_choice auto, the default with tools)");

@@ -456,19 +456,34 @@ void TrajectoryKv::advance(int a, int64_t end) {
   shared_ = std::max(shared_, end);
 }
 
-Status TrajectoryKv::copy_prefix(const TrajectoryKv& src, int64_t tokens) {
+Status TrajectoryKv::copy_prefix(const TrajectoryKv& src, int64_t tokens, const std::vector<int>& agent_map) {
   if (&src == this) return make_error(ErrorCode::kInvalidArgument, "KV copy: a trajectory cannot copy itself");
-  if (src.opts_.mode != opts_.mode || src.adapters_ != adapters_ || src.cfg_.num_layers != cfg_.num_layers ||
+  // from[a]: the src agent whose private entries agent a takes (-1: none).
+  std::vector<int> from = agent_map;
+  if (from.empty()) {
+    if (src.adapters_ != adapters_)
+      return make_error(ErrorCode::kInvalidArgument, "KV copy: the trajectories differ in agents");
+    for (int a = 0; a < n_agents(); ++a) from.push_back(a);
+  }
+  if (static_cast<int>(from.size()) != n_agents())
+    return make_error(ErrorCode::kInvalidArgument, "KV copy: the agent map has {} entries for {} agents", from.size(),
+                      n_agents());
+  for (size_t a = 0; a < from.size(); ++a)
+    if (from[a] >= src.n_agents() || (from[a] >= 0 && src.adapters_[static_cast<size_t>(from[a])] != adapters_[a]))
+      return make_error(ErrorCode::kInvalidArgument, "KV copy: agent {} is mapped to agent {}, of another adapter", a,
+                        from[a]);
+  if (src.opts_.mode != opts_.mode || src.cfg_.num_layers != cfg_.num_layers ||
       src.cfg_.num_kv_heads != cfg_.num_kv_heads || src.cfg_.head_dim != cfg_.head_dim ||
       src.opts_.page_size != opts_.page_size || src.opts_.recompute_layers != opts_.recompute_layers)
     return make_error(ErrorCode::kInvalidArgument,
-                      "KV copy: the trajectories differ in model, agents, sharing mode or page size");
+                      "KV copy: the trajectories differ in model, sharing mode or page size");
   if (shared_ > 0 || std::any_of(processed_.begin(), processed_.end(), [](int64_t p) { return p > 0; }))
     return make_error(ErrorCode::kInvalidArgument, "KV copy: the destination trajectory already holds entries");
   tokens = std::max<int64_t>(tokens, 0);
   const int64_t shared = std::min(src.shared_, tokens);
-  std::vector<int64_t> processed(processed_.size());
-  for (size_t a = 0; a < processed.size(); ++a) processed[a] = std::min(src.processed_[a], tokens);
+  std::vector<int64_t> processed(processed_.size(), 0);
+  for (size_t a = 0; a < processed.size(); ++a)
+    if (from[a] >= 0) processed[a] = std::min(src.processed_[static_cast<size_t>(from[a])], tokens);
   // In one arena the prefix's whole blocks are shared, not copied (PagedStream::share_prefix).
   auto copy = [](const PagedStream& from, PagedStream& to, int64_t n) -> Status {
     if (!to.pool() || n <= 0) return Status::Ok();
@@ -481,9 +496,11 @@ Status TrajectoryKv::copy_prefix(const TrajectoryKv& src, int64_t tokens) {
     LRA_RETURN_IF_ERROR(copy(src.shared_lrk_, shared_lrk_, shared));
     LRA_RETURN_IF_ERROR(copy(src.shared_lrv_, shared_lrv_, shared));
     for (size_t a = 0; a < processed.size(); ++a) {
-      LRA_RETURN_IF_ERROR(copy(src.priv_kv_[a], priv_kv_[a], processed[a]));
-      LRA_RETURN_IF_ERROR(copy(src.priv_k_[a], priv_k_[a], processed[a]));
-      LRA_RETURN_IF_ERROR(copy(src.priv_v_[a], priv_v_[a], processed[a]));
+      if (from[a] < 0) continue;
+      const auto j = static_cast<size_t>(from[a]);
+      LRA_RETURN_IF_ERROR(copy(src.priv_kv_[j], priv_kv_[a], processed[a]));
+      LRA_RETURN_IF_ERROR(copy(src.priv_k_[j], priv_k_[a], processed[a]));
+      LRA_RETURN_IF_ERROR(copy(src.priv_v_[j], priv_v_[a], processed[a]));
     }
     return Status::Ok();
   };

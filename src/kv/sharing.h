@@ -134,7 +134,11 @@ class TrajectoryKv {
   // it) starts from a copy of that prefix. src must be a trajectory of the same model, agents
   // (adapters) and mode. Errors: a mismatch (kInvalidArgument), no room (kOutOfMemory); on error
   // this trajectory is left empty.
-  Status copy_prefix(const TrajectoryKv& src, int64_t tokens);
+  // `agent_map` (empty: the same agents in the same order) lets src hold other agents: for each
+  // of this trajectory's agents, the index of the src agent with the same adapter whose private
+  // entries it takes, or -1 for an agent src lacks (it has processed nothing; shared entries are
+  // copied all the same). So a server copies its trajectories when it loads or unloads an adapter.
+  Status copy_prefix(const TrajectoryKv& src, int64_t tokens, const std::vector<int>& agent_map = {});
   // Forgets every entry at positions >= tokens (the trajectory is cut back there, e.g. a server
   // request that shares only a prefix of it): no agent has processed them, no stream holds
   // blocks past them. Entries below stay as they are; but a cut inside a block shared with

@@ -355,6 +355,14 @@ Result<ojson> parse_ordered_json(const std::string& text, const std::string& src
 
 const char* lora_target_name(LoraTarget t) { return kTargetNames[static_cast<int>(t)]; }
 
+int LoraAdapter::max_rank() const {
+  int rank = 0;
+  for (const auto& layer : layers)
+    for (const auto& m : layer)
+      if (m) rank = std::max(rank, m->rank);
+  return rank;
+}
+
 bool LoraAdapter::targets(LoraTarget t) const {
   return std::any_of(layers.begin(), layers.end(), [t](const auto& l) { return l[static_cast<size_t>(t)].has_value(); });
 }
@@ -489,6 +497,18 @@ const LoraAdapter* AdapterRegistry::find(const std::string& name) const {
   for (const auto& a : adapters_)
     if (a->name == name) return a.get();
   return nullptr;
+}
+
+std::unique_ptr<LoraAdapter> AdapterRegistry::remove(const std::string& name) {
+  const auto it = std::find_if(adapters_.begin(), adapters_.end(), [&](const auto& a) { return a->name == name; });
+  if (it == adapters_.end()) return nullptr;
+  std::unique_ptr<LoraAdapter> out = std::move(*it);
+  adapters_.erase(it);
+  for (auto& layer : out->layers)
+    for (auto& m : layer)
+      if (m) m->a_lead = &*m;
+  rebuild_groups();
+  return out;
 }
 
 void AdapterRegistry::rebuild_groups() {

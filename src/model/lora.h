@@ -49,6 +49,7 @@ struct LoraAdapter {
   // [num_layers][target]: empty when the module is not adapted.
   std::vector<std::array<std::optional<LoraModule>, kNumLoraTargets>> layers;
   bool targets(LoraTarget t) const;  // true when some layer adapts `t`
+  int max_rank() const;              // the highest rank of its modules (0: adapts nothing)
 };
 
 // Loads DIR/adapter_config.json + DIR/adapter_model.safetensors for a model with `cfg`.
@@ -84,6 +85,9 @@ class AdapterRegistry {
   // on error the registry is unchanged and its adapters stay usable.
   Status add(std::unique_ptr<LoraAdapter> adapter);
   const LoraAdapter* find(const std::string& name) const;  // nullptr when absent
+  // Takes the adapter of that name out (null when absent) and regroups the rest. Its modules lead
+  // themselves (a_lead), so that no module, in or out of the registry, leads from a freed one.
+  std::unique_ptr<LoraAdapter> remove(const std::string& name);
   const LoraAdapter& at(int index) const { return *adapters_.at(static_cast<size_t>(index)); }
   int size() const { return static_cast<int>(adapters_.size()); }
   // Sorted by (layer, target).

@@ -549,6 +549,34 @@ Result<DetokenizeRequest> parse_detokenize_request(std::string_view text) {
 
 namespace {
 
+Result<std::string> non_empty_string(const json& body, const char* name) {
+  const json& v = field(body, name);
+  if (v.is_null()) return bad(fmt::format("'{}' is missing", name));
+  if (!v.is_string() || v.get<std::string>().empty())
+    return bad(fmt::format("'{}' must be a non-empty string, not {}", name, v.dump()));
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+Result<LoraAdapterRequest> parse_load_lora_request(std::string_view text) {
+  LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
+  LoraAdapterRequest r;
+  LRA_ASSIGN_OR_RETURN(r.name, non_empty_string(body, "lora_name"));
+  LRA_ASSIGN_OR_RETURN(r.path, non_empty_string(body, "lora_path"));
+  LRA_ASSIGN_OR_RETURN(r.inplace, get_bool(body, "load_inplace", false));
+  return r;
+}
+
+Result<LoraAdapterRequest> parse_unload_lora_request(std::string_view text) {
+  LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
+  LoraAdapterRequest r;
+  LRA_ASSIGN_OR_RETURN(r.name, non_empty_string(body, "lora_name"));
+  return r;
+}
+
+namespace {
+
 std::string token_text(const Tokenizer* tok, int32_t id) {
   return tok ? tok->decode({id}) : fmt::format("token_id:{}", id);
 }

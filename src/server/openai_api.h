@@ -130,6 +130,15 @@ struct DetokenizeRequest {
 };
 Result<DetokenizeRequest> parse_detokenize_request(std::string_view body);
 
+// vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path", "load_inplace"} and
+// /v1/unload_lora_adapter {"lora_name"} (path empty; vLLM's lora_int_id is ignored).
+struct LoraAdapterRequest {
+  std::string name, path;
+  bool inplace = false;  // replace an adapter served under that name
+};
+Result<LoraAdapterRequest> parse_load_lora_request(std::string_view body);
+Result<LoraAdapterRequest> parse_unload_lora_request(std::string_view body);
+
 // The HTTP status of an error: 400 bad or unsupported input, 404 unknown model or route, 503 out
 // of KV memory (retry later, or shorter), 500 anything else.
 int http_status(ErrorCode code);

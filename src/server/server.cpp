@@ -15,19 +15,30 @@
 
 namespace lragent::server {
 
-Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenizer* tok, const AdapterRegistry* adapters,
+Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenizer* tok, AdapterRegistry* adapters,
                                                ServerOptions opts) {
   std::unique_ptr<Server> s(new Server());
   s->model_ = &model;
   s->tok_ = tok;
+  if (!adapters) {
+    s->own_registry_ = std::make_unique<AdapterRegistry>();
+    adapters = s->own_registry_.get();
+  }
+  s->registry_ = adapters;
   std::vector<std::string> adapter_names;
   std::vector<const LoraAdapter*> adapter_ptrs;
-  for (int i = 0; adapters && i < adapters->size(); ++i) {
+  for (int i = 0; i < adapters->size(); ++i) {
     const LoraAdapter& a = adapters->at(i);
     if (a.name == opts.base_name)
       return make_error(ErrorCode::kInvalidArgument,
                         "adapter '{}' has the base model's served name: rename it or pass another --served-model-name",
                         a.name);
+    // vLLM's --max-lora-rank: an adapter of a higher rank is refused, as vLLM refuses it.
+    if (opts.max_lora_rank > 0 && a.max_rank() > opts.max_lora_rank)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "adapter '{}' has LoRA rank {}, more than --max-lora-rank {}: raise it, or drop the flag "
+                        "(lragent serves any rank)",
+                        a.name, a.max_rank(), opts.max_lora_rank);
     adapter_names.push_back(a.name);
     adapter_ptrs.push_back(&a);
   }
@@ -85,6 +96,7 @@ const guide::VocabTrie& Server::vocab_trie() const {
 }
 
 Result<std::string> Server::agent_for(const std::string& model) const {
+  std::lock_guard<std::mutex> lock(names_mu_);
   if (model.empty()) return names_.front();
   if (std::find(names_.begin(), names_.end(), model) != names_.end()) return model;
   return make_error(ErrorCode::kNotFound, "the model '{}' does not exist; this server serves: {} (GET /v1/models)", model,
@@ -317,7 +329,15 @@ void Server::engine_loop() {
     }
     {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !active.empty(); });
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !tasks_.empty() || !active.empty(); });
+      // Runtime changes (on_engine) between passes, the lock let go while they run.
+      while (!tasks_.empty()) {
+        std::function<void()> task = std::move(tasks_.front());
+        tasks_.pop_front();
+        lock.unlock();
+        task();
+        lock.lock();
+      }
       if (stopping_) {
         active.insert(active.end(), queue_.begin(), queue_.end());
         queue_.clear();
@@ -348,6 +368,8 @@ void Server::engine_loop() {
     } catch (...) {
       fail_running("unknown exception");
     }
+    // Before the ended requests hear of it: an unloaded adapter their trajectories held is freed.
+    if (!retired_.empty()) free_retired();
     const bool ended_any = !ended_.empty();
     const bool progress = ran || ended_any;
     worked = worked || progress;
@@ -363,7 +385,7 @@ void Server::engine_loop() {
     ended_.clear();
     {
       std::lock_guard<std::mutex> lock(queue_mu_);
-      if (stopping_ && active.empty() && queue_.empty()) return;
+      if (stopping_ && active.empty() && queue_.empty() && tasks_.empty()) return;
     }
     // A job waits only for a trajectory another running job holds, so some turn always runs;
     // should none, wait for a new request rather than spin.
@@ -385,7 +407,8 @@ void Server::engine_loop() {
     }
     if (!progress && !active.empty()) {
       std::unique_lock<std::mutex> lock(queue_mu_);
-      queue_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return stopping_ || !queue_.empty(); });
+      queue_cv_.wait_for(lock, std::chrono::milliseconds(50),
+                         [&] { return stopping_ || !queue_.empty() || !tasks_.empty(); });
     }
   }
 }
@@ -468,7 +491,7 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   std::vector<Status> status;  // [turns]
   // Every turn decoding with its picks on the device: passes back to back with decode lookahead
   // (the host records step t + 1 while the device runs step t) until a turn ends or a new request
-  // comes in, so that it joins the batch at the next pass as before.
+  // (or an on_engine task) comes in, so that it joins the batch at the next pass as before.
   const bool window = std::all_of(turns.begin(), turns.end(),
                                   [](const AgentTurn* t) { return t->looks_ahead() && t->pending_tokens() == 1; });
   if (window) {
@@ -483,7 +506,7 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
       if (const KvArena* a = pool_->shared_arena()) metrics_.set_kv_used(a->lent_bytes());  // as after a pass
       if (waiting && ++launches > 1) return false;
       std::lock_guard<std::mutex> lock(queue_mu_);
-      return queue_.empty() && !stopping_;
+      return queue_.empty() && tasks_.empty() && !stopping_;  // an adapter loaded or unloaded ends it too
     });
     for (int64_t rows : w.passes) metrics_.record_pass(rows, rows);
     if (w.ran) status = std::move(w.status);

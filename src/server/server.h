@@ -15,6 +15,8 @@
 //   GET, DELETE /v1/responses/{id}   a stored response (previous_response_id continues it)
 //   POST /v1/messages            Anthropic's Messages API (messages_api.h), run as a chat completion;
 //   POST /v1/messages/count_tokens   its prompt's tokens
+//   POST /v1/load_lora_adapter   vLLM's runtime LoRA updating (ServerOptions::runtime_lora): serve
+//   POST /v1/unload_lora_adapter   one more adapter, or stop serving one (server_lora.cpp)
 // Requests are batched: one engine thread runs a forward pass at a time over the next pass of
 // every running request (continuous batching, as vLLM's scheduler: decode tokens first, then
 // prompt catch-ups in chunks within --max-num-batched-tokens), each on its own trajectory and
@@ -73,6 +75,11 @@ struct ServerOptions {
   // larger passes.
   std::optional<KvMemoryPlan> memory_plan;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter serve (vLLM's
+  // VLLM_ALLOW_RUNTIME_LORA_UPDATING): any client that may call /v1 may then make the server read
+  // an adapter from a directory on its disk. Off, they answer 404 saying how to turn them on.
+  bool runtime_lora = false;
+  int max_lora_rank = 0;           // > 0: an adapter of a higher rank is refused (vLLM's --max-lora-rank)
   // POST /v1/responses with "store": true keeps each response in memory (ResponseStore) for GET
   // /v1/responses/{id} and previous_response_id: the latest this many, within this many bytes
   // (0 responses: none kept).
@@ -141,9 +148,11 @@ using AliveFn = std::function<bool()>;
 
 class Server {
  public:
-  // `tok` may be null (token-id prompts only); `adapters` may be null.
-  static Result<std::unique_ptr<Server>> create(LlamaModel& model, const Tokenizer* tok,
-                                                const AdapterRegistry* adapters, ServerOptions opts);
+  // `tok` may be null (token-id prompts only); `adapters` may be null. The server adds and
+  // removes the adapters loaded and unloaded at run time (runtime_lora) in `adapters` (its own
+  // registry when null), which must outlive it, on its engine thread.
+  static Result<std::unique_ptr<Server>> create(LlamaModel& model, const Tokenizer* tok, AdapterRegistry* adapters,
+                                                ServerOptions opts);
   ~Server();
 
   // Binds host:port (port 0: any free port) and returns the port.
@@ -153,7 +162,28 @@ class Server {
   void stop();
 
   // The names GET /v1/models lists, base model first.
-  const std::vector<std::string>& model_names() const { return names_; }
+  std::vector<std::string> model_names() const {
+    std::lock_guard<std::mutex> lock(names_mu_);
+    return names_;
+  }
+  // vLLM's runtime LoRA updating, as POST /v1/load_lora_adapter and /v1/unload_lora_adapter run it
+  // (whether or not ServerOptions::runtime_lora lets those routes serve). load_adapter reads the
+  // PEFT adapter in `dir` (on the calling thread), then the engine thread, between passes, puts
+  // it on the model's backend and serves it as `name`: it joins the trajectories the other
+  // agents write (SessionPool::add_agent), so its first request reads the cache they hold.
+  // Errors: a name already served, or the base model's (kInvalidArgument); the adapter's own
+  // (a missing directory kNotFound, a bad file, a rank above max_lora_rank kInvalidArgument, a
+  // module no trajectory can hold kUnsupported); no device memory (kOutOfMemory).
+  Status load_adapter(const std::string& name, const std::string& dir);
+  // Stops serving the adapter `name`: requests for it that have not started fail (404), running
+  // ones finish; its weights are freed once no kept trajectory holds it. kNotFound when it is not
+  // served; kInvalidArgument for the base model.
+  Status unload_adapter(const std::string& name);
+  // Adapters unloaded whose weights are not freed yet (a trajectory a request runs on holds them).
+  size_t retired_adapters() const {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    return retired_count_;
+  }
   ShareMode share_mode() const { return opts_.pool.replay.sharing.mode; }
   int64_t max_model_len() const { return opts_.max_model_len; }
   // The one KV memory every trajectory shares, in bytes (0: an arena per trajectory).
@@ -246,6 +276,13 @@ class Server {
   void respond_responses(const ResponsesRequest& r, const httplib::Request& http, httplib::Response& res);
   // POST /v1/messages and /v1/messages/count_tokens, Anthropic's (server_messages.cpp).
   void install_messages_routes();
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter, vLLM's (server_lora.cpp).
+  void install_lora_routes();
+  // Runs `task` on the engine thread between two passes and returns what it returns (the
+  // pool, the registry and the backend are the engine thread's).
+  Status on_engine(std::function<Status()> task);
+  // Engine thread: frees the unloaded adapters no kept trajectory holds any more.
+  void free_retired();
   struct EventAnswer;  // server_internal.h
   // Runs a prepared request (its first choice) and answers it as `answer` builds it.
   void respond_events(Prepared p, bool stream, const httplib::Request& http, httplib::Response& res,
@@ -262,7 +299,12 @@ class Server {
   LlamaModel* model_ = nullptr;
   const Tokenizer* tok_ = nullptr;
   ServerOptions opts_;
+  mutable std::mutex names_mu_;  // names_: read by request threads, changed by the engine thread
   std::vector<std::string> names_;
+  AdapterRegistry* registry_ = nullptr;           // the served adapters (own_registry_ when none was given)
+  std::unique_ptr<AdapterRegistry> own_registry_;
+  // Engine thread: unloaded adapters still held by a kept trajectory (free_retired).
+  std::vector<std::unique_ptr<LoraAdapter>> retired_;
   std::unique_ptr<SessionPool> pool_;  // the engine thread's alone
   mutable std::once_flag vocab_trie_once_;
   mutable std::unique_ptr<guide::VocabTrie> vocab_trie_;  // vocab_trie()
@@ -277,9 +319,11 @@ class Server {
   mutable std::list<std::pair<std::string, std::shared_ptr<guide::TokenGuide>>> guides_;
   Metrics metrics_;
   // Requests handed to the engine thread, not admitted yet.
-  std::mutex queue_mu_;
+  mutable std::mutex queue_mu_;
   std::condition_variable queue_cv_;
   std::deque<Job*> queue_;
+  std::deque<std::function<void()>> tasks_;  // on_engine's, run before the next pass
+  size_t retired_count_ = 0;                 // retired_.size(), as the engine thread last left it
   bool stopping_ = false;
   std::vector<Job*> ended_;  // engine thread: jobs ended in this iteration, handed back after it
   std::thread engine_;

@@ -182,7 +182,8 @@ void Server::install_routes() {
     // metrics without bound).
     static const char* const kRoutes[] = {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
                                           "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
-                                          "/lragent/sessions", "/tokenize", "/detokenize", "/metrics"};
+                                          "/lragent/sessions", "/tokenize", "/detokenize", "/metrics",
+                                          "/v1/load_lora_adapter", "/v1/unload_lora_adapter"};
     std::string route = "other";
     for (const char* r : kRoutes)
       if (req.path == r) route = r;
@@ -198,13 +199,14 @@ void Server::install_routes() {
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json{{"status", "ok"}}); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
-    for (size_t i = 0; i < names_.size(); ++i) {
-      data.push_back({{"id", names_[i]},
+    const std::vector<std::string> names = model_names();
+    for (size_t i = 0; i < names.size(); ++i) {
+      data.push_back({{"id", names[i]},
                       {"object", "model"},
                       {"created", created_},
                       {"owned_by", "lragent"},
-                      {"root", names_[i]},
-                      {"parent", i == 0 ? json(nullptr) : json(names_[0])},
+                      {"root", names[i]},
+                      {"parent", i == 0 ? json(nullptr) : json(names[0])},
                       {"max_model_len", opts_.max_model_len}});
     }
     send_json(res, 200, json{{"object", "list"}, {"data", data}});
@@ -244,7 +246,8 @@ void Server::install_routes() {
     };
   };
   for (const char* route : {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages",
-                            "/v1/messages/count_tokens", "/tokenize", "/detokenize"}) {
+                            "/v1/messages/count_tokens", "/tokenize", "/detokenize", "/v1/load_lora_adapter",
+                            "/v1/unload_lora_adapter"}) {
     svr.Get(route, wrong_method("POST"));
     svr.Put(route, wrong_method("POST"));
     svr.Delete(route, wrong_method("POST"));
@@ -306,6 +309,7 @@ void Server::install_routes() {
   });
   install_responses_routes();
   install_messages_routes();
+  install_lora_routes();
 }
 
 Result<CompletionRequest> Server::chat_completion_request(std::string_view body, ChatParsing* parsing) const {

@@ -38,26 +38,12 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
     // arena would hold it; a slab a pool of every trajectory as slack (partly used slabs, and a
     // slab size above the smaller groups' own).
     if (!so.backend) so.backend = pool_backend(model.backend());
-    SharingOptions one = so;
-    if (model.config().max_position_embeddings > 0)
-      one.max_tokens = std::min<int64_t>(one.max_tokens, model.config().max_position_embeddings);
-    int64_t per = 0, slab = 0;
-    for (const AgentGroup& g : p->groups_) {
-      LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan plan, TrajectoryKv::plan_arena(model.config(), g.adapters, one));
-      slab = std::max(slab, plan.slab_bytes);
-      per = std::max(per, plan.bytes + static_cast<int64_t>(plan.n_pools) * plan.slab_bytes);
-      // What one agent's catch-up writes: the caches a trajectory of that agent alone has (in
-      // none its own full caches, not every agent's; in base the base and its own low-rank rows).
-      std::vector<double> bytes;
-      std::vector<int> pools;
-      for (const LoraAdapter* a : g.adapters) {
-        LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan alone, TrajectoryKv::plan_arena(model.config(), {a}, one));
-        bytes.push_back(static_cast<double>(alone.bytes) / static_cast<double>(std::max<int64_t>(one.max_tokens, 1)));
-        pools.push_back(alone.n_pools);
-      }
-      p->token_bytes_.push_back(std::move(bytes));
-      p->n_pools_.push_back(std::move(pools));
+    int64_t per = 0;
+    for (int g = 0; g < static_cast<int>(p->groups_.size()); ++g) {
+      LRA_ASSIGN_OR_RETURN(const int64_t bytes, p->plan_group(g));
+      per = std::max(per, bytes);
     }
+    const int64_t slab = p->slab_bytes_;
     per = (per + slab - 1) / slab * slab;
     const int64_t all = per * p->opts_.max_sessions;
     const int64_t bytes = p->opts_.pool_bytes > 0 ? std::min(p->opts_.pool_bytes, all) : all;
@@ -74,6 +60,134 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
     (void)e;
   }
   return p;
+}
+
+Result<int64_t> SessionPool::plan_group(int g) {
+  SharingOptions one = opts_.replay.sharing;
+  one.arena = nullptr;
+  if (model_.config().max_position_embeddings > 0)
+    one.max_tokens = std::min<int64_t>(one.max_tokens, model_.config().max_position_embeddings);
+  const AgentGroup& group = groups_[static_cast<size_t>(g)];
+  LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan plan, TrajectoryKv::plan_arena(model_.config(), group.adapters, one));
+  // What one agent's catch-up writes: the caches a trajectory of that agent alone has (in none
+  // its own full caches, not every agent's; in base the base and its own low-rank rows).
+  std::vector<double> bytes;
+  std::vector<int> pools;
+  for (const LoraAdapter* a : group.adapters) {
+    LRA_ASSIGN_OR_RETURN(TrajectoryKv::ArenaPlan alone, TrajectoryKv::plan_arena(model_.config(), {a}, one));
+    bytes.push_back(static_cast<double>(alone.bytes) / static_cast<double>(std::max<int64_t>(one.max_tokens, 1)));
+    pools.push_back(alone.n_pools);
+  }
+  token_bytes_.resize(groups_.size());
+  n_pools_.resize(groups_.size());
+  token_bytes_[static_cast<size_t>(g)] = std::move(bytes);
+  n_pools_[static_cast<size_t>(g)] = std::move(pools);
+  // The arena's slab is fixed once made: a group planned later counts its pools at that size.
+  if (!arena_) slab_bytes_ = std::max(slab_bytes_, plan.slab_bytes);
+  return plan.bytes + static_cast<int64_t>(plan.n_pools) * slab_bytes_;
+}
+
+Status SessionPool::add_agent(const std::string& name, const LoraAdapter* adapter) {
+  for (const AgentGroup& g : groups_)
+    if (std::find(g.names.begin(), g.names.end(), name) != g.names.end())
+      return make_error(ErrorCode::kInvalidArgument, "an agent named '{}' is already served", name);
+  const ShareMode mode = opts_.replay.sharing.mode;
+  // The group it joins: the one of every agent, or in base-lr the first whose adapters share its A
+  // (the base model, which has no low-rank rows, is in a group of its own there).
+  int join = -1;
+  for (size_t g = 0; g < groups_.size() && join < 0; ++g) {
+    const AgentGroup& grp = groups_[g];
+    if (mode != ShareMode::kBaseLr) {
+      join = static_cast<int>(g);
+    } else if (!grp.adapters.empty() && grp.adapters.front()) {
+      std::vector<const LoraAdapter*> with = grp.adapters;
+      with.push_back(adapter);
+      if (check_shared_a(with, model_.config().num_layers).ok()) join = static_cast<int>(g);
+    }
+  }
+  const std::vector<AgentGroup> before = groups_;
+  if (join < 0) {
+    join = static_cast<int>(groups_.size());
+    groups_.push_back({});
+  }
+  groups_[static_cast<size_t>(join)].names.push_back(name);
+  groups_[static_cast<size_t>(join)].adapters.push_back(adapter);
+  // The same checks a trajectory of the group makes (and, with a shared arena, its plan); on
+  // error plan_group has changed nothing.
+  Result<int64_t> per = int64_t{0};
+  if (arena_) {
+    per = plan_group(join);
+  } else {
+    SharingOptions one = opts_.replay.sharing;
+    one.max_tokens = std::min<int64_t>(one.max_tokens, 16);
+    auto plan = TrajectoryKv::plan_arena(model_.config(), groups_[static_cast<size_t>(join)].adapters, one);
+    if (!plan.ok()) per = plan.error();
+  }
+  if (!per.ok()) {
+    groups_ = before;
+    token_bytes_.resize(std::min(token_bytes_.size(), groups_.size()));
+    n_pools_.resize(std::min(n_pools_.size(), groups_.size()));
+    return per.error();
+  }
+  // More agents with private caches than the arena was sized for: requests may now fill it, which
+  // the server resolves as with a smaller --kv-cache-memory (it drops idle trajectories, then preempts).
+  if (arena_ && *per * opts_.max_sessions > arena_->capacity_bytes()) oversubscribed_ = true;
+  sync_agents();
+  return Status::Ok();
+}
+
+Status SessionPool::remove_agent(const std::string& name) {
+  for (AgentGroup& g : groups_) {
+    const auto it = std::find(g.names.begin(), g.names.end(), name);
+    if (it == g.names.end()) continue;
+    const auto i = static_cast<size_t>(it - g.names.begin());
+    if (!g.adapters[i]) return make_error(ErrorCode::kInvalidArgument, "'{}' is the base model, not an adapter", name);
+    g.names.erase(it);
+    g.adapters.erase(g.adapters.begin() + static_cast<long>(i));
+    const int gi = static_cast<int>(&g - groups_.data());
+    if (arena_ && !g.adapters.empty()) (void)plan_group(gi);  // a subset of a group that planned
+    sync_agents();
+    return Status::Ok();
+  }
+  return make_error(ErrorCode::kNotFound, "no adapter named '{}' is served", name);
+}
+
+bool SessionPool::holds(const LoraAdapter* adapter) const {
+  return std::any_of(entries_.begin(), entries_.end(), [&](const Entry& e) {
+    const auto& a = e.session->adapters();
+    return std::find(a.begin(), a.end(), adapter) != a.end();
+  });
+}
+
+bool SessionPool::stale(const Entry& e) const {
+  const AgentGroup& g = groups_[static_cast<size_t>(e.group)];
+  return e.session->agent_names() != g.names || e.session->adapters() != g.adapters;
+}
+
+void SessionPool::sync_agents() {
+  for (size_t i = 0; i < entries_.size();) {
+    Entry& e = entries_[i];
+    if (e.held || !stale(e)) {
+      ++i;
+      continue;
+    }
+    const AgentGroup& g = groups_[static_cast<size_t>(e.group)];
+    bool kept = false;
+    if (!g.names.empty()) {
+      auto s = AgentSession::create(model_, tok_, g.names, g.adapters, opts_.replay);
+      const auto n = static_cast<int64_t>(e.session->trajectory().size());
+      if (s.ok() && (*s)->start_from(*e.session, n, /*keep_counts=*/true).ok()) {
+        e.session = std::move(*s);
+        kept = true;
+      }
+    }
+    if (kept) {
+      ++i;
+    } else {
+      entries_.erase(entries_.begin() + static_cast<long>(i));
+      ++evicted_;
+    }
+  }
 }
 
 Result<SessionPool::Entry*> SessionPool::create_session(int group, int64_t spare) {
@@ -133,6 +247,7 @@ int SessionPool::held_sessions() const {
 void SessionPool::release(int64_t id) {
   for (Entry& e : entries_)
     if (e.id == id) e.held = false;
+  sync_agents();
 }
 
 Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string& agent, const std::vector<int32_t>& prompt,
@@ -142,6 +257,7 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
     if (std::find(groups_[g].names.begin(), groups_[g].names.end(), agent) != groups_[g].names.end())
       group = static_cast<int>(g);
   if (group < 0) return make_error(ErrorCode::kNotFound, "no agent named '{}'", agent);
+  sync_agents();  // a trajectory released since an adapter was loaded or unloaded
 
   Entry* extend = nullptr;  // a trajectory that is a whole prefix of the prompt (longest)
   Entry* best = nullptr;    // the longest common prefix otherwise
@@ -189,7 +305,8 @@ Result<std::optional<SessionPool::Lease>> SessionPool::acquire(const std::string
     const TrajectoryKv& kv = use->session->kv();
     const int64_t need = std::min(keep, prompt_len - 1) - 1;
     if (kv.reads_others_entries() && kv.shared_tokens() < need) return std::optional<Lease>();
-    if (use->agent == agent && kv.processed(use->session->agent_index(agent)) < need) return std::optional<Lease>();
+    const int ai = use->session->agent_index(agent);
+    if (use->agent == agent && ai >= 0 && kv.processed(ai) < need) return std::optional<Lease>();
     copy_id = use->id;
     copy_len = keep;
     use = nullptr;
@@ -300,6 +417,7 @@ void SessionPool::cut_and_release(int64_t id, int64_t keep) {
   e->session->truncate(keep);
   e->held = false;
   e->last_prompt = static_cast<int64_t>(e->session->trajectory().size());
+  sync_agents();
 }
 
 void SessionPool::drop(int64_t id) {

@@ -69,6 +69,21 @@ class SessionPool {
   static std::vector<AgentGroup> groups_for(const std::string& base_name, const std::vector<std::string>& adapter_names,
                                             const std::vector<const LoraAdapter*>& adapters, ShareMode mode);
 
+  // Serves `name` (an adapter loaded while the server runs) from now on: it joins a group whose
+  // trajectories it can share (in base-lr the adapters whose A it shares; when none can hold it,
+  // a group of its own), and the kept trajectories of that group take it on, as copies made with
+  // the new agents (their entries taken by reference in one KV arena, not computed again), when
+  // no request holds them. Errors: a name already served (kInvalidArgument); an adapter no
+  // trajectory can hold (base modes: k_proj under k_norm, kUnsupported), the pool unchanged.
+  Status add_agent(const std::string& name, const LoraAdapter* adapter);
+  // Stops serving the adapter `name`: a request for it fails (kNotFound), and each kept
+  // trajectory is copied without it once no request holds it, its private entries given back.
+  // kNotFound when no adapter of that name is served (the base model is always served).
+  Status remove_agent(const std::string& name);
+  // Whether a kept trajectory still holds `adapter` (a running request's, or one not copied yet):
+  // its weights must stay until none does.
+  bool holds(const LoraAdapter* adapter) const;
+
   struct Lease {
     AgentSession* session = nullptr;
     int64_t id = 0;
@@ -178,12 +193,22 @@ class SessionPool {
 
   // Whether a live trajectory was copied from `id` (its blocks may hold that one's prefix).
   bool copied_from(int64_t id) const;
+  // token_bytes_ and n_pools_ of group g (with a shared arena), and the bytes of one trajectory
+  // of it at its caps with a slab of slack per pool (what the arena is sized by).
+  Result<int64_t> plan_group(int g);
+  // Whether e's trajectory serves other agents than its group does now (add_agent, remove_agent).
+  bool stale(const Entry& e) const;
+  // Every stale trajectory no request holds becomes a copy with its group's agents
+  // (AgentSession::start_from); one that cannot be copied (no room; a group left without
+  // agents) is dropped.
+  void sync_agents();
 
   LlamaModel& model_;
   const Tokenizer* tok_ = nullptr;
-  std::vector<AgentGroup> groups_;
+  std::vector<AgentGroup> groups_;  // grows with add_agent; a group emptied by remove_agent stays (entries index it)
   SessionPoolOptions opts_;
   std::unique_ptr<KvArena> arena_;  // share_blocks: every trajectory's (outlives entries_)
+  int64_t slab_bytes_ = 0;          // share_blocks: the arena's slab (the largest group's at create())
   bool oversubscribed_ = false;
   // [groups][agents] bytes a token takes in the caches an agent's catch-up writes, and their pools
   std::vector<std::vector<double>> token_bytes_;

@@ -30,10 +30,11 @@ std::string adapters(const std::string& set) {
 }
 
 // Runs serve under `timeout -s SIGNAL SECONDS`: the server must stop on the signal by itself.
-testing::CliRun serve_until(const std::string& signal, int seconds, const std::string& args) {
+// `env`: VAR=VALUE assignments for its environment.
+testing::CliRun serve_until(const std::string& signal, int seconds, const std::string& args, const std::string& env = "") {
   testing::CliRun r;
   const std::string err_file = testing::temp_dir("serve-cli") + "/err.txt";
-  const std::string cmd = "timeout --preserve-status -k 10 -s " + signal + " " + std::to_string(seconds) + " " +
+  const std::string cmd = (env.empty() ? "" : "env " + env + " ") + "timeout --preserve-status -k 10 -s " + signal + " " + std::to_string(seconds) + " " +
                           shell_quote(testing::lragent_bin()) + " serve " + args + " 2>" + shell_quote(err_file);
   const int status = std::system(cmd.c_str());
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
@@ -65,6 +66,11 @@ TEST(ServeCli, VllmsCommandLineServes) {
                                      shell_quote(reflect.dump()) + " --enable-auto-tool-choice --port 0");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tinystories-656k, plan, action, reflect"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("runtime LoRA updating is on"), std::string::npos) << r.err;
+  // vLLM turns runtime LoRA updating on from the environment; --enable-runtime-lora says the same.
+  r = serve_until("INT", 4, shell_quote(testing::tinystories_dir()) + " --port 0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("runtime LoRA updating is on: POST /v1/load_lora_adapter"), std::string::npos) << r.err;
   // Its errors: the model twice, a JSON form without its path, an adapter above --max-lora-rank
   // (these are rank 8: 8 serves, 4 is refused naming the adapter).
   auto low = testing::run_lragent("serve " + shell_quote(testing::tinystories_dir()) + " --max-lora-rank 4 --lora-modules plan=" +

@@ -473,6 +473,80 @@ TEST_F(Sharing, ForksInOneArenaShareThePrefixBlocks) {
   }
 }
 
+// A session copied into another set of agents (a server that loads or unloads an adapter):
+// start_from maps agents by name and adapter. In every mode, a copy that adds reflect and one
+// that drops plan decode what a session that always had those agents decodes after the same
+// turns, and the agents kept compute only the new tokens (their private entries were taken);
+// a name whose adapter changed (unloaded, loaded again from another directory) takes nothing.
+TEST_F(Sharing, ACopyIntoOtherAgentsKeepsWhatTheyShare) {
+  const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
+  const LoraAdapter* action = adapter("qv-shared-a-r8", "action", "action");
+  const LoraAdapter* reflect = adapter("qv-shared-a-r8", "reflect", "reflect");
+  const LoraAdapter* action2 = adapter("qv-shared-a-r8", "action", "action");  // the same files again
+  for (ShareMode m : kAllShareModes) {
+    SCOPED_TRACE(share_mode_name(m));
+    ReplayOptions o = logits_options(m);
+    o.sharing.max_tokens = 256;
+    auto arena = KvArena::create(64 << 20, nullptr, 1 << 20);
+    ASSERT_TRUE(arena.ok());
+    o.sharing.arena = arena->get();
+    auto session = [&](std::vector<std::string> names, std::vector<const LoraAdapter*> ads) {
+      auto s = AgentSession::create(*model_, nullptr, std::move(names), std::move(ads), o);
+      EXPECT_TRUE(s.ok()) << s.error().message;
+      return s.ok() ? std::move(*s) : nullptr;
+    };
+    auto turns = [&](AgentSession& s) {
+      s.append(prompt_ids(45));
+      ASSERT_TRUE(s.run_agent("plan", 6, {}, {}).ok());
+      ASSERT_TRUE(s.run_agent("action", 5, {}, {}).ok());
+      s.append({11, 12, 13});
+    };
+    auto decode = [](AgentSession& s, const std::string& agent) {
+      auto r = s.run_agent(agent, 7, {}, {});
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      return r.ok() ? *r : StepResult{};
+    };
+    auto same = [](const StepResult& got, const StepResult& want, const char* what) {
+      EXPECT_EQ(got.output_tokens, want.output_tokens) << what;
+      ASSERT_EQ(got.logits.size(), want.logits.size()) << what;
+      for (size_t i = 0; i < got.logits.size(); ++i)
+        EXPECT_LE(max_abs_diff(got.logits[i], want.logits[i]), 1e-5f) << what << " logits row " << i;
+    };
+    auto src = session({"plan", "action"}, {plan, action});
+    turns(*src);
+    const int64_t n = static_cast<int64_t>(src->trajectory().size());
+    const int64_t action_computed = src->computed_per_agent()[1];
+
+    // reflect added: the reference had three agents from the start.
+    auto ref3 = session({"plan", "action", "reflect"}, {plan, action, reflect});
+    turns(*ref3);
+    auto grown = session({"plan", "action", "reflect"}, {plan, action, reflect});
+    ASSERT_TRUE(grown->start_from(*src, n, /*keep_counts=*/true).ok());
+    EXPECT_EQ(grown->trajectory(), src->trajectory());
+    EXPECT_EQ(grown->computed_per_agent()[1], action_computed);
+    same(decode(*grown, "reflect"), decode(*ref3, "reflect"), "reflect, added");
+    const StepResult act = decode(*grown, "action"), ref_act = decode(*ref3, "action");
+    same(act, ref_act, "action, kept");
+    // action computed only what it had not, as in the reference (its private entries were taken).
+    EXPECT_EQ(act.prefilled_tokens, ref_act.prefilled_tokens);
+    EXPECT_LT(act.prefilled_tokens, n);
+
+    // plan dropped: action goes on as in the source.
+    auto ref2 = session({"plan", "action"}, {plan, action});
+    turns(*ref2);
+    auto shrunk = session({"action"}, {action});
+    ASSERT_TRUE(shrunk->start_from(*src, n, /*keep_counts=*/true).ok());
+    same(decode(*shrunk, "action"), decode(*ref2, "action"), "action, plan dropped");
+
+    // The same name on another adapter object takes none of the old one's private entries.
+    auto reloaded = session({"plan", "action"}, {plan, action2});
+    ASSERT_TRUE(reloaded->start_from(*src, n, /*keep_counts=*/true).ok());
+    EXPECT_EQ(reloaded->computed_per_agent()[1], 0);
+    EXPECT_EQ(reloaded->kv().processed(1), 0);
+    EXPECT_EQ(reloaded->kv().processed(0), src->kv().processed(0));
+  }
+}
+
 TEST_F(Sharing, ExhaustedPoolIsAnErrorAndKeepsTheTrajectory) {
   const LoraAdapter* plan = adapter("qv-shared-a-r8", "plan", "plan");
   ReplayOptions o;

@@ -153,6 +153,30 @@ TEST_F(LoraTest, SharedAQkvoAdaptersGroupAllFourProjections) {
   EXPECT_TRUE(Contains(reg.describe_groups(), "o_proj: {plan, action, reflect} share A in all 2 layers\n"));
 }
 
+// remove() (a server unloading an adapter): the rest regroup, the removed adapter's modules lead
+// themselves (none leads from it once it is freed), and its name can be registered again.
+TEST_F(LoraTest, RemovingTheLeadRegroupsTheRest) {
+  AdapterRegistry reg = registry_of("qv-shared-a-r8");
+  EXPECT_EQ(reg.remove("nobody"), nullptr);
+  std::unique_ptr<LoraAdapter> plan = reg.remove("plan");  // the lead of every group
+  ASSERT_NE(plan, nullptr);
+  EXPECT_EQ(reg.size(), 2);
+  EXPECT_EQ(reg.find("plan"), nullptr);
+  ASSERT_EQ(reg.shared_a_groups().size(), 4u);
+  for (const auto& g : reg.shared_a_groups()) EXPECT_EQ(g.members, (std::vector<int>{0, 1}));
+  const LoraModule& act_q = *reg.find("action")->layers[0][0];
+  const LoraModule& ref_q = *reg.find("reflect")->layers[0][0];
+  const LoraModule& plan_q = *plan->layers[0][0];
+  EXPECT_EQ(act_q.a_lead, &act_q);
+  EXPECT_EQ(ref_q.a_lead, &act_q);
+  EXPECT_EQ(plan_q.a_lead, &plan_q);
+  EXPECT_TRUE(plan_q.same_a_as(act_q));  // compared, not looked up
+  plan.reset();
+  EXPECT_TRUE(reg.add(load("plan", fixture("qv-shared-a-r8", "plan"))).ok());
+  EXPECT_EQ(reg.find("plan")->layers[0][0]->a_lead, &act_q);
+  EXPECT_EQ(reg.shared_a_groups().front().members, (std::vector<int>{0, 1, 2}));
+}
+
 TEST_F(LoraTest, IndependentAdaptersHaveNoGroups) {
   AdapterRegistry reg = registry_of("qv-indep-a-r8");
   EXPECT_TRUE(reg.shared_a_groups().empty());

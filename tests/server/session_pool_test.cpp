@@ -605,5 +605,59 @@ TEST_F(SessionPoolTest, ACutTrajectoryComputesAsOneThatNeverHeldTheCutTokens) {
   }
 }
 
+// Adapters loaded and unloaded while the pool runs (the server's /v1/load_lora_adapter): in
+// every mode, reflect added later lands on the trajectory plan wrote (one trajectory, the prompt
+// reused) and computes only what the mode makes it compute; removed while a request holds that
+// trajectory, the adapter stays held until the request releases it, and a later request of
+// another agent goes on on the same tokens without it.
+TEST_F(SessionPoolTest, AnAgentAddedLaterJoinsTheTrajectoryAndOneRemovedLeavesIt) {
+  for (ShareMode mode : kAllShareModes) {
+    SCOPED_TRACE(share_mode_name(mode));
+    auto p = SessionPool::create(*model_, tok_.get(), SessionPool::groups_for("base", {"plan"}, {ptrs_[0]}, mode),
+                                 options(mode));
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    SessionPool& pool = **p;
+    auto failed_with = [](const auto& r, ErrorCode code) { return !r.ok() && r.error().code == code; };
+    const std::vector<int32_t> prompt = encode("Once upon a time, there was a little girl named Lily.");
+    auto first = acquire(pool, "plan", prompt);
+    ASSERT_TRUE(first.ok()) << first.error().message;
+    ASSERT_TRUE(first->session->run_agent("plan", 6, {}, {}).ok());
+    std::vector<int32_t> turn = first->session->trajectory();
+    turn.push_back(prompt[3]);
+
+    EXPECT_TRUE(failed_with(pool.acquire("reflect", turn), ErrorCode::kNotFound));
+    ASSERT_TRUE(pool.add_agent("reflect", ptrs_[2]).ok());
+    EXPECT_TRUE(failed_with(pool.add_agent("reflect", ptrs_[2]), ErrorCode::kInvalidArgument));
+    auto held = pool.acquire("reflect", turn);
+    ASSERT_TRUE(held.ok() && *held) << (held.ok() ? "waits" : held.error().message);
+    EXPECT_EQ((*held)->id, first->id) << "reflect extends the trajectory plan wrote";
+    EXPECT_EQ((*held)->reused_tokens, static_cast<int64_t>(turn.size()) - 1);
+    auto r = (*held)->session->run_agent("reflect", 4, {}, {});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    // Modes that read other agents' entries compute the new token only; none and base all of it.
+    const bool reads = (*held)->session->kv().reads_others_entries();
+    if (mode != ShareMode::kDroidSpeak)
+      EXPECT_EQ(r->prefilled_tokens, reads ? 2 : static_cast<int64_t>(turn.size()));
+
+    ASSERT_TRUE(pool.remove_agent("reflect").ok());
+    EXPECT_TRUE(failed_with(pool.remove_agent("reflect"), ErrorCode::kNotFound));
+    EXPECT_TRUE(failed_with(pool.remove_agent("base"), ErrorCode::kInvalidArgument));
+    EXPECT_TRUE(pool.holds(ptrs_[2])) << "a request runs reflect on it";
+    const std::vector<int32_t> after = (*held)->session->trajectory();
+    pool.release((*held)->id);
+    EXPECT_FALSE(pool.holds(ptrs_[2]));
+    EXPECT_TRUE(failed_with(pool.acquire("reflect", after), ErrorCode::kNotFound));
+    std::vector<int32_t> next = after;
+    next.push_back(prompt[4]);
+    auto again = acquire(pool, "plan", next);
+    ASSERT_TRUE(again.ok()) << again.error().message;
+    EXPECT_EQ(again->id, first->id);
+    EXPECT_EQ(again->reused_tokens, static_cast<int64_t>(next.size()) - 1);
+    const std::vector<std::string>& left = again->session->agent_names();
+    EXPECT_EQ(std::count(left.begin(), left.end(), "reflect"), 0);
+    EXPECT_EQ(std::count(left.begin(), left.end(), "plan"), 1);
+  }
+}
+
 }  // namespace
 }  // namespace lragent::server
