@@ -111,12 +111,13 @@ void fuzz_tokenize(const std::string& text) {
 void fuzz_tool_calls(const std::string& text) {
   using namespace lragent::server;
   for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral,
-                           ToolCallFormat::kDeepSeekV3}) {
+                           ToolCallFormat::kDeepSeekV3, ToolCallFormat::kPythonic}) {
     const ParsedToolCalls p = parse_tool_calls(f, text);
-    // Content beside calls is the text before them (llama3_json: none); no calls: the text
-    // (mistral: the text without its markers, stripped, when it had one).
+    const bool by_start = f == ToolCallFormat::kLlama3Json || f == ToolCallFormat::kPythonic;
+    // Content beside calls is the text before them (llama3_json, pythonic: none); no calls: the
+    // text (mistral: the text without its markers, stripped, when it had one).
     if (!p.calls.empty() && text.compare(0, p.content.size(), p.content) != 0) __builtin_trap();
-    if (!p.calls.empty() && f == ToolCallFormat::kLlama3Json && !p.content.empty()) __builtin_trap();
+    if (!p.calls.empty() && by_start && !p.content.empty()) __builtin_trap();
     if (p.calls.empty() && f != ToolCallFormat::kMistral && p.content != text) __builtin_trap();
     for (const ToolCall& c : p.calls)  // deepseek_v3 keeps the arguments as written, as vLLM does
       if (f != ToolCallFormat::kDeepSeekV3 && nlohmann::ordered_json::parse(c.arguments, nullptr, false).is_discarded())
@@ -131,7 +132,8 @@ void fuzz_tool_calls(const std::string& text) {
       at += n;
     }
     const ToolCallStream::End end = stream.finish();
-    const bool streamed_calls = f != ToolCallFormat::kLlama3Json || (!text.empty() && text[0] == '{');
+    const char opener = f == ToolCallFormat::kPythonic ? '[' : '{';
+    const bool streamed_calls = !by_start || (!text.empty() && text[0] == opener);
     if (streamed_calls && end.tool_calls.size() != p.calls.size()) __builtin_trap();
     if (end.tool_calls.size() != 0 && end.tool_calls.size() != p.calls.size()) __builtin_trap();
     if (shown + end.content != (end.tool_calls.empty() ? text : p.content)) __builtin_trap();

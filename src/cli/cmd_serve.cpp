@@ -409,7 +409,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "what a forced tool_choice makes it write (vLLM's parsers): hermes (<tool_call>{...}</tool_call>: "
                   "Qwen2.5, Qwen3, Hermes), llama3_json ({\"name\", \"parameters\"} objects: Llama 3.1-3.3), mistral "
                   "([TOOL_CALLS][...]: Mistral), deepseek_v3 (<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME and a "
-                  "```json block: DeepSeek-V3, R1 and its Llama and Qwen distills), or auto: the form the chat template shows the model (a Llama-3 "
+                  "```json block: DeepSeek-V3, R1 and its Llama and Qwen distills), pythonic ([f(a=1), g()]: Llama 3.2 "
+                  "and 4 with pythonic templates; llama4_pythonic is the same), or auto: the form the chat template shows the model (a Llama-3 "
                   "template's is llama3_json; hermes when it shows none). Calls are parsed whenever a request gives tools (no --enable-auto-tool-choice "
                   "needed)")
       ->default_val("auto")

@@ -1,12 +1,14 @@
 #include "server/tool_calls.h"
 
 #include <algorithm>
+#include <cctype>
 #include <random>
 
 #include <fmt/format.h>
 
 #include "engine/guide/json_regex.h"
 #include "server/chat_template.h"
+#include "server/python_calls.h"
 
 namespace lragent::server {
 
@@ -18,6 +20,8 @@ constexpr std::string_view kHermesOpen = "<tool_call>";
 constexpr std::string_view kHermesClose = "</tool_call>";
 constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kPythonStart = "<|python_start|>";  // Llama 4's
+constexpr std::string_view kPythonEnd = "<|python_end|>";
 constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
 constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
@@ -57,6 +61,38 @@ size_t object_end(std::string_view text, size_t at) {
 
 ParsedToolCalls no_calls(std::string content) { return ParsedToolCalls{{}, std::move(content)}; }
 
+// One pythonic call of `fn_name` whose keyword arguments follow `params`: every property, in the
+// schema's order, as NAME=VALUE with the value as its JSON schema's regex gives it (JSON's
+// true / false / null, which parse_python_calls reads as Python's). Optional properties are
+// written too: a narrowing, every such call is valid. kUnsupported: a property name that is not
+// a Python identifier, or a value the guide cannot enforce.
+Result<std::string> pythonic_call_regex(const std::string& fn_name, const ordered_json& params) {
+  auto identifier = [](const std::string& s) {
+    return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])) &&
+           std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  };
+  if (!identifier(fn_name))
+    return make_error(ErrorCode::kUnsupported,
+                      "'tool_choice' with pythonic tool calls: tool '{}' is not a Python name, so no call of it "
+                      "can be written (letters, digits and _ only)",
+                      fn_name);
+  std::vector<std::string> args;
+  if (params.is_object() && params.contains("properties") && params["properties"].is_object())
+    for (const auto& [key, schema] : params["properties"].items()) {
+      if (!identifier(key))
+        return make_error(ErrorCode::kUnsupported,
+                          "'tool_choice' with pythonic tool calls: tool '{}' has parameter '{}', which is not a Python "
+                          "keyword argument name",
+                          fn_name, key);
+      auto re = guide::json_schema_regex(schema);
+      if (!re.ok())
+        return Error{re.error().code, fmt::format("'tool_choice' needs tool '{}' parameters lragent can enforce: {}",
+                                                  fn_name, re.error().message)};
+      args.push_back(guide::escape_regex(key + "=") + "(?:" + *re + ")");
+    }
+  return guide::escape_regex(fn_name + "(") + fmt::format("{}", fmt::join(args, ", ")) + "\\)";
+}
+
 }  // namespace
 
 const char* tool_call_format_name(ToolCallFormat f) {
@@ -65,6 +101,7 @@ const char* tool_call_format_name(ToolCallFormat f) {
     case ToolCallFormat::kLlama3Json: return "llama3_json";
     case ToolCallFormat::kMistral: return "mistral";
     case ToolCallFormat::kDeepSeekV3: return "deepseek_v3";
+    case ToolCallFormat::kPythonic: return "pythonic";
   }
   return "?";
 }
@@ -74,8 +111,9 @@ Result<ToolCallFormat> parse_tool_call_format(std::string_view name) {
   if (name == "llama3_json" || name == "llama3") return ToolCallFormat::kLlama3Json;
   if (name == "mistral") return ToolCallFormat::kMistral;
   if (name == "deepseek_v3") return ToolCallFormat::kDeepSeekV3;
+  if (name == "pythonic" || name == "llama4_pythonic") return ToolCallFormat::kPythonic;
   return make_error(ErrorCode::kInvalidArgument,
-                    "tool-call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3", name);
+                    "tool-call parser '{}' is not one of hermes, llama3_json, mistral, deepseek_v3, pythonic", name);
 }
 
 ToolCallFormat detect_tool_call_format(std::string_view t) {
@@ -84,6 +122,9 @@ ToolCallFormat detect_tool_call_format(std::string_view t) {
   // {"name", "parameters"} objects, and every Llama-3 template has its header tokens.
   if (t.find(kMistralMarker) != std::string_view::npos) return ToolCallFormat::kMistral;
   if (t.find(kDsCallsBegin) != std::string_view::npos) return ToolCallFormat::kDeepSeekV3;
+  // vLLM's pythonic templates show the model "[func_name1(params_name1=params_value1, ...)]".
+  if (t.find("[func_name1(") != std::string_view::npos || t.find(kPythonStart) != std::string_view::npos)
+    return ToolCallFormat::kPythonic;
   if (t.find(kHermesOpen) != std::string_view::npos) return ToolCallFormat::kHermes;
   if (t.find("ipython") != std::string_view::npos || t.find(kPythonTag) != std::string_view::npos)
     return ToolCallFormat::kLlama3Json;
@@ -193,12 +234,26 @@ ParsedToolCalls parse_deepseek_v3_tool_calls(const std::string& text) {
   return out;
 }
 
+ParsedToolCalls parse_pythonic_tool_calls(const std::string& text) {
+  std::string_view t = text;
+  while (!t.empty() && is_ascii_space(t.front())) t.remove_prefix(1);
+  while (!t.empty() && is_ascii_space(t.back())) t.remove_suffix(1);
+  if (t.starts_with(kPythonStart)) t.remove_prefix(kPythonStart.size());
+  if (t.ends_with(kPythonEnd)) t.remove_suffix(kPythonEnd.size());
+  auto calls = parse_python_calls(t);
+  if (!calls) return no_calls(text);
+  ParsedToolCalls out;
+  for (PythonCall& c : *calls) out.calls.push_back({std::move(c.name), python_json_dumps(c.arguments)});
+  return out;
+}
+
 ParsedToolCalls parse_tool_calls(ToolCallFormat f, const std::string& text) {
   switch (f) {
     case ToolCallFormat::kHermes: return parse_hermes_tool_calls(text);
     case ToolCallFormat::kLlama3Json: return parse_llama3_json_tool_calls(text);
     case ToolCallFormat::kMistral: return parse_mistral_tool_calls(text);
     case ToolCallFormat::kDeepSeekV3: return parse_deepseek_v3_tool_calls(text);
+    case ToolCallFormat::kPythonic: return parse_pythonic_tool_calls(text);
   }
   return no_calls(text);
 }
@@ -224,6 +279,11 @@ Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const ordered_json
     if (!name.empty() && fn_name != name) continue;
     ordered_json params = fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"]
                                                                                    : ordered_json{{"type", "object"}};
+    if (f == ToolCallFormat::kPythonic) {
+      LRA_ASSIGN_OR_RETURN(std::string call, pythonic_call_regex(fn_name, params));
+      calls.push_back(std::move(call));
+      continue;
+    }
     // DeepSeek writes the name, then the arguments alone in a ```json block (on one line: vLLM's
     // parser reads them with '.'); the others one {"name", arguments} object.
     const bool deepseek = f == ToolCallFormat::kDeepSeekV3;
@@ -255,6 +315,7 @@ Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const ordered_json
     case ToolCallFormat::kDeepSeekV3:  // calls one a line, as the template writes them back
       return guide::escape_regex(std::string(kDsCallsBegin)) + one + (many ? "(?:\\n" + one + ")*" : "") +
              guide::escape_regex(std::string(kDsCallsEnd));
+    case ToolCallFormat::kPythonic: return "\\[" + one + (many ? "(?:, " + one + ")*" : "") + "\\]";
   }
   return one;
 }
@@ -263,16 +324,18 @@ std::string ToolCallStream::push(const std::string& piece) {
   text_ += piece;
   if (in_call_) return {};
   size_t upto = text_.size();
-  if (format_ == ToolCallFormat::kLlama3Json) {
-    // vLLM streams a Llama completion as calls when it begins with "{" or <|python_tag|>: hold
-    // the text until its start shows which.
+  if (format_ == ToolCallFormat::kLlama3Json || format_ == ToolCallFormat::kPythonic) {
+    // vLLM streams a Llama completion as calls when it begins with "{" or <|python_tag|> (a
+    // pythonic one with "[" or <|python_start|>): hold the text until its start shows which.
+    const bool py = format_ == ToolCallFormat::kPythonic;
+    const std::string_view tag = py ? kPythonStart : kPythonTag;
     if (!decided_) {
       if (text_.empty()) return {};
-      if (text_[0] == '{' || text_.starts_with(kPythonTag)) {
+      if (text_[0] == (py ? '[' : '{') || text_.starts_with(tag)) {
         in_call_ = decided_ = true;
         return {};
       }
-      if (kPythonTag.starts_with(text_)) return {};  // may still become the tag
+      if (tag.starts_with(text_)) return {};  // may still become the tag
       decided_ = true;
     }
   } else {
@@ -299,8 +362,9 @@ std::string ToolCallStream::push(const std::string& piece) {
 
 ToolCallStream::End ToolCallStream::finish() {
   End end;
-  // A Llama completion streamed as content is content, whatever it holds (as vLLM streams it).
-  const bool parse = format_ != ToolCallFormat::kLlama3Json || in_call_ || !decided_;
+  // A Llama (or pythonic) completion streamed as content is content, whatever it holds (as vLLM streams it).
+  const bool by_start = format_ == ToolCallFormat::kLlama3Json || format_ == ToolCallFormat::kPythonic;
+  const bool parse = !by_start || in_call_ || !decided_;
   const ParsedToolCalls parsed = parse ? parse_tool_calls(format_, text_) : no_calls(text_);
   // Calls found: what precedes them that was not sent yet; none: the rest of the text as it is.
   const std::string& content = parsed.calls.empty() ? text_ : parsed.content;

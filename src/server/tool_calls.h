@@ -1,5 +1,5 @@
 // Tool calls in a chat completion's text: how each model family writes them, how the server reads
-// them out (vLLM's --tool-call-parser: hermes, llama3_json, mistral, deepseek_v3), and what a forced
+// them out (vLLM's --tool-call-parser: hermes, llama3_json, mistral, deepseek_v3, pythonic), and what a forced
 // tool_choice makes the model write. The format follows the chat template: a template that
 // shows the model Hermes blocks gets Hermes blocks back (docs/server.md, "Tool calls").
 #pragma once
@@ -22,14 +22,18 @@ enum class ToolCallFormat {
   // <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\n{...}\n```<｜tool▁call▁end｜>
   // ...<｜tool▁calls▁end｜> (DeepSeek-V3 and R1, and R1's Llama and Qwen distills)
   kDeepSeekV3,
+  // [get_weather(city="Paris"), get_time()] (Llama 3.2 and 4 with their pythonic templates, and
+  // Llama 4's <|python_start|>...<|python_end|> around it; ToolACE; python_calls.h)
+  kPythonic,
 };
-// vLLM's parser name: "hermes", "llama3_json", "mistral", "deepseek_v3".
+// vLLM's parser name: "hermes", "llama3_json", "mistral", "deepseek_v3", "pythonic".
 const char* tool_call_format_name(ToolCallFormat f);
-// A parser name (vLLM's names; "llama3" too). kInvalidArgument lists the known ones.
+// A parser name (vLLM's names; "llama3" and "llama4_pythonic" too). kInvalidArgument lists the known ones.
 Result<ToolCallFormat> parse_tool_call_format(std::string_view name);
 // The format a chat template's text shows the model: "[TOOL_CALLS]" mistral, "<｜tool▁calls▁begin｜>"
-// deepseek_v3, "<tool_call>" hermes, Llama's ipython role, <|python_tag|> or header tokens
-// llama3_json; otherwise hermes.
+// deepseek_v3, the pythonic templates' "[func_name1(params_name1=" or Llama 4's
+// "<|python_start|>" pythonic, "<tool_call>" hermes, Llama's ipython role, <|python_tag|> or
+// header tokens llama3_json; otherwise hermes.
 ToolCallFormat detect_tool_call_format(std::string_view template_text);
 
 // A function call of an assistant turn. Its arguments are kept as the JSON text the template
@@ -70,6 +74,11 @@ ParsedToolCalls parse_mistral_tool_calls(const std::string& text);
 // text as written (vLLM does not parse them). None found: no calls, the whole text is content
 // (vLLM reports an empty list of calls and the text before the marker).
 ParsedToolCalls parse_deepseek_v3_tool_calls(const std::string& text);
+// vLLM's pythonic parser (and llama4_pythonic's <|python_start|> / <|python_end|> around it):
+// the whole text, whitespace stripped, is a Python list of calls (parse_python_calls). Found: no
+// content, arguments json.dumps(ensure_ascii=False) of the keyword arguments. Else no calls, the
+// whole text is content.
+ParsedToolCalls parse_pythonic_tool_calls(const std::string& text);
 ParsedToolCalls parse_tool_calls(ToolCallFormat f, const std::string& text);
 
 // A new call id as the format's models take it back in a later turn: "chatcmpl-tool-" and 32 hex
@@ -86,8 +95,8 @@ Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const nlohmann::or
 
 // A streamed chat completion whose tool calls are parsed. Its text goes out as content until a
 // call could begin there (hermes "<tool_call>", mistral "[TOOL_CALLS]", deepseek_v3
-// "<｜tool▁calls▁begin｜>"; llama3_json: a text that
-// begins with "{" or "<|python_tag|>", as vLLM streams it) and is held from that point; at the
+// "<｜tool▁calls▁begin｜>"; llama3_json: a text that begins with "{" or "<|python_tag|>", as
+// vLLM streams it; pythonic: one that begins with "[" or "<|python_start|>") and is held from that point; at the
 // end the calls go out in one delta (clients join tool_call deltas by index), or, when the held
 // text holds no valid call, the rest as content.
 class ToolCallStream {
@@ -107,7 +116,7 @@ class ToolCallStream {
   std::string text_;
   size_t sent_ = 0;       // bytes of text_ sent as content
   bool in_call_ = false;  // a call began: nothing more goes out before finish()
-  bool decided_ = false;  // llama3_json: the text's start showed whether it is a call
+  bool decided_ = false;  // llama3_json, pythonic: the text's start showed whether it is a call
 };
 
 }  // namespace lragent::server

@@ -258,19 +258,22 @@ TEST_F(StructuredOutputTest, ForcedToolCallsFollowTheirParameters) {
 
 // A forced call comes in the form the model's template shows it (Qwen2.5: Hermes blocks;
 // Llama-3.2: {"name", "parameters"}; Mistral-Nemo: [TOOL_CALLS][...]; DeepSeek-V3: its call
-// blocks), is read back by that form's
+// blocks; pythonic's [weather(city="...")] under --tool-call-parser), is read back by that form's
 // parser, whole and streamed alike, and the call (its id too: Mistral's templates take only 9
 // letters and digits) goes back into the template in the next turn with its result.
 TEST_F(StructuredOutputTest, ForcedCallsComeInTheTemplatesFormAndGoBackIntoIt) {
   const auto tokens = testing::template_tokens();
   const json tools = json::parse(R"([{"type": "function", "function": {"name": "weather", "parameters": {
       "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"]}}}])");
+  // The last: Llama-3.2's template served with --tool-call-parser pythonic.
   for (const auto& [name, format] : std::vector<std::pair<std::string, ToolCallFormat>>{
            {"qwen2_5", ToolCallFormat::kHermes}, {"llama3_2", ToolCallFormat::kLlama3Json},
-           {"mistral_nemo", ToolCallFormat::kMistral}, {"deepseek_v3", ToolCallFormat::kDeepSeekV3}}) {
-    SCOPED_TRACE(name);
+           {"mistral_nemo", ToolCallFormat::kMistral}, {"deepseek_v3", ToolCallFormat::kDeepSeekV3},
+           {"llama3_2", ToolCallFormat::kPythonic}}) {
+    SCOPED_TRACE(name + " " + tool_call_format_name(format));
     auto t = ChatTemplate::from_tokenizer_config(testing::config_for(name, tokens), name);
     ASSERT_TRUE(t.ok()) << t.error().message;
+    if (format == ToolCallFormat::kPythonic) t->tool_call_format = format;
     ASSERT_EQ(t->tool_call_format, format);
     auto served = serve_chat(*t);
     ASSERT_TRUE(served);

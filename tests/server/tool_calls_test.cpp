@@ -1,5 +1,5 @@
-// Tool calls out of a completion's text, in the three forms vLLM's parsers read (hermes,
-// llama3_json, mistral), whole and streamed; the form a real template shows its model; and the
+// Tool calls out of a completion's text, in the forms vLLM's parsers read (hermes,
+// llama3_json, mistral, deepseek_v3, pythonic), whole and streamed; the form a real template shows its model; and the
 // calls a forced tool_choice makes the model write, which each parser must read back.
 // The cases follow vLLM's parsers (vllm/entrypoints/openai/tool_parsers/): what each finds, the
 // content it leaves, and how it dumps the arguments (json.dumps, ASCII for llama3_json).
@@ -139,6 +139,36 @@ TEST(ToolCalls, DeepSeekV3AsVllmParsesThem) {
 }
 
 // The form each real template shows its model, and the parser names.
+// vLLM's pythonic parser: the whole text a Python list of calls with literal keyword arguments,
+// arguments dumped as json.dumps(ensure_ascii=False); anything else is content. Negative numbers
+// and JSON's true / false / null are taken (vLLM's ast walk refuses the first, Python the second).
+TEST(ToolCalls, PythonicAsVllmParsesThem) {
+  ParsedToolCalls one = parse_pythonic_tool_calls(R"([get_weather(city="San Francisco", metric="celsius")])");
+  ASSERT_EQ(one.calls.size(), 1u);
+  EXPECT_EQ(one.calls[0].name, "get_weather");
+  EXPECT_EQ(one.calls[0].arguments, R"({"city": "San Francisco", "metric": "celsius"})");
+  EXPECT_EQ(one.content, "");
+  ParsedToolCalls two = parse_pythonic_tool_calls(
+      "[a(x=1, y=2.5, z=True, w=None, l=[1, 'two', {'k': False, 3: 1e3}],), \n b()]\n");
+  ASSERT_EQ(two.calls.size(), 2u);
+  EXPECT_EQ(two.calls[0].arguments, R"({"x": 1, "y": 2.5, "z": true, "w": null, "l": [1, "two", {"k": false, "3": 1000.0}]})");
+  EXPECT_EQ(two.calls[1].name, "b");
+  EXPECT_EQ(two.calls[1].arguments, "{}");
+  EXPECT_EQ(parse_pythonic_tool_calls(R"([f(s="é\u00e9\x41", t='it\'s\n', r=r'\d+', j="a" 'b', q="""x"y""")])").calls.at(0).arguments,
+            R"({"s": "ééA", "t": "it's\n", "r": "\\d+", "j": "ab", "q": "x\"y"})");
+  EXPECT_EQ(parse_pythonic_tool_calls("<|python_start|>[f(a=-1, b=true, c=null)]<|python_end|>").calls.at(0).arguments,
+            R"({"a": -1, "b": true, "c": null})");
+  for (const char* text : {"Sure, here it is", "[1, 2]", "[f(1)]", "[f(a=1, a=2)]", "[a.b(x=1)]", "[f(a=x)]",
+                           "[f(a=1)] trailing", "[]", "[f(a=(1, 2))]", "[f(a=1180591620717411303424)]", "[f(a=007)]",
+                           "[f(a='unclosed)]", "[f(a=1e999)]", "[f(a='\\ud800')]", "[f(a=1 + 2)]"}) {
+    const ParsedToolCalls none = parse_pythonic_tool_calls(text);
+    EXPECT_TRUE(none.calls.empty()) << text;
+    EXPECT_EQ(none.content, text);
+  }
+  // As deep as a fuzzer likes: refused, not a stack overflow.
+  EXPECT_TRUE(parse_pythonic_tool_calls("[f(a=" + std::string(100000, '[')).calls.empty());
+}
+
 TEST(ToolCalls, TheFormFollowsTheTemplate) {
   const auto tokens = testing::template_tokens();
   for (const auto& [name, format] : std::vector<std::pair<std::string, ToolCallFormat>>{
@@ -155,9 +185,15 @@ TEST(ToolCalls, TheFormFollowsTheTemplate) {
     EXPECT_EQ(t->tool_call_format, format) << name;
   }
   for (ToolCallFormat f : {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral,
-                           ToolCallFormat::kDeepSeekV3})
+                           ToolCallFormat::kDeepSeekV3, ToolCallFormat::kPythonic})
     EXPECT_EQ(*parse_tool_call_format(tool_call_format_name(f)), f);
-  auto bad = parse_tool_call_format("pythonic");
+  EXPECT_EQ(*parse_tool_call_format("llama4_pythonic"), ToolCallFormat::kPythonic);
+  // vLLM's pythonic templates show the model the form; Llama 4's writes <|python_start|>.
+  EXPECT_EQ(detect_tool_call_format("... in the format [func_name1(params_name1=params_value1, params_name2=params_value2...), "
+                                    "func_name2(params)] ... <|start_header_id|>"),
+            ToolCallFormat::kPythonic);
+  EXPECT_EQ(detect_tool_call_format("{{- '<|python_start|>' }}<|header_start|>"), ToolCallFormat::kPythonic);
+  auto bad = parse_tool_call_format("jamba");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("hermes, llama3_json, mistral"), std::string::npos) << bad.error().message;
 }
@@ -228,6 +264,22 @@ TEST(ToolCalls, StreamHoldsBackFromTheCall) {
   ToolCallStream bad_call(ToolCallFormat::kLlama3Json);
   EXPECT_EQ(bad_call.push("{oops"), "");
   EXPECT_EQ(bad_call.finish().content, "{oops");
+
+  // Pythonic: the same by the first character, "[" (or <|python_start|>).
+  ToolCallStream py(ToolCallFormat::kPythonic);
+  EXPECT_EQ(py.push("[search(query="), "");
+  EXPECT_EQ(py.push("'x'), finish()]"), "");
+  ToolCallStream::End pyend = py.finish();
+  EXPECT_EQ(pyend.content, "");
+  ASSERT_EQ(pyend.tool_calls.size(), 2u);
+  EXPECT_EQ(pyend.tool_calls[0]["function"]["arguments"], R"({"query": "x"})");
+  EXPECT_EQ(pyend.tool_calls[1]["index"], 1);
+  ToolCallStream py_prose(ToolCallFormat::kPythonic);
+  EXPECT_EQ(py_prose.push("Calling [f(a=1)]"), "Calling [f(a=1)]");
+  EXPECT_TRUE(py_prose.finish().tool_calls.empty());
+  ToolCallStream py_list(ToolCallFormat::kPythonic);  // a list that is no call: content at the end
+  EXPECT_EQ(py_list.push("[1, 2]"), "");
+  EXPECT_EQ(py_list.finish().content, "[1, 2]");
 }
 
 // A forced tool_choice asks for calls in the parser's form: a call the regex takes is read back
@@ -267,6 +319,8 @@ TEST(ToolCalls, ForcedCallsAreWhatTheParserReads) {
        "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>finish\n```json\n{}\n```<｜tool▁call▁end｜>"
        "<｜tool▁calls▁end｜>",
        "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}]"},
+      {ToolCallFormat::kPythonic, "[search(query=\"x\")]", "[search(query=\"x\"), finish()]",
+       "{\"name\": \"search\", \"parameters\": {\"query\": \"x\"}}"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(tool_call_format_name(c.format));
@@ -287,6 +341,21 @@ TEST(ToolCalls, ForcedCallsAreWhatTheParserReads) {
     auto unknown = forced_tool_calls_regex(c.format, tools, "nope");
     ASSERT_FALSE(unknown.ok());
     EXPECT_NE(unknown.error().message.find("'nope'"), std::string::npos);
+  }
+  // Pythonic: every property written, in order, optional ones too; a name Python cannot call is refused.
+  const ordered_json more = ordered_json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {
+      "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["a"]}}},
+      {"type": "function", "function": {"name": "my-tool"}},
+      {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties": {"x-y": {}}}}}])");
+  auto f = forced_tool_calls_regex(ToolCallFormat::kPythonic, more, "f");
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_TRUE(full_match(*f, "[f(a=-3, b=true)]"));
+  EXPECT_FALSE(full_match(*f, "[f(a=-3)]"));
+  EXPECT_EQ(parse_tool_calls(ToolCallFormat::kPythonic, "[f(a=-3, b=true)]").calls.at(0).arguments, R"({"a": -3, "b": true})");
+  for (const char* bad : {"my-tool", "g"}) {
+    auto r = forced_tool_calls_regex(ToolCallFormat::kPythonic, more, bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().code, ErrorCode::kUnsupported) << r.error().message;
   }
 }
 

@@ -1,0 +1,274 @@
+#include "server/python_calls.h"
+
+#include <charconv>
+#include <cmath>
+#include <string>
+
+namespace lragent::server {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+constexpr int kMaxDepth = 64;  // lists and dicts inside an argument (the fuzzer's deep inputs stay cheap)
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+bool is_ident(char c) { return is_ident_start(c) || is_digit(c); }
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// A recursive-descent reader over the text; every method returns false on anything outside the
+// subset (the caller then treats the whole text as content).
+class Reader {
+ public:
+  explicit Reader(std::string_view s) : s_(s) {}
+
+  bool calls(std::vector<PythonCall>& out) {
+    if (!eat('[')) return false;
+    do {
+      if (peek() == ']') break;  // a trailing comma
+      PythonCall c;
+      if (!call(c)) return false;
+      out.push_back(std::move(c));
+    } while (eat(','));
+    return eat(']') && !out.empty() && at_end();
+  }
+
+ private:
+  char peek() {
+    skip_space();
+    return i_ < s_.size() ? s_[i_] : '\0';
+  }
+  bool eat(char c) {
+    if (peek() != c) return false;
+    ++i_;
+    return true;
+  }
+  bool at_end() {
+    skip_space();
+    return i_ == s_.size();
+  }
+  void skip_space() {
+    while (i_ < s_.size() && is_space(s_[i_])) ++i_;
+  }
+  bool identifier(std::string& out) {
+    if (!is_ident_start(peek())) return false;
+    const size_t b = i_;
+    while (i_ < s_.size() && is_ident(s_[i_])) ++i_;
+    out.assign(s_.substr(b, i_ - b));
+    return true;
+  }
+
+  bool call(PythonCall& c) {
+    if (!identifier(c.name) || !eat('(')) return false;  // a.b( is refused here: '.' is not '('
+    do {
+      if (peek() == ')') break;
+      std::string key;
+      if (!identifier(key) || !eat('=') || c.arguments.contains(key)) return false;
+      ordered_json v;
+      if (!value(v, 0)) return false;
+      c.arguments[key] = std::move(v);
+    } while (eat(','));
+    return eat(')');
+  }
+
+  bool value(ordered_json& out, int depth) {
+    if (depth > kMaxDepth) return false;
+    const char c = peek();
+    if (c == '[') {
+      ++i_;
+      out = ordered_json::array();
+      do {
+        if (peek() == ']') break;
+        ordered_json v;
+        if (!value(v, depth + 1)) return false;
+        out.push_back(std::move(v));
+      } while (eat(','));
+      return eat(']');
+    }
+    if (c == '{') {
+      ++i_;
+      out = ordered_json::object();
+      do {
+        if (peek() == '}') break;
+        ordered_json k, v;
+        if (!value(k, depth + 1) || !eat(':') || !value(v, depth + 1)) return false;
+        // JSON keys are strings: json.dumps writes an integer key as its digits.
+        if (!k.is_string() && !k.is_number_integer()) return false;
+        out[k.is_string() ? k.get<std::string>() : k.dump()] = std::move(v);
+      } while (eat(','));
+      return eat('}');
+    }
+    if (c == '-' || c == '.' || is_digit(c)) return number(out);
+    if (c == '"' || c == '\'' || c == 'r' || c == 'R' || c == 'u' || c == 'U') {
+      const size_t save = i_;
+      std::string s;
+      if (string(s)) {
+        while (string(s)) {
+        }  // adjacent literals are one string, as in Python
+        out = std::move(s);
+        return true;
+      }
+      i_ = save;
+    }
+    std::string word;
+    if (!identifier(word)) return false;
+    if (word == "True" || word == "true") out = true;
+    else if (word == "False" || word == "false") out = false;
+    else if (word == "None" || word == "null") out = nullptr;
+    else return false;
+    return true;
+  }
+
+  // Appends one string literal's value to `out` (false, position unchanged, when there is none).
+  bool string(std::string& out) {
+    const size_t save = i_;
+    skip_space();
+    bool raw = false;
+    if (i_ < s_.size() && (s_[i_] == 'r' || s_[i_] == 'R')) raw = true, ++i_;
+    else if (i_ < s_.size() && (s_[i_] == 'u' || s_[i_] == 'U')) ++i_;
+    if (i_ >= s_.size() || (s_[i_] != '"' && s_[i_] != '\'')) {
+      i_ = save;
+      return false;
+    }
+    const char q = s_[i_];
+    const bool triple = s_.substr(i_, 3) == std::string(3, q);
+    i_ += triple ? 3 : 1;
+    std::string v;
+    for (;;) {
+      if (i_ >= s_.size()) return false;
+      const char ch = s_[i_];
+      if (ch == q && (!triple || s_.substr(i_, 3) == std::string(3, q))) {
+        i_ += triple ? 3 : 1;
+        break;
+      }
+      if (ch == '\n' && !triple) return false;
+      if (ch != '\\') {
+        v += ch;
+        ++i_;
+        continue;
+      }
+      if (i_ + 1 >= s_.size()) return false;
+      const char e = s_[i_ + 1];
+      i_ += 2;
+      if (raw) {  // a raw string keeps the backslash (and the quote it protects)
+        v += '\\';
+        v += e;
+        continue;
+      }
+      switch (e) {
+        case '\n': break;  // a line continuation
+        case 'n': v += '\n'; break;
+        case 't': v += '\t'; break;
+        case 'r': v += '\r'; break;
+        case '0': v += '\0'; break;
+        case 'a': v += '\a'; break;
+        case 'b': v += '\b'; break;
+        case 'f': v += '\f'; break;
+        case 'v': v += '\v'; break;
+        case '\\': case '\'': case '"': v += e; break;
+        case 'x': case 'u': case 'U': {
+          const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          if (i_ + n > s_.size()) return false;
+          uint32_t cp = 0;
+          const auto [end, ec] = std::from_chars(s_.data() + i_, s_.data() + i_ + n, cp, 16);
+          if (ec != std::errc() || end != s_.data() + i_ + n) return false;
+          // Lone surrogates are valid Python text but not UTF-8.
+          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+          append_utf8(v, cp);
+          i_ += n;
+          break;
+        }
+        case 'N': return false;  // \N{name}: the Unicode names table is not worth carrying
+        default:  // an unknown escape keeps its backslash, as Python does
+          v += '\\';
+          v += e;
+      }
+    }
+    out += v;
+    return true;
+  }
+
+  bool number(ordered_json& out) {
+    skip_space();
+    std::string digits;  // underscores between digits dropped
+    if (i_ < s_.size() && s_[i_] == '-') digits += s_[i_++];
+    bool is_float = false, any = false;
+    auto run = [&] {
+      bool some = false;
+      while (i_ < s_.size() && (is_digit(s_[i_]) || (s_[i_] == '_' && some && i_ + 1 < s_.size() && is_digit(s_[i_ + 1])))) {
+        if (s_[i_] != '_') digits += s_[i_];
+        some = true;
+        ++i_;
+      }
+      return some;
+    };
+    const size_t int_start = digits.size();
+    any = run();
+    const size_t int_digits = digits.size() - int_start;
+    if (i_ < s_.size() && s_[i_] == '.') {
+      digits += s_[i_++];
+      is_float = true;
+      any = run() || any;
+    }
+    if (!any) return false;
+    if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
+      digits += s_[i_++];
+      if (i_ < s_.size() && (s_[i_] == '+' || s_[i_] == '-')) digits += s_[i_++];
+      if (!run()) return false;
+      is_float = true;
+    }
+    if (i_ < s_.size() && (is_ident(s_[i_]) || s_[i_] == '.')) return false;  // 0x10, 1j, 1.2.3
+    if (!is_float) {
+      if (int_digits > 1 && digits[int_start] == '0') return false;  // 007 is not Python
+      int64_t v = 0;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+      if (ec == std::errc() && end == digits.data() + digits.size()) {
+        out = v;
+        return true;
+      }
+      uint64_t u = 0;
+      const auto [uend, uec] = std::from_chars(digits.data(), digits.data() + digits.size(), u);
+      if (uec != std::errc() || uend != digits.data() + digits.size()) return false;  // past 64 bits
+      out = u;
+      return true;
+    }
+    double d = 0;  // from_chars: no locale's decimal comma
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), d);
+    // Out of range (1e999) Python reads as inf, which json.dumps writes as Infinity: not JSON.
+    if (ec != std::errc() || end != digits.data() + digits.size() || !std::isfinite(d)) return false;
+    out = d;
+    return true;
+  }
+
+  std::string_view s_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+std::optional<std::vector<PythonCall>> parse_python_calls(std::string_view text) {
+  std::vector<PythonCall> out;
+  Reader r(text);
+  if (!r.calls(out)) return std::nullopt;
+  return out;
+}
+
+}  // namespace lragent::server

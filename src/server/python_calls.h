@@ -1,0 +1,31 @@
+// Function calls written as a Python list, as models of the "pythonic" tool-call format write them
+// (vLLM's pythonic parser: Llama 3.2 and 4 with its pythonic templates, ToolACE, many small
+// models): [get_weather(city="Paris", units="metric"), get_time()]. vLLM reads them with Python's
+// ast; this is the subset ast gives it: a list of calls of plain names with keyword arguments whose
+// values are literals (strings, numbers, True / False / None, lists and dicts of them).
+#pragma once
+
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace lragent::server {
+
+struct PythonCall {
+  std::string name;
+  nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // keyword -> value, in order
+};
+
+// The calls of `text` when the whole of it (after leading and trailing whitespace) is such a list,
+// else nullopt. Strings: '...' "..." and triple-quoted, r/R raw prefixes, the escapes \n \t \r \\
+// \' \" \0 \a \b \f \v \xhh \uhhhh \Uhhhhhhhh, adjacent literals joined. Numbers: decimal integers
+// within 64 bits and floats, a leading minus (vLLM's ast walk refuses -1; it is taken here). JSON's
+// true / false / null are read as True / False / None (a call forced by a guide writes JSON values:
+// forced_tool_calls_regex). Dict keys: strings, or integers written as JSON writes them (strings).
+// Refused: positional arguments, a keyword given twice, attribute calls (a.b()), tuples, sets,
+// expressions, nesting deeper than 64.
+std::optional<std::vector<PythonCall>> parse_python_calls(std::string_view text);
+
+}  // namespace lragent::server
