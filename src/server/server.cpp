@@ -44,6 +44,8 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   }
   s->names_.push_back(opts.base_name);
   s->names_.insert(s->names_.end(), adapter_names.begin(), adapter_names.end());
+  s->roots_.push_back(opts.base_name);
+  for (const LoraAdapter* a : adapter_ptrs) s->roots_.push_back(a->dir.empty() ? a->name : a->dir);
   int64_t capacity = opts.pool.replay.sharing.max_tokens;
   if (model.config().max_position_embeddings > 0)
     capacity = std::min<int64_t>(capacity, model.config().max_position_embeddings);

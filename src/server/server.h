@@ -299,8 +299,9 @@ class Server {
   LlamaModel* model_ = nullptr;
   const Tokenizer* tok_ = nullptr;
   ServerOptions opts_;
-  mutable std::mutex names_mu_;  // names_: read by request threads, changed by the engine thread
+  mutable std::mutex names_mu_;  // names_, roots_: read by request threads, changed by the engine thread
   std::vector<std::string> names_;
+  std::vector<std::string> roots_;  // [names_] GET /v1/models' root: an adapter's directory (vLLM's), else the name
   AdapterRegistry* registry_ = nullptr;           // the served adapters (own_registry_ when none was given)
   std::unique_ptr<AdapterRegistry> own_registry_;
   // Engine thread: unloaded adapters still held by a kept trajectory (free_retired).

@@ -199,13 +199,18 @@ void Server::install_routes() {
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json{{"status", "ok"}}); });
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
-    const std::vector<std::string> names = model_names();
+    std::vector<std::string> names, roots;
+    {
+      std::lock_guard<std::mutex> lock(names_mu_);
+      names = names_;
+      roots = roots_;
+    }
     for (size_t i = 0; i < names.size(); ++i) {
       data.push_back({{"id", names[i]},
                       {"object", "model"},
                       {"created", created_},
                       {"owned_by", "lragent"},
-                      {"root", names[i]},
+                      {"root", roots[i]},
                       {"parent", i == 0 ? json(nullptr) : json(names[0])},
                       {"max_model_len", opts_.max_model_len}});
     }

@@ -65,6 +65,7 @@ Status Server::load_adapter(const std::string& name, const std::string& dir) {
     {
       std::lock_guard<std::mutex> lock(names_mu_);
       names_.push_back(name);
+      roots_.push_back(added->dir);
     }
     publish_sessions();
     return Status::Ok();
@@ -81,7 +82,11 @@ Status Server::unload_adapter(const std::string& name) {
     LRA_RETURN_IF_ERROR(pool_->remove_agent(name));
     {
       std::lock_guard<std::mutex> lock(names_mu_);
-      std::erase(names_, name);
+      const auto at = std::find(names_.begin(), names_.end(), name);
+      if (at != names_.end()) {
+        roots_.erase(roots_.begin() + (at - names_.begin()));
+        names_.erase(at);
+      }
     }
     retired_.push_back(registry_->remove(name));
     free_retired();

@@ -73,6 +73,12 @@ TEST_F(RuntimeLoraTest, AnAdapterLoadedLaterAnswersAsOneServedFromTheStart) {
     ASSERT_EQ(ls, 200) << lbody.dump();
     EXPECT_EQ(lbody, "Success: LoRA adapter 'reflect' added successfully.");
     EXPECT_EQ(models(), (std::vector<std::string>{"tiny", "plan", "action", "reflect"}));
+    {  // as vLLM lists a LoRA adapter: its directory as root, the base model as parent
+      const json list = json::parse(httplib::Client("127.0.0.1", port_).Get("/v1/models")->body);
+      EXPECT_EQ(list["data"][3]["root"], role_dir("qv-shared-a-r8", "reflect"));
+      EXPECT_EQ(list["data"][3]["parent"], "tiny");
+      EXPECT_EQ(list["data"][1]["root"], role_dir("qv-shared-a-r8", "plan"));  // served from the start
+    }
     auto [s4, reflect_got] = greedy("reflect", turn);
     ASSERT_EQ(s4, 200) << reflect_got.dump();
     EXPECT_EQ(text(reflect_got), text(reflect_ref));
