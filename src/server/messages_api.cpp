@@ -243,6 +243,8 @@ MessageBuilder::MessageBuilder(std::string id, std::string model, int64_t input_
 
 void MessageBuilder::begin(std::vector<json>& events) {
   events.push_back({{"type", "message_start"}, {"message", message_}});
+  // Anthropic's API sends one right after message_start (its SDKs skip it; raw clients may wait for it).
+  events.push_back({{"type", "ping"}});
 }
 
 void MessageBuilder::open(json block, std::vector<json>& events) {

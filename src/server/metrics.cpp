@@ -1,9 +1,16 @@
 #include "server/metrics.h"
 
+#include <chrono>
+
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 namespace lragent::server {
 namespace {
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 // A label value with Prometheus' escapes (backslash, double quote, newline).
 std::string label(const std::string& v) {
@@ -100,9 +107,52 @@ void Metrics::set_kv_used(int64_t arena_used) {
   kv_.arena_used = arena_used;
 }
 
+void Metrics::request_waiting(const std::string& model) {
+  ++waiting_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (model == base_model_) return;
+  ++lora_[model].first;
+  lora_changed_ = unix_seconds();
+}
+
+void Metrics::request_running(const std::string& model) {
+  --waiting_;
+  ++running_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (model == base_model_) return;
+  auto& [waiting, running] = lora_[model];
+  --waiting;
+  ++running;
+  lora_changed_ = unix_seconds();
+}
+
+void Metrics::request_done(const std::string& model) {
+  --running_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (model == base_model_) return;
+  auto it = lora_.find(model);
+  if (it == lora_.end()) return;
+  if (--it->second.second == 0 && it->second.first == 0) lora_.erase(it);
+  lora_changed_ = unix_seconds();
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::string out;
+  {
+    std::vector<std::string> running, waiting;
+    for (const auto& [name, n] : lora_) {
+      if (n.second > 0) running.push_back(name);
+      if (n.first > 0) waiting.push_back(name);
+    }
+    // vLLM's info gauge: the adapters with requests running and waiting, valued at the time they
+    // last changed; max_lora 0: lragent batches any number of adapters together.
+    header(out, "lragent:lora_requests_info", "gauge",
+           "Adapters with requests running and waiting (labels), valued at the unix time that last changed.");
+    out += fmt::format("lragent:lora_requests_info{{max_lora=\"0\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {:.6f}\n",
+                       label(fmt::format("{}", fmt::join(running, ","))),
+                       label(fmt::format("{}", fmt::join(waiting, ","))), lora_changed_);
+  }
   header(out, "lragent:num_requests_running", "gauge", "Requests in the engine (their passes batched together).");
   out += fmt::format("lragent:num_requests_running {}\n", running_.load());
   header(out, "lragent:num_requests_waiting", "gauge", "Requests waiting for the engine.");

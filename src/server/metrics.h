@@ -73,14 +73,17 @@ class Metrics {
   void set_kv(const KvSnapshot& kv);
   // Only the shared arena's bytes in use (KvSnapshot::arena_used), after each engine pass.
   void set_kv_used(int64_t arena_used);
-  // A request starts waiting for the engine, takes it, leaves it (each counted as it happens, so
-  // the gauges hold whatever the threads' order).
-  void request_waiting() { ++waiting_; }
-  void request_running() {
-    --waiting_;
-    ++running_;
+  // A request of `model` starts waiting for the engine, takes it, leaves it (each counted as it
+  // happens, so the gauges hold whatever the threads' order).
+  void request_waiting(const std::string& model);
+  void request_running(const std::string& model);
+  void request_done(const std::string& model);
+  // The base model's served name: every other model a request names is an adapter, listed in
+  // lragent:lora_requests_info (vLLM's vllm:lora_requests_info).
+  void set_base_model(std::string name) {
+    std::lock_guard<std::mutex> lock(mu_);
+    base_model_ = std::move(name);
   }
-  void request_done() { --running_; }
   // One batched forward pass of the engine: the requests it served and the tokens it ran.
   void record_pass(int64_t sequences, int64_t tokens);
   // The Responses API's stored responses (ResponseStore's size and bytes), as /metrics is asked.
@@ -104,6 +107,9 @@ class Metrics {
   int64_t passes_ = 0, pass_sequences_ = 0;
   Histogram pass_tokens_{Histogram::iteration_token_bounds()};
   std::atomic<int64_t> running_{0}, waiting_{0};
+  std::string base_model_;
+  std::map<std::string, std::pair<int64_t, int64_t>> lora_;  // adapter -> (waiting, running) requests
+  double lora_changed_ = 0;  // unix seconds of the last change of lora_ (the info gauge's value, as vLLM's)
   std::atomic<int64_t> stored_responses_{0}, stored_response_bytes_{0};
 };
 

@@ -70,6 +70,7 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
     opts.max_pass_tokens = plan->pass_tokens + static_cast<int64_t>(static_cast<double>(spare) / per_token);
   }
   s->opts_ = std::move(opts);
+  s->metrics_.set_base_model(s->opts_.base_name);
   s->publish_sessions();
   s->engine_ = std::thread([srv = s.get()] { srv->engine_loop(); });
   s->created_ = unix_now();
@@ -268,12 +269,12 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
   job.p = &p;
   job.streaming = static_cast<bool>(on_delta);
   job.done.resize(job.choices());
-  metrics_.request_waiting();
+  metrics_.request_waiting(p.agent);
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
     if (stopping_) {
-      metrics_.request_running();
-      metrics_.request_done();
+      metrics_.request_running(p.agent);
+      metrics_.request_done(p.agent);
       return make_error(ErrorCode::kInternal, "the server is shutting down");
     }
     queue_.push_back(&job);
@@ -601,7 +602,7 @@ bool Server::start_choice(Job& job, bool may_start_new) {
     }
   }
   if (!job.running) {
-    metrics_.request_running();
+    metrics_.request_running(job.p->agent);
     job.running = true;
   }
   // Held from here: every way out drops or releases it (fail_job, end_choice), an exception too.
@@ -813,7 +814,7 @@ void Server::end_job(Job& job, std::optional<Error> error) {
   ended_.push_back(&job);  // first: whatever happens below, its handler gets it back
   for (std::optional<CompletionChoice>& c : job.done)  // in choice order, however they finished
     if (c) job.out.push_back(std::move(*c));
-  if (!job.running) metrics_.request_running();
+  if (!job.running) metrics_.request_running(job.p->agent);
   publish_sessions();
   // Counted also on an error: the choices that finished, with the sharing state the request left.
   RequestRecord rec;
@@ -828,7 +829,7 @@ void Server::end_job(Job& job, std::optional<Error> error) {
   if (job.first_token) rec.ttft_seconds = std::chrono::duration<double>(*job.first_token - job.p->arrival).count();
   rec.e2e_seconds = std::chrono::duration<double>(now - job.p->arrival).count();
   metrics_.record(rec);
-  metrics_.request_done();
+  metrics_.request_done(job.p->agent);
 }
 
 void Server::publish_sessions() {

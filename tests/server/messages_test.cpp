@@ -161,6 +161,7 @@ TEST(MessagesApi, EventsRebuildTheMessage) {
     }
   }
   EXPECT_EQ(ev.back()["type"], "message_stop");
+  EXPECT_EQ(ev[1]["type"], "ping");  // as Anthropic's API sends it, after message_start
   const json& m = b.message();
   // Tool ids are made by the builder: the snapshot has them from content_block_start.
   EXPECT_EQ(snapshot, m);
@@ -222,8 +223,10 @@ TEST_F(MessagesTest, AMessageIsTheChatCompletionOfItsConversation) {
   EXPECT_EQ(streamed, want);
   ASSERT_GE(types.size(), 5u);
   EXPECT_EQ(types.front(), "message_start");
+  EXPECT_EQ(types[1], "ping");
   EXPECT_EQ(types.back(), "message_stop");
   EXPECT_NE(events.find("event: content_block_delta\ndata: "), std::string::npos);
+  EXPECT_NE(events.find("event: ping\ndata: {\"type\":\"ping\"}"), std::string::npos);
 
   // count_tokens: the prompt's tokens.
   body.erase("stream");

@@ -68,8 +68,9 @@ TEST(Metrics, CountersPerModelAndTheKvSnapshot) {
   kv.arena_used = 1024;
   kv.arena_capacity = 4096;
   m.set_kv(kv);
-  for (int i = 0; i < 4; ++i) m.request_waiting();
-  m.request_running();
+  m.set_base_model("tiny");
+  for (const char* model : {"tiny", "plan", "plan", "reflect"}) m.request_waiting(model);
+  m.request_running("plan");
   const std::string t = m.render();
   EXPECT_EQ(value_of(t, "lragent:prompt_tokens_total{model_name=\"plan\"}"), 20);
   EXPECT_EQ(value_of(t, "lragent:generation_tokens_total{model_name=\"plan\"}"), 14);
@@ -93,6 +94,13 @@ TEST(Metrics, CountersPerModelAndTheKvSnapshot) {
   EXPECT_EQ(value_of(t, "lragent:kv_cache_usage_perc"), 0.25);
   EXPECT_EQ(value_of(t, "lragent:num_requests_running"), 1);
   EXPECT_EQ(value_of(t, "lragent:num_requests_waiting"), 3);
+  // vLLM's LoRA info gauge: adapters (not the base model) with requests running, waiting.
+  const std::string info = "lragent:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"plan\",waiting_lora_adapters=\"plan,reflect\"}";
+  EXPECT_GT(value_of(t, info), 1.7e9) << t;
+  m.request_running("plan");
+  m.request_done("plan");
+  m.request_done("plan");
+  EXPECT_GT(value_of(m.render(), "lragent:lora_requests_info{max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"reflect\"}"), 1.7e9);
   // Every series has its # TYPE line, once.
   for (const char* name : {"lragent:prompt_tokens_total", "lragent:time_to_first_token_seconds", "lragent:kv_cache_bytes"}) {
     const std::string type = std::string("# TYPE ") + name + " ";
