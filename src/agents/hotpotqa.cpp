@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/text_file.h"
+#include "tokenizer/unicode.h"
 
 namespace lragent {
 namespace {
@@ -20,24 +21,6 @@ std::string trim(std::string_view s) {
   while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
   while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
   return std::string(s.substr(b, e - b));
-}
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 // Reads the Python string literals of a numpy array repr, grouped by the list that holds them:
@@ -69,7 +52,7 @@ Result<std::vector<std::vector<std::string>>> parse_numpy_strings(std::string_vi
           const unsigned long cp = std::strtoul(hex.c_str(), &end, 16);
           if (*end != '\0' || cp > 0x10FFFF)
             return make_error(ErrorCode::kCorrupt, "bad \\{} escape in a string literal", e);
-          append_utf8(lit, static_cast<uint32_t>(cp));
+          unicode::append_utf8(lit, static_cast<uint32_t>(cp));
           j += static_cast<size_t>(hex_digits);
         } else if (e == 'n') {
           lit += '\n';

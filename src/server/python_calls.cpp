@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include "tokenizer/unicode.h"
+
 namespace lragent::server {
 namespace {
 
@@ -15,24 +17,6 @@ bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' |
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool is_ident(char c) { return is_ident_start(c) || is_digit(c); }
-
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // A recursive-descent reader over the text; every method returns false on anything outside the
 // subset (the caller then treats the whole text as content).
@@ -192,7 +176,7 @@ class Reader {
           if (ec != std::errc() || end != s_.data() + i_ + n) return false;
           // Lone surrogates are valid Python text but not UTF-8.
           if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-          append_utf8(v, cp);
+          unicode::append_utf8(v, cp);
           i_ += n;
           break;
         }
