@@ -659,5 +659,43 @@ TEST_F(SessionPoolTest, AnAgentAddedLaterJoinsTheTrajectoryAndOneRemovedLeavesIt
   }
 }
 
+// An adapter no trajectory of the pool can hold is refused with the mode's reason and leaves the
+// pool as it was: on the synthetic Qwen3 (k_norm) under base-lr, one that adapts k_proj cannot
+// keep that term in low-rank form; the q/v adapter served before goes on, and the refused name
+// is not served.
+TEST_F(SessionPoolTest, AnAdapterNoTrajectoryCanHoldIsRefusedAndChangesNothing) {
+  auto be = make_cpu_backend(1);
+  auto model = LlamaModel::load(testing::fixtures_dir() + "/models/synthetic-qwen3", *be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto adapter = [&](const char* name) {
+    auto a = load_lora_adapter(name, testing::fixtures_dir() + "/adapters/synthetic-qwen3/" + name, (*model)->config());
+    EXPECT_TRUE(a.ok()) << a.error().message;
+    return a.ok() ? std::move(*a) : nullptr;
+  };
+  auto qv = adapter("qv"), qkvo = adapter("qkvo");
+  ASSERT_TRUE(qv && qkvo);
+  SessionPoolOptions o = options(ShareMode::kBaseLr);
+  auto p = SessionPool::create(**model, nullptr, SessionPool::groups_for("base", {"qv"}, {qv.get()}, ShareMode::kBaseLr), o);
+  ASSERT_TRUE(p.ok()) << p.error().message;
+  const std::vector<int32_t> prompt = {1, 5, 9, 13, 17};
+  ASSERT_TRUE(acquire(**p, "qv", prompt).ok());
+  const Status st = (*p)->add_agent("qkvo", qkvo.get());
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ErrorCode::kUnsupported);
+  EXPECT_NE(st.error().message.find("k_norm"), std::string::npos) << st.error().message;
+  EXPECT_FALSE((*p)->holds(qkvo.get()));
+  auto refused = (*p)->acquire("qkvo", prompt);
+  EXPECT_TRUE(!refused.ok() && refused.error().code == ErrorCode::kNotFound);
+  auto again = acquire(**p, "qv", prompt);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->session->agent_names(), std::vector<std::string>{"qv"});
+  // Under none the same adapter is served beside it (private full caches hold any k_proj term).
+  auto none = SessionPool::create(**model, nullptr, SessionPool::groups_for("base", {"qv"}, {qv.get()}, ShareMode::kNone),
+                                  options(ShareMode::kNone));
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_TRUE((*none)->add_agent("qkvo", qkvo.get()).ok());
+  EXPECT_TRUE(acquire(**none, "qkvo", prompt).ok());
+}
+
 }  // namespace
 }  // namespace lragent::server
