@@ -435,8 +435,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--enable-lora", f->vllm_enable_lora,
                 "Accepted for vLLM's command lines: lragent always serves the --adapter / --lora-modules given");
   cmd->add_option("--max-lora-rank", f->max_lora_rank,
-                  "vLLM's: refuse to start when an adapter's LoRA rank is higher (0, the default: any rank; "
-                  "lragent sizes every cache from the adapters themselves)")
+                  "vLLM's: refuse an adapter of a higher LoRA rank, at start and when loaded at run time (0, the "
+                  "default: any rank; lragent sizes every cache from the adapters themselves)")
       ->default_val(0)
       ->check(cli::non_negative());
   cmd->add_flag("--enable-runtime-lora", f->runtime_lora,

@@ -1,5 +1,6 @@
 #include "server/python_calls.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <string>
@@ -247,6 +248,10 @@ class Reader {
 };
 
 }  // namespace
+
+bool is_python_name(std::string_view s) {
+  return !s.empty() && is_ident_start(s.front()) && std::all_of(s.begin(), s.end(), is_ident);
+}
 
 std::optional<std::vector<PythonCall>> parse_python_calls(std::string_view text) {
   std::vector<PythonCall> out;

@@ -28,4 +28,7 @@ struct PythonCall {
 // expressions, nesting deeper than 64.
 std::optional<std::vector<PythonCall>> parse_python_calls(std::string_view text);
 
+// Whether `s` is a name the reader takes for a function or keyword: [A-Za-z_][A-Za-z0-9_]*.
+bool is_python_name(std::string_view s);
+
 }  // namespace lragent::server

@@ -174,7 +174,9 @@ class Server {
   // Errors: a name already served, or the base model's (kInvalidArgument); the adapter's own
   // (a missing directory kNotFound, a bad file, a rank above max_lora_rank kInvalidArgument, a
   // module no trajectory can hold kUnsupported); no device memory (kOutOfMemory).
-  Status load_adapter(const std::string& name, const std::string& dir);
+  // `replace` (vLLM's load_inplace): an adapter served under that name is unloaded first, once
+  // the new one is read and on the device (those failing leave it served).
+  Status load_adapter(const std::string& name, const std::string& dir, bool replace = false);
   // Stops serving the adapter `name`: requests for it that have not started fail (404), running
   // ones finish; its weights are freed once no kept trajectory holds it. kNotFound when it is not
   // served; kInvalidArgument for the base model.
@@ -283,6 +285,9 @@ class Server {
   Status on_engine(std::function<Status()> task);
   // Engine thread: frees the unloaded adapters no kept trajectory holds any more.
   void free_retired();
+  // Engine thread: stops serving the adapter `name` (registered): out of the pool and the names,
+  // its weights kept in retired_ until free_retired finds them unheld.
+  Status retire(const std::string& name);
   struct EventAnswer;  // server_internal.h
   // Runs a prepared request (its first choice) and answers it as `answer` builds it.
   void respond_events(Prepared p, bool stream, const httplib::Request& http, httplib::Response& res,

@@ -32,7 +32,7 @@ Status Server::on_engine(std::function<Status()> task) {
   return result.get();
 }
 
-Status Server::load_adapter(const std::string& name, const std::string& dir) {
+Status Server::load_adapter(const std::string& name, const std::string& dir, bool replace) {
   auto served = [&] {
     const std::vector<std::string> names = model_names();
     return std::find(names.begin(), names.end(), name) != names.end();
@@ -40,11 +40,9 @@ Status Server::load_adapter(const std::string& name, const std::string& dir) {
   if (name == opts_.base_name)
     return make_error(ErrorCode::kInvalidArgument, "'{}' is the base model's served name: give the adapter another",
                       name);
-  if (served())
-    return make_error(ErrorCode::kInvalidArgument,
-                      "the LoRA adapter '{}' has already been loaded: unload it first, or load this one as another "
-                      "name",
-                      name);
+  const char* loaded = "the LoRA adapter '{}' has already been loaded: unload it first, load this one as another name, "
+                       "or give \"load_inplace\": true";
+  if (!replace && served()) return make_error(ErrorCode::kInvalidArgument, fmt::runtime(loaded), name);
   // Read and checked here, off the engine thread: only placing it on the device runs between passes.
   LRA_ASSIGN_OR_RETURN(std::unique_ptr<LoraAdapter> adapter, load_lora_adapter(name, dir, model_->config()));
   if (opts_.max_lora_rank > 0 && adapter->max_rank() > opts_.max_lora_rank)
@@ -53,9 +51,11 @@ Status Server::load_adapter(const std::string& name, const std::string& dir) {
                       "higher one",
                       name, dir, adapter->max_rank(), opts_.max_lora_rank);
   auto holder = std::make_shared<std::unique_ptr<LoraAdapter>>(std::move(adapter));
-  return on_engine([this, holder, name, &served]() -> Status {
-    if (served()) return make_error(ErrorCode::kInvalidArgument, "the LoRA adapter '{}' has already been loaded", name);
+  return on_engine([this, holder, name, replace, loaded, &served]() -> Status {
+    if (!replace && served()) return make_error(ErrorCode::kInvalidArgument, fmt::runtime(loaded), name);
     LRA_RETURN_IF_ERROR(upload_adapter(**holder, model_->backend()));
+    // Replaced only now: an adapter that cannot be read or placed leaves the served one as it was.
+    if (replace && registry_->find(name)) LRA_RETURN_IF_ERROR(retire(name));
     LRA_RETURN_IF_ERROR(registry_->add(std::move(*holder)));
     const LoraAdapter* added = registry_->find(name);
     if (Status st = pool_->add_agent(name, added); !st.ok()) {
@@ -79,20 +79,24 @@ Status Server::unload_adapter(const std::string& name) {
     if (!registry_->find(name))
       return make_error(ErrorCode::kNotFound, "the LoRA adapter '{}' cannot be found: GET /v1/models lists those served",
                         name);
-    LRA_RETURN_IF_ERROR(pool_->remove_agent(name));
-    {
-      std::lock_guard<std::mutex> lock(names_mu_);
-      const auto at = std::find(names_.begin(), names_.end(), name);
-      if (at != names_.end()) {
-        roots_.erase(roots_.begin() + (at - names_.begin()));
-        names_.erase(at);
-      }
-    }
-    retired_.push_back(registry_->remove(name));
-    free_retired();
-    publish_sessions();
-    return Status::Ok();
+    return retire(name);
   });
+}
+
+Status Server::retire(const std::string& name) {
+  LRA_RETURN_IF_ERROR(pool_->remove_agent(name));
+  {
+    std::lock_guard<std::mutex> lock(names_mu_);
+    const auto at = std::find(names_.begin(), names_.end(), name);
+    if (at != names_.end()) {
+      roots_.erase(roots_.begin() + (at - names_.begin()));
+      names_.erase(at);
+    }
+  }
+  retired_.push_back(registry_->remove(name));
+  free_retired();
+  publish_sessions();
+  return Status::Ok();
 }
 
 void Server::free_retired() {
@@ -122,12 +126,7 @@ void Server::install_lora_routes() {
     if (!opts_.runtime_lora) return off(res);
     auto r = parse_load_lora_request(body);
     if (!r.ok()) return send_error(res, r.error());
-    if (r->inplace) {  // vLLM's load_inplace: the adapter of that name is replaced
-      const std::vector<std::string> names = model_names();
-      if (std::find(names.begin(), names.end(), r->name) != names.end())
-        if (Status st = unload_adapter(r->name); !st.ok()) return send_error(res, st.error());
-    }
-    if (Status st = load_adapter(r->name, r->path); !st.ok()) return send_error(res, st.error());
+    if (Status st = load_adapter(r->name, r->path, r->inplace); !st.ok()) return send_error(res, st.error());
     ok(res, fmt::format("Success: LoRA adapter '{}' added successfully.", r->name));
   });
   post_route(svr, "/v1/unload_lora_adapter", [=, this](const httplib::Request&, const std::string& body, httplib::Response& res) {

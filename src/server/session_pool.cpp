@@ -112,21 +112,11 @@ Status SessionPool::add_agent(const std::string& name, const LoraAdapter* adapte
   }
   groups_[static_cast<size_t>(join)].names.push_back(name);
   groups_[static_cast<size_t>(join)].adapters.push_back(adapter);
-  // The same checks a trajectory of the group makes (and, with a shared arena, its plan); on
-  // error plan_group has changed nothing.
-  Result<int64_t> per = int64_t{0};
-  if (arena_) {
-    per = plan_group(join);
-  } else {
-    SharingOptions one = opts_.replay.sharing;
-    one.max_tokens = std::min<int64_t>(one.max_tokens, 16);
-    auto plan = TrajectoryKv::plan_arena(model_.config(), groups_[static_cast<size_t>(join)].adapters, one);
-    if (!plan.ok()) per = plan.error();
-  }
+  // The same checks (and plan) a trajectory of the group makes; on error plan_group has changed
+  // nothing, so the groups alone go back.
+  const Result<int64_t> per = plan_group(join);
   if (!per.ok()) {
     groups_ = before;
-    token_bytes_.resize(std::min(token_bytes_.size(), groups_.size()));
-    n_pools_.resize(std::min(n_pools_.size(), groups_.size()));
     return per.error();
   }
   // More agents with private caches than the arena was sized for: requests may now fill it, which
@@ -145,7 +135,7 @@ Status SessionPool::remove_agent(const std::string& name) {
     g.names.erase(it);
     g.adapters.erase(g.adapters.begin() + static_cast<long>(i));
     const int gi = static_cast<int>(&g - groups_.data());
-    if (arena_ && !g.adapters.empty()) (void)plan_group(gi);  // a subset of a group that planned
+    if (!g.adapters.empty()) (void)plan_group(gi);  // a subset of a group that planned: it plans too
     sync_agents();
     return Status::Ok();
   }

@@ -193,8 +193,9 @@ class SessionPool {
 
   // Whether a live trajectory was copied from `id` (its blocks may hold that one's prefix).
   bool copied_from(int64_t id) const;
-  // token_bytes_ and n_pools_ of group g (with a shared arena), and the bytes of one trajectory
-  // of it at its caps with a slab of slack per pool (what the arena is sized by).
+  // Group g's trajectory planned (the checks a trajectory of it makes, nothing allocated): its
+  // token_bytes_ and n_pools_ (read with a shared arena), and the bytes of one at its caps with a
+  // slab of slack per pool (what the arena is sized by). On error nothing is changed.
   Result<int64_t> plan_group(int g);
   // Whether e's trajectory serves other agents than its group does now (add_agent, remove_agent).
   bool stale(const Entry& e) const;

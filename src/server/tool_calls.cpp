@@ -1,7 +1,6 @@
 #include "server/tool_calls.h"
 
 #include <algorithm>
-#include <cctype>
 #include <random>
 
 #include <fmt/format.h>
@@ -67,11 +66,7 @@ ParsedToolCalls no_calls(std::string content) { return ParsedToolCalls{{}, std::
 // written too: a narrowing, every such call is valid. kUnsupported: a property name that is not
 // a Python identifier, or a value the guide cannot enforce.
 Result<std::string> pythonic_call_regex(const std::string& fn_name, const ordered_json& params) {
-  auto identifier = [](const std::string& s) {
-    return !s.empty() && !std::isdigit(static_cast<unsigned char>(s[0])) &&
-           std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-  };
-  if (!identifier(fn_name))
+  if (!is_python_name(fn_name))
     return make_error(ErrorCode::kUnsupported,
                       "'tool_choice' with pythonic tool calls: tool '{}' is not a Python name, so no call of it "
                       "can be written (letters, digits and _ only)",
@@ -79,7 +74,7 @@ Result<std::string> pythonic_call_regex(const std::string& fn_name, const ordere
   std::vector<std::string> args;
   if (params.is_object() && params.contains("properties") && params["properties"].is_object())
     for (const auto& [key, schema] : params["properties"].items()) {
-      if (!identifier(key))
+      if (!is_python_name(key))
         return make_error(ErrorCode::kUnsupported,
                           "'tool_choice' with pythonic tool calls: tool '{}' has parameter '{}', which is not a Python "
                           "keyword argument name",

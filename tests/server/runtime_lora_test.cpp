@@ -131,6 +131,29 @@ TEST_F(RuntimeLoraTest, AnAdapterOfAnotherAUnderBaseLrIsServedApart) {
   EXPECT_EQ(got["lragent"]["choices"][0]["reused_tokens"], 1) << "no trajectory of another A is read (only BOS)";
 }
 
+// vLLM's load_inplace: an adapter that cannot be read leaves the served one as it was; one that
+// can replaces it, and requests for the name then answer with the new weights.
+TEST_F(RuntimeLoraTest, LoadInplaceReplacesOnlyWhatItCanRead) {
+  ServerOptions o;
+  o.runtime_lora = true;
+  start(ShareMode::kBaseLr, o);
+  const std::string prompt = "Once upon a time";
+  const std::string before = text(greedy("reflect", prompt).second);
+  auto inplace = [&](const std::string& dir) {
+    return post("/v1/load_lora_adapter", json{{"lora_name", "reflect"}, {"lora_path", dir}, {"load_inplace", true}});
+  };
+  EXPECT_EQ(inplace(testing::temp_dir("runtime_lora_inplace_empty")).first, 404);
+  EXPECT_EQ(models(), (std::vector<std::string>{"tiny", "plan", "action", "reflect"}));
+  EXPECT_EQ(text(greedy("reflect", prompt).second), before);
+  auto [st, body] = inplace(role_dir("qv-shared-a-r8", "action"));
+  ASSERT_EQ(st, 200) << body.dump();
+  EXPECT_EQ(models(), (std::vector<std::string>{"tiny", "plan", "action", "reflect"}));
+  // A new prompt (in base-lr a kept trajectory's shared entries come from whichever agent wrote them).
+  const std::string fresh = "The little dog ran to the park.";
+  EXPECT_EQ(text(greedy("reflect", fresh).second), generate_text(fresh, "reflect", 8));  // reg_'s new reflect
+  EXPECT_EQ(generate_text(fresh, "reflect", 8), generate_text(fresh, "action", 8));     // the same files
+}
+
 // Unloaded while a request runs on it (from the request's first piece of text): the request
 // finishes with the text it would have had, and the adapter's weights are kept until its
 // trajectory is released, then freed (ASan checks nothing reads them after). The unload runs on
