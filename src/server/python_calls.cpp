@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "tokenizer/unicode.h"
+#include "server/jinja/pystr.h"
 
 namespace lragent::server {
 namespace {
@@ -136,58 +136,25 @@ class Reader {
     const char q = s_[i_];
     const bool triple = s_.substr(i_, 3) == std::string(3, q);
     i_ += triple ? 3 : 1;
-    std::string v;
-    for (;;) {
-      if (i_ >= s_.size()) return false;
-      const char ch = s_[i_];
-      if (ch == q && (!triple || s_.substr(i_, 3) == std::string(3, q))) {
-        i_ += triple ? 3 : 1;
-        break;
-      }
-      if (ch == '\n' && !triple) return false;
-      if (ch != '\\') {
-        v += ch;
+    // The text up to the closing quote (an escaped character never closes it, raw or not).
+    const size_t begin = i_;
+    for (;; ++i_) {
+      if (i_ >= s_.size() || (s_[i_] == '\n' && !triple)) return false;
+      if (s_[i_] == '\\') {
         ++i_;
         continue;
       }
-      if (i_ + 1 >= s_.size()) return false;
-      const char e = s_[i_ + 1];
-      i_ += 2;
-      if (raw) {  // a raw string keeps the backslash (and the quote it protects)
-        v += '\\';
-        v += e;
-        continue;
-      }
-      switch (e) {
-        case '\n': break;  // a line continuation
-        case 'n': v += '\n'; break;
-        case 't': v += '\t'; break;
-        case 'r': v += '\r'; break;
-        case '0': v += '\0'; break;
-        case 'a': v += '\a'; break;
-        case 'b': v += '\b'; break;
-        case 'f': v += '\f'; break;
-        case 'v': v += '\v'; break;
-        case '\\': case '\'': case '"': v += e; break;
-        case 'x': case 'u': case 'U': {
-          const size_t n = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          if (i_ + n > s_.size()) return false;
-          uint32_t cp = 0;
-          const auto [end, ec] = std::from_chars(s_.data() + i_, s_.data() + i_ + n, cp, 16);
-          if (ec != std::errc() || end != s_.data() + i_ + n) return false;
-          // Lone surrogates are valid Python text but not UTF-8.
-          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-          unicode::append_utf8(v, cp);
-          i_ += n;
-          break;
-        }
-        case 'N': return false;  // \N{name}: the Unicode names table is not worth carrying
-        default:  // an unknown escape keeps its backslash, as Python does
-          v += '\\';
-          v += e;
-      }
+      if (s_[i_] == q && (!triple || s_.substr(i_, 3) == std::string(3, q))) break;
     }
-    out += v;
+    const std::string_view text = s_.substr(begin, i_ - begin);
+    i_ += triple ? 3 : 1;
+    if (raw) {  // a raw string keeps its backslashes
+      out += text;
+      return true;
+    }
+    auto v = jinja::py::unescape(text);  // Python's escapes, as a Jinja string literal's
+    if (!v.ok()) return false;
+    out += *v;
     return true;
   }
 

@@ -19,8 +19,8 @@ struct PythonCall {
 };
 
 // The calls of `text` when the whole of it (after leading and trailing whitespace) is such a list,
-// else nullopt. Strings: '...' "..." and triple-quoted, r/R raw prefixes, the escapes \n \t \r \\
-// \' \" \0 \a \b \f \v \xhh \uhhhh \Uhhhhhhhh, adjacent literals joined. Numbers: decimal integers
+// else nullopt. Strings: '...' "..." and triple-quoted, r/R raw prefixes, Python's escapes (decoded
+// as a Jinja string literal's: jinja::py::unescape), adjacent literals joined. Numbers: decimal integers
 // within 64 bits and floats, a leading minus (vLLM's ast walk refuses -1; it is taken here). JSON's
 // true / false / null are read as True / False / None (a call forced by a guide writes JSON values:
 // forced_tool_calls_regex). Dict keys: strings, or integers written as JSON writes them (strings).

@@ -154,8 +154,8 @@ TEST(ToolCalls, PythonicAsVllmParsesThem) {
   EXPECT_EQ(two.calls[0].arguments, R"({"x": 1, "y": 2.5, "z": true, "w": null, "l": [1, "two", {"k": false, "3": 1000.0}]})");
   EXPECT_EQ(two.calls[1].name, "b");
   EXPECT_EQ(two.calls[1].arguments, "{}");
-  EXPECT_EQ(parse_pythonic_tool_calls(R"([f(s="é\u00e9\x41", t='it\'s\n', r=r'\d+', j="a" 'b', q="""x"y""")])").calls.at(0).arguments,
-            R"({"s": "ééA", "t": "it's\n", "r": "\\d+", "j": "ab", "q": "x\"y"})");
+  EXPECT_EQ(parse_pythonic_tool_calls(R"([f(s="é\u00e9\x41", t='it\'s\n', r=r'\d+', j="a" 'b', q="""x"y""", o="\101\0")])").calls.at(0).arguments,
+            R"({"s": "ééA", "t": "it's\n", "r": "\\d+", "j": "ab", "q": "x\"y", "o": "A\u0000"})");
   EXPECT_EQ(parse_pythonic_tool_calls("<|python_start|>[f(a=-1, b=true, c=null)]<|python_end|>").calls.at(0).arguments,
             R"({"a": -1, "b": true, "c": null})");
   for (const char* text : {"Sure, here it is", "[1, 2]", "[f(1)]", "[f(a=1, a=2)]", "[a.b(x=1)]", "[f(a=x)]",

@@ -1,11 +1,14 @@
 #include "server/jinja/pystr.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include <fmt/format.h>
 
 #include "tokenizer/unicode.h"
 
@@ -339,6 +342,70 @@ void append_json_string(std::string& out, std::string_view s) {
     }
   }
   out.push_back('"');
+}
+
+Result<std::string> unescape(std::string_view raw) {
+  std::string out;
+  out.reserve(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] != '\\' || i + 1 >= raw.size()) {
+      out.push_back(raw[i]);
+      continue;
+    }
+    const char n = raw[++i];
+    auto hex = [&](int count) -> Result<char32_t> {
+      char32_t v = 0;
+      for (int k = 1; k <= count; ++k) {
+        if (i + k >= raw.size() || !std::isxdigit(static_cast<unsigned char>(raw[i + k])))
+          return Error{ErrorCode::kInvalidArgument, fmt::format("truncated \\{} escape in a string", n)};
+        const char h = static_cast<char>(raw[i + k] | 0x20);
+        v = v * 16 + static_cast<char32_t>(h <= '9' ? h - '0' : h - 'a' + 10);
+      }
+      i += count;
+      return v;
+    };
+    switch (n) {
+      case '\n': break;
+      case '\\': out.push_back('\\'); break;
+      case '\'': out.push_back('\''); break;
+      case '"': out.push_back('"'); break;
+      case 'a': out.push_back('\a'); break;
+      case 'b': out.push_back('\b'); break;
+      case 'f': out.push_back('\f'); break;
+      case 'n': out.push_back('\n'); break;
+      case 'r': out.push_back('\r'); break;
+      case 't': out.push_back('\t'); break;
+      case 'v': out.push_back('\v'); break;
+      case 'x':
+      case 'u':
+      case 'U': {
+        LRA_ASSIGN_OR_RETURN(char32_t c, hex(n == 'x' ? 2 : n == 'u' ? 4 : 8));
+        if (c > 0x10FFFF) return Error{ErrorCode::kInvalidArgument, "illegal Unicode character escape in a string"};
+        if (c >= 0xD800 && c <= 0xDFFF)
+          return Error{ErrorCode::kInvalidArgument, "a surrogate code point escape in a string (not UTF-8 text)"};
+        append_utf8(out, c);
+        break;
+      }
+      case 'N': return Error{ErrorCode::kInvalidArgument, "\\N{...} escapes are not supported"};
+      default:
+        if (n >= '0' && n <= '7') {
+          char32_t c = static_cast<char32_t>(n - '0');
+          for (int k = 0; k < 2 && i + 1 < raw.size() && raw[i + 1] >= '0' && raw[i + 1] <= '7'; ++k)
+            c = c * 8 + static_cast<char32_t>(raw[++i] - '0');
+          append_utf8(out, c);
+        } else if (static_cast<unsigned char>(n) >= 0x80) {
+          // jinja2 backslash-escapes non-ASCII text before decoding, so "\é" is "\xe9".
+          size_t len = 1;
+          while (i + len < raw.size() && (static_cast<unsigned char>(raw[i + len]) & 0xC0) == 0x80) ++len;
+          out += escape_code_point(decode(raw.substr(i, len))[0]);
+          i += len - 1;
+        } else {
+          out.push_back('\\');
+          out.push_back(n);
+        }
+    }
+  }
+  return out;
 }
 
 }  // namespace lragent::server::jinja::py

@@ -16,6 +16,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/result.h"
+
 namespace lragent::server::jinja::py {
 
 // Code points of UTF-8 text; a byte that is not part of valid UTF-8 becomes U+DC80+byte (Python's
@@ -54,5 +56,12 @@ std::string repr_string(std::string_view s);
 std::string repr_float(double d);
 // json.dumps(str, ensure_ascii=False): quoted, with \" \\ \n \r \t \b \f and \u00XX escapes.
 void append_json_string(std::string& out, std::string_view s);
+
+// A string literal's value from the text between its quotes: Python's unicode-escape decoding
+// (\n \t \\ \' \" \a \b \f \v, octal \ooo, \xhh \uhhhh \Uhhhhhhhh, a backslash-newline dropped, an
+// unknown escape kept as written; jinja2's rule for a backslash before non-ASCII text: "\é" is
+// "\xe9"). kInvalidArgument: a truncated hex escape, a code point past U+10FFFF or a surrogate
+// (not UTF-8 text), \N{...}.
+Result<std::string> unescape(std::string_view raw);
 
 }  // namespace lragent::server::jinja::py
