@@ -1,6 +1,7 @@
 // libFuzzer target: arbitrary bytes as the body of POST /v1/completions, of POST
 // /v1/chat/completions (then rendered with each chat template), of POST /v1/responses, POST
-// /v1/messages and /v1/load_lora_adapter, and as a tokenizer_config.json's chat_template. Each parser must return a value or an error (never crash or throw), and what
+// /v1/messages and /v1/load_lora_adapter, as a tokenizer_config.json's chat_template, and as a
+// generation_config.json. Each parser must return a value or an error (never crash or throw), and what
 // it accepts must hold the invariants the server relies on.
 #include <algorithm>
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "server/messages_api.h"
 #include "server/openai_api.h"
 #include "server/responses_api.h"
+#include "server/sampling_defaults.h"
 
 namespace {
 
@@ -164,6 +166,25 @@ void fuzz_tool_calls(const std::string& text) {
   }
 }
 
+// The bytes as a generation_config.json and as --override-generation-config: sampling defaults
+// or a reason. Defaults it takes make a valid request of one that gives no field, capped by them.
+void fuzz_generation_config(const std::string& text) {
+  using namespace lragent::server;
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded()) return;
+  for (bool as_override : {false, true}) {
+    auto d = as_override ? sampling_defaults_from(nlohmann::json::object(), "fuzz", j) : sampling_defaults_from(j, "fuzz");
+    if (!d.ok()) {
+      if (d.error().message.empty()) __builtin_trap();
+      continue;
+    }
+    auto r = parse_completion_request(R"({"prompt": "a"})", *d);
+    if (!r.ok() || (d->max_tokens > 0 && r->max_tokens > d->max_tokens)) __builtin_trap();
+    if (!(r->sampling.top_p > 0 && r->sampling.top_p <= 1) || r->sampling.temperature < 0 || r->sampling.top_k < 0)
+      __builtin_trap();
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -173,6 +194,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz_messages(text);
   fuzz_tokenize(text);
   fuzz_tool_calls(text);
+  fuzz_generation_config(text);
   // vLLM's runtime LoRA bodies: a name (and for a load a path) or a reason.
   for (bool load : {true, false}) {
     auto l = load ? lragent::server::parse_load_lora_request(text) : lragent::server::parse_unload_lora_request(text);
@@ -204,5 +226,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (q.min_tokens < 0 || q.min_tokens > q.max_tokens || !(q.min_p >= 0 && q.min_p <= 1)) __builtin_trap();
   for (const auto& [id, bias] : q.logit_bias)
     if (id < 0 || !(bias >= -100 && bias <= 100)) __builtin_trap();
+  for (const auto& w : q.bad_words)
+    if (w.find_first_not_of(" \t\n\r\f\v") == std::string::npos) __builtin_trap();
+  if (q.truncate_prompt_tokens < -1 || (q.continuous_usage && !q.include_usage)) __builtin_trap();
   return 0;
 }

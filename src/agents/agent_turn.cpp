@@ -58,7 +58,8 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
   t->want_logprobs_ = t->dec_.logprobs >= 0 && free_pick;
   if (t->dec_.guide && resumed == 0) t->guide_state_ = t->dec_.guide->start();
   t->shape_ = free_pick && (!t->dec_.logit_bias.empty() || t->dec_.min_tokens > 0 || t->dec_.min_p > 0.f ||
-                            t->dec_.guide != nullptr || !t->dec_.allowed_ids.empty());
+                            t->dec_.guide != nullptr || !t->dec_.allowed_ids.empty() || !t->dec_.bad_words.empty() ||
+                            t->dec_.reasoning_budget >= 0);
   t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_ || t->prompt_lp_;
   t->done_ = !runs;
   return t;
@@ -125,12 +126,12 @@ Status AgentTurn::complete(float* row, int32_t picked) {
     std::vector<float> raw;  // [vocab] the model's row (log-probabilities are of its output)
     if (want_logprobs_ && changed) raw.assign(row, row + vocab);
     const size_t generated = r_.output_tokens.size();
-    if (shape_) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/true);
+    if (shape_) AgentSession::shape_logits(logits, dec_, r_.output_tokens, /*before_penalties=*/true);
     if (dec_.guide && dec_.guide->mask(guide_state_, logits, dec_.stop_ids) == 0)
       return make_error(ErrorCode::kInvalidArgument, "the structured output cannot go on after {} tokens: {}",
                         generated, dec_.guide->dead_end());
     if (penalize_) apply_penalties(logits, {s_.traj_.data(), prompt_len_}, r_.output_tokens, dec_.penalties);
-    if (shape_ && !sampler_->greedy()) AgentSession::shape_logits(logits, dec_, generated, /*before_penalties=*/false);
+    if (shape_ && !sampler_->greedy()) AgentSession::shape_logits(logits, dec_, r_.output_tokens, /*before_penalties=*/false);
     tok = sampler_->greedy() ? Sampler::argmax(row, vocab) : sample_row(row, vocab, pick_);
     if (want_logprobs_)
       r_.logprobs.push_back(step_logprobs(changed ? std::span<const float>(raw) : std::span<const float>(logits), tok,

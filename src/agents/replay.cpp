@@ -196,10 +196,12 @@ void AgentSession::truncate(int64_t tokens) {
   kv_->truncate(tokens);
 }
 
-// vLLM's logits processors on one row: before the penalties, logit_bias and min_tokens (the stop
-// ids out while fewer than min_tokens are generated); after them (sampled rows only), min_p on the
-// tempered distribution: p_i >= min_p * p_max  <=>  logit_i >= max + T * ln(min_p).
-void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, size_t generated, bool before_penalties) {
+// vLLM's logits processors on one row: before the penalties, logit_bias, allowed_token_ids,
+// bad_words and min_tokens (the stop ids out while fewer than min_tokens are generated); after
+// them (sampled rows only), min_p on the tempered distribution: p_i >= min_p * p_max  <=>
+// logit_i >= max + T * ln(min_p).
+void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, std::span<const int32_t> generated,
+                                bool before_penalties) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const auto vocab = static_cast<int64_t>(row.size());
   if (before_penalties) {
@@ -212,7 +214,32 @@ void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, si
       for (size_t k = 0; k < kept.size(); ++k)
         if (dec.allowed_ids[k] >= 0 && dec.allowed_ids[k] < vocab) row[static_cast<size_t>(dec.allowed_ids[k])] = kept[k];
     }
-    if (static_cast<int64_t>(generated) < dec.min_tokens)
+    for (const std::vector<int32_t>& word : dec.bad_words) {
+      // Its last id is out when the generated tokens end with the rest of it (vLLM's rule).
+      if (word.empty() || word.size() - 1 > generated.size()) continue;
+      const size_t prefix = word.size() - 1;
+      if (std::equal(word.begin(), word.end() - 1, generated.end() - static_cast<long>(prefix)) && word.back() >= 0 &&
+          word.back() < vocab)
+        row[static_cast<size_t>(word.back())] = neg_inf;
+    }
+    if (dec.reasoning_budget >= 0 && !dec.reasoning_end.empty() &&
+        generated.size() >= static_cast<size_t>(dec.reasoning_budget)) {
+      const std::vector<int32_t>& end = dec.reasoning_end;
+      if (std::search(generated.begin(), generated.end(), end.begin(), end.end()) == generated.end()) {
+        // The marker's next id: after the longest start of it the generated tokens end with.
+        size_t k = std::min(end.size() - 1, generated.size());
+        while (k > 0 && !std::equal(end.begin(), end.begin() + static_cast<long>(k), generated.end() - static_cast<long>(k)))
+          --k;
+        const int32_t next = end[k];
+        if (next >= 0 && next < vocab) {
+          const float keep = std::isfinite(row[static_cast<size_t>(next)]) ? row[static_cast<size_t>(next)] : 0.f;
+          std::fill(row.begin(), row.end(), neg_inf);
+          row[static_cast<size_t>(next)] = keep;
+        }
+        return;  // forced: min_tokens' stop-id ban cannot apply to a marker that is no stop id
+      }
+    }
+    if (static_cast<int64_t>(generated.size()) < dec.min_tokens)
       for (int32_t id : dec.stop_ids)
         if (id >= 0 && id < vocab) row[static_cast<size_t>(id)] = neg_inf;
     return;

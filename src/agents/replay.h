@@ -94,6 +94,14 @@ struct AgentDecode {
   int min_tokens = 0;  // stop_ids cannot be picked before this many tokens (their logits are -inf)
   float min_p = 0.f;   // sampled rows keep only tokens of probability >= min_p x the top one's
   std::vector<int32_t> allowed_ids;  // vLLM's allowed_token_ids: no other id is picked (empty: any)
+  // vLLM's bad_words, each as token ids: a word's last id is not picked when the tokens generated
+  // last are the rest of it (a one-token word is never picked).
+  std::vector<std::vector<int32_t>> bad_words;
+  // A thinking budget (vLLM's thinking_token_budget, Anthropic's budget_tokens): once this many
+  // tokens are generated without `reasoning_end` among them, only its ids can be picked, in
+  // order, until it is written; the model then answers. -1: none.
+  int reasoning_budget = -1;
+  std::vector<int32_t> reasoning_end;  // the end-of-thinking marker's ids ("</think>")
   // Structured output (vLLM's guided decoding): each pick keeps the step's text a prefix of a
   // match of this guide, a stop id may end the step only at a whole match, and the step ends
   // ("stop") once the text is a match nothing can extend. Applied after logit_bias and
@@ -151,6 +159,11 @@ class AgentSession {
   // From the next step on: keep each decoded token's logits (StepResult::logits; decoding then
   // runs step by step), or pick on the device only.
   void keep_logits(bool on) { keep_logits_ = on; }
+  // vLLM's logits processors on one row of logits (AgentDecode's logit_bias, allowed_ids,
+  // bad_words and min_tokens before the penalties; min_p after them), given the step's generated
+  // tokens so far.
+  static void shape_logits(std::span<float> row, const AgentDecode& dec, std::span<const int32_t> generated,
+                           bool before_penalties);
 
  private:
   friend class AgentTurn;  // runs a step a pass at a time (agents/agent_turn.h)
@@ -161,7 +174,6 @@ class AgentSession {
   // (TrajectoryKv::catchup_layers): run through those only; `begin` moves past it. The positions
   // the shared layers do not hold yet, and the last one (its logits are read), are left.
   Status catch_up_partial(int a, int64_t& begin);
-  static void shape_logits(std::span<float> row, const AgentDecode& dec, size_t generated, bool before_penalties);
   // Every id is inside the model's vocabulary (`what` names the step kind in the error).
   Status check_ids(const std::vector<int32_t>& ids, const char* what) const;
   // The error for an agent pass with no position to run: an empty trajectory (no BOS) is the

@@ -23,6 +23,7 @@
 #include "kv/sharing.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
+#include "server/sampling_defaults.h"
 #include "server/server.h"
 
 namespace lragent::cli {
@@ -47,6 +48,8 @@ struct ServeFlags {
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
   std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
   std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
+  std::string generation_config = "auto";  // auto | vllm | a directory with a generation_config.json
+  std::string override_generation_config;  // a JSON object over it
   bool vllm_enable_lora = false;       // --enable-lora: vLLM's; adapters are always served
   int max_lora_rank = 0;               // --max-lora-rank: vLLM's; > 0 refuses adapters of a higher rank
   bool runtime_lora = false;           // --enable-runtime-lora: POST /v1/load_lora_adapter and /v1/unload_lora_adapter
@@ -55,6 +58,11 @@ struct ServeFlags {
   int preset_rank = 16;
   std::string preset_adapters = "shared";
   bool quiet = false;
+  // vLLM's command line, accepted where lragent does what it asks anyway.
+  bool trust_remote_code = false;  // lragent runs no code from a model directory
+  int tensor_parallel_size = 1;    // one device: only 1
+  bool enable_prefix_caching = false;  // always on (kept trajectories)
+  int64_t seed = -1;               // >= 0: the first seed of requests that give none (else drawn)
 };
 
 // The chat template: --chat-template's (a file, or the template text itself, as vLLM takes it),
@@ -179,9 +187,21 @@ int run_serve(const ServeFlags& f) {
                         fmt::format("{} sizes the one KV memory every trajectory shares: it cannot go with "
                                     "--no-share-blocks or --kv-memory (a KV memory per trajectory); drop one of them",
                                     sizing)});
+  // Checked before the weights load: a mistyped flag fails at once. A --preset has no
+  // generation_config.json; "auto" is then neutral.
+  auto defaults = server::load_sampling_defaults(
+      f.preset.empty() || f.generation_config != "auto" ? f.generation_config : "vllm", f.model.model_dir,
+      f.override_generation_config);
+  if (!defaults.ok()) return report(defaults.error());
   auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
   if (!loaded.ok()) return report(loaded.error());
   server::ServerOptions so;
+  so.sampling_defaults = *defaults;
+  if (f.seed >= 0) so.seed = static_cast<uint64_t>(f.seed);
+  if (const std::string given = defaults->describe(); !given.empty())
+    fmt::print(stderr, "default sampling parameters from the generation config: {} (a request's own values win; "
+                       "--generation-config vllm for neutral defaults)\n",
+               given);
   so.max_lora_rank = f.max_lora_rank;
   // vLLM turns runtime LoRA updating on from its environment; the flag says the same.
   const char* env_runtime = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
@@ -414,7 +434,7 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "template's is llama3_json; hermes when it shows none). Calls are parsed whenever a request gives tools (no --enable-auto-tool-choice "
                   "needed)")
       ->default_val("auto")
-      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral", "deepseek_v3"}));
+      ->check(CLI::IsMember({"auto", "hermes", "llama3_json", "mistral", "deepseek_v3", "pythonic", "llama4_pythonic"}));
   cmd->add_option("--reasoning-parser", f->reasoning_parser,
                   "Hand a thinking model's reasoning to the client apart (vLLM's parsers): qwen3 or deepseek_r1. "
                   "A chat completion's <think>...</think> becomes the message's reasoning_content (and "
@@ -422,7 +442,32 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "answer after it. qwen3: no reasoning when the request sets chat_template_kwargs.enable_thinking "
                   "false. Default: none, the text is left whole")
       ->check(CLI::IsMember({"qwen3", "deepseek_r1"}));
-  cmd->add_flag("--quiet", f->quiet, "No access log on stderr");
+  cmd->add_option("--generation-config", f->generation_config,
+                  "Where a request's sampling defaults come from (vLLM's flag): auto, the model's "
+                  "generation_config.json (its temperature, top_p, top_k, min_p and repetition_penalty become the "
+                  "defaults for requests that leave them out, and its max_new_tokens caps every request's max_tokens; "
+                  "values equal to transformers' defaults are not taken, as vLLM reads them); vllm, OpenAI's neutral "
+                  "defaults (temperature 1, no top_p/top_k/min_p); or a directory holding a generation_config.json")
+      ->default_val("auto");
+  cmd->add_option("--override-generation-config", f->override_generation_config,
+                  "A JSON object of those keys set over the generation config (vLLM's flag), e.g. "
+                  "'{\"temperature\": 0.5, \"max_new_tokens\": 256}'");
+  cmd->add_flag("--quiet,--disable-log-requests", f->quiet,
+                "No access log on stderr (--disable-log-requests is vLLM's name)");
+  cmd->add_option("--seed", f->seed,
+                  "The seed of the first request that gives none, the next one's seed + 1, and so on (vLLM's flag), "
+                  "so a run of unseeded requests repeats; default: drawn at start")
+      ->check(cli::non_negative());
+  cmd->add_flag("--trust-remote-code", f->trust_remote_code,
+                "Accepted for vLLM's command lines: lragent runs no code from a model directory (its architectures "
+                "are built in)");
+  cmd->add_option("--tensor-parallel-size", f->tensor_parallel_size,
+                  "Accepted for vLLM's command lines: lragent runs a model on one device, so only 1")
+      ->default_val(1)
+      ->check(CLI::Range(1, 1).description("1 (one device)"));
+  cmd->add_flag("--enable-prefix-caching", f->enable_prefix_caching,
+                "Accepted for vLLM's command lines: requests always reuse the KV cache of the prompts they extend "
+                "(the kept trajectories, --max-sessions)");
   auto* preset = cmd->add_option("--preset", f->preset,
                                  "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b, qwen3-8b or tiny (random "
                                  "weights made on the device, byte tokenizer) and bench trace's plan/action/reflect "

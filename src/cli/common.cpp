@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include <fmt/core.h>
@@ -24,11 +25,16 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters, bool decodes) {
   app->add_option("--device", device,
                   "Where the model runs: cpu, or cuda / cuda:N (an NVIDIA GPU; needs a build with -DLRAGENT_CUDA=ON)")
       ->default_val("cpu");
+  // vLLM's names too: auto (bf16, which the Llama-family checkpoints are), bfloat16, float32, float.
   app->add_option("--dtype", dtype,
                   "With --device cuda: bf16 (weights and KV caches in bf16, f32 accumulation; fast) or f32 (the CPU's "
-                  "arithmetic, for exact comparisons)")
+                  "arithmetic, for exact comparisons); vLLM's auto and bfloat16 are bf16, float32 and float are f32 "
+                  "(no float16)")
       ->default_val("bf16")
-      ->check(CLI::IsMember({"bf16", "f32"}));
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, std::string>{
+              {"bf16", "bf16"}, {"auto", "bf16"}, {"bfloat16", "bf16"}, {"f32", "f32"}, {"float32", "f32"}, {"float", "f32"}},
+          CLI::ignore_case));
   app->add_flag("--enforce-eager", enforce_eager,
                 "With --device cuda: launch decode steps op by op instead of replaying them as CUDA graphs "
                 "(slower; for debugging and profiling)");

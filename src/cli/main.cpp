@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
       "Run `lragent COMMAND --help` for every flag of a command. Exit codes: 1 input/output failure (e.g. an\n"
       "unwritable output file) or internal error, 2 bad argument, 3 not found, 4 corrupt file, 5 unsupported,\n"
       "6 out of memory (KV cache or allocation).");
-  app.set_version_flag("--version", "lragent 0.1.0");
+  app.set_version_flag("--version", "lragent " LRAGENT_VERSION);
   std::function<int()> action;
   lragent::cli::register_generate(app, action);
   lragent::cli::register_tokenize(app, action);

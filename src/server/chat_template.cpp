@@ -381,6 +381,24 @@ std::string python_json_dumps(const ordered_json& v, bool ensure_ascii) {
   }
 }
 
+Result<std::string> continue_final_message(std::string rendered, const std::string& final_text) {
+  // Python's str.strip() / lstrip() of the message, as transformers cuts with them.
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  const size_t first = final_text.find_first_not_of(kSpace);
+  const std::string lstripped = first == std::string::npos ? std::string() : final_text.substr(first);
+  const size_t last = lstripped.find_last_not_of(kSpace);
+  const std::string stripped = last == std::string::npos ? std::string() : lstripped.substr(0, last + 1);
+  const size_t at = rendered.rfind(stripped);
+  if (at == std::string::npos)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'continue_final_message': the final message's text does not appear in the chat as its template "
+                      "renders it, so there is nothing to continue");
+  // The template kept the message's spacing: cut after all of it; else after its stripped text.
+  const bool kept = rendered.compare(at, lstripped.size(), final_text) == 0;
+  rendered.resize(at + (kept ? lstripped.size() : stripped.size()));
+  return rendered;
+}
+
 Result<std::vector<std::string>> parse_chat_tools(const ordered_json& tools) {
   std::vector<std::string> out;
   if (tools.is_null()) return out;

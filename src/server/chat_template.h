@@ -102,6 +102,11 @@ struct ChatTemplate {
 Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::ordered_json& messages);
 Result<std::vector<ChatMessage>> parse_chat_messages(const nlohmann::json& messages);
 
+// transformers' continue_final_message: the rendered chat cut right after the final message's
+// text (`final_text`), so that the model goes on with that message (an answer the client began)
+// instead of a new turn. kInvalidArgument when the template does not show the text.
+Result<std::string> continue_final_message(std::string rendered, const std::string& final_text);
+
 // A chat request's "tools" ([{"type": "function", "function": {"name", "description",
 // "parameters"}}]) as the JSON texts the template writes: each in vLLM's form (its pydantic
 // model_dump: type, then function with name, description and parameters, null when absent,

@@ -155,11 +155,12 @@ Result<MessagesRequest> parse(std::string_view body, bool count_only) {
   const ordered_json& msgs = field(b, "messages");
   if (!msgs.is_array() || msgs.empty()) return bad("'messages' must be a non-empty list of {\"role\", \"content\"}");
   for (size_t i = 0; i < msgs.size(); ++i) LRA_RETURN_IF_ERROR(add_message(msgs[i], fmt::format("messages[{}]", i), messages));
-  // The API continues a last assistant message (a "prefill"); a chat template opens a new turn
-  // after it instead, which would answer something else than what was asked.
-  if (field(msgs.back(), "role") == "assistant")
-    return unsupported(fmt::format("messages[{}] is an assistant message: continuing it (a prefill) is not served; "
-                                   "end with a user message", msgs.size() - 1));
+  // The API continues a last assistant message (a "prefill", such as "{" to begin JSON): the chat
+  // is cut after its text (continue_final_message) rather than given a new turn.
+  if (field(msgs.back(), "role") == "assistant") {
+    chat["add_generation_prompt"] = false;
+    chat["continue_final_message"] = true;
+  }
   chat["messages"] = std::move(messages);
   chat["stream"] = r.stream;
 
@@ -182,6 +183,12 @@ Result<MessagesRequest> parse(std::string_view body, bool count_only) {
     if (!thinking.is_object() || !(field(thinking, "type") == "enabled" || field(thinking, "type") == "disabled"))
       return bad("'thinking' must be {\"type\": \"enabled\", \"budget_tokens\": N} or {\"type\": \"disabled\"}");
     kwargs["enable_thinking"] = thinking["type"] == "enabled";
+    const ordered_json& budget = field(thinking, "budget_tokens");
+    if (thinking["type"] == "enabled" && !budget.is_null()) {
+      if (!budget.is_number_integer() || budget.get<int64_t>() < 0)
+        return bad("'thinking.budget_tokens' must be a non-negative integer (the most tokens to think for)");
+      chat["thinking_token_budget"] = budget;
+    }
   }
   if (!kwargs.empty()) chat["chat_template_kwargs"] = std::move(kwargs);
 

@@ -126,22 +126,47 @@ Result<json> parse_body(std::string_view text) {
   return body;
 }
 
+// vLLM's continue_final_message, which cannot go with a generation prompt.
+Result<bool> continue_final(const json& body, bool add_generation_prompt) {
+  LRA_ASSIGN_OR_RETURN(bool on, get_bool(body, "continue_final_message", false));
+  if (on && add_generation_prompt)
+    return bad("'continue_final_message' and 'add_generation_prompt' cannot both be true: give \"add_generation_prompt\": "
+               "false to continue the final message");
+  return on;
+}
+
 // The fields completions and chat completions share (all but prompt/messages, max_tokens, echo).
-Status parse_common(const json& body, std::string_view text, CompletionRequest& r);
+Status parse_common(const json& body, std::string_view text, CompletionRequest& r, const SamplingDefaults& d);
+
+// The model's max_new_tokens caps what a request asks for (vLLM takes the least of the two).
+// `asked`: the request's max_tokens (-1: none, the rest of the context).
+int capped_max_tokens(int asked, const SamplingDefaults& d) {
+  if (d.max_tokens <= 0) return asked;
+  return asked < 0 ? d.max_tokens : std::min(asked, d.max_tokens);
+}
+
+// min_tokens above the (possibly capped) max_tokens: an error that says where the cap came from.
+Status check_min_tokens(const CompletionRequest& r, const char* budget, int asked) {
+  if (r.max_tokens < 0 || r.min_tokens <= r.max_tokens) return Status::Ok();
+  if (r.max_tokens != asked)
+    return bad(fmt::format("'min_tokens' ({}) must not exceed the model's max_new_tokens ({}), which caps '{}' "
+                           "(generation_config.json; serve --generation-config vllm to lift it)",
+                           r.min_tokens, r.max_tokens, budget));
+  return bad(fmt::format("'min_tokens' ({}) must not exceed '{}' ({})", r.min_tokens, budget, r.max_tokens));
+}
 
 }  // namespace
 
-Result<CompletionRequest> parse_completion_request(std::string_view text) {
+Result<CompletionRequest> parse_completion_request(std::string_view text, const SamplingDefaults& defaults) {
   LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
   CompletionRequest r;
   LRA_ASSIGN_OR_RETURN(r.prompts, get_prompts(field(body, "prompt")));
   LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, "max_tokens", 16, 0, 1 << 24));
-  r.max_tokens = static_cast<int>(max_tokens);
+  r.max_tokens = capped_max_tokens(static_cast<int>(max_tokens), defaults);
   LRA_ASSIGN_OR_RETURN(r.echo, get_bool(body, "echo", false));
   if (r.max_tokens == 0 && !r.echo) return bad("'max_tokens' must be at least 1 (0 only with \"echo\": true)");
-  LRA_RETURN_IF_ERROR(parse_common(body, text, r));
-  if (r.min_tokens > r.max_tokens)
-    return bad(fmt::format("'min_tokens' ({}) must not exceed 'max_tokens' ({})", r.min_tokens, r.max_tokens));
+  LRA_RETURN_IF_ERROR(parse_common(body, text, r, defaults));
+  LRA_RETURN_IF_ERROR(check_min_tokens(r, "max_tokens", static_cast<int>(max_tokens)));
   LRA_ASSIGN_OR_RETURN(int64_t logprobs, get_int(body, "logprobs", -1, 0, kMaxLogprobs));
   r.logprobs = static_cast<int>(logprobs);
   // echo with logprobs: the prompt's tokens come first in the logprobs object (OpenAI's legacy
@@ -153,6 +178,22 @@ Result<CompletionRequest> parse_completion_request(std::string_view text) {
                  "streamed: send the request with \"stream\": false"};
   LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
   return r;
+}
+
+Result<std::vector<std::vector<int32_t>>> bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& word : words) {
+    const size_t start = word.find_first_not_of(" \t\n\r\f\v");
+    if (start == std::string::npos) continue;
+    const std::string w = word.substr(start);
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> plain, tok.encode(w, /*add_bos=*/false));
+    if (plain.empty()) continue;
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> spaced, tok.encode(" " + w, /*add_bos=*/false));
+    const bool new_word = !spaced.empty() && spaced[0] != plain[0] && spaced.size() == plain.size();
+    out.push_back(std::move(plain));
+    if (new_word) out.push_back(std::move(spaced));
+  }
+  return out;
 }
 
 namespace {
@@ -178,7 +219,8 @@ Result<std::string> forced_tool_calls(ToolCallFormat format, const nlohmann::ord
 
 }  // namespace
 
-Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat tool_format) {
+Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat tool_format,
+                                       const SamplingDefaults& defaults) {
   LRA_ASSIGN_OR_RETURN(json body, parse_body(text));
   // Messages and tools keep the client's key order (the template writes them as JSON).
   const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -193,10 +235,9 @@ Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat too
   const char* budget = field(body, "max_completion_tokens").is_null() ? "max_tokens" : "max_completion_tokens";
   LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, budget, -1, 1, 1 << 24));
   if (max_tokens < 0 && !field(body, budget).is_null()) return bad(fmt::format("'{}' must be at least 1", budget));
-  c.req.max_tokens = static_cast<int>(max_tokens);
-  LRA_RETURN_IF_ERROR(parse_common(body, text, c.req));
-  if (c.req.max_tokens >= 0 && c.req.min_tokens > c.req.max_tokens)
-    return bad(fmt::format("'min_tokens' ({}) must not exceed '{}' ({})", c.req.min_tokens, budget, c.req.max_tokens));
+  c.req.max_tokens = capped_max_tokens(static_cast<int>(max_tokens), defaults);
+  LRA_RETURN_IF_ERROR(parse_common(body, text, c.req, defaults));
+  LRA_RETURN_IF_ERROR(check_min_tokens(c.req, budget, static_cast<int>(max_tokens)));
   LRA_ASSIGN_OR_RETURN(c.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
   const json& kw = field(body, "chat_template_kwargs");
   if (!kw.is_null()) {
@@ -212,7 +253,9 @@ Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat too
     return Error{ErrorCode::kUnsupported,
                  "'prompt_logprobs' are not streamed: send the request with \"stream\": false"};
   LRA_RETURN_IF_ERROR(neutral(body, "echo", json(false), "a chat completion never repeats the conversation"));
-  LRA_RETURN_IF_ERROR(neutral(body, "continue_final_message", json(false), "the final message is never continued"));
+  LRA_ASSIGN_OR_RETURN(c.continue_final_message, continue_final(body, c.add_generation_prompt));
+  LRA_ASSIGN_OR_RETURN(int64_t budget_tokens, get_int(body, "thinking_token_budget", -1, 0, 1 << 24));
+  c.req.thinking_token_budget = static_cast<int>(budget_tokens);
   LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
   LRA_ASSIGN_OR_RETURN(c.tools, parse_chat_tools(ordered_field("tools")));
   LRA_RETURN_IF_ERROR(neutral(body, "functions", json(nullptr), "give the functions as 'tools'"));
@@ -384,7 +427,7 @@ Status parse_guided(const json& body, std::string_view text, CompletionRequest& 
   return Status::Ok();
 }
 
-Status parse_common(const json& body, std::string_view text, CompletionRequest& r) {
+Status parse_common(const json& body, std::string_view text, CompletionRequest& r, const SamplingDefaults& d) {
   const json& model = field(body, "model");
   if (!model.is_null()) {
     if (!model.is_string()) return bad("'model' must be a string: a name from GET /v1/models");
@@ -398,11 +441,11 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   }
   LRA_ASSIGN_OR_RETURN(int64_t n, get_int(body, "n", 1, 1, 64));
   r.n = static_cast<int>(n);
-  LRA_ASSIGN_OR_RETURN(double temperature, get_number(body, "temperature", 1.0, 0.0, 100.0));
-  LRA_ASSIGN_OR_RETURN(double top_p, get_number(body, "top_p", 1.0, 0.0, 1.0));
+  LRA_ASSIGN_OR_RETURN(double temperature, get_number(body, "temperature", d.temperature, 0.0, 100.0));
+  LRA_ASSIGN_OR_RETURN(double top_p, get_number(body, "top_p", d.top_p, 0.0, 1.0));
   if (top_p <= 0.0) return bad("'top_p' must be in (0, 1]: 0 would keep no token");
   // vLLM: -1 (and 0) turn top-k off.
-  LRA_ASSIGN_OR_RETURN(int64_t top_k, get_int(body, "top_k", 0, -1, std::numeric_limits<int32_t>::max()));
+  LRA_ASSIGN_OR_RETURN(int64_t top_k, get_int(body, "top_k", d.top_k, -1, std::numeric_limits<int32_t>::max()));
   r.sampling.temperature = static_cast<float>(temperature);
   r.sampling.top_p = static_cast<float>(top_p);
   r.sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);
@@ -437,7 +480,8 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
     if (!so.is_object()) return bad("'stream_options' must be an object like {\"include_usage\": true}");
     if (!r.stream) return bad("'stream_options' is only allowed with \"stream\": true");
     LRA_ASSIGN_OR_RETURN(r.include_usage, get_bool(so, "include_usage", false));
-    LRA_RETURN_IF_ERROR(neutral(so, "continuous_usage_stats", json(false), "usage comes in the last event only"));
+    LRA_ASSIGN_OR_RETURN(bool continuous, get_bool(so, "continuous_usage_stats", false));
+    r.continuous_usage = continuous && r.include_usage;  // vLLM's rule: only with include_usage
   }
   const json& best_of = field(body, "best_of");
   if (!best_of.is_null() && best_of != json(r.n))
@@ -458,10 +502,13 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   // vLLM's extensions.
   LRA_ASSIGN_OR_RETURN(int64_t min_tokens, get_int(body, "min_tokens", 0, 0, 1 << 24));
   r.min_tokens = static_cast<int>(min_tokens);
-  LRA_ASSIGN_OR_RETURN(double min_p, get_number(body, "min_p", 0.0, 0.0, 1.0));
+  LRA_ASSIGN_OR_RETURN(double min_p, get_number(body, "min_p", d.min_p, 0.0, 1.0));
   r.min_p = static_cast<float>(min_p);
-  LRA_RETURN_IF_ERROR(neutral(body, "include_stop_str_in_output", json(false), "the stop string is never in the text"));
-  LRA_RETURN_IF_ERROR(neutral(body, "truncate_prompt_tokens", json(nullptr), "a prompt is never truncated"));
+  LRA_ASSIGN_OR_RETURN(r.include_stop_str_in_output, get_bool(body, "include_stop_str_in_output", false));
+  LRA_ASSIGN_OR_RETURN(int64_t truncate, get_int(body, "truncate_prompt_tokens", 0, -1, 1 << 24));
+  if (truncate == 0 && !field(body, "truncate_prompt_tokens").is_null())
+    return bad("'truncate_prompt_tokens' must be at least 1 (the prompt tokens to keep), or -1 for the model's context length");
+  r.truncate_prompt_tokens = static_cast<int>(truncate);
   LRA_ASSIGN_OR_RETURN(int64_t prompt_logprobs, get_int(body, "prompt_logprobs", -1, 0, kMaxLogprobs));
   r.prompt_logprobs = static_cast<int>(prompt_logprobs);
   r.show_prompt_logprobs = r.prompt_logprobs >= 0;
@@ -471,19 +518,25 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
     LRA_ASSIGN_OR_RETURN(r.allowed_token_ids, get_ids(allowed, "'allowed_token_ids'"));
     if (r.allowed_token_ids.empty()) return bad("'allowed_token_ids' is empty: it would allow no token at all");
   }
-  for (const char* g : {"bad_words", "logits_processors"})
-    if (!field(body, g).is_null())
-      return Error{ErrorCode::kUnsupported,
-                   fmt::format("'{}' is not supported: lragent's structured outputs take guided_json, guided_regex, "
-                               "guided_choice, guided_grammar, structured_outputs or response_format, and it runs no "
-                               "logits processors",
-                               g)};
+  if (const json& words = field(body, "bad_words"); !words.is_null()) {
+    if (!words.is_array()) return bad("'bad_words' must be a list of strings (words never to generate)");
+    for (const json& w : words) {
+      if (!w.is_string() || w.get<std::string>().find_first_not_of(" \t\n\r\f\v") == std::string::npos)
+        return bad("'bad_words' must be a list of non-empty strings (words never to generate)");
+      r.bad_words.push_back(w.get<std::string>());
+    }
+  }
+  if (!field(body, "logits_processors").is_null())
+    return Error{ErrorCode::kUnsupported,
+                 "'logits_processors' is not supported: lragent runs no custom logits processors (its structured "
+                 "outputs take guided_json, guided_regex, guided_choice, guided_grammar, structured_outputs or "
+                 "response_format)"};
   LRA_RETURN_IF_ERROR(neutral(body, "use_beam_search", json(false), "lragent does not run beam search"));
   LRA_RETURN_IF_ERROR(neutral(body, "length_penalty", json(1), "it applies to beam search, which lragent does not run"));
   LRA_RETURN_IF_ERROR(parse_guided(body, text, r));
   LRA_ASSIGN_OR_RETURN(double presence, get_number(body, "presence_penalty", 0.0, -2.0, 2.0));
   LRA_ASSIGN_OR_RETURN(double frequency, get_number(body, "frequency_penalty", 0.0, -2.0, 2.0));
-  LRA_ASSIGN_OR_RETURN(double repetition, get_number(body, "repetition_penalty", 1.0, 0.0, 100.0));
+  LRA_ASSIGN_OR_RETURN(double repetition, get_number(body, "repetition_penalty", d.repetition_penalty, 0.0, 100.0));
   if (repetition <= 0.0) return bad("'repetition_penalty' must be > 0 (1: off)");
   r.penalties = {static_cast<float>(repetition), static_cast<float>(frequency), static_cast<float>(presence)};
   return Status::Ok();
@@ -522,9 +575,9 @@ Result<TokenizeRequest> parse_tokenize_request(std::string_view text) {
       LRA_ASSIGN_OR_RETURN(r.tools, parse_chat_tools(ordered["tools"]));
     }
     // As chat completions refuse them: the count would otherwise differ from the request's.
-    LRA_RETURN_IF_ERROR(neutral(body, "continue_final_message", json(false), "the final message is never continued"));
     LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
     LRA_ASSIGN_OR_RETURN(r.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
+    LRA_ASSIGN_OR_RETURN(r.continue_final_message, continue_final(body, r.add_generation_prompt));
     const json& kw = field(body, "chat_template_kwargs");
     if (!kw.is_null()) {
       if (!kw.is_object()) return bad("'chat_template_kwargs' must be an object like {\"enable_thinking\": false}");
@@ -748,8 +801,13 @@ nlohmann::json error_json(const Error& e) {
 }
 
 CompletionText::CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens,
-                               int32_t context_id, int min_tokens)
-    : tok_(tok), dec_(tok), stop_(std::move(stop)), skip_special_(skip_special_tokens), min_tokens_(min_tokens) {
+                               int32_t context_id, int min_tokens, bool include_stop)
+    : tok_(tok),
+      dec_(tok),
+      stop_(std::move(stop)),
+      skip_special_(skip_special_tokens),
+      include_stop_(include_stop),
+      min_tokens_(min_tokens) {
   for (const std::string& s : stop_) longest_stop_ = std::max(longest_stop_, s.size());
   if (context_id >= 0 && !tok_.is_special(context_id)) dec_.prime(context_id);
 }
@@ -771,7 +829,7 @@ bool CompletionText::cut_at_stop(size_t end_after) {
     }
   }
   if (best == std::string::npos) return false;
-  text_.resize(best);
+  text_.resize(include_stop_ ? best + matched_->size() : best);
   return true;
 }
 
@@ -784,7 +842,7 @@ std::string CompletionText::take(size_t upto) {
 
 std::string CompletionText::push(int32_t id, bool ends_step) {
   ++pushed_;
-  if (matched_ || ends_step || (skip_special_ && tok_.is_special(id))) return {};
+  if (matched_ || (ends_step && !include_stop_) || (skip_special_ && tok_.is_special(id))) return {};
   const size_t before = text_.size();
   text_ += dec_.push(id);
   if (cut_at_stop(before)) return take(text_.size());

@@ -17,6 +17,7 @@
 #include "engine/sampler.h"
 #include "server/chat_template.h"
 #include "server/reasoning.h"
+#include "server/sampling_defaults.h"
 #include "server/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
@@ -42,10 +43,19 @@ struct CompletionRequest {
   std::vector<std::string> stop;     // stop strings: generation ends there, the string is not shown
   std::vector<int32_t> stop_token_ids;  // vLLM extension: these ids end generation too
   bool ignore_eos = false;              // vLLM extension
+  // vLLM's truncate_prompt_tokens: > 0, only the prompt's last this many tokens are kept (left
+  // truncation); -1: the model's context length (the server's max_model_len); 0: no truncation.
+  int truncate_prompt_tokens = 0;
+  // vLLM extension: the text ends after the stop string that ended it, not before, and a stop
+  // token id that ended it is shown (unless it is a special token skip_special_tokens leaves out).
+  bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;      // vLLM extension
   bool echo = false;                    // prepend the prompt's text to each completion
   bool stream = false;                  // server-sent events
   bool include_usage = false;           // stream_options.include_usage
+  // stream_options.continuous_usage_stats (vLLM's), with include_usage: every chunk carries its
+  // choice's usage so far.
+  bool continuous_usage = false;
   // -1: none. Otherwise each generated token's log-probability (the model's raw output) and
   // this many most likely tokens per position: completions' "logprobs" (0-20), chat's
   // "top_logprobs" (0-20) when "logprobs" is true.
@@ -65,6 +75,13 @@ struct CompletionRequest {
   float min_p = 0.f;
   // vLLM's allowed_token_ids: only these ids may be generated (empty: any).
   std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words: words never generated (the server tokenizes them as vLLM does, with and
+  // without a leading space; AgentDecode::bad_words).
+  std::vector<std::string> bad_words;
+  // vLLM's thinking_token_budget (chat; Anthropic's budget_tokens): after this many generated
+  // tokens a thinking model still thinking is made to write "</think>" (AgentDecode::
+  // reasoning_budget); -1: none. Needs the server's reasoning parser.
+  int thinking_token_budget = -1;
   // Structured output: the completion's text matches this regex whole (engine/guide/byte_dfa.h's
   // dialect), made from whichever of OpenAI's response_format (json_object, json_schema) and
   // vLLM's guided_json, guided_regex, guided_choice or structured_outputs the request gave (one
@@ -84,7 +101,14 @@ constexpr int kMaxLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's cha
 // Parses and validates a request body. Errors (kInvalidArgument, or kUnsupported for an OpenAI
 // option lragent does not implement, e.g. logprobs) name the field and say what is allowed.
 // Fields the API does not know are ignored, as vLLM ignores them.
-Result<CompletionRequest> parse_completion_request(std::string_view body);
+// `defaults`: what a field the body leaves out (or sets to null) is; its max_tokens caps the
+// request's (SamplingDefaults).
+Result<CompletionRequest> parse_completion_request(std::string_view body, const SamplingDefaults& defaults = {});
+
+// vLLM's bad_words as token ids, tokenized as vLLM does: each word without its leading
+// whitespace, and again after one space when that gives as many tokens starting with another
+// (so the word is out both at the start of the text and after a space).
+Result<std::vector<std::vector<int32_t>>> bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words);
 
 // POST /v1/chat/completions: the shared fields in `req` (its prompt is the rendered
 // conversation, made by the server), max_tokens -1 meaning the rest of the context (as vLLM).
@@ -92,6 +116,9 @@ struct ChatRequest {
   CompletionRequest req;
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // vLLM extension
+  // vLLM extension: the conversation's final message is continued (cut after its text) instead
+  // of a new turn opened after it; needs add_generation_prompt false, as vLLM asks.
+  bool continue_final_message = false;
   bool enable_thinking = true;        // chat_template_kwargs.enable_thinking (Qwen3)
   // chat_template_kwargs as given (client's order): an interpreted template gets them all.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
@@ -105,7 +132,8 @@ struct ChatRequest {
 // --tool-call-parser`): a forced tool_choice asks for calls in that form. With mistral's, a
 // request whose calls are parsed keeps special tokens in its text (the [TOOL_CALLS] marker is
 // one), as vLLM's mistral parser asks.
-Result<ChatRequest> parse_chat_request(std::string_view body, ToolCallFormat tool_format = ToolCallFormat::kHermes);
+Result<ChatRequest> parse_chat_request(std::string_view body, ToolCallFormat tool_format = ToolCallFormat::kHermes,
+                                       const SamplingDefaults& defaults = {});
 
 // POST /tokenize (vLLM's): a "prompt" string, or chat "messages" (rendered with the chat
 // template as /v1/chat/completions renders them), to token ids.
@@ -115,6 +143,7 @@ struct TokenizeRequest {
   std::string prompt;
   std::vector<ChatMessage> messages;
   bool add_generation_prompt = true;  // chat
+  bool continue_final_message = false;  // chat
   bool enable_thinking = true;        // chat: chat_template_kwargs.enable_thinking
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat: as given
   std::vector<std::string> tools;     // chat: as /v1/chat/completions renders them (parse_chat_tools)
@@ -217,8 +246,10 @@ class CompletionText {
   // -1: none), so a completion's first word keeps its leading space as vLLM gives it.
   // min_tokens: stop strings are looked for only from the min_tokens-th token on (vLLM's rule: a
   // match must end in text that token or a later one added).
+  // include_stop: the text keeps the stop string (and the stop id) that ended it, as
+  // CompletionRequest::include_stop_str_in_output asks.
   CompletionText(const Tokenizer& tok, std::vector<std::string> stop, bool skip_special_tokens,
-                 int32_t context_id = -1, int min_tokens = 0);
+                 int32_t context_id = -1, int min_tokens = 0, bool include_stop = false);
   // `ends_step`: this is a stop id that ended generation (its text is never shown).
   std::string push(int32_t id, bool ends_step = false);
   std::string finish();
@@ -237,6 +268,7 @@ class CompletionText {
   std::vector<std::string> stop_;
   size_t longest_stop_ = 0;
   bool skip_special_;
+  bool include_stop_ = false;
   std::string text_;
   size_t shown_ = 0;  // bytes of text_ returned by push()
   std::optional<std::string> matched_;

@@ -7,7 +7,7 @@ namespace lragent::server {
 namespace {
 
 constexpr std::string_view kOpen = "<think>";
-constexpr std::string_view kClose = "</think>";
+constexpr std::string_view kClose = kThinkEnd;
 
 std::optional<std::string> non_empty(std::string_view s) {
   return s.empty() ? std::nullopt : std::optional<std::string>(std::string(s));

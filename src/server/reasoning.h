@@ -12,6 +12,9 @@
 
 namespace lragent::server {
 
+// The marker that ends a thinking model's reasoning (both formats write it).
+inline constexpr std::string_view kThinkEnd = "</think>";
+
 enum class ReasoningFormat {
   kQwen3,       // Qwen3: <think>...</think> from the model; none when enable_thinking is false
   kDeepSeekR1,  // DeepSeek-R1: the template opens <think> in the prompt; the model closes it

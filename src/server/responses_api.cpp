@@ -208,7 +208,7 @@ ordered_json input_items(const ordered_json& input) {
 
 }  // namespace
 
-Result<ResponsesRequest> parse_responses_request(std::string_view body) {
+Result<ResponsesRequest> parse_responses_request(std::string_view body, const SamplingDefaults& defaults) {
   ordered_json b = ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (b.is_discarded() || !json_depth_within(body)) return bad("the request body is not valid JSON");
   if (!b.is_object()) return bad("the request body must be a JSON object");
@@ -243,9 +243,23 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body) {
   const ordered_json& truncation = field(b, "truncation");
   if (!truncation.is_null() && truncation != "auto" && truncation != "disabled")
     return bad("'truncation' must be \"auto\" or \"disabled\"");
+  const ordered_json& include = field(b, "include");
+  if (!include.is_null()) {
+    if (!include.is_array()) return bad("'include' must be a list of strings, like [\"message.output_text.logprobs\"]");
+    for (const ordered_json& what : include) {
+      if (!what.is_string()) return bad("'include' must be a list of strings, like [\"message.output_text.logprobs\"]");
+      // The others name outputs lragent never makes (encrypted reasoning, built-in tools' results).
+      if (what == "message.output_text.logprobs") r.output_logprobs = true;
+    }
+  }
   const ordered_json& top_logprobs = field(b, "top_logprobs");
-  if (!top_logprobs.is_null() && top_logprobs != 0)
-    return unsupported("'top_logprobs' is not served on /v1/responses: use /v1/chat/completions for log-probabilities");
+  if (!top_logprobs.is_null() && (!top_logprobs.is_number_integer() || top_logprobs.get<int64_t>() < 0 ||
+                                  top_logprobs.get<int64_t>() > kMaxLogprobs))
+    return bad(fmt::format("'top_logprobs' must be an integer from 0 to {}", kMaxLogprobs));
+  if (r.output_logprobs) {  // computed as chat computes them (vLLM's rule: only when included)
+    r.chat_fields["logprobs"] = true;
+    r.chat_fields["top_logprobs"] = top_logprobs.is_null() ? ordered_json(0) : top_logprobs;
+  }
 
   // The chat body's fields: sampling fields with the same names and meanings, then the renamed ones.
   static const char* const kSame[] = {"temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
@@ -283,11 +297,12 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body) {
   or_default("previous_response_id", nullptr);
   or_default("reasoning", ordered_json{{"effort", nullptr}, {"summary", nullptr}});
   r.echo["store"] = r.store;
-  or_default("temperature", 1.0);
+  or_default("temperature", defaults.temperature);
   or_default("text", ordered_json{{"format", {{"type", "text"}}}});
   or_default("tool_choice", "auto");
   or_default("tools", ordered_json::array());
-  or_default("top_p", 1.0);
+  or_default("top_logprobs", 0);
+  or_default("top_p", defaults.top_p);
   or_default("truncation", "disabled");
   or_default("user", nullptr);
   return r;
@@ -323,10 +338,13 @@ void ResponseBuilder::begin(std::vector<json>& events) {
 }
 
 void ResponseBuilder::reasoning(const std::string& delta, std::vector<json>& events) { append(true, delta, events); }
-void ResponseBuilder::text(const std::string& delta, std::vector<json>& events) { append(false, delta, events); }
+void ResponseBuilder::text(const std::string& delta, std::vector<json>& events, const json& logprobs) {
+  append(false, delta, events, logprobs);
+}
 
-void ResponseBuilder::append(bool reasoning, const std::string& delta, std::vector<json>& events) {
-  if (delta.empty()) return;
+void ResponseBuilder::append(bool reasoning, const std::string& delta, std::vector<json>& events, const json& logprobs) {
+  const bool text_open = open_ >= 0 && !open_is_reasoning_;
+  if (delta.empty() && (reasoning || logprobs.empty() || !text_open)) return;
   if (open_ >= 0 && open_is_reasoning_ != reasoning) close_open_item(events);
   json& output = response_["output"];
   if (open_ < 0) {
@@ -353,7 +371,11 @@ void ResponseBuilder::append(bool reasoning, const std::string& delta, std::vect
   item["content"][0]["text"].get_ref<std::string&>() += delta;  // in place: a stream appends a token's text at a time
   json d = event(reasoning ? "response.reasoning_text.delta" : "response.output_text.delta");
   d.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"delta", delta}});
-  if (!reasoning) d["logprobs"] = json::array();
+  if (!reasoning) {
+    json& all = item["content"][0]["logprobs"];
+    for (const json& e : logprobs) all.push_back(e);
+    d["logprobs"] = logprobs;
+  }
   events.push_back(std::move(d));
 }
 
@@ -363,7 +385,7 @@ void ResponseBuilder::close_open_item(std::vector<json>& events) {
   const json& part = item["content"][0];
   json done = event(open_is_reasoning_ ? "response.reasoning_text.done" : "response.output_text.done");
   done.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"text", part["text"]}});
-  if (!open_is_reasoning_) done["logprobs"] = json::array();
+  if (!open_is_reasoning_) done["logprobs"] = part["logprobs"];
   events.push_back(std::move(done));
   json part_done = event("response.content_part.done");
   part_done.update({{"item_id", item["id"]}, {"output_index", open_}, {"content_index", 0}, {"part", part}});

@@ -22,6 +22,7 @@
 
 #include "core/result.h"
 #include "server/openai_api.h"
+#include "server/sampling_defaults.h"
 
 namespace lragent::server {
 
@@ -31,6 +32,9 @@ struct ResponsesRequest {
   bool store = true;  // keep the response for GET /v1/responses/{id} and previous_response_id
   std::string previous_response_id;  // empty: a new conversation
   std::optional<std::string> instructions;  // a system message before everything (not carried on)
+  // include: ["message.output_text.logprobs"]: the output text's tokens carry their
+  // log-probabilities (and top_logprobs most likely ones), as chat's logprobs give them.
+  bool output_logprobs = false;
   // The chat messages this request adds: its input items as /v1/chat/completions messages.
   nlohmann::ordered_json input_messages = nlohmann::ordered_json::array();
   // Its input as the API lists it back (GET /v1/responses/{id}/input_items): items with ids.
@@ -45,7 +49,9 @@ struct ResponsesRequest {
 // Parses and validates a request body. Errors name the field: kInvalidArgument for bad values,
 // kUnsupported for what lragent does not serve (images and files, built-in tools such as
 // web_search, background mode, truncation "auto"). Fields the API does not know are ignored.
-Result<ResponsesRequest> parse_responses_request(std::string_view body);
+// `defaults`: the sampling defaults the chat completion will apply; the response repeats the
+// temperature and top_p it runs with.
+Result<ResponsesRequest> parse_responses_request(std::string_view body, const SamplingDefaults& defaults = {});
 
 // The /v1/chat/completions body the request runs as: `history` (the previous response's
 // conversation, chat messages; empty for none) after the instructions, then the input.
@@ -63,7 +69,11 @@ class ResponseBuilder {
   void begin(std::vector<nlohmann::json>& events);
   // A piece of reasoning, or of the message's text: its item (and content part) opened first.
   void reasoning(const std::string& delta, std::vector<nlohmann::json>& events);
-  void text(const std::string& delta, std::vector<nlohmann::json>& events);
+  // `logprobs`: chat's logprobs entries of the tokens that came with this piece (include
+  // message.output_text.logprobs); they join the output text's part and ride on the delta event.
+  // With no text they still go out, on an empty delta, when the message is open (else dropped).
+  void text(const std::string& delta, std::vector<nlohmann::json>& events,
+            const nlohmann::json& logprobs = nlohmann::json::array());
   // Closes the open item, adds one function_call item per call (chat's tool_calls form: each
   // {"id", "function": {"name", "arguments"}}), and the final response.completed event
   // (response.incomplete when finish_reason is "length", its incomplete_details saying
@@ -85,7 +95,8 @@ class ResponseBuilder {
  private:
   nlohmann::json event(const char* type);
   // A piece of the reasoning item's text or of the message's, opening it first.
-  void append(bool reasoning, const std::string& delta, std::vector<nlohmann::json>& events);
+  void append(bool reasoning, const std::string& delta, std::vector<nlohmann::json>& events,
+              const nlohmann::json& logprobs = nlohmann::json::array());
   void close_open_item(std::vector<nlohmann::json>& events);
   nlohmann::json response_;
   int64_t sequence_ = 0;

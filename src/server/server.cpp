@@ -74,7 +74,7 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   s->publish_sessions();
   s->engine_ = std::thread([srv = s.get()] { srv->engine_loop(); });
   s->created_ = unix_now();
-  s->next_seed_ = std::random_device{}();
+  s->next_seed_ = s->opts_.seed ? *s->opts_.seed : std::random_device{}();
   s->http_ = std::make_unique<Http>();
   s->responses_ = std::make_unique<ResponseStore>(s->opts_.max_stored_responses, s->opts_.max_stored_response_bytes);
   s->install_routes();
@@ -124,9 +124,12 @@ Error Server::no_chat_template() const {
 
 Result<std::string> Server::render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                         bool enable_thinking, const std::vector<std::string>& tools,
-                                        const nlohmann::ordered_json& kwargs) const {
+                                        const nlohmann::ordered_json& kwargs, bool continue_final) const {
   if (!opts_.chat_template) return no_chat_template();
-  return opts_.chat_template->render(messages, add_generation_prompt, enable_thinking, tools, kwargs);
+  LRA_ASSIGN_OR_RETURN(std::string text,
+                       opts_.chat_template->render(messages, add_generation_prompt, enable_thinking, tools, kwargs));
+  if (!continue_final || messages.empty()) return text;
+  return continue_final_message(std::move(text), messages.back().content);
 }
 
 Result<std::vector<int32_t>> Server::prompt_ids(const PromptInput& p) const {
@@ -175,6 +178,16 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
     return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
   for (const auto& [id, bias] : req.logit_bias) LRA_RETURN_IF_ERROR(check_vocab({&id, 1}, "logit_bias"));
   LRA_RETURN_IF_ERROR(check_vocab(req.allowed_token_ids, "allowed_token_ids"));
+  if (!req.bad_words.empty()) {
+    if (!tok_)
+      return make_error(ErrorCode::kInvalidArgument, "'bad_words' need a tokenizer, which this model lacks");
+    LRA_ASSIGN_OR_RETURN(p.bad_words, bad_word_ids(*tok_, req.bad_words));
+  }
+  if (req.thinking_token_budget >= 0) {
+    if (!tok_)
+      return make_error(ErrorCode::kInvalidArgument, "'thinking_token_budget' needs a tokenizer, which this model lacks");
+    LRA_ASSIGN_OR_RETURN(p.reasoning_end, tok_->encode(kThinkEnd, /*add_special_tokens=*/false));
+  }
   if (!req.guided_from.empty()) {
     if (!tok_)
       return make_error(ErrorCode::kInvalidArgument,
@@ -185,8 +198,17 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
     p.guide = std::move(*g);
   }
   const int64_t max_model_len = opts_.max_model_len;
+  const int64_t keep = req.truncate_prompt_tokens < 0 ? max_model_len : req.truncate_prompt_tokens;
+  if (keep > max_model_len)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'truncate_prompt_tokens' ({}) is greater than this model's maximum context length ({}): give a "
+                      "smaller number, or -1 for the context length",
+                      keep, max_model_len);
   for (size_t i = 0; i < req.prompts.size(); ++i) {
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, prompt_ids(req.prompts[i]));
+    // vLLM's left truncation: the prompt's last `keep` tokens (BOS and the template's start go too).
+    const bool truncated = keep > 0 && static_cast<int64_t>(ids.size()) > keep;
+    if (truncated) ids.erase(ids.begin(), ids.end() - keep);
     if (ids.empty())
       return make_error(ErrorCode::kInvalidArgument, "'prompt' is empty and this model has no BOS token to start from");
     // Chat without max_tokens: the rest of the context, as vLLM.
@@ -201,8 +223,9 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
                         "--max-context sets the limit)",
                         max_model_len, want, ids.size(), req.prompts.size() > 1 ? fmt::format(" {}", i) : "",
                         want - static_cast<int64_t>(ids.size()));
-    if (req.echo)
-      p.echo.push_back(req.prompts[i].is_tokens ? (tok_ ? tok_->decode(ids) : std::string()) : req.prompts[i].text);
+    if (req.echo)  // a truncated prompt echoes what the model read
+      p.echo.push_back(req.prompts[i].is_tokens || truncated ? (tok_ ? tok_->decode(ids) : std::string())
+                                                             : req.prompts[i].text);
     p.ids.push_back(std::move(ids));
   }
   return p;
@@ -634,6 +657,9 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   dec.min_tokens = std::min(req.min_tokens, p.budgets[i]);
   dec.min_p = req.min_p;
   dec.allowed_ids = req.allowed_token_ids;
+  dec.bad_words = p.bad_words;
+  dec.reasoning_budget = req.thinking_token_budget;
+  dec.reasoning_end = p.reasoning_end;
   dec.guide = p.guide.get();  // shared by the request's choices, all run on this thread
   if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
   dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());
@@ -643,7 +669,8 @@ bool Server::start_choice(Job& job, bool may_start_new) {
     // Decoded after the prompt's last token, as vLLM decodes a completion. The stop strings are
     // found in this shown text (CompletionText), which ends the step through on_token; the
     // engine itself is given none.
-    if (tok_) cr.text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back(), dec.min_tokens);
+    if (tok_) cr.text.emplace(*tok_, req.stop, req.skip_special_tokens, p.ids[i].back(), dec.min_tokens,
+                                  req.include_stop_str_in_output);
     cr.shown = req.echo ? p.echo[i] : std::string();
   }
   // Every token but a stop id that ends the step (ends() checks those first) comes here.

@@ -101,6 +101,11 @@ struct ServerOptions {
   // Set (vLLM's --reasoning-parser): a chat completion's <think>...</think> goes to the message's
   // reasoning_content, apart from its content (ChatParsing::reasoning).
   std::optional<ReasoningFormat> reasoning_parser;
+  // What a request's sampling fields are when it leaves them out (vLLM's --generation-config:
+  // the model's generation_config.json, or neutral), and the cap on its max_tokens.
+  SamplingDefaults sampling_defaults;
+  // The seed of the first request that gives none (each next one + 1); unset: drawn at start.
+  std::optional<uint64_t> seed;
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
   // Warnings from the engine thread (a stall); null: silent.
@@ -264,9 +269,10 @@ class Server {
   Status check_vocab(std::span<const int32_t> ids, const char* field) const;
   // The conversation through the server's chat template (as /v1/chat/completions and /tokenize
   // render it); no_chat_template() is the error when the server has none.
+  // `continue_final`: cut after the final message's text (continue_final_message).
   Result<std::string> render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                   bool enable_thinking, const std::vector<std::string>& tools,
-                                  const nlohmann::ordered_json& kwargs) const;
+                                  const nlohmann::ordered_json& kwargs, bool continue_final = false) const;
   Error no_chat_template() const;
   void install_routes();
   // A /v1/chat/completions body (or the one a Responses or Messages request runs as) parsed and

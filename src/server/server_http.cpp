@@ -152,7 +152,8 @@ void Server::install_routes() {
     if (!res.body.empty()) return;
     std::string msg;
     if (res.status == 404)
-      msg = fmt::format("no route {} {}: the server answers GET /health, GET /v1/models, POST /v1/completions, "
+      msg = fmt::format("no route {} {}: the server answers GET /health, GET /version, GET|POST /ping, GET /v1/models, "
+                        "POST /v1/completions, "
                         "POST /v1/chat/completions, POST /v1/responses, GET|DELETE /v1/responses/{{id}}, POST /v1/messages, "
                         "POST /v1/messages/count_tokens, POST /tokenize, "
                         "POST /detokenize, GET /lragent/sessions, GET /metrics",
@@ -180,7 +181,7 @@ void Server::install_routes() {
   svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     // Known routes by name; anything else as "other" (a scan of random paths must not grow the
     // metrics without bound).
-    static const char* const kRoutes[] = {"/health", "/v1/models", "/v1/completions", "/v1/chat/completions",
+    static const char* const kRoutes[] = {"/health", "/version", "/ping", "/v1/models", "/v1/completions", "/v1/chat/completions",
                                           "/v1/responses", "/v1/messages", "/v1/messages/count_tokens",
                                           "/lragent/sessions", "/tokenize", "/detokenize", "/metrics",
                                           "/v1/load_lora_adapter", "/v1/unload_lora_adapter"};
@@ -197,6 +198,13 @@ void Server::install_routes() {
   }
 
   svr.Get("/health", [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json{{"status", "ok"}}); });
+  // vLLM's: its version (here lragent's), and /ping, which load balancers (SageMaker's) ask as /health.
+  svr.Get("/version", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, json{{"version", LRAGENT_VERSION}});
+  });
+  auto ping = [](const httplib::Request&, httplib::Response& res) { send_json(res, 200, json{{"status", "ok"}}); };
+  svr.Get("/ping", ping);
+  svr.Post("/ping", ping);
   svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json data = json::array();
     std::vector<std::string> names, roots;
@@ -278,7 +286,7 @@ void Server::install_routes() {
     std::string text = parsed->prompt;
     if (parsed->chat) {
       auto rendered = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools,
-                                  parsed->template_kwargs);
+                                  parsed->template_kwargs, parsed->continue_final_message);
       if (!rendered.ok()) return send_error(res, rendered.error());
       text = std::move(*rendered);
     }
@@ -301,7 +309,7 @@ void Server::install_routes() {
     send_json(res, 200, json{{"prompt", tok_->decode(parsed->tokens)}});
   });
   post_route(svr, "/v1/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
-    auto parsed = parse_completion_request(body);
+    auto parsed = parse_completion_request(body, opts_.sampling_defaults);
     if (!parsed.ok()) return send_error(res, parsed.error());
     respond(std::move(*parsed), /*chat=*/false, http, res);
   });
@@ -318,9 +326,9 @@ void Server::install_routes() {
 }
 
 Result<CompletionRequest> Server::chat_completion_request(std::string_view body, ChatParsing* parsing) const {
-  LRA_ASSIGN_OR_RETURN(ChatRequest parsed, parse_chat_request(body, tool_call_format()));
+  LRA_ASSIGN_OR_RETURN(ChatRequest parsed, parse_chat_request(body, tool_call_format(), opts_.sampling_defaults));
   LRA_ASSIGN_OR_RETURN(std::string text, render_chat(parsed.messages, parsed.add_generation_prompt, parsed.enable_thinking,
-                                                     parsed.tools, parsed.template_kwargs));
+                                                     parsed.tools, parsed.template_kwargs, parsed.continue_final_message));
   CompletionRequest req = std::move(parsed.req);
   PromptInput p;
   p.text = std::move(text);
@@ -329,8 +337,14 @@ Result<CompletionRequest> Server::chat_completion_request(std::string_view body,
   *parsing = ChatParsing{};
   parsing->tool_calls = parsed.tool_calls;
   // Qwen3 thinks unless the request turned it off (its template then closes an empty block).
-  if (opts_.reasoning_parser)
+  // A continued message goes on from its text, past any thinking: all of it is the answer.
+  if (opts_.reasoning_parser && !parsed.continue_final_message)
     parsing->reasoning = *opts_.reasoning_parser != ReasoningFormat::kQwen3 || parsed.enable_thinking;
+  if (req.thinking_token_budget >= 0 && !opts_.reasoning_parser)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'thinking_token_budget' needs to know where a model's thinking ends: serve it with "
+                      "--reasoning-parser qwen3 or deepseek_r1");
+  if (!parsing->reasoning.value_or(false)) req.thinking_token_budget = -1;  // no thinking to bound
   // A thinking model's structured output (a forced call too) is enforced once it has reasoned.
   if (parsing->reasoning.value_or(false) && !req.guided_from.empty()) {
     if (req.guided_grammar.empty()) req.guided_regex = after_reasoning(req.guided_regex);
@@ -425,9 +439,20 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       const std::string line = "data: " + dump(j) + "\n\n";
       return sink.write(line.data(), line.size());
     };
-    auto chunk = [&](json choices) {
-      return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                  {"model", model}, {"choices", std::move(choices)}};
+    // Per choice: tokens whose log-probabilities went out, and the characters of text streamed
+    // (each event's text_offset starts there, as vLLM's previous_text_lens).
+    std::vector<size_t> sent, offset;
+    // A chunk of one choice's events; with continuous_usage_stats it carries that choice's usage
+    // so far (`completion`: its tokens; -1: those sent).
+    auto chunk = [&](json choices, size_t index = 0, int64_t completion = -1) {
+      json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                {"model", model}, {"choices", std::move(choices)}};
+      if (p->req.continuous_usage && !j["choices"].empty()) {
+        const int64_t prompt = static_cast<int64_t>(p->ids[index / static_cast<size_t>(p->req.n)].size());
+        if (completion < 0) completion = index < sent.size() ? static_cast<int64_t>(sent[index]) : 0;
+        j["usage"] = {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+      }
+      return j;
     };
     auto piece = [chat](size_t index, json delta, json logprobs) {
       json j = {{"index", index}, {"logprobs", std::move(logprobs)}, {"finish_reason", nullptr}};
@@ -441,11 +466,8 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       if (opened.size() <= index) opened.resize(index + 1, false);
       if (opened[index]) return true;
       opened[index] = true;
-      return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}}, nullptr)})));
+      return send(chunk(json::array({piece(index, {{"role", "assistant"}, {"content", ""}}, nullptr)}), index, 0));
     };
-    // Per choice: tokens whose log-probabilities went out, and the characters of text streamed
-    // (each event's text_offset starts there, as vLLM's previous_text_lens).
-    std::vector<size_t> sent, offset;
     std::vector<ChatStream> texts;  // per choice: reasoning and tool calls parsed out (chat)
     auto grow = [&](size_t index) {
       if (sent.size() > index) return;
@@ -474,7 +496,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       const ChatStream::Delta shown = texts[d.index].push(d.text);
       // Held back (a tag or a tool call may be starting): no event unless log-probabilities are due.
       if (shown.content.empty() && shown.reasoning.empty() && lp.is_null()) return true;
-      return send(chunk(json::array({piece(d.index, chat ? chat_delta(shown) : json(shown.content), std::move(lp))})));
+      return send(chunk(json::array({piece(d.index, chat ? chat_delta(shown) : json(shown.content), std::move(lp))}), d.index));
     }, alive);
     if (!r.ok()) {
       send(error_json(r.error()));
@@ -484,13 +506,14 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
         grow(i);
         json last = choice_json(i, (*r)[i], false, sent[i], &offset[i]);
         ChatStream::End end = texts[i].finish();
+        const int64_t done_tokens = (*r)[i].completion_tokens;
         if (chat && (!end.rest.content.empty() || !end.rest.reasoning.empty()))
-          send(chunk(json::array({piece(i, chat_delta(end.rest), nullptr)})));
+          send(chunk(json::array({piece(i, chat_delta(end.rest), nullptr)}), i, done_tokens));
         if (!end.tool_calls.empty()) {
-          send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)})));
+          send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)}), i, done_tokens));
           last["finish_reason"] = "tool_calls";
         }
-        send(chunk(json::array({std::move(last)})));
+        send(chunk(json::array({std::move(last)}), i, done_tokens));
       }
       if (p->req.include_usage) {
         json last = chunk(json::array());
@@ -514,7 +537,11 @@ void Server::respond_events(Prepared prepared, bool stream, const httplib::Reque
     if (out->empty()) return answer->send_error(res, Error{ErrorCode::kInternal, "a request ended with no completion"});
     EventAnswer::Events unsent;
     answer->begin(unsent);
-    answer->push(out->front().text, unsent);
+    CompletionDelta whole;  // the completion as one piece
+    whole.text = out->front().text;
+    whole.token_ids = out->front().token_ids;
+    whole.logprobs = out->front().logprobs;
+    answer->push(whole, unsent);
     answer->finish(out->front(), unsent);
     return send_json(res, 200, answer->whole());
   }
@@ -535,7 +562,7 @@ void Server::respond_events(Prepared prepared, bool stream, const httplib::Reque
     if (!send(events)) return false;
     const AliveFn alive = sink_alive(sink);
     auto out = run(*p, [&](const CompletionDelta& d) {
-      answer->push(d.text, events);
+      answer->push(d, events);
       return send(events);
     }, alive);
     if (!out.ok()) {

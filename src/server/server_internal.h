@@ -31,6 +31,8 @@ struct Server::Prepared {
   std::vector<std::vector<int32_t>> ids;  // [prompts][tokens]
   std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
   std::vector<int> budgets;               // [prompts] tokens to generate at most
+  std::vector<std::vector<int32_t>> bad_words;  // req.bad_words as token ids (bad_word_ids)
+  std::vector<int32_t> reasoning_end;           // with a thinking budget: kThinkEnd's ids
   // The structured output every choice follows (req.guided_regex or guided_grammar compiled);
   // null: free text. Shared with the server's guide cache and other requests of the same text
   // (Server::guides_); advanced and masked on the engine thread only.
@@ -55,7 +57,9 @@ std::string random_id(const char* prefix);  // "<prefix>-<16 hex digits>"
 struct Server::EventAnswer {
   using Events = std::vector<nlohmann::json>;
   std::function<void(Events&)> begin;
-  std::function<void(const std::string& piece, Events&)> push;  // the completion's text, a piece at a time
+  // The completion, a piece at a time: its text, and the tokens (and log-probabilities, when
+  // asked for) that came with it.
+  std::function<void(const CompletionDelta& piece, Events&)> push;
   std::function<void(const CompletionChoice&, Events&)> finish;
   std::function<void(const Error&, Events&)> fail;              // after the stream started
   std::function<nlohmann::json()> whole;                        // the answer when not streamed

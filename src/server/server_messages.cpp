@@ -58,7 +58,9 @@ void Server::install_messages_routes() {
     };
     auto answer = std::make_shared<EventAnswer>();
     answer->begin = [state](EventAnswer::Events& events) { state->builder.begin(events); };
-    answer->push = [state, push](const std::string& piece, EventAnswer::Events& events) { push(state->text.push(piece), events); };
+    answer->push = [state, push](const CompletionDelta& piece, EventAnswer::Events& events) {
+      push(state->text.push(piece.text), events);
+    };
     answer->finish = [state, push](const CompletionChoice& c, EventAnswer::Events& events) {
       ChatStream::End end = state->text.finish();
       push(end.rest, events);

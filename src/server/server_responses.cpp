@@ -20,7 +20,7 @@ void Server::install_responses_routes() {
   httplib::Server& svr = http_->svr;
   post_route(svr, "/v1/responses", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
     if (!opts_.chat_template) return send_error(res, no_chat_template());
-    auto parsed = parse_responses_request(body);
+    auto parsed = parse_responses_request(body, opts_.sampling_defaults);
     if (!parsed.ok()) return send_error(res, parsed.error());
     respond_responses(*parsed, http, res);
   });
@@ -95,22 +95,35 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
     ResponseBuilder builder;
     ChatStream text;
     std::string reasoning;  // all of it, to count its tokens
+    // include message.output_text.logprobs: the entries of tokens whose text has not gone out as
+    // the message's yet (held back, or reasoning), for its next piece.
+    nlohmann::json pending_logprobs = nlohmann::json::array();
   };
   const std::string id = translation::random_id("resp");
   auto state = std::make_shared<Run>(Run{ResponseBuilder(id, unix_now(), prepared->agent, r), ChatStream(parsing), {}});
   auto push = [state](const ChatStream::Delta& d, EventAnswer::Events& events) {
     state->reasoning += d.reasoning;
     state->builder.reasoning(d.reasoning, events);
-    state->builder.text(d.content, events);
+    if (d.content.empty()) return;
+    state->builder.text(d.content, events, state->pending_logprobs);
+    state->pending_logprobs = nlohmann::json::array();
   };
   auto answer = std::make_shared<EventAnswer>();
   answer->begin = [state](EventAnswer::Events& events) { state->builder.begin(events); };
-  answer->push = [state, push](const std::string& piece, EventAnswer::Events& events) { push(state->text.push(piece), events); };
+  answer->push = [this, state, push, with_logprobs = r.output_logprobs](const CompletionDelta& piece,
+                                                                        EventAnswer::Events& events) {
+    if (with_logprobs) {
+      nlohmann::json lp = logprobs_json(tok_, /*chat=*/true, piece.token_ids, piece.logprobs, nullptr);
+      for (nlohmann::json& e : lp["content"]) state->pending_logprobs.push_back(std::move(e));
+    }
+    push(state->text.push(piece.text), events);
+  };
   // After the completion: what the splitter held back, the tool calls and the usage; the
   // response is stored when asked.
   answer->finish = [this, state, push, r](const CompletionChoice& c, EventAnswer::Events& events) {
     ChatStream::End end = state->text.finish();
     push(end.rest, events);
+    state->builder.text("", events, state->pending_logprobs);  // the last tokens' (a stop id's), when any
     ResponseBuilder::Usage u;
     u.input = c.prompt_tokens;
     u.output = c.completion_tokens;

@@ -11,6 +11,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -61,12 +64,26 @@ TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
 TEST(ServeCli, VllmsCommandLineServes) {
   const std::string dir = testing::adapters_dir() + "/qv-shared-a-r8/";
   const nlohmann::json reflect = {{"name", "reflect"}, {"path", dir + "reflect"}};
-  auto r = serve_until("INT", 6, shell_quote(testing::tinystories_dir()) + " --enable-lora --lora-modules plan=" +
+  // The model as a directory whose generation_config.json recommends sampling defaults (its files
+  // linked from the fixture's).
+  const std::string model_dir = testing::temp_dir("serve-gen-config") + "/tinystories-656k";
+  std::filesystem::create_directories(model_dir);
+  for (const auto& e : std::filesystem::directory_iterator(testing::tinystories_dir()))
+    if (e.path().filename() != "generation_config.json")
+      std::filesystem::create_symlink(e.path(), model_dir + "/" + e.path().filename().string());
+  std::ofstream(model_dir + "/generation_config.json") << R"({"temperature": 0.6, "top_p": 0.9, "top_k": 50, "eos_token_id": 2})";
+  auto r = serve_until("INT", 6, shell_quote(model_dir) + " --enable-lora --lora-modules plan=" +
                                      shell_quote(dir + "plan") + " action=" + shell_quote(dir + "action") + " " +
-                                     shell_quote(reflect.dump()) + " --enable-auto-tool-choice --port 0");
+                                     shell_quote(reflect.dump()) +
+                                     " --enable-auto-tool-choice --tool-call-parser pythonic --dtype auto --trust-remote-code"
+                                     " --tensor-parallel-size 1 --enable-prefix-caching --disable-log-requests --seed 0"
+                                     " --override-generation-config '{\"max_new_tokens\": 64}' --port 0");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tinystories-656k, plan, action, reflect"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("runtime LoRA updating is on"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("default sampling parameters from the generation config: temperature=0.6, top_p=0.9, max_tokens=64"),
+            std::string::npos)
+      << r.err;
   // vLLM turns runtime LoRA updating on from the environment; --enable-runtime-lora says the same.
   r = serve_until("INT", 4, shell_quote(testing::tinystories_dir()) + " --port 0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True");
   EXPECT_EQ(r.code, 0) << r.err;
@@ -87,6 +104,19 @@ TEST(ServeCli, VllmsCommandLineServes) {
   auto bad = testing::run_lragent("serve --port 0 --lora-modules '{\"name\": \"plan\"}'");
   EXPECT_EQ(bad.code, 2) << bad.err;
   EXPECT_NE(bad.err.find("expected NAME=DIR or {\"name\": NAME, \"path\": DIR}"), std::string::npos) << bad.err;
+  // vLLM flags lragent cannot honour, and bad generation configs, stop it before the model loads.
+  const std::string model = "serve " + shell_quote(testing::tinystories_dir()) + " --port 0";
+  for (const auto& [args, code, says] : std::vector<std::tuple<std::string, int, std::string>>{
+           {" --tensor-parallel-size 2", 2, "--tensor-parallel-size"},
+           {" --dtype half", 2, "--dtype"},
+           {" --override-generation-config '{temperature'", 2, "--override-generation-config is not valid JSON"},
+           {" --override-generation-config '{\"top_p\": 0}'", 2, "'top_p' = 0 must be in (0, 1]"},
+           {" --generation-config /nonexistent", 3, "--generation-config /nonexistent: no generation_config.json there"},
+       }) {
+    auto e = testing::run_lragent(model + args);
+    EXPECT_EQ(e.code, code) << args << ": " << e.err;
+    EXPECT_NE(e.err.find(says), std::string::npos) << args << ": " << e.err;
+  }
 }
 
 // A KV memory given in GB (--kv-cache-memory) is one pool the trajectories share, as the one
@@ -164,7 +194,7 @@ TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
                                 " --tool-call-parser mistral --reasoning-parser qwen3");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("tool calls: mistral (--tool-call-parser)"), std::string::npos) << r.err;
-  for (const std::string flag : {"--tool-call-parser pythonic", "--reasoning-parser granite"}) {
+  for (const std::string flag : {"--tool-call-parser internlm", "--reasoning-parser granite"}) {
     auto bad = testing::run_lragent("serve " + model + " " + flag);
     EXPECT_EQ(bad.code, 2) << flag << ": " << bad.err;
     EXPECT_NE(bad.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << bad.err;

@@ -171,3 +171,30 @@ TEST(ChatTemplate, PythonJsonDumpsMatchesPythons) {
 
 }  // namespace
 }  // namespace lragent::server
+
+namespace lragent::server {
+namespace {
+
+// transformers' continue_final_message cut, case by case: after the message's whole text when the
+// template keeps its spacing, after its stripped text when it trims it, at its last occurrence.
+TEST(ContinueFinalMessage, CutsAfterTheFinalMessagesTextAsTransformersDoes) {
+  const std::string head = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n";
+  auto cut = [](const std::string& rendered, const std::string& text) {
+    auto r = continue_final_message(rendered, text);
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    return r.ok() ? *r : std::string();
+  };
+  EXPECT_EQ(cut(head + "The answer<|im_end|>\n", "The answer"), head + "The answer");
+  EXPECT_EQ(cut(head + "The answer<|im_end|>\n", "The answer "), head + "The answer");     // trimmed by the template
+  EXPECT_EQ(cut(head + "The answer <|im_end|>\n", "The answer "), head + "The answer ");   // kept by it
+  EXPECT_EQ(cut(head + "  Hi<|im_end|>\n", "  Hi"), head + "  Hi");                      // leading space: stripped text
+  EXPECT_EQ(cut(head + "Hi<|im_end|>\n", "Hi"), head + "Hi");                            // the last "Hi", not the user's
+  EXPECT_EQ(cut(head + "<|im_end|>\n", ""), head + "<|im_end|>\n");                      // nothing to cut after
+  auto missing = continue_final_message(head + "Something else<|im_end|>\n", "The answer");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(missing.error().message.find("does not appear in the chat"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace lragent::server

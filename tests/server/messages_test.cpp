@@ -107,9 +107,12 @@ TEST(MessagesApi, WhatIsNotServedIsRefusedByName) {
             std::string::npos);
   EXPECT_NE(error_of({{"max_tokens", 5}, {"messages", user}, {"mcp_servers", json::array()}}).find("mcp_servers"),
             std::string::npos);
-  EXPECT_NE(error_of({{"max_tokens", 5}, {"messages", {{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "The"}}}}})
-                .find("messages[1] is an assistant message: continuing it (a prefill) is not served"),
-            std::string::npos);
+  // A final assistant message (a prefill) is continued: the chat request says so.
+  const ChatRequest prefill =
+      as_chat({{"max_tokens", 5}, {"messages", {{{"role", "user"}, {"content", "x"}}, {{"role", "assistant"}, {"content", "The"}}}}});
+  EXPECT_TRUE(prefill.continue_final_message);
+  EXPECT_FALSE(prefill.add_generation_prompt);
+  EXPECT_FALSE(as_chat({{"max_tokens", 5}, {"messages", user}}).continue_final_message);
   EXPECT_NE(error_of({{"max_tokens", 5}, {"messages", user}, {"thinking", {{"type", "maybe"}}}}).find("'thinking'"),
             std::string::npos);
   auto u = parse_messages_request(json({{"max_tokens", 5}, {"messages", {{{"role", "user"}, {"content", {{{"type", "document"}}}}}}}}).dump());
@@ -269,6 +272,44 @@ TEST_F(MessagesTest, AMessageIsTheChatCompletionOfItsConversation) {
   EXPECT_EQ(post("/v1/messages", {{"messages", {{{"role", "user"}, {"content", "x"}}}}}).first, 400);
 }
 
+// vLLM's continue_final_message: the chat is cut after the final message's text, so the model
+// goes on with it; the prompt is what /tokenize gives for the same flags, and the Messages API's
+// prefill (a final assistant message) is that chat completion.
+TEST_F(MessagesTest, AFinalMessageIsContinued) {
+  const json sampling = {{"temperature", 0.8}, {"seed", 5}, {"logit_bias", ascii_only()}};
+  const json convo = {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "The answer is"}}};
+  json chat = {{"model", "plan"}, {"messages", convo}, {"max_tokens", 12}, {"add_generation_prompt", false},
+               {"continue_final_message", true}};
+  chat.update(sampling);
+  auto [cs, ctext] = post("/v1/chat/completions", chat);
+  ASSERT_EQ(cs, 200) << ctext;
+  const std::string content = json::parse(ctext)["choices"][0]["message"]["content"];
+
+  auto [ts, ttext] = post("/tokenize", {{"model", "plan"}, {"messages", convo}, {"add_generation_prompt", false},
+                                         {"continue_final_message", true}});
+  ASSERT_EQ(ts, 200) << ttext;
+  const std::vector<int32_t> ids = json::parse(ttext)["tokens"];
+  const std::string prompt = tok_->decode(ids);
+  EXPECT_TRUE(prompt.ends_with("assistant\nThe answer is")) << prompt;  // Qwen2.5's turn, left open
+  json completion = {{"model", "plan"}, {"prompt", ids}, {"max_tokens", 12}};
+  completion.update(sampling);
+  auto [ps, ptext] = post("/v1/completions", completion);
+  ASSERT_EQ(ps, 200) << ptext;
+  EXPECT_EQ(json::parse(ptext)["choices"][0]["text"], content);
+
+  json msg = {{"model", "plan"}, {"messages", convo}, {"max_tokens", 12}};
+  msg.update(sampling);
+  auto [ms, mtext] = post("/v1/messages", msg);
+  ASSERT_EQ(ms, 200) << mtext;
+  EXPECT_EQ(json::parse(mtext)["content"][0]["text"], content);
+
+  chat.erase("add_generation_prompt");  // vLLM's rule: not with a generation prompt
+  auto [es, etext] = post("/v1/chat/completions", chat);
+  EXPECT_EQ(es, 400);
+  EXPECT_NE(etext.find("'continue_final_message' and 'add_generation_prompt' cannot both be true"), std::string::npos)
+      << etext;
+}
+
 // Behind a reasoning parser the thinking is a block of its own; with thinking disabled, all of it is text.
 TEST_F(MessagesTest, ThinkingIsABlockOfItsOwn) {
   ServerOptions o;
@@ -302,6 +343,47 @@ TEST_F(MessagesTest, ThinkingIsABlockOfItsOwn) {
   ASSERT_EQ(plain["content"].size(), 1u) << off;
   EXPECT_EQ(plain["content"][0]["type"], "text");
   EXPECT_EQ(plain["content"][0]["text"], reasoning);
+}
+
+// A thinking budget (vLLM's thinking_token_budget; the Messages API's thinking.budget_tokens):
+// after that many tokens the model, still thinking, writes "</think>" and then answers. The
+// synthetic model never closes its thinking by itself: unbounded, all 24 tokens are reasoning.
+TEST_F(MessagesTest, AThinkingBudgetEndsTheThinking) {
+  ServerOptions o;
+  o.reasoning_parser = ReasoningFormat::kQwen3;
+  start(o);
+  const json sampling = {{"temperature", 0.8}, {"seed", 4}, {"logit_bias", ascii_only()}};
+  const json convo = {{{"role", "user"}, {"content", "Which is older?"}}};
+  const json free = chat_reference("plan", convo, 24, sampling);
+  ASSERT_FALSE(free.is_null());
+  const std::string reasoning = free["choices"][0]["message"]["reasoning_content"];
+  ASSERT_GE(reasoning.size(), 6u) << reasoning;  // one byte a token, no </think>
+
+  json chat = {{"model", "plan"}, {"messages", convo}, {"max_tokens", 24}, {"thinking_token_budget", 5}};
+  chat.update(sampling);
+  auto [cs, ctext] = post("/v1/chat/completions", chat);
+  ASSERT_EQ(cs, 200) << ctext;
+  const json msg = json::parse(ctext)["choices"][0]["message"];
+  EXPECT_EQ(msg["reasoning_content"], reasoning.substr(0, 5));  // the same draws up to the budget
+  const std::string content = msg["content"].is_string() ? msg["content"].get<std::string>() : "";
+  EXPECT_FALSE(content.empty()) << ctext;  // 24 - 5 - the marker's tokens, answered
+
+  json body = {{"model", "plan"}, {"messages", convo}, {"max_tokens", 24},
+               {"thinking", {{"type", "enabled"}, {"budget_tokens", 5}}}};
+  body.update(sampling);
+  auto [ms, mtext] = post("/v1/messages", body);
+  ASSERT_EQ(ms, 200) << mtext;
+  const json m = json::parse(mtext);
+  ASSERT_EQ(m["content"].size(), 2u) << mtext;
+  EXPECT_EQ(m["content"][0]["thinking"], reasoning.substr(0, 5));
+  EXPECT_EQ(m["content"][1]["text"], content);
+  body["thinking"]["budget_tokens"] = -1;
+  EXPECT_EQ(post("/v1/messages", body).first, 400);
+
+  start(ServerOptions{});  // no reasoning parser: nothing says where thinking ends
+  auto [es, etext] = post("/v1/chat/completions", chat);
+  EXPECT_EQ(es, 400);
+  EXPECT_NE(etext.find("'thinking_token_budget' needs to know where a model's thinking ends"), std::string::npos) << etext;
 }
 
 // Anthropic's JavaScript SDK reads the server's messages and events (tests/server/messages_sdk.mjs);

@@ -3,8 +3,10 @@
 // cut at stop strings identically whether it is streamed or not.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 
+#include "agents/replay.h"
 #include "server/openai_api.h"
 #include "test_util.h"
 
@@ -144,15 +146,28 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "logit_bias": {"1.5": 1}})", ErrorCode::kInvalidArgument, "'logit_bias'");
   expect_error(R"({"prompt": "a", "logit_bias": {"5": "up"}})", ErrorCode::kInvalidArgument, "'logit_bias'");
   expect_error(R"({"prompt": "a", "logit_bias": [5]})", ErrorCode::kInvalidArgument, "'logit_bias'");
-  expect_error(R"({"prompt": "a", "include_stop_str_in_output": true})", ErrorCode::kUnsupported, "include_stop_str");
-  expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 5})", ErrorCode::kUnsupported, "truncate_prompt_tokens");
+  expect_error(R"({"prompt": "a", "include_stop_str_in_output": 1})", ErrorCode::kInvalidArgument, "include_stop_str");
+  expect_error(R"({"prompt": "a", "truncate_prompt_tokens": 0})", ErrorCode::kInvalidArgument, "'truncate_prompt_tokens' must be at least 1");
+  expect_error(R"({"prompt": "a", "truncate_prompt_tokens": -2})", ErrorCode::kInvalidArgument, "truncate_prompt_tokens");
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "truncate_prompt_tokens": 5})").truncate_prompt_tokens, 5);
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "truncate_prompt_tokens": -1})").truncate_prompt_tokens, -1);
   expect_error(R"({"prompt": "a", "allowed_token_ids": []})", ErrorCode::kInvalidArgument, "allowed_token_ids");
   expect_error(R"({"prompt": "a", "allowed_token_ids": [1, "x"]})", ErrorCode::kInvalidArgument, "allowed_token_ids");
-  expect_error(R"({"prompt": "a", "bad_words": ["x"]})", ErrorCode::kUnsupported, "bad_words");
+  expect_error(R"({"prompt": "a", "bad_words": "x"})", ErrorCode::kInvalidArgument, "'bad_words' must be a list");
+  expect_error(R"({"prompt": "a", "bad_words": ["x", " "]})", ErrorCode::kInvalidArgument, "non-empty strings");
+  expect_error(R"({"prompt": "a", "bad_words": [1]})", ErrorCode::kInvalidArgument, "'bad_words'");
+  expect_error(R"({"prompt": "a", "logits_processors": ["m.f"]})", ErrorCode::kUnsupported, "logits_processors");
+  EXPECT_EQ(parse_ok(R"({"prompt": "a", "bad_words": ["x", " the end"]})").bad_words,
+            (std::vector<std::string>{"x", " the end"}));
   expect_error(R"({"prompt": "a", "use_beam_search": true})", ErrorCode::kUnsupported, "use_beam_search");
   expect_error(R"({"prompt": "a", "length_penalty": 0.5})", ErrorCode::kUnsupported, "length_penalty");
-  expect_error(R"({"prompt": "a", "stream": true, "stream_options": {"continuous_usage_stats": true}})",
-               ErrorCode::kUnsupported, "continuous_usage_stats");
+  expect_error(R"({"prompt": "a", "stream": true, "stream_options": {"continuous_usage_stats": "yes"}})",
+               ErrorCode::kInvalidArgument, "continuous_usage_stats");
+  EXPECT_FALSE(parse_ok(R"({"prompt": "a", "stream": true, "stream_options": {"continuous_usage_stats": true}})")
+                   .continuous_usage);  // only with include_usage
+  EXPECT_TRUE(parse_ok(R"({"prompt": "a", "stream": true, "stream_options": {"include_usage": true,
+                           "continuous_usage_stats": true}})")
+                  .continuous_usage);
   expect_error(R"({"prompt": "a", "suffix": "x"})", ErrorCode::kUnsupported, "'suffix'");
 }
 
@@ -515,6 +530,111 @@ TEST_F(CompletionTextTest, SpecialTokensAndTheStopIdAreLeftOut) {
   ends.back() = true;
   CompletionText stop_id(*tok_, {}, false);
   EXPECT_EQ(stream(stop_id, ended, ends), tok_->decode(toks));
+}
+
+// vLLM's bad_words as ids: each word as it starts the text and, when that is another token
+// sequence of the same length, after a space; every sequence decodes back to the word.
+TEST_F(CompletionTextTest, BadWordsAreTokenizedWithAndWithoutALeadingSpace) {
+  auto words = bad_word_ids(*tok_, {"dog", "  little girl", "\t"});
+  ASSERT_TRUE(words.ok()) << words.error().message;
+  ASSERT_GE(words->size(), 2u);
+  size_t dog = 0, girl = 0;
+  for (const std::vector<int32_t>& w : *words) {
+    ASSERT_FALSE(w.empty());
+    std::string text = tok_->decode(w);
+    text.erase(0, text.find_first_not_of(' '));
+    if (text == "dog") ++dog;
+    else if (text == "little girl") ++girl;
+    else ADD_FAILURE() << "'" << tok_->decode(w) << "' is not one of the words";
+  }
+  EXPECT_GE(dog, 1u);
+  EXPECT_GE(girl, 1u);
+  // A word alone decodes as the text's start would; an added spaced form differs in its first token.
+  EXPECT_EQ((*words)[0], ids("dog"));
+}
+
+// The bad-words rule on one row (AgentSession::shape_logits): a word's last id is out only when
+// the generated tokens end with the rest of it; a one-token word always.
+TEST(BadWords, ALastIdIsOutWhenTheGeneratedTokensEndWithTheRestOfTheWord) {
+  AgentDecode dec;
+  dec.bad_words = {{5}, {3, 7}, {1, 2, 9}};
+  auto out_after = [&](std::vector<int32_t> generated) {
+    std::vector<float> row(12, 0.f);
+    AgentSession::shape_logits(row, dec, generated, /*before_penalties=*/true);
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < row.size(); ++i)
+      if (std::isinf(row[i])) out.push_back(static_cast<int32_t>(i));
+    return out;
+  };
+  EXPECT_EQ(out_after({}), (std::vector<int32_t>{5}));
+  EXPECT_EQ(out_after({3}), (std::vector<int32_t>{5, 7}));
+  EXPECT_EQ(out_after({3, 4}), (std::vector<int32_t>{5}));
+  EXPECT_EQ(out_after({0, 1, 2}), (std::vector<int32_t>{5, 9}));
+  EXPECT_EQ(out_after({2}), (std::vector<int32_t>{5}));  // 1 2 9 needs both before it
+}
+
+// A thinking budget on one row: from the budget on, until the marker is written, only its next
+// id can be picked; a marker the model wrote itself ends it.
+TEST(ThinkingBudget, TheMarkerIsForcedOnceTheBudgetIsSpent) {
+  AgentDecode dec;
+  dec.reasoning_budget = 2;
+  dec.reasoning_end = {7, 8};
+  auto kept_after = [&](std::vector<int32_t> generated) {
+    std::vector<float> row(12, 0.5f);
+    AgentSession::shape_logits(row, dec, generated, /*before_penalties=*/true);
+    std::vector<int32_t> kept;
+    for (size_t i = 0; i < row.size(); ++i)
+      if (!std::isinf(row[i])) kept.push_back(static_cast<int32_t>(i));
+    return kept;
+  };
+  const std::vector<int32_t> all = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  EXPECT_EQ(kept_after({1}), all);
+  EXPECT_EQ(kept_after({1, 2}), (std::vector<int32_t>{7}));
+  EXPECT_EQ(kept_after({1, 2, 7}), (std::vector<int32_t>{8}));
+  EXPECT_EQ(kept_after({1, 2, 7, 8}), all);
+  EXPECT_EQ(kept_after({7, 8, 3}), all);  // closed before the budget
+  EXPECT_EQ(kept_after({3, 7, 8, 4, 5}), all);
+  dec.reasoning_budget = 0;
+  EXPECT_EQ(kept_after({}), (std::vector<int32_t>{7}));
+  EXPECT_TRUE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "thinking_token_budget": -2})")
+                  .error()
+                  .message.find("thinking_token_budget") != std::string::npos);
+  EXPECT_EQ(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "thinking_token_budget": 0})")
+                ->req.thinking_token_budget,
+            0);
+}
+
+// vLLM's include_stop_str_in_output: the text ends after the stop string that ended it (and
+// nothing past it), and a stop id that ended it is shown unless it is a skipped special token.
+TEST_F(CompletionTextTest, IncludeStopStrKeepsTheStopStringAndTheStopId) {
+  EXPECT_TRUE(parse_completion_request(R"({"prompt": "a", "include_stop_str_in_output": true})")->include_stop_str_in_output);
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "a"})")->include_stop_str_in_output);
+  const std::vector<int32_t> toks = ids("The dog ran home. Then the cat slept.");
+  const std::string full = tok_->decode(toks);
+  for (const std::string& stop : {std::string("home."), std::string("e. Th"), std::string("cat"), std::string("slept.")}) {
+    CompletionText ct(*tok_, {"zzz", stop}, true, -1, 0, /*include_stop=*/true);
+    EXPECT_EQ(stream(ct, toks), full.substr(0, full.find(stop) + stop.size())) << stop;
+    ASSERT_TRUE(ct.matched_stop());
+    EXPECT_EQ(*ct.matched_stop(), stop);
+  }
+  // A stop id: a plain token ("." here, as stop_token_ids may name) is shown, EOS only when
+  // special tokens are.
+  std::vector<int32_t> ended = ids("The dog ran home.");
+  const std::vector<int32_t> before(ended.begin(), ended.end() - 1);
+  ASSERT_EQ(tok_->decode(before) + ".", tok_->decode(ended));  // the last token is the period
+  std::vector<bool> ends(ended.size(), false);
+  ends.back() = true;
+  CompletionText shown(*tok_, {}, true, -1, 0, true);
+  EXPECT_EQ(stream(shown, ended, ends), tok_->decode(ended));
+  CompletionText hidden(*tok_, {}, true);
+  EXPECT_EQ(stream(hidden, ended, ends), tok_->decode(before));
+  ended.back() = tok_->eos_id();
+  CompletionText eos_skipped(*tok_, {}, true, -1, 0, true);
+  EXPECT_EQ(stream(eos_skipped, ended, ends), tok_->decode(before));
+  CompletionText eos_kept(*tok_, {}, false, -1, 0, true);
+  const std::string kept = stream(eos_kept, ended, ends);
+  EXPECT_GT(kept.size(), tok_->decode(before).size());  // EOS's text after it
+  EXPECT_EQ(kept.rfind(tok_->decode(before), 0), 0u);
 }
 
 }  // namespace

@@ -344,6 +344,51 @@ TEST_F(ResponsesTest, AResponseIsTheChatCompletionOfItsConversation) {
 // Behind a reasoning parser (serve --reasoning-parser qwen3) the reasoning is an item of its
 // own, the text chat gives as reasoning_content (the synthetic model never closes its <think>
 // block: all of it), streamed as reasoning_text events; with thinking off, all of it is the message.
+// include: ["message.output_text.logprobs"] with top_logprobs: the output text's part carries
+// chat's logprobs for the same conversation and seed; streamed, the deltas' logprobs join to
+// them (and the done event has them all). Without include, none are computed.
+TEST_F(ResponsesTest, OutputTextLogprobsAreChats) {
+  const json sampling = {{"temperature", 0.8}, {"seed", 9}, {"logit_bias", ascii_only()}};
+  json chat = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"max_tokens", 12},
+               {"logprobs", true}, {"top_logprobs", 3}};
+  chat.update(sampling);
+  auto [cs, ctext] = post("/v1/chat/completions", chat);
+  ASSERT_EQ(cs, 200) << ctext;
+  const json want = json::parse(ctext)["choices"][0]["logprobs"]["content"];
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(want[0]["top_logprobs"].size(), 3u);
+
+  json body = {{"model", "plan"}, {"input", "Hi"}, {"max_output_tokens", 12},
+               {"include", {"message.output_text.logprobs"}}, {"top_logprobs", 3}};
+  body.update(sampling);
+  auto [st, text] = post("/v1/responses", body);
+  ASSERT_EQ(st, 200) << text;
+  const json r = json::parse(text);
+  EXPECT_EQ(r["top_logprobs"], 3);
+  ASSERT_EQ(r["output"].size(), 1u) << text;
+  EXPECT_EQ(r["output"][0]["content"][0]["logprobs"], want);
+
+  body["stream"] = true;
+  auto [sst, events] = post("/v1/responses", body);
+  ASSERT_EQ(sst, 200) << events;
+  json joined = json::array(), done;
+  for (const json& e : testing::sse_events(events)) {
+    if (e["type"] == "response.output_text.delta")
+      for (const json& x : e["logprobs"]) joined.push_back(x);
+    if (e["type"] == "response.output_text.done") done = e["logprobs"];
+  }
+  EXPECT_EQ(joined, want);
+  EXPECT_EQ(done, want);
+
+  body.erase("include");
+  body["stream"] = false;
+  auto [nst, none] = post("/v1/responses", body);
+  ASSERT_EQ(nst, 200) << none;
+  EXPECT_EQ(json::parse(none)["output"][0]["content"][0]["logprobs"], json::array());
+  body["top_logprobs"] = 21;
+  EXPECT_EQ(post("/v1/responses", body).first, 400);
+}
+
 TEST_F(ResponsesTest, ReasoningIsAnItemOfItsOwn) {
   ServerOptions o;
   o.reasoning_parser = ReasoningFormat::kQwen3;

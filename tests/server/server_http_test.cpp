@@ -107,7 +107,13 @@ TEST_F(ServerTest, AnApiKeyIsRequiredWhenSet) {
   EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "Bearer nope"}}).first, 401);
   EXPECT_EQ(post("/v1/completions", body, {{"Authorization", "Bearer sesame"}}).first, 200);
   httplib::Client c("127.0.0.1", port_);
-  EXPECT_EQ(c.Get("/health")->status, 200);  // health needs no key
+  EXPECT_EQ(c.Get("/health")->status, 200);  // health needs no key, nor do vLLM's /version and /ping
+  auto v = c.Get("/version");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->status, 200);
+  EXPECT_EQ(json::parse(v->body)["version"], LRAGENT_VERSION);
+  EXPECT_EQ(c.Get("/ping")->status, 200);
+  EXPECT_EQ(c.Post("/ping", "", "application/json")->status, 200);
 }
 
 // A client that goes away mid-stream abandons its request; the next one is served.

@@ -195,6 +195,93 @@ TEST_F(ServerTest, StreamingGivesTheNonStreamedTextAndSeedsRepeat) {
   EXPECT_EQ(st.usage, plain["usage"]);
 }
 
+// vLLM's truncate_prompt_tokens: the prompt's last k tokens, as if the client had sent only those.
+TEST_F(ServerTest, TruncatePromptTokensKeepsThePromptsLastTokens) {
+  start(ShareMode::kNone);
+  const std::string prompt = "Once upon a time, there was a little girl named Lily. She liked to play with her ball. "
+                             "One day, a boy named Tim went to the park";
+  const std::vector<int32_t> ids = *tok_->encode(prompt, true);
+  const size_t k = 9;
+  ASSERT_GT(ids.size(), k + 5);
+  const std::vector<int32_t> last(ids.end() - static_cast<long>(k), ids.end());
+  auto [s1, cut] = complete({{"prompt", prompt}, {"truncate_prompt_tokens", k}, {"max_tokens", 12}, {"temperature", 0},
+                             {"echo", true}});
+  ASSERT_EQ(s1, 200) << cut.dump();
+  auto [s2, given] = complete({{"prompt", last}, {"max_tokens", 12}, {"temperature", 0}, {"echo", true}});
+  ASSERT_EQ(s2, 200) << given.dump();
+  EXPECT_EQ(cut["choices"][0]["text"], given["choices"][0]["text"]);  // the echo is what the model read
+  EXPECT_EQ(cut["usage"]["prompt_tokens"], k);
+  // A prompt shorter than k, and -1 (the context length), leave it whole.
+  for (int t : {static_cast<int>(ids.size()) + 1, -1}) {
+    auto [s, whole] = complete({{"prompt", prompt}, {"truncate_prompt_tokens", t}, {"max_tokens", 4}, {"temperature", 0}});
+    ASSERT_EQ(s, 200) << whole.dump();
+    EXPECT_EQ(whole["usage"]["prompt_tokens"], ids.size());
+  }
+  auto [s3, err] = complete({{"prompt", prompt}, {"truncate_prompt_tokens", 513}});
+  EXPECT_EQ(s3, 400);
+  EXPECT_NE(err.dump().find("'truncate_prompt_tokens' (513) is greater than this model's maximum context length (512)"),
+            std::string::npos)
+      << err.dump();
+}
+
+// vLLM's include_stop_str_in_output: the same samples with the stop string they ended at; and
+// stream_options.continuous_usage_stats: each chunk carries its choice's usage so far.
+TEST_F(ServerTest, StopStringsInTheOutputAndContinuousUsage) {
+  start(ShareMode::kBase);
+  const std::string prompt = "The cat sat on the mat. It was";
+  json req = {{"model", "reflect"}, {"prompt", prompt}, {"max_tokens", 30}, {"temperature", 0.9},
+              {"seed", 7},          {"n", 2},           {"stop", {"!", "."}}};
+  auto [s1, plain] = complete(req);
+  ASSERT_EQ(s1, 200) << plain.dump();
+  req["include_stop_str_in_output"] = true;
+  auto [s2, with_stop] = complete(req);
+  ASSERT_EQ(s2, 200) << with_stop.dump();
+  int stopped = 0;
+  for (size_t i = 0; i < 2; ++i) {
+    const json& a = plain["choices"][i];
+    const json& b = with_stop["choices"][i];
+    EXPECT_EQ(b["stop_reason"], a["stop_reason"]);
+    const std::string tail = a["stop_reason"].is_string() ? a["stop_reason"].get<std::string>() : "";
+    stopped += !tail.empty();
+    EXPECT_EQ(b["text"].get<std::string>(), a["text"].get<std::string>() + tail) << i;
+  }
+  EXPECT_GT(stopped, 0) << "no choice ended at a stop string: the check above tested nothing";
+
+  req.erase("include_stop_str_in_output");
+  req["stream"] = true;
+  req["stream_options"] = {{"include_usage", true}, {"continuous_usage_stats", true}};
+  httplib::Client c("127.0.0.1", port_);
+  auto r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200);
+  const int64_t prompt_tokens = static_cast<int64_t>(tok_->encode(prompt, true)->size());
+  std::map<int, int64_t> last;  // per choice: completion_tokens of its latest chunk
+  size_t chunks = 0;
+  for (const json& j : testing::sse_events(r->body)) {
+    if (j["choices"].empty()) {  // the closing usage chunk: the request's totals
+      EXPECT_EQ(j["usage"], plain["usage"]);
+      continue;
+    }
+    ASSERT_TRUE(j.contains("usage")) << j.dump();
+    const int index = j["choices"][0]["index"].get<int>();
+    const json& u = j["usage"];
+    EXPECT_EQ(u["prompt_tokens"], prompt_tokens);
+    const int64_t done = u["completion_tokens"].get<int64_t>();
+    EXPECT_GE(done, last[index]) << j.dump();
+    EXPECT_EQ(u["total_tokens"].get<int64_t>(), prompt_tokens + done);
+    last[index] = done;
+    ++chunks;
+  }
+  EXPECT_GT(chunks, 4u);
+  ASSERT_EQ(last.size(), 2u);
+  EXPECT_EQ(last[0] + last[1], plain["usage"]["completion_tokens"].get<int64_t>());
+  // Without include_usage it does nothing, as in vLLM.
+  req["stream_options"] = {{"continuous_usage_stats", true}};
+  r = c.Post("/v1/completions", req.dump(), "application/json");
+  ASSERT_TRUE(r);
+  for (const json& j : testing::sse_events(r->body)) EXPECT_FALSE(j.contains("usage")) << j.dump();
+}
+
 // Log-probabilities are the model's: log_softmax of its logits, checked against HF transformers
 // + PEFT (the golden's logits at the prompt's end, and its top-1 minus top-2 logit margin at
 // every greedy step of 64).
