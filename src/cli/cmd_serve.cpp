@@ -63,6 +63,7 @@ struct ServeFlags {
   int tensor_parallel_size = 1;    // one device: only 1
   bool enable_prefix_caching = false;  // always on (kept trajectories)
   int64_t seed = -1;               // >= 0: the first seed of requests that give none (else drawn)
+  bool return_tokens_as_token_ids = false;
 };
 
 // The chat template: --chat-template's (a file, or the template text itself, as vLLM takes it),
@@ -198,6 +199,7 @@ int run_serve(const ServeFlags& f) {
   server::ServerOptions so;
   so.sampling_defaults = *defaults;
   if (f.seed >= 0) so.seed = static_cast<uint64_t>(f.seed);
+  so.return_tokens_as_token_ids = f.return_tokens_as_token_ids;
   if (const std::string given = defaults->describe(); !given.empty())
     fmt::print(stderr, "default sampling parameters from the generation config: {} (a request's own values win; "
                        "--generation-config vllm for neutral defaults)\n",
@@ -458,6 +460,9 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "The seed of the first request that gives none, the next one's seed + 1, and so on (vLLM's flag), "
                   "so a run of unseeded requests repeats; default: drawn at start")
       ->check(cli::non_negative());
+  cmd->add_flag("--return-tokens-as-token-ids", f->return_tokens_as_token_ids,
+                "Name every logprobs token \"token_id:<id>\" instead of its text (vLLM's flag; a request's "
+                "return_tokens_as_token_ids does the same for itself)");
   cmd->add_flag("--trust-remote-code", f->trust_remote_code,
                 "Accepted for vLLM's command lines: lragent runs no code from a model directory (its architectures "
                 "are built in)");

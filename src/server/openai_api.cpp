@@ -139,10 +139,11 @@ Result<bool> continue_final(const json& body, bool add_generation_prompt) {
 Status parse_common(const json& body, std::string_view text, CompletionRequest& r, const SamplingDefaults& d);
 
 // The model's max_new_tokens caps what a request asks for (vLLM takes the least of the two).
-// `asked`: the request's max_tokens (-1: none, the rest of the context).
+// `asked`: the request's max_tokens (-1: none, the rest of the context, which the server caps
+// by max_tokens_cap once it knows the prompt's length).
 int capped_max_tokens(int asked, const SamplingDefaults& d) {
-  if (d.max_tokens <= 0) return asked;
-  return asked < 0 ? d.max_tokens : std::min(asked, d.max_tokens);
+  if (d.max_tokens <= 0 || asked < 0) return asked;
+  return std::min(asked, d.max_tokens);
 }
 
 // min_tokens above the (possibly capped) max_tokens: an error that says where the cap came from.
@@ -236,6 +237,7 @@ Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat too
   LRA_ASSIGN_OR_RETURN(int64_t max_tokens, get_int(body, budget, -1, 1, 1 << 24));
   if (max_tokens < 0 && !field(body, budget).is_null()) return bad(fmt::format("'{}' must be at least 1", budget));
   c.req.max_tokens = capped_max_tokens(static_cast<int>(max_tokens), defaults);
+  c.req.max_tokens_cap = defaults.max_tokens;
   LRA_RETURN_IF_ERROR(parse_common(body, text, c.req, defaults));
   LRA_RETURN_IF_ERROR(check_min_tokens(c.req, budget, static_cast<int>(max_tokens)));
   LRA_ASSIGN_OR_RETURN(c.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
@@ -473,6 +475,7 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
     LRA_ASSIGN_OR_RETURN(r.stop_token_ids, get_ids(stop_ids, "'stop_token_ids'"));
   }
   LRA_ASSIGN_OR_RETURN(r.ignore_eos, get_bool(body, "ignore_eos", false));
+  LRA_ASSIGN_OR_RETURN(r.return_tokens_as_token_ids, get_bool(body, "return_tokens_as_token_ids", false));
   LRA_ASSIGN_OR_RETURN(r.skip_special_tokens, get_bool(body, "skip_special_tokens", true));
   LRA_ASSIGN_OR_RETURN(r.stream, get_bool(body, "stream", false));
   const json& so = field(body, "stream_options");

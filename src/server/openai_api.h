@@ -36,6 +36,9 @@ struct CompletionRequest {
   std::string model;                 // empty: the server's base model
   std::vector<PromptInput> prompts;  // at least one ("prompt" may be a list)
   int max_tokens = 16;
+  // Chat without max_tokens (max_tokens -1): the rest of the context, but at most this many when
+  // > 0 (the model's max_new_tokens: SamplingDefaults::max_tokens), as vLLM takes the least.
+  int max_tokens_cap = 0;
   int n = 1;                         // completions per prompt
   SamplingParams sampling{1.f, 0, 1.f, 0};
   bool seeded = false;               // "seed" given; otherwise the server draws one
@@ -60,6 +63,9 @@ struct CompletionRequest {
   // this many most likely tokens per position: completions' "logprobs" (0-20), chat's
   // "top_logprobs" (0-20) when "logprobs" is true.
   int logprobs = -1;
+  // vLLM's return_tokens_as_token_ids: the logprobs' tokens read "token_id:<id>" (a token whose
+  // bytes are not text stays identifiable); prompt_logprobs keep their decoded text, as vLLM's.
+  bool return_tokens_as_token_ids = false;
   // -1: none. Otherwise vLLM's prompt_logprobs: each prompt token's log-probability given those
   // before it, its rank, and this many most likely tokens per position (0-20), computed on a
   // trajectory of the request's own (none of the prompt read from a cache). Set by the

@@ -211,9 +211,11 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
     if (truncated) ids.erase(ids.begin(), ids.end() - keep);
     if (ids.empty())
       return make_error(ErrorCode::kInvalidArgument, "'prompt' is empty and this model has no BOS token to start from");
-    // Chat without max_tokens: the rest of the context, as vLLM.
-    const int64_t budget = req.max_tokens >= 0 ? req.max_tokens
-                                               : std::max<int64_t>(max_model_len - static_cast<int64_t>(ids.size()), 1);
+    // Chat without max_tokens: the rest of the context (at most the model's max_new_tokens), as vLLM.
+    const int64_t rest = std::max<int64_t>(max_model_len - static_cast<int64_t>(ids.size()), 1);
+    const int64_t budget = req.max_tokens >= 0     ? req.max_tokens
+                           : req.max_tokens_cap > 0 ? std::min<int64_t>(rest, req.max_tokens_cap)
+                                                    : rest;
     p.budgets.push_back(static_cast<int>(budget));
     const int64_t want = static_cast<int64_t>(ids.size()) + budget;
     if (want > max_model_len)

@@ -106,6 +106,8 @@ struct ServerOptions {
   SamplingDefaults sampling_defaults;
   // The seed of the first request that gives none (each next one + 1); unset: drawn at start.
   std::optional<uint64_t> seed;
+  // vLLM's --return-tokens-as-token-ids: every request's logprobs name tokens "token_id:<id>".
+  bool return_tokens_as_token_ids = false;
   // One line per request (method, path, status, time); null: silent.
   std::function<void(const std::string&)> log;
   // Warnings from the engine thread (a stall); null: silent.

@@ -375,11 +375,13 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
     return c.stop_reason ? json(*c.stop_reason) : c.stop_token ? json(*c.stop_token) : json(nullptr);
   };
   const bool want_logprobs = req.logprobs >= 0;
+  // Tokens named by id: logprobs_json writes "token_id:<id>" when it has no tokenizer.
+  const Tokenizer* lp_tok = req.return_tokens_as_token_ids || opts_.return_tokens_as_token_ids ? nullptr : tok_;
   // The logprobs object of tokens [from, end) of a choice (null when not asked for); `offset`:
   // the completions API's text offset, continued across a stream's events.
-  auto logprobs_of = [this, chat, want_logprobs](std::span<const int32_t> ids, std::span<const StepLogprobs> lps,
-                                                 size_t* offset) {
-    return want_logprobs ? logprobs_json(tok_, chat, ids, lps, offset) : json(nullptr);
+  auto logprobs_of = [lp_tok, chat, want_logprobs](std::span<const int32_t> ids, std::span<const StepLogprobs> lps,
+                                                   size_t* offset) {
+    return want_logprobs ? logprobs_json(lp_tok, chat, ids, lps, offset) : json(nullptr);
   };
   // A whole choice (non-streaming), or a stream's last event for it (no text; the log-probabilities
   // of its tokens from `sent` on, which no earlier event carried).
@@ -421,7 +423,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       choices.push_back(choice_json(i, c, true, 0, &offset));
       const std::vector<int32_t>& prompt = prepared->ids[c.prompt_index];
       if (!chat && req.echo && want_logprobs)  // the legacy form: the prompt's tokens lead
-        choices.back()["logprobs"] = echo_logprobs_json(tok_, prompt, c.prompt_logprobs, req.logprobs, c.token_ids, c.logprobs);
+        choices.back()["logprobs"] = echo_logprobs_json(lp_tok, prompt, c.prompt_logprobs, req.logprobs, c.token_ids, c.logprobs);
       if (!chat && req.show_prompt_logprobs) choices.back()["prompt_logprobs"] = prompt_logprobs_json(tok_, prompt, c.prompt_logprobs);
     }
     json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},

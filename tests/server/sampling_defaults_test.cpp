@@ -156,7 +156,8 @@ TEST(SamplingDefaults, ARequestsOwnFieldsWinAndMaxNewTokensCapsIt) {
 
   auto c = parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}]})", ToolCallFormat::kHermes, d);
   ASSERT_TRUE(c.ok()) << c.error().message;
-  EXPECT_EQ(c->req.max_tokens, 8);  // the rest of the context, capped
+  EXPECT_EQ(c->req.max_tokens, -1);  // the rest of the context, capped once the prompt is known
+  EXPECT_EQ(c->req.max_tokens_cap, 8);
   EXPECT_FLOAT_EQ(c->req.sampling.temperature, 0.6f);
   c = parse_chat_request(R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 100})",
                          ToolCallFormat::kHermes, d);
@@ -211,6 +212,30 @@ TEST_F(ServerTest, GenerationConfigDefaultsApplyToRequestsThatLeaveThemOut) {
 // the banned completion draws as the free one did up to the first place a word would begin: the
 // text changes, and no banned run of tokens is in what it generates.
 class BadWordsTest : public testing::SyntheticChatServerTest {};
+
+// A chat request without max_tokens runs to the end of the context, but at most the model's
+// max_new_tokens; a cap beyond the context is no error (vLLM takes the least of the two).
+class ChatDefaultsTest : public testing::SyntheticChatServerTest {};
+
+TEST_F(ChatDefaultsTest, MaxNewTokensCapsAChatWithoutMaxTokens) {
+  json body = {{"model", "plan"}, {"messages", {{{"role", "user"}, {"content", "Hi"}}}}, {"temperature", 0.8},
+               {"seed", 3}, {"ignore_eos", true}};
+  for (int cap : {7, 1 << 20}) {
+    SCOPED_TRACE(cap);
+    ServerOptions o;
+    o.sampling_defaults.max_tokens = cap;
+    o.max_model_len = 320;  // a short context: the uncapped case runs to its end quickly
+    start(o);
+    auto [status, text] = post("/v1/chat/completions", body);
+    ASSERT_EQ(status, 200) << cap << ": " << text;
+    const json j = json::parse(text);
+    if (cap == 7) {
+      EXPECT_EQ(j["usage"]["completion_tokens"], 7);
+    } else {  // the rest of the context
+      EXPECT_EQ(j["usage"]["prompt_tokens"].get<int64_t>() + j["usage"]["completion_tokens"].get<int64_t>(), 320);
+    }
+  }
+}
 
 TEST_F(BadWordsTest, NoGeneratedRunIsABadWord) {
   start(ServerOptions{});

@@ -195,6 +195,36 @@ TEST_F(ServerTest, StreamingGivesTheNonStreamedTextAndSeedsRepeat) {
   EXPECT_EQ(st.usage, plain["usage"]);
 }
 
+// vLLM's return_tokens_as_token_ids: the same logprobs, each token named "token_id:<id>" (the
+// server's --return-tokens-as-token-ids does it for every request).
+TEST_F(ServerTest, LogprobsTokensAsTokenIds) {
+  start(ShareMode::kNone);
+  const json req = {{"prompt", "One day, a boy named Tim"}, {"max_tokens", 6}, {"temperature", 0}, {"logprobs", 2}};
+  auto [s1, text] = complete(req);
+  ASSERT_EQ(s1, 200) << text.dump();
+  json as_ids_req = req;
+  as_ids_req["return_tokens_as_token_ids"] = true;
+  auto [s2, ids] = complete(as_ids_req);
+  ASSERT_EQ(s2, 200) << ids.dump();
+  const json& a = text["choices"][0]["logprobs"];
+  const json& b = ids["choices"][0]["logprobs"];
+  const std::vector<int32_t> tokens = ids["lragent"]["choices"][0]["token_ids"];
+  ASSERT_EQ(b["tokens"].size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(b["tokens"][i], "token_id:" + std::to_string(tokens[i]));
+    EXPECT_EQ(b["token_logprobs"][i], a["token_logprobs"][i]);
+    ASSERT_EQ(b["top_logprobs"][i].size(), a["top_logprobs"][i].size());
+    for (const auto& [key, v] : b["top_logprobs"][i].items()) EXPECT_EQ(key.rfind("token_id:", 0), 0u) << key;
+  }
+  stop();
+  ServerOptions o;
+  o.return_tokens_as_token_ids = true;
+  start(ShareMode::kNone, o);
+  auto [s3, by_flag] = complete(req);
+  ASSERT_EQ(s3, 200) << by_flag.dump();
+  EXPECT_EQ(by_flag["choices"][0]["logprobs"]["tokens"], b["tokens"]);
+}
+
 // vLLM's truncate_prompt_tokens: the prompt's last k tokens, as if the client had sent only those.
 TEST_F(ServerTest, TruncatePromptTokensKeepsThePromptsLastTokens) {
   start(ShareMode::kNone);
