@@ -197,7 +197,8 @@ void AgentSession::truncate(int64_t tokens) {
 }
 
 // vLLM's logits processors on one row: before the penalties, logit_bias, allowed_token_ids,
-// bad_words and min_tokens (the stop ids out while fewer than min_tokens are generated); after
+// bad_words, the thinking budget (only the end marker's next id once it is spent) and
+// min_tokens (the stop ids out while fewer than min_tokens are generated); after
 // them (sampled rows only), min_p on the tempered distribution: p_i >= min_p * p_max  <=>
 // logit_i >= max + T * ln(min_p).
 void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, std::span<const int32_t> generated,

@@ -160,8 +160,8 @@ class AgentSession {
   // runs step by step), or pick on the device only.
   void keep_logits(bool on) { keep_logits_ = on; }
   // vLLM's logits processors on one row of logits (AgentDecode's logit_bias, allowed_ids,
-  // bad_words and min_tokens before the penalties; min_p after them), given the step's generated
-  // tokens so far.
+  // bad_words, the thinking budget and min_tokens before the penalties; min_p after them), given
+  // the step's generated tokens so far.
   static void shape_logits(std::span<float> row, const AgentDecode& dec, std::span<const int32_t> generated,
                            bool before_penalties);
 

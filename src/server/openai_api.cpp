@@ -187,9 +187,9 @@ Result<std::vector<std::vector<int32_t>>> bad_word_ids(const Tokenizer& tok, con
     const size_t start = word.find_first_not_of(" \t\n\r\f\v");
     if (start == std::string::npos) continue;
     const std::string w = word.substr(start);
-    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> plain, tok.encode(w, /*add_bos=*/false));
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> plain, tok.encode(w, /*add_special_tokens=*/false));
     if (plain.empty()) continue;
-    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> spaced, tok.encode(" " + w, /*add_bos=*/false));
+    LRA_ASSIGN_OR_RETURN(std::vector<int32_t> spaced, tok.encode(" " + w, /*add_special_tokens=*/false));
     const bool new_word = !spaced.empty() && spaced[0] != plain[0] && spaced.size() == plain.size();
     out.push_back(std::move(plain));
     if (new_word) out.push_back(std::move(spaced));
