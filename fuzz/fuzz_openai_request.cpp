@@ -227,7 +227,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& [id, bias] : q.logit_bias)
     if (id < 0 || !(bias >= -100 && bias <= 100)) __builtin_trap();
   for (const auto& w : q.bad_words)
-    if (w.find_first_not_of(" \t\n\r\f\v") == std::string::npos) __builtin_trap();
+    if (lragent::server::py_strip(w).empty()) __builtin_trap();
   if (q.truncate_prompt_tokens < -1 || (q.continuous_usage && !q.include_usage)) __builtin_trap();
   return 0;
 }

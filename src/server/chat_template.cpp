@@ -136,10 +136,10 @@ Result<std::string> render_qwen3(const std::vector<ChatMessage>& msgs, bool add_
 
 }  // namespace
 
-std::string py_strip(std::string_view s) {
+std::string_view py_lstrip(std::string_view s) {
   if (!unicode::is_valid_utf8(s)) {
     const size_t b = s.find_first_not_of(" \t\n\r\v\f");
-    return b == std::string_view::npos ? std::string() : std::string(s.substr(b, s.find_last_not_of(" \t\n\r\v\f") - b + 1));
+    return b == std::string_view::npos ? std::string_view() : s.substr(b);
   }
   size_t begin = 0;
   while (begin < s.size()) {
@@ -147,14 +147,20 @@ std::string py_strip(std::string_view s) {
     if (!jinja::py::is_space(unicode::decode_utf8(s, begin, &len))) break;
     begin += len;
   }
-  size_t end = begin;  // one past the last non-space code point
-  for (size_t i = begin; i < s.size();) {
+  return s.substr(begin);
+}
+
+std::string py_strip(std::string_view s) {
+  s = py_lstrip(s);
+  if (!unicode::is_valid_utf8(s)) return std::string(s.substr(0, s.find_last_not_of(" \t\n\r\v\f") + 1));
+  size_t end = 0;  // one past the last non-space code point
+  for (size_t i = 0; i < s.size();) {
     size_t len = 0;
     const bool space = jinja::py::is_space(unicode::decode_utf8(s, i, &len));
     i += len;
     if (!space) end = i;
   }
-  return std::string(s.substr(begin, end - begin));
+  return std::string(s.substr(0, end));
 }
 
 const char* chat_format_name(ChatFormat f) {
@@ -383,11 +389,8 @@ std::string python_json_dumps(const ordered_json& v, bool ensure_ascii) {
 
 Result<std::string> continue_final_message(std::string rendered, const std::string& final_text) {
   // Python's str.strip() / lstrip() of the message, as transformers cuts with them.
-  constexpr std::string_view kSpace = " \t\n\r\f\v";
-  const size_t first = final_text.find_first_not_of(kSpace);
-  const std::string lstripped = first == std::string::npos ? std::string() : final_text.substr(first);
-  const size_t last = lstripped.find_last_not_of(kSpace);
-  const std::string stripped = last == std::string::npos ? std::string() : lstripped.substr(0, last + 1);
+  const std::string_view lstripped = py_lstrip(final_text);
+  const std::string stripped = py_strip(final_text);
   const size_t at = rendered.rfind(stripped);
   if (at == std::string::npos)
     return make_error(ErrorCode::kInvalidArgument,

@@ -45,9 +45,10 @@ struct ChatMessage {
 constexpr int kMaxJsonDepth = 256;
 bool json_depth_within(std::string_view text, int max_depth = kMaxJsonDepth);
 
-// Python's str.strip() (Jinja's |trim): Unicode whitespace off both ends. Text that is not valid
-// UTF-8 loses ASCII whitespace only.
+// Python's str.strip() (Jinja's |trim): Unicode whitespace off both ends; py_lstrip: off the
+// start only. Text that is not valid UTF-8 loses ASCII whitespace only.
 std::string py_strip(std::string_view s);
+std::string_view py_lstrip(std::string_view s);
 
 // Python's json.dumps(value, ensure_ascii=False) (Jinja's tojson as transformers defines it):
 // ", " and ": " separators, keys in their order, non-ASCII as is; with ensure_ascii, json.dumps'

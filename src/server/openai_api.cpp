@@ -184,9 +184,8 @@ Result<CompletionRequest> parse_completion_request(std::string_view text, const 
 Result<std::vector<std::vector<int32_t>>> bad_word_ids(const Tokenizer& tok, const std::vector<std::string>& words) {
   std::vector<std::vector<int32_t>> out;
   for (const std::string& word : words) {
-    const size_t start = word.find_first_not_of(" \t\n\r\f\v");
-    if (start == std::string::npos) continue;
-    const std::string w = word.substr(start);
+    const std::string w(py_lstrip(word));  // vLLM's bad_word.lstrip()
+    if (w.empty()) continue;
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> plain, tok.encode(w, /*add_special_tokens=*/false));
     if (plain.empty()) continue;
     LRA_ASSIGN_OR_RETURN(std::vector<int32_t> spaced, tok.encode(" " + w, /*add_special_tokens=*/false));
@@ -524,7 +523,7 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   if (const json& words = field(body, "bad_words"); !words.is_null()) {
     if (!words.is_array()) return bad("'bad_words' must be a list of strings (words never to generate)");
     for (const json& w : words) {
-      if (!w.is_string() || w.get<std::string>().find_first_not_of(" \t\n\r\f\v") == std::string::npos)
+      if (!w.is_string() || py_strip(w.get<std::string>()).empty())
         return bad("'bad_words' must be a list of non-empty strings (words never to generate)");
       r.bad_words.push_back(w.get<std::string>());
     }
