@@ -126,14 +126,36 @@ void fuzz_tool_calls(const std::string& text) {
         __builtin_trap();
     // Streamed in pieces of 1-7 bytes: the content that goes out and the calls are the parse's
     // (or the whole text and no calls: a Llama completion that does not begin with a call).
-    ToolCallStream stream(f);
-    std::string shown;
+    ToolCallStream stream(f), incremental(f, /*incremental=*/true);
+    std::string shown, shown_incremental;
+    nlohmann::json joined = nlohmann::json::array();  // the incremental stream's deltas joined by index
+    auto join = [&](const nlohmann::json& deltas) {
+      for (const auto& d : deltas) {
+        const size_t k = d["index"];
+        if (k > joined.size() || (k == joined.size()) != d.contains("id")) __builtin_trap();  // a call opens once, in order
+        if (k == joined.size()) joined.push_back({{"name", d["function"]["name"]}, {"arguments", ""}, {"id", d["id"]}});
+        joined[k]["arguments"] = joined[k]["arguments"].get<std::string>() + d["function"]["arguments"].get<std::string>();
+      }
+    };
     for (size_t at = 0, k = 0; at < text.size(); ++k) {
       const size_t n = std::min(text.size() - at, 1 + k % 7);
-      shown += stream.push(text.substr(at, n));
+      shown += stream.push(text.substr(at, n)).content;
+      ToolCallStream::Piece piece = incremental.push(text.substr(at, n));
+      shown_incremental += piece.content;
+      join(piece.tool_calls);
       at += n;
     }
     const ToolCallStream::End end = stream.finish();
+    const ToolCallStream::End incremental_end = incremental.finish();
+    join(incremental_end.deltas);
+    // The incremental deltas add up to the calls its end reports; its content is the other's, but
+    // for held text that a call already went out for.
+    if (joined.size() != incremental_end.tool_calls.size()) __builtin_trap();
+    for (size_t k = 0; k < joined.size(); ++k)
+      if (joined[k]["arguments"] != incremental_end.tool_calls[k]["function"]["arguments"] ||
+          joined[k]["id"] != incremental_end.tool_calls[k]["id"])
+        __builtin_trap();
+    if (!end.tool_calls.empty() && shown_incremental + incremental_end.content != shown + end.content) __builtin_trap();
     const char opener = f == ToolCallFormat::kPythonic ? '[' : '{';
     const bool streamed_calls = !by_start || (!text.empty() && text[0] == opener);
     if (streamed_calls && end.tool_calls.size() != p.calls.size()) __builtin_trap();
@@ -163,6 +185,24 @@ void fuzz_tool_calls(const std::string& text) {
     // What it writes reads back as the same value (when the strings were valid UTF-8).
     const auto back = nlohmann::ordered_json::parse(python_json_dumps(v), nullptr, false);
     if (back.is_discarded()) __builtin_trap();
+  }
+  // Read piece by piece (PyJsonStream), a JSON text is written as python_json_dumps writes it
+  // whole (a top-level number or literal waits for a character after it: a space is added); an
+  // object that repeats a key is the one difference (the stream sent both).
+  for (bool ascii : {false, true}) {
+    PyJsonStream js(ascii);
+    std::string fed, out;
+    const std::string padded = text + " ";
+    for (size_t at = 0, k = 0; at < padded.size() && !js.done() && !js.failed(); ++k) {
+      fed += padded.substr(at, 1 + k % 5);
+      at += 1 + k % 5;
+      js.read(fed, &out);
+    }
+    if (v.is_discarded() || text.starts_with("\xEF\xBB\xBF")) continue;  // (nlohmann skips a byte order mark)
+    if (!js.done() && json_depth_within(text)) __builtin_trap();  // a JSON value it could not follow
+    if (!js.done()) continue;
+    const auto streamed = nlohmann::ordered_json::parse(out, nullptr, false);
+    if (!streamed.is_discarded() && streamed == v && out != python_json_dumps(v, ascii)) __builtin_trap();
   }
 }
 

@@ -42,11 +42,14 @@ fuzz_one() {  # runs one target on a copy of its seeds (libFuzzer writes new inp
   corpus=$(mktemp -d)
   log=$(mktemp)
   cp -r fuzz/seeds/"${name#fuzz_}"/. "$corpus"/ 2>/dev/null || true
-  "$target" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 "$corpus" >"$log" 2>&1 || rc=$?
+  # Crashes, timeouts and slow units go to build-asan/fuzz-artifacts/, not into the checkout.
+  "$target" -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 -artifact_prefix="build-asan/fuzz-artifacts/$name-" \
+    "$corpus" >"$log" 2>&1 || rc=$?
   if [ "$rc" = 0 ]; then echo "-- $name: $(tail -n 1 "$log")"; else echo "-- $name FAILED (exit $rc):"; tail -n 60 "$log"; fi
   rm -rf "$corpus" "$log"
   return "$rc"
 }
+mkdir -p build-asan/fuzz-artifacts
 export -f fuzz_one
 export FUZZ_SECONDS
 ls build-asan/fuzz/fuzz_* | xargs -P "$JOBS" -I{} bash -c 'fuzz_one {}'

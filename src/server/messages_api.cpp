@@ -284,16 +284,43 @@ void MessageBuilder::text(const std::string& delta, std::vector<json>& events) {
   events.push_back({{"type", "content_block_delta"}, {"index", open_}, {"delta", {{"type", "text_delta"}, {"text", delta}}}});
 }
 
+void MessageBuilder::tool_call_deltas(const json& deltas, std::vector<json>& events) {
+  for (const json& d : deltas) {
+    const size_t k = d.value("index", size_t{0});
+    const std::string piece = d["function"].value("arguments", "");
+    if (k == call_blocks_.size()) {  // a call's first delta
+      const bool object = piece.starts_with("{");
+      call_blocks_.push_back(-1);
+      if (!object) continue;
+      close(events);
+      open({{"type", "tool_use"}, {"id", translation::random_id("toolu")}, {"name", d["function"].value("name", "")},
+            {"input", json::object()}},
+           events);
+      call_blocks_.back() = open_;
+    }
+    // Only the open block takes pieces (a late piece of an earlier call is left out: finish sets
+    // every block's input from its whole arguments).
+    if (k >= call_blocks_.size() || call_blocks_[k] < 0 || call_blocks_[k] != open_ || piece.empty()) continue;
+    events.push_back({{"type", "content_block_delta"}, {"index", open_},
+                      {"delta", {{"type", "input_json_delta"}, {"partial_json", piece}}}});
+  }
+}
+
 void MessageBuilder::finish(const json& tool_calls, const std::string& finish_reason,
                             const std::optional<std::string>& stop_string, int64_t output_tokens, int64_t cached,
                             std::vector<json>& events) {
   close(events);
-  for (const json& call : tool_calls) {
+  for (size_t k = 0; k < tool_calls.size(); ++k) {
+    const json& call = tool_calls[k];
     const std::string arguments = call["function"].value("arguments", "");
     json input = json::parse(arguments, nullptr, /*allow_exceptions=*/false);
     // The API's input is an object: arguments that are not one (a parser that keeps them as
     // written, DeepSeek's) are handed over under "arguments".
     if (input.is_discarded() || !input.is_object()) input = json{{"arguments", arguments}};
+    if (k < call_blocks_.size() && call_blocks_[k] >= 0) {  // streamed: its block gets the parsed input
+      message_["content"][static_cast<size_t>(call_blocks_[k])]["input"] = std::move(input);
+      continue;
+    }
     open({{"type", "tool_use"}, {"id", translation::random_id("toolu")}, {"name", call["function"].value("name", "")}, {"input", json::object()}},
          events);
     const std::string partial = input.dump(-1, ' ', false, json::error_handler_t::replace);

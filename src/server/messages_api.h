@@ -48,8 +48,13 @@ class MessageBuilder {
   void begin(std::vector<nlohmann::json>& events);  // message_start
   void thinking(const std::string& delta, std::vector<nlohmann::json>& events);
   void text(const std::string& delta, std::vector<nlohmann::json>& events);
+  // Tool-call deltas as the chat completions stream sends them (ChatStream with call_deltas): a
+  // call whose arguments open an object opens its tool_use block and streams them as
+  // input_json_delta (the others wait for finish: the API's input is an object).
+  void tool_call_deltas(const nlohmann::json& deltas, std::vector<nlohmann::json>& events);
   // Closes the open block, adds a tool_use block per call (chat's tool_calls form; the arguments
-  // parsed into "input"), then message_delta and message_stop. stop_reason: "tool_use" when
+  // parsed into "input"; the blocks tool_call_deltas opened get theirs), then message_delta and
+  // message_stop. stop_reason: "tool_use" when
   // there are calls, else from finish_reason ("length": max_tokens; "stop" with a stop string:
   // stop_sequence; else end_turn). cached: the prompt tokens the KV cache held.
   void finish(const nlohmann::json& tool_calls, const std::string& finish_reason,
@@ -65,6 +70,9 @@ class MessageBuilder {
   nlohmann::json message_;
   int64_t input_tokens_ = 0;
   int open_ = -1;  // the index of the block being streamed, or -1
+  // [calls seen by tool_call_deltas] each one's tool_use block, or -1: not streamed (its
+  // arguments are no object), added whole by finish.
+  std::vector<int> call_blocks_;
 };
 
 }  // namespace lragent::server

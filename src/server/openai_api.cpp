@@ -745,10 +745,10 @@ void put_chat_message(json& choice, const std::string& text, const ChatParsing& 
   choice["finish_reason"] = "tool_calls";
 }
 
-ChatStream::ChatStream(const ChatParsing& parsing)
+ChatStream::ChatStream(const ChatParsing& parsing, bool call_deltas)
     : parsing_(parsing),
       reasoning_(parsing.reasoning.value_or(true)),
-      calls_(parsing.tool_calls.value_or(ToolCallFormat::kHermes)) {}
+      calls_(parsing.tool_calls.value_or(ToolCallFormat::kHermes), call_deltas) {}
 
 ChatStream::Delta ChatStream::push(const std::string& piece) {
   Delta d;
@@ -759,7 +759,11 @@ ChatStream::Delta ChatStream::push(const std::string& piece) {
   } else {
     d.content = piece;
   }
-  if (parsing_.tool_calls) d.content = calls_.push(d.content);
+  if (parsing_.tool_calls) {
+    ToolCallStream::Piece p = calls_.push(d.content);
+    d.content = std::move(p.content);
+    d.tool_calls = std::move(p.tool_calls);
+  }
   return d;
 }
 
@@ -771,10 +775,19 @@ ChatStream::End ChatStream::finish() {
     end.rest.content = std::move(p.content);
   }
   if (parsing_.tool_calls) {
-    std::string shown = calls_.push(end.rest.content);
+    ToolCallStream::Piece shown = calls_.push(end.rest.content);
     ToolCallStream::End calls = calls_.finish();
-    end.rest.content = shown + calls.content;
+    end.rest.content = shown.content + calls.content;
     end.tool_calls = std::move(calls.tool_calls);
+    // Deltas of this last piece first, they are the earlier part of the calls; one entry per call.
+    end.tool_call_deltas = std::move(shown.tool_calls);
+    for (json& d : calls.deltas) {
+      auto same = std::find_if(end.tool_call_deltas.begin(), end.tool_call_deltas.end(),
+                               [&](const json& e) { return e["index"] == d["index"]; });
+      if (same == end.tool_call_deltas.end()) end.tool_call_deltas.push_back(std::move(d));
+      else (*same)["function"]["arguments"] = (*same)["function"]["arguments"].get<std::string>() +
+                                               d["function"]["arguments"].get<std::string>();
+    }
   }
   return end;
 }

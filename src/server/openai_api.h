@@ -18,6 +18,7 @@
 #include "server/chat_template.h"
 #include "server/reasoning.h"
 #include "server/sampling_defaults.h"
+#include "server/tool_call_stream.h"
 #include "server/tool_calls.h"
 #include "tokenizer/tokenizer.h"
 
@@ -218,20 +219,24 @@ struct ChatParsing {
 void put_chat_message(nlohmann::json& choice, const std::string& text, const ChatParsing& parsing);
 
 // A streamed chat completion's text, piece by piece, parsed as put_chat_message parses it whole:
-// reasoning (ReasoningStream), then content whose tool calls are held back (ToolCallStream).
+// reasoning (ReasoningStream), then content whose tool calls are held back (ToolCallStream; with
+// `call_deltas`, the chat completions stream, calls go out as they are written).
 class ChatStream {
  public:
-  explicit ChatStream(const ChatParsing& parsing = {});
+  explicit ChatStream(const ChatParsing& parsing = {}, bool call_deltas = false);
   struct Delta {
     std::string reasoning;
     std::string content;
+    nlohmann::json tool_calls = nlohmann::json::array();  // call deltas (call_deltas only)
   };
   // What to send now out of the next piece of shown text.
   Delta push(const std::string& piece);
-  // After the last piece: what was held back, and the tool calls ([] when none or not parsed).
+  // After the last piece: what was held back, the tool calls ([] when none or not parsed) and
+  // what of them has not gone out in deltas yet (ToolCallStream::End).
   struct End {
     Delta rest;
     nlohmann::json tool_calls = nlohmann::json::array();
+    nlohmann::json tool_call_deltas = nlohmann::json::array();
   };
   End finish();
 

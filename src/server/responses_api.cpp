@@ -397,11 +397,61 @@ void ResponseBuilder::close_open_item(std::vector<json>& events) {
   open_ = -1;
 }
 
+void ResponseBuilder::close_call(std::vector<json>& events) {
+  if (!call_open_) return;
+  call_open_ = false;
+  const int index = call_items_.back();
+  json& item = response_["output"][static_cast<size_t>(index)];
+  json args_done = event("response.function_call_arguments.done");
+  args_done.update({{"item_id", item["id"]}, {"output_index", index}, {"name", item["name"]}, {"arguments", item["arguments"]}});
+  events.push_back(std::move(args_done));
+  item["status"] = "completed";
+  json item_done = event("response.output_item.done");
+  item_done.update({{"output_index", index}, {"item", item}});
+  events.push_back(std::move(item_done));
+}
+
+void ResponseBuilder::tool_call_deltas(const json& deltas, std::vector<json>& events) {
+  json& output = response_["output"];
+  for (const json& d : deltas) {
+    const size_t k = d.value("index", size_t{0});
+    if (k == call_items_.size()) {  // a call's first delta: its item
+      close_open_item(events);
+      close_call(events);
+      call_open_ = true;
+      call_items_.push_back(static_cast<int>(output.size()));
+      json item = {{"id", translation::random_id("fc")},
+                   {"type", "function_call"},
+                   {"call_id", d.value("id", "")},
+                   {"name", d["function"].value("name", "")},
+                   {"arguments", ""},
+                   {"status", "in_progress"}};
+      json added = event("response.output_item.added");
+      added.update({{"output_index", call_items_.back()}, {"item", item}});
+      events.push_back(std::move(added));
+      output.push_back(std::move(item));
+    }
+    // Only the last call's item is open (ChatStream opens calls in order; a late piece of an
+    // earlier one, which its end would add, is left out).
+    if (k + 1 != call_items_.size() || !call_open_) continue;
+    const std::string piece = d["function"].value("arguments", "");
+    if (piece.empty()) continue;
+    const int index = call_items_[k];
+    json& item = output[static_cast<size_t>(index)];
+    item["arguments"].get_ref<std::string&>() += piece;
+    json e = event("response.function_call_arguments.delta");
+    e.update({{"item_id", item["id"]}, {"output_index", index}, {"delta", piece}});
+    events.push_back(std::move(e));
+  }
+}
+
 void ResponseBuilder::finish(const json& tool_calls, const std::string& finish_reason, const Usage& u,
                              std::vector<json>& events) {
   close_open_item(events);
+  close_call(events);
   json& output = response_["output"];
-  for (const json& call : tool_calls) {
+  for (size_t k = call_items_.size(); k < tool_calls.size(); ++k) {  // those tool_call_deltas did not open
+    const json& call = tool_calls[k];
     const int index = static_cast<int>(output.size());
     json item = {{"id", translation::random_id("fc")},
                  {"type", "function_call"},
@@ -446,6 +496,7 @@ void ResponseBuilder::finish(const json& tool_calls, const std::string& finish_r
 
 void ResponseBuilder::fail(const Error& err, std::vector<json>& events) {
   close_open_item(events);
+  close_call(events);
   json e = event("error");
   e.update({{"code", error_json(err)["error"]["type"]}, {"message", err.message}, {"param", nullptr}});
   events.push_back(std::move(e));

@@ -74,8 +74,13 @@ class ResponseBuilder {
   // With no text they still go out, on an empty delta, when the message is open (else dropped).
   void text(const std::string& delta, std::vector<nlohmann::json>& events,
             const nlohmann::json& logprobs = nlohmann::json::array());
+  // Tool-call deltas as the chat completions stream sends them (ChatStream with call_deltas): a
+  // call's first delta opens its function_call item (closing the item before it), each delta
+  // adds a response.function_call_arguments.delta.
+  void tool_call_deltas(const nlohmann::json& deltas, std::vector<nlohmann::json>& events);
   // Closes the open item, adds one function_call item per call (chat's tool_calls form: each
-  // {"id", "function": {"name", "arguments"}}), and the final response.completed event
+  // {"id", "function": {"name", "arguments"}}; the ones tool_call_deltas opened are closed with
+  // what they hold), and the final response.completed event
   // (response.incomplete when finish_reason is "length", its incomplete_details saying
   // max_output_tokens; "abort", a client gone: cancelled). The usage's tokens: `u`.
   struct Usage {
@@ -103,6 +108,9 @@ class ResponseBuilder {
   // The item being streamed: -1 none; else its index in output and its kind.
   int open_ = -1;
   bool open_is_reasoning_ = false;
+  std::vector<int> call_items_;  // [calls opened by tool_call_deltas] each one's index in output
+  bool call_open_ = false;       // the last of them is still in progress
+  void close_call(std::vector<nlohmann::json>& events);
 };
 
 // The responses a server keeps (store: true): each response object, and the conversation a

@@ -475,14 +475,15 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       if (sent.size() > index) return;
       sent.resize(index + 1, 0);
       offset.resize(index + 1, 0);
-      texts.resize(index + 1, ChatStream(parsing));
+      texts.resize(index + 1, ChatStream(parsing, /*call_deltas=*/true));
     };
     // A chat delta: the reasoning when there is some, the content when there is some (or nothing
     // else to carry the event's log-probabilities).
     auto chat_delta = [](const ChatStream::Delta& d) {
       json delta = json::object();
       if (!d.reasoning.empty()) delta["reasoning_content"] = delta["reasoning"] = d.reasoning;
-      if (!d.content.empty() || d.reasoning.empty()) delta["content"] = d.content;
+      if (!d.content.empty() || (d.reasoning.empty() && d.tool_calls.empty())) delta["content"] = d.content;
+      if (!d.tool_calls.empty()) delta["tool_calls"] = d.tool_calls;
       return delta;
     };
     // While no piece comes (the request waits or computes its prompt) the socket is checked, so a
@@ -497,7 +498,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       offset[d.index] += utf8_chars(d.text);
       const ChatStream::Delta shown = texts[d.index].push(d.text);
       // Held back (a tag or a tool call may be starting): no event unless log-probabilities are due.
-      if (shown.content.empty() && shown.reasoning.empty() && lp.is_null()) return true;
+      if (shown.content.empty() && shown.reasoning.empty() && shown.tool_calls.empty() && lp.is_null()) return true;
       return send(chunk(json::array({piece(d.index, chat ? chat_delta(shown) : json(shown.content), std::move(lp))}), d.index));
     }, alive);
     if (!r.ok()) {
@@ -511,10 +512,9 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
         const int64_t done_tokens = (*r)[i].completion_tokens;
         if (chat && (!end.rest.content.empty() || !end.rest.reasoning.empty()))
           send(chunk(json::array({piece(i, chat_delta(end.rest), nullptr)}), i, done_tokens));
-        if (!end.tool_calls.empty()) {
-          send(chunk(json::array({piece(i, {{"tool_calls", end.tool_calls}}, nullptr)}), i, done_tokens));
-          last["finish_reason"] = "tool_calls";
-        }
+        if (!end.tool_call_deltas.empty())
+          send(chunk(json::array({piece(i, {{"tool_calls", end.tool_call_deltas}}, nullptr)}), i, done_tokens));
+        if (!end.tool_calls.empty()) last["finish_reason"] = "tool_calls";
         send(chunk(json::array({std::move(last)}), i, done_tokens));
       }
       if (p->req.include_usage) {

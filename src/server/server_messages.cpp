@@ -51,10 +51,11 @@ void Server::install_messages_routes() {
     };
     auto state = std::make_shared<Run>(Run{
         MessageBuilder(translation::random_id("msg"), prepared->agent, static_cast<int64_t>(prepared->ids.front().size())),
-        ChatStream(parsing)});
+        ChatStream(parsing, /*call_deltas=*/parsed->stream)});  // whole: the calls are the text's parse
     auto push = [state](const ChatStream::Delta& d, EventAnswer::Events& events) {
       state->builder.thinking(d.reasoning, events);
       state->builder.text(d.content, events);
+      state->builder.tool_call_deltas(d.tool_calls, events);
     };
     auto answer = std::make_shared<EventAnswer>();
     answer->begin = [state](EventAnswer::Events& events) { state->builder.begin(events); };
@@ -64,6 +65,7 @@ void Server::install_messages_routes() {
     answer->finish = [state, push](const CompletionChoice& c, EventAnswer::Events& events) {
       ChatStream::End end = state->text.finish();
       push(end.rest, events);
+      state->builder.tool_call_deltas(end.tool_call_deltas, events);
       state->builder.finish(end.tool_calls, c.finish_reason, c.stop_reason, c.completion_tokens, c.reused_tokens, events);
     };
     answer->fail = [state](const Error& e, EventAnswer::Events& events) { state->builder.fail(e.message, events); };

@@ -100,13 +100,18 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
     nlohmann::json pending_logprobs = nlohmann::json::array();
   };
   const std::string id = translation::random_id("resp");
-  auto state = std::make_shared<Run>(Run{ResponseBuilder(id, unix_now(), prepared->agent, r), ChatStream(parsing), {}});
+  // Streamed, calls go out as they are written; whole, they are the text's parse (a call cut
+  // off by max_tokens stays text, as in a chat completion).
+  auto state = std::make_shared<Run>(
+      Run{ResponseBuilder(id, unix_now(), prepared->agent, r), ChatStream(parsing, /*call_deltas=*/r.stream), {}});
   auto push = [state](const ChatStream::Delta& d, EventAnswer::Events& events) {
     state->reasoning += d.reasoning;
     state->builder.reasoning(d.reasoning, events);
-    if (d.content.empty()) return;
-    state->builder.text(d.content, events, state->pending_logprobs);
-    state->pending_logprobs = nlohmann::json::array();
+    if (!d.content.empty()) {
+      state->builder.text(d.content, events, state->pending_logprobs);
+      state->pending_logprobs = nlohmann::json::array();
+    }
+    state->builder.tool_call_deltas(d.tool_calls, events);
   };
   auto answer = std::make_shared<EventAnswer>();
   answer->begin = [state](EventAnswer::Events& events) { state->builder.begin(events); };
@@ -124,6 +129,7 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
     ChatStream::End end = state->text.finish();
     push(end.rest, events);
     state->builder.text("", events, state->pending_logprobs);  // the last tokens' (a stop id's), when any
+    state->builder.tool_call_deltas(end.tool_call_deltas, events);
     ResponseBuilder::Usage u;
     u.input = c.prompt_tokens;
     u.output = c.completion_tokens;

@@ -15,13 +15,6 @@ using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
-constexpr std::string_view kHermesOpen = "<tool_call>";
-constexpr std::string_view kHermesClose = "</tool_call>";
-constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
-constexpr std::string_view kPythonTag = "<|python_tag|>";
-constexpr std::string_view kPythonStart = "<|python_start|>";  // Llama 4's
-constexpr std::string_view kPythonEnd = "<|python_end|>";
-constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
 constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
 constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
@@ -313,64 +306,6 @@ Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const ordered_json
     case ToolCallFormat::kPythonic: return "\\[" + one + (many ? "(?:, " + one + ")*" : "") + "\\]";
   }
   return one;
-}
-
-std::string ToolCallStream::push(const std::string& piece) {
-  text_ += piece;
-  if (in_call_) return {};
-  size_t upto = text_.size();
-  if (format_ == ToolCallFormat::kLlama3Json || format_ == ToolCallFormat::kPythonic) {
-    // vLLM streams a Llama completion as calls when it begins with "{" or <|python_tag|> (a
-    // pythonic one with "[" or <|python_start|>): hold the text until its start shows which.
-    const bool py = format_ == ToolCallFormat::kPythonic;
-    const std::string_view tag = py ? kPythonStart : kPythonTag;
-    if (!decided_) {
-      if (text_.empty()) return {};
-      if (text_[0] == (py ? '[' : '{') || text_.starts_with(tag)) {
-        in_call_ = decided_ = true;
-        return {};
-      }
-      if (tag.starts_with(text_)) return {};  // may still become the tag
-      decided_ = true;
-    }
-  } else {
-    const std::string_view open = format_ == ToolCallFormat::kMistral      ? kMistralMarker
-                                  : format_ == ToolCallFormat::kDeepSeekV3 ? kDsCallsBegin
-                                                                           : kHermesOpen;
-    const size_t at = text_.find(open, sent_ >= open.size() ? sent_ - open.size() + 1 : 0);
-    if (at != std::string::npos) {
-      in_call_ = true;
-      upto = at;
-    } else {  // hold back a tail that a later piece may complete into the marker
-      for (size_t k = std::min(open.size() - 1, text_.size()); k > 0; --k)
-        if (text_.compare(text_.size() - k, k, open, 0, k) == 0) {
-          upto = text_.size() - k;
-          break;
-        }
-    }
-  }
-  upto = std::max(upto, sent_);
-  std::string out = text_.substr(sent_, upto - sent_);
-  sent_ = upto;
-  return out;
-}
-
-ToolCallStream::End ToolCallStream::finish() {
-  End end;
-  // A Llama (or pythonic) completion streamed as content is content, whatever it holds (as vLLM streams it).
-  const bool by_start = format_ == ToolCallFormat::kLlama3Json || format_ == ToolCallFormat::kPythonic;
-  const bool parse = !by_start || in_call_ || !decided_;
-  const ParsedToolCalls parsed = parse ? parse_tool_calls(format_, text_) : no_calls(text_);
-  // Calls found: what precedes them that was not sent yet; none: the rest of the text as it is.
-  const std::string& content = parsed.calls.empty() ? text_ : parsed.content;
-  if (content.size() > sent_) end.content = content.substr(sent_);
-  for (size_t k = 0; k < parsed.calls.size(); ++k)
-    end.tool_calls.push_back({{"index", k},
-                              {"id", new_tool_call_id(format_)},
-                              {"type", "function"},
-                              {"function", {{"name", parsed.calls[k].name}, {"arguments", parsed.calls[k].arguments}}}});
-  sent_ = text_.size();
-  return end;
 }
 
 }  // namespace lragent::server

@@ -26,6 +26,15 @@ enum class ToolCallFormat {
   // Llama 4's <|python_start|>...<|python_end|> around it; ToolACE; python_calls.h)
   kPythonic,
 };
+// The markers the formats write around their calls.
+inline constexpr std::string_view kHermesOpen = "<tool_call>";
+inline constexpr std::string_view kHermesClose = "</tool_call>";
+inline constexpr std::string_view kMistralMarker = "[TOOL_CALLS]";
+inline constexpr std::string_view kPythonTag = "<|python_tag|>";
+inline constexpr std::string_view kPythonStart = "<|python_start|>";  // Llama 4's
+inline constexpr std::string_view kPythonEnd = "<|python_end|>";
+inline constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
+
 // vLLM's parser name: "hermes", "llama3_json", "mistral", "deepseek_v3", "pythonic".
 const char* tool_call_format_name(ToolCallFormat f);
 // A parser name (vLLM's names; "llama3" and "llama4_pythonic" too). kInvalidArgument lists the known ones.
@@ -92,31 +101,5 @@ std::string new_tool_call_id(ToolCallFormat f);
 // kUnsupported: a schema the guide cannot enforce.
 Result<std::string> forced_tool_calls_regex(ToolCallFormat f, const nlohmann::ordered_json& tools,
                                             const std::string& name);
-
-// A streamed chat completion whose tool calls are parsed. Its text goes out as content until a
-// call could begin there (hermes "<tool_call>", mistral "[TOOL_CALLS]", deepseek_v3
-// "<｜tool▁calls▁begin｜>"; llama3_json: a text that begins with "{" or "<|python_tag|>", as
-// vLLM streams it; pythonic: one that begins with "[" or "<|python_start|>") and is held from that point; at the
-// end the calls go out in one delta (clients join tool_call deltas by index), or, when the held
-// text holds no valid call, the rest as content.
-class ToolCallStream {
- public:
-  explicit ToolCallStream(ToolCallFormat f = ToolCallFormat::kHermes) : format_(f) {}
-  // The content to send now out of the next piece of shown text.
-  std::string push(const std::string& piece);
-  struct End {
-    std::string content;                                  // content not sent yet
-    nlohmann::json tool_calls = nlohmann::json::array();  // [{"index", "id", "type", "function": {"name", "arguments"}}]
-  };
-  // After the last piece: the rest of the content, and the calls parsed out of the whole text.
-  End finish();
-
- private:
-  ToolCallFormat format_;
-  std::string text_;
-  size_t sent_ = 0;       // bytes of text_ sent as content
-  bool in_call_ = false;  // a call began: nothing more goes out before finish()
-  bool decided_ = false;  // llama3_json, pythonic: the text's start showed whether it is a call
-};
 
 }  // namespace lragent::server

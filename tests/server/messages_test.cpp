@@ -124,6 +124,40 @@ TEST(MessagesApi, WhatIsNotServedIsRefusedByName) {
   EXPECT_EQ(messages_error_json(400, "m")["type"], "error");
 }
 
+// The message the events rebuild, as the SDK's MessageStream rebuilds it (a tool_use block's
+// input parsed from its partial_json pieces joined).
+json rebuild_message(const std::vector<json>& ev) {
+  json snapshot;
+  std::vector<std::string> partial(16);
+  for (const json& e : ev) {
+    const std::string type = e["type"];
+    if (type == "message_start") {
+      snapshot = e["message"];
+    } else if (type == "content_block_start") {
+      EXPECT_EQ(e["index"], snapshot["content"].size());
+      snapshot["content"].push_back(e["content_block"]);
+    } else if (type == "content_block_delta") {
+      const size_t i = e["index"];
+      json& block = snapshot["content"][i];
+      const json& d = e["delta"];
+      if (d["type"] == "text_delta") block["text"] = block["text"].get<std::string>() + d["text"].get<std::string>();
+      if (d["type"] == "thinking_delta") block["thinking"] = block["thinking"].get<std::string>() + d["thinking"].get<std::string>();
+      if (d["type"] == "input_json_delta") {
+        partial[i] += d["partial_json"].get<std::string>();
+        const json input = json::parse(partial[i], nullptr, /*allow_exceptions=*/false);  // complete so far
+        if (!input.is_discarded()) block["input"] = input;
+      }
+    } else if (type == "message_delta") {
+      snapshot["stop_reason"] = e["delta"]["stop_reason"];
+      snapshot["stop_sequence"] = e["delta"]["stop_sequence"];
+      snapshot["usage"]["output_tokens"] = e["usage"]["output_tokens"];
+      snapshot["usage"]["input_tokens"] = e["usage"]["input_tokens"];
+      snapshot["usage"]["cache_read_input_tokens"] = e["usage"]["cache_read_input_tokens"];
+    }
+  }
+  return snapshot;
+}
+
 // The events rebuild the message exactly, as the SDK's MessageStream rebuilds it.
 TEST(MessagesApi, EventsRebuildTheMessage) {
   MessageBuilder b("msg_1", "plan", 30);
@@ -136,33 +170,7 @@ TEST(MessagesApi, EventsRebuildTheMessage) {
   const json calls = json::parse(R"([{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": [1, 2]}"}},
       {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "not json"}}])");
   b.finish(calls, "stop", std::nullopt, 12, 20, ev);
-  json snapshot;
-  std::vector<std::string> partial(8);
-  for (const json& e : ev) {
-    const std::string type = e["type"];
-    if (type == "message_start") {
-      snapshot = e["message"];
-    } else if (type == "content_block_start") {
-      ASSERT_EQ(e["index"], snapshot["content"].size());
-      snapshot["content"].push_back(e["content_block"]);
-    } else if (type == "content_block_delta") {
-      const size_t i = e["index"];
-      json& block = snapshot["content"][i];
-      const json& d = e["delta"];
-      if (d["type"] == "text_delta") block["text"] = block["text"].get<std::string>() + d["text"].get<std::string>();
-      if (d["type"] == "thinking_delta") block["thinking"] = block["thinking"].get<std::string>() + d["thinking"].get<std::string>();
-      if (d["type"] == "input_json_delta") {
-        partial[i] += d["partial_json"].get<std::string>();
-        block["input"] = json::parse(partial[i]);
-      }
-    } else if (type == "message_delta") {
-      snapshot["stop_reason"] = e["delta"]["stop_reason"];
-      snapshot["stop_sequence"] = e["delta"]["stop_sequence"];
-      snapshot["usage"]["output_tokens"] = e["usage"]["output_tokens"];
-      snapshot["usage"]["input_tokens"] = e["usage"]["input_tokens"];
-      snapshot["usage"]["cache_read_input_tokens"] = e["usage"]["cache_read_input_tokens"];
-    }
-  }
+  const json snapshot = rebuild_message(ev);
   EXPECT_EQ(ev.back()["type"], "message_stop");
   EXPECT_EQ(ev[1]["type"], "ping");  // as Anthropic's API sends it, after message_start
   const json& m = b.message();
@@ -187,6 +195,41 @@ TEST(MessagesApi, EventsRebuildTheMessage) {
   MessageBuilder l("msg_3", "plan", 5);
   l.finish(json::array(), "length", std::nullopt, 2, 0, ev2);
   EXPECT_EQ(l.message()["stop_reason"], "max_tokens");
+}
+
+// Calls streamed as the model writes them (ChatStream with call_deltas): an object's arguments go
+// out as input_json_delta pieces, arguments that are no object wait for the end; the events
+// rebuild the message, whose inputs are the calls' parsed arguments.
+TEST(MessagesApi, StreamedCallsRebuildTheMessage) {
+  ChatParsing parsing;
+  parsing.tool_calls = ToolCallFormat::kHermes;
+  ChatStream text(parsing, /*call_deltas=*/true);
+  MessageBuilder b("msg_3", "plan", 4);
+  std::vector<json> ev;
+  b.begin(ev);
+  const std::string out =
+      "Checking.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>"
+      "<tool_call>\n{\"name\": \"g\", \"arguments\": \"as text\"}\n</tool_call>";
+  for (size_t at = 0; at < out.size(); at += 3) {
+    const ChatStream::Delta d = text.push(out.substr(at, 3));
+    b.text(d.content, ev);
+    b.tool_call_deltas(d.tool_calls, ev);
+  }
+  ChatStream::End end = text.finish();
+  b.text(end.rest.content, ev);
+  b.tool_call_deltas(end.tool_call_deltas, ev);
+  b.finish(end.tool_calls, "stop", std::nullopt, 30, 0, ev);
+  size_t pieces = 0;
+  for (const json& e : ev) pieces += e["type"] == "content_block_delta" && e["delta"]["type"] == "input_json_delta";
+  EXPECT_GT(pieces, 5u) << "the first call's arguments went out in pieces";
+  const json& m = b.message();
+  EXPECT_EQ(rebuild_message(ev), m);
+  ASSERT_EQ(m["content"].size(), 3u) << m.dump();
+  EXPECT_EQ(m["content"][0]["text"], "Checking.");
+  EXPECT_EQ(m["content"][1]["input"], json({{"city", "Paris"}, {"days", {1, 2}}}));
+  EXPECT_EQ(m["content"][2]["name"], "g");
+  EXPECT_EQ(m["content"][2]["input"], json({{"arguments", "\"as text\""}}));
+  EXPECT_EQ(m["stop_reason"], "tool_use");
 }
 
 class MessagesTest : public testing::SyntheticChatServerTest {};

@@ -159,32 +159,21 @@ TEST(ResponsesApi, WhatIsNotServedIsRefusedByName) {
   EXPECT_FALSE(parse_responses_request("[]").ok());
 }
 
-// The events of a streamed response rebuild its items exactly (as the SDK's stream helper
-// rebuilds them), in order, with sequence numbers from 0.
-TEST(ResponsesApi, EventsRebuildTheResponse) {
-  const ResponsesRequest r = parsed({{"input", "x"}, {"max_output_tokens", 9}});
-  ResponseBuilder b("resp_1", 100, "plan", r);
-  std::vector<json> ev;
-  b.begin(ev);
-  b.reasoning("Let me ", ev);
-  b.reasoning("think.", ev);
-  b.text("Hello", ev);
-  b.text(" there", ev);
-  const json calls = json::parse(R"([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}])");
-  b.finish(calls, "length", {.input = 5, .output = 9, .cached = 2, .reasoning = 3}, ev);
-  // Rebuild as the SDK does.
+// The response the events rebuild, as the SDK's stream helper rebuilds it; the events are in
+// order, with sequence numbers from 0.
+json rebuild_response(const std::vector<json>& ev) {
   json snapshot;
   for (size_t i = 0; i < ev.size(); ++i) {
     const json& e = ev[i];
-    ASSERT_EQ(e["sequence_number"], i);
+    EXPECT_EQ(e["sequence_number"], i);
     const std::string type = e["type"];
     if (i == 0) {
-      ASSERT_EQ(type, "response.created");
+      EXPECT_EQ(type, "response.created");
       snapshot = e["response"];
       continue;
     }
     if (type == "response.output_item.added") {
-      ASSERT_EQ(e["output_index"], snapshot["output"].size());
+      EXPECT_EQ(e["output_index"], snapshot["output"].size());
       snapshot["output"].push_back(e["item"]);
     } else if (type == "response.content_part.added") {
       snapshot["output"][e["output_index"].get<size_t>()]["content"].push_back(e["part"]);
@@ -198,6 +187,23 @@ TEST(ResponsesApi, EventsRebuildTheResponse) {
       snapshot["output"][e["output_index"].get<size_t>()] = e["item"];
     }
   }
+  return snapshot;
+}
+
+// The events of a streamed response rebuild its items exactly (as the SDK's stream helper
+// rebuilds them), in order, with sequence numbers from 0.
+TEST(ResponsesApi, EventsRebuildTheResponse) {
+  const ResponsesRequest r = parsed({{"input", "x"}, {"max_output_tokens", 9}});
+  ResponseBuilder b("resp_1", 100, "plan", r);
+  std::vector<json> ev;
+  b.begin(ev);
+  b.reasoning("Let me ", ev);
+  b.reasoning("think.", ev);
+  b.text("Hello", ev);
+  b.text(" there", ev);
+  const json calls = json::parse(R"([{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}}])");
+  b.finish(calls, "length", {.input = 5, .output = 9, .cached = 2, .reasoning = 3}, ev);
+  const json snapshot = rebuild_response(ev);
   EXPECT_EQ(ev.back()["type"], "response.incomplete");
   const json& final = b.response();
   EXPECT_EQ(ev.back()["response"], final);
@@ -220,6 +226,42 @@ TEST(ResponsesApi, EventsRebuildTheResponse) {
   EXPECT_EQ(m["reasoning_content"], "Let me think.");
   EXPECT_EQ(m["tool_calls"][0]["id"], "call_1");
   EXPECT_EQ(m["tool_calls"][0]["function"]["arguments"], "{\"a\": 1}");
+}
+
+// Calls streamed as the model writes them (ChatStream with call_deltas): each call's item opens
+// with its first delta and its arguments come in pieces; the events rebuild the response.
+TEST(ResponsesApi, StreamedCallsRebuildTheResponse) {
+  ChatParsing parsing;
+  parsing.tool_calls = ToolCallFormat::kHermes;
+  ChatStream text(parsing, /*call_deltas=*/true);
+  const ResponsesRequest r = parsed({{"input", "x"}});
+  ResponseBuilder b("resp_2", 100, "plan", r);
+  std::vector<json> ev;
+  b.begin(ev);
+  const std::string out =
+      "Checking.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>"
+      "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>";
+  for (size_t at = 0; at < out.size(); at += 3) {
+    const ChatStream::Delta d = text.push(out.substr(at, 3));
+    b.text(d.content, ev);
+    b.tool_call_deltas(d.tool_calls, ev);
+  }
+  ChatStream::End end = text.finish();
+  b.text(end.rest.content, ev);
+  b.tool_call_deltas(end.tool_call_deltas, ev);
+  b.finish(end.tool_calls, "stop", {.input = 5, .output = 30}, ev);
+  size_t pieces = 0;
+  for (const json& e : ev) pieces += e["type"] == "response.function_call_arguments.delta";
+  EXPECT_GT(pieces, 5u) << "the first call's arguments went out in pieces";
+  const json& final = b.response();
+  EXPECT_EQ(rebuild_response(ev)["output"], final["output"]);
+  ASSERT_EQ(final["output"].size(), 3u) << final.dump();
+  EXPECT_EQ(final["output"][0]["content"][0]["text"], "Checking.");
+  EXPECT_EQ(final["output"][1]["arguments"], R"({"city": "Paris", "days": [1, 2]})");
+  EXPECT_EQ(final["output"][1]["status"], "completed");
+  EXPECT_EQ(final["output"][2]["name"], "g");
+  EXPECT_EQ(final["output"][2]["arguments"], "{}");
+  EXPECT_EQ(final["output"][1]["call_id"], end.tool_calls[0]["id"]);
 }
 
 TEST(ResponsesApi, TheStoreKeepsConversationsAndDropsTheLeastRecentlyUsed) {

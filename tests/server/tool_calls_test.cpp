@@ -5,6 +5,7 @@
 // content it leaves, and how it dumps the arguments (json.dumps, ASCII for llama3_json).
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@
 #include "engine/guide/byte_dfa.h"
 #include "server/chat_template.h"
 #include "server/template_fixture.h"
+#include "server/py_json_stream.h"
+#include "server/tool_call_stream.h"
 #include "server/tool_calls.h"
 
 namespace lragent::server {
@@ -206,7 +209,7 @@ TEST(ToolCalls, StreamHoldsBackFromTheCall) {
   const std::vector<std::string> pieces = {"Let me ", "search.<tool", "_call>\n{\"name\": ", "\"s\", \"arguments\": {\"q\": 1}}",
                                            "\n</tool_call>"};
   for (const std::string& p : pieces) {
-    shown += a.push(p);
+    shown += a.push(p).content;
     EXPECT_EQ(shown.find('<'), std::string::npos) << shown;
   }
   EXPECT_EQ(shown, "Let me search.");
@@ -219,23 +222,23 @@ TEST(ToolCalls, StreamHoldsBackFromTheCall) {
   EXPECT_EQ(end.tool_calls[0]["id"].get<std::string>().rfind("chatcmpl-tool-", 0), 0u);
 
   ToolCallStream b;  // not a call: all of it is content in the end
-  EXPECT_EQ(b.push("a<tool_call>oops"), "a");
+  EXPECT_EQ(b.push("a<tool_call>oops").content, "a");
   EXPECT_EQ(b.finish().content, "<tool_call>oops");
   ToolCallStream c;  // a tail that only looked like the start of one
-  EXPECT_EQ(c.push("hello <tool"), "hello ");
-  EXPECT_EQ(c.push("box> done"), "<toolbox> done");
+  EXPECT_EQ(c.push("hello <tool").content, "hello ");
+  EXPECT_EQ(c.push("box> done").content, "<toolbox> done");
   ToolCallStream::End rest = c.finish();
   EXPECT_EQ(rest.content, "");
   EXPECT_TRUE(rest.tool_calls.empty());
   ToolCallStream d;
-  EXPECT_EQ(d.push("x <tool"), "x ");
+  EXPECT_EQ(d.push("x <tool").content, "x ");
   EXPECT_EQ(d.finish().content, "<tool");
 
   // Mistral: the same around [TOOL_CALLS]; its ids are 9 characters.
   ToolCallStream m(ToolCallFormat::kMistral);
-  EXPECT_EQ(m.push("Sure [TOOL"), "Sure ");
-  EXPECT_EQ(m.push("_CALLS][{\"name\": \"f\", "), "");
-  EXPECT_EQ(m.push("\"arguments\": {}}]"), "");
+  EXPECT_EQ(m.push("Sure [TOOL").content, "Sure ");
+  EXPECT_EQ(m.push("_CALLS][{\"name\": \"f\", ").content, "");
+  EXPECT_EQ(m.push("\"arguments\": {}}]").content, "");
   ToolCallStream::End mend = m.finish();
   EXPECT_EQ(mend.content, "");
   ASSERT_EQ(mend.tool_calls.size(), 1u);
@@ -245,41 +248,214 @@ TEST(ToolCalls, StreamHoldsBackFromTheCall) {
   // Llama: a completion that begins with "{" (or <|python_tag|>) is held and parsed at the end;
   // one that begins otherwise streams as content, calls or not (as vLLM streams it).
   ToolCallStream l(ToolCallFormat::kLlama3Json);
-  EXPECT_EQ(l.push("{\"name\": \"f\", "), "");
-  EXPECT_EQ(l.push("\"parameters\": {\"a\": 1}}"), "");
+  EXPECT_EQ(l.push("{\"name\": \"f\", ").content, "");
+  EXPECT_EQ(l.push("\"parameters\": {\"a\": 1}}").content, "");
   ToolCallStream::End lend = l.finish();
   EXPECT_EQ(lend.content, "");
   ASSERT_EQ(lend.tool_calls.size(), 1u);
   EXPECT_EQ(lend.tool_calls[0]["function"]["arguments"], R"({"a": 1})");
   ToolCallStream tag(ToolCallFormat::kLlama3Json);
-  EXPECT_EQ(tag.push("<|python"), "");
-  EXPECT_EQ(tag.push("_tag|>{\"name\": \"g\", \"parameters\": {}}"), "");
+  EXPECT_EQ(tag.push("<|python").content, "");
+  EXPECT_EQ(tag.push("_tag|>{\"name\": \"g\", \"parameters\": {}}").content, "");
   EXPECT_EQ(tag.finish().tool_calls.size(), 1u);
   ToolCallStream prose(ToolCallFormat::kLlama3Json);
-  EXPECT_EQ(prose.push("<|py"), "");  // may still be the tag
-  EXPECT_EQ(prose.push("thon> {\"name\": \"f\", \"parameters\": {}}"), "<|python> {\"name\": \"f\", \"parameters\": {}}");
+  EXPECT_EQ(prose.push("<|py").content, "");  // may still be the tag
+  EXPECT_EQ(prose.push("thon> {\"name\": \"f\", \"parameters\": {}}").content, "<|python> {\"name\": \"f\", \"parameters\": {}}");
   ToolCallStream::End pend = prose.finish();
   EXPECT_EQ(pend.content, "");
   EXPECT_TRUE(pend.tool_calls.empty());
   ToolCallStream bad_call(ToolCallFormat::kLlama3Json);
-  EXPECT_EQ(bad_call.push("{oops"), "");
+  EXPECT_EQ(bad_call.push("{oops").content, "");
   EXPECT_EQ(bad_call.finish().content, "{oops");
 
   // Pythonic: the same by the first character, "[" (or <|python_start|>).
   ToolCallStream py(ToolCallFormat::kPythonic);
-  EXPECT_EQ(py.push("[search(query="), "");
-  EXPECT_EQ(py.push("'x'), finish()]"), "");
+  EXPECT_EQ(py.push("[search(query=").content, "");
+  EXPECT_EQ(py.push("'x'), finish()]").content, "");
   ToolCallStream::End pyend = py.finish();
   EXPECT_EQ(pyend.content, "");
   ASSERT_EQ(pyend.tool_calls.size(), 2u);
   EXPECT_EQ(pyend.tool_calls[0]["function"]["arguments"], R"({"query": "x"})");
   EXPECT_EQ(pyend.tool_calls[1]["index"], 1);
   ToolCallStream py_prose(ToolCallFormat::kPythonic);
-  EXPECT_EQ(py_prose.push("Calling [f(a=1)]"), "Calling [f(a=1)]");
+  EXPECT_EQ(py_prose.push("Calling [f(a=1)]").content, "Calling [f(a=1)]");
   EXPECT_TRUE(py_prose.finish().tool_calls.empty());
   ToolCallStream py_list(ToolCallFormat::kPythonic);  // a list that is no call: content at the end
-  EXPECT_EQ(py_list.push("[1, 2]"), "");
+  EXPECT_EQ(py_list.push("[1, 2]").content, "");
   EXPECT_EQ(py_list.finish().content, "[1, 2]");
+}
+
+// PyJsonStream writes a value as python_json_dumps writes it parsed, while it is being written:
+// fed one byte at a time and in random pieces, every output so far is a prefix of the dump and
+// the whole is the dump; it stops at the value's end; what is not JSON fails.
+TEST(ToolCalls, PyJsonStreamWritesTheDumpAsTheValueComes) {
+  const std::vector<std::string> values = {
+      R"({"city":"Paris","days":3,"units":["c","f"],"ok":true,"none":null,"neg":false})",
+      "{ \"nested\" : { \"a\" : [ 1 , 2.50 , -0 , 1e5 , -3.25E-2 , [ ] , { } ] } ,\n\t\"b\":\"x\" }",
+      R"({"esc":"q\"uote\\ back\/slash\n\t\r\b\f \u0001 \u00e9 \ud83d\ude00 raw é中😀"})",
+      R"(["a", 12345678901234567890, 0.1, 100.0, 1E+2])",
+      R"("just a string with \u20ac")",
+      R"({})",
+      R"([[[[["deep"]]]]])",
+  };
+  std::mt19937 rng(7);
+  for (const std::string& v : values)
+    for (bool ascii : {false, true}) {
+      const std::string want = python_json_dumps(nlohmann::ordered_json::parse(v), ascii);
+      // The value is followed by more text (a call object's "}"): the stream stops before it.
+      const std::string text = v + " }\n</tool_call>";
+      for (int mode = 0; mode < 3; ++mode) {
+        PyJsonStream js(ascii);
+        std::string out, fed;
+        size_t at = 0;
+        while (at < text.size() && !js.done()) {
+          const size_t n = mode == 0 ? 1 : mode == 1 ? 1 + rng() % 7 : text.size();
+          fed += text.substr(at, n);
+          at += n;
+          js.read(fed, &out);
+          ASSERT_FALSE(js.failed()) << v;
+          ASSERT_EQ(want.compare(0, out.size(), out), 0) << "not a prefix of the dump: " << out << " / " << want;
+        }
+        EXPECT_TRUE(js.done()) << v;
+        EXPECT_EQ(out, want) << v;
+        EXPECT_EQ(js.position(), v.size()) << v;
+      }
+    }
+  // A string goes out as it comes, a number only once it is complete.
+  PyJsonStream s;
+  std::string out;
+  s.read(R"({"q": "hel)", &out);
+  EXPECT_EQ(out, R"({"q": "hel)");
+  s.read(R"({"q": "hello", "n": 12)", &out);
+  EXPECT_EQ(out, R"({"q": "hello", "n": )");
+  s.read(R"({"q": "hello", "n": 123})", &out);
+  EXPECT_EQ(out, R"({"q": "hello", "n": 123})");
+  EXPECT_TRUE(s.done());
+  PyJsonStream half;  // half an escape and half a UTF-8 sequence wait for the rest
+  std::string h;
+  half.read("\"a\\u00", &h);
+  EXPECT_EQ(h, "\"a");
+  half.read("\"a\\u00e9\xc3", &h);
+  EXPECT_EQ(h, "\"a\xc3\xa9");
+  half.read("\"a\\u00e9\xc3\xa9\"", &h);
+  EXPECT_EQ(h, "\"a\xc3\xa9\xc3\xa9\"");
+
+  for (const std::string bad : {R"({"a" 1})", "[1,]", R"({"a": tru })", R"("\x")", "{,}", "[1 2]", R"(["\ud800"])",
+                                R"({"a": 1]})", "]", "\"tab\there\""}) {
+    PyJsonStream js;
+    js.read(bad, nullptr);
+    EXPECT_TRUE(js.failed()) << bad;
+  }
+  std::string deep(300, '[');
+  PyJsonStream too_deep;
+  too_deep.read(deep, nullptr);
+  EXPECT_TRUE(too_deep.failed());
+}
+
+// The calls a stream's deltas add up to, joined by index as OpenAI's clients join them.
+struct Joined {
+  nlohmann::json calls = nlohmann::json::array();  // [{"id", "name", "arguments"}]
+  void add(const nlohmann::json& deltas) {
+    for (const nlohmann::json& d : deltas) {
+      const size_t k = d["index"];
+      ASSERT_LE(k, calls.size()) << d.dump();
+      if (k == calls.size()) {
+        ASSERT_TRUE(d.contains("id") && d["function"].contains("name")) << "a call's first delta names it: " << d.dump();
+        calls.push_back({{"id", d["id"]}, {"name", d["function"]["name"]}, {"arguments", ""}});
+      } else {
+        ASSERT_FALSE(d.contains("id")) << d.dump();
+      }
+      calls[k]["arguments"] = calls[k]["arguments"].get<std::string>() + d["function"]["arguments"].get<std::string>();
+    }
+  }
+};
+
+// Incremental (the chat completions stream): a call opens as soon as its name is read and its
+// arguments reached, they go out as they are written, and the deltas add up to exactly the calls
+// of the text parsed whole (with the ids the whole list reports).
+TEST(ToolCalls, StreamedArgumentsAddUpToTheParsedCalls) {
+  struct Case {
+    ToolCallFormat format;
+    std::string text;
+    std::string content;  // what goes out as content
+  };
+  const std::vector<Case> cases = {
+      {ToolCallFormat::kHermes,
+       "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Z\\u00fcrich\", \"days\": 3, "
+       "\"units\": [\"c\", \"f\"], \"note\": \"a \\\"quoted\\\" é\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"t\", "
+       "\"arguments\": {}}\n</tool_call>",
+       "Let me check."},
+      {ToolCallFormat::kMistral,
+       "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"x\": [1, 2.5, {\"y\": null}]}}, {\"name\": \"b\", "
+       "\"arguments\": {\"s\": \"😀\"}}]",
+       ""},
+      {ToolCallFormat::kLlama3Json,
+       "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"city\": \"Zürich\", \"n\": 1e2}}; {\"name\": \"g\", "
+       "\"parameters\": {}}",
+       ""},
+  };
+  std::mt19937 rng(11);
+  for (const Case& c : cases)
+    for (int mode = 0; mode < 2; ++mode) {
+      const ParsedToolCalls whole = parse_tool_calls(c.format, c.text);
+      ASSERT_EQ(whole.calls.size(), 2u) << c.text;
+      ToolCallStream s(c.format, /*incremental=*/true);
+      Joined joined;
+      std::string content;
+      size_t deltas_before_end = 0;
+      for (size_t at = 0; at < c.text.size();) {
+        const size_t n = mode == 0 ? 1 : 1 + rng() % 9;
+        ToolCallStream::Piece p = s.push(c.text.substr(at, n));
+        at += n;
+        content += p.content;
+        deltas_before_end += p.tool_calls.size();
+        joined.add(p.tool_calls);
+      }
+      ToolCallStream::End end = s.finish();
+      content += end.content;
+      joined.add(end.deltas);
+      EXPECT_EQ(content, c.content);
+      EXPECT_GT(deltas_before_end, 4u) << "the arguments went out in pieces before the end";
+      ASSERT_EQ(joined.calls.size(), 2u);
+      ASSERT_EQ(end.tool_calls.size(), 2u);
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_EQ(joined.calls[k]["name"], whole.calls[k].name);
+        EXPECT_EQ(joined.calls[k]["arguments"], whole.calls[k].arguments) << c.text;
+        EXPECT_EQ(end.tool_calls[k]["id"], joined.calls[k]["id"]);
+        EXPECT_EQ(end.tool_calls[k]["function"]["arguments"], whole.calls[k].arguments);
+      }
+    }
+
+  // Arguments before the name: that call comes whole at the end.
+  ToolCallStream late(ToolCallFormat::kHermes, true);
+  EXPECT_TRUE(late.push("<tool_call>{\"arguments\": {\"a\": 1}, ").tool_calls.empty());
+  EXPECT_TRUE(late.push("\"name\": \"f\"}</tool_call>").tool_calls.empty());
+  ToolCallStream::End late_end = late.finish();
+  ASSERT_EQ(late_end.deltas.size(), 1u);
+  EXPECT_EQ(late_end.deltas[0]["function"]["arguments"], R"({"a": 1})");
+
+  // Cut off inside its arguments (max_tokens): the call that went out stands, and the text that
+  // was its call is not sent again as content.
+  ToolCallStream cut(ToolCallFormat::kHermes, true);
+  EXPECT_EQ(cut.push("Hi <tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"par").content, "Hi ");
+  ToolCallStream::End cut_end = cut.finish();
+  EXPECT_EQ(cut_end.content, "");
+  EXPECT_TRUE(cut_end.deltas.empty());
+  ASSERT_EQ(cut_end.tool_calls.size(), 1u);
+  EXPECT_EQ(cut_end.tool_calls[0]["function"]["arguments"], R"({"q": "par)");
+
+  // Not incremental (the Messages and Responses streams), and the formats it cannot follow: the
+  // calls come whole at the end.
+  ToolCallStream plain(ToolCallFormat::kHermes);
+  EXPECT_TRUE(plain.push("<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": 1}}").tool_calls.empty());
+  EXPECT_EQ(plain.finish().deltas.size(), 1u);
+  ToolCallStream ds(ToolCallFormat::kDeepSeekV3, true);
+  const std::string ds_text =
+      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"q\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  for (char ch : ds_text) EXPECT_TRUE(ds.push(std::string(1, ch)).tool_calls.empty());
+  ToolCallStream::End ds_end = ds.finish();
+  ASSERT_EQ(ds_end.deltas.size(), 1u);
+  EXPECT_EQ(ds_end.deltas[0]["function"]["arguments"], R"({"q": 1})");
 }
 
 // A forced tool_choice asks for calls in the parser's form: a call the regex takes is read back

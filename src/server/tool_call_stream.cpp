@@ -1,0 +1,265 @@
+#include "server/tool_call_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace lragent::server {
+
+using json = nlohmann::json;
+
+namespace {
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+// The formats whose calls are JSON objects that the scan can follow as they are written.
+bool scannable(ToolCallFormat f) {
+  return f == ToolCallFormat::kHermes || f == ToolCallFormat::kMistral || f == ToolCallFormat::kLlama3Json;
+}
+}  // namespace
+
+ToolCallStream::ToolCallStream(ToolCallFormat f, bool incremental)
+    : format_(f), incremental_(incremental && scannable(f)) {}
+
+ToolCallStream::Piece ToolCallStream::push(const std::string& piece) {
+  Piece out;
+  text_ += piece;
+  if (!in_call_) {
+    size_t upto = text_.size();
+    if (format_ == ToolCallFormat::kLlama3Json || format_ == ToolCallFormat::kPythonic) {
+      // vLLM streams a Llama completion as calls when it begins with "{" or <|python_tag|> (a
+      // pythonic one with "[" or <|python_start|>): hold the text until its start shows which.
+      const bool py = format_ == ToolCallFormat::kPythonic;
+      const std::string_view tag = py ? kPythonStart : kPythonTag;
+      if (!decided_) {
+        if (text_.empty()) return out;
+        if (text_[0] == (py ? '[' : '{') || text_.starts_with(tag)) {
+          in_call_ = decided_ = true;
+          upto = 0;
+        } else if (tag.starts_with(text_)) {
+          return out;  // may still become the tag
+        } else {
+          decided_ = true;
+        }
+      }
+    } else {
+      const std::string_view open = format_ == ToolCallFormat::kMistral      ? kMistralMarker
+                                    : format_ == ToolCallFormat::kDeepSeekV3 ? kDsCallsBegin
+                                                                             : kHermesOpen;
+      const size_t at = text_.find(open, sent_ >= open.size() ? sent_ - open.size() + 1 : 0);
+      if (at != std::string::npos) {
+        in_call_ = true;
+        upto = at;
+      } else {  // hold back a tail that a later piece may complete into the marker
+        for (size_t k = std::min(open.size() - 1, text_.size()); k > 0; --k)
+          if (text_.compare(text_.size() - k, k, open, 0, k) == 0) {
+            upto = text_.size() - k;
+            break;
+          }
+      }
+    }
+    upto = std::max(upto, sent_);
+    out.content = text_.substr(sent_, upto - sent_);
+    sent_ = upto;
+    call_at_ = upto;
+  }
+  if (in_call_ && incremental_) {
+    scan();
+    out.tool_calls = deltas();
+  }
+  return out;
+}
+
+void ToolCallStream::skip_space() {
+  while (scan_ < text_.size() && is_ascii_space(text_[scan_])) ++scan_;
+}
+
+bool ToolCallStream::read_string(std::string* out) {
+  if (text_[scan_] != '"') {
+    scan_state_ = Scan::kStopped;
+    return false;
+  }
+  size_t i = scan_ + 1;
+  for (; i < text_.size() && text_[i] != '"'; ++i)
+    if (text_[i] == '\\') ++i;
+  if (i >= text_.size()) return false;  // not closed yet
+  const json v = json::parse(std::string_view(text_).substr(scan_, i + 1 - scan_), nullptr, /*allow_exceptions=*/false);
+  if (!v.is_string()) {
+    scan_state_ = Scan::kStopped;
+    return false;
+  }
+  *out = v.get<std::string>();
+  scan_ = i + 1;
+  return true;
+}
+
+void ToolCallStream::scan() {
+  // Each state reads what it needs from text_ at scan_ and returns when the text ends first.
+  while (scan_state_ != Scan::kStopped) {
+    switch (scan_state_) {
+      case Scan::kOpen:  // the format's opening, at call_at_
+        scan_ = call_at_;
+        if (format_ == ToolCallFormat::kHermes) {
+          scan_ += kHermesOpen.size();
+        } else if (format_ == ToolCallFormat::kMistral) {
+          scan_ += kMistralMarker.size();
+          skip_space();
+          if (scan_ >= text_.size()) {
+            scan_ = call_at_;
+            return;
+          }
+          if (text_[scan_] != '[') {
+            scan_state_ = Scan::kStopped;  // not a list: left for the end
+            break;
+          }
+          ++scan_;
+        } else {  // llama3_json
+          // in_call_ came with a whole tag or a "{" at the start
+          if (text_.compare(scan_, kPythonTag.size(), kPythonTag) == 0) scan_ += kPythonTag.size();
+        }
+        scan_state_ = Scan::kCallStart;
+        break;
+      case Scan::kBetween:  // after a call: another one, or the end of the calls
+        if (format_ == ToolCallFormat::kHermes) {
+          const size_t at = text_.find(kHermesOpen, scan_);
+          if (at == std::string::npos) return;
+          scan_ = at + kHermesOpen.size();
+        } else {
+          skip_space();
+          if (scan_ >= text_.size()) return;
+          const char sep = format_ == ToolCallFormat::kMistral ? ',' : ';';
+          if (text_[scan_] != sep) {
+            scan_state_ = Scan::kStopped;  // mistral's "]", or the end of a Llama list
+            break;
+          }
+          ++scan_;
+        }
+        scan_state_ = Scan::kCallStart;
+        break;
+      case Scan::kCallStart:
+        skip_space();
+        if (scan_ >= text_.size()) return;
+        if (text_[scan_] != '{') {
+          scan_state_ = Scan::kStopped;
+          break;
+        }
+        ++scan_;
+        has_name_ = args_seen_ = false;
+        name_.clear();
+        scan_state_ = Scan::kKey;
+        break;
+      case Scan::kKey:
+        skip_space();
+        if (scan_ >= text_.size()) return;
+        if (text_[scan_] == '}') {
+          ++scan_;
+          scan_state_ = Scan::kBetween;
+          break;
+        }
+        if (!read_string(&key_)) return;
+        scan_state_ = Scan::kColon;
+        break;
+      case Scan::kColon:
+        skip_space();
+        if (scan_ >= text_.size()) return;
+        if (text_[scan_] != ':') {
+          scan_state_ = Scan::kStopped;
+          break;
+        }
+        ++scan_;
+        scan_state_ = Scan::kValue;
+        break;
+      case Scan::kValue: {
+        if (!value_) {
+          skip_space();
+          if (scan_ >= text_.size()) return;
+          if (key_ == "name" && text_[scan_] == '"') {
+            if (!read_string(&name_)) return;
+            has_name_ = true;
+            scan_state_ = Scan::kAfterValue;
+            break;
+          }
+          // Llama's calls may name their arguments "parameters"; the first of the two is streamed.
+          const bool args = key_ == "arguments" || (format_ == ToolCallFormat::kLlama3Json && key_ == "parameters");
+          streaming_ = args && has_name_ && !args_seen_;
+          args_seen_ = args_seen_ || args;
+          value_.emplace(/*ensure_ascii=*/format_ == ToolCallFormat::kLlama3Json);
+          value_->start_at(scan_);
+          if (streaming_) calls_.push_back(Sent{new_tool_call_id(format_), name_, {}, 0, false});
+        }
+        value_->read(text_, streaming_ ? &calls_.back().arguments : nullptr);
+        if (value_->failed()) {
+          scan_state_ = Scan::kStopped;
+          break;
+        }
+        if (!value_->done()) return;
+        scan_ = value_->position();
+        value_.reset();
+        scan_state_ = Scan::kAfterValue;
+        break;
+      }
+      case Scan::kAfterValue:
+        skip_space();
+        if (scan_ >= text_.size()) return;
+        if (text_[scan_] == ',') {
+          scan_state_ = Scan::kKey;
+        } else if (text_[scan_] == '}') {
+          scan_state_ = Scan::kBetween;
+        } else {
+          scan_state_ = Scan::kStopped;
+          break;
+        }
+        ++scan_;
+        break;
+      case Scan::kStopped: return;
+    }
+  }
+}
+
+json ToolCallStream::deltas() {
+  json out = json::array();
+  for (size_t k = 0; k < calls_.size(); ++k) {
+    Sent& c = calls_[k];
+    if (c.opened && c.arguments.size() == c.arguments_sent) continue;
+    json fn = json::object();
+    if (!c.opened) fn["name"] = c.name;
+    fn["arguments"] = c.arguments.substr(c.arguments_sent);
+    json d = {{"index", k}};
+    if (!c.opened) {
+      d["id"] = c.id;
+      d["type"] = "function";
+    }
+    d["function"] = std::move(fn);
+    out.push_back(std::move(d));
+    c.opened = true;
+    c.arguments_sent = c.arguments.size();
+  }
+  return out;
+}
+
+ToolCallStream::End ToolCallStream::finish() {
+  End end;
+  // A Llama (or pythonic) completion streamed as content is content, whatever it holds (as vLLM streams it).
+  const bool by_start = format_ == ToolCallFormat::kLlama3Json || format_ == ToolCallFormat::kPythonic;
+  const bool parse = !by_start || in_call_ || !decided_;
+  const ParsedToolCalls parsed = parse ? parse_tool_calls(format_, text_) : ParsedToolCalls{{}, text_};
+  // Calls found: what precedes them that was not sent yet; none: the rest of the text as it is,
+  // unless calls went out already (the held text was theirs).
+  if (!parsed.calls.empty() || calls_.empty()) {
+    const std::string& content = parsed.calls.empty() ? text_ : parsed.content;
+    if (content.size() > sent_) end.content = content.substr(sent_);
+  }
+  for (size_t k = 0; k < std::max(parsed.calls.size(), calls_.size()); ++k) {
+    if (k == calls_.size()) {
+      calls_.push_back(Sent{new_tool_call_id(format_), parsed.calls[k].name, parsed.calls[k].arguments, 0, false});
+    } else if (k < parsed.calls.size() && parsed.calls[k].name == calls_[k].name &&
+               parsed.calls[k].arguments.starts_with(calls_[k].arguments)) {
+      calls_[k].arguments = parsed.calls[k].arguments;  // the rest of what went out in part
+    }
+    const Sent& c = calls_[k];
+    end.tool_calls.push_back(
+        {{"index", k}, {"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+  }
+  end.deltas = deltas();
+  sent_ = text_.size();
+  return end;
+}
+
+}  // namespace lragent::server
