@@ -29,7 +29,7 @@ void fuzz_chat(const std::string& text) {
     return;
   }
   if (c->messages.empty() || (c->req.max_tokens < 1 && c->req.max_tokens != -1)) __builtin_trap();
-  if (c->req.logprobs < -1 || c->req.logprobs > kMaxLogprobs) __builtin_trap();
+  if (c->req.logprobs < -1 || c->req.logprobs > kLogprobsLimit) __builtin_trap();
   for (ChatFormat f : {ChatFormat::kLlama3, ChatFormat::kQwen3}) {
     ChatTemplate t;
     t.format = f;
@@ -262,7 +262,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     __builtin_trap();
   if (q.max_tokens == 0 && !q.echo) __builtin_trap();
   // The server's logprobs JSON takes any count in range; echo with them is refused.
-  if (q.logprobs < -1 || q.logprobs > lragent::server::kMaxLogprobs || (q.logprobs >= 0 && q.echo)) __builtin_trap();
+  if (q.logprobs < -1 || q.logprobs > lragent::server::kLogprobsLimit || (q.logprobs >= 0 && q.echo)) __builtin_trap();
   if (q.min_tokens < 0 || q.min_tokens > q.max_tokens || !(q.min_p >= 0 && q.min_p <= 1)) __builtin_trap();
   for (const auto& [id, bias] : q.logit_bias)
     if (id < 0 || !(bias >= -100 && bias <= 100)) __builtin_trap();

@@ -64,6 +64,7 @@ struct ServeFlags {
   bool enable_prefix_caching = false;  // always on (kept trajectories)
   int64_t seed = -1;               // >= 0: the first seed of requests that give none (else drawn)
   bool return_tokens_as_token_ids = false;
+  int max_logprobs = lragent::server::kDefaultMaxLogprobs;
 };
 
 // The chat template: --chat-template's (a file, or the template text itself, as vLLM takes it),
@@ -200,6 +201,7 @@ int run_serve(const ServeFlags& f) {
   so.sampling_defaults = *defaults;
   if (f.seed >= 0) so.seed = static_cast<uint64_t>(f.seed);
   so.return_tokens_as_token_ids = f.return_tokens_as_token_ids;
+  so.max_logprobs = f.max_logprobs;
   if (const std::string given = defaults->describe(); !given.empty())
     fmt::print(stderr, "default sampling parameters from the generation config: {} (a request's own values win; "
                        "--generation-config vllm for neutral defaults)\n",
@@ -460,6 +462,11 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "The seed of the first request that gives none, the next one's seed + 1, and so on (vLLM's flag), "
                   "so a run of unseeded requests repeats; default: drawn at start")
       ->check(cli::non_negative());
+  cmd->add_option("--max-logprobs", f->max_logprobs,
+                  "The most log-probabilities a request may ask for per token ('logprobs', 'top_logprobs', "
+                  "'prompt_logprobs'); a request asking for more gets a 400. -1: no limit but the vocabulary (vLLM's flag)")
+      ->default_val(lragent::server::kDefaultMaxLogprobs)
+      ->check(CLI::Range(-1, lragent::server::kLogprobsLimit));
   cmd->add_flag("--return-tokens-as-token-ids", f->return_tokens_as_token_ids,
                 "Name every logprobs token \"token_id:<id>\" instead of its text (vLLM's flag; a request's "
                 "return_tokens_as_token_ids does the same for itself)");

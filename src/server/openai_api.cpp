@@ -168,7 +168,7 @@ Result<CompletionRequest> parse_completion_request(std::string_view text, const 
   if (r.max_tokens == 0 && !r.echo) return bad("'max_tokens' must be at least 1 (0 only with \"echo\": true)");
   LRA_RETURN_IF_ERROR(parse_common(body, text, r, defaults));
   LRA_RETURN_IF_ERROR(check_min_tokens(r, "max_tokens", static_cast<int>(max_tokens)));
-  LRA_ASSIGN_OR_RETURN(int64_t logprobs, get_int(body, "logprobs", -1, 0, kMaxLogprobs));
+  LRA_ASSIGN_OR_RETURN(int64_t logprobs, get_int(body, "logprobs", -1, 0, kLogprobsLimit));
   r.logprobs = static_cast<int>(logprobs);
   // echo with logprobs: the prompt's tokens come first in the logprobs object (OpenAI's legacy
   // completions; what lm-evaluation-harness asks a server for), computed as prompt_logprobs.
@@ -247,7 +247,7 @@ Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat too
     c.template_kwargs = ordered_field("chat_template_kwargs");
   }
   LRA_ASSIGN_OR_RETURN(bool logprobs, get_bool(body, "logprobs", false));
-  LRA_ASSIGN_OR_RETURN(int64_t top, get_int(body, "top_logprobs", -1, 0, kMaxLogprobs));
+  LRA_ASSIGN_OR_RETURN(int64_t top, get_int(body, "top_logprobs", -1, 0, kLogprobsLimit));
   if (top >= 0 && !logprobs) return bad("'top_logprobs' needs \"logprobs\": true");
   if (logprobs) c.req.logprobs = static_cast<int>(std::max<int64_t>(top, 0));
   if (c.req.prompt_logprobs >= 0 && c.req.stream)
@@ -511,7 +511,7 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   if (truncate == 0 && !field(body, "truncate_prompt_tokens").is_null())
     return bad("'truncate_prompt_tokens' must be at least 1 (the prompt tokens to keep), or -1 for the model's context length");
   r.truncate_prompt_tokens = static_cast<int>(truncate);
-  LRA_ASSIGN_OR_RETURN(int64_t prompt_logprobs, get_int(body, "prompt_logprobs", -1, 0, kMaxLogprobs));
+  LRA_ASSIGN_OR_RETURN(int64_t prompt_logprobs, get_int(body, "prompt_logprobs", -1, 0, kLogprobsLimit));
   r.prompt_logprobs = static_cast<int>(prompt_logprobs);
   r.show_prompt_logprobs = r.prompt_logprobs >= 0;
   // Present at all: refused.

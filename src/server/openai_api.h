@@ -103,7 +103,11 @@ struct CompletionRequest {
   // of the same salt (SessionPool::acquire); empty: with the other unsalted ones.
   std::string cache_salt;
 };
-constexpr int kMaxLogprobs = 20;  // vLLM's default --max-logprobs, OpenAI's chat limit
+// Log-probabilities a request may ask for per token: the parsers take up to kLogprobsLimit, the
+// server then holds a request to its --max-logprobs (ServerOptions::max_logprobs; default
+// kDefaultMaxLogprobs, vLLM's default and OpenAI's chat limit).
+constexpr int kDefaultMaxLogprobs = 20;
+constexpr int kLogprobsLimit = 1 << 20;
 
 // Parses and validates a request body. Errors (kInvalidArgument, or kUnsupported for an OpenAI
 // option lragent does not implement, e.g. logprobs) name the field and say what is allowed.

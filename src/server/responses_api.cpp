@@ -254,8 +254,8 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Sa
   }
   const ordered_json& top_logprobs = field(b, "top_logprobs");
   if (!top_logprobs.is_null() && (!top_logprobs.is_number_integer() || top_logprobs.get<int64_t>() < 0 ||
-                                  top_logprobs.get<int64_t>() > kMaxLogprobs))
-    return bad(fmt::format("'top_logprobs' must be an integer from 0 to {}", kMaxLogprobs));
+                                  top_logprobs.get<int64_t>() > kLogprobsLimit))
+    return bad(fmt::format("'top_logprobs' must be an integer from 0 to {}", kLogprobsLimit));
   if (r.output_logprobs) {  // computed as chat computes them (vLLM's rule: only when included)
     r.chat_fields["logprobs"] = true;
     r.chat_fields["top_logprobs"] = top_logprobs.is_null() ? ordered_json(0) : top_logprobs;

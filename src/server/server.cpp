@@ -177,6 +177,12 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   if (!tok_ && !req.stop.empty())
     return make_error(ErrorCode::kInvalidArgument, "'stop' strings need a tokenizer, which this model lacks: use 'stop_token_ids'");
   for (const auto& [id, bias] : req.logit_bias) LRA_RETURN_IF_ERROR(check_vocab({&id, 1}, "logit_bias"));
+  if (const int asked = std::max(req.logprobs, req.prompt_logprobs); opts_.max_logprobs >= 0 && asked > opts_.max_logprobs)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "the request asks for the log-probabilities of {} tokens a position ('{}'), more than this "
+                      "server's limit of {}: ask for fewer, or start the server with a larger --max-logprobs (-1: no limit)",
+                      asked, req.logprobs >= req.prompt_logprobs ? "logprobs' / 'top_logprobs" : "prompt_logprobs",
+                      opts_.max_logprobs);
   LRA_RETURN_IF_ERROR(check_vocab(req.allowed_token_ids, "allowed_token_ids"));
   if (!req.bad_words.empty()) {
     if (!tok_)

@@ -106,6 +106,9 @@ struct ServerOptions {
   SamplingDefaults sampling_defaults;
   // The seed of the first request that gives none (each next one + 1); unset: drawn at start.
   std::optional<uint64_t> seed;
+  // vLLM's --max-logprobs: the most log-probabilities a request may ask for per token (logprobs,
+  // top_logprobs, prompt_logprobs); a request asking for more is refused. -1: the vocabulary.
+  int max_logprobs = kDefaultMaxLogprobs;
   // vLLM's --return-tokens-as-token-ids: every request's logprobs name tokens "token_id:<id>".
   bool return_tokens_as_token_ids = false;
   // One line per request (method, path, status, time); null: silent.

@@ -126,12 +126,12 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
   expect_error(R"({"prompt": "a", "stream": "yes"})", ErrorCode::kInvalidArgument, "'stream'");
   expect_error(R"({"prompt": "a", "stream_options": {"include_usage": true}})", ErrorCode::kInvalidArgument,
                "'stream_options'");
-  expect_error(R"({"prompt": "a", "logprobs": 21})", ErrorCode::kInvalidArgument, "'logprobs'");
+  expect_error(R"({"prompt": "a", "logprobs": 1048577})", ErrorCode::kInvalidArgument, "'logprobs'");
   expect_error(R"({"prompt": "a", "logprobs": true})", ErrorCode::kInvalidArgument, "'logprobs'");
   expect_error(R"({"prompt": "a", "logprobs": 2, "echo": true, "stream": true})", ErrorCode::kUnsupported,
                "are not streamed");
   expect_error(R"({"prompt": "a", "prompt_logprobs": 1, "stream": true})", ErrorCode::kUnsupported, "not streamed");
-  expect_error(R"({"prompt": "a", "prompt_logprobs": 21})", ErrorCode::kInvalidArgument, "'prompt_logprobs'");
+  expect_error(R"({"prompt": "a", "prompt_logprobs": 1048577})", ErrorCode::kInvalidArgument, "'prompt_logprobs'");
   expect_error(R"({"prompt": "a", "best_of": 4})", ErrorCode::kUnsupported, "'best_of'");
   expect_error(R"({"prompt": "a", "presence_penalty": 2.5})", ErrorCode::kInvalidArgument, "'presence_penalty'");
   expect_error(R"({"prompt": "a", "frequency_penalty": -3})", ErrorCode::kInvalidArgument, "'frequency_penalty'");
@@ -282,7 +282,7 @@ TEST(OpenAiRequest, LogprobsFollowEachApisForm) {
   EXPECT_EQ(chat(R"(, "logprobs": false)")->req.logprobs, -1);
   EXPECT_EQ(chat(R"(, "logprobs": true)")->req.logprobs, 0);
   EXPECT_EQ(chat(R"(, "logprobs": true, "top_logprobs": 5)")->req.logprobs, 5);
-  for (const char* bad : {R"(, "top_logprobs": 2)", R"(, "logprobs": true, "top_logprobs": 21)", R"(, "logprobs": 3)"}) {
+  for (const char* bad : {R"(, "top_logprobs": 2)", R"(, "logprobs": true, "top_logprobs": 1048577)", R"(, "logprobs": 3)"}) {
     auto r = chat(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.error().code, ErrorCode::kInvalidArgument) << bad;

@@ -225,6 +225,41 @@ TEST_F(ServerTest, LogprobsTokensAsTokenIds) {
   EXPECT_EQ(by_flag["choices"][0]["logprobs"]["tokens"], b["tokens"]);
 }
 
+// vLLM's --max-logprobs: a request asking for more log-probabilities a token than the server's
+// limit (20 by default) is refused with a reason; -1 lifts the limit (the vocabulary bounds it).
+TEST_F(ServerTest, MaxLogprobsBoundsWhatARequestMayAskFor) {
+  start(ShareMode::kNone);
+  const json req = {{"prompt", "One day, a boy named Tim"}, {"max_tokens", 2}, {"temperature", 0}};
+  auto ask = [&](const char* field, int n) {
+    json r = req;
+    r[field] = n;
+    return complete(r);
+  };
+  EXPECT_EQ(ask("logprobs", 20).first, 200);
+  for (const char* field : {"logprobs", "prompt_logprobs"}) {
+    auto [st, e] = ask(field, 21);
+    EXPECT_EQ(st, 400) << e.dump();
+    EXPECT_NE(e.dump().find("--max-logprobs"), std::string::npos) << e.dump();
+    EXPECT_NE(e.dump().find(std::string("'") + field + "'"), std::string::npos) << e.dump();
+  }
+  stop();
+  ServerOptions o;
+  o.max_logprobs = 3;
+  start(ShareMode::kNone, o);
+  EXPECT_EQ(ask("logprobs", 3).first, 200);
+  EXPECT_EQ(ask("logprobs", 4).first, 400);
+  stop();
+  o.max_logprobs = -1;
+  start(ShareMode::kNone, o);
+  const int vocab = tok_->vocab_size();
+  json every = req;  // every token of the vocabulary, no more (named by id: texts repeat)
+  every["logprobs"] = vocab + 50;
+  every["return_tokens_as_token_ids"] = true;
+  auto [st, all] = complete(every);
+  ASSERT_EQ(st, 200) << all.dump().substr(0, 300);
+  EXPECT_EQ(all["choices"][0]["logprobs"]["top_logprobs"][0].size(), static_cast<size_t>(vocab));
+}
+
 // vLLM's truncate_prompt_tokens: the prompt's last k tokens, as if the client had sent only those.
 TEST_F(ServerTest, TruncatePromptTokensKeepsThePromptsLastTokens) {
   start(ShareMode::kNone);
