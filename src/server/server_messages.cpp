@@ -51,7 +51,9 @@ void Server::install_messages_routes() {
     };
     auto state = std::make_shared<Run>(Run{
         MessageBuilder(translation::random_id("msg"), prepared->agent, static_cast<int64_t>(prepared->ids.front().size())),
-        ChatStream(parsing, /*call_deltas=*/parsed->stream)});  // whole: the calls are the text's parse
+        // Whole, the calls are the text's parse. DeepSeek's arguments stream as written, which
+        // need not be JSON: the API's input_json_delta pieces must join into JSON, so they wait.
+        ChatStream(parsing, /*call_deltas=*/parsed->stream && parsing.tool_calls != ToolCallFormat::kDeepSeekV3)});
     auto push = [state](const ChatStream::Delta& d, EventAnswer::Events& events) {
       state->builder.thinking(d.reasoning, events);
       state->builder.text(d.content, events);

@@ -10,8 +10,17 @@ using json = nlohmann::json;
 namespace {
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
 // The formats whose calls are JSON objects that the scan can follow as they are written.
-bool scannable(ToolCallFormat f) {
-  return f == ToolCallFormat::kHermes || f == ToolCallFormat::kMistral || f == ToolCallFormat::kLlama3Json;
+bool scannable(ToolCallFormat f) { return f != ToolCallFormat::kPythonic; }
+// The end of the longest prefix of text[from, end) that splits no UTF-8 sequence.
+size_t utf8_cut(std::string_view text, size_t from, size_t end) {
+  size_t i = from;
+  while (i < end) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    if (i + len > end) break;
+    i += len;
+  }
+  return i;
 }
 }  // namespace
 
@@ -90,7 +99,43 @@ bool ToolCallStream::read_string(std::string* out) {
   return true;
 }
 
+void ToolCallStream::scan_deepseek() {
+  if (scan_state_ == Scan::kOpen) {
+    scan_ = call_at_ + kDsCallsBegin.size();
+    scan_state_ = Scan::kDsSeek;
+  }
+  while (true) {
+    if (scan_state_ == Scan::kDsSeek) {  // the next <｜tool▁call▁begin｜>
+      const size_t at = text_.find(kDsCallBegin, scan_);
+      if (at == std::string::npos) return;
+      scan_ = at + kDsCallBegin.size();
+      scan_state_ = Scan::kDsHead;
+    }
+    if (scan_state_ == Scan::kDsHead) {  // TYPE<｜tool▁sep｜>NAME on one line, then ```json
+      const size_t eol = text_.find('\n', scan_);
+      if (eol == std::string::npos || text_.size() < eol + kDsJsonOpen.size()) return;
+      const std::string_view line = std::string_view(text_).substr(scan_, eol - scan_);
+      const size_t sep = line.rfind(kDsSep);
+      if (sep == std::string_view::npos || text_.compare(eol, kDsJsonOpen.size(), kDsJsonOpen) != 0) {
+        scan_state_ = Scan::kDsSeek;  // not a call block the parser reads: the next one may be
+        continue;
+      }
+      calls_.push_back(Sent{new_tool_call_id(format_), std::string(line.substr(sep + kDsSep.size())), {}, 0, false});
+      scan_ = eol + kDsJsonOpen.size();
+      scan_state_ = Scan::kDsArgs;
+    }
+    // The arguments: the rest of the line, as written.
+    const size_t eol = text_.find('\n', scan_);
+    const size_t end = eol == std::string::npos ? utf8_cut(text_, scan_, text_.size()) : eol;
+    calls_.back().arguments.append(text_, scan_, end - scan_);
+    scan_ = end;
+    if (eol == std::string::npos) return;
+    scan_state_ = Scan::kDsSeek;
+  }
+}
+
 void ToolCallStream::scan() {
+  if (format_ == ToolCallFormat::kDeepSeekV3) return scan_deepseek();
   // Each state reads what it needs from text_ at scan_ and returns when the text ends first.
   while (scan_state_ != Scan::kStopped) {
     switch (scan_state_) {
@@ -208,7 +253,7 @@ void ToolCallStream::scan() {
         }
         ++scan_;
         break;
-      case Scan::kStopped: return;
+      default: return;  // kStopped (the kDs* states are deepseek_v3's)
     }
   }
 }

@@ -5,12 +5,13 @@
 // or "<|python_start|>") and is held from that point.
 //
 // The calls then go out as OpenAI streams them, deltas that clients join by index: with
-// `incremental` (the chat completions stream) each call of the JSON formats (hermes, mistral,
-// llama3_json) opens with {"index", "id", "type", "function": {"name", "arguments": ""}} once its
-// name is read and its arguments are reached, and its arguments follow as they are written
-// (PyJsonStream: the pieces join into exactly the arguments the whole text parses to). The rest
-// (deepseek_v3, pythonic, a call whose arguments come before its name, and every call without
-// `incremental`) go out whole at the end. When the held text turns out to hold no valid call,
+// `incremental` (the streams of the chat completions, Responses and Messages APIs) each call of
+// the JSON formats (hermes, mistral, llama3_json) opens with {"index", "id", "type", "function":
+// {"name", "arguments": ""}} once its name is read and its arguments are reached, and its
+// arguments follow as they are written (PyJsonStream: the pieces join into exactly the arguments
+// the whole text parses to); deepseek_v3's arguments go out as written (its parser keeps them so),
+// never splitting a UTF-8 sequence. The rest (pythonic, a call whose arguments come before its
+// name, and every call without `incremental`) go out whole at the end. When the held text turns out to hold no valid call,
 // the end gives it back as content, unless a call already went out (the stream cannot take it
 // back: the calls sent stand, as vLLM's streaming parsers leave them).
 #pragma once
@@ -55,8 +56,10 @@ class ToolCallStream {
   };
   // Where the scan of a held call text is (incremental): between calls (the format's framing),
   // or inside a call's object.
-  enum class Scan { kOpen, kBetween, kCallStart, kKey, kColon, kValue, kAfterValue, kStopped };
+  // (kDs*: deepseek_v3's blocks, whose arguments are streamed as written, as its parser keeps them.)
+  enum class Scan { kOpen, kBetween, kCallStart, kKey, kColon, kValue, kAfterValue, kDsSeek, kDsHead, kDsArgs, kStopped };
   void scan();
+  void scan_deepseek();
   // Reads a whole JSON string at scan_ into `out` (decoded); false: not complete yet (or not a
   // string: scan_state_ becomes kStopped).
   bool read_string(std::string* out);

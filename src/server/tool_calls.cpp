@@ -16,10 +16,7 @@ using ordered_json = nlohmann::ordered_json;
 namespace {
 
 constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
-constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
-constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
-constexpr std::string_view kDsJsonOpen = "\n```json\n";
 constexpr std::string_view kDsJsonClose = "\n```";
 
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }

@@ -34,6 +34,9 @@ inline constexpr std::string_view kPythonTag = "<|python_tag|>";
 inline constexpr std::string_view kPythonStart = "<|python_start|>";  // Llama 4's
 inline constexpr std::string_view kPythonEnd = "<|python_end|>";
 inline constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
+inline constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
+inline constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+inline constexpr std::string_view kDsJsonOpen = "\n```json\n";
 
 // vLLM's parser name: "hermes", "llama3_json", "mistral", "deepseek_v3", "pythonic".
 const char* tool_call_format_name(ToolCallFormat f);

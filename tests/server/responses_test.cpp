@@ -427,8 +427,14 @@ TEST_F(ResponsesTest, OutputTextLogprobsAreChats) {
   auto [nst, none] = post("/v1/responses", body);
   ASSERT_EQ(nst, 200) << none;
   EXPECT_EQ(json::parse(none)["output"][0]["content"][0]["logprobs"], json::array());
+  // More than --max-logprobs (20): refused where they would be computed (included), as vLLM
+  // checks its sampling parameters; left out, they are not computed and not checked.
   body["top_logprobs"] = 21;
-  EXPECT_EQ(post("/v1/responses", body).first, 400);
+  EXPECT_EQ(post("/v1/responses", body).first, 200);
+  body["include"] = {"message.output_text.logprobs"};
+  auto [over, why] = post("/v1/responses", body);
+  EXPECT_EQ(over, 400);
+  EXPECT_NE(why.find("--max-logprobs"), std::string::npos) << why;
 }
 
 TEST_F(ResponsesTest, ReasoningIsAnItemOfItsOwn) {

@@ -444,18 +444,39 @@ TEST(ToolCalls, StreamedArgumentsAddUpToTheParsedCalls) {
   ASSERT_EQ(cut_end.tool_calls.size(), 1u);
   EXPECT_EQ(cut_end.tool_calls[0]["function"]["arguments"], R"({"q": "par)");
 
-  // Not incremental (the Messages and Responses streams), and the formats it cannot follow: the
-  // calls come whole at the end.
+  // Not incremental (a request that is not streamed): the calls come whole at the end.
   ToolCallStream plain(ToolCallFormat::kHermes);
   EXPECT_TRUE(plain.push("<tool_call>{\"name\": \"f\", \"arguments\": {\"q\": 1}}").tool_calls.empty());
   EXPECT_EQ(plain.finish().deltas.size(), 1u);
+  // DeepSeek-V3: its arguments go out as written (a UTF-8 sequence whole), block by block.
   ToolCallStream ds(ToolCallFormat::kDeepSeekV3, true);
   const std::string ds_text =
-      "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"q\": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
-  for (char ch : ds_text) EXPECT_TRUE(ds.push(std::string(1, ch)).tool_calls.empty());
+      "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"q\": \"Zürich\"}\n```<｜tool▁call▁end｜>"
+      "<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  const ParsedToolCalls ds_whole = parse_tool_calls(ToolCallFormat::kDeepSeekV3, ds_text);
+  ASSERT_EQ(ds_whole.calls.size(), 2u);
+  Joined ds_joined;
+  std::string ds_content;
+  size_t ds_pieces = 0;
+  for (char ch : ds_text) {
+    ToolCallStream::Piece p = ds.push(std::string(1, ch));
+    ds_content += p.content;
+    for (const nlohmann::json& d : p.tool_calls) {
+      ++ds_pieces;
+      const std::string a = d["function"]["arguments"];
+      EXPECT_NO_THROW((void)nlohmann::json(a).dump()) << "a piece split a UTF-8 sequence";
+    }
+    ds_joined.add(p.tool_calls);
+  }
   ToolCallStream::End ds_end = ds.finish();
-  ASSERT_EQ(ds_end.deltas.size(), 1u);
-  EXPECT_EQ(ds_end.deltas[0]["function"]["arguments"], R"({"q": 1})");
+  ds_joined.add(ds_end.deltas);
+  EXPECT_EQ(ds_content + ds_end.content, "Sure.");
+  EXPECT_GT(ds_pieces, 10u);
+  ASSERT_EQ(ds_joined.calls.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(ds_joined.calls[k]["name"], ds_whole.calls[k].name);
+    EXPECT_EQ(ds_joined.calls[k]["arguments"], ds_whole.calls[k].arguments);
+  }
 }
 
 // A forced tool_choice asks for calls in the parser's form: a call the regex takes is read back
