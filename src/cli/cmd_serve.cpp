@@ -418,7 +418,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--max-stored-responses", f->max_stored_responses,
                   "Responses API: how many responses (\"store\": true, the default) are kept in memory for GET "
                   "/v1/responses/{id} and previous_response_id, the least recently used dropped first (also past "
-                  "256 MB of them); 0 keeps none")
+                  "256 MB of them), and how many \"background\": true responses run at once; 0 keeps none (and "
+                  "serves no background responses)")
       ->default_val(1024)
       ->check(cli::non_negative());
   cmd->add_option("--chat-template", f->chat_template,

@@ -227,10 +227,12 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Sa
   };
   LRA_ASSIGN_OR_RETURN(r.stream, get_bool("stream", false));
   LRA_ASSIGN_OR_RETURN(r.store, get_bool("store", true));
-  LRA_ASSIGN_OR_RETURN(bool background, get_bool("background", false));
-  if (background)
-    return unsupported("'background' responses are not served: send the request with \"background\": false "
-                       "(stream it to see the output as it comes)");
+  LRA_ASSIGN_OR_RETURN(r.background, get_bool("background", false));
+  if (r.background && !r.store)
+    return bad("'background' needs \"store\": true: a background response is kept for GET /v1/responses/{id}");
+  if (r.background && r.stream)
+    return unsupported("a streamed 'background' response is not served: poll GET /v1/responses/{id} for it, or "
+                       "stream the request without \"background\"");
   for (const char* name : {"conversation", "prompt"})
     if (!field(b, name).is_null())
       return unsupported(fmt::format("'{}' is not served: give the input (and previous_response_id) instead", name));
@@ -322,7 +324,7 @@ std::string chat_body(const ResponsesRequest& r, const ordered_json& history) {
 
 ResponseBuilder::ResponseBuilder(std::string id, int64_t created_at, std::string model, const ResponsesRequest& r) {
   response_ = {{"id", std::move(id)}, {"object", "response"}, {"created_at", created_at}, {"status", "in_progress"},
-               {"background", false}, {"error", nullptr}, {"incomplete_details", nullptr}, {"model", std::move(model)},
+               {"background", r.background}, {"error", nullptr}, {"incomplete_details", nullptr}, {"model", std::move(model)},
                {"output", json::array()}, {"usage", nullptr}};
   for (const auto& [k, v] : r.echo.items()) response_[k] = json::parse(v.dump(-1, ' ', false, json::error_handler_t::replace));
 }
@@ -575,6 +577,14 @@ std::optional<json> ResponseStore::get(const std::string& id) {
   return it->second.response;
 }
 
+bool ResponseStore::set_status(const std::string& id, const std::string& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return false;
+  it->second.response["status"] = status;
+  return true;
+}
+
 std::optional<ordered_json> ResponseStore::input_items(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);
@@ -612,6 +622,11 @@ Result<ordered_json> ResponseStore::conversation(const std::string& id) {
                                "input instead", id, p)};
     }
     if (chain.size() > entries_.size()) return Error{ErrorCode::kInternal, "a cycle of stored responses"};
+    const std::string status = it->second.response.value("status", "");
+    if (status == "queued" || status == "in_progress")
+      return Error{ErrorCode::kInvalidArgument,
+                   fmt::format("response '{}' is a background response still {}: continue it once it has ended (GET "
+                               "/v1/responses/{} shows its status)", p, status == "queued" ? "queued" : "in progress", p)};
     chain.push_back(&it->second);
     touch(it->second, p);
     p = it->second.previous;

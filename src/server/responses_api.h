@@ -30,6 +30,9 @@ struct ResponsesRequest {
   std::string model;
   bool stream = false;
   bool store = true;  // keep the response for GET /v1/responses/{id} and previous_response_id
+  // Answered at once with the response "queued" (stored); it runs on, and GET /v1/responses/{id}
+  // shows it in_progress, then as it ended; POST /v1/responses/{id}/cancel stops it. Needs store.
+  bool background = false;
   std::string previous_response_id;  // empty: a new conversation
   std::optional<std::string> instructions;  // a system message before everything (not carried on)
   // include: ["message.output_text.logprobs"]: the output text's tokens carry their
@@ -48,7 +51,7 @@ struct ResponsesRequest {
 
 // Parses and validates a request body. Errors name the field: kInvalidArgument for bad values,
 // kUnsupported for what lragent does not serve (images and files, built-in tools such as
-// web_search, background mode, truncation "auto"). Fields the API does not know are ignored.
+// web_search, a streamed background response). Fields the API does not know are ignored.
 // `defaults`: the sampling defaults the chat completion will apply; the response repeats the
 // temperature and top_p it runs with.
 Result<ResponsesRequest> parse_responses_request(std::string_view body, const SamplingDefaults& defaults = {});
@@ -126,11 +129,15 @@ class ResponseStore {
   void put(const std::string& id, const std::string& previous_id, nlohmann::json response,
            nlohmann::ordered_json turn_messages, nlohmann::ordered_json input_items = nlohmann::ordered_json::array());
   std::optional<nlohmann::json> get(const std::string& id);
+  // Sets a kept response's "status" (a background response going in_progress); false when it is
+  // not kept.
+  bool set_status(const std::string& id, const std::string& status);
   // The request's input items (ResponsesRequest::input_items), oldest first.
   std::optional<nlohmann::ordered_json> input_items(const std::string& id);
   bool erase(const std::string& id);
   // The chat messages of the conversation that ends with response `id` (every turn of its
-  // chain, oldest first). kNotFound when it, or a response of its chain, is not kept.
+  // chain, oldest first). kNotFound when it, or a response of its chain, is not kept;
+  // kInvalidArgument when one of them is a background response still queued or in progress.
   Result<nlohmann::ordered_json> conversation(const std::string& id);
   size_t size() const;
   size_t bytes() const;

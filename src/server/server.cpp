@@ -77,12 +77,16 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   s->next_seed_ = s->opts_.seed ? *s->opts_.seed : std::random_device{}();
   s->http_ = std::make_unique<Http>();
   s->responses_ = std::make_unique<ResponseStore>(s->opts_.max_stored_responses, s->opts_.max_stored_response_bytes);
+  // At most as many as the store keeps: each one's response must outlast its run to be fetched.
+  s->background_ = std::make_unique<BackgroundJobs>(s->opts_.max_stored_responses);
   s->install_routes();
   return s;
 }
 
 Server::~Server() {
   stop();
+  // Background responses run on the engine: they end (cancelled) while it still runs.
+  if (background_) background_->cancel_all();
   if (engine_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(queue_mu_);

@@ -13,6 +13,7 @@
 //   GET  /metrics                Prometheus counters (server/metrics.h)
 //   POST /v1/responses           OpenAI's Responses API (responses_api.h), run as a chat completion;
 //   GET, DELETE /v1/responses/{id}   a stored response (previous_response_id continues it)
+//   POST /v1/responses/{id}/cancel   stops a background response ("background": true)
 //   POST /v1/messages            Anthropic's Messages API (messages_api.h), run as a chat completion;
 //   POST /v1/messages/count_tokens   its prompt's tokens
 //   POST /v1/load_lora_adapter   vLLM's runtime LoRA updating (ServerOptions::runtime_lora): serve
@@ -44,6 +45,7 @@
 
 #include "engine/guide/token_guide.h"
 #include "engine/memory_plan.h"
+#include "server/background_jobs.h"
 #include "server/metrics.h"
 #include "server/messages_api.h"
 #include "server/openai_api.h"
@@ -284,7 +286,8 @@ class Server {
   // its conversation rendered into the request's prompt; *parsing: how its text splits
   // (reasoning, tool calls). Errors: the body's, the template's.
   Result<CompletionRequest> chat_completion_request(std::string_view body, ChatParsing* parsing) const;
-  // POST /v1/responses, GET and DELETE /v1/responses/{id} (server_responses.cpp).
+  // POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel
+  // (server_responses.cpp).
   void install_responses_routes();
   void respond_responses(const ResponsesRequest& r, const httplib::Request& http, httplib::Response& res);
   // POST /v1/messages and /v1/messages/count_tokens, Anthropic's (server_messages.cpp).
@@ -300,6 +303,9 @@ class Server {
   // its weights kept in retired_ until free_retired finds them unheld.
   Status retire(const std::string& name);
   struct EventAnswer;  // server_internal.h
+  // Runs a prepared request (its first choice) to its end and builds `answer`'s whole response
+  // (its events made, not sent). `alive` false stops it, as a client gone does.
+  Result<nlohmann::json> whole_answer(const Prepared& p, EventAnswer& answer, const AliveFn& alive);
   // Runs a prepared request (its first choice) and answers it as `answer` builds it.
   void respond_events(Prepared p, bool stream, const httplib::Request& http, httplib::Response& res,
                       std::shared_ptr<EventAnswer> answer);
@@ -363,6 +369,8 @@ class Server {
   EngineCounts counts_, counts_at_advance_;
   std::unique_ptr<Http> http_;
   std::unique_ptr<ResponseStore> responses_;  // stored /v1/responses (thread-safe)
+  // Background responses running (thread-safe); cancelled and joined before the engine stops.
+  std::unique_ptr<BackgroundJobs> background_;
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;
 };

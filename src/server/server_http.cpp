@@ -154,8 +154,8 @@ void Server::install_routes() {
     if (res.status == 404)
       msg = fmt::format("no route {} {}: the server answers GET /health, GET /version, GET|POST /ping, GET /v1/models, "
                         "POST /v1/completions, "
-                        "POST /v1/chat/completions, POST /v1/responses, GET|DELETE /v1/responses/{{id}}, POST /v1/messages, "
-                        "POST /v1/messages/count_tokens, POST /tokenize, "
+                        "POST /v1/chat/completions, POST /v1/responses, GET|DELETE /v1/responses/{{id}}, "
+                        "POST /v1/responses/{{id}}/cancel, POST /v1/messages, POST /v1/messages/count_tokens, POST /tokenize, "
                         "POST /detokenize, GET /lragent/sessions, GET /metrics",
                         req.method, req.path);
     else if (res.status == 413)
@@ -188,7 +188,8 @@ void Server::install_routes() {
     std::string route = "other";
     for (const char* r : kRoutes)
       if (req.path == r) route = r;
-    if (req.path.rfind("/v1/responses/", 0) == 0) route = "/v1/responses/{id}";
+    if (req.path.rfind("/v1/responses/", 0) == 0)
+      route = req.path.ends_with("/cancel") ? "/v1/responses/{id}/cancel" : "/v1/responses/{id}";
     metrics_.record_http(route, res.status);
   });
   if (opts_.log) {
@@ -531,21 +532,27 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   });
 }
 
+Result<json> Server::whole_answer(const Prepared& p, EventAnswer& answer, const AliveFn& alive) {
+  auto out = run(p, {}, alive);
+  if (!out.ok()) return out.error();
+  if (out->empty()) return Error{ErrorCode::kInternal, "a request ended with no completion"};
+  EventAnswer::Events unsent;
+  answer.begin(unsent);
+  CompletionDelta whole;  // the completion as one piece
+  whole.text = out->front().text;
+  whole.token_ids = out->front().token_ids;
+  whole.logprobs = out->front().logprobs;
+  answer.push(whole, unsent);
+  answer.finish(out->front(), unsent);
+  return answer.whole();
+}
+
 void Server::respond_events(Prepared prepared, bool stream, const httplib::Request& http, httplib::Response& res,
                             std::shared_ptr<EventAnswer> answer) {
   if (!stream) {
-    auto out = run(prepared, {}, connection_alive(http));
-    if (!out.ok()) return answer->send_error(res, out.error());
-    if (out->empty()) return answer->send_error(res, Error{ErrorCode::kInternal, "a request ended with no completion"});
-    EventAnswer::Events unsent;
-    answer->begin(unsent);
-    CompletionDelta whole;  // the completion as one piece
-    whole.text = out->front().text;
-    whole.token_ids = out->front().token_ids;
-    whole.logprobs = out->front().logprobs;
-    answer->push(whole, unsent);
-    answer->finish(out->front(), unsent);
-    return send_json(res, 200, answer->whole());
+    auto whole = whole_answer(prepared, *answer, connection_alive(http));
+    if (!whole.ok()) return answer->send_error(res, whole.error());
+    return send_json(res, 200, *whole);
   }
   auto p = std::make_shared<const Prepared>(std::move(prepared));
   res.set_header("Cache-Control", "no-cache");

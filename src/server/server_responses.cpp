@@ -1,7 +1,8 @@
 // Server's Responses API routes (responses_api.h): a request runs as the chat completion it
 // translates to, through the same prepare/run as /v1/chat/completions; its text becomes output
 // items (ChatStream splits reasoning and tool calls, whole or streamed alike) and, with
-// "store", the response is kept for GET /v1/responses/{id} and previous_response_id.
+// "store", the response is kept for GET /v1/responses/{id} and previous_response_id; with
+// "background", it runs on a job of its own (BackgroundJobs) and is fetched from there.
 #include <algorithm>
 #include <cstdlib>
 #include <vector>
@@ -69,8 +70,22 @@ void Server::install_responses_routes() {
     res.status = 200;
     res.set_content(page.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
   });
+  // vLLM's and the API's: a background response still queued or in progress stops (its output
+  // so far kept, status "cancelled"); any other is refused.
+  post_route(svr, R"(/v1/responses/([^/]+)/cancel)", [this](const httplib::Request& req, const std::string&, httplib::Response& res) {
+    const std::string id = req.matches[1];
+    const bool cancelled = background_->cancel(id);  // returns once its run has stored what it ended as
+    auto r = responses_->get(id);
+    if (!r) return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no stored response '{}'", id)});
+    if (!cancelled)
+      return send_error(res, Error{ErrorCode::kInvalidArgument,
+                                   fmt::format("response '{}' is {}: only a background response that is queued or in "
+                                               "progress can be cancelled", id, r->value("status", "?"))});
+    send_json(res, 200, *r);
+  });
   svr.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
+    background_->cancel(id);  // a background response running: stopped first, then dropped
     if (!responses_->erase(id)) return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no stored response '{}'", id)});
     send_json(res, 200, json{{"id", id}, {"object", "response"}, {"deleted", true}});
   });
@@ -83,6 +98,10 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
     if (!h.ok()) return send_error(res, h.error());
     history = std::move(*h);
   }
+  if (r.background && opts_.max_stored_responses == 0)
+    return send_error(res, Error{ErrorCode::kInvalidArgument,
+                                 "'background' needs stored responses, and this server keeps none "
+                                 "(--max-stored-responses 0)"});
   ChatParsing parsing;
   auto req = chat_completion_request(chat_body(r, history), &parsing);
   if (!req.ok()) return send_error(res, req.error());
@@ -149,7 +168,34 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
   answer->fail = [state](const Error& e, EventAnswer::Events& events) { state->builder.fail(e, events); };
   answer->whole = [state] { return state->builder.response(); };
   answer->send_error = [](httplib::Response& res, const Error& e) { send_error(res, e); };
-  respond_events(std::move(*prepared), r.stream, http, res, std::move(answer));
+  if (!r.background) return respond_events(std::move(*prepared), r.stream, http, res, std::move(answer));
+
+  // Background: stored "queued" and answered at once; a job of its own runs it as a whole
+  // response, which `finish` stores as it ended (a failure or a cancel before it started, here).
+  json queued = state->builder.response();
+  queued["status"] = "queued";
+  responses_->put(id, r.previous_response_id, queued, r.input_messages, r.input_items);
+  auto p = std::make_shared<const Prepared>(std::move(*prepared));
+  Status started = background_->start(id, [this, p, answer, id, r](const std::atomic<bool>& cancelled) {
+    responses_->set_status(id, "in_progress");
+    auto whole = whole_answer(*p, *answer, [&cancelled] { return !cancelled.load(); });
+    if (whole.ok()) return;
+    EventAnswer::Events unsent;
+    if (cancelled.load()) {  // before it started: no choice ran
+      CompletionChoice none;
+      none.finish_reason = "abort";
+      answer->begin(unsent);
+      answer->finish(none, unsent);
+      return;
+    }
+    answer->fail(whole.error(), unsent);
+    responses_->put(id, r.previous_response_id, answer->whole(), r.input_messages, r.input_items);
+  });
+  if (!started.ok()) {
+    responses_->erase(id);
+    return send_error(res, started.error());
+  }
+  send_json(res, 200, queued);
 }
 
 }  // namespace lragent::server

@@ -1,7 +1,7 @@
 // The Responses API driven by OpenAI's own JavaScript SDK (scripts/fetch-fixtures.sh fetches
 // it): node responses_sdk.mjs <sdk index.mjs> <base URL> <model>. The SDK's stream helper
 // rebuilds the response from the typed events (and throws on one out of place); its
-// output_text reads the message items. Prints "ok" and exits 0, or the failure and exits 1.
+// output_text reads the message items; background responses are polled and cancelled. Prints "ok" and exits 0, or the failure and exits 1.
 // Run by ResponsesTest.OpenAisSdkReadsWhatTheServerSends.
 const [sdkPath, baseURL, model] = process.argv.slice(2);
 const { default: OpenAI, NotFoundError, BadRequestError } = await import(sdkPath);
@@ -89,6 +89,23 @@ try {
   gone = e instanceof NotFoundError;
 }
 check(gone, 'a deleted response is gone (404)');
+
+// In the background: queued at once, retrieved until it ended (the whole response's text), and
+// a long one cancelled through the SDK's cancel().
+const queued = await client.responses.create({ model, input: 'Tell me a story.', max_output_tokens: 24, background: true,
+                                               ...sampling });
+check(queued.status === 'queued' && queued.background === true, `background status ${queued.status}`);
+let polled = queued;
+for (let i = 0; i < 6000 && (polled.status === 'queued' || polled.status === 'in_progress'); ++i) {
+  await new Promise((r) => setTimeout(r, 10));
+  polled = await client.responses.retrieve(queued.id);
+}
+check(polled.status === whole.status && polled.output_text === whole.output_text,
+      `background "${polled.output_text}" (${polled.status}) vs whole "${whole.output_text}"`);
+const long = await client.responses.create({ model, input: 'Go on.', max_output_tokens: 1500, ignore_eos: true,
+                                             background: true, ...sampling });
+const stopped = await client.responses.cancel(long.id);
+check(stopped.id === long.id && stopped.status === 'cancelled', `cancel: ${stopped.status}`);
 
 // Errors the SDK raises as its own classes.
 let refused = false;

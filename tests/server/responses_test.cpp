@@ -6,7 +6,9 @@
 // must read what the server sends, streamed and whole.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <httplib.h>
@@ -145,16 +147,22 @@ TEST(ResponsesApi, WhatIsNotServedIsRefusedByName) {
   EXPECT_NE(error_of({{"input", {{{"type", "item_reference"}, {"id", "x"}}}}}).find("previous_response_id"), std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"tools", {{{"type", "web_search"}}}}}).find("tools[0] is a 'web_search' tool"),
             std::string::npos);
-  EXPECT_NE(error_of({{"input", "x"}, {"background", true}}).find("'background'"), std::string::npos);
+  EXPECT_NE(error_of({{"input", "x"}, {"background", true}, {"store", false}}).find("'background' needs \"store\""),
+            std::string::npos);
+  EXPECT_NE(error_of({{"input", "x"}, {"background", true}, {"stream", true}}).find("streamed 'background'"),
+            std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"max_output_tokens", 0}}).find("'max_output_tokens'"), std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}).find("'text.format.type'"),
             std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"tools", json::array({{{"type", "function"}, {"name", "f"}}})}, {"tool_choice", "any"}})
                 .find("'tool_choice'"),
             std::string::npos);
-  auto unsupported = parse_responses_request(R"({"input": "x", "background": true})");
+  auto unsupported = parse_responses_request(R"({"input": "x", "background": true, "stream": true})");
   ASSERT_FALSE(unsupported.ok());
   EXPECT_EQ(unsupported.error().code, ErrorCode::kUnsupported);
+  auto background = parse_responses_request(R"({"input": "x", "background": true})");
+  ASSERT_TRUE(background.ok()) << background.error().message;
+  EXPECT_TRUE(background->background);
   EXPECT_FALSE(parse_responses_request("{").ok());
   EXPECT_FALSE(parse_responses_request("[]").ok());
 }
@@ -291,6 +299,17 @@ TEST(ResponsesApi, TheStoreKeepsConversationsAndDropsTheLeastRecentlyUsed) {
   EXPECT_NE(broken.error().message.find("'r1'"), std::string::npos) << broken.error().message;
   EXPECT_EQ(s.conversation("nope").error().code, ErrorCode::kNotFound);
   EXPECT_FALSE(s.erase("nope"));
+  // A background response still running is not continued (its turn has no answer yet).
+  s.put("bg", "", json{{"id", "bg"}, {"status", "queued"}}, turn("d"));
+  ASSERT_TRUE(s.set_status("bg", "in_progress"));
+  EXPECT_EQ(s.get("bg")->at("status"), "in_progress");
+  auto running = s.conversation("bg");
+  ASSERT_FALSE(running.ok());
+  EXPECT_EQ(running.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_NE(running.error().message.find("still in progress"), std::string::npos) << running.error().message;
+  ASSERT_TRUE(s.set_status("bg", "completed"));
+  EXPECT_TRUE(s.conversation("bg").ok());
+  EXPECT_FALSE(s.set_status("nope", "completed"));
   // The byte bound.
   ResponseStore small(100, 300);
   for (int i = 0; i < 10; ++i) small.put("r" + std::to_string(i), "", json{{"id", i}}, turn(std::string(50, 'x')));
@@ -477,6 +496,93 @@ TEST_F(ResponsesTest, ReasoningIsAnItemOfItsOwn) {
   ASSERT_EQ(plain["output"].size(), 1u) << off;
   EXPECT_EQ(plain["output"][0]["type"], "message");
   EXPECT_EQ(plain["output"][0]["content"][0]["text"], reasoning);
+}
+
+// "background": true answers at once with the response queued; it runs on, and GET shows it
+// as it ended: the same output as the request without background. One still running cannot be
+// continued; cancel stops it (status cancelled, its output so far kept), and only it; a server
+// stopping cancels the ones still running.
+TEST_F(ResponsesTest, BackgroundResponsesRunOnAndCanBeCancelled) {
+  httplib::Client c("127.0.0.1", port_);
+  // GET until it has ended (a minute at most).
+  auto ended = [&](const std::string& id) {
+    json r;
+    for (int i = 0; i < 6000; ++i) {
+      auto got = c.Get(fmt::format("/v1/responses/{}", id));
+      if (!got || got->status != 200) return json(nullptr);
+      r = json::parse(got->body);
+      if (r["status"] != "queued" && r["status"] != "in_progress") return r;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "background response " << id << " still " << r["status"];
+    return r;
+  };
+  const json sampling = {{"temperature", 0.8}, {"seed", 5}, {"logit_bias", ascii_only()}};
+  json body = {{"model", "plan"}, {"input", "Hi"}, {"max_output_tokens", 16}};
+  body.update(sampling);
+  auto [st, text] = post("/v1/responses", body);
+  ASSERT_EQ(st, 200) << text;
+  const json want = json::parse(text);
+
+  body["background"] = true;
+  auto [bst, btext] = post("/v1/responses", body);
+  ASSERT_EQ(bst, 200) << btext;
+  const json queued = json::parse(btext);
+  EXPECT_EQ(queued["status"], "queued");
+  EXPECT_EQ(queued["background"], true);
+  EXPECT_TRUE(queued["output"].empty());
+  const json done = ended(queued["id"]);
+  EXPECT_EQ(done["status"], want["status"]);
+  EXPECT_EQ(done["background"], true);
+  ASSERT_EQ(done["output"].size(), 1u) << done;
+  EXPECT_EQ(done["output"][0]["content"][0]["text"], want["output"][0]["content"][0]["text"]);
+  EXPECT_EQ(done["usage"]["output_tokens"], want["usage"]["output_tokens"]);
+  // Ended: not cancelled (400), and continued as any stored response.
+  auto [cst, ctext] = post(fmt::format("/v1/responses/{}/cancel", queued["id"].get<std::string>()).c_str(), json::object());
+  EXPECT_EQ(cst, 400) << ctext;
+  EXPECT_NE(ctext.find("only a background response that is queued or in progress"), std::string::npos) << ctext;
+  json next = {{"model", "action"}, {"previous_response_id", queued["id"]}, {"input", "More?"}, {"max_output_tokens", 4}};
+  EXPECT_EQ(post("/v1/responses", next).first, 200);
+
+  // A long one (ignore_eos: all 1500 tokens), cancelled at once: stopped, not finished.
+  json long_body = {{"model", "plan"}, {"input", "Go on"}, {"max_output_tokens", 1500}, {"ignore_eos", true},
+                    {"background", true}};
+  long_body.update(sampling);
+  auto [lst, ltext] = post("/v1/responses", long_body);
+  ASSERT_EQ(lst, 200) << ltext;
+  const std::string long_id = json::parse(ltext)["id"];
+  json on_it = {{"model", "action"}, {"previous_response_id", long_id}, {"input", "And?"}};
+  auto [rst, rtext] = post("/v1/responses", on_it);
+  EXPECT_EQ(rst, 400) << rtext;
+  EXPECT_NE(rtext.find("is a background response still"), std::string::npos) << rtext;
+  auto [kst, ktext] = post(fmt::format("/v1/responses/{}/cancel", long_id).c_str(), json::object());
+  ASSERT_EQ(kst, 200) << ktext;
+  const json cancelled = json::parse(ktext);
+  EXPECT_EQ(cancelled["status"], "cancelled");
+  if (!cancelled["usage"].is_null()) EXPECT_LT(cancelled["usage"]["output_tokens"].get<int>(), 1500);
+  auto again = c.Get(fmt::format("/v1/responses/{}", long_id));
+  ASSERT_TRUE(again);
+  EXPECT_EQ(json::parse(again->body)["status"], "cancelled");
+  EXPECT_EQ(post(fmt::format("/v1/responses/{}/cancel", long_id).c_str(), json::object()).first, 400);
+  EXPECT_EQ(post("/v1/responses/resp-nobody/cancel", json::object()).first, 404);
+  // Refused: without store, streamed; with a server that stores none.
+  json unstored = long_body;
+  unstored["store"] = false;
+  EXPECT_EQ(post("/v1/responses", unstored).first, 400);
+  json streamed = long_body;
+  streamed["stream"] = true;
+  EXPECT_EQ(post("/v1/responses", streamed).first, 400);
+
+  // One left running when the server stops: cancelled and joined before the engine goes (a job
+  // outliving it would run on a freed server: ASan's build catches that).
+  ASSERT_EQ(post("/v1/responses", long_body).first, 200);
+  TearDown();
+  ServerOptions none;
+  none.max_stored_responses = 0;
+  start(none);
+  auto [nst, ntext] = post("/v1/responses", body);
+  EXPECT_EQ(nst, 400) << ntext;
+  EXPECT_NE(ntext.find("--max-stored-responses 0"), std::string::npos) << ntext;
 }
 
 // OpenAI's JavaScript SDK reads the server's responses and events (tests/server/responses_sdk.mjs).

@@ -1,0 +1,66 @@
+// BackgroundJobs (server/background_jobs.h): jobs run on threads of their own, cancel(id) stops
+// one and returns once its work returned, the bound on jobs at once holds, and cancel_all()
+// stops every job and refuses new ones.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "server/background_jobs.h"
+
+namespace lragent::server {
+namespace {
+
+// Work that runs until cancelled, counting how many of its kind returned.
+BackgroundJobs::Work until_cancelled(std::atomic<int>* returned) {
+  return [returned](const std::atomic<bool>& cancelled) {
+    while (!cancelled.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    returned->fetch_add(1);
+  };
+}
+
+TEST(BackgroundJobs, CancelStopsAJobAndWaitsForIt) {
+  BackgroundJobs jobs(4);
+  std::atomic<int> returned{0};
+  ASSERT_TRUE(jobs.start("a", until_cancelled(&returned)).ok());
+  ASSERT_TRUE(jobs.start("b", until_cancelled(&returned)).ok());
+  EXPECT_EQ(jobs.running(), 2u);
+  auto twice = jobs.start("a", until_cancelled(&returned));
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.error().code, ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(jobs.cancel("a"));
+  EXPECT_EQ(returned.load(), 1);  // its work returned before cancel did
+  EXPECT_EQ(jobs.running(), 1u);
+  EXPECT_FALSE(jobs.cancel("a"));  // gone
+  EXPECT_FALSE(jobs.cancel("nobody"));
+  jobs.cancel_all();
+  EXPECT_EQ(returned.load(), 2);
+  EXPECT_EQ(jobs.running(), 0u);
+  auto closed = jobs.start("c", until_cancelled(&returned));
+  ASSERT_FALSE(closed.ok());
+  EXPECT_NE(closed.error().message.find("shutting down"), std::string::npos);
+}
+
+// A job that ended on its own is not cancelled (cancel says so) and makes room for the next.
+TEST(BackgroundJobs, AJobThatEndedIsNotCancelledAndFreesItsPlace) {
+  BackgroundJobs jobs(1);
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(jobs.start("quick", [&ran](const std::atomic<bool>&) { ran.store(true); }).ok());
+  std::atomic<int> returned{0};
+  // Until "quick" has returned, it holds the only place.
+  for (int i = 0; i < 10000 && jobs.running() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(jobs.running(), 0u);
+  EXPECT_TRUE(ran.load());
+  ASSERT_TRUE(jobs.start("long", until_cancelled(&returned)).ok());
+  EXPECT_FALSE(jobs.cancel("quick"));
+  auto full = jobs.start("more", until_cancelled(&returned));
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code, ErrorCode::kOutOfMemory);
+  EXPECT_NE(full.error().message.find("at most 1 background responses at once"), std::string::npos) << full.error().message;
+  // The destructor cancels what still runs.
+}
+
+}  // namespace
+}  // namespace lragent::server
