@@ -62,6 +62,11 @@ struct ServeFlags {
   bool trust_remote_code = false;  // lragent runs no code from a model directory
   int tensor_parallel_size = 1;    // one device: only 1
   bool enable_prefix_caching = false;  // always on (kept trajectories)
+  bool enable_chunked_prefill = false;  // always on (--max-num-batched-tokens)
+  int max_loras = 1;                    // any: every pass mixes all served adapters
+  int max_cpu_loras = 0;                // any: every adapter stays loaded
+  bool disable_log_stats = false;       // lragent logs no periodic stats
+  std::string kv_cache_dtype = "auto";  // only auto: the cache in the weights' dtype
   int64_t seed = -1;               // >= 0: the first seed of requests that give none (else drawn)
   bool return_tokens_as_token_ids = false;
   int max_logprobs = lragent::server::kDefaultMaxLogprobs;
@@ -481,6 +486,24 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
   cmd->add_flag("--enable-prefix-caching", f->enable_prefix_caching,
                 "Accepted for vLLM's command lines: requests always reuse the KV cache of the prompts they extend "
                 "(the kept trajectories, --max-sessions)");
+  cmd->add_flag("--enable-chunked-prefill", f->enable_chunked_prefill,
+                "Accepted for vLLM's command lines: a prompt always runs in chunks within --max-num-batched-tokens, "
+                "beside the running requests' decode tokens");
+  cmd->add_option("--max-loras", f->max_loras,
+                  "Accepted for vLLM's command lines (its most adapters in one batch): every lragent pass mixes all "
+                  "served adapters, each sequence applying its own, so no request waits for an adapter slot")
+      ->default_val(1)
+      ->check(cli::positive());
+  cmd->add_option("--max-cpu-loras", f->max_cpu_loras,
+                  "Accepted for vLLM's command lines: every served adapter stays loaded (unload one with "
+                  "/v1/unload_lora_adapter)")
+      ->check(cli::positive());
+  cmd->add_flag("--disable-log-stats", f->disable_log_stats,
+                "Accepted for vLLM's command lines: lragent logs no periodic statistics (GET /metrics has them)");
+  cmd->add_option("--kv-cache-dtype", f->kv_cache_dtype,
+                  "vLLM's: only auto, the KV cache in the weights' dtype (--dtype); lragent has no fp8 caches")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto"}));
   auto* preset = cmd->add_option("--preset", f->preset,
                                  "Serve a synthetic model with the shapes of llama3.1-8b, ministral-8b, qwen3-8b or tiny (random "
                                  "weights made on the device, byte tokenizer) and bench trace's plan/action/reflect "

@@ -14,7 +14,7 @@ void SharingFlags::add_recompute_layers(CLI::App* app) {
 }
 
 void SharingFlags::add_page_size(CLI::App* app) {
-  app->add_option("--page-size", page_size, "Tokens per KV cache page")->default_val(16)->check(cli::in_range(1, 1024));
+  app->add_option("--page-size,--block-size", page_size, "Tokens per KV cache page (--block-size: vLLM's name)")->default_val(16)->check(cli::in_range(1, 1024));
 }
 
 void SharingFlags::add_to(CLI::App* app, const std::string& default_mode, const std::string& modes_help) {

@@ -77,6 +77,8 @@ TEST(ServeCli, VllmsCommandLineServes) {
                                      shell_quote(reflect.dump()) +
                                      " --enable-auto-tool-choice --tool-call-parser pythonic --dtype auto --trust-remote-code"
                                      " --tensor-parallel-size 1 --enable-prefix-caching --disable-log-requests --seed 0"
+                                     " --max-loras 4 --max-cpu-loras 8 --enable-chunked-prefill --disable-log-stats"
+                                     " --kv-cache-dtype auto --block-size 16"
                                      " --override-generation-config '{\"max_new_tokens\": 64}' --port 0");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tinystories-656k, plan, action, reflect"), std::string::npos) << r.err;
@@ -109,6 +111,8 @@ TEST(ServeCli, VllmsCommandLineServes) {
   for (const auto& [args, code, says] : std::vector<std::tuple<std::string, int, std::string>>{
            {" --tensor-parallel-size 2", 2, "--tensor-parallel-size"},
            {" --dtype half", 2, "--dtype"},
+           {" --kv-cache-dtype fp8", 2, "--kv-cache-dtype"},
+           {" --max-loras 0", 2, "--max-loras"},
            {" --override-generation-config '{temperature'", 2, "--override-generation-config is not valid JSON"},
            {" --override-generation-config '{\"top_p\": 0}'", 2, "'top_p' = 0 must be in (0, 1]"},
            {" --generation-config /nonexistent", 3, "--generation-config /nonexistent: no generation_config.json there"},
