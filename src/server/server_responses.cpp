@@ -29,6 +29,11 @@ void Server::install_responses_routes() {
     const std::string id = req.matches[1];
     auto r = responses_->get(id);
     if (!r) return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no stored response '{}'", id)});
+    // The API's stream of a background response's events (resumed with starting_after) is not
+    // kept: said, rather than answered with JSON a client reading events would choke on.
+    if (req.has_param("stream") && req.get_param_value("stream") != "false")
+      return send_error(res, Error{ErrorCode::kUnsupported, "a stored response's events are not kept to stream again: "
+                                                            "GET it without stream=true (poll a background response)"});
     send_json(res, 200, *r);
   });
   // The API's list: newest first unless order=asc, `limit` (1-100, default 20) a page, `after`

@@ -565,6 +565,10 @@ TEST_F(ResponsesTest, BackgroundResponsesRunOnAndCanBeCancelled) {
   EXPECT_EQ(json::parse(again->body)["status"], "cancelled");
   EXPECT_EQ(post(fmt::format("/v1/responses/{}/cancel", long_id).c_str(), json::object()).first, 400);
   EXPECT_EQ(post("/v1/responses/resp-nobody/cancel", json::object()).first, 404);
+  auto restream = c.Get(fmt::format("/v1/responses/{}?stream=true&starting_after=3", long_id));
+  ASSERT_TRUE(restream);
+  EXPECT_EQ(restream->status, 400);
+  EXPECT_NE(restream->body.find("not kept to stream again"), std::string::npos) << restream->body;
   // Refused: without store, streamed; with a server that stores none.
   json unstored = long_body;
   unstored["store"] = false;
