@@ -1,5 +1,7 @@
 #include "server/background_jobs.h"
 
+#include <algorithm>
+
 namespace lragent::server {
 
 void BackgroundJobs::reap_locked() {
@@ -65,6 +67,59 @@ size_t BackgroundJobs::running() const {
   size_t n = 0;
   for (const auto& [id, job] : jobs_) n += job->done.load() ? 0 : 1;
   return n;
+}
+
+void EventLog::append(std::vector<nlohmann::json>& events) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (nlohmann::json& e : events) events_.push_back(std::move(e));
+  }
+  events.clear();
+  cv_.notify_all();
+}
+
+void EventLog::close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool EventLog::read(size_t from, std::chrono::milliseconds wait, std::vector<nlohmann::json>* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, wait, [&] { return closed_ || events_.size() > from; });
+  for (size_t k = from; k < events_.size(); ++k) out->push_back(events_[k]);
+  return closed_;
+}
+
+std::shared_ptr<EventLog> EventLogs::open(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  erase_locked(id);
+  auto log = std::make_shared<EventLog>();
+  logs_.emplace(id, log);
+  order_.push_back(id);
+  while (logs_.size() > max_) {
+    logs_.erase(order_.front());
+    order_.pop_front();
+  }
+  return log;
+}
+
+std::shared_ptr<EventLog> EventLogs::find(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = logs_.find(id);
+  return it == logs_.end() ? nullptr : it->second;
+}
+
+void EventLogs::erase(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  erase_locked(id);
+}
+
+void EventLogs::erase_locked(const std::string& id) {
+  if (logs_.erase(id) == 0) return;
+  order_.erase(std::find(order_.begin(), order_.end(), id));
 }
 
 }  // namespace lragent::server

@@ -4,13 +4,19 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/result.h"
 
@@ -47,6 +53,42 @@ class BackgroundJobs {
   std::unordered_map<std::string, std::unique_ptr<Job>> jobs_;
   size_t max_running_;
   bool closed_ = false;
+};
+
+// The events of a streamed background response, as its job makes them: the request's own stream
+// and GET /v1/responses/{id}?stream=true read them, from any point, while more come and after.
+// Event k is the one of sequence_number k. Thread-safe.
+class EventLog {
+ public:
+  // Moves `events` in (emptying it) and wakes the readers.
+  void append(std::vector<nlohmann::json>& events);
+  void close();  // the last event is in
+  // The events from index `from` on (copied into *out), waiting up to `wait` for one when there
+  // is none yet. True when the log is closed and *out holds all it has left past `from`.
+  bool read(size_t from, std::chrono::milliseconds wait, std::vector<nlohmann::json>* out);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<nlohmann::json> events_;  // [events so far]
+  bool closed_ = false;
+};
+
+// The event logs of streamed background responses by response id: the `max` newest kept.
+// Thread-safe.
+class EventLogs {
+ public:
+  explicit EventLogs(size_t max) : max_(max) {}
+  std::shared_ptr<EventLog> open(const std::string& id);  // a new, empty log for `id`
+  std::shared_ptr<EventLog> find(const std::string& id);  // null when none is kept
+  void erase(const std::string& id);
+
+ private:
+  void erase_locked(const std::string& id);  // mu_ held
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<EventLog>> logs_;
+  std::deque<std::string> order_;  // the ids of logs_, oldest first
+  size_t max_;
 };
 
 }  // namespace lragent::server

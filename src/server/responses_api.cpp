@@ -230,9 +230,6 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Sa
   LRA_ASSIGN_OR_RETURN(r.background, get_bool("background", false));
   if (r.background && !r.store)
     return bad("'background' needs \"store\": true: a background response is kept for GET /v1/responses/{id}");
-  if (r.background && r.stream)
-    return unsupported("a streamed 'background' response is not served: poll GET /v1/responses/{id} for it, or "
-                       "stream the request without \"background\"");
   for (const char* name : {"conversation", "prompt"})
     if (!field(b, name).is_null())
       return unsupported(fmt::format("'{}' is not served: give the input (and previous_response_id) instead", name));

@@ -30,8 +30,10 @@ struct ResponsesRequest {
   std::string model;
   bool stream = false;
   bool store = true;  // keep the response for GET /v1/responses/{id} and previous_response_id
-  // Answered at once with the response "queued" (stored); it runs on, and GET /v1/responses/{id}
-  // shows it in_progress, then as it ended; POST /v1/responses/{id}/cancel stops it. Needs store.
+  // Answered at once with the response "queued" (stored; streamed: its events as they come); it
+  // runs on, and GET /v1/responses/{id} shows it in_progress, then as it ended (streamed, GET
+  // ...?stream=true&starting_after=N its events again); POST /v1/responses/{id}/cancel stops it.
+  // Needs store.
   bool background = false;
   std::string previous_response_id;  // empty: a new conversation
   std::optional<std::string> instructions;  // a system message before everything (not carried on)
@@ -51,7 +53,7 @@ struct ResponsesRequest {
 
 // Parses and validates a request body. Errors name the field: kInvalidArgument for bad values,
 // kUnsupported for what lragent does not serve (images and files, built-in tools such as
-// web_search, a streamed background response). Fields the API does not know are ignored.
+// web_search). Fields the API does not know are ignored.
 // `defaults`: the sampling defaults the chat completion will apply; the response repeats the
 // temperature and top_p it runs with.
 Result<ResponsesRequest> parse_responses_request(std::string_view body, const SamplingDefaults& defaults = {});

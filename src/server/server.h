@@ -306,6 +306,9 @@ class Server {
   // Runs a prepared request (its first choice) to its end and builds `answer`'s whole response
   // (its events made, not sent). `alive` false stops it, as a client gone does.
   Result<nlohmann::json> whole_answer(const Prepared& p, EventAnswer& answer, const AliveFn& alive);
+  // Streams `log`'s events from index `from` as server-sent events, as they come, until it is
+  // closed (or the client or the server goes).
+  void send_event_log(httplib::Response& res, std::shared_ptr<EventLog> log, size_t from);
   // Runs a prepared request (its first choice) and answers it as `answer` builds it.
   void respond_events(Prepared p, bool stream, const httplib::Request& http, httplib::Response& res,
                       std::shared_ptr<EventAnswer> answer);
@@ -371,6 +374,7 @@ class Server {
   std::unique_ptr<ResponseStore> responses_;  // stored /v1/responses (thread-safe)
   // Background responses running (thread-safe); cancelled and joined before the engine stops.
   std::unique_ptr<BackgroundJobs> background_;
+  std::unique_ptr<EventLogs> event_logs_;  // the events of streamed background responses
   int64_t created_ = 0;   // unix time the server started (the models' "created")
   uint64_t next_seed_ = 0;
 };

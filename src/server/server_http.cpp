@@ -547,6 +547,28 @@ Result<json> Server::whole_answer(const Prepared& p, EventAnswer& answer, const 
   return answer.whole();
 }
 
+void Server::send_event_log(httplib::Response& res, std::shared_ptr<EventLog> log, size_t from) {
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider("text/event-stream", [this, log, from](size_t, httplib::DataSink& sink) {
+    const AliveFn alive = sink_alive(sink);
+    for (size_t at = from;;) {
+      std::vector<json> events;
+      const bool closed = log->read(at, kAlivePoll, &events);
+      for (const json& e : events) {
+        const std::string line = "event: " + e.value("type", "") + "\ndata: " + dump(e) + "\n\n";
+        if (!sink.write(line.data(), line.size())) return false;
+      }
+      at += events.size();
+      if (closed) break;
+      // A client gone, or a server stopping (which waits for this thread), ends the stream; the
+      // response runs on.
+      if (!alive() || http_->stop_requested.load()) return false;
+    }
+    sink.done();
+    return true;
+  });
+}
+
 void Server::respond_events(Prepared prepared, bool stream, const httplib::Request& http, httplib::Response& res,
                             std::shared_ptr<EventAnswer> answer) {
   if (!stream) {

@@ -2,7 +2,8 @@
 // translates to, through the same prepare/run as /v1/chat/completions; its text becomes output
 // items (ChatStream splits reasoning and tool calls, whole or streamed alike) and, with
 // "store", the response is kept for GET /v1/responses/{id} and previous_response_id; with
-// "background", it runs on a job of its own (BackgroundJobs) and is fetched from there.
+// "background", it runs on a job of its own (BackgroundJobs) and is fetched from there (streamed:
+// its events kept in an EventLog, for its stream and GET ...?stream=true).
 #include <algorithm>
 #include <cstdlib>
 #include <vector>
@@ -29,11 +30,26 @@ void Server::install_responses_routes() {
     const std::string id = req.matches[1];
     auto r = responses_->get(id);
     if (!r) return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no stored response '{}'", id)});
-    // The API's stream of a background response's events (resumed with starting_after) is not
-    // kept: said, rather than answered with JSON a client reading events would choke on.
-    if (req.has_param("stream") && req.get_param_value("stream") != "false")
-      return send_error(res, Error{ErrorCode::kUnsupported, "a stored response's events are not kept to stream again: "
-                                                            "GET it without stream=true (poll a background response)"});
+    // A streamed background response's events again, those after sequence_number
+    // `starting_after` (all without it), live while it runs. Others keep no events: said, rather
+    // than answered with JSON a client reading events would choke on.
+    if (req.has_param("stream") && req.get_param_value("stream") != "false") {
+      std::shared_ptr<EventLog> log = event_logs_->find(id);
+      if (!log)
+        return send_error(res, Error{ErrorCode::kUnsupported,
+                                     fmt::format("response '{}' keeps no events to stream again (only a streamed "
+                                                 "background response does): GET it without stream=true", id)});
+      size_t from = 0;
+      if (req.has_param("starting_after")) {
+        const std::string a = req.get_param_value("starting_after");
+        char* end = nullptr;
+        const long long v = std::strtoll(a.c_str(), &end, 10);
+        if (a.empty() || *end != '\0' || v < -1)
+          return send_error(res, Error{ErrorCode::kInvalidArgument, "'starting_after' must be an event's sequence_number"});
+        from = static_cast<size_t>(v + 1);
+      }
+      return send_event_log(res, log, from);
+    }
     send_json(res, 200, *r);
   });
   // The API's list: newest first unless order=asc, `limit` (1-100, default 20) a page, `after`
@@ -91,6 +107,7 @@ void Server::install_responses_routes() {
   svr.Delete(R"(/v1/responses/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
     const std::string id = req.matches[1];
     background_->cancel(id);  // a background response running: stopped first, then dropped
+    event_logs_->erase(id);
     if (!responses_->erase(id)) return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no stored response '{}'", id)});
     send_json(res, 200, json{{"id", id}, {"object", "response"}, {"deleted", true}});
   });
@@ -175,31 +192,50 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
   answer->send_error = [](httplib::Response& res, const Error& e) { send_error(res, e); };
   if (!r.background) return respond_events(std::move(*prepared), r.stream, http, res, std::move(answer));
 
-  // Background: stored "queued" and answered at once; a job of its own runs it as a whole
-  // response, which `finish` stores as it ended (a failure or a cancel before it started, here).
+  // Background: stored "queued" and answered at once (streamed: with its events as they come);
+  // a job of its own runs it, and `finish` stores it as it ended (a failure, or a cancel before
+  // it started, here). A streamed one keeps its events in a log that its request's stream and
+  // GET ...?stream=true read, so a client gone does not stop it.
   json queued = state->builder.response();
   queued["status"] = "queued";
   responses_->put(id, r.previous_response_id, queued, r.input_messages, r.input_items);
+  std::shared_ptr<EventLog> log = r.stream ? event_logs_->open(id) : nullptr;
   auto p = std::make_shared<const Prepared>(std::move(*prepared));
-  Status started = background_->start(id, [this, p, answer, id, r](const std::atomic<bool>& cancelled) {
+  Status started = background_->start(id, [this, p, answer, id, r, log](const std::atomic<bool>& cancelled) {
     responses_->set_status(id, "in_progress");
-    auto whole = whole_answer(*p, *answer, [&cancelled] { return !cancelled.load(); });
-    if (whole.ok()) return;
-    EventAnswer::Events unsent;
-    if (cancelled.load()) {  // before it started: no choice ran
+    EventAnswer::Events events;
+    auto keep = [&] {
+      if (log) log->append(events);
+      events.clear();
+    };
+    answer->begin(events);
+    if (!events.empty() && events[0].contains("response")) events[0]["response"]["status"] = "queued";
+    keep();
+    // Asked between pieces (false stops it at its next token) and while none comes.
+    auto out = run(*p, [&](const CompletionDelta& d) {
+      answer->push(d, events);
+      keep();
+      return !cancelled.load();
+    }, [&cancelled] { return !cancelled.load(); });
+    if (out.ok() && !out->empty()) {
+      answer->finish(out->front(), events);
+    } else if (cancelled.load()) {  // before it started: no choice ran
       CompletionChoice none;
       none.finish_reason = "abort";
-      answer->begin(unsent);
-      answer->finish(none, unsent);
-      return;
+      answer->finish(none, events);
+    } else {
+      answer->fail(out.ok() ? Error{ErrorCode::kInternal, "a request ended with no completion"} : out.error(), events);
+      responses_->put(id, r.previous_response_id, answer->whole(), r.input_messages, r.input_items);
     }
-    answer->fail(whole.error(), unsent);
-    responses_->put(id, r.previous_response_id, answer->whole(), r.input_messages, r.input_items);
+    keep();
+    if (log) log->close();
   });
   if (!started.ok()) {
     responses_->erase(id);
+    event_logs_->erase(id);
     return send_error(res, started.error());
   }
+  if (log) return send_event_log(res, log, 0);
   send_json(res, 200, queued);
 }
 

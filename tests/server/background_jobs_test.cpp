@@ -1,12 +1,15 @@
 // BackgroundJobs (server/background_jobs.h): jobs run on threads of their own, cancel(id) stops
 // one and returns once its work returned, the bound on jobs at once holds, and cancel_all()
-// stops every job and refuses new ones.
+// stops every job and refuses new ones; EventLog's readers see every event.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "server/background_jobs.h"
 
@@ -22,8 +25,8 @@ BackgroundJobs::Work until_cancelled(std::atomic<int>* returned) {
 }
 
 TEST(BackgroundJobs, CancelStopsAJobAndWaitsForIt) {
+  std::atomic<int> returned{0};  // before the jobs: it outlives their threads
   BackgroundJobs jobs(4);
-  std::atomic<int> returned{0};
   ASSERT_TRUE(jobs.start("a", until_cancelled(&returned)).ok());
   ASSERT_TRUE(jobs.start("b", until_cancelled(&returned)).ok());
   EXPECT_EQ(jobs.running(), 2u);
@@ -45,10 +48,10 @@ TEST(BackgroundJobs, CancelStopsAJobAndWaitsForIt) {
 
 // A job that ended on its own is not cancelled (cancel says so) and makes room for the next.
 TEST(BackgroundJobs, AJobThatEndedIsNotCancelledAndFreesItsPlace) {
-  BackgroundJobs jobs(1);
   std::atomic<bool> ran{false};
+  std::atomic<int> returned{0};  // before the jobs: it outlives their threads
+  BackgroundJobs jobs(1);
   ASSERT_TRUE(jobs.start("quick", [&ran](const std::atomic<bool>&) { ran.store(true); }).ok());
-  std::atomic<int> returned{0};
   // Until "quick" has returned, it holds the only place.
   for (int i = 0; i < 10000 && jobs.running() > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   ASSERT_EQ(jobs.running(), 0u);
@@ -60,6 +63,51 @@ TEST(BackgroundJobs, AJobThatEndedIsNotCancelledAndFreesItsPlace) {
   EXPECT_EQ(full.error().code, ErrorCode::kOutOfMemory);
   EXPECT_NE(full.error().message.find("at most 1 background responses at once"), std::string::npos) << full.error().message;
   // The destructor cancels what still runs.
+}
+
+// An event log is read from any index, while events come (a reader waits for them) and after it
+// closed; the logs kept are the newest `max`.
+TEST(EventLog, ReadersGetEveryEventFromWhereTheyStart) {
+  EventLog log;
+  std::vector<nlohmann::json> got;
+  EXPECT_FALSE(log.read(0, std::chrono::milliseconds(1), &got));
+  EXPECT_TRUE(got.empty());
+  std::vector<nlohmann::json> all;
+  std::thread reader([&] {
+    for (size_t at = 0;;) {
+      std::vector<nlohmann::json> some;
+      const bool closed = log.read(at, std::chrono::milliseconds(50), &some);
+      at += some.size();
+      for (auto& e : some) all.push_back(std::move(e));
+      if (closed) break;
+    }
+  });
+  for (int k = 0; k < 100; ++k) {
+    std::vector<nlohmann::json> events = {{{"sequence_number", k}}};
+    log.append(events);
+    EXPECT_TRUE(events.empty());
+  }
+  log.close();
+  reader.join();
+  ASSERT_EQ(all.size(), 100u);
+  for (int k = 0; k < 100; ++k) EXPECT_EQ(all[k]["sequence_number"], k);
+  std::vector<nlohmann::json> tail;
+  EXPECT_TRUE(log.read(97, std::chrono::milliseconds(0), &tail));
+  ASSERT_EQ(tail.size(), 3u);
+  EXPECT_EQ(tail[0]["sequence_number"], 97);
+
+  EventLogs logs(2);
+  auto a = logs.open("a");
+  logs.open("b");
+  EXPECT_EQ(logs.find("a"), a);
+  logs.open("c");  // "a" is the oldest: dropped
+  EXPECT_EQ(logs.find("a"), nullptr);
+  EXPECT_NE(logs.find("b"), nullptr);
+  logs.erase("b");
+  EXPECT_EQ(logs.find("b"), nullptr);
+  logs.open("d");
+  EXPECT_NE(logs.find("c"), nullptr);
+  EXPECT_NE(logs.find("d"), nullptr);
 }
 
 }  // namespace

@@ -102,6 +102,19 @@ for (let i = 0; i < 6000 && (polled.status === 'queued' || polled.status === 'in
 }
 check(polled.status === whole.status && polled.output_text === whole.output_text,
       `background "${polled.output_text}" (${polled.status}) vs whole "${whole.output_text}"`);
+// Streamed in the background: the events as they come, then again past starting_after through
+// retrieve(id, { stream: true }).
+const bgStream = await client.responses.create({ model, input: 'Tell me a story.', max_output_tokens: 24, background: true,
+                                                 stream: true, ...sampling });
+const bgEvents = [];
+for await (const e of bgStream) bgEvents.push(e);
+const bgText = bgEvents.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+check(bgEvents[0].type === 'response.created' && bgEvents[0].response.status === 'queued', `first event ${bgEvents[0].type}`);
+check(bgText === whole.output_text, `streamed background "${bgText}" vs whole "${whole.output_text}"`);
+const again = await client.responses.retrieve(bgEvents[0].response.id, { stream: true, starting_after: 1 });
+const againEvents = [];
+for await (const e of again) againEvents.push(e);
+check(againEvents.length === bgEvents.length - 2 && againEvents[0].sequence_number === 2, `resumed ${againEvents.length} events`);
 const long = await client.responses.create({ model, input: 'Go on.', max_output_tokens: 1500, ignore_eos: true,
                                              background: true, ...sampling });
 const stopped = await client.responses.cancel(long.id);

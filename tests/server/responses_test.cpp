@@ -149,18 +149,16 @@ TEST(ResponsesApi, WhatIsNotServedIsRefusedByName) {
             std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"background", true}, {"store", false}}).find("'background' needs \"store\""),
             std::string::npos);
-  EXPECT_NE(error_of({{"input", "x"}, {"background", true}, {"stream", true}}).find("streamed 'background'"),
-            std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"max_output_tokens", 0}}).find("'max_output_tokens'"), std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"text", {{"format", {{"type", "yaml"}}}}}}).find("'text.format.type'"),
             std::string::npos);
   EXPECT_NE(error_of({{"input", "x"}, {"tools", json::array({{{"type", "function"}, {"name", "f"}}})}, {"tool_choice", "any"}})
                 .find("'tool_choice'"),
             std::string::npos);
-  auto unsupported = parse_responses_request(R"({"input": "x", "background": true, "stream": true})");
+  auto unsupported = parse_responses_request(R"({"input": "x", "tools": [{"type": "web_search"}]})");
   ASSERT_FALSE(unsupported.ok());
   EXPECT_EQ(unsupported.error().code, ErrorCode::kUnsupported);
-  auto background = parse_responses_request(R"({"input": "x", "background": true})");
+  auto background = parse_responses_request(R"({"input": "x", "background": true, "stream": true})");
   ASSERT_TRUE(background.ok()) << background.error().message;
   EXPECT_TRUE(background->background);
   EXPECT_FALSE(parse_responses_request("{").ok());
@@ -500,8 +498,9 @@ TEST_F(ResponsesTest, ReasoningIsAnItemOfItsOwn) {
 
 // "background": true answers at once with the response queued; it runs on, and GET shows it
 // as it ended: the same output as the request without background. One still running cannot be
-// continued; cancel stops it (status cancelled, its output so far kept), and only it; a server
-// stopping cancels the ones still running.
+// continued; cancel stops it (status cancelled, its output so far kept), and only it; streamed,
+// its events come as they are made and can be read again; a server stopping cancels the ones
+// still running.
 TEST_F(ResponsesTest, BackgroundResponsesRunOnAndCanBeCancelled) {
   httplib::Client c("127.0.0.1", port_);
   // GET until it has ended (a minute at most).
@@ -568,14 +567,44 @@ TEST_F(ResponsesTest, BackgroundResponsesRunOnAndCanBeCancelled) {
   auto restream = c.Get(fmt::format("/v1/responses/{}?stream=true&starting_after=3", long_id));
   ASSERT_TRUE(restream);
   EXPECT_EQ(restream->status, 400);
-  EXPECT_NE(restream->body.find("not kept to stream again"), std::string::npos) << restream->body;
-  // Refused: without store, streamed; with a server that stores none.
+  EXPECT_NE(restream->body.find("keeps no events to stream again"), std::string::npos) << restream->body;
+  // Refused: without store; with a server that stores none (below).
   json unstored = long_body;
   unstored["store"] = false;
   EXPECT_EQ(post("/v1/responses", unstored).first, 400);
-  json streamed = long_body;
-  streamed["stream"] = true;
-  EXPECT_EQ(post("/v1/responses", streamed).first, 400);
+
+  // Streamed: its events as they come (the first one showing it queued), the text the request
+  // without background gives; GET ...?stream=true gives them again, all or past starting_after.
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  auto [sst, sse] = post("/v1/responses", streamed_body);
+  ASSERT_EQ(sst, 200) << sse;
+  const std::vector<json> events = testing::sse_events(sse);
+  ASSERT_GE(events.size(), 4u) << sse;
+  EXPECT_EQ(events[0]["type"], "response.created");
+  EXPECT_EQ(events[0]["response"]["status"], "queued");
+  EXPECT_EQ(events[0]["response"]["background"], true);
+  std::string streamed_text;
+  for (size_t k = 0; k < events.size(); ++k) {
+    EXPECT_EQ(events[k]["sequence_number"], k);
+    if (events[k]["type"] == "response.output_text.delta") streamed_text += events[k]["delta"].get<std::string>();
+  }
+  EXPECT_EQ(streamed_text, want["output"][0]["content"][0]["text"]);
+  EXPECT_EQ(events.back()["type"], "response.incomplete");
+  const std::string sid = events[0]["response"]["id"];
+  auto replay = c.Get(fmt::format("/v1/responses/{}?stream=true", sid));
+  ASSERT_TRUE(replay);
+  EXPECT_EQ(replay->status, 200);
+  EXPECT_EQ(testing::sse_events(replay->body), events);
+  auto tail = c.Get(fmt::format("/v1/responses/{}?stream=true&starting_after=2", sid));
+  ASSERT_TRUE(tail);
+  const std::vector<json> rest = testing::sse_events(tail->body);
+  ASSERT_EQ(rest.size(), events.size() - 3);
+  EXPECT_EQ(rest.front(), events[3]);
+  auto bad_after = c.Get(fmt::format("/v1/responses/{}?stream=true&starting_after=x", sid));
+  ASSERT_TRUE(bad_after);
+  EXPECT_EQ(bad_after->status, 400);
+  EXPECT_EQ(ended(sid)["output"], events.back()["response"]["output"]);
 
   // One left running when the server stops: cancelled and joined before the engine goes (a job
   // outliving it would run on a freed server: ASan's build catches that).
