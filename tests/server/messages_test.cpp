@@ -16,6 +16,7 @@
 #include "server/http_fixture.h"
 #include "server/messages_api.h"
 #include "server/openai_api.h"
+#include "server/stream_fixture.h"
 #include "server/synthetic_chat_fixture.h"
 
 namespace lragent::server {
@@ -210,14 +211,7 @@ TEST(MessagesApi, StreamedCallsRebuildTheMessage) {
   const std::string out =
       "Checking.<tool_call>\n{\"name\": \"f\", \"arguments\": {\"city\": \"Paris\", \"days\": [1, 2]}}\n</tool_call>"
       "<tool_call>\n{\"name\": \"g\", \"arguments\": \"as text\"}\n</tool_call>";
-  for (size_t at = 0; at < out.size(); at += 3) {
-    const ChatStream::Delta d = text.push(out.substr(at, 3));
-    b.text(d.content, ev);
-    b.tool_call_deltas(d.tool_calls, ev);
-  }
-  ChatStream::End end = text.finish();
-  b.text(end.rest.content, ev);
-  b.tool_call_deltas(end.tool_call_deltas, ev);
+  ChatStream::End end = testing::stream_into(text, b, out, ev);
   b.finish(end.tool_calls, "stop", std::nullopt, 30, 0, ev);
   size_t pieces = 0;
   for (const json& e : ev) pieces += e["type"] == "content_block_delta" && e["delta"]["type"] == "input_json_delta";
