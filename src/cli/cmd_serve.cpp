@@ -82,7 +82,7 @@ Status set_chat_template(const ServeFlags& f, server::ServerOptions& so) {
     so.chat_template_missing = "the built-in model has none";
     return Status::Ok();
   }
-  const std::filesystem::path dir(f.model.model_dir);
+  const std::filesystem::path dir(f.model.tokenizer_source());  // vLLM reads the template from the tokenizer
   nlohmann::json cfg = nlohmann::json::object();
   if (!f.model.model_dir.empty()) {
     if (auto text = read_text_file((dir / "tokenizer_config.json").string()); text.ok()) {

@@ -21,6 +21,9 @@ void ModelFlags::add_to(CLI::App* app, bool with_adapters, bool decodes) {
   app->add_option("--model", model_dir,
                   "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). "
                   "Omitted: the built-in synthetic model (random weights, meaningless text)");
+  app->add_option("--tokenizer", tokenizer_dir,
+                  "Directory with the tokenizer.json (and tokenizer_config.json: its chat template, special tokens) to "
+                  "use instead of the model directory's (vLLM's --tokenizer); needs --model");
   add_threads_flag(app, threads);
   app->add_option("--device", device,
                   "Where the model runs: cpu, or cuda / cuda:N (an NVIDIA GPU; needs a build with -DLRAGENT_CUDA=ON)")
@@ -174,6 +177,10 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
   LoadedModel out;
   LRA_ASSIGN_OR_RETURN(out.backend, make_backend(flags));
   const auto t0 = std::chrono::steady_clock::now();
+  if (flags.model_dir.empty() && !flags.tokenizer_dir.empty())
+    return make_error(ErrorCode::kInvalidArgument,
+                      "--tokenizer {}: the built-in synthetic model has its own byte tokenizer; give --model too",
+                      flags.tokenizer_dir);
   if (flags.model_dir.empty()) {
     fmt::print(stderr,
                "note: no --model given: using the built-in synthetic model (deterministic random weights; the "
@@ -186,9 +193,16 @@ Result<LoadedModel> load_model(const ModelFlags& flags) {
     fmt::print(stderr, "loading model {}\n", flags.model_dir);
     LRA_ASSIGN_OR_RETURN(out.model, LlamaModel::load(flags.model_dir, *out.backend, weight_progress()));
     std::error_code ec;  // unreadable counts as absent: the model loaded, the tokenizer is optional
-    if (std::filesystem::exists(std::filesystem::path(flags.model_dir) / "tokenizer.json", ec)) {
-      LRA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load_dir(flags.model_dir));
+    if (std::filesystem::exists(std::filesystem::path(flags.tokenizer_source()) / "tokenizer.json", ec)) {
+      LRA_ASSIGN_OR_RETURN(out.tokenizer, Tokenizer::load_dir(flags.tokenizer_source()));
+    } else if (!flags.tokenizer_dir.empty()) {
+      return make_error(ErrorCode::kNotFound, "--tokenizer {}: no tokenizer.json there", flags.tokenizer_dir);
     }
+    // The model's embedding rows must cover every id the tokenizer hands out.
+    if (out.tokenizer && !flags.tokenizer_dir.empty() && out.tokenizer->vocab_size() > out.model->config().vocab_size)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "--tokenizer {}: its vocabulary has {} tokens, more than the model's {}: not this model's tokenizer",
+                        flags.tokenizer_dir, out.tokenizer->vocab_size(), out.model->config().vocab_size);
     const auto& c = out.model->config();
     fmt::print(stderr, "loaded {}: {} layers, hidden {}, {} heads / {} kv heads in {:.0f} ms\n", c.architecture,
                c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads,

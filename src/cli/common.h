@@ -17,6 +17,7 @@ namespace lragent::cli {
 // --model / --threads / --adapter flags shared by generate, replay, run, ...
 struct ModelFlags {
   std::string model_dir;  // empty: the built-in synthetic model
+  std::string tokenizer_dir;  // --tokenizer: tokenizer.json (and tokenizer_config.json) from there; empty: model_dir
   int threads = 0;
   std::string device = "cpu";         // cpu | cuda | cuda:N
   std::string dtype = "bf16";         // CUDA weights and caches: bf16 | f32
@@ -26,6 +27,8 @@ struct ModelFlags {
   std::vector<std::string> adapters;  // NAME=DIR
   // decodes: the command decodes tokens step by step (--no-decode-lookahead applies).
   void add_to(CLI::App* app, bool with_adapters, bool decodes = true);
+  // Where the tokenizer's files are: --tokenizer, else the model directory.
+  const std::string& tokenizer_source() const { return tokenizer_dir.empty() ? model_dir : tokenizer_dir; }
 };
 
 struct LoadedModel {

@@ -52,7 +52,8 @@ TEST(Cli, GenerateJsonContract) {
 }
 
 // Decode lookahead (the default) and step-by-step decoding give the same tokens, sampled and
-// stopping at EOS; a model directory without tokenizer.json streams ids, not text.
+// stopping at EOS; a model directory without tokenizer.json streams ids, not text, or takes one
+// from --tokenizer.
 TEST(Cli, GenerateLookaheadAndNoTokenizer) {
   const std::string args = " --prompt 'Once upon a time' --max-tokens 40 --temperature 0.9 --top-p 0.95 --seed 5 --json";
   const CliRun on = run_cli("generate " + model_arg() + args);
@@ -70,6 +71,22 @@ TEST(Cli, GenerateLookaheadAndNoTokenizer) {
   const CliRun ids = run_cli("generate --model " + shell_quote(dir) + " --prompt-tokens 1,500,300 --max-tokens 5");
   ASSERT_EQ(ids.code, 0) << ids.err;
   EXPECT_EQ(std::count(ids.out.begin(), ids.out.end(), ','), 4) << ids.out;  // five ids, comma-separated
+
+  // --tokenizer (vLLM's) gives it one from another directory: the text and tokens of the whole model's.
+  const std::string greedy = " --prompt 'Once upon a time' --max-tokens 12 --temperature 0 --json";
+  const CliRun whole = run_cli("generate " + model_arg() + greedy);
+  const CliRun lent = run_cli("generate --model " + shell_quote(dir) + " --tokenizer " +
+                              shell_quote(testing::tinystories_dir()) + greedy);
+  ASSERT_EQ(whole.code, 0) << whole.err;
+  ASSERT_EQ(lent.code, 0) << lent.err;
+  EXPECT_EQ(nlohmann::json::parse(lent.out)["output_tokens"], nlohmann::json::parse(whole.out)["output_tokens"]);
+  EXPECT_EQ(nlohmann::json::parse(lent.out)["text"], nlohmann::json::parse(whole.out)["text"]);
+  const CliRun missing = run_cli("generate --model " + shell_quote(dir) + " --tokenizer " + shell_quote(dir) + greedy);
+  EXPECT_NE(missing.code, 0);
+  EXPECT_NE(error_line(missing).find("--tokenizer " + dir + ": no tokenizer.json there"), std::string::npos) << missing.err;
+  const CliRun alone = run_cli("generate --tokenizer " + shell_quote(testing::tinystories_dir()) + greedy);
+  EXPECT_NE(alone.code, 0);
+  EXPECT_NE(error_line(alone).find("give --model too"), std::string::npos) << alone.err;
 }
 
 TEST(Cli, TokenizeAndDefaultModel) {

@@ -163,7 +163,7 @@ TEST(ServeCli, AutoSharingOnQwen3PicksNoneForAKProjAdapter) {
 }
 
 // The chat template comes from chat_template.jinja beside the model (transformers >= 4.43 saves it
-// there) or --chat-template (a file or the text); a --chat-template that cannot be used stops
+// there), or beside --tokenizer's tokenizer, or --chat-template (a file or the text); a --chat-template that cannot be used stops
 // start-up with one error line.
 TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
   const std::string cfg_path = testing::fetched_fixtures_dir() + "/llama3/tokenizer_config.json";
@@ -179,6 +179,13 @@ TEST(ServeCli, ChatTemplatesFromTheModelDirectoryOrTheFlag) {
   EXPECT_NE(r.err.find("chat template: llama3 (" + dir + "/chat_template.jinja)"), std::string::npos) << r.err;
   // The start-up line names the chat route only when there is a template to serve it.
   EXPECT_NE(r.err.find("/v1/completions, /v1/chat/completions, /v1/responses, /v1/messages;"), std::string::npos) << r.err;
+
+  // --tokenizer DIR: the tokenizer and its template from there (as vLLM reads the template from
+  // the tokenizer), the weights from the model directory.
+  r = serve_until("INT", 6, "--model " + shell_quote(testing::tinystories_dir()) + " --tokenizer " + shell_quote(dir) +
+                                " --port 0");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("chat template: llama3 (" + dir + "/chat_template.jinja)"), std::string::npos) << r.err;
 
   const std::string model = "--model " + shell_quote(testing::tinystories_dir());
   r = serve_until("INT", 6, model + " --port 0 --chat-template " + shell_quote(llama3));  // the text itself
