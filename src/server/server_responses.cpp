@@ -6,6 +6,7 @@
 // its events kept in an EventLog, for its stream and GET ...?stream=true).
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <vector>
 
 #include <httplib.h>
@@ -211,12 +212,18 @@ void Server::respond_responses(const ResponsesRequest& r, const httplib::Request
     answer->begin(events);
     if (!events.empty() && events[0].contains("response")) events[0]["response"]["status"] = "queued";
     keep();
-    // Asked between pieces (false stops it at its next token) and while none comes.
-    auto out = run(*p, [&](const CompletionDelta& d) {
-      answer->push(d, events);
-      keep();
-      return !cancelled.load();
-    }, [&cancelled] { return !cancelled.load(); });
+    // Asked between pieces (false stops it at its next token) and while none comes. No caller
+    // catches on this thread: an exception is the response's failure, not the process's end.
+    Result<std::vector<CompletionChoice>> out = Error{ErrorCode::kInternal, "no run"};
+    try {
+      out = run(*p, [&](const CompletionDelta& d) {
+        answer->push(d, events);
+        keep();
+        return !cancelled.load();
+      }, [&cancelled] { return !cancelled.load(); });
+    } catch (const std::exception& e) {
+      out = Error{ErrorCode::kInternal, fmt::format("the background response failed: {}", e.what())};
+    }
     if (out.ok() && !out->empty()) {
       answer->finish(out->front(), events);
     } else if (cancelled.load()) {  // before it started: no choice ran
