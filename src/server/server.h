@@ -12,7 +12,8 @@
 //   POST /tokenize, /detokenize  vLLM's: a prompt (or chat messages) to ids, ids to text
 //   GET  /metrics                Prometheus counters (server/metrics.h)
 //   POST /v1/responses           OpenAI's Responses API (responses_api.h), run as a chat completion;
-//   GET, DELETE /v1/responses/{id}   a stored response (previous_response_id continues it)
+//   GET, DELETE /v1/responses/{id}   a stored response (previous_response_id continues it;
+//                                    ?stream=true: a streamed background response's events again)
 //   POST /v1/responses/{id}/cancel   stops a background response ("background": true)
 //   POST /v1/messages            Anthropic's Messages API (messages_api.h), run as a chat completion;
 //   POST /v1/messages/count_tokens   its prompt's tokens
