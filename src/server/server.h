@@ -304,9 +304,6 @@ class Server {
   // its weights kept in retired_ until free_retired finds them unheld.
   Status retire(const std::string& name);
   struct EventAnswer;  // server_internal.h
-  // Runs a prepared request (its first choice) to its end and builds `answer`'s whole response
-  // (its events made, not sent). `alive` false stops it, as a client gone does.
-  Result<nlohmann::json> whole_answer(const Prepared& p, EventAnswer& answer, const AliveFn& alive);
   // Streams `log`'s events from index `from` as server-sent events, as they come, until it is
   // closed (or the client or the server goes).
   void send_event_log(httplib::Response& res, std::shared_ptr<EventLog> log, size_t from);

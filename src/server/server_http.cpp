@@ -80,6 +80,12 @@ AliveFn sink_alive(httplib::DataSink& sink) {
   return [&sink] { return !sink.is_writable || sink.is_writable(); };
 }
 
+// A typed event as the Responses and Messages streams send it: `event: TYPE` / `data: JSON`.
+bool write_event(httplib::DataSink& sink, const json& e) {
+  const std::string line = "event: " + e.value("type", "") + "\ndata: " + dump(e) + "\n\n";
+  return sink.write(line.data(), line.size());
+}
+
 }  // namespace
 
 Result<int> Server::bind(const std::string& host, int port) {
@@ -532,21 +538,6 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   });
 }
 
-Result<json> Server::whole_answer(const Prepared& p, EventAnswer& answer, const AliveFn& alive) {
-  auto out = run(p, {}, alive);
-  if (!out.ok()) return out.error();
-  if (out->empty()) return Error{ErrorCode::kInternal, "a request ended with no completion"};
-  EventAnswer::Events unsent;
-  answer.begin(unsent);
-  CompletionDelta whole;  // the completion as one piece
-  whole.text = out->front().text;
-  whole.token_ids = out->front().token_ids;
-  whole.logprobs = out->front().logprobs;
-  answer.push(whole, unsent);
-  answer.finish(out->front(), unsent);
-  return answer.whole();
-}
-
 void Server::send_event_log(httplib::Response& res, std::shared_ptr<EventLog> log, size_t from) {
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [this, log, from](size_t, httplib::DataSink& sink) {
@@ -554,10 +545,8 @@ void Server::send_event_log(httplib::Response& res, std::shared_ptr<EventLog> lo
     for (size_t at = from;;) {
       std::vector<json> events;
       const bool closed = log->read(at, kAlivePoll, &events);
-      for (const json& e : events) {
-        const std::string line = "event: " + e.value("type", "") + "\ndata: " + dump(e) + "\n\n";
-        if (!sink.write(line.data(), line.size())) return false;
-      }
+      for (const json& e : events)
+        if (!write_event(sink, e)) return false;
       at += events.size();
       if (closed) break;
       // A client gone, or a server stopping (which waits for this thread), ends the stream; the
@@ -572,19 +561,25 @@ void Server::send_event_log(httplib::Response& res, std::shared_ptr<EventLog> lo
 void Server::respond_events(Prepared prepared, bool stream, const httplib::Request& http, httplib::Response& res,
                             std::shared_ptr<EventAnswer> answer) {
   if (!stream) {
-    auto whole = whole_answer(prepared, *answer, connection_alive(http));
-    if (!whole.ok()) return answer->send_error(res, whole.error());
-    return send_json(res, 200, *whole);
+    auto out = run(prepared, {}, connection_alive(http));
+    if (!out.ok()) return answer->send_error(res, out.error());
+    if (out->empty()) return answer->send_error(res, Error{ErrorCode::kInternal, "a request ended with no completion"});
+    EventAnswer::Events unsent;
+    answer->begin(unsent);
+    CompletionDelta whole;  // the completion as one piece
+    whole.text = out->front().text;
+    whole.token_ids = out->front().token_ids;
+    whole.logprobs = out->front().logprobs;
+    answer->push(whole, unsent);
+    answer->finish(out->front(), unsent);
+    return send_json(res, 200, answer->whole());
   }
   auto p = std::make_shared<const Prepared>(std::move(prepared));
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [this, p, answer](size_t, httplib::DataSink& sink) {
     auto send = [&sink](EventAnswer::Events& events) {
       bool ok = true;
-      for (const json& e : events) {
-        const std::string line = "event: " + e.value("type", "") + "\ndata: " + dump(e) + "\n\n";
-        ok = ok && sink.write(line.data(), line.size());
-      }
+      for (const json& e : events) ok = ok && write_event(sink, e);
       events.clear();
       return ok;
     };

@@ -5,8 +5,11 @@
 // "background", it runs on a job of its own (BackgroundJobs) and is fetched from there (streamed:
 // its events kept in an EventLog, for its stream and GET ...?stream=true).
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <vector>
 
 #include <httplib.h>
@@ -18,6 +21,23 @@ namespace lragent::server {
 
 using nlohmann::json;
 using namespace routes;
+
+namespace {
+
+// Query parameter `name` as an integer in [lo, hi] (`absent` when it is not given); nullopt when
+// it is something else.
+std::optional<long long> int_param(const httplib::Request& req, const char* name, long long absent, long long lo,
+                                   long long hi) {
+  if (!req.has_param(name)) return absent;
+  const std::string text = req.get_param_value(name);
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno == ERANGE || v < lo || v > hi) return std::nullopt;
+  return v;
+}
+
+}  // namespace
 
 void Server::install_responses_routes() {
   httplib::Server& svr = http_->svr;
@@ -40,16 +60,10 @@ void Server::install_responses_routes() {
         return send_error(res, Error{ErrorCode::kUnsupported,
                                      fmt::format("response '{}' keeps no events to stream again (only a streamed "
                                                  "background response does): GET it without stream=true", id)});
-      size_t from = 0;
-      if (req.has_param("starting_after")) {
-        const std::string a = req.get_param_value("starting_after");
-        char* end = nullptr;
-        const long long v = std::strtoll(a.c_str(), &end, 10);
-        if (a.empty() || *end != '\0' || v < -1)
-          return send_error(res, Error{ErrorCode::kInvalidArgument, "'starting_after' must be an event's sequence_number"});
-        from = static_cast<size_t>(v + 1);
-      }
-      return send_event_log(res, log, from);
+      const std::optional<long long> after = int_param(req, "starting_after", -1, -1, LLONG_MAX - 1);
+      if (!after)
+        return send_error(res, Error{ErrorCode::kInvalidArgument, "'starting_after' must be an event's sequence_number"});
+      return send_event_log(res, log, static_cast<size_t>(*after + 1));
     }
     send_json(res, 200, *r);
   });
@@ -62,15 +76,8 @@ void Server::install_responses_routes() {
     const std::string order = req.has_param("order") ? req.get_param_value("order") : "desc";
     if (order != "asc" && order != "desc")
       return send_error(res, Error{ErrorCode::kInvalidArgument, "'order' must be asc or desc"});
-    int limit = 20;
-    if (req.has_param("limit")) {
-      const std::string l = req.get_param_value("limit");
-      char* end = nullptr;
-      const long v = std::strtol(l.c_str(), &end, 10);
-      if (l.empty() || *end != '\0' || v < 1 || v > 100)
-        return send_error(res, Error{ErrorCode::kInvalidArgument, "'limit' must be an integer from 1 to 100"});
-      limit = static_cast<int>(v);
-    }
+    const std::optional<long long> limit = int_param(req, "limit", 20, 1, 100);
+    if (!limit) return send_error(res, Error{ErrorCode::kInvalidArgument, "'limit' must be an integer from 1 to 100"});
     std::vector<nlohmann::ordered_json> all(items->begin(), items->end());
     if (order == "desc") std::reverse(all.begin(), all.end());
     size_t from = 0;
@@ -81,7 +88,7 @@ void Server::install_responses_routes() {
         return send_error(res, Error{ErrorCode::kNotFound, fmt::format("no input item '{}' in response '{}'", after, id)});
       from = static_cast<size_t>(it - all.begin()) + 1;
     }
-    const size_t to = std::min(all.size(), from + static_cast<size_t>(limit));
+    const size_t to = std::min(all.size(), from + static_cast<size_t>(*limit));
     nlohmann::ordered_json data = nlohmann::ordered_json::array();
     for (size_t i = from; i < to; ++i) data.push_back(all[i]);
     nlohmann::ordered_json page = {{"object", "list"},
