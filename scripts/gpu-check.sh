@@ -3,7 +3,8 @@
 #   build (CUDA, Release, sm_90a) -> CUDA tests -> SASS/resource summary -> attention bench
 #   -> whole-model bench (8B shapes) -> `lragent replay --device cuda` on tinystories
 #   -> `lragent serve` CPU vs CUDA and the trace over HTTP (bench/results/serve-<gpu>-...)
-#   -> PyTorch SDPA peer -> bench/results/kernels-<gpu>-<date>.{json,md,png} (+ copies under $OUT).
+#   -> PyTorch SDPA peer -> bench/results/kernels-<gpu>-<date>.{json,md,png} (and, under $OUT,
+#      reports.tar.gz of every report and logs.tar.gz: the device tool brings back 8 files at most).
 #
 # Preferred: scripts/device-bundle.sh here first (builds everything on the CPU machine and packs
 # binaries + libraries + ../shared fixtures into .devbundle/bundle.tar.xz), carried to the device;
@@ -53,16 +54,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --f
 
 elapsed() { echo $(( $(date +%s) - T0 ))s; }
 # Copies what exists so far to $OUT (after every stage: a later stage that overruns the call's
-# limit still leaves the earlier logs behind). At most 8 files.
+# limit still leaves the earlier logs behind). The device tool brings back at most 8 files, so
+# the reports (kernels and serve-*, paths under bench/results/) travel as one reports.tar.gz and
+# the logs as one logs.tar.gz; the kernel report's .md comes back beside them to read at once.
 save() {
   [ -n "${OUT:-}" ] || return 0
   mkdir -p "$OUT"
-  for f in test.log bench.log model.log replay.log serve.log sdpa.log sass.txt; do
-    [ -f "$LOGS/$f" ] && cp "$LOGS/$f" "$OUT/$f"
+  local reports=() f
+  for f in "$PREFIX.json" "$PREFIX.md" "$PREFIX.png" "$RES"/serve-*-"$(date -u +%Y%m%d)"*; do
+    [ -e "$f" ] && reports+=("$f")
   done
-  for f in "$PREFIX.json" "$PREFIX.md" "$PREFIX.png" "$RES"/serve-*-"$(date -u +%Y%m%d)".*; do
-    [ -f "$f" ] && cp "$f" "$OUT/"
-  done
+  [ ${#reports[@]} -gt 0 ] && tar -czf "$OUT/reports.tar.gz" "${reports[@]}"
+  [ -f "$PREFIX.md" ] && cp "$PREFIX.md" "$OUT/"
+  tar -czf "$OUT/logs.tar.gz" -C "$LOGS" .
   return 0
 }
 
