@@ -196,6 +196,21 @@ void AgentSession::truncate(int64_t tokens) {
   kv_->truncate(tokens);
 }
 
+// The newest marker decides, found from the back: a step pays for the tokens since its last
+// marker only.
+int64_t thinking_tokens(std::span<const int32_t> tokens, std::span<const int32_t> start, std::span<const int32_t> end,
+                        int64_t open_before) {
+  const auto at = [&](std::span<const int32_t> marker, size_t i) {
+    return !marker.empty() && i + marker.size() <= tokens.size() &&
+           std::equal(marker.begin(), marker.end(), tokens.begin() + static_cast<long>(i));
+  };
+  for (size_t i = tokens.size(); i-- > 0;) {
+    if (at(end, i)) return -1;
+    if (at(start, i)) return static_cast<int64_t>(tokens.size() - i - start.size());
+  }
+  return open_before < 0 ? -1 : open_before + static_cast<int64_t>(tokens.size());
+}
+
 // vLLM's logits processors on one row: before the penalties, logit_bias, allowed_token_ids,
 // bad_words, the thinking budget (only the end marker's next id once it is spent) and
 // min_tokens (the stop ids out while fewer than min_tokens are generated); after
@@ -223,10 +238,9 @@ void AgentSession::shape_logits(std::span<float> row, const AgentDecode& dec, st
           word.back() < vocab)
         row[static_cast<size_t>(word.back())] = neg_inf;
     }
-    if (dec.reasoning_budget >= 0 && !dec.reasoning_end.empty() &&
-        generated.size() >= static_cast<size_t>(dec.reasoning_budget)) {
+    if (dec.reasoning_budget >= 0 && !dec.reasoning_end.empty()) {
       const std::vector<int32_t>& end = dec.reasoning_end;
-      if (std::search(generated.begin(), generated.end(), end.begin(), end.end()) == generated.end()) {
+      if (thinking_tokens(generated, dec.reasoning_start, end, dec.reasoning_open) >= dec.reasoning_budget) {
         // The marker's next id: after the longest start of it the generated tokens end with.
         size_t k = std::min(end.size() - 1, generated.size());
         while (k > 0 && !std::equal(end.begin(), end.begin() + static_cast<long>(k), generated.end() - static_cast<long>(k)))

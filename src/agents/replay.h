@@ -97,11 +97,17 @@ struct AgentDecode {
   // vLLM's bad_words, each as token ids: a word's last id is not picked when the tokens generated
   // last are the rest of it (a one-token word is never picked).
   std::vector<std::vector<int32_t>> bad_words;
-  // A thinking budget (vLLM's thinking_token_budget, Anthropic's budget_tokens): once this many
-  // tokens are generated without `reasoning_end` among them, only its ids can be picked, in
-  // order, until it is written; the model then answers. -1: none.
+  // A thinking budget (vLLM's thinking_token_budget, Anthropic's budget_tokens): once the open
+  // thinking block holds this many tokens, only the ids of `reasoning_end` can be picked, in
+  // order, until it is written; the model then answers. -1: none. As vLLM counts it, the block
+  // opens after the last `reasoning_start` the generated tokens hold and a generated
+  // `reasoning_end` closes it (a later start opens another, counted afresh); before either, the
+  // step starts inside a block that already holds `reasoning_open` tokens (the prompt's, after
+  // a "<think>" the template wrote), or outside one when it is -1.
   int reasoning_budget = -1;
-  std::vector<int32_t> reasoning_end;  // the end-of-thinking marker's ids ("</think>")
+  std::vector<int32_t> reasoning_start;  // the start-of-thinking marker's ids ("<think>"); empty: none
+  std::vector<int32_t> reasoning_end;    // the end-of-thinking marker's ids ("</think>")
+  int64_t reasoning_open = 0;
   // Structured output (vLLM's guided decoding): each pick keeps the step's text a prefix of a
   // match of this guide, a stop id may end the step only at a whole match, and the step ends
   // ("stop") once the text is a match nothing can extend. Applied after logit_bias and
@@ -120,6 +126,13 @@ struct AgentDecode {
   std::vector<int32_t> resumed;
   std::vector<StepLogprobs> resumed_logprobs;  // [resumed] when `logprobs` >= 0
 };
+
+// The tokens inside the thinking block left open after `tokens` (after its last `start` marker),
+// or -1 when `end` closed it; with neither marker in them, `open_before` + their count when a
+// block was open before them with `open_before` tokens, else -1. AgentDecode::reasoning_budget
+// counts these.
+int64_t thinking_tokens(std::span<const int32_t> tokens, std::span<const int32_t> start, std::span<const int32_t> end,
+                        int64_t open_before);
 
 // A trajectory shared by agents, each an adapter (or null for the bare base model).
 class AgentSession {

@@ -85,9 +85,9 @@ struct CompletionRequest {
   // vLLM's bad_words: words never generated (the server tokenizes them as vLLM does, with and
   // without a leading space; AgentDecode::bad_words).
   std::vector<std::string> bad_words;
-  // vLLM's thinking_token_budget (chat; Anthropic's budget_tokens): after this many generated
-  // tokens a thinking model still thinking is made to write "</think>" (AgentDecode::
-  // reasoning_budget); -1: none. Needs the server's reasoning parser.
+  // vLLM's thinking_token_budget (chat; Anthropic's budget_tokens): once its thinking block holds
+  // this many tokens a thinking model is made to write "</think>" (AgentDecode::reasoning_budget);
+  // -1: none. Needs the server's reasoning parser.
   int thinking_token_budget = -1;
   // Structured output: the completion's text matches this regex whole (engine/guide/byte_dfa.h's
   // dialect), made from whichever of OpenAI's response_format (json_object, json_schema) and

@@ -12,7 +12,8 @@
 
 namespace lragent::server {
 
-// The marker that ends a thinking model's reasoning (both formats write it).
+// The markers around a thinking model's reasoning (both formats write them).
+inline constexpr std::string_view kThinkStart = "<think>";
 inline constexpr std::string_view kThinkEnd = "</think>";
 
 enum class ReasoningFormat {

@@ -197,6 +197,7 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
   if (req.thinking_token_budget >= 0) {
     if (!tok_)
       return make_error(ErrorCode::kInvalidArgument, "'thinking_token_budget' needs a tokenizer, which this model lacks");
+    LRA_ASSIGN_OR_RETURN(p.reasoning_start, tok_->encode(kThinkStart, /*add_special_tokens=*/false));
     LRA_ASSIGN_OR_RETURN(p.reasoning_end, tok_->encode(kThinkEnd, /*add_special_tokens=*/false));
   }
   if (!req.guided_from.empty()) {
@@ -672,7 +673,12 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   dec.allowed_ids = req.allowed_token_ids;
   dec.bad_words = p.bad_words;
   dec.reasoning_budget = req.thinking_token_budget;
+  dec.reasoning_start = p.reasoning_start;
   dec.reasoning_end = p.reasoning_end;
+  // A "<think>" the template left open counts its tokens in the prompt (vLLM); else the output
+  // starts in the reasoning, as the reasoning parser reads it, until the model writes a "<think>".
+  if (dec.reasoning_budget >= 0)
+    dec.reasoning_open = std::max<int64_t>(0, thinking_tokens(p.ids[i], p.reasoning_start, p.reasoning_end, -1));
   dec.guide = p.guide.get();  // shared by the request's choices, all run on this thread
   if (!req.ignore_eos) dec.stop_ids = model_->config().eos_token_ids;
   dec.stop_ids.insert(dec.stop_ids.end(), req.stop_token_ids.begin(), req.stop_token_ids.end());

@@ -32,6 +32,7 @@ struct Server::Prepared {
   std::vector<std::string> echo;          // [prompts] the prompt text, when echo is on
   std::vector<int> budgets;               // [prompts] tokens to generate at most
   std::vector<std::vector<int32_t>> bad_words;  // req.bad_words as token ids (bad_word_ids)
+  std::vector<int32_t> reasoning_start;         // with a thinking budget: kThinkStart's ids
   std::vector<int32_t> reasoning_end;           // with a thinking budget: kThinkEnd's ids
   // The structured output every choice follows (req.guided_regex or guided_grammar compiled);
   // null: free text. Shared with the server's guide cache and other requests of the same text

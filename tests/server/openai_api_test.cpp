@@ -596,6 +596,32 @@ TEST(ThinkingBudget, TheMarkerIsForcedOnceTheBudgetIsSpent) {
   EXPECT_EQ(kept_after({3, 7, 8, 4, 5}), all);
   dec.reasoning_budget = 0;
   EXPECT_EQ(kept_after({}), (std::vector<int32_t>{7}));
+
+  // With a start marker (6), as vLLM counts: the block opens after the newest start; an end
+  // closes it and a later start opens another, counted afresh; no block open, no budget.
+  dec.reasoning_budget = 2;
+  dec.reasoning_start = {6};
+  EXPECT_EQ(kept_after({1, 2, 3}), (std::vector<int32_t>{7}));  // the step starts inside (open 0)
+  dec.reasoning_open = -1;                                         // the step starts outside
+  EXPECT_EQ(kept_after({1, 2, 3}), all);
+  EXPECT_EQ(kept_after({1, 6, 2}), all);
+  EXPECT_EQ(kept_after({1, 6, 2, 3}), (std::vector<int32_t>{7}));
+  EXPECT_EQ(kept_after({1, 6, 2, 3, 7}), (std::vector<int32_t>{8}));
+  EXPECT_EQ(kept_after({6, 2, 3, 7, 8, 4, 5}), all);
+  EXPECT_EQ(kept_after({6, 2, 7, 8, 6, 4}), all);
+  EXPECT_EQ(kept_after({6, 2, 7, 8, 6, 4, 5}), (std::vector<int32_t>{7}));
+  dec.reasoning_open = 1;  // the prompt ended in "<think>\n": one token in the block already
+  EXPECT_EQ(kept_after({}), all);
+  EXPECT_EQ(kept_after({1}), (std::vector<int32_t>{7}));
+  EXPECT_EQ(kept_after({1, 6}), all);  // the model's own start restarts the count
+
+  // What the server passes as reasoning_open: the prompt's open block (vLLM), -1 when closed.
+  const std::vector<int32_t> start = {6}, end = {7, 8};
+  EXPECT_EQ(thinking_tokens(std::vector<int32_t>{1, 6, 2, 3}, start, end, -1), 2);
+  EXPECT_EQ(thinking_tokens(std::vector<int32_t>{1, 6, 2, 7, 8, 3}, start, end, -1), -1);
+  EXPECT_EQ(thinking_tokens(std::vector<int32_t>{1, 2}, start, end, -1), -1);
+  EXPECT_EQ(thinking_tokens(std::vector<int32_t>{1, 2}, start, end, 3), 5);
+  EXPECT_EQ(thinking_tokens(std::vector<int32_t>{6, 7}, start, end, -1), 1);  // half a marker closes nothing
   EXPECT_TRUE(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "thinking_token_budget": -2})")
                   .error()
                   .message.find("thinking_token_budget") != std::string::npos);
