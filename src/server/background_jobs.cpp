@@ -1,7 +1,5 @@
 #include "server/background_jobs.h"
 
-#include <algorithm>
-
 namespace lragent::server {
 
 void BackgroundJobs::reap_locked() {
@@ -95,14 +93,8 @@ bool EventLog::read(size_t from, std::chrono::milliseconds wait, std::vector<nlo
 
 std::shared_ptr<EventLog> EventLogs::open(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  erase_locked(id);
   auto log = std::make_shared<EventLog>();
-  logs_.emplace(id, log);
-  order_.push_back(id);
-  while (logs_.size() > max_) {
-    logs_.erase(order_.front());
-    order_.pop_front();
-  }
+  logs_[id] = log;
   return log;
 }
 
@@ -114,12 +106,12 @@ std::shared_ptr<EventLog> EventLogs::find(const std::string& id) {
 
 void EventLogs::erase(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
-  erase_locked(id);
+  logs_.erase(id);
 }
 
-void EventLogs::erase_locked(const std::string& id) {
-  if (logs_.erase(id) == 0) return;
-  order_.erase(std::find(order_.begin(), order_.end(), id));
+size_t EventLogs::size() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return logs_.size();
 }
 
 }  // namespace lragent::server

@@ -7,7 +7,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -74,21 +73,19 @@ class EventLog {
   bool closed_ = false;
 };
 
-// The event logs of streamed background responses by response id: the `max` newest kept.
-// Thread-safe.
+// The event logs of streamed background responses by response id. A log is kept as long as its
+// response is stored: the server erases it when the response store drops that response
+// (ResponseStore::on_evict) or a client deletes it, so one LRU bounds both. Thread-safe.
 class EventLogs {
  public:
-  explicit EventLogs(size_t max) : max_(max) {}
   std::shared_ptr<EventLog> open(const std::string& id);  // a new, empty log for `id`
   std::shared_ptr<EventLog> find(const std::string& id);  // null when none is kept
   void erase(const std::string& id);
+  size_t size();
 
  private:
-  void erase_locked(const std::string& id);  // mu_ held
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<EventLog>> logs_;
-  std::deque<std::string> order_;  // the ids of logs_, oldest first
-  size_t max_;
 };
 
 }  // namespace lragent::server

@@ -533,9 +533,15 @@ void ResponseStore::shrink() {
   while (!lru_.empty() && (entries_.size() > max_responses_ || bytes_ > max_bytes_)) {
     auto it = entries_.find(lru_.back());
     bytes_ -= it->second.bytes;
+    if (on_evict_) on_evict_(it->first);
     entries_.erase(it);
     lru_.pop_back();
   }
+}
+
+void ResponseStore::on_evict(std::function<void(const std::string&)> f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_evict_ = std::move(f);
 }
 
 void ResponseStore::put(const std::string& id, const std::string& previous_id, json response,

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <mutex>
 #include <optional>
@@ -143,6 +144,10 @@ class ResponseStore {
   Result<nlohmann::ordered_json> conversation(const std::string& id);
   size_t size() const;
   size_t bytes() const;
+  // Called with the id of each response the store drops to stay within its bounds (not for
+  // erase() or a put that replaces), under the store's lock: the server drops that response's
+  // event log with it, so both are kept by this one LRU. It must not call back into the store.
+  void on_evict(std::function<void(const std::string&)> f);
 
  private:
   struct Entry {
@@ -160,6 +165,7 @@ class ResponseStore {
   size_t max_responses_, max_bytes_, bytes_ = 0;
   std::unordered_map<std::string, Entry> entries_;
   std::list<std::string> lru_;  // most recently used first
+  std::function<void(const std::string&)> on_evict_;
 };
 
 }  // namespace lragent::server

@@ -79,7 +79,8 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   s->responses_ = std::make_unique<ResponseStore>(s->opts_.max_stored_responses, s->opts_.max_stored_response_bytes);
   // At most as many as the store keeps: each one's response must outlast its run to be fetched.
   s->background_ = std::make_unique<BackgroundJobs>(s->opts_.max_stored_responses);
-  s->event_logs_ = std::make_unique<EventLogs>(s->opts_.max_stored_responses);
+  s->event_logs_ = std::make_unique<EventLogs>();
+  s->responses_->on_evict([logs = s->event_logs_.get()](const std::string& id) { logs->erase(id); });
   s->install_routes();
   return s;
 }

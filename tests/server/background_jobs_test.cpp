@@ -1,6 +1,7 @@
 // BackgroundJobs (server/background_jobs.h): jobs run on threads of their own, cancel(id) stops
 // one and returns once its work returned, the bound on jobs at once holds, and cancel_all()
-// stops every job and refuses new ones; EventLog's readers see every event.
+// stops every job and refuses new ones; EventLog's readers see every event; EventLogs keep a
+// log as long as the response store keeps its response.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/background_jobs.h"
+#include "server/responses_api.h"
 
 namespace lragent::server {
 namespace {
@@ -96,18 +98,29 @@ TEST(EventLog, ReadersGetEveryEventFromWhereTheyStart) {
   ASSERT_EQ(tail.size(), 3u);
   EXPECT_EQ(tail[0]["sequence_number"], 97);
 
-  EventLogs logs(2);
+  EventLogs logs;
   auto a = logs.open("a");
   logs.open("b");
   EXPECT_EQ(logs.find("a"), a);
-  logs.open("c");  // "a" is the oldest: dropped
-  EXPECT_EQ(logs.find("a"), nullptr);
-  EXPECT_NE(logs.find("b"), nullptr);
   logs.erase("b");
   EXPECT_EQ(logs.find("b"), nullptr);
-  logs.open("d");
-  EXPECT_NE(logs.find("c"), nullptr);
-  EXPECT_NE(logs.find("d"), nullptr);
+  EXPECT_NE(logs.open("a"), a);  // a second open of an id starts it afresh
+  EXPECT_EQ(logs.size(), 1u);
+
+  // Kept as long as the response: the store's eviction drops the log with it (as the server wires
+  // them), not a put that replaces a response nor an erase.
+  ResponseStore store(2, 1 << 20);
+  store.on_evict([&logs](const std::string& id) { logs.erase(id); });
+  for (const char* id : {"r1", "r2"}) {
+    store.put(id, "", nlohmann::json{{"id", id}}, nlohmann::ordered_json::array());
+    logs.open(id);
+  }
+  store.put("r1", "", nlohmann::json{{"id", "r1"}, {"status", "completed"}}, nlohmann::ordered_json::array());
+  EXPECT_NE(logs.find("r1"), nullptr);
+  store.put("r3", "", nlohmann::json{{"id", "r3"}}, nlohmann::ordered_json::array());  // r2 is the least recent
+  EXPECT_FALSE(store.get("r2"));
+  EXPECT_EQ(logs.find("r2"), nullptr);
+  EXPECT_NE(logs.find("r1"), nullptr);
 }
 
 }  // namespace
