@@ -246,7 +246,11 @@ if not ref:
     # base-lr needs one lora_A across the agents: the independent-A set is refused (and says so)
     print(f"replay {aset} {mode:<10}: no CPU result (the mode refuses these adapters)"); sys.exit()
 agree = lambda t: sum(a == b for a, b in zip(t or [], ref)) / len(ref)
-print(f"replay {aset} {mode:<10} tokens {len(ref)}: cuda f32 identical={f32 == ref}, cuda bf16 agreement={agree(bf):.3f}")
+# Position by position, one early flip shifts all that follows: the first differing position
+# tells a rounding flip late in the trajectory from a path that parts at once.
+first = lambda t: next((i for i, (a, b) in enumerate(zip(t or [], ref)) if a != b), min(len(t or []), len(ref)))
+bf_note = "" if bf == ref else f" (first differs at token {first(bf)})"
+print(f"replay {aset} {mode:<10} tokens {len(ref)}: cuda f32 identical={f32 == ref}, cuda bf16 agreement={agree(bf):.3f}{bf_note}")
 PY
   done
   done
