@@ -3,12 +3,14 @@
 #pragma once
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +18,33 @@
 #include "tiny_agents.h"
 
 namespace lragent::testing {
+
+// Whether two JSON values are equal but for floats, which may differ by `tol`: the logprobs of a
+// request and of a later one that reuses its cached prompt, whose last prompt row then runs as a
+// one-row step rather than the last row of a batched prefill (the BLAS kernel sums in another
+// order on some CPUs; 1e-6 apart on an AVX-512 machine).
+inline ::testing::AssertionResult json_near(const nlohmann::json& a, const nlohmann::json& b, double tol = 1e-4,
+                                            const std::string& at = "$") {
+  if (a.is_number_float() || b.is_number_float()) {
+    if (a.is_number() && b.is_number() && std::abs(a.get<double>() - b.get<double>()) <= tol)
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << at << ": " << a.dump() << " vs " << b.dump();
+  }
+  if (a.type() != b.type() || a.size() != b.size())
+    return ::testing::AssertionFailure() << at << ": " << a.dump() << " vs " << b.dump();
+  if (a.is_array()) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (auto r = json_near(a[i], b[i], tol, at + "[" + std::to_string(i) + "]"); !r) return r;
+  } else if (a.is_object()) {
+    for (const auto& [k, v] : a.items()) {
+      if (!b.contains(k)) return ::testing::AssertionFailure() << at << ": no key " << k << " in " << b.dump();
+      if (auto r = json_near(v, b[k], tol, at + "." + k); !r) return r;
+    }
+  } else if (a != b) {
+    return ::testing::AssertionFailure() << at << ": " << a.dump() << " vs " << b.dump();
+  }
+  return ::testing::AssertionSuccess();
+}
 
 // A server-sent-event body's events, parsed, up to "data: [DONE]" (*done says whether it came).
 inline std::vector<nlohmann::json> sse_events(const std::string& body, bool* done = nullptr) {
