@@ -12,6 +12,7 @@
 
 #include "server/messages_api.h"
 #include "server/openai_api.h"
+#include "server/python_calls_stream.h"
 #include "server/responses_api.h"
 #include "server/sampling_defaults.h"
 
@@ -181,6 +182,31 @@ void fuzz_tool_calls(const std::string& text) {
     if (shown + end.content != (end.tool_calls.empty() ? text : p.content)) __builtin_trap();
     for (const auto& call : end.tool_calls)
       if (f == ToolCallFormat::kMistral && call["id"].get<std::string>().size() != 9) __builtin_trap();
+  }
+  // Pythonic calls read as they are written (PyCallsStream, in pieces of 1-5 bytes): whatever the
+  // whole parse reads as calls, the stream reads to its end with the same names and, when its
+  // strings are UTF-8 and no dict repeats a key, the same arguments (each piece only appends, so
+  // every piece sent was a prefix of them).
+  {
+    PyCallsStream py;
+    for (size_t at = 0, k = 0; at < text.size() && !py.failed() && !py.done(); ++k) {
+      at = std::min(text.size(), at + 1 + k % 5);
+      py.read(std::string_view(text).substr(0, at));
+    }
+    const ParsedToolCalls whole = parse_tool_calls(ToolCallFormat::kPythonic, text);
+    if (!whole.calls.empty()) {
+      if (!py.done() || py.calls().size() != whole.calls.size()) __builtin_trap();
+      bool utf8 = true;
+      try {
+        (void)nlohmann::json(text).dump();
+      } catch (const nlohmann::json::exception&) {
+        utf8 = false;
+      }
+      for (size_t k = 0; k < whole.calls.size(); ++k) {
+        if (py.calls()[k].name != whole.calls[k].name) __builtin_trap();
+        if (utf8 && !py.repeated_key() && py.calls()[k].arguments != whole.calls[k].arguments) __builtin_trap();
+      }
+    }
   }
   // Reasoning split off whole and streamed: the same parts.
   for (bool thinking : {true, false}) {

@@ -35,6 +35,7 @@ class Reader {
     } while (eat(','));
     return eat(']') && !out.empty() && at_end();
   }
+  bool whole_value(ordered_json& out) { return value(out, 0) && at_end(); }
 
  private:
   char peek() {
@@ -218,6 +219,13 @@ class Reader {
 
 bool is_python_name(std::string_view s) {
   return !s.empty() && is_ident_start(s.front()) && std::all_of(s.begin(), s.end(), is_ident);
+}
+
+std::optional<nlohmann::ordered_json> parse_python_value(std::string_view text) {
+  ordered_json v;
+  Reader r(text);
+  if (!r.whole_value(v)) return std::nullopt;
+  return v;
 }
 
 std::optional<std::vector<PythonCall>> parse_python_calls(std::string_view text) {

@@ -28,6 +28,11 @@ struct PythonCall {
 // expressions, nesting deeper than 64.
 std::optional<std::vector<PythonCall>> parse_python_calls(std::string_view text);
 
+// One value as a keyword's value is read there (a number, a string, True / False / None, a list or
+// dict of them), when the whole of `text` (after leading and trailing whitespace) is one; else
+// nullopt. PyCallsStream settles numbers with it, so that both read them alike.
+std::optional<nlohmann::ordered_json> parse_python_value(std::string_view text);
+
 // Whether `s` is a name the reader takes for a function or keyword: [A-Za-z_][A-Za-z0-9_]*.
 bool is_python_name(std::string_view s);
 

@@ -9,8 +9,6 @@ using json = nlohmann::json;
 
 namespace {
 bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-// The formats whose calls are JSON objects that the scan can follow as they are written.
-bool scannable(ToolCallFormat f) { return f != ToolCallFormat::kPythonic; }
 // The end of the longest prefix of text[from, end) that splits no UTF-8 sequence.
 size_t utf8_cut(std::string_view text, size_t from, size_t end) {
   size_t i = from;
@@ -25,7 +23,7 @@ size_t utf8_cut(std::string_view text, size_t from, size_t end) {
 }  // namespace
 
 ToolCallStream::ToolCallStream(ToolCallFormat f, bool incremental)
-    : format_(f), incremental_(incremental && scannable(f)) {}
+    : format_(f), incremental_(incremental) {}
 
 ToolCallStream::Piece ToolCallStream::push(const std::string& piece) {
   Piece out;
@@ -134,8 +132,18 @@ void ToolCallStream::scan_deepseek() {
   }
 }
 
+void ToolCallStream::scan_pythonic() {
+  python_.read(std::string_view(text_).substr(call_at_));
+  const std::vector<PyCallsStream::Call>& calls = python_.calls();
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (k == calls_.size()) calls_.push_back(Sent{new_tool_call_id(format_), calls[k].name, {}, 0, false});
+    calls_[k].arguments = calls[k].arguments;
+  }
+}
+
 void ToolCallStream::scan() {
   if (format_ == ToolCallFormat::kDeepSeekV3) return scan_deepseek();
+  if (format_ == ToolCallFormat::kPythonic) return scan_pythonic();
   // Each state reads what it needs from text_ at scan_ and returns when the text ends first.
   while (scan_state_ != Scan::kStopped) {
     switch (scan_state_) {

@@ -9,9 +9,11 @@
 // the JSON formats (hermes, mistral, llama3_json) opens with {"index", "id", "type", "function":
 // {"name", "arguments": ""}} once its name is read and its arguments are reached, and its
 // arguments follow as they are written (PyJsonStream: the pieces join into exactly the arguments
-// the whole text parses to); deepseek_v3's arguments go out as written (its parser keeps them so),
-// never splitting a UTF-8 sequence. The rest (pythonic, a call whose arguments come before its
-// name, and every call without `incremental`) go out whole at the end. When the held text turns out to hold no valid call,
+// the whole text parses to); a pythonic call opens at its "(" and its keyword arguments follow as
+// they are written, as the JSON object the parse makes of them (PyCallsStream, the same
+// guarantee); deepseek_v3's arguments go out as written (its parser keeps them so), never
+// splitting a UTF-8 sequence. The rest (a call whose arguments come before its name, and every
+// call without `incremental`) go out whole at the end. When the held text turns out to hold no valid call,
 // the end gives it back as content, unless a call already went out (the stream cannot take it
 // back: the calls sent stand, as vLLM's streaming parsers leave them).
 #pragma once
@@ -24,6 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/py_json_stream.h"
+#include "server/python_calls_stream.h"
 #include "server/tool_calls.h"
 
 namespace lragent::server {
@@ -60,6 +63,7 @@ class ToolCallStream {
   enum class Scan { kOpen, kBetween, kCallStart, kKey, kColon, kValue, kAfterValue, kDsSeek, kDsHead, kDsArgs, kStopped };
   void scan();
   void scan_deepseek();
+  void scan_pythonic();
   // Reads a whole JSON string at scan_ into `out` (decoded); false: not complete yet (or not a
   // string: scan_state_ becomes kStopped).
   bool read_string(std::string* out);
@@ -84,6 +88,7 @@ class ToolCallStream {
   bool args_seen_ = false;  // the call's arguments key came (only the first one is streamed)
   bool streaming_ = false;  // the value read is the call's arguments, going out
   std::optional<PyJsonStream> value_;  // the value being read (arguments, or one skipped)
+  PyCallsStream python_;               // pythonic: the calls read so far
 };
 
 }  // namespace lragent::server

@@ -15,6 +15,7 @@
 #include "server/chat_template.h"
 #include "server/template_fixture.h"
 #include "server/py_json_stream.h"
+#include "server/python_calls_stream.h"
 #include "server/tool_call_stream.h"
 #include "server/tool_calls.h"
 
@@ -170,6 +171,65 @@ TEST(ToolCalls, PythonicAsVllmParsesThem) {
   }
   // As deep as a fuzzer likes: refused, not a stack overflow.
   EXPECT_TRUE(parse_pythonic_tool_calls("[f(a=" + std::string(100000, '[')).calls.empty());
+}
+
+// Pythonic calls read as they are written (PyCallsStream): after every piece each call's
+// arguments so far are a prefix of what the whole parse gives, and at the end they are all of it;
+// what parse_python_calls refuses stops the stream.
+TEST(ToolCalls, PythonicCallsStreamAsTheyAreWritten) {
+  const std::vector<std::string> texts = {
+      R"([f(s="é\u00e9\x41", t='it\'s\n', r=r'\d+\'', j="a" 'b' r"\c", q="""x"y""", o="\101\0", e="")])",
+      "<|python_start|>[f(a=-1, b=true, c=null, d=False)]<|python_end|>",
+      R"([f(x=[1, 2.5, -.5e-3, {"k": [True, None], 7: 'v', -2: [],}], y={}, z=[],)])",
+      "  [ f ( a = 1_000 , b = 1e5 ) ,\n g() , ]",
+      R"([f(n=12345678901234567890, m=-9223372036854775808, q='''it''s''', u=u'\u00fc')])",
+      R"([f(s='😀 \😀 \q', t="tab\tend")])",
+  };
+  std::mt19937 rng(5);
+  for (const std::string& text : texts)
+    for (int mode = 0; mode < 2; ++mode) {
+      const ParsedToolCalls whole = parse_tool_calls(ToolCallFormat::kPythonic, text);
+      ASSERT_FALSE(whole.calls.empty()) << text;
+      PyCallsStream s;
+      size_t went_out_early = 0;
+      for (size_t at = 0; at < text.size();) {
+        at = std::min(text.size(), at + (mode == 0 ? 1 : 1 + rng() % 6));
+        s.read(std::string_view(text).substr(0, at));
+        ASSERT_FALSE(s.failed()) << text.substr(0, at);
+        ASSERT_LE(s.calls().size(), whole.calls.size());
+        for (size_t k = 0; k < s.calls().size(); ++k) {
+          EXPECT_EQ(s.calls()[k].name, whole.calls[k].name);
+          EXPECT_TRUE(whole.calls[k].arguments.starts_with(s.calls()[k].arguments))
+              << text.substr(0, at) << "\n sent: " << s.calls()[k].arguments << "\n whole: " << whole.calls[k].arguments;
+        }
+        if (!s.done() && !s.calls().empty()) went_out_early += s.calls()[0].arguments.size();
+      }
+      EXPECT_TRUE(s.done()) << text;
+      EXPECT_FALSE(s.repeated_key());
+      ASSERT_EQ(s.calls().size(), whole.calls.size()) << text;
+      for (size_t k = 0; k < whole.calls.size(); ++k) EXPECT_EQ(s.calls()[k].arguments, whole.calls[k].arguments) << text;
+      EXPECT_GT(went_out_early, 0u) << text;
+    }
+  // Outside the subset: a positional argument, a keyword twice, an empty list, a hex number, an
+  // attribute call, a tuple, a float dict key, a string broken by a newline, a misspelt literal,
+  // two values.
+  for (const char* bad : {"[f(1)]", "[f(a=1, a=2)]", "[]", "[f(a=0x10)]", "[a.b()]", "[f(a=(1, 2))]",
+                          "[f(a={1.5: 2})]", "[f(a='x\ny')]", "[f(a=Tru)]", "[f(a=1 2)]"}) {
+    PyCallsStream s;
+    s.read(std::string(bad) + " ");
+    EXPECT_TRUE(s.failed()) << bad;
+    EXPECT_TRUE(parse_tool_calls(ToolCallFormat::kPythonic, bad).calls.empty()) << bad;
+  }
+  // Cut off (max_tokens): what went out stays a prefix, and the stream waits.
+  PyCallsStream cut;
+  cut.read(R"([search(query="lragent kv sh)");
+  ASSERT_EQ(cut.calls().size(), 1u);
+  EXPECT_EQ(cut.calls()[0].arguments, R"({"query": "lragent kv sh)");
+  EXPECT_FALSE(cut.done() || cut.failed());
+  // A dict that repeats a key: the one difference with the whole parse, and it says so.
+  PyCallsStream twice;
+  twice.read("[f(d={'a': 1, 'a': 2})]");
+  EXPECT_TRUE(twice.done() && twice.repeated_key());
 }
 
 TEST(ToolCalls, TheFormFollowsTheTemplate) {
@@ -392,6 +452,9 @@ TEST(ToolCalls, StreamedArgumentsAddUpToTheParsedCalls) {
       {ToolCallFormat::kLlama3Json,
        "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"city\": \"Zürich\", \"n\": 1e2}}; {\"name\": \"g\", "
        "\"parameters\": {}}",
+       ""},
+      {ToolCallFormat::kPythonic,
+       "[get_weather(city=\"Z\\u00fcrich\", days=3, units=['c', \"f\"], note='a \"quoted\" é' \" and more\"), t()]",
        ""},
   };
   std::mt19937 rng(11);
