@@ -266,10 +266,14 @@ void ToolCallStream::scan() {
   }
 }
 
-json ToolCallStream::deltas() {
+json ToolCallStream::deltas(bool all) {
   json out = json::array();
   for (size_t k = 0; k < calls_.size(); ++k) {
     Sent& c = calls_[k];
+    // A call opens with the first piece of its arguments (a pythonic call's "{" at its first
+    // keyword, deepseek_v3's first character), so that its first delta shows whether they are an
+    // object (the Messages API streams only those); the calls after it wait their turn.
+    if (!c.opened && c.arguments.empty() && !all) break;
     if (c.opened && c.arguments.size() == c.arguments_sent) continue;
     json fn = json::object();
     if (!c.opened) fn["name"] = c.name;
@@ -310,7 +314,7 @@ ToolCallStream::End ToolCallStream::finish() {
     end.tool_calls.push_back(
         {{"index", k}, {"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
   }
-  end.deltas = deltas();
+  end.deltas = deltas(/*all=*/true);
   sent_ = text_.size();
   return end;
 }

@@ -7,9 +7,9 @@
 // The calls then go out as OpenAI streams them, deltas that clients join by index: with
 // `incremental` (the streams of the chat completions, Responses and Messages APIs) each call of
 // the JSON formats (hermes, mistral, llama3_json) opens with {"index", "id", "type", "function":
-// {"name", "arguments": ""}} once its name is read and its arguments are reached, and its
+// {"name", "arguments"}} once its name is read and its arguments begin, and its
 // arguments follow as they are written (PyJsonStream: the pieces join into exactly the arguments
-// the whole text parses to); a pythonic call opens at its "(" and its keyword arguments follow as
+// the whole text parses to); a pythonic call opens at its first keyword (its "{") and its keyword arguments follow as
 // they are written, as the JSON object the parse makes of them (PyCallsStream, the same
 // guarantee); deepseek_v3's arguments go out as written (its parser keeps them so), never
 // splitting a UTF-8 sequence. The rest (a call whose arguments come before its name, and every
@@ -68,7 +68,7 @@ class ToolCallStream {
   // string: scan_state_ becomes kStopped).
   bool read_string(std::string* out);
   void skip_space();
-  nlohmann::json deltas();
+  nlohmann::json deltas(bool all = false);  // all: every call opens, arguments or not (the end)
 
   ToolCallFormat format_;
   bool incremental_;

@@ -421,6 +421,9 @@ struct Joined {
       ASSERT_LE(k, calls.size()) << d.dump();
       if (k == calls.size()) {
         ASSERT_TRUE(d.contains("id") && d["function"].contains("name")) << "a call's first delta names it: " << d.dump();
+        // ... and holds the first piece of its arguments, which shows whether they are an object
+        // (the Messages API streams only those).
+        EXPECT_TRUE(d["function"]["arguments"].get<std::string>().starts_with("{")) << d.dump();
         calls.push_back({{"id", d["id"]}, {"name", d["function"]["name"]}, {"arguments", ""}});
       } else {
         ASSERT_FALSE(d.contains("id")) << d.dump();
