@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "server/cors.h"
 #include "server/messages_api.h"
 #include "server/openai_api.h"
 #include "server/python_calls_stream.h"
@@ -280,6 +281,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz_tokenize(text);
   fuzz_tool_calls(text);
   fuzz_generation_config(text);
+  // The CORS flags' lists, and a preflight asking for the bytes as its headers: a list or a reason;
+  // a preflight allowed only where the options allow it.
+  if (auto l = lragent::server::parse_cors_list(text, "--allowed-origins"); !l.ok() && l.error().message.empty())
+    __builtin_trap();
+  lragent::server::CorsOptions strict;
+  strict.allowed_origins = {"https://app.example"};
+  strict.allowed_headers = {"Authorization"};
+  const auto p = lragent::server::cors_preflight(strict, text, "POST", text);
+  if (p.status == 200 && text != "https://app.example") __builtin_trap();
+  if (p.status != 200 && p.body.find("Disallowed CORS") != 0) __builtin_trap();
   // vLLM's runtime LoRA bodies: a name (and for a load a path) or a reason.
   for (bool load : {true, false}) {
     auto l = load ? lragent::server::parse_load_lora_request(text) : lragent::server::parse_unload_lora_request(text);

@@ -44,6 +44,9 @@ struct ServeFlags {
   int64_t max_batched_tokens = 2048;
   int64_t max_model_len = 0;
   std::string api_key;
+  // vLLM's CORS flags: JSON lists (or comma-separated), every origin, method and header by default.
+  std::string allowed_origins = "[\"*\"]", allowed_methods = "[\"*\"]", allowed_headers = "[\"*\"]";
+  bool allow_credentials = false;
   int64_t max_stored_responses = 1024;
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
   std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
@@ -200,6 +203,12 @@ int run_serve(const ServeFlags& f) {
       f.preset.empty() || f.generation_config != "auto" ? f.generation_config : "vllm", f.model.model_dir,
       f.override_generation_config);
   if (!defaults.ok()) return report(defaults.error());
+  auto origins = server::parse_cors_list(f.allowed_origins, "--allowed-origins");
+  auto methods = server::parse_cors_list(f.allowed_methods, "--allowed-methods");
+  auto headers = server::parse_cors_list(f.allowed_headers, "--allowed-headers");
+  for (const auto* list : {&origins, &methods, &headers})
+    if (!list->ok()) return report(list->error());
+  server::CorsOptions cors{std::move(*origins), std::move(*methods), std::move(*headers), f.allow_credentials};
   auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
   if (!loaded.ok()) return report(loaded.error());
   server::ServerOptions so;
@@ -252,6 +261,7 @@ int run_serve(const ServeFlags& f) {
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
+  so.cors = cors;
   so.max_stored_responses = static_cast<size_t>(f.max_stored_responses);
   if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
   so.warn = [](const std::string& line) { fmt::print(stderr, "warning: {}\n", line); };  // --quiet too
@@ -420,6 +430,22 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->default_val(0)
       ->check(cli::non_negative());
   cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
+  cmd->add_option("--allowed-origins", f->allowed_origins,
+                  "Origins whose web pages may call the server from a browser (CORS, vLLM's flag): a JSON list "
+                  "('[\"https://app.example\"]') or comma-separated; \"*\" any. Answers with another Origin carry no "
+                  "Access-Control-Allow-Origin, so the browser hides them from the page")
+      ->default_val("[\"*\"]");
+  cmd->add_option("--allowed-methods", f->allowed_methods,
+                  "HTTP methods a cross-origin page may use (CORS preflights; vLLM's flag): a JSON list or "
+                  "comma-separated; \"*\" any")
+      ->default_val("[\"*\"]");
+  cmd->add_option("--allowed-headers", f->allowed_headers,
+                  "Request headers a cross-origin page may send (CORS preflights; vLLM's flag): a JSON list or "
+                  "comma-separated; \"*\" any. Accept, Accept-Language, Content-Language and Content-Type always")
+      ->default_val("[\"*\"]");
+  cmd->add_flag("--allow-credentials", f->allow_credentials,
+                "Let cross-origin pages send cookies and HTTP authentication (CORS's "
+                "Access-Control-Allow-Credentials; vLLM's flag): the allowed origin is then named, never \"*\"");
   cmd->add_option("--max-stored-responses", f->max_stored_responses,
                   "Responses API: how many responses (\"store\": true, the default) are kept in memory for GET "
                   "/v1/responses/{id} and previous_response_id, the least recently used dropped first (also past "

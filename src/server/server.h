@@ -47,6 +47,7 @@
 #include "engine/guide/token_guide.h"
 #include "engine/memory_plan.h"
 #include "server/background_jobs.h"
+#include "server/cors.h"
 #include "server/metrics.h"
 #include "server/messages_api.h"
 #include "server/openai_api.h"
@@ -78,6 +79,7 @@ struct ServerOptions {
   // larger passes.
   std::optional<KvMemoryPlan> memory_plan;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
+  CorsOptions cors;                // cross-origin requests from browsers (vLLM's --allowed-origins, ...)
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter serve (vLLM's
   // VLLM_ALLOW_RUNTIME_LORA_UPDATING): any client that may call /v1 may then make the server read
   // an adapter from a directory on its disk. Off, they answer 404 saying how to turn them on.

@@ -55,6 +55,10 @@ void post_route(httplib::Server& svr, const char* route,
   });
 }
 
+bool is_cors_preflight(const httplib::Request& req) {
+  return req.method == "OPTIONS" && req.has_header("Origin") && req.has_header("Access-Control-Request-Method");
+}
+
 std::string random_id(const char* prefix) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   return fmt::format("{}-{:016x}", prefix, rng());
@@ -142,6 +146,16 @@ void Server::install_routes() {
     http_->socket = sock;  // the one bound last is the one that listens (bind() raises its backlog)
   });
   svr.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // A browser's CORS preflight carries no API key: it is answered first, as vLLM answers it.
+    if (is_cors_preflight(req)) {
+      const CorsPreflight p = cors_preflight(opts_.cors, req.get_header_value("Origin"),
+                                             req.get_header_value("Access-Control-Request-Method"),
+                                             req.get_header_value("Access-Control-Request-Headers"));
+      res.status = p.status;
+      res.set_content(p.body, "text/plain; charset=utf-8");
+      for (const auto& [name, value] : p.headers) res.set_header(name, value);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (opts_.api_key.empty() || req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
     // Anthropic's clients send the key as x-api-key.
     if (req.get_header_value("Authorization") == "Bearer " + opts_.api_key || req.get_header_value("x-api-key") == opts_.api_key)
@@ -185,6 +199,11 @@ void Server::install_routes() {
   // Counted before the answer is written (the logger runs after it: a client could read
   // /metrics before its own request was counted).
   svr.set_post_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    // Every answer to a browser's cross-origin request says whether its page may read it (a
+    // streamed one too: this runs before the headers are written).
+    if (req.has_header("Origin") && !is_cors_preflight(req))
+      for (const auto& [name, value] : cors_headers(opts_.cors, req.get_header_value("Origin"), req.has_header("Cookie")))
+        res.set_header(name, value);
     // Known routes by name; anything else as "other" (a scan of random paths must not grow the
     // metrics without bound).
     static const char* const kRoutes[] = {"/health", "/version", "/ping", "/v1/models", "/v1/completions", "/v1/chat/completions",

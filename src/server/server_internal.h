@@ -49,6 +49,9 @@ void send_error(httplib::Response& res, const Error& e);  // its status (http_st
 void post_route(httplib::Server& svr, const char* route,
                 std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)> handler);
 std::string random_id(const char* prefix);  // "<prefix>-<16 hex digits>"
+// OPTIONS with Origin and Access-Control-Request-Method: a browser asking whether it may send a
+// cross-origin request (server/cors.h).
+bool is_cors_preflight(const httplib::Request& req);
 }  // namespace routes
 
 // An API whose answer is built from a completion's text as typed events (the Responses and
