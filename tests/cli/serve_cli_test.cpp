@@ -79,6 +79,8 @@ TEST(ServeCli, VllmsCommandLineServes) {
                                      " --tensor-parallel-size 1 --enable-prefix-caching --disable-log-requests --seed 0"
                                      " --max-loras 4 --max-cpu-loras 8 --enable-chunked-prefill --disable-log-stats"
                                      " --kv-cache-dtype auto --block-size 16"
+                                     " --allowed-origins '[\"https://app.example\"]' --allowed-methods GET,POST"
+                                     " --allowed-headers '[\"*\"]' --allow-credentials"
                                      " --override-generation-config '{\"max_new_tokens\": 64}' --port 0");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tinystories-656k, plan, action, reflect"), std::string::npos) << r.err;
@@ -116,6 +118,7 @@ TEST(ServeCli, VllmsCommandLineServes) {
            {" --override-generation-config '{temperature'", 2, "--override-generation-config is not valid JSON"},
            {" --override-generation-config '{\"top_p\": 0}'", 2, "'top_p' = 0 must be in (0, 1]"},
            {" --generation-config /nonexistent", 3, "--generation-config /nonexistent: no generation_config.json there"},
+           {" --allowed-origins '[\"https://a.example\", 2]'", 2, "--allowed-origins: '[\"https://a.example\", 2]' is not a JSON list of strings"},
        }) {
     auto e = testing::run_lragent(model + args);
     EXPECT_EQ(e.code, code) << args << ": " << e.err;
