@@ -5,6 +5,7 @@
 // content it leaves, and how it dumps the arguments (json.dumps, ASCII for llama3_json).
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -230,6 +231,73 @@ TEST(ToolCalls, PythonicCallsStreamAsTheyAreWritten) {
   PyCallsStream twice;
   twice.read("[f(d={'a': 1, 'a': 2})]");
   EXPECT_TRUE(twice.done() && twice.repeated_key());
+}
+
+// The same on generated calls: random literals of every kind the subset takes (numbers in their
+// spellings, strings in every quoting with escapes and non-ASCII text, adjacent literals, nested
+// lists and dicts with string and integer keys, trailing commas, odd spacing), read in random
+// pieces: the stream reads every one whole and gives exactly the parse's arguments.
+TEST(ToolCalls, PythonicCallsStreamAsTheParseReadsGeneratedCalls) {
+  std::mt19937 rng(17);
+  auto pick = [&](std::initializer_list<const char*> xs) { return std::string(*(xs.begin() + rng() % xs.size())); };
+  auto sp = [&] { return pick({"", "", " ", "\n  "}); };
+  std::function<std::string(int)> value = [&](int depth) -> std::string {
+    switch (rng() % (depth < 3 ? 8 : 6)) {
+      case 0: return pick({"0", "7", "-42", "1_000", "12345678901234567890", "-9223372036854775808"});
+      case 1: return pick({"1.5", "-.5e-3", "1e5", "2.", "0.1", "3.0E+2"});
+      case 2: return pick({"True", "False", "None", "true", "false", "null"});
+      case 3: {
+        const std::string body = pick({"", "a", "Z\\u00fcrich", "it\\'s", "tab\\there", "\\x41\\101\\0", "é😀",
+                                       "a \\\"q\\\" b", "back\\\\slash", "\\q", "line\\\nnext"});
+        const std::string q = pick({"\"", "'"});
+        return q + body + q;
+      }
+      case 4: {  // triple-quoted, raw, prefixed, or adjacent literals
+        const std::string form = pick({"\"\"\"x\"y\n\"\"\"", "'''it''s'''", "r'\\d+\\''", "R\"\\w\"", "u'\\u00e9'",
+                                       "\"a\" 'b'", "'x'\n  r\"\\y\" \"z\""});
+        return form;
+      }
+      case 5: return "\"" + std::string(rng() % 40, 'w') + "\"";
+      case 6: {
+        std::string out = "[" + sp();
+        const int n = static_cast<int>(rng() % 4);
+        for (int i = 0; i < n; ++i) out += (i ? "," + sp() : "") + value(depth + 1);
+        return out + (n && rng() % 3 == 0 ? "," : "") + sp() + "]";
+      }
+      default: {
+        std::string out = "{" + sp();
+        const int n = static_cast<int>(rng() % 4);
+        for (int i = 0; i < n; ++i)
+          out += (i ? ", " : "") + (rng() % 4 ? "'k" + std::to_string(i) + "'" : std::to_string(i) + "") + sp() + ":" +
+                 sp() + value(depth + 1);
+        return out + (n && rng() % 3 == 0 ? "," : "") + "}";
+      }
+    }
+  };
+  for (int round = 0; round < 600; ++round) {
+    std::string text = rng() % 4 == 0 ? "<|python_start|>[" : "[";
+    const int calls = 1 + static_cast<int>(rng() % 3);
+    for (int c = 0; c < calls; ++c) {
+      text += (c ? "," + sp() : "") + "f" + std::to_string(c) + sp() + "(";
+      const int args = static_cast<int>(rng() % 4);
+      for (int a = 0; a < args; ++a) text += (a ? "," + sp() : "") + "k" + std::to_string(a) + sp() + "=" + sp() + value(0);
+      text += (args && rng() % 4 == 0 ? "," : "") + std::string(")");
+    }
+    text += sp() + "]";
+    if (text.starts_with("<|")) text += "<|python_end|>";
+    const ParsedToolCalls whole = parse_tool_calls(ToolCallFormat::kPythonic, text);
+    ASSERT_EQ(whole.calls.size(), static_cast<size_t>(calls)) << text;
+    PyCallsStream s;
+    for (size_t at = 0; at < text.size() && !s.done();) {
+      at = std::min(text.size(), at + 1 + rng() % 7);
+      s.read(std::string_view(text).substr(0, at));
+      ASSERT_FALSE(s.failed()) << text.substr(0, at);
+    }
+    ASSERT_TRUE(s.done()) << text;
+    ASSERT_EQ(s.calls().size(), whole.calls.size()) << text;
+    for (size_t k = 0; k < whole.calls.size(); ++k)
+      ASSERT_EQ(s.calls()[k].arguments, whole.calls[k].arguments) << text;
+  }
 }
 
 TEST(ToolCalls, TheFormFollowsTheTemplate) {
