@@ -75,7 +75,10 @@ void PyCallsStream::emit(std::string_view s) {
 bool PyCallsStream::read_identifier(std::string_view text, std::string* out) {
   size_t i = token_;
   while (i < text.size() && is_ident(text[i])) ++i;
-  if (i >= text.size()) return false;  // a later character may still belong to it
+  if (i >= text.size()) {  // a later character may still belong to it
+    waiting_ = true;
+    return false;
+  }
   out->assign(text.substr(token_, i - token_));
   pos_ = i;
   return true;
@@ -158,11 +161,7 @@ void PyCallsStream::step(std::string_view text) {
       state_ = State::kName;
       return;
     case State::kName:
-      if (!read_identifier(text, &name_)) {
-        waiting_ = true;
-        return;
-      }
-      state_ = State::kParen;
+      if (read_identifier(text, &name_)) state_ = State::kParen;
       return;
     case State::kParen:
       if (ends_after_space()) return;
@@ -185,11 +184,7 @@ void PyCallsStream::step(std::string_view text) {
       state_ = State::kKey;
       return;
     case State::kKey:
-      if (!read_identifier(text, &name_)) {
-        waiting_ = true;
-        return;
-      }
-      state_ = State::kEquals;
+      if (read_identifier(text, &name_)) state_ = State::kEquals;
       return;
     case State::kEquals:
       if (ends_after_space()) return;
@@ -328,10 +323,7 @@ void PyCallsStream::step(std::string_view text) {
     }
     case State::kWord: {
       std::string word;
-      if (!read_identifier(text, &word)) {
-        waiting_ = true;
-        return;
-      }
+      if (!read_identifier(text, &word)) return;
       if (word == "True" || word == "true") emit("true");
       else if (word == "False" || word == "false") emit("false");
       else if (word == "None" || word == "null") emit("null");

@@ -69,7 +69,7 @@ class PyCallsStream {
   // mode: added to the key); false when an escape is not Python's.
   bool emit_string_chars(std::string_view raw);
   // The name, keyword or word that began at token_, once a character after it shows it whole
-  // (pos_ moves past it); false while the text ends inside it.
+  // (pos_ moves past it); false (and waiting_) while the text ends inside it.
   bool read_identifier(std::string_view text, std::string* out);
   // The literal whose quote is at `at` (raw: an r prefix); false while the text ends before it
   // shows whether the quote opens a triple-quoted string.
