@@ -27,6 +27,19 @@ size_t utf8_len(char c) {
   const auto b = static_cast<unsigned char>(c);
   return b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
 }
+// The bytes of the UTF-8 sequence at t[i] as a literal's scan steps over it: its lead and the
+// continuation bytes that follow, up to the lead's length (any other byte ends it early, so a
+// quote after a stray lead still closes the literal); 0 while the text ends inside it.
+size_t utf8_seq(std::string_view t, size_t i) {
+  const size_t want = utf8_len(t[i]);
+  size_t len = 1;
+  for (; len < want; ++len) {
+    if (i + len >= t.size()) return 0;
+    if ((static_cast<unsigned char>(t[i + len]) & 0xC0) != 0x80) break;
+  }
+  return len;
+}
+
 size_t skip_space(std::string_view t, size_t i) {
   while (i < t.size() && is_space(t[i])) ++i;
   return i;
@@ -51,7 +64,13 @@ size_t escape_len(std::string_view t, size_t i) {
     if (digits < 3 && i + 1 + digits >= t.size()) return 0;
     len = 1 + digits;
   } else if (static_cast<unsigned char>(n) >= 0x80) {
-    len = 1 + utf8_len(n);
+    // A backslash before non-ASCII text takes the continuation bytes that follow, all of them
+    // (unescape's rule): complete once a byte that is none shows.
+    while (true) {
+      if (i + len >= t.size()) return 0;
+      if ((static_cast<unsigned char>(t[i + len]) & 0xC0) != 0x80) break;
+      ++len;
+    }
   }
   return i + len <= t.size() ? len : 0;
 }
@@ -241,7 +260,8 @@ void PyCallsStream::step(std::string_view text) {
       while (i < n) {
         const char c = text[i];
         if (c == '\\') {  // an escaped character never closes the literal, raw or not
-          const size_t len = raw_ ? (i + 1 < n && i + 1 + utf8_len(text[i + 1]) <= n ? 1 + utf8_len(text[i + 1]) : 0)
+          // (Raw: the backslash and the character after it, kept as they are.)
+          const size_t len = raw_ ? (i + 1 < n && utf8_seq(text, i + 1) > 0 ? 1 + utf8_seq(text, i + 1) : 0)
                                   : escape_len(text, i);
           if (len == 0) break;
           i += len;
@@ -264,8 +284,9 @@ void PyCallsStream::step(std::string_view text) {
           ++i;
           continue;
         }
-        if (i + utf8_len(c) > n) break;
-        i += utf8_len(c);
+        const size_t len = utf8_seq(text, i);
+        if (len == 0) break;
+        i += len;
       }
       if (!emit_string_chars(text.substr(pos_, i - pos_))) return fail();
       pos_ = i;

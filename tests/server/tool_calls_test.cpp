@@ -227,6 +227,15 @@ TEST(ToolCalls, PythonicCallsStreamAsTheyAreWritten) {
   ASSERT_EQ(cut.calls().size(), 1u);
   EXPECT_EQ(cut.calls()[0].arguments, R"({"query": "lragent kv sh)");
   EXPECT_FALSE(cut.done() || cut.failed());
+  // Bytes that are no UTF-8 (a model's stray lead byte, escaped or not, just before a quote): the
+  // quote still closes the literal, as in the parse (found by the fuzzer).
+  for (const std::string stray : {"[f(a=\"x\\\xfd\", b='\xd9', c=r'\\\xe2', d=\"\xf0\x9f\")]"}) {
+    PyCallsStream s;
+    for (size_t at = 1; at <= stray.size(); ++at) s.read(std::string_view(stray).substr(0, at));
+    EXPECT_TRUE(s.done()) << stray;
+    ASSERT_EQ(s.calls().size(), 1u);
+    EXPECT_EQ(parse_tool_calls(ToolCallFormat::kPythonic, stray).calls.size(), 1u);
+  }
   // A dict that repeats a key: the one difference with the whole parse, and it says so.
   PyCallsStream twice;
   twice.read("[f(d={'a': 1, 'a': 2})]");
