@@ -445,7 +445,8 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->default_val("[\"*\"]");
   cmd->add_flag("--allow-credentials", f->allow_credentials,
                 "Let cross-origin pages send cookies and HTTP authentication (CORS's "
-                "Access-Control-Allow-Credentials; vLLM's flag): the allowed origin is then named, never \"*\"");
+                "Access-Control-Allow-Credentials; vLLM's flag): preflights then name the allowed origin instead of \"*\", as "
+                "answers to requests that send cookies always do");
   cmd->add_option("--max-stored-responses", f->max_stored_responses,
                   "Responses API: how many responses (\"store\": true, the default) are kept in memory for GET "
                   "/v1/responses/{id} and previous_response_id, the least recently used dropped first (also past "
