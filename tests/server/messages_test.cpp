@@ -226,6 +226,35 @@ TEST(MessagesApi, StreamedCallsRebuildTheMessage) {
   EXPECT_EQ(m["stop_reason"], "tool_use");
 }
 
+// The same for pythonic and deepseek_v3 calls: their arguments go out as pieces too (a call opens
+// with the first of them, which shows they are an object).
+TEST(MessagesApi, PythonicAndDeepSeekCallsStreamAsPieces) {
+  for (const auto& [format, out] : std::vector<std::pair<ToolCallFormat, std::string>>{
+           {ToolCallFormat::kPythonic, "[f(city='Paris', days=[1, 2]), g()]"},
+           {ToolCallFormat::kDeepSeekV3,
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"city\": \"Paris\", \"days\": [1, "
+            "2]}\n```<｜tool▁call▁end｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜>"
+            "<｜tool▁calls▁end｜>"}}) {
+    ChatParsing parsing;
+    parsing.tool_calls = format;
+    ChatStream text(parsing, /*call_deltas=*/true);
+    MessageBuilder b("msg_4", "plan", 4);
+    std::vector<json> ev;
+    b.begin(ev);
+    ChatStream::End end = testing::stream_into(text, b, out, ev);
+    b.finish(end.tool_calls, "stop", std::nullopt, 30, 0, ev);
+    size_t pieces = 0;
+    for (const json& e : ev) pieces += e["type"] == "content_block_delta" && e["delta"]["type"] == "input_json_delta";
+    EXPECT_GT(pieces, 3u) << out;
+    const json& m = b.message();
+    EXPECT_EQ(rebuild_message(ev), m) << out;
+    ASSERT_EQ(m["content"].size(), 2u) << m.dump();
+    EXPECT_EQ(m["content"][0]["input"], json({{"city", "Paris"}, {"days", {1, 2}}}));
+    EXPECT_EQ(m["content"][1]["name"], "g");
+    EXPECT_EQ(m["content"][1]["input"], json::object());
+  }
+}
+
 class MessagesTest : public testing::SyntheticChatServerTest {};
 
 // A message's text is the chat completion's for the same conversation and seed, whole and
