@@ -47,6 +47,7 @@ struct ServeFlags {
   // vLLM's CORS flags: JSON lists (or comma-separated), every origin, method and header by default.
   std::string allowed_origins = "[\"*\"]", allowed_methods = "[\"*\"]", allowed_headers = "[\"*\"]";
   bool allow_credentials = false;
+  bool trust_request_chat_template = false;  // vLLM's: a request's own chat_template is rendered
   int64_t max_stored_responses = 1024;
   std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
   std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
@@ -262,6 +263,7 @@ int run_serve(const ServeFlags& f) {
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
   so.cors = cors;
+  so.trust_request_chat_template = f.trust_request_chat_template;
   so.max_stored_responses = static_cast<size_t>(f.max_stored_responses);
   if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
   so.warn = [](const std::string& line) { fmt::print(stderr, "warning: {}\n", line); };  // --quiet too
@@ -461,6 +463,9 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "Llama-3-Instruct and Qwen3 templates, recognised by their exact text, in C++). A --chat-template "
                   "that cannot be parsed stops start-up; a model's own one leaves /v1/chat/completions answering 400 "
                   "with the reason");
+  cmd->add_flag("--trust-request-chat-template", f->trust_request_chat_template,
+                "Render a chat request's own \"chat_template\" (vLLM's flag; also /tokenize's): any client may then "
+                "run any Jinja template on the server. Without it such a request gets HTTP 400");
   cmd->add_option("--tool-call-parser", f->tool_call_parser,
                   "How the model writes tool calls, so how a chat completion's calls are read out of its text and "
                   "what a forced tool_choice makes it write (vLLM's parsers): hermes (<tool_call>{...}</tool_call>: "

@@ -32,6 +32,15 @@ Result<bool> get_bool(const json& body, const char* name, bool dflt) {
 }
 
 // An integer in [lo, hi]; JSON numbers like 16.0 are accepted (clients written in JavaScript send them).
+// vLLM's per-request "chat_template": a template's text, or null / absent (empty).
+Result<std::string> request_chat_template(const json& body) {
+  const json& v = field(body, "chat_template");
+  if (v.is_null()) return std::string();
+  if (!v.is_string() || v.get<std::string>().empty())
+    return Error{ErrorCode::kInvalidArgument, "'chat_template' must be the text of a Jinja chat template"};
+  return v.get<std::string>();
+}
+
 Result<int64_t> get_int(const json& body, const char* name, int64_t dflt, int64_t lo, int64_t hi) {
   const json& v = field(body, name);
   if (v.is_null()) return dflt;
@@ -257,7 +266,7 @@ Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat too
   LRA_ASSIGN_OR_RETURN(c.continue_final_message, continue_final(body, c.add_generation_prompt));
   LRA_ASSIGN_OR_RETURN(int64_t budget_tokens, get_int(body, "thinking_token_budget", -1, 0, 1 << 24));
   c.req.thinking_token_budget = static_cast<int>(budget_tokens);
-  LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
+  LRA_ASSIGN_OR_RETURN(c.chat_template, request_chat_template(body));
   LRA_ASSIGN_OR_RETURN(c.tools, parse_chat_tools(ordered_field("tools")));
   LRA_RETURN_IF_ERROR(neutral(body, "functions", json(nullptr), "give the functions as 'tools'"));
   const json& choice = field(body, "tool_choice");
@@ -576,8 +585,7 @@ Result<TokenizeRequest> parse_tokenize_request(std::string_view text) {
     if (ordered.contains("tools")) {
       LRA_ASSIGN_OR_RETURN(r.tools, parse_chat_tools(ordered["tools"]));
     }
-    // As chat completions refuse them: the count would otherwise differ from the request's.
-    LRA_RETURN_IF_ERROR(neutral(body, "chat_template", json(nullptr), "the model's own template is used"));
+    LRA_ASSIGN_OR_RETURN(r.chat_template, request_chat_template(body));
     LRA_ASSIGN_OR_RETURN(r.add_generation_prompt, get_bool(body, "add_generation_prompt", true));
     LRA_ASSIGN_OR_RETURN(r.continue_final_message, continue_final(body, r.add_generation_prompt));
     const json& kw = field(body, "chat_template_kwargs");

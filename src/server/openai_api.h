@@ -134,6 +134,9 @@ struct ChatRequest {
   // chat_template_kwargs as given (client's order): an interpreted template gets them all.
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
   std::vector<std::string> tools;     // each tool's JSON text for the template (parse_chat_tools)
+  // vLLM's chat_template: a Jinja template to render this request with instead of the model's
+  // (served only with --trust-request-chat-template); empty: the model's.
+  std::string chat_template;
   // tool_choice "auto" (the default with tools) or a forced call: the completion's tool calls are
   // parsed out of its text (parse_tool_calls) in this form; "none" or no tools: unset, the text
   // is left as is. (ChatParsing::tool_calls)
@@ -158,6 +161,7 @@ struct TokenizeRequest {
   bool enable_thinking = true;        // chat: chat_template_kwargs.enable_thinking
   nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();  // chat: as given
   std::vector<std::string> tools;     // chat: as /v1/chat/completions renders them (parse_chat_tools)
+  std::string chat_template;          // chat: as ChatRequest::chat_template
   bool add_special_tokens = true;     // default true for a prompt, false for messages (the template writes BOS)
   bool return_token_strs = false;     // also each id's vocabulary string
 };

@@ -130,10 +130,26 @@ Error Server::no_chat_template() const {
 
 Result<std::string> Server::render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                         bool enable_thinking, const std::vector<std::string>& tools,
-                                        const nlohmann::ordered_json& kwargs, bool continue_final) const {
-  if (!opts_.chat_template) return no_chat_template();
-  LRA_ASSIGN_OR_RETURN(std::string text,
-                       opts_.chat_template->render(messages, add_generation_prompt, enable_thinking, tools, kwargs));
+                                        const nlohmann::ordered_json& kwargs, bool continue_final,
+                                        const std::string& request_template) const {
+  std::optional<ChatTemplate> own;  // the request's template, with the server's special tokens
+  if (!request_template.empty()) {
+    if (!opts_.trust_request_chat_template)
+      return make_error(ErrorCode::kInvalidArgument,
+                        "'chat_template' was given with the request, but the server runs only its own template: "
+                        "start it with --trust-request-chat-template to allow a request's template, or leave the "
+                        "field out");
+    nlohmann::ordered_json cfg = opts_.chat_template ? opts_.chat_template->special_tokens : nlohmann::ordered_json::object();
+    cfg["chat_template"] = request_template;
+    auto t = ChatTemplate::from_tokenizer_config(cfg.dump(), "the request's 'chat_template'");
+    if (!t.ok()) return make_error(ErrorCode::kInvalidArgument, "{}", t.error().message);
+    own = std::move(*t);
+    if (opts_.chat_template) own->strftime_now = opts_.chat_template->strftime_now;
+  } else if (!opts_.chat_template) {
+    return no_chat_template();
+  }
+  const ChatTemplate& tmpl = own ? *own : *opts_.chat_template;
+  LRA_ASSIGN_OR_RETURN(std::string text, tmpl.render(messages, add_generation_prompt, enable_thinking, tools, kwargs));
   if (!continue_final || messages.empty()) return text;
   return continue_final_message(std::move(text), messages.back().content);
 }

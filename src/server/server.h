@@ -80,6 +80,9 @@ struct ServerOptions {
   std::optional<KvMemoryPlan> memory_plan;
   std::string api_key;             // non-empty: every /v1 request needs "Authorization: Bearer <key>"
   CorsOptions cors;                // cross-origin requests from browsers (vLLM's --allowed-origins, ...)
+  // vLLM's --trust-request-chat-template: a chat request's own "chat_template" is rendered (a
+  // client may then run any template on the server's Jinja interpreter); off, it is refused.
+  bool trust_request_chat_template = false;
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter serve (vLLM's
   // VLLM_ALLOW_RUNTIME_LORA_UPDATING): any client that may call /v1 may then make the server read
   // an adapter from a directory on its disk. Off, they answer 404 saying how to turn them on.
@@ -280,9 +283,12 @@ class Server {
   // The conversation through the server's chat template (as /v1/chat/completions and /tokenize
   // render it); no_chat_template() is the error when the server has none.
   // `continue_final`: cut after the final message's text (continue_final_message).
+  // `request_template`: the request's own template instead (vLLM's chat_template field), given the
+  // server's special tokens; refused unless trust_request_chat_template.
   Result<std::string> render_chat(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                                   bool enable_thinking, const std::vector<std::string>& tools,
-                                  const nlohmann::ordered_json& kwargs, bool continue_final = false) const;
+                                  const nlohmann::ordered_json& kwargs, bool continue_final = false,
+                                  const std::string& request_template = "") const;
   Error no_chat_template() const;
   void install_routes();
   // A /v1/chat/completions body (or the one a Responses or Messages request runs as) parsed and

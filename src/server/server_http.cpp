@@ -312,7 +312,7 @@ void Server::install_routes() {
     std::string text = parsed->prompt;
     if (parsed->chat) {
       auto rendered = render_chat(parsed->messages, parsed->add_generation_prompt, parsed->enable_thinking, parsed->tools,
-                                  parsed->template_kwargs, parsed->continue_final_message);
+                                  parsed->template_kwargs, parsed->continue_final_message, parsed->chat_template);
       if (!rendered.ok()) return send_error(res, rendered.error());
       text = std::move(*rendered);
     }
@@ -340,7 +340,8 @@ void Server::install_routes() {
     respond(std::move(*parsed), /*chat=*/false, http, res);
   });
   post_route(svr, "/v1/chat/completions", [this](const httplib::Request& http, const std::string& body, httplib::Response& res) {
-    if (!opts_.chat_template) return send_error(res, no_chat_template());  // before the body's own errors
+    // Before the body's own errors (unless the request may bring its own template).
+    if (!opts_.chat_template && !opts_.trust_request_chat_template) return send_error(res, no_chat_template());
     ChatParsing parsing;
     auto req = chat_completion_request(body, &parsing);
     if (!req.ok()) return send_error(res, req.error());
@@ -354,7 +355,8 @@ void Server::install_routes() {
 Result<CompletionRequest> Server::chat_completion_request(std::string_view body, ChatParsing* parsing) const {
   LRA_ASSIGN_OR_RETURN(ChatRequest parsed, parse_chat_request(body, tool_call_format(), opts_.sampling_defaults));
   LRA_ASSIGN_OR_RETURN(std::string text, render_chat(parsed.messages, parsed.add_generation_prompt, parsed.enable_thinking,
-                                                     parsed.tools, parsed.template_kwargs, parsed.continue_final_message));
+                                                     parsed.tools, parsed.template_kwargs, parsed.continue_final_message,
+                                                     parsed.chat_template));
   CompletionRequest req = std::move(parsed.req);
   PromptInput p;
   p.text = std::move(text);
