@@ -80,7 +80,7 @@ TEST(ServeCli, VllmsCommandLineServes) {
                                      " --max-loras 4 --max-cpu-loras 8 --enable-chunked-prefill --disable-log-stats"
                                      " --kv-cache-dtype auto --block-size 16"
                                      " --allowed-origins '[\"https://app.example\"]' --allowed-methods GET,POST"
-                                     " --allowed-headers '[\"*\"]' --allow-credentials"
+                                     " --allowed-headers '[\"*\"]' --allow-credentials --trust-request-chat-template"
                                      " --override-generation-config '{\"max_new_tokens\": 64}' --port 0");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.err.find("serving tinystories-656k, plan, action, reflect"), std::string::npos) << r.err;
