@@ -14,10 +14,10 @@ using ordered_json = nlohmann::ordered_json;
 
 constexpr int kMaxDepth = 64;  // lists and dicts inside an argument (the fuzzer's deep inputs stay cheap)
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-bool is_ident(char c) { return is_ident_start(c) || is_digit(c); }
+using pychars::is_digit;
+using pychars::is_ident;
+using pychars::is_ident_start;
+using pychars::is_space;
 
 // A recursive-descent reader over the text; every method returns false on anything outside the
 // subset (the caller then treats the whole text as content).

@@ -13,6 +13,15 @@
 
 namespace lragent::server {
 
+// The characters the reader takes for whitespace, digits and names, PyCallsStream too (both must
+// read the same text alike).
+namespace pychars {
+inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+inline bool is_digit(char c) { return c >= '0' && c <= '9'; }
+inline bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+inline bool is_ident(char c) { return is_ident_start(c) || is_digit(c); }
+}  // namespace pychars
+
 struct PythonCall {
   std::string name;
   nlohmann::ordered_json arguments = nlohmann::ordered_json::object();  // keyword -> value, in order

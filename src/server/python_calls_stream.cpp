@@ -8,6 +8,7 @@
 #include "server/jinja/pystr.h"
 #include "server/python_calls.h"
 #include "server/tool_calls.h"
+#include "tokenizer/unicode.h"
 
 namespace lragent::server {
 namespace {
@@ -17,21 +18,17 @@ using ordered_json = nlohmann::ordered_json;
 constexpr size_t kMaxDepth = 64;  // containers inside an argument, as parse_python_calls allows
 
 // The character classes parse_python_calls reads with.
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-bool is_digit(char c) { return c >= '0' && c <= '9'; }
-bool is_ident_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-bool is_ident(char c) { return is_ident_start(c) || is_digit(c); }
+using pychars::is_digit;
+using pychars::is_ident;
+using pychars::is_ident_start;
+using pychars::is_space;
 bool is_quote(char c) { return c == '"' || c == '\''; }
 bool is_string_prefix(char c) { return c == 'r' || c == 'R' || c == 'u' || c == 'U'; }
-size_t utf8_len(char c) {
-  const auto b = static_cast<unsigned char>(c);
-  return b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
-}
 // The bytes of the UTF-8 sequence at t[i] as a literal's scan steps over it: its lead and the
 // continuation bytes that follow, up to the lead's length (any other byte ends it early, so a
 // quote after a stray lead still closes the literal); 0 while the text ends inside it.
 size_t utf8_seq(std::string_view t, size_t i) {
-  const size_t want = utf8_len(t[i]);
+  const size_t want = unicode::utf8_length(static_cast<unsigned char>(t[i]));
   size_t len = 1;
   for (; len < want; ++len) {
     if (i + len >= t.size()) return 0;
