@@ -137,7 +137,9 @@ void ToolCallStream::scan_pythonic() {
   const std::vector<PyCallsStream::Call>& calls = python_.calls();
   for (size_t k = 0; k < calls.size(); ++k) {
     if (k == calls_.size()) calls_.push_back(Sent{new_tool_call_id(format_), calls[k].name, {}, 0, false});
-    calls_[k].arguments = calls[k].arguments;
+    // The stream only appends: only what is new is copied (a long argument is not copied whole
+    // at every token).
+    calls_[k].arguments.append(calls[k].arguments, calls_[k].arguments.size());
   }
 }
 
