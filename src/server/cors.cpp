@@ -28,6 +28,17 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// "a, b ,c," -> {"a", "b", "c", ""}: the items between commas, trimmed (an empty text: none).
+std::vector<std::string> split_list(std::string_view s) {
+  std::vector<std::string> out;
+  for (size_t at = 0; !s.empty() && at <= s.size();) {
+    const size_t comma = std::min(s.find(',', at), s.size());
+    out.emplace_back(trim(s.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  return out;
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string out;
   for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
@@ -86,15 +97,11 @@ CorsPreflight cors_preflight(const CorsOptions& o, std::string_view origin, std:
     p.headers.emplace_back("Access-Control-Allow-Headers", join(headers));
     std::vector<std::string> allowed;
     for (const std::string& x : headers) allowed.push_back(lower(x));
-    for (size_t at = 0; !asked.empty() && at <= asked.size();) {
-      const size_t comma = std::min(asked.find(',', at), asked.size());
-      const std::string name = lower(trim(asked.substr(at, comma - at)));
-      if (std::find(allowed.begin(), allowed.end(), name) == allowed.end()) {
+    for (const std::string& name : split_list(asked))
+      if (std::find(allowed.begin(), allowed.end(), lower(name)) == allowed.end()) {
         failures.push_back("headers");
         break;
       }
-      at = comma + 1;
-    }
   }
   if (o.allow_credentials) p.headers.emplace_back("Access-Control-Allow-Credentials", "true");
   p.status = failures.empty() ? 200 : 400;
@@ -116,12 +123,8 @@ Result<std::vector<std::string>> parse_cors_list(std::string_view text, std::str
     for (const auto& x : j) out.push_back(x.get<std::string>());
     return out;
   }
-  for (size_t at = 0; at <= t.size();) {
-    const size_t comma = std::min(t.find(',', at), t.size());
-    const std::string_view item = trim(t.substr(at, comma - at));
-    if (!item.empty()) out.emplace_back(item);
-    at = comma + 1;
-  }
+  out = split_list(t);
+  out.erase(std::remove(out.begin(), out.end(), std::string()), out.end());  // "GET, POST," lists two
   return out;
 }
 
