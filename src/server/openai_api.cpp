@@ -181,11 +181,8 @@ Result<CompletionRequest> parse_completion_request(std::string_view text, const 
   r.logprobs = static_cast<int>(logprobs);
   // echo with logprobs: the prompt's tokens come first in the logprobs object (OpenAI's legacy
   // completions; what lm-evaluation-harness asks a server for), computed as prompt_logprobs.
+  // Streamed, they lead the first chunk (vLLM's way).
   if (r.logprobs >= 0 && r.echo) r.prompt_logprobs = std::max(r.prompt_logprobs, r.logprobs);
-  if (r.prompt_logprobs >= 0 && r.stream)
-    return Error{ErrorCode::kUnsupported,
-                 "the prompt's log-probabilities ('prompt_logprobs', or 'logprobs' with \"echo\": true) are not "
-                 "streamed: send the request with \"stream\": false"};
   LRA_RETURN_IF_ERROR(neutral(body, "suffix", json(nullptr), "lragent does not insert text"));
   return r;
 }
@@ -259,9 +256,6 @@ Result<ChatRequest> parse_chat_request(std::string_view text, ToolCallFormat too
   LRA_ASSIGN_OR_RETURN(int64_t top, get_int(body, "top_logprobs", -1, 0, kLogprobsLimit));
   if (top >= 0 && !logprobs) return bad("'top_logprobs' needs \"logprobs\": true");
   if (logprobs) c.req.logprobs = static_cast<int>(std::max<int64_t>(top, 0));
-  if (c.req.prompt_logprobs >= 0 && c.req.stream)
-    return Error{ErrorCode::kUnsupported,
-                 "'prompt_logprobs' are not streamed: send the request with \"stream\": false"};
   LRA_RETURN_IF_ERROR(neutral(body, "echo", json(false), "a chat completion never repeats the conversation"));
   LRA_ASSIGN_OR_RETURN(c.continue_final_message, continue_final(body, c.add_generation_prompt));
   LRA_ASSIGN_OR_RETURN(int64_t budget_tokens, get_int(body, "thinking_token_budget", -1, 0, 1 << 24));
@@ -523,6 +517,17 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   LRA_ASSIGN_OR_RETURN(int64_t prompt_logprobs, get_int(body, "prompt_logprobs", -1, 0, kLogprobsLimit));
   r.prompt_logprobs = static_cast<int>(prompt_logprobs);
   r.show_prompt_logprobs = r.prompt_logprobs >= 0;
+  // A streamed chunk has no place for them: vLLM refuses a count above 0 with "stream" and takes
+  // 0, which then shows nothing (and is not computed here).
+  if (r.stream && r.prompt_logprobs > 0)
+    return Error{ErrorCode::kUnsupported,
+                 "'prompt_logprobs' are not available with \"stream\": true (a streamed chunk has no place for "
+                 "them): send the request with \"stream\": false, or, on /v1/completions, ask for \"echo\": true "
+                 "with \"logprobs\", whose first chunk leads with the prompt's tokens"};
+  if (r.stream) {
+    r.prompt_logprobs = -1;
+    r.show_prompt_logprobs = false;
+  }
   // Present at all: refused.
   const json& allowed = field(body, "allowed_token_ids");
   if (!allowed.is_null()) {
@@ -710,11 +715,17 @@ json prompt_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt,
 }
 
 json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt, std::span<const StepLogprobs> prompt_lps,
-                        int top, std::span<const int32_t> ids, std::span<const StepLogprobs> lps) {
-  if (prompt.empty()) return logprobs_json(tok, /*chat=*/false, ids, lps, nullptr);
+                        int top, std::span<const int32_t> ids, std::span<const StepLogprobs> lps,
+                        size_t* end_offset) {
+  size_t offset = 0;
+  if (prompt.empty()) {
+    json out = logprobs_json(tok, /*chat=*/false, ids, lps, &offset);
+    if (end_offset) *end_offset = offset;
+    return out;
+  }
   // The prompt's first token: text, no log-probability (null, as OpenAI's and vLLM's).
   const std::string first = token_text(tok, prompt[0]);
-  size_t offset = utf8_chars(first);
+  offset = utf8_chars(first);
   std::vector<StepLogprobs> shown(prompt_lps.begin(), prompt_lps.end());
   for (StepLogprobs& lp : shown) lp.top.resize(std::min(lp.top.size(), static_cast<size_t>(std::max(top, 0))));
   json head = logprobs_json(tok, false, prompt.subspan(1), shown, &offset);
@@ -726,6 +737,7 @@ json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt, s
   for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
     for (const json* part : {&head, &tail})
       for (const json& v : (*part)[key]) out[key].push_back(v);
+  if (end_offset) *end_offset = offset;
   return out;
 }
 

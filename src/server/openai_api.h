@@ -72,7 +72,8 @@ struct CompletionRequest {
   // trajectory of the request's own (none of the prompt read from a cache). Set by the
   // "prompt_logprobs" field (show_prompt_logprobs: a choice's "prompt_logprobs" list), or, on
   // /v1/completions, by "logprobs" with "echo": true (the legacy logprobs object then starts with
-  // the prompt's tokens). Not with stream.
+  // the prompt's tokens; streamed, they lead the first chunk). The field is refused with stream
+  // above 0 (as vLLM), and 0 with stream is taken and computes nothing.
   int prompt_logprobs = -1;
   bool show_prompt_logprobs = false;
   // vLLM's logits processors (AgentDecode): OpenAI's logit_bias ({"id": bias}, clamped to
@@ -207,7 +208,7 @@ nlohmann::json prompt_logprobs_json(const Tokenizer* tok, std::span<const int32_
 // generated tokens `ids`; text offsets run from 0 over the prompt's text.
 nlohmann::json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt,
                                   std::span<const StepLogprobs> prompt_lps, int top, std::span<const int32_t> ids,
-                                  std::span<const StepLogprobs> lps);
+                                  std::span<const StepLogprobs> lps, size_t* end_offset = nullptr);
 // Characters (code points) of UTF-8 text, as Python's len() counts them (text_offset's unit).
 size_t utf8_chars(std::string_view s);
 

@@ -274,6 +274,9 @@ struct Server::ChoiceRun {
   int64_t kept = 0;                     // tokens that trajectory held when it took it (Lease::reused_tokens)
   std::optional<CompletionText> text;   // the shown text and its stop strings (with a tokenizer)
   std::string shown;                    // the echoed prompt
+  // Streamed with "logprobs": the echo waits for the prompt's log-probabilities, to go out with
+  // the first token (or the step's end), as vLLM's first chunk carries both.
+  bool echo_pending = false;
   CompletionDelta pending;              // tokens (and log-probabilities) not sent with a piece yet
   size_t pushed = 0;                    // output tokens given to `text`
   uint64_t seed = 0;                    // its sampler's (a resumed turn draws on from the same stream)
@@ -597,9 +600,16 @@ bool Server::engine_pass(const std::vector<Job*>& active) {
   return true;
 }
 
+std::string Server::take_echo(ChoiceRun& run, const std::vector<StepLogprobs>& prompt_logprobs) {
+  if (!run.echo_pending) return {};
+  run.echo_pending = false;
+  run.pending.echo_logprobs = prompt_logprobs;
+  return run.shown;
+}
+
 bool Server::emit(Job& job, ChoiceRun& run, std::string text) {
   if (job.cancelled.load()) job.abandoned = true;
-  if (text.empty() || !job.streaming) return !job.abandoned;
+  if ((text.empty() && !run.pending.echo_logprobs) || !job.streaming) return !job.abandoned;
   run.pending.text = std::move(text);
   {
     std::lock_guard<std::mutex> lock(job.mu);
@@ -713,14 +723,18 @@ bool Server::start_choice(Job& job, bool may_start_new) {
   dec.on_token = [this, &job, &cr](int32_t t, const StepLogprobs* lp) {
     if (!job.first_token) job.first_token = Job::Clock::now();
     ++cr.pushed;
+    // The turn's catch-up is over: its prompt log-probabilities are all there.
+    assert((!cr.echo_pending || cr.turn) && "a token comes from a started turn");
+    std::string lead = cr.echo_pending ? take_echo(cr, cr.turn->progress().prompt_logprobs) : std::string();
     cr.pending.token_ids.push_back(t);
     if (lp) cr.pending.logprobs.push_back(*lp);
-    if (!cr.text) return emit(job, cr, {});  // no tokenizer, no text: the ids go with the last piece
-    return emit(job, cr, cr.text->push(t)) && !cr.text->matched_stop();
+    if (!cr.text) return emit(job, cr, std::move(lead));  // no tokenizer, no text: the ids go with the last piece
+    return emit(job, cr, lead + cr.text->push(t)) && !cr.text->matched_stop();
   };
   if (!resume) {
     ++job.next;
-    if (!emit(job, cr, cr.shown)) {  // the client went away: nothing ran on the trajectory
+    cr.echo_pending = job.streaming && req.echo && req.logprobs >= 0;
+    if (!emit(job, cr, cr.echo_pending ? std::string() : cr.shown)) {  // the client went away: nothing ran on the trajectory
       pool_->unacquire(**lease);
       job.runs.pop_back();
       if (job.runs.empty()) end_job(job, std::nullopt);
@@ -843,8 +857,10 @@ void Server::end_choice(Job& job, ChoiceRun& cr, const Status& st) {
   for (; cr.pushed < r.output_tokens.size(); ++cr.pushed)
     if (cr.text) cr.text->push(r.output_tokens[cr.pushed], /*ends_step=*/true);
   c.text = cr.shown;
+  std::string lead = take_echo(cr, r.prompt_logprobs);  // no token was shown (max_tokens 0, a stop id first)
+  if (!cr.text) emit(job, cr, std::move(lead));
   if (cr.text) {
-    emit(job, cr, cr.text->finish());
+    emit(job, cr, lead + cr.text->finish());
     c.text += cr.text->text();
     c.stop_reason = cr.text->matched_stop();
   }

@@ -159,6 +159,10 @@ struct CompletionDelta {
   std::string text;
   std::vector<int32_t> token_ids;
   std::vector<StepLogprobs> logprobs;  // [token_ids] or empty
+  // The choice's first piece of a streamed completion with "echo" and "logprobs": `text` starts
+  // with the echoed prompt, whose tokens' log-probabilities ([prompt tokens - 1]) lead its
+  // logprobs object (the legacy form, echo_logprobs_json).
+  std::optional<std::vector<StepLogprobs>> echo_logprobs;
 };
 using DeltaFn = std::function<bool(const CompletionDelta&)>;
 // Whether the client is still there (a streaming response's socket); asked while a request waits.
@@ -268,6 +272,9 @@ class Server {
   void end_job(Job& job, std::optional<Error> error);
   // A piece of a choice's text for a streaming client; false when the client went away.
   bool emit(Job& job, ChoiceRun& run, std::string text);
+  // The echoed prompt when it still waits to lead the choice's first piece (ChoiceRun::echo_pending),
+  // its tokens' log-probabilities put in that piece; else nothing.
+  static std::string take_echo(ChoiceRun& run, const std::vector<StepLogprobs>& prompt_logprobs);
   // Copies the pool's state for /lragent/sessions and /metrics' KV series (engine thread); called
   // whenever a choice starts, is preempted or ends.
   void publish_sessions();

@@ -463,7 +463,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   auto p = std::make_shared<const Prepared>(std::move(*prepared));  // the provider is copied: share the ids
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider("text/event-stream", [this, p, chat, parsing, id, created, model, usage_of,
-                                                         choice_json, logprobs_of,
+                                                         choice_json, logprobs_of, lp_tok,
                                                          lragent_json](size_t, httplib::DataSink& sink) {
     auto send = [&sink](const json& j) {
       const std::string line = "data: " + dump(j) + "\n\n";
@@ -522,8 +522,15 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       grow(d.index);
       sent[d.index] += d.token_ids.size();
       size_t at = offset[d.index];
-      json lp = logprobs_of(d.token_ids, d.logprobs, &at);
-      offset[d.index] += utf8_chars(d.text);
+      json lp;
+      if (d.echo_logprobs) {  // the choice's first piece: the prompt's tokens lead, offsets as unstreamed
+        const std::vector<int32_t>& prompt = p->ids[d.index / static_cast<size_t>(p->req.n)];
+        lp = echo_logprobs_json(lp_tok, prompt, *d.echo_logprobs, p->req.logprobs, d.token_ids, d.logprobs,
+                                &offset[d.index]);
+      } else {
+        lp = logprobs_of(d.token_ids, d.logprobs, &at);
+        offset[d.index] += utf8_chars(d.text);
+      }
       const ChatStream::Delta shown = texts[d.index].push(d.text);
       // Held back (a tag or a tool call may be starting): no event unless log-probabilities are due.
       if (shown.content.empty() && shown.reasoning.empty() && shown.tool_calls.empty() && lp.is_null()) return true;

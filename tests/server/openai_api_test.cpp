@@ -89,6 +89,14 @@ TEST(OpenAiRequest, EveryFormOfTheFields) {
   EXPECT_EQ(r.logprobs, 4);
   r = parse_ok(R"({"prompt": "a", "logprobs": 4, "prompt_logprobs": null})");
   EXPECT_EQ(r.prompt_logprobs, -1);
+  // Streamed: echo + logprobs still computes them (the first chunk leads with them); vLLM's
+  // prompt_logprobs 0 is taken and computes nothing.
+  r = parse_ok(R"({"prompt": "a", "echo": true, "logprobs": 2, "stream": true})");
+  EXPECT_EQ(r.prompt_logprobs, 2);
+  EXPECT_FALSE(r.show_prompt_logprobs);
+  r = parse_ok(R"({"prompt": "a", "prompt_logprobs": 0, "stream": true})");
+  EXPECT_EQ(r.prompt_logprobs, -1);
+  EXPECT_FALSE(r.show_prompt_logprobs);
 
   r = parse_ok(R"({"prompt": ["a", [5, 6]], "stop": "x", "top_k": 40})");
   ASSERT_EQ(r.prompts.size(), 2u);
@@ -128,9 +136,8 @@ TEST(OpenAiRequest, BadInputNamesTheField) {
                "'stream_options'");
   expect_error(R"({"prompt": "a", "logprobs": 1048577})", ErrorCode::kInvalidArgument, "'logprobs'");
   expect_error(R"({"prompt": "a", "logprobs": true})", ErrorCode::kInvalidArgument, "'logprobs'");
-  expect_error(R"({"prompt": "a", "logprobs": 2, "echo": true, "stream": true})", ErrorCode::kUnsupported,
-               "are not streamed");
-  expect_error(R"({"prompt": "a", "prompt_logprobs": 1, "stream": true})", ErrorCode::kUnsupported, "not streamed");
+  expect_error(R"({"prompt": "a", "prompt_logprobs": 1, "stream": true})", ErrorCode::kUnsupported,
+               "not available with \"stream\"");
   expect_error(R"({"prompt": "a", "prompt_logprobs": 1048577})", ErrorCode::kInvalidArgument, "'prompt_logprobs'");
   expect_error(R"({"prompt": "a", "best_of": 4})", ErrorCode::kUnsupported, "'best_of'");
   expect_error(R"({"prompt": "a", "presence_penalty": 2.5})", ErrorCode::kInvalidArgument, "'presence_penalty'");

@@ -288,9 +288,67 @@ TEST_F(PromptLogprobsHttpTest, EchoWithLogprobsAndPromptLogprobsInBothApis) {
   }
 }
 
+// A streamed choice's text and its logprobs object, its events' pieces joined.
+std::pair<std::string, json> joined_stream(const json& raw, size_t choice) {
+  EXPECT_TRUE(raw.is_string()) << raw.dump();
+  bool done = false;
+  const std::vector<json> events = testing::sse_events(raw.is_string() ? raw.get<std::string>() : "", &done);
+  EXPECT_TRUE(done);
+  std::string text;
+  json lp = {{"tokens", json::array()}, {"token_logprobs", json::array()}, {"top_logprobs", json::array()},
+             {"text_offset", json::array()}};
+  for (const json& e : events)
+    for (const json& c : e.value("choices", json::array())) {
+      if (c["index"] != choice) continue;
+      text += c["text"].get<std::string>();
+      if (c["logprobs"].is_null()) continue;
+      for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+        for (const json& v : c["logprobs"][key]) lp[key].push_back(v);
+    }
+  return {text, lp};
+}
+
+TEST_F(PromptLogprobsHttpTest, StreamedEchoWithLogprobsLeadsWithThePromptsTokens) {
+  const size_t n_prompt = tok_->encode(kPrompt, true)->size();
+  // vLLM serves it: the first chunk carries the prompt and its tokens' log-probabilities, then
+  // the generated tokens come as usual. Joined, the stream says what the whole answer says.
+  for (int max_tokens : {0, 1, 6}) {
+    for (int n : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "max_tokens " << max_tokens << ", n " << n);
+      json body = {{"model", "plan"}, {"prompt", kPrompt}, {"max_tokens", max_tokens}, {"echo", true},
+                   {"logprobs", 2}, {"temperature", 0}, {"n", n}};
+      auto [st, whole] = post("/v1/completions", body);
+      ASSERT_EQ(st, 200) << whole.dump();
+      body["stream"] = true;
+      auto [sst, raw] = post("/v1/completions", body);
+      ASSERT_EQ(sst, 200) << raw.dump();
+      for (int i = 0; i < n; ++i) {
+        const json& want = whole["choices"][i];
+        auto [text, lp] = joined_stream(raw, static_cast<size_t>(i));
+        EXPECT_EQ(text, want["text"].get<std::string>());
+        ASSERT_EQ(lp["tokens"].size(), n_prompt + static_cast<size_t>(max_tokens)) << lp.dump();
+        EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+        EXPECT_TRUE(testing::json_near(lp, want["logprobs"], 1e-4));
+      }
+      // The first event of each choice holds its whole prompt.
+      const std::vector<json> events = testing::sse_events(raw.get<std::string>());
+      ASSERT_FALSE(events.empty());
+      const json& first = events.front()["choices"][0];
+      EXPECT_EQ(first["text"].get<std::string>().rfind(kPrompt, 0), 0u) << first.dump();
+      EXPECT_GE(first["logprobs"]["tokens"].size(), n_prompt) << first.dump();
+    }
+  }
+}
+
 TEST_F(PromptLogprobsHttpTest, StreamingPromptLogprobsAndOutOfRangeAreRefused) {
-  for (const json& body : {json{{"prompt", kPrompt}, {"stream", true}, {"echo", true}, {"logprobs", 1}},
-                           json{{"prompt", kPrompt}, {"stream", true}, {"prompt_logprobs", 1}},
+  // vLLM's rule: a count above 0 with "stream" is refused; 0 is taken and shows nothing.
+  {
+    auto [st, raw] = post("/v1/completions", {{"prompt", kPrompt}, {"stream", true}, {"prompt_logprobs", 0},
+                                             {"max_tokens", 2}});
+    ASSERT_EQ(st, 200) << raw.dump();
+    EXPECT_EQ(raw.get<std::string>().find("prompt_logprobs"), std::string::npos) << raw.dump();
+  }
+  for (const json& body : {json{{"prompt", kPrompt}, {"stream", true}, {"prompt_logprobs", 1}},
                            json{{"prompt", kPrompt}, {"prompt_logprobs", 21}},
                            json{{"prompt", kPrompt}, {"prompt_logprobs", -1}}}) {
     auto [st, e] = post("/v1/completions", body);

@@ -44,7 +44,7 @@ TEST_F(ServerTest, BadRequestsGetOpenAiErrorsAndTheServerKeepsServing) {
   expect(404, complete({{"model", "nobody"}, {"prompt", "x"}}), "plan");  // the error lists the served names
   expect(400, complete({{"prompt", "x"}, {"max_tokens", 600}}), "maximum context length is 512");
   expect(400, complete({{"prompt", std::vector<int>{1, 999999}}}), "outside the vocabulary");
-  expect(400, complete({{"prompt", "x"}, {"logprobs", 1}, {"echo", true}, {"stream", true}}), "not streamed");
+  expect(400, complete({{"prompt", "x"}, {"prompt_logprobs", 1}, {"stream", true}}), "not available");
   expect(400, post("/v1/chat/completions", R"({"messages": []})"), "/v1/completions");
   expect(413, post("/v1/completions", json{{"prompt", std::string(8000, 'a')}}.dump()), "larger");
   expect(404, post("/v1/nothing", "{}"), "no route");
