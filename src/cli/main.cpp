@@ -9,6 +9,7 @@
 #include <new>
 
 #include "cli/commands.h"
+#include "cli/config_flag.h"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -23,9 +24,10 @@ int main(int argc, char** argv) {
       "  lragent run --workflow react --model DIR --adapter plan=P --adapter action=A --adapter reflect=R\n"
       "  lragent serve --model DIR --adapter plan=P --adapter action=A --port 8000   OpenAI-compatible server\n"
       "  lragent bench trace --device cuda --preset llama3.1-8b   the poster's trace benchmark, all modes\n"
-      "Run `lragent COMMAND --help` for every flag of a command. Exit codes: 1 input/output failure (e.g. an\n"
-      "unwritable output file) or internal error, 2 bad argument, 3 not found, 4 corrupt file, 5 unsupported,\n"
-      "6 out of memory (KV cache or allocation).");
+      "Run `lragent COMMAND --help` for every flag of a command; every command reads its flags from a YAML\n"
+      "file too (--config FILE, as vLLM's: `port: 8000`, one flag a line, the command line winning).\n"
+      "Exit codes: 1 input/output failure (e.g. an unwritable output file) or internal error, 2 bad argument,\n"
+      "3 not found, 4 corrupt file, 5 unsupported, 6 out of memory (KV cache or allocation).");
   app.set_version_flag("--version", "lragent " LRAGENT_VERSION);
   std::function<int()> action;
   lragent::cli::register_generate(app, action);
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   lragent::cli::register_demo(app, action);
   lragent::cli::register_bench(app, action);
   lragent::cli::register_serve(app, action);
+  lragent::cli::add_config_flag(app, argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

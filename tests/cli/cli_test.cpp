@@ -98,6 +98,40 @@ TEST(Cli, TokenizeAndDefaultModel) {
   EXPECT_NE(d.err.find("synthetic"), std::string::npos) << "the default model must say it is synthetic";
 }
 
+// vLLM's --config: a command's flags from a YAML file, the command line winning; a required flag
+// may come from it; a key that is no flag of the command, or a file it cannot read, is refused.
+TEST(Cli, FlagsFromAConfigFile) {
+  const std::string dir = testing::temp_dir("config-file");
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+    return shell_quote(dir + "/" + name);
+  };
+  const std::string flags = " --prompt 'Once upon a time' --max-tokens 8 --temperature 0 --json";
+  const CliRun direct = run_cli("generate " + model_arg() + flags);
+  ASSERT_EQ(direct.code, 0) << direct.err;
+  const std::string gen = write("gen.yaml", "# generate\nmodel: " + testing::tinystories_dir() +
+                                                "\nprompt: \"Once upon a time\"\nmax_tokens: 8\ntemperature: 0\njson: true\n");
+  const CliRun from_file = run_cli("generate --config " + gen);
+  ASSERT_EQ(from_file.code, 0) << from_file.err;
+  EXPECT_EQ(nlohmann::json::parse(from_file.out)["output_tokens"], nlohmann::json::parse(direct.out)["output_tokens"]);
+  const CliRun wins = run_cli("generate --max-tokens 3 --config=" + gen);
+  ASSERT_EQ(wins.code, 0) << wins.err;
+  EXPECT_EQ(nlohmann::json::parse(wins.out)["output_tokens"].size(), 3u);
+  // tokenize's --text is required: given by the file.
+  const CliRun tok = run_cli("tokenize " + model_arg() + " --json --config " + write("tok.yaml", "text: Hello world\n"));
+  ASSERT_EQ(tok.code, 0) << tok.err;
+  EXPECT_EQ(nlohmann::json::parse(tok.out)["ids"][0], 1);
+  const CliRun unknown = run_cli("generate --config " + write("bad.yaml", "prompt: hi\nbogus: 1\n"));
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("line 2: 'bogus' is not a flag of `lragent generate`"), std::string::npos) << unknown.err;
+  const CliRun nested = run_cli("generate --config " + write("nested.yaml", "prompt: hi\nsampling:\n  seed: 1\n"));
+  EXPECT_EQ(nested.code, 2);
+  EXPECT_NE(nested.err.find("line 3"), std::string::npos) << nested.err;
+  const CliRun missing = run_cli("generate --config " + shell_quote(dir + "/none.yaml"));
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.err.find("none.yaml"), std::string::npos) << missing.err;
+}
+
 class BadModel : public ::testing::Test {
  protected:
   void SetUp() override {
