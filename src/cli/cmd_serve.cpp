@@ -17,6 +17,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "cli/serve_setup.h"
 #include "cli/sharing_flags.h"
 #include "core/text_file.h"
 #include "engine/memory_plan.h"
@@ -29,52 +30,6 @@
 namespace lragent::cli {
 namespace {
 
-struct ServeFlags {
-  ModelFlags model;
-  SharingFlags sharing;
-  std::string host = "127.0.0.1";
-  int port = 8000;
-  std::string served_name;
-  int max_sessions = 0;  // 0: 256 when --gpu-memory-utilization sizes the KV memory, else 4
-  const CLI::App* app = nullptr;  // which flags were given (--max-context's default depends on it)
-  bool no_share_blocks = false;
-  double kv_cache_memory_gb = 0;  // > 0: the server's one KV memory (SessionPoolOptions::pool_bytes)
-  double gpu_memory_utilization = 0.9;  // > 0: that KV memory sized from the device (plan_kv_memory)
-  bool gpu_memory_utilization_given = false;  // on the command line (else the default applies only on a GPU)
-  int64_t max_batched_tokens = 2048;
-  int64_t max_model_len = 0;
-  std::string api_key;
-  // vLLM's CORS flags: JSON lists (or comma-separated), every origin, method and header by default.
-  std::string allowed_origins = "[\"*\"]", allowed_methods = "[\"*\"]", allowed_headers = "[\"*\"]";
-  bool allow_credentials = false;
-  bool trust_request_chat_template = false;  // vLLM's: a request's own chat_template is rendered
-  int64_t max_stored_responses = 1024;
-  std::string chat_template;  // a file holding a template (as vLLM's --chat-template)
-  std::string tool_call_parser = "auto";  // hermes | llama3_json | mistral | deepseek_v3 | auto (the template's)
-  std::string reasoning_parser;           // qwen3 | deepseek_r1 | empty (none)
-  std::string generation_config = "auto";  // auto | vllm | a directory with a generation_config.json
-  std::string override_generation_config;  // a JSON object over it
-  bool vllm_enable_lora = false;       // --enable-lora: vLLM's; adapters are always served
-  int max_lora_rank = 0;               // --max-lora-rank: vLLM's; > 0 refuses adapters of a higher rank
-  bool runtime_lora = false;           // --enable-runtime-lora: POST /v1/load_lora_adapter and /v1/unload_lora_adapter
-  bool vllm_auto_tool_choice = false;  // --enable-auto-tool-choice: vLLM's; tool calls are always parsed
-  std::string preset;         // a synthetic model with a published model's shapes (benchmarks)
-  int preset_rank = 16;
-  std::string preset_adapters = "shared";
-  bool quiet = false;
-  // vLLM's command line, accepted where lragent does what it asks anyway.
-  bool trust_remote_code = false;  // lragent runs no code from a model directory
-  int tensor_parallel_size = 1;    // one device: only 1
-  bool enable_prefix_caching = false;  // always on (kept trajectories)
-  bool enable_chunked_prefill = false;  // always on (--max-num-batched-tokens)
-  int max_loras = 1;                    // any: every pass mixes all served adapters
-  int max_cpu_loras = 0;                // any: every adapter stays loaded
-  bool disable_log_stats = false;       // lragent logs no periodic stats
-  std::string kv_cache_dtype = "auto";  // only auto: the cache in the weights' dtype
-  int64_t seed = -1;               // >= 0: the first seed of requests that give none (else drawn)
-  bool return_tokens_as_token_ids = false;
-  int max_logprobs = lragent::server::kDefaultMaxLogprobs;
-};
 
 // The chat template: --chat-template's (a file, or the template text itself, as vLLM takes it),
 // else chat_template.jinja beside the model (where transformers >= 4.43 saves it), else
@@ -187,148 +142,16 @@ Result<LoadedModel> load_preset(const ServeFlags& f) {
 }
 
 int run_serve(const ServeFlags& f) {
-  // The server's one KV memory, sized in GB or from the device, is every trajectory's.
-  const bool util_given = f.gpu_memory_utilization_given && f.gpu_memory_utilization > 0;
-  const char* sizing = f.kv_cache_memory_gb > 0 ? "--kv-cache-memory" : "--gpu-memory-utilization";
-  if (f.kv_cache_memory_gb > 0 && util_given)
-    return report(Error{ErrorCode::kInvalidArgument, "--kv-cache-memory and --gpu-memory-utilization both size the "
-                                                     "server's KV memory: give one of them"});
-  if ((f.kv_cache_memory_gb > 0 || util_given) && (f.no_share_blocks || f.sharing.kv_memory_gb > 0))
-    return report(Error{ErrorCode::kInvalidArgument,
-                        fmt::format("{} sizes the one KV memory every trajectory shares: it cannot go with "
-                                    "--no-share-blocks or --kv-memory (a KV memory per trajectory); drop one of them",
-                                    sizing)});
-  // Checked before the weights load: a mistyped flag fails at once. A --preset has no
-  // generation_config.json; "auto" is then neutral.
-  auto defaults = server::load_sampling_defaults(
-      f.preset.empty() || f.generation_config != "auto" ? f.generation_config : "vllm", f.model.model_dir,
-      f.override_generation_config);
-  if (!defaults.ok()) return report(defaults.error());
   auto origins = server::parse_cors_list(f.allowed_origins, "--allowed-origins");
   auto methods = server::parse_cors_list(f.allowed_methods, "--allowed-methods");
   auto headers = server::parse_cors_list(f.allowed_headers, "--allowed-headers");
   for (const auto* list : {&origins, &methods, &headers})
     if (!list->ok()) return report(list->error());
   server::CorsOptions cors{std::move(*origins), std::move(*methods), std::move(*headers), f.allow_credentials};
-  auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
-  if (!loaded.ok()) return report(loaded.error());
-  server::ServerOptions so;
-  so.sampling_defaults = *defaults;
-  if (f.seed >= 0) so.seed = static_cast<uint64_t>(f.seed);
-  so.return_tokens_as_token_ids = f.return_tokens_as_token_ids;
-  so.max_logprobs = f.max_logprobs;
-  if (const std::string given = defaults->describe(); !given.empty())
-    fmt::print(stderr, "default sampling parameters from the generation config: {} (a request's own values win; "
-                       "--generation-config vllm for neutral defaults)\n",
-               given);
-  so.max_lora_rank = f.max_lora_rank;
-  // vLLM turns runtime LoRA updating on from its environment; the flag says the same.
-  const char* env_runtime = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
-  const std::string env = env_runtime ? env_runtime : "";
-  so.runtime_lora = f.runtime_lora || env == "True" || env == "true" || env == "1";
-  so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
-  so.pool.share_blocks = !f.no_share_blocks;
-  so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
-  // The default fraction applies on a device with its own memory when nothing else sizes the KV
-  // memory; given, it applies (and on the CPU is an error that says what to give instead).
-  const bool other_sizing = f.kv_cache_memory_gb > 0 || f.no_share_blocks || f.sharing.kv_memory_gb > 0;
-  const bool use_util = f.gpu_memory_utilization > 0 && !other_sizing &&
-                        (util_given || loaded->model->backend().memory_stats().capacity > 0);
-  if (use_util) {
-    // Profiled with an adapter when there is one: the LoRA buffers of a pass count too.
-    const LoraAdapter* probe =
-        loaded->adapters && loaded->adapters->size() > 0 ? &loaded->adapters->at(0) : nullptr;
-    // The largest pass: a prompt alone runs in chunks of this many tokens (ServerOptions::
-    // max_pass_tokens), at least vLLM's 8192, so that its working memory is what was profiled.
-    const int64_t pass = std::max<int64_t>(f.max_batched_tokens, 8192);
-    auto plan = plan_kv_memory(*loaded->model, probe, f.gpu_memory_utilization, pass);
-    if (!plan.ok() && util_given)
-      return report(Error{plan.error().code, "--gpu-memory-utilization: " + plan.error().message});
-    if (!plan.ok()) {  // the default: the reservation it would have capped is made as it is
-      fmt::print(stderr, "warning: --gpu-memory-utilization {} (the default): {}; reserving --max-sessions "
-                         "trajectories of --max-context instead\n",
-                 f.gpu_memory_utilization, plan.error().message);
-    } else {
-      so.pool.pool_bytes = plan->kv_bytes;
-      so.memory_plan = *plan;
-      fmt::print(stderr,
-                 "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
-                 "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
-                 f.gpu_memory_utilization, plan->kv_bytes / 1e9, f.gpu_memory_utilization * plan->device_bytes / 1e9,
-                 plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, plan->pass_tokens);
-    }
-  }
-  so.max_batch_tokens = f.max_batched_tokens;
-  so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
-  so.max_model_len = f.max_model_len;
-  so.api_key = f.api_key;
-  so.cors = cors;
-  so.trust_request_chat_template = f.trust_request_chat_template;
-  so.max_stored_responses = static_cast<size_t>(f.max_stored_responses);
-  if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
-  so.warn = [](const std::string& line) { fmt::print(stderr, "warning: {}\n", line); };  // --quiet too
-#ifdef __GLIBC__
-  // A server runs for days. glibc raises its mmap threshold each time a large block is freed, so
-  // the MB-sized buffers of later requests come from the heap, where freed space stays with the
-  // process: RSS grew ~4 MB per 100-client storm (scripts/serve-stress.py). A fixed threshold
-  // keeps such buffers in mmaps that go back on free, and the heap's free top goes back whenever
-  // the engine falls idle.
-  mallopt(M_MMAP_THRESHOLD, 256 << 10);
-  so.on_idle = [] { malloc_trim(0); };
-#endif
-  if (f.tool_call_parser != "auto") {
-    auto format = server::parse_tool_call_format(f.tool_call_parser);
-    if (!format.ok()) return report(Error{format.error().code, "--tool-call-parser: " + format.error().message + " (or auto)"});
-    so.tool_call_parser = *format;
-  }
-  if (!f.reasoning_parser.empty()) {
-    auto format = server::parse_reasoning_format(f.reasoning_parser);
-    if (!format.ok()) return report(Error{format.error().code, "--reasoning-parser: " + format.error().message});
-    so.reasoning_parser = *format;
-  }
-  if (f.preset.empty()) {
-    if (Status st = set_chat_template(f, so); !st.ok()) return report(st.error());
-  } else {
-    so.chat_template_missing = "a --preset model has none";
-  }
-
-  // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base;
-  // none when the model norms its keys (Qwen3) and an adapter adapts k_proj.
-  const bool is_auto = f.sharing.mode == "auto";
-  if (!is_auto && !parse_share_mode(f.sharing.mode).ok())
-    return report(Error{ErrorCode::kInvalidArgument, fmt::format("--kv-share '{}' is not a sharing mode; choose auto, {}",
-                                                                 f.sharing.mode, share_mode_choices())});
-  auto sharing = f.sharing.options_for(is_auto ? "base-lr" : f.sharing.mode);
-  if (!sharing.ok()) return report(sharing.error());
-  so.pool.replay.sharing = *sharing;
-  // With one KV memory of a size in bytes (taken from the device, or --kv-cache-memory: vLLM's
-  // ways), the other defaults are vLLM's too: 256 requests at once (--max-num-seqs) and the
-  // model's whole context; each trajectory then takes pages as it grows, the memory shared by all
-  // (a trajectory is capped at --max-context, so the memory is at most --max-sessions of those).
-  // Else 4 trajectories of --max-context, reserved. (Before session 38 --kv-cache-memory kept 4 x
-  // 4096, which capped a memory of 40 GB at 9 GB and refused 8192-token conversations.)
-  const bool bytes_sized = so.pool.pool_bytes > 0;
-  so.pool.max_sessions = f.max_sessions > 0 ? f.max_sessions : bytes_sized ? 256 : 4;
-  const int64_t model_context = loaded->model->config().max_position_embeddings;
-  if (bytes_sized && model_context > 0 && f.app && f.app->count("--max-context") == 0)
-    so.pool.replay.sharing.max_tokens = model_context;
-  if (is_auto && loaded->adapters) {
-    const std::vector<const LoraAdapter*> adapters = agents_of(*loaded->adapters).second;
-    const ModelConfig& cfg = loaded->model->config();
-    if (!check_low_rank_k(cfg, adapters, ShareMode::kBaseLr).ok()) {
-      fmt::print(stderr, "--kv-share auto: {} norms its keys and an adapter adapts k_proj, so no low-rank cache can "
-                         "hold that term; each agent keeps its own full cache (none)\n",
-                 cfg.architecture);
-      so.pool.replay.sharing.mode = ShareMode::kNone;
-    } else if (!check_shared_a(adapters, cfg.num_layers).ok()) {
-      fmt::print(stderr, "--kv-share auto: the adapters do not share lora_A, so each agent keeps its own low-rank "
-                         "cache (base)\n");
-      so.pool.replay.sharing.mode = ShareMode::kBase;
-    }
-  }
-  auto srv = server::Server::create(*loaded->model, loaded->tokenizer.get(), loaded->adapters.get(), so);
-  if (!srv.ok()) return report(srv.error());
-  server::Server& s = **srv;
+  auto built = build_server(f, std::move(cors));
+  if (!built.ok()) return report(built.error());
+  server::Server& s = *built->server;
+  const server::ServerOptions& so = s.options();
   auto port = s.bind(f.host, f.port);
   if (!port.ok()) return report(port.error());
   std::string memory =
@@ -354,27 +177,156 @@ int run_serve(const ServeFlags& f) {
 
 }  // namespace
 
-void register_serve(CLI::App& app, std::function<int()>& action) {
-  static ServeFlags flags;
-  ServeFlags* f = &flags;
-  CLI::App* cmd = app.add_subcommand(
-      "serve",
-      "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions "
-      "and /v1/chat/completions (and OpenAI's Responses API, /v1/responses, and Anthropic's Messages API, "
-      "/v1/messages); "
-      "requests whose prompts extend one trajectory share its KV cache across adapters. Also GET /health, "
-      "GET /v1/models, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics (Prometheus); "
-      "docs/server.md has every field");
+Result<BuiltServer> build_server(const ServeFlags& f, server::CorsOptions cors) {
+  // The server's one KV memory, sized in GB or from the device, is every trajectory's.
+  const bool util_given = f.gpu_memory_utilization_given && f.gpu_memory_utilization > 0;
+  const char* sizing = f.kv_cache_memory_gb > 0 ? "--kv-cache-memory" : "--gpu-memory-utilization";
+  if (f.kv_cache_memory_gb > 0 && util_given)
+    return Error{ErrorCode::kInvalidArgument, "--kv-cache-memory and --gpu-memory-utilization both size the "
+                                              "server's KV memory: give one of them"};
+  if ((f.kv_cache_memory_gb > 0 || util_given) && (f.no_share_blocks || f.sharing.kv_memory_gb > 0))
+    return Error{ErrorCode::kInvalidArgument,
+                 fmt::format("{} sizes the one KV memory every trajectory shares: it cannot go with "
+                                    "--no-share-blocks or --kv-memory (a KV memory per trajectory); drop one of them",
+                                    sizing)};
+  // Checked before the weights load: a mistyped flag fails at once. A --preset has no
+  // generation_config.json; "auto" is then neutral.
+  auto defaults = server::load_sampling_defaults(
+      f.preset.empty() || f.generation_config != "auto" ? f.generation_config : "vllm", f.model.model_dir,
+      f.override_generation_config);
+  if (!defaults.ok()) return defaults.error();
+  auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
+  if (!loaded.ok()) return loaded.error();
+  BuiltServer built;
+  built.loaded = std::move(*loaded);
+  LoadedModel* model = &built.loaded;
+  server::ServerOptions so;
+  so.sampling_defaults = *defaults;
+  if (f.seed >= 0) so.seed = static_cast<uint64_t>(f.seed);
+  so.return_tokens_as_token_ids = f.return_tokens_as_token_ids;
+  so.max_logprobs = f.max_logprobs;
+  if (const std::string given = defaults->describe(); !given.empty())
+    fmt::print(stderr, "default sampling parameters from the generation config: {} (a request's own values win; "
+                       "--generation-config vllm for neutral defaults)\n",
+               given);
+  so.max_lora_rank = f.max_lora_rank;
+  // vLLM turns runtime LoRA updating on from its environment; the flag says the same.
+  const char* env_runtime = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
+  const std::string env = env_runtime ? env_runtime : "";
+  so.runtime_lora = f.runtime_lora || env == "True" || env == "true" || env == "1";
+  so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
+  so.pool.share_blocks = !f.no_share_blocks;
+  so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
+  // The default fraction applies on a device with its own memory when nothing else sizes the KV
+  // memory; given, it applies (and on the CPU is an error that says what to give instead).
+  const bool other_sizing = f.kv_cache_memory_gb > 0 || f.no_share_blocks || f.sharing.kv_memory_gb > 0;
+  const bool use_util = f.gpu_memory_utilization > 0 && !other_sizing &&
+                        (util_given || model->model->backend().memory_stats().capacity > 0);
+  if (use_util) {
+    // Profiled with an adapter when there is one: the LoRA buffers of a pass count too.
+    const LoraAdapter* probe =
+        model->adapters && model->adapters->size() > 0 ? &model->adapters->at(0) : nullptr;
+    // The largest pass: a prompt alone runs in chunks of this many tokens (ServerOptions::
+    // max_pass_tokens), at least vLLM's 8192, so that its working memory is what was profiled.
+    const int64_t pass = std::max<int64_t>(f.max_batched_tokens, 8192);
+    auto plan = plan_kv_memory(*model->model, probe, f.gpu_memory_utilization, pass);
+    if (!plan.ok() && util_given)
+      return Error{plan.error().code, "--gpu-memory-utilization: " + plan.error().message};
+    if (!plan.ok()) {  // the default: the reservation it would have capped is made as it is
+      fmt::print(stderr, "warning: --gpu-memory-utilization {} (the default): {}; reserving --max-sessions "
+                         "trajectories of --max-context instead\n",
+                 f.gpu_memory_utilization, plan.error().message);
+    } else {
+      so.pool.pool_bytes = plan->kv_bytes;
+      so.memory_plan = *plan;
+      fmt::print(stderr,
+                 "--gpu-memory-utilization {}: {:.2f} GB for the KV cache ({:.2f} GB of the device's {:.2f} GB, less "
+                 "{:.2f} GB of weights and buffers and {:.2f} GB for a pass of {} tokens)\n",
+                 f.gpu_memory_utilization, plan->kv_bytes / 1e9, f.gpu_memory_utilization * plan->device_bytes / 1e9,
+                 plan->device_bytes / 1e9, plan->in_use / 1e9, plan->pass_peak / 1e9, plan->pass_tokens);
+    }
+  }
+  so.max_batch_tokens = f.max_batched_tokens;
+  so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
+  so.max_model_len = f.max_model_len;
+  so.api_key = f.api_key;
+  so.cors = std::move(cors);
+  so.trust_request_chat_template = f.trust_request_chat_template;
+  so.max_stored_responses = static_cast<size_t>(f.max_stored_responses);
+  if (!f.quiet) so.log = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  so.warn = [](const std::string& line) { fmt::print(stderr, "warning: {}\n", line); };  // --quiet too
+#ifdef __GLIBC__
+  // A server runs for days. glibc raises its mmap threshold each time a large block is freed, so
+  // the MB-sized buffers of later requests come from the heap, where freed space stays with the
+  // process: RSS grew ~4 MB per 100-client storm (scripts/serve-stress.py). A fixed threshold
+  // keeps such buffers in mmaps that go back on free, and the heap's free top goes back whenever
+  // the engine falls idle.
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  so.on_idle = [] { malloc_trim(0); };
+#endif
+  if (f.tool_call_parser != "auto") {
+    auto format = server::parse_tool_call_format(f.tool_call_parser);
+    if (!format.ok()) return Error{format.error().code, "--tool-call-parser: " + format.error().message + " (or auto)"};
+    so.tool_call_parser = *format;
+  }
+  if (!f.reasoning_parser.empty()) {
+    auto format = server::parse_reasoning_format(f.reasoning_parser);
+    if (!format.ok()) return Error{format.error().code, "--reasoning-parser: " + format.error().message};
+    so.reasoning_parser = *format;
+  }
+  if (f.preset.empty()) {
+    if (Status st = set_chat_template(f, so); !st.ok()) return st.error();
+  } else {
+    so.chat_template_missing = "a --preset model has none";
+  }
+
+  // auto: base-lr when the adapters share their A matrices (one low-rank cache for all), else base;
+  // none when the model norms its keys (Qwen3) and an adapter adapts k_proj.
+  const bool is_auto = f.sharing.mode == "auto";
+  if (!is_auto && !parse_share_mode(f.sharing.mode).ok())
+    return Error{ErrorCode::kInvalidArgument, fmt::format("--kv-share '{}' is not a sharing mode; choose auto, {}",
+                                                          f.sharing.mode, share_mode_choices())};
+  auto sharing = f.sharing.options_for(is_auto ? "base-lr" : f.sharing.mode);
+  if (!sharing.ok()) return sharing.error();
+  so.pool.replay.sharing = *sharing;
+  // With one KV memory of a size in bytes (taken from the device, or --kv-cache-memory: vLLM's
+  // ways), the other defaults are vLLM's too: 256 requests at once (--max-num-seqs) and the
+  // model's whole context; each trajectory then takes pages as it grows, the memory shared by all
+  // (a trajectory is capped at --max-context, so the memory is at most --max-sessions of those).
+  // Else 4 trajectories of --max-context, reserved. (Before session 38 --kv-cache-memory kept 4 x
+  // 4096, which capped a memory of 40 GB at 9 GB and refused 8192-token conversations.)
+  const bool bytes_sized = so.pool.pool_bytes > 0;
+  so.pool.max_sessions = f.max_sessions > 0 ? f.max_sessions : bytes_sized ? 256 : 4;
+  const int64_t model_context = model->model->config().max_position_embeddings;
+  if (bytes_sized && model_context > 0 && f.app && f.app->count("--max-context") == 0)
+    so.pool.replay.sharing.max_tokens = model_context;
+  if (is_auto && model->adapters) {
+    const std::vector<const LoraAdapter*> adapters = agents_of(*model->adapters).second;
+    const ModelConfig& cfg = model->model->config();
+    if (!check_low_rank_k(cfg, adapters, ShareMode::kBaseLr).ok()) {
+      fmt::print(stderr, "--kv-share auto: {} norms its keys and an adapter adapts k_proj, so no low-rank cache can "
+                         "hold that term; each agent keeps its own full cache (none)\n",
+                 cfg.architecture);
+      so.pool.replay.sharing.mode = ShareMode::kNone;
+    } else if (!check_shared_a(adapters, cfg.num_layers).ok()) {
+      fmt::print(stderr, "--kv-share auto: the adapters do not share lora_A, so each agent keeps its own low-rank "
+                         "cache (base)\n");
+      so.pool.replay.sharing.mode = ShareMode::kBase;
+    }
+  }
+  auto srv = server::Server::create(*model->model, model->tokenizer.get(), model->adapters.get(), so);
+  if (!srv.ok()) return srv.error();
+  built.server = std::move(*srv);
+  return built;
+}
+
+void add_engine_flags(CLI::App* cmd, ServeFlags* f) {
   f->model.add_to(cmd, true);
   f->sharing.add_to(cmd, "auto",
                     "; auto (default here): base-lr when the adapters share lora_A, else base (none when a Qwen3 adapter "
                     "adapts k_proj). Here --max-context "
                     "and --kv-memory size each kept trajectory (--max-context defaults to the model's whole context "
                     "when --gpu-memory-utilization or --kv-cache-memory sizes the server's KV memory)");
-  cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
-  cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")
-      ->default_val(8000)
-      ->check(cli::in_range(0, 65535));
   cmd->add_option("--served-model-name", f->served_name,
                   "Name of the base model in the API (default: the --model directory's name; \"synthetic\" for the "
                   "built-in model). Adapters are served under their --adapter names");
@@ -431,24 +383,6 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                   "get HTTP 400")
       ->default_val(0)
       ->check(cli::non_negative());
-  cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
-  cmd->add_option("--allowed-origins", f->allowed_origins,
-                  "Origins whose web pages may call the server from a browser (CORS, vLLM's flag): a JSON list "
-                  "('[\"https://app.example\"]') or comma-separated; \"*\" any. Answers with another Origin carry no "
-                  "Access-Control-Allow-Origin, so the browser hides them from the page")
-      ->default_val("[\"*\"]");
-  cmd->add_option("--allowed-methods", f->allowed_methods,
-                  "HTTP methods a cross-origin page may use (CORS preflights; vLLM's flag): a JSON list or "
-                  "comma-separated; \"*\" any")
-      ->default_val("[\"*\"]");
-  cmd->add_option("--allowed-headers", f->allowed_headers,
-                  "Request headers a cross-origin page may send (CORS preflights; vLLM's flag): a JSON list or "
-                  "comma-separated; \"*\" any. Accept, Accept-Language, Content-Language and Content-Type always")
-      ->default_val("[\"*\"]");
-  cmd->add_flag("--allow-credentials", f->allow_credentials,
-                "Let cross-origin pages send cookies and HTTP authentication (CORS's "
-                "Access-Control-Allow-Credentials; vLLM's flag): preflights then name the allowed origin instead of \"*\", as "
-                "answers to requests that send cookies always do");
   cmd->add_option("--max-stored-responses", f->max_stored_responses,
                   "Responses API: how many responses (\"store\": true, the default) are kept in memory for GET "
                   "/v1/responses/{id} and previous_response_id, the least recently used dropped first (also past "
@@ -566,6 +500,42 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
       ->default_val("shared")
       ->check(CLI::IsMember({"shared", "independent"}));
   f->app = cmd;
+}
+
+void register_serve(CLI::App& app, std::function<int()>& action) {
+  static ServeFlags flags;
+  ServeFlags* f = &flags;
+  CLI::App* cmd = app.add_subcommand(
+      "serve",
+      "OpenAI-compatible HTTP server (as vLLM's): the base model and each --adapter are models of /v1/completions "
+      "and /v1/chat/completions (and OpenAI's Responses API, /v1/responses, and Anthropic's Messages API, "
+      "/v1/messages); "
+      "requests whose prompts extend one trajectory share its KV cache across adapters. Also GET /health, "
+      "GET /v1/models, POST /tokenize, POST /detokenize, GET /lragent/sessions, GET /metrics (Prometheus); "
+      "docs/server.md has every field");
+  add_engine_flags(cmd, f);
+  cmd->add_option("--host", f->host, "Address to listen on (0.0.0.0: every interface)")->default_val("127.0.0.1");
+  cmd->add_option("--port", f->port, "TCP port (0: any free port, printed at start)")
+      ->default_val(8000)
+      ->check(cli::in_range(0, 65535));
+  cmd->add_option("--api-key", f->api_key, "Require \"Authorization: Bearer KEY\" on every /v1 request");
+  cmd->add_option("--allowed-origins", f->allowed_origins,
+                  "Origins whose web pages may call the server from a browser (CORS, vLLM's flag): a JSON list "
+                  "('[\"https://app.example\"]') or comma-separated; \"*\" any. Answers with another Origin carry no "
+                  "Access-Control-Allow-Origin, so the browser hides them from the page")
+      ->default_val("[\"*\"]");
+  cmd->add_option("--allowed-methods", f->allowed_methods,
+                  "HTTP methods a cross-origin page may use (CORS preflights; vLLM's flag): a JSON list or "
+                  "comma-separated; \"*\" any")
+      ->default_val("[\"*\"]");
+  cmd->add_option("--allowed-headers", f->allowed_headers,
+                  "Request headers a cross-origin page may send (CORS preflights; vLLM's flag): a JSON list or "
+                  "comma-separated; \"*\" any. Accept, Accept-Language, Content-Language and Content-Type always")
+      ->default_val("[\"*\"]");
+  cmd->add_flag("--allow-credentials", f->allow_credentials,
+                "Let cross-origin pages send cookies and HTTP authentication (CORS's "
+                "Access-Control-Allow-Credentials; vLLM's flag): preflights then name the allowed origin instead of \"*\", as "
+                "answers to requests that send cookies always do");
   cmd->callback([f, &action] { action = [f] { return run_serve(*f); }; });
 }
 

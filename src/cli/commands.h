@@ -15,5 +15,6 @@ void register_run(CLI::App& app, std::function<int()>& action);
 void register_demo(CLI::App& app, std::function<int()>& action);
 void register_bench(CLI::App& app, std::function<int()>& action);  // `bench trace`
 void register_serve(CLI::App& app, std::function<int()>& action);
+void register_run_batch(CLI::App& app, std::function<int()>& action);
 
 }  // namespace lragent::cli

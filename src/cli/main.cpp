@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
       "  lragent replay --model DIR --adapter plan=DIR --adapter action=DIR --kv-share base-lr --script S.json\n"
       "  lragent run --workflow react --model DIR --adapter plan=P --adapter action=A --adapter reflect=R\n"
       "  lragent serve --model DIR --adapter plan=P --adapter action=A --port 8000   OpenAI-compatible server\n"
+      "  lragent run-batch -i requests.jsonl -o answers.jsonl --model DIR   a file of API requests, offline\n"
       "  lragent bench trace --device cuda --preset llama3.1-8b   the poster's trace benchmark, all modes\n"
       "Run `lragent COMMAND --help` for every flag of a command; every command reads its flags from a YAML\n"
       "file too (--config FILE, as vLLM's: `port: 8000`, one flag a line, the command line winning).\n"
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   lragent::cli::register_demo(app, action);
   lragent::cli::register_bench(app, action);
   lragent::cli::register_serve(app, action);
+  lragent::cli::register_run_batch(app, action);
   lragent::cli::add_config_flag(app, argc, argv);
   try {
     app.parse(argc, argv);

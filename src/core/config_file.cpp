@@ -8,6 +8,8 @@
 namespace lragent {
 namespace {
 
+constexpr const char* kExpectedKey =
+    "expected `flag-name: value` (a flag's long name without \"--\", then ': ' and its value)";
 constexpr const char* kUnendedList = "a list [...] does not end on its line (write one \"- item\" a line instead)";
 
 // One line being read: its text, number and where the reading is.
@@ -202,13 +204,15 @@ class Parser {
                                    l.text[k] == '_'))
         ++k;
       if (k == l.at || k >= l.text.size() || l.text[k] != ':' || (k + 1 < l.text.size() && l.text[k + 1] != ' '))
-        return error(l, "expected `flag-name: value` (a flag's long name without \"--\", then ': ' and its value)");
+        return error(l, kExpectedKey);
       ConfigEntry e;
       e.key = std::string(l.text.substr(l.at, k - l.at));
       std::replace(e.key.begin(), e.key.end(), '_', '-');
-      if (e.key.front() == '-')
-        return error(l, fmt::format("write the flag's name without the leading \"-\": "
-                                                                     "'{}'", e.key.substr(e.key.find_first_not_of('-'))));
+      if (e.key.front() == '-') {  // "--model: x", or only dashes
+        const size_t name = e.key.find_first_not_of('-');
+        if (name == std::string::npos) return error(l, kExpectedKey);
+        return error(l, fmt::format("write the flag's name without the leading \"-\": '{}'", e.key.substr(name)));
+      }
       e.line = number;
       if (!seen.insert(e.key).second)
         return error(l, fmt::format("'{}' is given twice", e.key));

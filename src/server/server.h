@@ -210,6 +210,7 @@ class Server {
   }
   ShareMode share_mode() const { return opts_.pool.replay.sharing.mode; }
   int64_t max_model_len() const { return opts_.max_model_len; }
+  const ServerOptions& options() const { return opts_; }
   // The one KV memory every trajectory shares, in bytes (0: an arena per trajectory).
   int64_t kv_memory_bytes() const { return pool_->shared_arena() ? pool_->shared_arena()->capacity_bytes() : 0; }
   // The most tokens one pass runs (0: no bound; ServerOptions::max_pass_tokens / memory_plan).

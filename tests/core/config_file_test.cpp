@@ -92,6 +92,8 @@ TEST(ConfigFile, RefusesWhatItDoesNotReadNamingTheLine) {
   EXPECT_NE(refused("model: \"a\" b\n", 1).find("text after"), std::string::npos);
   EXPECT_NE(refused("--model: a\n", 1).find("without the leading"), std::string::npos);
   EXPECT_NE(refused("model a\n", 1).find("flag-name: value"), std::string::npos);
+  EXPECT_NE(refused("-: a\n", 1).find("flag-name: value"), std::string::npos);  // only dashes (found by the fuzzer)
+  EXPECT_NE(refused("---: a\n", 1).find("flag-name: value"), std::string::npos);
   EXPECT_NE(refused("model:a\n", 1).find("flag-name: value"), std::string::npos);
   EXPECT_NE(refused("x: [a, b\n", 1).find("does not end on its line"), std::string::npos);
   EXPECT_NE(refused("x: [a b] c\n", 1).find("text after"), std::string::npos);
