@@ -205,6 +205,7 @@ Result<BuiltServer> build_server(const ServeFlags& f, server::CorsOptions cors) 
   if (f.seed >= 0) so.seed = static_cast<uint64_t>(f.seed);
   so.return_tokens_as_token_ids = f.return_tokens_as_token_ids;
   so.max_logprobs = f.max_logprobs;
+  so.priority_scheduling = f.scheduling_policy == "priority";
   if (const std::string given = defaults->describe(); !given.empty())
     fmt::print(stderr, "default sampling parameters from the generation config: {} (a request's own values win; "
                        "--generation-config vllm for neutral defaults)\n",
@@ -439,6 +440,13 @@ void add_engine_flags(CLI::App* cmd, ServeFlags* f) {
                   "'prompt_logprobs'); a request asking for more gets a 400. -1: no limit but the vocabulary (vLLM's flag)")
       ->default_val(lragent::server::kDefaultMaxLogprobs)
       ->check(CLI::Range(-1, lragent::server::kLogprobsLimit));
+  cmd->add_option("--scheduling-policy", f->scheduling_policy,
+                  "Which waiting request starts first (vLLM's flag): fcfs, in arrival order; or priority, by each "
+                  "request's \"priority\" field (lower first, arrival order among equals; e.g. an orchestrator's "
+                  "critical-path agent before background ones), the KV memory running out then preempting the "
+                  "highest value first. Under fcfs a request's priority must be 0")
+      ->default_val("fcfs")
+      ->check(CLI::IsMember({"fcfs", "priority"}));
   cmd->add_flag("--return-tokens-as-token-ids", f->return_tokens_as_token_ids,
                 "Name every logprobs token \"token_id:<id>\" instead of its text (vLLM's flag; a request's "
                 "return_tokens_as_token_ids does the same for itself)");

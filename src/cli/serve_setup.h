@@ -62,6 +62,7 @@ struct ServeFlags {
   int64_t seed = -1;               // >= 0: the first seed of requests that give none (else drawn)
   bool return_tokens_as_token_ids = false;
   int max_logprobs = lragent::server::kDefaultMaxLogprobs;
+  std::string scheduling_policy = "fcfs";  // fcfs | priority (vLLM's --scheduling-policy)
 };
 
 // Registers the engine's flags on `cmd` (which `f` must outlive) and sets f->app.

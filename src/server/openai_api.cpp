@@ -514,6 +514,8 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
   if (truncate == 0 && !field(body, "truncate_prompt_tokens").is_null())
     return bad("'truncate_prompt_tokens' must be at least 1 (the prompt tokens to keep), or -1 for the model's context length");
   r.truncate_prompt_tokens = static_cast<int>(truncate);
+  LRA_ASSIGN_OR_RETURN(r.priority, get_int(body, "priority", 0, std::numeric_limits<int32_t>::min(),
+                                           std::numeric_limits<int32_t>::max()));
   LRA_ASSIGN_OR_RETURN(int64_t prompt_logprobs, get_int(body, "prompt_logprobs", -1, 0, kLogprobsLimit));
   r.prompt_logprobs = static_cast<int>(prompt_logprobs);
   r.show_prompt_logprobs = r.prompt_logprobs >= 0;

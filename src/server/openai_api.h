@@ -90,6 +90,10 @@ struct CompletionRequest {
   // this many tokens a thinking model is made to write "</think>" (AgentDecode::reasoning_budget);
   // -1: none. Needs the server's reasoning parser.
   int thinking_token_budget = -1;
+  // vLLM's priority: under --scheduling-policy priority, waiting requests start lowest value
+  // first (arrival order among equals) and the engine preempts the highest value first when
+  // the KV memory runs out; else only 0 is taken.
+  int64_t priority = 0;
   // Structured output: the completion's text matches this regex whole (engine/guide/byte_dfa.h's
   // dialect), made from whichever of OpenAI's response_format (json_object, json_schema) and
   // vLLM's guided_json, guided_regex, guided_choice or structured_outputs the request gave (one

@@ -266,7 +266,8 @@ Result<ResponsesRequest> parse_responses_request(std::string_view body, const Sa
                                       "logit_bias", "min_tokens", "ignore_eos", "skip_special_tokens",
                                       "include_stop_str_in_output", "chat_template_kwargs", "parallel_tool_calls",
                                       "structured_outputs", "guided_json", "guided_regex", "guided_choice",
-                                      "guided_grammar", "bad_words", "allowed_token_ids", "cache_salt"};
+                                      "guided_grammar", "bad_words", "allowed_token_ids", "cache_salt",
+                                      "priority"};
   for (const char* name : kSame)
     if (!field(b, name).is_null()) r.chat_fields[name] = b[name];
   const ordered_json& max_out = field(b, "max_output_tokens");

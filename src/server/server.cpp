@@ -205,6 +205,11 @@ Result<Server::Prepared> Server::prepare(const CompletionRequest& req) const {
                       "server's limit of {}: ask for fewer, or start the server with a larger --max-logprobs (-1: no limit)",
                       asked, req.logprobs >= req.prompt_logprobs ? "logprobs' / 'top_logprobs" : "prompt_logprobs",
                       opts_.max_logprobs);
+  if (req.priority != 0 && !opts_.priority_scheduling)
+    return make_error(ErrorCode::kInvalidArgument,
+                      "'priority' {} asks for priority scheduling, which is not enabled: start the server with "
+                      "--scheduling-policy priority (or leave 'priority' out)",
+                      req.priority);
   LRA_RETURN_IF_ERROR(check_vocab(req.allowed_token_ids, "allowed_token_ids"));
   if (!req.bad_words.empty()) {
     if (!tok_)
@@ -370,8 +375,25 @@ Result<std::vector<CompletionChoice>> Server::run(const Prepared& p, const Delta
   return std::move(job.out);
 }
 
+void Server::admit(std::vector<Job*>& active) {
+  for (Job* j : queue_) {
+    if (!opts_.priority_scheduling) {
+      active.push_back(j);
+      continue;
+    }
+    // After every job of its priority or a lower value: stable, arrival order among equals.
+    const int64_t pr = j->p->req.priority;
+    auto at = std::upper_bound(active.begin(), active.end(), pr,
+                               [](int64_t v, const Job* a) { return v < a->p->req.priority; });
+    active.insert(at, j);
+  }
+  queue_.clear();
+}
+
 void Server::engine_loop() {
-  std::vector<Job*> active;  // admitted, in arrival order
+  // Admitted, in arrival order (or by priority, then arrival: admit), which is the order their
+  // choices start in and, from the back, the order they give back KV memory (make_room).
+  std::vector<Job*> active;
   bool worked = false;        // requests ran since the last on_idle
   using Clock = std::chrono::steady_clock;
   Clock::time_point last_progress = Clock::now(), last_warned{};
@@ -410,8 +432,7 @@ void Server::engine_loop() {
           last_progress = Clock::now();
           counts_at_advance_ = counts_;
         }
-        active.insert(active.end(), queue_.begin(), queue_.end());
-        queue_.clear();
+        admit(active);
       }
     }
     bool ran = false;

@@ -117,6 +117,10 @@ struct ServerOptions {
   // vLLM's --max-logprobs: the most log-probabilities a request may ask for per token (logprobs,
   // top_logprobs, prompt_logprobs); a request asking for more is refused. -1: the vocabulary.
   int max_logprobs = kDefaultMaxLogprobs;
+  // vLLM's --scheduling-policy priority: requests start in the order of their "priority" (lower
+  // first, arrival order among equals), and the KV memory running out preempts the lowest
+  // (highest value, latest) first. Off (fcfs): arrival order, and a request's priority must be 0.
+  bool priority_scheduling = false;
   // vLLM's --return-tokens-as-token-ids: every request's logprobs name tokens "token_id:<id>".
   bool return_tokens_as_token_ids = false;
   // One line per request (method, path, status, time); null: silent.
@@ -250,6 +254,9 @@ class Server {
   // One iteration over the admitted jobs: starts the choices that can start and runs one batched
   // pass over the running ones; false when no pass ran (every job waits, or none is left).
   bool engine_pass(const std::vector<Job*>& active);
+  // Moves the queued jobs into `active` (queue_mu_ held): at its end, or by priority
+  // (ServerOptions::priority_scheduling).
+  void admit(std::vector<Job*>& active);
   // Starts the job's next choice when a trajectory can be had for it (SessionPool::acquire; else
   // it waits); true when it started. May end the job. A choice the job had preempted resumes
   // first; a new one starts only when `may_start_new` (no request has a preempted choice waiting).

@@ -188,6 +188,55 @@ TEST_F(ServerTest, AStreamingClientGoneWhileItsRequestWaitsIsNotServed) {
   EXPECT_EQ(status, 200) << j.dump();
 }
 
+// vLLM's --scheduling-policy priority: with the one trajectory slot held, a request of priority
+// 5 and then one of priority -1 wait; the -1 starts first when the slot comes free, though it
+// came later. Under fcfs (the default) a priority other than 0 is refused, naming the flag.
+TEST_F(ServerTest, PrioritySchedulingStartsTheLowestValueFirst) {
+  ServerOptions o;
+  o.pool.max_sessions = 1;
+  o.priority_scheduling = true;
+  start(ShareMode::kFull, o);
+  std::atomic<bool> holder_done{false};
+  std::thread holder([&] {
+    EXPECT_EQ(complete({{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 480}, {"n", 4},
+                        {"ignore_eos", true}, {"temperature", 0}})
+                  .first,
+              200);
+    holder_done.store(true);
+  });
+  ASSERT_TRUE(wait_for("lragent:num_requests_running", 1)) << "the holder did not start";
+  std::mutex mu;
+  std::vector<int64_t> finished;  // the waiting requests' priorities, in the order they ended
+  auto waiting = [&](int64_t priority) {
+    return std::thread([&, priority] {
+      auto [status, j] = complete({{"model", "action"}, {"prompt", "The sun was hot"}, {"max_tokens", 8},
+                                   {"temperature", 0}, {"priority", priority}});
+      EXPECT_EQ(status, 200) << j.dump();
+      std::lock_guard<std::mutex> lock(mu);
+      finished.push_back(priority);
+    });
+  };
+  std::thread later = waiting(5);
+  ASSERT_TRUE(wait_for("lragent:num_requests_waiting", 1));
+  std::thread first = waiting(-1);
+  ASSERT_TRUE(wait_for("lragent:num_requests_waiting", 2));
+  const bool both_waited = !holder_done.load();
+  holder.join();
+  later.join();
+  first.join();
+  if (!both_waited) GTEST_SKIP() << "the holder ended before both requests waited: too fast a machine to tell";
+  EXPECT_EQ(finished, (std::vector<int64_t>{-1, 5}));
+}
+
+TEST_F(ServerTest, APriorityNeedsThePriorityPolicy) {
+  start(ShareMode::kFull);
+  auto [status, j] = complete({{"prompt", "Once"}, {"max_tokens", 2}, {"priority", 3}});
+  EXPECT_EQ(status, 400) << j.dump();
+  EXPECT_NE(j.dump().find("--scheduling-policy priority"), std::string::npos) << j.dump();
+  EXPECT_EQ(complete({{"prompt", "Once"}, {"max_tokens", 2}, {"priority", 0}}).first, 200);
+  EXPECT_EQ(complete({{"prompt", "Once"}, {"max_tokens", 2}, {"priority", "high"}}).first, 400);
+}
+
 // A non-streaming client that goes away is noticed too (its connection's socket is found and
 // peeked at, client_socket.h; httplib 0.11 tells a plain handler nothing): gone while its request
 // runs, the request stops ("abort") instead of computing its 4 x 480 tokens (~0.5 s); gone while it
