@@ -206,6 +206,7 @@ Result<BuiltServer> build_server(const ServeFlags& f, server::CorsOptions cors) 
   so.return_tokens_as_token_ids = f.return_tokens_as_token_ids;
   so.max_logprobs = f.max_logprobs;
   so.priority_scheduling = f.scheduling_policy == "priority";
+  so.request_id_headers = f.request_id_headers;
   if (const std::string given = defaults->describe(); !given.empty())
     fmt::print(stderr, "default sampling parameters from the generation config: {} (a request's own values win; "
                        "--generation-config vllm for neutral defaults)\n",
@@ -544,6 +545,10 @@ void register_serve(CLI::App& app, std::function<int()>& action) {
                 "Let cross-origin pages send cookies and HTTP authentication (CORS's "
                 "Access-Control-Allow-Credentials; vLLM's flag): preflights then name the allowed origin instead of \"*\", as "
                 "answers to requests that send cookies always do");
+  cmd->add_flag("--enable-request-id-headers", f->request_id_headers,
+                "Answer every request with an X-Request-Id header (vLLM's flag): the request's own X-Request-Id, "
+                "else a random one; a completion's is the id its answer is named by (\"cmpl-<id>\", \"chatcmpl-<id>\", "
+                "from X-Request-Id or the body's request_id whether or not this is given)");
   cmd->callback([f, &action] { action = [f] { return run_serve(*f); }; });
 }
 

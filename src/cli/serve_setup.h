@@ -63,6 +63,7 @@ struct ServeFlags {
   bool return_tokens_as_token_ids = false;
   int max_logprobs = lragent::server::kDefaultMaxLogprobs;
   std::string scheduling_policy = "fcfs";  // fcfs | priority (vLLM's --scheduling-policy)
+  bool request_id_headers = false;         // vLLM's --enable-request-id-headers
 };
 
 // Registers the engine's flags on `cmd` (which `f` must outlive) and sets f->app.

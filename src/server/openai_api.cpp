@@ -443,6 +443,13 @@ Status parse_common(const json& body, std::string_view text, CompletionRequest& 
       return bad("'cache_salt' must be a non-empty string: requests share cached prompts only with the same salt");
     r.cache_salt = salt.get<std::string>();
   }
+  const json& request_id = field(body, "request_id");
+  if (!request_id.is_null()) {
+    if (!request_id.is_string() || !valid_request_id(request_id.get<std::string>()))
+      return bad("'request_id' must be a string of 1-256 printable ASCII characters without spaces (it names the "
+                 "request in its answer's id)");
+    r.request_id = request_id.get<std::string>();
+  }
   LRA_ASSIGN_OR_RETURN(int64_t n, get_int(body, "n", 1, 1, 64));
   r.n = static_cast<int>(n);
   LRA_ASSIGN_OR_RETURN(double temperature, get_number(body, "temperature", d.temperature, 0.0, 100.0));
@@ -714,6 +721,11 @@ json prompt_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt,
     out.push_back(std::move(e));
   }
   return out;
+}
+
+bool valid_request_id(std::string_view id) {
+  return !id.empty() && id.size() <= 256 &&
+         std::all_of(id.begin(), id.end(), [](char c) { return c > ' ' && c < 0x7F; });
 }
 
 json echo_logprobs_json(const Tokenizer* tok, std::span<const int32_t> prompt, std::span<const StepLogprobs> prompt_lps,

@@ -107,7 +107,14 @@ struct CompletionRequest {
   // vLLM's cache_salt: the request shares kept trajectories (their KV cache) only with requests
   // of the same salt (SessionPool::acquire); empty: with the other unsalted ones.
   std::string cache_salt;
+  // vLLM's request_id: names the request in its answer's id ("cmpl-<id>", "chatcmpl-<id>"),
+  // unless an X-Request-Id header does; empty: a random one. 1-256 printable ASCII characters.
+  std::string request_id;
 };
+
+// Whether `id` can name a request (request_id, X-Request-Id): 1-256 printable ASCII characters
+// and no space, so that it fits an HTTP header and a log line as it is.
+bool valid_request_id(std::string_view id);
 // Log-probabilities a request may ask for per token: the parsers take up to kLogprobsLimit, the
 // server then holds a request to its --max-logprobs (ServerOptions::max_logprobs; default
 // kDefaultMaxLogprobs, vLLM's default and OpenAI's chat limit).

@@ -121,6 +121,10 @@ struct ServerOptions {
   // first, arrival order among equals), and the KV memory running out preempts the lowest
   // (highest value, latest) first. Off (fcfs): arrival order, and a request's priority must be 0.
   bool priority_scheduling = false;
+  // vLLM's --enable-request-id-headers: every answer carries an X-Request-Id header, the
+  // request's own (or, for a completion, the id its answer is named by: X-Request-Id, else the
+  // body's request_id, else a random one).
+  bool request_id_headers = false;
   // vLLM's --return-tokens-as-token-ids: every request's logprobs name tokens "token_id:<id>".
   bool return_tokens_as_token_ids = false;
   // One line per request (method, path, status, time); null: silent.

@@ -216,6 +216,11 @@ void Server::install_routes() {
     if (req.path.rfind("/v1/responses/", 0) == 0)
       route = req.path.ends_with("/cancel") ? "/v1/responses/{id}/cancel" : "/v1/responses/{id}";
     metrics_.record_http(route, res.status);
+    // Every answer names its request (a completion's handler set it to the id it is named by).
+    if (opts_.request_id_headers && !res.has_header("X-Request-Id")) {
+      const std::string given = req.get_header_value("X-Request-Id");
+      res.set_header("X-Request-Id", valid_request_id(given) ? given : random_id("req").substr(4));
+    }
   });
   if (opts_.log) {
     svr.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
@@ -388,7 +393,12 @@ ToolCallFormat Server::tool_call_format() const {
 
 void Server::respond(CompletionRequest req, bool chat, const httplib::Request& http, httplib::Response& res,
                      const ChatParsing& parsing) {
-  const std::string id = random_id(chat ? "chatcmpl" : "cmpl");
+  // vLLM's: the client names the request (X-Request-Id, else the body's request_id) or it is random.
+  const std::string header_id = http.get_header_value("X-Request-Id");
+  const std::string base =
+      valid_request_id(header_id) ? header_id : !req.request_id.empty() ? req.request_id : random_id("req").substr(4);
+  const std::string id = (chat ? "chatcmpl-" : "cmpl-") + base;
+  if (opts_.request_id_headers) res.set_header("X-Request-Id", base);
   const int64_t created = unix_now();
   // Errors found before the first byte (unknown model, too long) are HTTP errors, also when
   // streaming; later ones are an error event there.

@@ -228,6 +228,56 @@ TEST_F(ServerTest, PrioritySchedulingStartsTheLowestValueFirst) {
   EXPECT_EQ(finished, (std::vector<int64_t>{-1, 5}));
 }
 
+// vLLM's request ids: X-Request-Id (else the body's request_id) names a completion ("cmpl-<id>",
+// streamed chunks too); with --enable-request-id-headers every answer carries X-Request-Id.
+TEST_F(ServerTest, ClientsNameTheirRequests) {
+  ServerOptions o;
+  o.request_id_headers = true;
+  start(ShareMode::kBaseLr, o);
+  httplib::Client c("127.0.0.1", port_);
+  const json body = {{"model", "plan"}, {"prompt", "Once upon a time"}, {"max_tokens", 3}};
+  auto r = c.Post("/v1/completions", {{"X-Request-Id", "plan-step-7"}}, body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  EXPECT_EQ(json::parse(r->body)["id"], "cmpl-plan-step-7");
+  EXPECT_EQ(r->get_header_value("X-Request-Id"), "plan-step-7");
+  json named = body;
+  named["request_id"] = "from-body";
+  r = c.Post("/v1/completions", named.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  EXPECT_EQ(json::parse(r->body)["id"], "cmpl-from-body");
+  EXPECT_EQ(r->get_header_value("X-Request-Id"), "from-body");
+  r = c.Post("/v1/completions", {{"X-Request-Id", "header-wins"}}, named.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  EXPECT_EQ(json::parse(r->body)["id"], "cmpl-header-wins");
+  // Streamed: every chunk carries it.
+  json streamed = body;
+  streamed["stream"] = true;
+  r = c.Post("/v1/completions", {{"X-Request-Id", "s1"}}, streamed.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  const std::vector<json> events = testing::sse_events(r->body);
+  ASSERT_FALSE(events.empty());
+  for (const json& e : events) EXPECT_EQ(e["id"], "cmpl-s1");
+  EXPECT_EQ(r->get_header_value("X-Request-Id"), "s1");
+  // Unnamed: a random id, the same in the header; other routes echo the request's or make one.
+  r = c.Post("/v1/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  const std::string id = json::parse(r->body)["id"].get<std::string>();
+  ASSERT_EQ(id.rfind("cmpl-", 0), 0u);
+  EXPECT_EQ("cmpl-" + r->get_header_value("X-Request-Id"), id);
+  auto m = c.Get("/v1/models", {{"X-Request-Id", "list"}});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->get_header_value("X-Request-Id"), "list");
+  EXPECT_FALSE(c.Get("/health")->get_header_value("X-Request-Id").empty());
+  // A header that cannot name a request is not taken; a request_id that cannot is refused.
+  r = c.Post("/v1/completions", {{"X-Request-Id", std::string(300, 'x')}}, body.dump(), "application/json");
+  ASSERT_TRUE(r && r->status == 200);
+  EXPECT_EQ(json::parse(r->body)["id"].get<std::string>().size(), 5u + 16u);
+  named["request_id"] = "has space";
+  auto [status, err] = complete(named);
+  EXPECT_EQ(status, 400);
+  EXPECT_NE(err.dump().find("'request_id'"), std::string::npos) << err.dump();
+}
+
 TEST_F(ServerTest, APriorityNeedsThePriorityPolicy) {
   start(ShareMode::kFull);
   auto [status, j] = complete({{"prompt", "Once"}, {"max_tokens", 2}, {"priority", 3}});
