@@ -1,10 +1,11 @@
 #include "cli/config_flag.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <iterator>
 #include <memory>
-#include <sstream>
+#include <istream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -67,8 +68,9 @@ class YamlFlags : public CLI::Config {
     std::string out;
     for (const CLI::Option* opt : app->get_options()) {
       if (opt->count() == 0 || !opt->get_configurable() || opt->get_lnames().empty()) continue;
-      std::vector<std::string> quoted;
-      for (const std::string& v : opt->results()) quoted.push_back(yaml_quote(v));
+      std::vector<std::string> quoted;  // JSON strings: YAML double-quoted scalars
+      for (const std::string& v : opt->results())
+        quoted.push_back(nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
       out += opt->get_lnames().front() + ": ";
       out += quoted.size() == 1 ? quoted.front() : fmt::format("[{}]", fmt::join(quoted, ", "));
       out += "\n";
@@ -77,20 +79,6 @@ class YamlFlags : public CLI::Config {
   }
 
  private:
-  // A double-quoted YAML scalar.
-  static std::string yaml_quote(std::string_view v) {
-    std::string q = "\"";
-    for (char c : v) {
-      if (c == '"' || c == '\\') q += '\\';
-      if (c == '\n') {
-        q += "\\n";
-        continue;
-      }
-      q += c;
-    }
-    return q + "\"";
-  }
-
   const CLI::App* root_;
   std::string path_;
 };

@@ -750,7 +750,9 @@ bool Server::start_choice(Job& job, bool may_start_new) {
     cr.pending.token_ids.push_back(t);
     if (lp) cr.pending.logprobs.push_back(*lp);
     if (!cr.text) return emit(job, cr, std::move(lead));  // no tokenizer, no text: the ids go with the last piece
-    return emit(job, cr, lead + cr.text->push(t)) && !cr.text->matched_stop();
+    std::string piece = cr.text->push(t);
+    if (!lead.empty()) piece.insert(0, lead);  // only the first token's piece leads with the echo
+    return emit(job, cr, std::move(piece)) && !cr.text->matched_stop();
   };
   if (!resume) {
     ++job.next;

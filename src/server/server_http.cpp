@@ -59,10 +59,12 @@ bool is_cors_preflight(const httplib::Request& req) {
   return req.method == "OPTIONS" && req.has_header("Origin") && req.has_header("Access-Control-Request-Method");
 }
 
-std::string random_id(const char* prefix) {
+std::string random_hex() {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
-  return fmt::format("{}-{:016x}", prefix, rng());
+  return fmt::format("{:016x}", rng());
 }
+
+std::string random_id(const char* prefix) { return fmt::format("{}-{}", prefix, random_hex()); }
 
 }  // namespace routes
 
@@ -219,7 +221,7 @@ void Server::install_routes() {
     // Every answer names its request (a completion's handler set it to the id it is named by).
     if (opts_.request_id_headers && !res.has_header("X-Request-Id")) {
       const std::string given = req.get_header_value("X-Request-Id");
-      res.set_header("X-Request-Id", valid_request_id(given) ? given : random_id("req").substr(4));
+      res.set_header("X-Request-Id", valid_request_id(given) ? given : random_hex());
     }
   });
   if (opts_.log) {
@@ -396,7 +398,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   // vLLM's: the client names the request (X-Request-Id, else the body's request_id) or it is random.
   const std::string header_id = http.get_header_value("X-Request-Id");
   const std::string base =
-      valid_request_id(header_id) ? header_id : !req.request_id.empty() ? req.request_id : random_id("req").substr(4);
+      valid_request_id(header_id) ? header_id : !req.request_id.empty() ? req.request_id : random_hex();
   const std::string id = (chat ? "chatcmpl-" : "cmpl-") + base;
   if (opts_.request_id_headers) res.set_header("X-Request-Id", base);
   const int64_t created = unix_now();

@@ -48,6 +48,7 @@ void send_error(httplib::Response& res, const Error& e);  // its status (http_st
 // A POST route whose handler gets the body whatever its Content-Type.
 void post_route(httplib::Server& svr, const char* route,
                 std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)> handler);
+std::string random_hex();                   // 16 hex digits
 std::string random_id(const char* prefix);  // "<prefix>-<16 hex digits>"
 // OPTIONS with Origin and Access-Control-Request-Method: a browser asking whether it may send a
 // cross-origin request (server/cors.h).
