@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
-FUZZ_SECONDS=${LRAGENT_FUZZ_SECONDS:-45}  # 10 targets, 2 at once: ~4 min of CI's 45
+FUZZ_SECONDS=${LRAGENT_FUZZ_SECONDS:-45}  # 11 targets, 2 at once: ~4 min of CI's 45
 phase() { echo "== $* (at ${SECONDS}s)"; }
 
 scripts/setup.sh

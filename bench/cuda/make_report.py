@@ -303,6 +303,9 @@ def main():
             "decode_lora_base_lr_ms": model.get("decode_lora_base_lr", {}).get("median_ms"),
             "decode_lora_full_ms": model.get("decode_lora_full", {}).get("median_ms"),
             "decode_sampled_ms": model.get("decode_sampled", {}).get("median_ms"),
+            "decode_verify_drafts": model.get("decode_verify", {}).get("drafts"),
+            "decode_verify_ms": model.get("decode_verify", {}).get("median_ms"),
+            "decode_verify_over_step": ratio(model.get("decode_verify", {}).get("median_ms"), dec.get("median_ms")),
             "peak_device_bytes": model.get("peak_device_bytes"),
         }
         eager = load(args.model_eager) if args.model_eager and os.path.exists(args.model_eager) else {}
@@ -327,6 +330,12 @@ def main():
                      f"{fmt(m['decode_sampled_ms'], '.3f')} ms; with LoRA r16 on q/v: base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms, "
                      f"private full cache {fmt(m['decode_lora_full_ms'], '.3f')} ms; "
                      f"launched op by op (--enforce-eager) {fmt(m.get('decode_eager_ms'), '.3f')} ms{others}"))
+        if m.get("decode_verify_ms") is not None:
+            rows.append((f"model {m['preset']} speculative pass at {m['decode_ctx']} ctx",
+                         f"the last token + {m['decode_verify_drafts']} drafts, a greedy pick a row (--speculative-config): "
+                         f"{fmt(m['decode_verify_ms'], '.3f')} ms = {fmt(m['decode_verify_over_step'])}x a decode step, "
+                         f"so a pass pays for itself once it keeps {fmt(m['decode_verify_over_step'] - 1 if m['decode_verify_over_step'] else None)} "
+                         f"drafts on average"))
     for i, path in enumerate(args.model_long):
         long_run = load(path) if path and os.path.exists(path) else {}
         if not (long_run.get("decode") and copy_gbps):

@@ -61,6 +61,7 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
                             t->dec_.guide != nullptr || !t->dec_.allowed_ids.empty() || !t->dec_.bad_words.empty() ||
                             t->dec_.reasoning_budget >= 0);
   t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_ || t->prompt_lp_;
+  t->speculate_ = s.spec_.on() && free_pick && !t->host_ && t->sampler_->greedy();
   t->done_ = !runs;
   return t;
 }
@@ -88,8 +89,22 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
   binding_.reset();  // a binding of an earlier try of this pass goes first (it pins the agent's caches)
   binding_ = s_.kv_->bind(a_);
   toks_.assign(s_.traj_.begin() + begin_, s_.traj_.begin() + chunk_end_);
+  drafts_.clear();
+  const int cap = s_.spec_.disable_by_batch_size;
+  if (speculate_ && end - begin_ == 1 && (cap == 0 || decode_batch_ <= cap)) {
+    // Drafts past the token budget could never be kept (the pass's last row gives a token too),
+    // and none goes past the trajectory's length (nor the model's context): a pass there would
+    // fail where decoding a token a pass does not.
+    const int left = n_ - static_cast<int>(r_.output_tokens.size());
+    int64_t room = s_.kv_->max_tokens() - end;  // drafts sit at positions end, end + 1, ...
+    if (const int64_t ctx = s_.model_.config().max_position_embeddings; ctx > 0) room = std::min(room, ctx - end);
+    const auto most = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({s_.spec_.num_tokens, left - 1, room})));
+    drafts_ = propose_ngram(s_.traj_, s_.spec_, most);
+    toks_.insert(toks_.end(), drafts_.begin(), drafts_.end());
+  }
   p.input = s_.agent_input(a_, toks_, begin_, binding_.get());
-  p.input.all_logits = all_rows_;
+  p.input.all_logits = all_rows_ || !drafts_.empty();
+  p.drafts = static_cast<int>(drafts_.size());
   if (p.produces_token) {
     // One draw per token, in token order (as step by step), however often the pass is retried.
     if (!drawn_ && forced_.empty()) pick_ = sampler_->next_row();
@@ -141,6 +156,30 @@ Status AgentTurn::complete(float* row, int32_t picked) {
   return Status::Ok();
 }
 
+Status AgentTurn::complete_drafts(std::span<const int32_t> picks) {
+  if (done_ || !binding_ || picks.size() != drafts_.size() + 1)
+    return make_error(ErrorCode::kInternal, "AgentTurn::complete_drafts: {} picks for a pass with {} drafts",
+                      picks.size(), drafts_.size());
+  binding_.reset();
+  const int64_t first = begin_;  // the pass's first position: the step's last token's
+  r_.drafts.passes += 1;
+  r_.drafts.drafted += static_cast<int64_t>(drafts_.size());
+  for (size_t j = 0; j < picks.size(); ++j) {
+    accept(picks[j]);  // begin_ becomes its position, first + 1 + j
+    const bool kept = j < drafts_.size() && picks[j] == drafts_[j];
+    if (kept) ++r_.drafts.accepted;
+    if (done_ || !kept) break;
+  }
+  // Positions [first, begin_) hold this agent's entries of the trajectory's tokens: the last
+  // token's and each kept draft's. Those of the drafts after them are dropped, as decoding one
+  // token a pass leaves the caches: room for the positions processed, no more.
+  s_.kv_->advance(a_, begin_);
+  s_.computed_[static_cast<size_t>(a_)] += begin_ - first;
+  s_.kv_->release_beyond(a_, begin_);
+  drafts_.clear();
+  return Status::Ok();
+}
+
 void AgentTurn::accept(int32_t tok) {
   drawn_ = false;
   if (!forced_.empty()) tok = forced_[r_.output_tokens.size()];
@@ -168,7 +207,7 @@ void AgentTurn::record_prompt_logprobs(const float* rows) {
   }
 }
 
-bool AgentTurn::looks_ahead() const { return !done_ && !host_ && s_.lookahead_; }
+bool AgentTurn::looks_ahead() const { return !done_ && !host_ && s_.lookahead_ && !speculate_; }
 
 void AgentTurn::launched() {
   binding_.reset();  // only read while the pass is recorded
@@ -341,11 +380,11 @@ namespace {
 Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::span<const AgentTurn::Pass> passes,
                   std::span<Status> done) {
   std::vector<SeqInput> batch;
-  std::vector<RowSampling> picks;  // [passes] one row each (forward_sample: all_logits is never set)
+  std::vector<RowSampling> picks;  // [logits rows] a pass's pick for each of its rows (drafts: 1 + drafts)
   bool host = false;
   for (const AgentTurn::Pass& p : passes) {
     batch.push_back(p.input);
-    picks.push_back(p.pick);
+    picks.insert(picks.end(), static_cast<size_t>(p.drafts) + 1, p.pick);
     host = host || p.host_logits;
   }
   if (host) {  // some turn needs its rows: every row comes to the host, the others picked there
@@ -357,6 +396,12 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
       const int64_t rows = p.input.all_logits ? p.input.n_tokens : 1;
       float* first = logits.f32() + at * vocab;
       at += rows;
+      if (p.drafts > 0) {  // a greedy pick for every row
+        std::vector<int32_t> ids(static_cast<size_t>(rows));
+        for (int64_t r = 0; r < rows; ++r) ids[static_cast<size_t>(r)] = sample_row(first + r * vocab, vocab, p.pick);
+        done[i] = turns[i]->complete_drafts(ids);
+        continue;
+      }
       const int32_t id =
           p.produces_token && !p.host_logits ? sample_row(first + (rows - 1) * vocab, vocab, p.pick) : 0;
       done[i] = turns[i]->complete(p.host_logits ? first : nullptr, id);
@@ -364,7 +409,13 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
     return Status::Ok();
   }
   LRA_ASSIGN_OR_RETURN(std::vector<int32_t> ids, model.forward_sample(batch, picks));
-  for (size_t i = 0; i < passes.size(); ++i) done[i] = turns[i]->complete(nullptr, ids[i]);
+  size_t at = 0;  // the pass's first row
+  for (size_t i = 0; i < passes.size(); ++i) {
+    const auto rows = static_cast<size_t>(passes[i].drafts) + 1;
+    done[i] = passes[i].drafts > 0 ? turns[i]->complete_drafts({ids.data() + at, rows})
+                                   : turns[i]->complete(nullptr, ids[at]);
+    at += rows;
+  }
   return Status::Ok();
 }
 
@@ -394,6 +445,10 @@ TurnStep step_turns(LlamaModel& model, std::span<AgentTurn* const> turns, int64_
       left -= give[i];
       decoding = true;  // the catch-ups after it share what is left, if anything
     }
+  const auto decoding_turns = static_cast<int64_t>(std::count_if(turns.begin(), turns.end(), [](const AgentTurn* t) {
+    return t->pending_tokens() == 1;
+  }));
+  for (AgentTurn* t : turns) t->decode_batch_ = decoding_turns;
   std::vector<AgentTurn*> run;
   std::vector<AgentTurn::Pass> passes;
   std::vector<size_t> index;  // [run] the turn's index in `turns`

@@ -24,6 +24,7 @@ namespace lragent {
 
 class AgentTurn;
 struct TurnWindow;
+struct TurnStep;
 TurnWindow decode_turns(LlamaModel& model, std::span<AgentTurn* const> turns, const std::function<bool()>& keep_going);
 
 class AgentTurn {
@@ -52,12 +53,20 @@ class AgentTurn {
     // input.all_logits: complete() takes every row of the pass ([n_tokens, vocab], the last one
     // the pick's), for the prompt's log-probabilities; host_logits is then set too.
     RowSampling pick;          // the device pick's parameters (its u drawn once per token)
+    // Speculative decoding (ReplayOptions::speculative): the pass runs the step's last token and
+    // this many drafts after it, input.all_logits set, each row picked with `pick`; the picks go
+    // to complete_drafts.
+    int drafts = 0;
   };
   Result<Pass> next_pass(int64_t max_tokens);
   // The pass ran. `row` [vocab]: its logits when host_logits (may be changed in place), else
   // null ([n_tokens, vocab] when the pass asked for all_logits); `picked`: the device's pick otherwise. Ends the step at a stop, on_token declining, or
   // the token budget.
   Status complete(float* row, int32_t picked);
+  // A pass with drafts ran: `picks` [1 + drafts] are its rows' picks. The step takes the first,
+  // then each next one while the draft before it was that pick (its entries then hold the right
+  // token), up to a stop or the token budget; the entries past the last token taken are dropped.
+  Status complete_drafts(std::span<const int32_t> picks);
   // The pending pass failed and will not complete: releases its KV binding (which pins the
   // session's caches), so the session may go before the turn. step_turns calls it.
   void abort_pass();
@@ -67,6 +76,9 @@ class AgentTurn {
   // Whether decode_turns may take this turn: its picks are made on the device (no host logits)
   // and its session has decode lookahead on.
   bool looks_ahead() const;
+  // Whether its decode passes check n-gram drafts (ReplayOptions::speculative): a greedy step
+  // that picks on the device.
+  bool speculates() const { return speculate_; }
   // The step's result (call once, when done()).
   StepResult result();
   // What the step has produced so far (its tokens and their log-probabilities): what a step
@@ -75,6 +87,7 @@ class AgentTurn {
 
  private:
   friend TurnWindow decode_turns(LlamaModel&, std::span<AgentTurn* const>, const std::function<bool()>&);
+  friend TurnStep step_turns(LlamaModel&, std::span<AgentTurn* const>, int64_t, int64_t);
   AgentTurn(AgentSession& s) : s_(s) {}
   // Takes token `tok` as the step's next output (the tail of complete() and decode_turns'): a
   // stop or the token budget ends the step.
@@ -115,7 +128,10 @@ class AgentTurn {
   int32_t guide_state_ = 0;    // dec_.guide's state after the step's tokens so far
   bool drawn_ = false;         // pick_ holds the next token's draw
   RowSampling pick_;
-  std::vector<int32_t> toks_;  // [chunk] the pending pass's tokens
+  bool speculate_ = false;     // decode passes check drafts (speculates())
+  int64_t decode_batch_ = 1;   // sequences the next pass decodes (step_turns sets it: disable_by_batch_size)
+  std::vector<int32_t> drafts_;  // [drafts] the pending pass's drafts, after the step's last token
+  std::vector<int32_t> toks_;  // [chunk] the pending pass's tokens (the drafts last)
   std::unique_ptr<KvBinding> binding_;
   bool done_ = false;
 };

@@ -103,6 +103,7 @@ Result<std::unique_ptr<AgentSession>> AgentSession::create(LlamaModel& model, co
   s->adapters_ = adapters;
   s->keep_logits_ = opts.keep_logits;
   s->lookahead_ = opts.decode_lookahead;
+  s->spec_ = opts.speculative;
   SharingOptions so = opts.sharing;
   if (model.config().max_position_embeddings > 0)
     so.max_tokens = std::min<int64_t>(so.max_tokens, model.config().max_position_embeddings);

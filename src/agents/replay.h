@@ -16,6 +16,7 @@
 
 #include "engine/guide/token_guide.h"
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "kv/sharing.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -49,6 +50,7 @@ struct StepResult {
   // first, given the ones before it, with its rank.
   std::vector<StepLogprobs> prompt_logprobs;
   double seconds = 0;
+  DraftCounts drafts;  // speculative decoding (ReplayOptions::speculative)
 };
 
 struct ReplayResult {
@@ -67,6 +69,11 @@ struct ReplayOptions {
   // launched before pass t's pick is read back, its token taken on the device. The tokens, the
   // caches' contents and the per-agent counts are the same either way (see run_agent).
   bool decode_lookahead = true;
+  // Speculative decoding by n-gram lookup over the trajectory (engine/speculative.h), in greedy
+  // steps that pick on the device (no logprobs, penalties, logits processors or guide): each
+  // decode pass also checks the drafts, so that one pass may give several tokens, the same ones.
+  // Such a step decodes without lookahead.
+  SpeculativeOptions speculative;
   // run_replay: called after each step with its index and result, as it completes (progress
   // for long scripts).
   std::function<void(size_t, const StepResult&)> on_step;
@@ -208,6 +215,7 @@ class AgentSession {
   std::vector<int64_t> partial_;  // [n_agents] see partial_per_agent()
   bool keep_logits_ = false;
   bool lookahead_ = true;
+  SpeculativeOptions spec_;
 };
 
 // Runs a whole script.

@@ -67,6 +67,8 @@ Result<std::unique_ptr<guide::TokenGuide>> make_guide(const GenerateFlags& f, co
 }
 
 int run_generate(const GenerateFlags& f) {
+  auto spec = speculative_options(f.model.speculative_config);
+  if (!spec.ok()) return report(spec.error());
   auto loaded = load_model(f.model);
   if (!loaded.ok()) return report(loaded.error());
   LoadedModel& lm = *loaded;
@@ -103,6 +105,7 @@ int run_generate(const GenerateFlags& f) {
 
   EngineOptions eo;
   eo.decode_lookahead = !f.model.no_decode_lookahead;
+  eo.speculative = *spec;
   Generator gen(*lm.model, eo);
   const bool stream = !f.json && lm.tokenizer;
   std::optional<StreamDecoder> stream_dec;  // only with a tokenizer to decode with
@@ -144,6 +147,9 @@ int run_generate(const GenerateFlags& f) {
     j["finish_reason"] = r.finish_reason;
     if (!f.use.empty()) j["adapter"] = f.use;
     if (f.logits) j["last_logits"] = r.first_logits;
+    if (r.drafts.passes > 0)
+      j["speculative"] = {{"draft_passes", r.drafts.passes}, {"draft_tokens", r.drafts.drafted},
+                          {"accepted_tokens", r.drafts.accepted}};
     std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     fmt::print("{}\n", s);
   } else if (stream) {
@@ -162,6 +168,7 @@ void register_generate(CLI::App& app, std::function<int()>& action) {
   GenerateFlags* f = &flags;
   CLI::App* cmd = app.add_subcommand("generate", "Generate a continuation of a prompt");
   f->model.add_to(cmd, true);
+  add_speculative_flag(cmd, f->model.speculative_config);
   auto* p = cmd->add_option("--prompt", f->prompt, "Prompt text (tokenized with the model's tokenizer, BOS added as HF does)");
   auto* pt = cmd->add_option("--prompt-tokens", f->prompt_tokens, "Prompt as comma-separated token ids, used as given (no BOS added)");
   p->excludes(pt);

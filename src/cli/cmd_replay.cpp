@@ -33,6 +33,8 @@ int run_replay_cmd(const ReplayFlags& f) {
   if (!text.ok()) return report(make_error(text.error().code, "--script {}", text.error().message));
   auto steps = parse_replay_script(*text, f.script);
   if (!steps.ok()) return report(steps.error());
+  auto spec = speculative_options(f.model.speculative_config);
+  if (!spec.ok()) return report(spec.error());
   auto loaded = load_model(f.model);
   if (!loaded.ok()) return report(loaded.error());
   auto opts = f.sharing.options();
@@ -41,6 +43,7 @@ int run_replay_cmd(const ReplayFlags& f) {
   ro.sharing = *opts;
   ro.keep_logits = f.logits;
   ro.decode_lookahead = !f.model.no_decode_lookahead;
+  ro.speculative = *spec;
   if (!f.json)  // each agent's line as its step completes
     ro.on_step = [](size_t, const StepResult& s) {
       if (s.agent.empty()) return;
@@ -63,6 +66,9 @@ int run_replay_cmd(const ReplayFlags& f) {
       if (s.agent.empty()) continue;  // append steps produce no output
       nlohmann::json o = {{"agent", s.agent}, {"prefilled_tokens", s.prefilled_tokens}, {"output_tokens", s.output_tokens},
                           {"text", s.text}, {"seconds", s.seconds}};
+      if (s.drafts.passes > 0)  // --speculative-config
+        o["speculative"] = {{"draft_passes", s.drafts.passes}, {"draft_tokens", s.drafts.drafted},
+                            {"accepted_tokens", s.drafts.accepted}};
       if (f.logits) {
         o["first_logits"] = s.logits.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.logits[0]);
         o["logits"] = s.logits;
@@ -93,6 +99,7 @@ void register_replay(CLI::App& app, std::function<int()>& action) {
   ReplayFlags* f = &flags;
   CLI::App* cmd = app.add_subcommand("replay", "Replay an agent script over one shared trajectory under a KV sharing mode");
   f->model.add_to(cmd, true);
+  add_speculative_flag(cmd, f->model.speculative_config);
   f->sharing.add_to(cmd);
   cmd->add_option("--script", f->script,
                   "JSON script: {\"steps\": [{\"append\": TEXT} | {\"append_tokens\": [IDS]} | "

@@ -162,6 +162,8 @@ int run_cmd(const RunFlags& f) {
   if (!prompt.ok()) return report(prompt.error());
   auto so = f.sharing.options();
   if (!so.ok()) return report(so.error());
+  auto spec = speculative_options(f.model.speculative_config);
+  if (!spec.ok()) return report(spec.error());
   auto loaded = load_model(f.model);
   if (!loaded.ok()) return report(loaded.error());
   if (!loaded->tokenizer)
@@ -170,6 +172,7 @@ int run_cmd(const RunFlags& f) {
   ReplayOptions ro;
   ro.sharing = *so;
   ro.decode_lookahead = !f.model.no_decode_lookahead;
+  ro.speculative = *spec;
   auto [names, adapters] = agents_of(*loaded->adapters);
   auto session = AgentSession::create(*loaded->model, loaded->tokenizer.get(), names, adapters, ro);
   if (!session.ok()) return report(session.error());
@@ -224,6 +227,7 @@ void register_run(CLI::App& app, std::function<int()>& action) {
       ->default_val("react")
       ->check(CLI::IsMember({"react"}));
   f->model.add_to(cmd, true);
+  add_speculative_flag(cmd, f->model.speculative_config);
   f->sharing.add_to(cmd);
   auto* q = cmd->add_option("--question", f->question,
                             "Question to answer. If it matches a question of --questions (ignoring case and "

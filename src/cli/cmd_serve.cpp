@@ -195,6 +195,8 @@ Result<BuiltServer> build_server(const ServeFlags& f, server::CorsOptions cors) 
       f.preset.empty() || f.generation_config != "auto" ? f.generation_config : "vllm", f.model.model_dir,
       f.override_generation_config);
   if (!defaults.ok()) return defaults.error();
+  auto spec = speculative_options(f.model.speculative_config);
+  if (!spec.ok()) return spec.error();
   auto loaded = f.preset.empty() ? load_model(f.model) : load_preset(f);
   if (!loaded.ok()) return loaded.error();
   BuiltServer built;
@@ -250,6 +252,7 @@ Result<BuiltServer> build_server(const ServeFlags& f, server::CorsOptions cors) 
   }
   so.max_batch_tokens = f.max_batched_tokens;
   so.pool.replay.decode_lookahead = !f.model.no_decode_lookahead;
+  so.pool.replay.speculative = *spec;
   so.max_model_len = f.max_model_len;
   so.api_key = f.api_key;
   so.cors = std::move(cors);
@@ -324,6 +327,7 @@ Result<BuiltServer> build_server(const ServeFlags& f, server::CorsOptions cors) 
 
 void add_engine_flags(CLI::App* cmd, ServeFlags* f) {
   f->model.add_to(cmd, true);
+  add_speculative_flag(cmd, f->model.speculative_config);
   f->sharing.add_to(cmd, "auto",
                     "; auto (default here): base-lr when the adapters share lora_A, else base (none when a Qwen3 adapter "
                     "adapts k_proj). Here --max-context "

@@ -57,6 +57,25 @@ void add_decode_lookahead_flag(CLI::App* app, bool& off) {
                 "the tokens and caches are the same either way");
 }
 
+void add_speculative_flag(CLI::App* app, std::string& json) {
+  app->add_option("--speculative-config", json,
+                  "Speculative decoding, as vLLM's flag: a JSON object such as '{\"method\": \"ngram\", "
+                  "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'. Each decode "
+                  "pass of a greedy request (an agent's step) also checks up to num_speculative_tokens drafts: the "
+                  "tokens that followed the latest earlier occurrence of the text's last prompt_lookup_min..max tokens "
+                  "(n-gram lookup over the prompt and output, an agent's whole trajectory; no draft model). The drafts "
+                  "the model agrees with are kept, so one pass can give several tokens, the same ones as without; text "
+                  "that copies from its context (an action quoting a tool's observation) gains most. Optional "
+                  "\"disable_by_batch_size\": B, no drafts in passes that decode more than B sequences. Sampled "
+                  "requests, and those asking for logprobs, penalties, logits processors or a structured output, "
+                  "decode as before");
+}
+
+Result<SpeculativeOptions> speculative_options(const std::string& json) {
+  if (json.empty()) return SpeculativeOptions{};
+  return parse_speculative_config(json);
+}
+
 void add_prefill_attention_flag(CLI::App* app, std::string& value) {
   app->add_option("--prefill-attention", value,
                   "With --device cuda: the prefill attention kernel, v6 (warp-specialised wgmma, the default) or v5 "

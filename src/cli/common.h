@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "backend/backend.h"
+#include "engine/speculative.h"
 #include "model/llama.h"
 #include "model/lora.h"
 #include "tokenizer/tokenizer.h"
@@ -25,6 +26,7 @@ struct ModelFlags {
   bool no_decode_lookahead = false;   // decode step by step (EngineOptions / ReplayOptions::decode_lookahead)
   std::string prefill_attention = "v6";  // CUDA: prefill attention kernel, v6 | v5
   std::vector<std::string> adapters;  // NAME=DIR
+  std::string speculative_config;     // --speculative-config JSON (commands that add_speculative_flag); empty: off
   // decodes: the command decodes tokens step by step (--no-decode-lookahead applies).
   void add_to(CLI::App* app, bool with_adapters, bool decodes = true);
   // Where the tokenizer's files are: --tokenizer, else the model directory.
@@ -42,6 +44,10 @@ struct LoadedModel {
 // --prefill-attention v6|v5 (ModelFlags has it; commands with their own device flags add it too).
 // --no-decode-lookahead (sets `off`).
 void add_decode_lookahead_flag(CLI::App* app, bool& off);
+// --speculative-config JSON (vLLM's; the n-gram method): agents' greedy decode passes check drafts.
+void add_speculative_flag(CLI::App* app, std::string& json);
+// The options of that flag's value (empty: off); errors name the flag.
+Result<SpeculativeOptions> speculative_options(const std::string& json);
 void add_prefill_attention_flag(CLI::App* app, std::string& value);
 // --threads N, 0 (all cores) to 1024.
 void add_threads_flag(CLI::App* app, int& threads);

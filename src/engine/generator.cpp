@@ -15,6 +15,8 @@ struct Running {
   int64_t processed = 0;        // tokens already in the cache
   Sampler sampler;
   int32_t guide_state = 0;  // the request's guide's state after its output so far
+  bool speculates = false;  // greedy and unguided with EngineOptions::speculative on: checks drafts
+  std::vector<int32_t> spec;  // [1 + drafts] the pending pass's tokens when it checks drafts
   bool done = false;
   explicit Running(SamplingParams p) : sampler(p) {}
 };
@@ -49,6 +51,7 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
     r.kv = std::make_unique<FullKvCache>(pools.kv.get());
     r.tokens = reqs[i].prompt;
     if (reqs[i].guide) r.guide_state = reqs[i].guide->start();
+    r.speculates = opts_.speculative.on() && r.sampler.greedy() && !reqs[i].guide;
     r.done = reqs[i].max_tokens <= 0;
     if (r.done) results[i].finish_reason = "length";  // nothing to generate: the length is reached
     run.push_back(std::move(r));
@@ -65,6 +68,7 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
     std::vector<SeqInput> batch;
     std::vector<Running*> members;
     std::vector<char> samples;  // [batch] row b's pick is a token of its sequence
+    std::vector<int> drafts;    // [batch] drafts sequence b's pass checks (its rows: 1 + drafts)
   };
   // A pick becomes a token: appended, streamed, checked against the stops. A sequence that
   // finished on the pass before (after this one was launched with it) drops its pick.
@@ -123,6 +127,11 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
           fed_from[inflight->members[b]->index] = static_cast<int>(b);
     Pass next;
     int64_t budget = opts_.max_batch_tokens;
+    int64_t decoding_now = 0;  // sequences this pass decodes (SpeculativeOptions::disable_by_batch_size)
+    for (const Running& r : run)
+      decoding_now += !r.done && (fed_from[r.index] >= 0 || static_cast<int64_t>(r.tokens.size()) - r.processed == 1);
+    const int spec_cap = opts_.speculative.disable_by_batch_size;
+    const bool drafts_ok = spec_cap == 0 || decoding_now <= spec_cap;
     for (int pass = 0; pass < 2; ++pass) {
       for (Running& r : run) {
         if (r.done) continue;
@@ -140,6 +149,7 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
           next.batch.push_back(in);
           next.members.push_back(&r);
           next.samples.push_back(1);
+          next.drafts.push_back(0);
           budget -= 1;
           continue;
         }
@@ -154,10 +164,26 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
         in.start_pos = r.processed;
         in.kv = r.kv.get();
         in.adapter = reqs[r.index].adapter;
+        int drafts = 0;
+        if (decoding && r.speculates && drafts_ok && !results[r.index].output.empty()) {
+          // Drafts past max_tokens could never be kept: the pass's last row gives a token too.
+          const int left = reqs[r.index].max_tokens - static_cast<int>(results[r.index].output.size());
+          const std::vector<int32_t> d = propose_ngram(r.tokens, opts_.speculative,
+                                                       std::min(opts_.speculative.num_tokens, left - 1));
+          if (!d.empty()) {
+            r.spec.assign(1, r.tokens.back());
+            r.spec.insert(r.spec.end(), d.begin(), d.end());
+            in.tokens = r.spec.data();
+            in.n_tokens = static_cast<int>(r.spec.size());
+            in.all_logits = true;
+            drafts = static_cast<int>(d.size());
+          }
+        }
         next.batch.push_back(in);
         next.members.push_back(&r);
         next.samples.push_back(r.processed + take_n >= static_cast<int64_t>(r.tokens.size()) ? 1 : 0);
-        budget -= take_n;
+        next.drafts.push_back(drafts);
+        budget -= take_n + drafts;
       }
     }
     // Unless some member wants this step's logits (keep_first_logits, or a guide to mask them),
@@ -170,17 +196,21 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
                     (next.samples[b] && next.batch[b].feed_row < 0 &&
                      ((reqs[i].keep_first_logits && results[i].output.empty()) || reqs[i].guide != nullptr));
     }
-    const bool lookahead = opts_.decode_lookahead && !want_logits && !next.batch.empty();
+    // A speculating sequence's next pass depends on which drafts this one keeps: no lookahead.
+    bool speculating = false;
+    for (const Running* m : next.members) speculating = speculating || m->speculates;
+    const bool lookahead = opts_.decode_lookahead && !want_logits && !speculating && !next.batch.empty();
     if (inflight && !lookahead) {  // take the launched pass's tokens first, then schedule again
       LRA_RETURN_IF_ERROR(take(*inflight));
       inflight.reset();
       continue;
     }
     if (next.batch.empty()) break;
-    std::vector<RowSampling> rows(next.batch.size());  // [batch] one per logits row
-    if (!want_logits)
-      for (size_t b = 0; b < next.batch.size(); ++b)
-        if (next.samples[b]) rows[b] = next.members[b]->sampler.next_row();
+    std::vector<RowSampling> rows;  // [logits rows] one per row: a pass with drafts has 1 + drafts
+    for (size_t b = 0; b < next.batch.size(); ++b) {
+      const RowSampling row = !want_logits && next.samples[b] ? next.members[b]->sampler.next_row() : RowSampling{};
+      rows.insert(rows.end(), static_cast<size_t>(next.drafts[b]) + 1, row);
+    }
     if (lookahead) {
       LRA_RETURN_IF_ERROR(model_.launch_sample(next.batch, rows));
       for (size_t b = 0; b < next.batch.size(); ++b) next.members[b]->processed += next.batch[b].n_tokens;
@@ -189,20 +219,46 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       continue;
     }
     Tensor logits;
-    std::vector<int32_t> picked;  // [batch] when !want_logits
+    std::vector<int32_t> picked;  // [logits rows] when !want_logits
     if (!want_logits) {
       LRA_ASSIGN_OR_RETURN(picked, model_.forward_sample(next.batch, rows));
     } else {
       LRA_ASSIGN_OR_RETURN(logits, model_.forward(next.batch));
     }
+    int64_t at = 0;  // the sequence's first logits row
     for (size_t b = 0; b < next.batch.size(); ++b) {
       Running& r = *next.members[b];
+      const int drafts = next.drafts[b];
+      const int64_t row = at;
+      at += drafts + 1;
+      if (drafts > 0) {
+        // The pick after the last token, then each next row's while the draft before it was that
+        // pick (its entries hold the right token); the entries after the last token taken go.
+        const int64_t first = r.processed;  // the last token's position
+        GenerateResult& res = results[r.index];
+        res.drafts.passes += 1;
+        res.drafts.drafted += drafts;
+        int taken = 0;
+        for (int j = 0; j <= drafts; ++j) {
+          const int64_t rj = row + j;
+          const int32_t tok = want_logits ? argmax_row(logits.f32() + rj * cfg.vocab_size, cfg.vocab_size)
+                                          : picked[static_cast<size_t>(rj)];
+          LRA_RETURN_IF_ERROR(accept(r, tok, nullptr));
+          ++taken;
+          const bool kept = j < drafts && tok == r.spec[static_cast<size_t>(j) + 1];
+          if (kept) ++res.drafts.accepted;
+          if (r.done || !kept) break;
+        }
+        r.processed = first + taken;
+        if (r.kv) r.kv->truncate(r.processed);
+        continue;
+      }
       r.processed += next.batch[b].n_tokens;
       if (!next.samples[b]) continue;  // prompt chunk, no sample yet
       if (!want_logits)
-        LRA_RETURN_IF_ERROR(accept(r, picked[b], nullptr));
+        LRA_RETURN_IF_ERROR(accept(r, picked[static_cast<size_t>(row)], nullptr));
       else
-        LRA_RETURN_IF_ERROR(accept(r, 0, logits.f32() + static_cast<int64_t>(b) * cfg.vocab_size));
+        LRA_RETURN_IF_ERROR(accept(r, 0, logits.f32() + row * cfg.vocab_size));
     }
   }
   return results;

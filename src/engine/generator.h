@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/sampler.h"
+#include "engine/speculative.h"
 #include "kv/full_cache.h"
 #include "model/llama.h"
 
@@ -37,6 +38,7 @@ struct GenerateResult {
   std::vector<int32_t> output;
   std::vector<float> first_logits;    // [vocab] when requested
   std::string finish_reason;          // "length" | "stop"
+  DraftCounts drafts;                 // speculative decoding's (EngineOptions::speculative)
 };
 
 struct EngineOptions {
@@ -47,6 +49,10 @@ struct EngineOptions {
   // step taking them on the device (LlamaModel::launch_sample): the host's per-step work overlaps
   // the GPU's. The tokens are the same either way.
   bool decode_lookahead = true;
+  // Speculative decoding by n-gram lookup (engine/speculative.h) for greedy requests without a
+  // guide: each decode pass also checks drafts from the request's own tokens, so one pass may
+  // give several tokens, the same ones. Such requests decode without lookahead.
+  SpeculativeOptions speculative;
 };
 
 class Generator {

@@ -1,5 +1,6 @@
 #include "kv/full_cache.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace lragent {
@@ -33,6 +34,12 @@ void FullKvCache::write(Backend& be, const LayerKvRows& rows) {
                                       {vr, kv_v_view(kv_, rows.layer), slots.data()}};
   be.store_rows_multi(jobs);
   if (rows.start_pos + rows.n > n_tokens_) n_tokens_ = rows.start_pos + rows.n;
+}
+
+void FullKvCache::truncate(int64_t tokens) {
+  if (tokens >= n_tokens_) return;
+  n_tokens_ = std::max<int64_t>(tokens, 0);
+  kv_.release_beyond(n_tokens_);
 }
 
 void FullKvCache::attention_views(int layer, AttentionParams& p) const {

@@ -30,6 +30,9 @@ class FullKvCache final : public KvBinding {
   void write(Backend& be, const LayerKvRows& rows) override;
   void attention_views(int layer, AttentionParams& p) const override;
   int64_t n_tokens() const { return n_tokens_; }
+  // Forgets the entries at positions >= tokens and gives back the blocks past them (a pass's
+  // speculative drafts that were not kept).
+  void truncate(int64_t tokens);
 
  private:
   PagedStream kv_;  // K planes then V planes

@@ -152,6 +152,7 @@ class TrajectoryKv {
   int64_t evicted_tokens() const { return evicted_tokens_; }
   KvUsage usage() const { return {peak_bytes(), evictions_, evicted_tokens_}; }
   int64_t shared_tokens() const { return shared_; }
+  int64_t max_tokens() const { return opts_.max_tokens; }  // SharingOptions::max_tokens
   int64_t processed(int a) const { return processed_[static_cast<size_t>(a)]; }
 
  private:

@@ -80,6 +80,7 @@ void Metrics::record(const RequestRecord& r) {
   m.generation += r.generation_tokens;
   m.reused += r.reused_tokens;
   m.prefilled += r.prefilled_tokens;
+  m.drafts += r.drafts;
   for (const std::string& f : r.finish_reasons) ++m.finished[f];
   if (r.ttft_seconds >= 0) m.ttft.observe(r.ttft_seconds);
   m.e2e.observe(r.e2e_seconds);
@@ -179,6 +180,15 @@ std::string Metrics::render() const {
             "Tokens the agent computed to catch up before decoding (under base-lr and full, only those no agent "
             "had computed).",
             [](const PerModel& m) { return m.prefilled; });
+  // vLLM's speculative decoding counters (its spec_decode_num_* names).
+  per_model("lragent:spec_decode_num_drafts_total",
+            "Engine passes of a request's step that checked speculative drafts (--speculative-config).",
+            [](const PerModel& m) { return m.drafts.passes; });
+  per_model("lragent:spec_decode_num_draft_tokens_total", "Speculative draft tokens checked.",
+            [](const PerModel& m) { return m.drafts.drafted; });
+  per_model("lragent:spec_decode_num_accepted_tokens_total",
+            "Speculative draft tokens the model agreed with: each a token generated without a pass of its own.",
+            [](const PerModel& m) { return m.drafts.accepted; });
   header(out, "lragent:request_success_total", "counter", "Finished completions (choices) by finish reason.");
   for (const auto& [model, m] : models_)
     for (const auto& [reason, n] : m.finished)

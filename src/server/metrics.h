@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/speculative.h"
 #include "kv/sharing.h"
 
 namespace lragent::server {
@@ -49,6 +50,7 @@ struct RequestRecord {
   int64_t generation_tokens = 0;
   int64_t reused_tokens = 0;     // prompt tokens the kept trajectories already held (all choices)
   int64_t prefilled_tokens = 0;  // tokens the agent computed to catch up (all choices)
+  DraftCounts drafts;            // speculative decoding's (all choices)
   double ttft_seconds = -1;      // arrival to the first generated token (< 0: none was generated)
   double e2e_seconds = 0;        // arrival to the end
 };
@@ -98,6 +100,7 @@ class Metrics {
   mutable std::mutex mu_;
   struct PerModel {
     int64_t prompt = 0, generation = 0, reused = 0, prefilled = 0;
+    DraftCounts drafts;
     std::map<std::string, int64_t> finished;  // finish_reason -> choices
     Histogram ttft{Histogram::ttft_bounds()}, e2e{Histogram::e2e_bounds()};
   };

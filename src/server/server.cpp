@@ -290,6 +290,7 @@ struct Server::ChoiceRun {
   std::vector<int32_t> resumed;
   std::vector<StepLogprobs> resumed_logprobs;  // [resumed] when asked for
   int64_t prefilled_before = 0;
+  DraftCounts drafts_before;
   // Preempted once while it ran alone (Server::make_room): it ran short on a trajectory that held
   // other agents' caches too, and resumed without them; short alone again, it does not fit.
   bool restarted_alone = false;
@@ -779,6 +780,7 @@ void Server::preempt(Job& job, ChoiceRun& cr, bool drop_trajectory) {
   cr.resumed = so_far.output_tokens;
   cr.resumed_logprobs = so_far.logprobs;
   cr.prefilled_before += so_far.prefilled_tokens;
+  cr.drafts_before += so_far.drafts;
   cr.turn.reset();  // it holds a KV binding into its trajectory's caches: first
   // Its blocks back to the KV memory (those a copy shares stay with it): all of them, or those
   // past what the trajectory held before it (other agents' turns, a long shared prefix), which it
@@ -807,6 +809,7 @@ void Server::abort_preempted(Job& job) {
     c.token_ids = std::move(cr->resumed);
     c.logprobs = std::move(cr->resumed_logprobs);
     c.prefilled_tokens = cr->prefilled_before;
+    c.drafts = cr->drafts_before;
     job.done[cr->index] = std::move(c);
   }
   job.preempted.clear();
@@ -902,6 +905,8 @@ void Server::end_choice(Job& job, ChoiceRun& cr, const Status& st) {
   c.logprobs = std::move(r.logprobs);
   c.prompt_logprobs = std::move(r.prompt_logprobs);
   c.prefilled_tokens = r.prefilled_tokens + cr.prefilled_before;
+  c.drafts = cr.drafts_before;
+  c.drafts += r.drafts;
   job.done[cr.index] = std::move(c);
   std::erase_if(job.runs, [&cr](const std::unique_ptr<ChoiceRun>& r) { return r.get() == &cr; });
   if (job.abandoned) abort_preempted(job);
@@ -926,6 +931,7 @@ void Server::end_job(Job& job, std::optional<Error> error) {
     rec.finish_reasons.push_back(c.finish_reason);
     rec.reused_tokens += c.reused_tokens;
     rec.prefilled_tokens += c.prefilled_tokens;
+    rec.drafts += c.drafts;
   }
   const auto now = Job::Clock::now();
   if (job.first_token) rec.ttft_seconds = std::chrono::duration<double>(*job.first_token - job.p->arrival).count();

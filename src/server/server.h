@@ -151,6 +151,7 @@ struct CompletionChoice {
   int64_t prompt_tokens = 0;
   int64_t reused_tokens = 0;     // prompt tokens the trajectory held already
   int64_t prefilled_tokens = 0;  // tokens the agent computed to catch up
+  DraftCounts drafts;            // speculative decoding's (--speculative-config)
   int64_t trajectory = 0;        // SessionPool id
   std::vector<int32_t> token_ids;  // the generated ids (the stop id included), as vLLM's return_token_ids
   std::vector<StepLogprobs> logprobs;  // [token_ids] when the request asked for them

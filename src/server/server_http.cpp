@@ -446,9 +446,13 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
   };
   auto lragent_json = [this](const std::vector<CompletionChoice>& cs) {
     json per = json::array();
-    for (const CompletionChoice& c : cs)
+    for (const CompletionChoice& c : cs) {
       per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens},
                      {"prefilled_tokens", c.prefilled_tokens}, {"token_ids", c.token_ids}});
+      if (c.drafts.passes > 0)  // speculative decoding ran (--speculative-config)
+        per.back()["speculative"] = {{"draft_passes", c.drafts.passes}, {"draft_tokens", c.drafts.drafted},
+                                     {"accepted_tokens", c.drafts.accepted}};
+    }
     return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
   };
   if (!req.stream) {

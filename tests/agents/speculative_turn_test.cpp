@@ -1,0 +1,235 @@
+// Speculative decoding by n-gram lookup (ReplayOptions::speculative) on tinystories-656k with the
+// plan/action/reflect adapters: in every sharing mode, agents that speculate pick exactly the
+// tokens they pick one pass a token, leave the same per-agent counts, and leave caches from which
+// the next agents pick the same again; passes batched across trajectories too. The stories repeat
+// names and phrases, so drafts are found and kept (the tests check that they are).
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "agents/agent_turn.h"
+#include "tiny_agents.h"
+
+namespace lragent {
+namespace {
+
+class SpeculativeTurnTest : public testing::TinyAgentsTest {
+ protected:
+  static SpeculativeOptions spec(int tokens = 4) {
+    SpeculativeOptions o;
+    o.num_tokens = tokens;
+    o.lookup_min = 1;
+    o.lookup_max = 3;
+    return o;
+  }
+  std::unique_ptr<AgentSession> session(ShareMode mode, SpeculativeOptions so) {
+    ReplayOptions o;
+    o.sharing.mode = mode;
+    o.sharing.max_tokens = 512;
+    o.sharing.evict_private = false;
+    if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+    o.speculative = so;
+    auto s = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o);
+    EXPECT_TRUE(s.ok()) << s.error().message;
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::vector<int32_t> encode(const std::string& text) {
+    auto ids = tok_->encode(text, false);
+    EXPECT_TRUE(ids.ok());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+  // A trajectory the agents take turns on: prompt, plan, an observation, action, reflect, plan.
+  struct Run {
+    std::vector<StepResult> steps;
+    std::vector<int32_t> trajectory;
+    std::vector<int64_t> computed;
+  };
+  Run run(ShareMode mode, SpeculativeOptions so) {
+    Run out;
+    auto s = session(mode, so);
+    if (!s) return out;
+    s->append({1});
+    s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
+    const std::pair<const char*, int> turns[] = {{"plan", 30}, {"action", 24}, {"reflect", 20}, {"plan", 16}};
+    int i = 0;
+    for (const auto& [agent, n] : turns) {
+      AgentDecode dec;
+      dec.stop_ids = {2};
+      auto r = s->run_agent(agent, n, {}, {}, &dec);
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      if (!r.ok()) return out;
+      out.steps.push_back(std::move(*r));
+      if (i++ == 1) s->append(encode(" Lily said, \"My red ball!\" and the red ball"));
+    }
+    out.trajectory = s->trajectory();
+    out.computed = s->computed_per_agent();
+    return out;
+  }
+};
+
+TEST_F(SpeculativeTurnTest, EveryModePicksTheTokensOfOnePassAToken) {
+  int64_t kept = 0, drafted = 0;
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr, ShareMode::kDroidSpeak}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    const Run plain = run(mode, {});
+    const Run fast = run(mode, spec());
+    ASSERT_EQ(fast.steps.size(), plain.steps.size());
+    ASSERT_EQ(plain.steps.size(), 4u);
+    for (size_t i = 0; i < plain.steps.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(fast.steps[i].output_tokens, plain.steps[i].output_tokens);
+      EXPECT_EQ(fast.steps[i].finish_reason, plain.steps[i].finish_reason);
+      EXPECT_EQ(fast.steps[i].prefilled_tokens, plain.steps[i].prefilled_tokens);
+      EXPECT_EQ(plain.steps[i].drafts.passes, 0);
+      EXPECT_LE(fast.steps[i].drafts.accepted, fast.steps[i].drafts.drafted);
+      EXPECT_LE(fast.steps[i].drafts.drafted, 4 * fast.steps[i].drafts.passes);
+      kept += fast.steps[i].drafts.accepted;
+      drafted += fast.steps[i].drafts.drafted;
+    }
+    EXPECT_EQ(fast.trajectory, plain.trajectory);
+    EXPECT_EQ(fast.computed, plain.computed);  // the kept positions only
+  }
+  // The drafts were found and some were right (else the test would compare plain decoding only).
+  EXPECT_GT(drafted, 20);
+  EXPECT_GT(kept, 10);
+}
+
+TEST_F(SpeculativeTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
+  // Three trajectories; one turn samples (it does not speculate), two speculate, batched together.
+  struct Case {
+    ShareMode mode;
+    const char* text;
+    const char* agent;
+    int n;
+    AgentDecode dec;
+  };
+  AgentDecode sampled;
+  sampled.sampling = {0.9f, 40, 0.95f, 7};
+  const Case cs[] = {
+      {ShareMode::kBaseLr, "Tom had a big dog. The big dog liked to run. Tom and the big dog", "action", 28, {}},
+      {ShareMode::kNone, "Lily and Ben went to the park. Lily and Ben", "plan", 22, sampled},
+      {ShareMode::kBase, "The cat sat on the mat. The cat was happy. The cat", "reflect", 25, {}},
+  };
+  auto prepare = [&](const Case& c, SpeculativeOptions so) {
+    auto s = session(c.mode, so);
+    if (s) {
+      s->append({1});
+      s->append(encode(c.text));
+    }
+    return s;
+  };
+  std::vector<StepResult> alone;
+  for (const Case& c : cs) {
+    auto s = prepare(c, {});
+    ASSERT_NE(s, nullptr);
+    auto r = s->run_agent(c.agent, c.n, {}, {}, &c.dec);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    alone.push_back(std::move(*r));
+  }
+  for (int cap : {0, 2}) {  // disable_by_batch_size 2: no drafts while three decode
+    SCOPED_TRACE(cap);
+    SpeculativeOptions so = spec(3);
+    so.disable_by_batch_size = cap;
+    std::vector<std::unique_ptr<AgentSession>> sessions;
+    std::vector<std::unique_ptr<AgentTurn>> turns;
+    for (const Case& c : cs) {
+      sessions.push_back(prepare(c, so));
+      ASSERT_NE(sessions.back(), nullptr);
+      auto t = AgentTurn::start(*sessions.back(), c.agent, c.n, {}, {}, c.dec);
+      ASSERT_TRUE(t.ok()) << t.error().message;
+      EXPECT_EQ((*t)->speculates(), c.dec.sampling.temperature == 0.f);
+      EXPECT_FALSE((*t)->speculates() && (*t)->looks_ahead());
+      turns.push_back(std::move(*t));
+    }
+    int passes = 0;
+    bool drafted_at_three = false;  // a pass that decoded all three checked drafts
+    for (;;) {
+      std::vector<AgentTurn*> live;
+      for (auto& t : turns)
+        if (!t->done()) live.push_back(t.get());
+      if (live.empty()) break;
+      int64_t before = 0, after = 0;
+      for (AgentTurn* t : live) before += t->progress().drafts.passes;
+      const bool three = live.size() == 3 && passes > 0;  // the first pass is the catch-ups
+      const TurnStep step = step_turns(*model_, live, 64);
+      for (const Status& st : step.status) ASSERT_TRUE(st.ok()) << st.error().message;
+      for (AgentTurn* t : live) after += t->progress().drafts.passes;
+      drafted_at_three = drafted_at_three || (three && after > before);
+      ASSERT_LT(++passes, 1000);
+    }
+    int64_t draft_passes = 0, kept = 0;
+    for (size_t i = 0; i < std::size(cs); ++i) {
+      SCOPED_TRACE(i);
+      const StepResult r = turns[i]->result();
+      EXPECT_EQ(r.output_tokens, alone[i].output_tokens);
+      EXPECT_EQ(r.finish_reason, alone[i].finish_reason);
+      draft_passes += r.drafts.passes;
+      kept += r.drafts.accepted;
+    }
+    if (cap == 0) {
+      EXPECT_TRUE(drafted_at_three);
+      EXPECT_GT(kept, 0);
+      EXPECT_LT(passes, 28);  // fewer passes than the longest step's tokens
+    } else {
+      EXPECT_FALSE(drafted_at_three);  // more than 2 decoding: no drafts
+      EXPECT_GT(draft_passes, 0);      // once two or fewer decode, drafts again
+    }
+  }
+}
+
+TEST_F(SpeculativeTurnTest, NoDraftsPastTheTokenBudget) {
+  // A one-token step checks no drafts; a step of n tokens never gets more than n.
+  for (int n : {1, 2, 5}) {
+    SCOPED_TRACE(n);
+    auto s = session(ShareMode::kBaseLr, spec(8));
+    ASSERT_NE(s, nullptr);
+    s->append({1});
+    s->append(encode("The red ball. The red ball. The red ball. The red ball. The red"));
+    auto r = s->run_agent("plan", n, {}, {});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(static_cast<int>(r->output_tokens.size()), n);
+    EXPECT_LE(r->drafts.drafted, std::max(0, n - 1) * r->drafts.passes);
+    if (n == 1) EXPECT_EQ(r->drafts.passes, 0);
+  }
+}
+
+TEST_F(SpeculativeTurnTest, FailsAtTheContextAsOnePassATokenDoes) {
+  // A repetitive prompt near the model's 512 positions: drafts are found up to the end, and none
+  // may take a pass past it before decoding a token a pass would get there.
+  std::vector<int32_t> prompt = {1};
+  while (prompt.size() < 490) {
+    const auto more = encode(" The red ball went up and the red ball came down.");
+    prompt.insert(prompt.end(), more.begin(), more.end());
+  }
+  prompt.resize(490);
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    std::vector<std::string> errors;
+    std::vector<std::vector<int32_t>> traj;
+    int64_t kept = 0;
+    for (bool speculate : {false, true}) {
+      auto s = session(mode, speculate ? spec(8) : SpeculativeOptions{});
+      ASSERT_NE(s, nullptr);
+      s->append(prompt);
+      // The step runs into the context's end, which fails it.
+      auto r = s->run_agent("plan", 40, {}, {});
+      ASSERT_FALSE(r.ok()) << "530 positions cannot fit 512";
+      errors.push_back(r.error().message);
+      traj.push_back(s->trajectory());
+      AgentDecode dec;
+      auto short_step = session(mode, speculate ? spec(8) : SpeculativeOptions{});
+      short_step->append(prompt);
+      auto fits = short_step->run_agent("plan", 20, {}, {}, &dec);  // 510 positions: fits
+      ASSERT_TRUE(fits.ok()) << fits.error().message;
+      kept += fits->drafts.accepted;
+      traj.push_back(short_step->trajectory());
+    }
+    EXPECT_EQ(errors[1], errors[0]);
+    EXPECT_EQ(traj[2], traj[0]);
+    EXPECT_EQ(traj[3], traj[1]);
+    EXPECT_GT(kept, 0);
+  }
+}
+
+}  // namespace
+}  // namespace lragent

@@ -1,0 +1,157 @@
+// Speculative decoding by n-gram lookup on the GPU (ReplayOptions / EngineOptions::speculative):
+// the verify pass runs the last token and its drafts with a device pick for every row. Agents on
+// shared caches in every mode and the Generator pick, in f32, exactly the tokens of one pass a
+// token; in bf16 (a multi-row pass takes the GEMM and prefill-attention kernels where one row
+// takes the GEMV and decode kernels, so near-tied logits may pick differently) the agreement is
+// reported and must stay high. The synthetic model's greedy text repeats itself, so drafts are
+// found and kept (checked).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "agents/replay.h"
+#include "backend/backend.h"
+#include "cuda/cuda_test_util.h"
+#include "engine/generator.h"
+#include "model/llama.h"
+#include "model/lora.h"
+#include "model/synthetic.h"
+
+namespace lragent {
+namespace {
+
+using testing::have_gpu;
+
+SpeculativeOptions spec() {
+  SpeculativeOptions o;
+  o.num_tokens = 4;
+  o.lookup_min = 1;
+  o.lookup_max = 3;
+  return o;
+}
+
+struct Agents {
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<LlamaModel> model;
+  std::vector<std::unique_ptr<LoraAdapter>> adapters;
+  std::vector<const LoraAdapter*> ptrs;
+  std::vector<std::string> names;
+};
+
+bool make(DType dt, Agents& ag) {
+  CudaBackendOptions bo;
+  bo.dtype = dt;
+  auto be = make_cuda_backend(bo);
+  if (!be.ok()) {
+    ADD_FAILURE() << be.error().message;
+    return false;
+  }
+  ag.be = std::move(*be);
+  auto model = make_synthetic_model(testing::small_synthetic_spec(), *ag.be);
+  if (!model.ok()) {
+    ADD_FAILURE() << model.error().message;
+    return false;
+  }
+  ag.model = std::move(*model);
+  ag.adapters = make_synthetic_adapters(ag.model->config(), 16, 7);
+  for (auto& a : ag.adapters) {
+    if (Status st = upload_adapter(*a, *ag.be); !st.ok()) {
+      ADD_FAILURE() << st.error().message;
+      return false;
+    }
+    ag.ptrs.push_back(a.get());
+    ag.names.push_back(a->name);
+  }
+  return true;
+}
+
+// Three rounds of every agent on one trajectory; each step's tokens, and the drafts kept.
+std::vector<std::vector<int32_t>> run_agents(Agents& ag, ShareMode mode, SpeculativeOptions so, int64_t* kept) {
+  std::vector<std::vector<int32_t>> out;
+  ReplayOptions ro;
+  ro.sharing.mode = mode;
+  ro.sharing.max_tokens = 1024;
+  ro.speculative = so;
+  auto s = AgentSession::create(*ag.model, nullptr, ag.names, ag.ptrs, ro);
+  EXPECT_TRUE(s.ok()) << s.error().message;
+  if (!s.ok()) return out;
+  std::vector<int32_t> prompt(120);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + (i * 29) % 250);
+  (*s)->append(prompt);
+  for (int round = 0; round < 3; ++round)
+    for (const std::string& name : ag.names) {
+      auto r = (*s)->run_agent(name, 40, {}, {});
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      if (!r.ok()) return out;
+      out.push_back(r->output_tokens);
+      *kept += r->drafts.accepted;
+    }
+  return out;
+}
+
+// Tokens at the same place in both, over all tokens of `want`.
+double agreement(const std::vector<std::vector<int32_t>>& got, const std::vector<std::vector<int32_t>>& want) {
+  size_t same = 0, all = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    for (size_t k = 0; k < want[i].size(); ++k) {
+      ++all;
+      same += i < got.size() && k < got[i].size() && got[i][k] == want[i][k];
+    }
+  return all ? static_cast<double>(same) / static_cast<double>(all) : 0.0;
+}
+
+TEST(CudaSpeculative, AgentsPickTheTokensOfOnePassAToken) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA speculative decoding test skipped";
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Agents ag;
+    ASSERT_TRUE(make(dt, ag));
+    for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + share_mode_name(mode));
+      int64_t kept_plain = 0, kept = 0;
+      const auto plain = run_agents(ag, mode, {}, &kept_plain);
+      const auto fast = run_agents(ag, mode, spec(), &kept);
+      ASSERT_EQ(plain.size(), 9u);
+      ASSERT_EQ(fast.size(), 9u);
+      EXPECT_EQ(kept_plain, 0);
+      EXPECT_GT(kept, 20) << "drafts must be kept for the comparison to cover them";
+      const double agree = agreement(fast, plain);
+      std::printf("  speculative agents %s %s: %lld drafts kept, token agreement %.4f\n", dtype_name(dt),
+                  share_mode_name(mode), static_cast<long long>(kept), agree);
+      if (dt == DType::kF32)
+        EXPECT_EQ(fast, plain);
+      else
+        EXPECT_GE(agree, 0.9);
+    }
+  }
+}
+
+TEST(CudaSpeculative, GeneratorPicksTheTokensOfOnePassAToken) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA speculative decoding test skipped";
+  Agents ag;
+  ASSERT_TRUE(make(DType::kF32, ag));
+  std::vector<GenerateRequest> reqs(4);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    for (int t = 0; t < 9 + 23 * static_cast<int>(i); ++t) reqs[i].prompt.push_back(3 + (t * 13 + static_cast<int>(i)) % 250);
+    reqs[i].max_tokens = 40 + 5 * static_cast<int>(i);
+    reqs[i].adapter = i == 0 ? nullptr : ag.ptrs[i % ag.ptrs.size()];
+    if (i == 3) reqs[i].sampling = {0.8f, 30, 0.9f, 5};  // sampled: no drafts
+  }
+  auto plain = Generator(*ag.model, EngineOptions{}).run(reqs);
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  EngineOptions o;
+  o.speculative = spec();
+  auto fast = Generator(*ag.model, o).run(reqs);
+  ASSERT_TRUE(fast.ok()) << fast.error().message;
+  int64_t kept = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*fast)[i].output, (*plain)[i].output) << i;
+    kept += (*fast)[i].drafts.accepted;
+  }
+  EXPECT_EQ((*fast)[3].drafts.passes, 0);
+  EXPECT_GT(kept, 10);
+  std::printf("  speculative generator f32: %lld drafts kept\n", static_cast<long long>(kept));
+}
+
+}  // namespace
+}  // namespace lragent
