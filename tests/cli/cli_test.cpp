@@ -89,6 +89,38 @@ TEST(Cli, GenerateLookaheadAndNoTokenizer) {
   EXPECT_NE(error_line(alone).find("give --model too"), std::string::npos) << alone.err;
 }
 
+// --speculative-config on generate and replay: the same tokens, the drafts counted in the JSON;
+// a config lragent cannot run is refused before the model loads, naming the flag.
+TEST(Cli, SpeculativeDecodingGivesTheSameTokens) {
+  const std::string spec =
+      " --speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 1, "
+      "\"prompt_lookup_max\": 3}'";
+  const std::string args = " --prompt 'Lily had a red ball. Lily liked the red ball. Lily' --max-tokens 60 --json";
+  const CliRun plain = run_cli("generate " + model_arg() + args);
+  const CliRun fast = run_cli("generate " + model_arg() + args + spec);
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  ASSERT_EQ(fast.code, 0) << fast.err;
+  const auto a = nlohmann::json::parse(plain.out), b = nlohmann::json::parse(fast.out);
+  EXPECT_EQ(b["output_tokens"], a["output_tokens"]);
+  EXPECT_EQ(b["text"], a["text"]);
+  EXPECT_FALSE(a.contains("speculative"));
+  ASSERT_TRUE(b.contains("speculative")) << fast.out;
+  EXPECT_GT(b["speculative"]["accepted_tokens"].get<int>(), 0) << fast.out;
+
+  const CliRun eagle = run_cli("generate " + model_arg() + args +
+                               " --speculative-config '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'");
+  EXPECT_EQ(eagle.code, 5) << eagle.err;
+  EXPECT_NE(error_line(eagle).find("--speculative-config: method \"eagle\" is not supported"), std::string::npos)
+      << eagle.err;
+  EXPECT_EQ(eagle.err.find("loading model"), std::string::npos) << "refused before the weights load";
+  const CliRun bad = run_cli("replay " + model_arg() + " --adapter plan=" +
+                             shell_quote(testing::adapters_dir() + "/qv-shared-a-r8/plan") + " --script " +
+                             shell_quote(testing::source_dir() + "/examples/replay-hotpotqa.json") +
+                             " --speculative-config '{\"method\": \"ngram\"}'");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("\"num_speculative_tokens\" is required"), std::string::npos) << bad.err;
+}
+
 TEST(Cli, TokenizeAndDefaultModel) {
   const CliRun t = run_cli("tokenize " + model_arg() + " --text 'Hello world' --json");
   ASSERT_EQ(t.code, 0) << t.err;
