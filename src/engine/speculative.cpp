@@ -41,12 +41,14 @@ Result<SpeculativeOptions> parse_speculative_config(std::string_view text) {
     return make_error(ErrorCode::kInvalidArgument, "{}: must be a JSON object, not {}", kWhere, j.type_name());
   static constexpr const char* kKeys[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
                                           "disable_by_batch_size"};
-  for (const auto& [key, value] : j.items())
-    if (std::find_if(std::begin(kKeys), std::end(kKeys), [&](const char* k) { return key == k; }) == std::end(kKeys))
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (std::find_if(std::begin(kKeys), std::end(kKeys), [&key](const char* k) { return key == k; }) == std::end(kKeys))
       return make_error(ErrorCode::kInvalidArgument,
                         "{}: unknown key \"{}\" (the ngram method takes method, num_speculative_tokens, "
                         "prompt_lookup_max, prompt_lookup_min and disable_by_batch_size)",
                         kWhere, key);
+  }
   const bool bounds = j.contains("prompt_lookup_max") || j.contains("prompt_lookup_min");
   if (const auto m = j.find("method"); m != j.end() && !m->is_null()) {
     if (!m->is_string())
