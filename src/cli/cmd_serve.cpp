@@ -218,7 +218,10 @@ Result<BuiltServer> build_server(const ServeFlags& f, server::CorsOptions cors) 
   const char* env_runtime = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
   const std::string env = env_runtime ? env_runtime : "";
   so.runtime_lora = f.runtime_lora || env == "True" || env == "true" || env == "1";
-  so.base_name = !f.served_name.empty() ? f.served_name : !f.preset.empty() ? f.preset : default_served_name(f.model);
+  so.base_name = !f.served_names.empty() ? f.served_names.front()
+                 : !f.preset.empty()       ? f.preset
+                                           : default_served_name(f.model);
+  if (f.served_names.size() > 1) so.base_aliases.assign(f.served_names.begin() + 1, f.served_names.end());
   so.pool.share_blocks = !f.no_share_blocks;
   so.pool.pool_bytes = static_cast<int64_t>(f.kv_cache_memory_gb * 1e9);
   // The default fraction applies on a device with its own memory when nothing else sizes the KV
@@ -333,9 +336,11 @@ void add_engine_flags(CLI::App* cmd, ServeFlags* f) {
                     "adapts k_proj). Here --max-context "
                     "and --kv-memory size each kept trajectory (--max-context defaults to the model's whole context "
                     "when --gpu-memory-utilization or --kv-cache-memory sizes the server's KV memory)");
-  cmd->add_option("--served-model-name", f->served_name,
-                  "Name of the base model in the API (default: the --model directory's name; \"synthetic\" for the "
-                  "built-in model). Adapters are served under their --adapter names");
+  cmd->add_option("--served-model-name", f->served_names,
+                  "Name(s) of the base model in the API (default: the --model directory's name; \"synthetic\" for "
+                  "the built-in model). Several, as vLLM takes them (--served-model-name NAME OTHER ...): a request may "
+                  "name any, answers name the first. Adapters are served under their --adapter names")
+      ->expected(1, -1);
   cmd->add_option("--max-sessions,--max-num-seqs", f->max_sessions,
                   "Trajectories kept between requests, each growing up to --max-context in the server's KV memory "
                   "(--gpu-memory-utilization, --kv-cache-memory; or --kv-memory each); the least recently used one "

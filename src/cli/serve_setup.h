@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "cli/common.h"
 #include "cli/sharing_flags.h"
@@ -22,7 +23,7 @@ struct ServeFlags {
   SharingFlags sharing;
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string served_name;
+  std::vector<std::string> served_names;  // --served-model-name: a request may name any; answers name the first
   int max_sessions = 0;  // 0: 256 when --gpu-memory-utilization sizes the KV memory, else 4
   const CLI::App* app = nullptr;  // which flags were given (--max-context's default depends on it)
   bool no_share_blocks = false;

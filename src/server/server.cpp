@@ -29,9 +29,11 @@ Result<std::unique_ptr<Server>> Server::create(LlamaModel& model, const Tokenize
   std::vector<const LoraAdapter*> adapter_ptrs;
   for (int i = 0; i < adapters->size(); ++i) {
     const LoraAdapter& a = adapters->at(i);
-    if (a.name == opts.base_name)
+    if (a.name == opts.base_name ||
+        std::find(opts.base_aliases.begin(), opts.base_aliases.end(), a.name) != opts.base_aliases.end())
       return make_error(ErrorCode::kInvalidArgument,
-                        "adapter '{}' has the base model's served name: rename it or pass another --served-model-name",
+                        "adapter '{}' has one of the base model's served names: rename it or pass another "
+                        "--served-model-name",
                         a.name);
     // vLLM's --max-lora-rank: an adapter of a higher rank is refused, as vLLM refuses it.
     if (opts.max_lora_rank > 0 && a.max_rank() > opts.max_lora_rank)
@@ -104,12 +106,19 @@ const guide::VocabTrie& Server::vocab_trie() const {
   return *vocab_trie_;
 }
 
+bool Server::is_base_name(const std::string& name) const {
+  return name == opts_.base_name ||
+         std::find(opts_.base_aliases.begin(), opts_.base_aliases.end(), name) != opts_.base_aliases.end();
+}
+
 Result<std::string> Server::agent_for(const std::string& model) const {
   std::lock_guard<std::mutex> lock(names_mu_);
-  if (model.empty()) return names_.front();
+  if (model.empty() || is_base_name(model)) return names_.front();
   if (std::find(names_.begin(), names_.end(), model) != names_.end()) return model;
+  std::vector<std::string> all = names_;
+  all.insert(all.begin() + 1, opts_.base_aliases.begin(), opts_.base_aliases.end());
   return make_error(ErrorCode::kNotFound, "the model '{}' does not exist; this server serves: {} (GET /v1/models)", model,
-                    fmt::join(names_, ", "));
+                    fmt::join(all, ", "));
 }
 
 Status Server::check_vocab(std::span<const int32_t> ids, const char* field) const {

@@ -63,6 +63,9 @@ namespace lragent::server {
 
 struct ServerOptions {
   std::string base_name = "base";  // the base model's served name
+  // More names the base model answers to (vLLM's --served-model-name A B C: a request may name
+  // any of them; answers and metrics name base_name, the first).
+  std::vector<std::string> base_aliases;
   SessionPoolOptions pool;         // sharing mode, KV sizing, trajectories kept
   int64_t max_model_len = 0;       // prompt + max_tokens limit (0: the trajectories' capacity)
   // Tokens of one forward pass (vLLM's max_num_batched_tokens): every running request's decode
@@ -293,6 +296,8 @@ class Server {
   void publish_sessions();
   // The agent a request's "model" names (empty: the base model).
   Result<std::string> agent_for(const std::string& model) const;
+  // Whether `name` is one of the base model's served names (base_name or an alias).
+  bool is_base_name(const std::string& name) const;
   Result<std::vector<int32_t>> prompt_ids(const PromptInput& p) const;
   // Every token's bytes in a trie, for structured outputs; built at the first request that asks for one.
   const guide::VocabTrie& vocab_trie() const;

@@ -246,14 +246,21 @@ void Server::install_routes() {
       names = names_;
       roots = roots_;
     }
-    for (size_t i = 0; i < names.size(); ++i) {
-      data.push_back({{"id", names[i]},
+    // The base model under each of its served names (as vLLM lists them), then the adapters.
+    auto card = [&](const std::string& id, const std::string& root, const json& parent) {
+      data.push_back({{"id", id},
                       {"object", "model"},
                       {"created", created_},
                       {"owned_by", "lragent"},
-                      {"root", roots[i]},
-                      {"parent", i == 0 ? json(nullptr) : json(names[0])},
+                      {"root", root},
+                      {"parent", parent},
                       {"max_model_len", opts_.max_model_len}});
+    };
+    for (size_t i = 0; i < names.size(); ++i) {
+      card(names[i], roots[i], i == 0 ? json(nullptr) : json(names[0]));
+      if (i == 0)
+        for (const std::string& alias : opts_.base_aliases)
+          if (alias != names[0]) card(alias, roots[0], nullptr);
     }
     send_json(res, 200, json{{"object", "list"}, {"data", data}});
   });

@@ -37,8 +37,8 @@ Status Server::load_adapter(const std::string& name, const std::string& dir, boo
     const std::vector<std::string> names = model_names();
     return std::find(names.begin(), names.end(), name) != names.end();
   };
-  if (name == opts_.base_name)
-    return make_error(ErrorCode::kInvalidArgument, "'{}' is the base model's served name: give the adapter another",
+  if (is_base_name(name))
+    return make_error(ErrorCode::kInvalidArgument, "'{}' is a served name of the base model: give the adapter another",
                       name);
   const char* loaded = "the LoRA adapter '{}' has already been loaded: unload it first, load this one as another name, "
                        "or give \"load_inplace\": true";
@@ -73,7 +73,7 @@ Status Server::load_adapter(const std::string& name, const std::string& dir, boo
 }
 
 Status Server::unload_adapter(const std::string& name) {
-  if (name == opts_.base_name)
+  if (is_base_name(name))
     return make_error(ErrorCode::kInvalidArgument, "'{}' is the base model, not an adapter: it cannot be unloaded", name);
   return on_engine([this, name]() -> Status {
     if (!registry_->find(name))

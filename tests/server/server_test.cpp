@@ -47,6 +47,41 @@ TEST_F(ServerTest, ModelsListTheBaseModelAndEveryAdapter) {
   EXPECT_EQ(j["data"][3]["max_model_len"], 512);
 }
 
+// vLLM's --served-model-name A B: a request may name the base model by any of its names, the
+// answer names the first; /v1/models lists each; no adapter may take one of them.
+TEST_F(ServerTest, TheBaseModelAnswersToEachOfItsServedNames) {
+  ServerOptions o;
+  o.base_aliases = {"tiny-alias", "llama"};
+  start(ShareMode::kBaseLr, o);
+  const std::string prompt = "Once upon a time, there was a little girl named Lily.";
+  for (const char* name : {"tiny", "tiny-alias", "llama"}) {
+    auto [status, j] = complete({{"model", name}, {"prompt", prompt}, {"max_tokens", 8}, {"temperature", 0}});
+    ASSERT_EQ(status, 200) << j.dump();
+    EXPECT_EQ(j["model"], "tiny") << name;
+    EXPECT_EQ(j["choices"][0]["text"], generate_text(prompt, "", 8)) << name;
+  }
+  httplib::Client c("127.0.0.1", port_);
+  const json models = json::parse(c.Get("/v1/models")->body);
+  ASSERT_EQ(models["data"].size(), 6u) << models.dump();
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_EQ(models["data"][1]["id"], "tiny-alias");
+  EXPECT_EQ(models["data"][2]["id"], "llama");
+  EXPECT_TRUE(models["data"][2]["parent"].is_null());
+  EXPECT_EQ(models["data"][3]["parent"], "tiny");
+  auto [missing, err] = complete({{"model", "gpt-4"}, {"prompt", prompt}, {"max_tokens", 2}});
+  EXPECT_EQ(missing, 404);
+  EXPECT_NE(err.dump().find("tiny, tiny-alias, llama, plan"), std::string::npos) << err.dump();
+  stop();
+  // An adapter under a served name of the base model is refused at startup.
+  ServerOptions clash;
+  clash.base_aliases = {"plan"};
+  clash.base_name = "tiny";
+  auto s = Server::create(*model_, tok_.get(), &reg_, clash);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("adapter 'plan' has one of the base model's served names"), std::string::npos)
+      << s.error().message;
+}
+
 // Exact when the agent computes its prompt itself: a prompt no other agent has computed (any
 // mode), or any prompt under none. (An agent reading another's shared entries differs slightly
 // by design: that is the sharing's approximation, measured by `lragent fidelity`.)
