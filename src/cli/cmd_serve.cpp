@@ -157,9 +157,12 @@ int run_serve(const ServeFlags& f) {
   std::string memory =
       s.kv_memory_bytes() > 0 ? fmt::format(", KV memory {:.2f} GB", s.kv_memory_bytes() / 1e9) : std::string();
   if (s.max_pass_tokens() > 0) memory += fmt::format(", passes of at most {} tokens", s.max_pass_tokens());
+  std::vector<std::string> shown = s.model_names();  // the base model first, then the adapters
+  if (!so.base_aliases.empty() && !shown.empty())
+    shown.front() += fmt::format(" (also as {})", fmt::join(so.base_aliases, ", "));
   fmt::print(stderr, "serving {} on http://{}:{} (OpenAI API: /v1/models, /v1/completions{}; kv-share {}, up to {} "
                      "trajectories of {} tokens{}). Ctrl-C stops.\n",
-             fmt::join(s.model_names(), ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions, /v1/responses, /v1/messages" : "",
+             fmt::join(shown, ", "), f.host, *port, so.chat_template ? ", /v1/chat/completions, /v1/responses, /v1/messages" : "",
              share_mode_name(s.share_mode()), so.pool.max_sessions, s.max_model_len(), memory);
   if (so.runtime_lora)
     fmt::print(stderr, "runtime LoRA updating is on: POST /v1/load_lora_adapter and /v1/unload_lora_adapter{}\n",

@@ -53,9 +53,9 @@ TEST(ServeCli, AutoSharingFallsBackToBaseAndSignalsStopTheServer) {
   EXPECT_NE(r.err.find("kv-share base,"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("/v1/completions; kv-share"), std::string::npos) << r.err;  // no chat template: no chat route
   EXPECT_NE(r.err.find("stopped"), std::string::npos) << r.err;
-  r = serve_until("TERM", 6, model + adapters("qv-shared-a-r8") + " --port 0 --served-model-name tiny");
+  r = serve_until("TERM", 6, model + adapters("qv-shared-a-r8") + " --port 0 --served-model-name tiny tiny-2");
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.err.find("serving tiny, plan, action, reflect"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("serving tiny (also as tiny-2), plan, action, reflect"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("kv-share base-lr,"), std::string::npos) << r.err;
 }
 
