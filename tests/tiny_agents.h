@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "agents/replay.h"
 #include "backend/backend.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -33,6 +34,17 @@ class TinyAgentsTest : public ::testing::Test {
       ptrs_.push_back(a->get());
       adapters_.push_back(std::move(*a));
     }
+  }
+
+  // A session of the three agents under `mode`, with `o`'s other options: private caches never
+  // evicted, droidspeak recomputing layer 1.
+  std::unique_ptr<AgentSession> agents_session(ShareMode mode, ReplayOptions o = {}) {
+    o.sharing.mode = mode;
+    o.sharing.evict_private = false;
+    if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
+    auto s = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o);
+    EXPECT_TRUE(s.ok()) << s.error().message;
+    return s.ok() ? std::move(*s) : nullptr;
   }
 
   std::unique_ptr<Backend> be_;

@@ -21,13 +21,8 @@ class AgentTurnTest : public testing::TinyAgentsTest {
   std::unique_ptr<AgentSession> session(ShareMode mode, int64_t max_tokens = 256, bool lookahead = true) {
     ReplayOptions o;
     o.decode_lookahead = lookahead;
-    o.sharing.mode = mode;
     o.sharing.max_tokens = max_tokens;
-    o.sharing.evict_private = false;
-    if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
-    auto s = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o);
-    EXPECT_TRUE(s.ok()) << s.error().message;
-    return s.ok() ? std::move(*s) : nullptr;
+    return agents_session(mode, o);
   }
   std::vector<int32_t> encode(const std::string& text) {
     auto ids = tok_->encode(text, false);

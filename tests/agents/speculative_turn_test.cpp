@@ -24,14 +24,9 @@ class SpeculativeTurnTest : public testing::TinyAgentsTest {
   }
   std::unique_ptr<AgentSession> session(ShareMode mode, SpeculativeOptions so) {
     ReplayOptions o;
-    o.sharing.mode = mode;
     o.sharing.max_tokens = 512;
-    o.sharing.evict_private = false;
-    if (mode == ShareMode::kDroidSpeak) o.sharing.recompute_layers = {1};
     o.speculative = so;
-    auto s = AgentSession::create(*model_, tok_.get(), names_, ptrs_, o);
-    EXPECT_TRUE(s.ok()) << s.error().message;
-    return s.ok() ? std::move(*s) : nullptr;
+    return agents_session(mode, o);
   }
   std::vector<int32_t> encode(const std::string& text) {
     auto ids = tok_->encode(text, false);

@@ -470,41 +470,13 @@ TEST(CudaDecode, NoAdapterDecodeMatchesCpu) {
   }
 }
 
-// The agents tests' set-up: a CUDA backend of `dt`, the synthetic model, its role adapters
-// (r16, uploaded) with their names, and a 150-token prompt.
-struct AgentsSetup {
-  std::unique_ptr<Backend> be;
-  std::unique_ptr<LlamaModel> model;
-  std::vector<std::unique_ptr<LoraAdapter>> adapters;
-  std::vector<const LoraAdapter*> ptrs;
-  std::vector<std::string> names;
+// The agents tests' set-up (testing::make_cuda_agents) and a 150-token prompt.
+struct AgentsSetup : testing::SyntheticAgents {
   std::vector<int32_t> prompt;
 };
 
 bool make_agents(DType dt, AgentsSetup& ag) {
-  CudaBackendOptions bo;
-  bo.dtype = dt;
-  auto be = make_cuda_backend(bo);
-  if (!be.ok()) {
-    ADD_FAILURE() << be.error().message;
-    return false;
-  }
-  ag.be = std::move(*be);
-  auto model = make_synthetic_model(spec(), *ag.be);
-  if (!model.ok()) {
-    ADD_FAILURE() << model.error().message;
-    return false;
-  }
-  ag.model = std::move(*model);
-  ag.adapters = make_synthetic_adapters(ag.model->config(), 16, 7);
-  for (auto& a : ag.adapters) {
-    if (Status st = upload_adapter(*a, *ag.be); !st.ok()) {
-      ADD_FAILURE() << st.error().message;
-      return false;
-    }
-    ag.ptrs.push_back(a.get());
-    ag.names.push_back(a->name);
-  }
+  if (!testing::make_cuda_agents(dt, ag)) return false;
   ag.prompt.resize(150);
   for (size_t i = 0; i < ag.prompt.size(); ++i) ag.prompt[i] = static_cast<int32_t>(3 + (i * 29) % 250);
   return true;

@@ -23,26 +23,11 @@ namespace {
 
 using testing::have_gpu;
 
-struct Agents {
-  std::unique_ptr<Backend> be;
-  std::unique_ptr<LlamaModel> model;
-  std::vector<std::unique_ptr<LoraAdapter>> adapters;
-  std::vector<const LoraAdapter*> ptrs;
-  std::vector<std::string> names;
-};
+using Agents = testing::SyntheticAgents;
 
 Agents make(std::unique_ptr<Backend> be, bool upload) {
   Agents ag;
-  ag.be = std::move(be);
-  auto model = make_synthetic_model(testing::small_synthetic_spec(), *ag.be);
-  EXPECT_TRUE(model.ok()) << model.error().message;
-  ag.model = std::move(*model);
-  ag.adapters = make_synthetic_adapters(ag.model->config(), 16, 7);
-  for (auto& a : ag.adapters) {
-    if (upload) EXPECT_TRUE(upload_adapter(*a, *ag.be).ok());
-    ag.ptrs.push_back(a.get());
-    ag.names.push_back(a->name);
-  }
+  EXPECT_TRUE(testing::make_synthetic_agents(std::move(be), upload, ag));
   return ag;
 }
 

@@ -35,40 +35,7 @@ SpeculativeOptions spec() {
   return o;
 }
 
-struct Agents {
-  std::unique_ptr<Backend> be;
-  std::unique_ptr<LlamaModel> model;
-  std::vector<std::unique_ptr<LoraAdapter>> adapters;
-  std::vector<const LoraAdapter*> ptrs;
-  std::vector<std::string> names;
-};
-
-bool make(DType dt, Agents& ag) {
-  CudaBackendOptions bo;
-  bo.dtype = dt;
-  auto be = make_cuda_backend(bo);
-  if (!be.ok()) {
-    ADD_FAILURE() << be.error().message;
-    return false;
-  }
-  ag.be = std::move(*be);
-  auto model = make_synthetic_model(testing::small_synthetic_spec(), *ag.be);
-  if (!model.ok()) {
-    ADD_FAILURE() << model.error().message;
-    return false;
-  }
-  ag.model = std::move(*model);
-  ag.adapters = make_synthetic_adapters(ag.model->config(), 16, 7);
-  for (auto& a : ag.adapters) {
-    if (Status st = upload_adapter(*a, *ag.be); !st.ok()) {
-      ADD_FAILURE() << st.error().message;
-      return false;
-    }
-    ag.ptrs.push_back(a.get());
-    ag.names.push_back(a->name);
-  }
-  return true;
-}
+using Agents = testing::SyntheticAgents;
 
 // Three rounds of every agent on one trajectory; each step's tokens, and the drafts kept.
 std::vector<std::vector<int32_t>> run_agents(Agents& ag, ShareMode mode, SpeculativeOptions so, int64_t* kept) {
@@ -108,7 +75,7 @@ double agreement(const std::vector<std::vector<int32_t>>& got, const std::vector
 TEST(CudaSpeculative, AgentsPickTheTokensOfOnePassAToken) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA speculative decoding test skipped";
   Agents ag;
-  ASSERT_TRUE(make(DType::kF32, ag));
+  ASSERT_TRUE(testing::make_cuda_agents(DType::kF32, ag));
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr}) {
     SCOPED_TRACE(share_mode_name(mode));
     int64_t kept_plain = 0, kept = 0;
@@ -197,7 +164,7 @@ TEST(CudaSpeculative, TinystoriesAgentsInF32AndBf16) {
 TEST(CudaSpeculative, GeneratorPicksTheTokensOfOnePassAToken) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA speculative decoding test skipped";
   Agents ag;
-  ASSERT_TRUE(make(DType::kF32, ag));
+  ASSERT_TRUE(testing::make_cuda_agents(DType::kF32, ag));
   std::vector<GenerateRequest> reqs(4);
   for (size_t i = 0; i < reqs.size(); ++i) {
     for (int t = 0; t < 9 + 23 * static_cast<int>(i); ++t) reqs[i].prompt.push_back(3 + (t * 13 + static_cast<int>(i)) % 250);
