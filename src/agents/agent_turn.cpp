@@ -61,7 +61,10 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
                             t->dec_.guide != nullptr || !t->dec_.allowed_ids.empty() || !t->dec_.bad_words.empty() ||
                             t->dec_.reasoning_budget >= 0);
   t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_ || t->prompt_lp_;
-  t->speculate_ = s.spec_.on() && free_pick && !t->host_ && t->sampler_->greedy();
+  // Greedy steps whose rows need nothing but their pick, or also their log-probabilities (each
+  // kept row's are those of the raw row, as one pass a token gives them).
+  t->speculate_ = s.spec_.on() && free_pick && t->sampler_->greedy() && !s.keep_logits_ && !t->penalize_ &&
+                  !t->shape_ && !t->prompt_lp_;
   t->done_ = !runs;
   return t;
 }
@@ -156,7 +159,7 @@ Status AgentTurn::complete(float* row, int32_t picked) {
   return Status::Ok();
 }
 
-Status AgentTurn::complete_drafts(std::span<const int32_t> picks) {
+Status AgentTurn::complete_drafts(std::span<const int32_t> picks, const float* rows) {
   if (done_ || !binding_ || picks.size() != drafts_.size() + 1)
     return make_error(ErrorCode::kInternal, "AgentTurn::complete_drafts: {} picks for a pass with {} drafts",
                       picks.size(), drafts_.size());
@@ -164,7 +167,13 @@ Status AgentTurn::complete_drafts(std::span<const int32_t> picks) {
   const int64_t first = begin_;  // the pass's first position: the step's last token's
   r_.drafts.passes += 1;
   r_.drafts.drafted += static_cast<int64_t>(drafts_.size());
+  if (want_logprobs_ && !rows)
+    return make_error(ErrorCode::kInternal, "AgentTurn::complete_drafts: the pass needs its logits rows");
+  const int vocab = s_.model_.config().vocab_size;
   for (size_t j = 0; j < picks.size(); ++j) {
+    if (want_logprobs_)  // before accept: on_token is given them
+      r_.logprobs.push_back(step_logprobs({rows + static_cast<int64_t>(j) * vocab, static_cast<size_t>(vocab)},
+                                          picks[j], dec_.logprobs));
     accept(picks[j]);  // begin_ becomes its position, first + 1 + j
     const bool kept = j < drafts_.size() && picks[j] == drafts_[j];
     if (kept) ++r_.drafts.accepted;
@@ -399,7 +408,7 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
       if (p.drafts > 0) {  // a greedy pick for every row
         std::vector<int32_t> ids(static_cast<size_t>(rows));
         for (int64_t r = 0; r < rows; ++r) ids[static_cast<size_t>(r)] = sample_row(first + r * vocab, vocab, p.pick);
-        done[i] = turns[i]->complete_drafts(ids);
+        done[i] = turns[i]->complete_drafts(ids, first);
         continue;
       }
       const int32_t id =

@@ -66,7 +66,9 @@ class AgentTurn {
   // A pass with drafts ran: `picks` [1 + drafts] are its rows' picks. The step takes the first,
   // then each next one while the draft before it was that pick (its entries then hold the right
   // token), up to a stop or the token budget; the entries past the last token taken are dropped.
-  Status complete_drafts(std::span<const int32_t> picks);
+  // `rows` [1 + drafts, vocab]: the pass's logits when host_logits (a step that wants each
+  // token's log-probabilities), else null.
+  Status complete_drafts(std::span<const int32_t> picks, const float* rows = nullptr);
   // The pending pass failed and will not complete: releases its KV binding (which pins the
   // session's caches), so the session may go before the turn. step_turns calls it.
   void abort_pass();
@@ -77,7 +79,7 @@ class AgentTurn {
   // and its session has decode lookahead on.
   bool looks_ahead() const;
   // Whether its decode passes check n-gram drafts (ReplayOptions::speculative): a greedy step
-  // that picks on the device.
+  // with no penalties, logits processors, guide or kept logits (logprobs may be asked for).
   bool speculates() const { return speculate_; }
   // The step's result (call once, when done()).
   StepResult result();

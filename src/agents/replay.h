@@ -70,7 +70,7 @@ struct ReplayOptions {
   // caches' contents and the per-agent counts are the same either way (see run_agent).
   bool decode_lookahead = true;
   // Speculative decoding by n-gram lookup over the trajectory (engine/speculative.h), in greedy
-  // steps that pick on the device (no logprobs, penalties, logits processors or guide): each
+  // steps without penalties, logits processors, a guide or kept logits (logprobs are fine): each
   // decode pass also checks the drafts, so that one pass may give several tokens, the same ones.
   // Such a step decodes without lookahead.
   SpeculativeOptions speculative;

@@ -67,8 +67,8 @@ void add_speculative_flag(CLI::App* app, std::string& json) {
                   "the model agrees with are kept, so one pass can give several tokens, the same ones as without; text "
                   "that copies from its context (an action quoting a tool's observation) gains most. Optional "
                   "\"disable_by_batch_size\": B, no drafts in passes that decode more than B sequences. Sampled "
-                  "requests, and those asking for logprobs, penalties, logits processors or a structured output, "
-                  "decode as before");
+                  "requests, and those asking for penalties, logits processors or a structured output, decode as "
+                  "before (an agent step's or served request's logprobs come from the checking pass's rows)");
 }
 
 Result<SpeculativeOptions> speculative_options(const std::string& json) {

@@ -89,6 +89,45 @@ TEST_F(SpeculativeTurnTest, EveryModePicksTheTokensOfOnePassAToken) {
   EXPECT_GT(kept, 10);
 }
 
+// A greedy step that asks for each token's log-probabilities speculates too: its rows come to the
+// host, and each kept token's log-probabilities are those one pass a token gives (the same top
+// ids; values within f32 rounding of a multi-row pass).
+TEST_F(SpeculativeTurnTest, LogprobsAreThoseOfOnePassAToken) {
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    std::vector<StepResult> runs;
+    for (bool speculate : {false, true}) {
+      auto s = session(mode, speculate ? spec() : SpeculativeOptions{});
+      ASSERT_NE(s, nullptr);
+      s->append({1});
+      s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
+      AgentDecode dec;
+      dec.logprobs = 3;
+      std::vector<float> streamed;  // on_token's log-probabilities, as a server streams them
+      dec.on_token = [&streamed](int32_t, const StepLogprobs* lp) {
+        streamed.push_back(lp ? lp->logprob : 1.f);
+        return true;
+      };
+      auto r = s->run_agent("action", 40, {}, {}, &dec);
+      ASSERT_TRUE(r.ok()) << r.error().message;
+      ASSERT_EQ(streamed.size() + (r->finish_reason == "stop" ? 1 : 0), r->output_tokens.size());
+      for (size_t k = 0; k < streamed.size(); ++k) EXPECT_EQ(streamed[k], r->logprobs[k].logprob) << k;
+      runs.push_back(std::move(*r));
+    }
+    const StepResult &plain = runs[0], &fast = runs[1];
+    EXPECT_EQ(plain.drafts.passes, 0);
+    EXPECT_GT(fast.drafts.accepted, 0);
+    EXPECT_EQ(fast.output_tokens, plain.output_tokens);
+    ASSERT_EQ(fast.logprobs.size(), plain.logprobs.size());
+    for (size_t k = 0; k < plain.logprobs.size(); ++k) {
+      SCOPED_TRACE(k);
+      EXPECT_NEAR(fast.logprobs[k].logprob, plain.logprobs[k].logprob, 1e-4);
+      ASSERT_EQ(fast.logprobs[k].top.size(), 3u);
+      for (size_t t = 0; t < 3; ++t) EXPECT_EQ(fast.logprobs[k].top[t].id, plain.logprobs[k].top[t].id);
+    }
+  }
+}
+
 TEST_F(SpeculativeTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
   // Three trajectories; one turn samples (it does not speculate), two speculate, batched together.
   struct Case {
