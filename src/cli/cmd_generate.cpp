@@ -148,8 +148,7 @@ int run_generate(const GenerateFlags& f) {
     if (!f.use.empty()) j["adapter"] = f.use;
     if (f.logits) j["last_logits"] = r.first_logits;
     if (r.drafts.passes > 0)
-      j["speculative"] = {{"draft_passes", r.drafts.passes}, {"draft_tokens", r.drafts.drafted},
-                          {"accepted_tokens", r.drafts.accepted}};
+      j["speculative"] = r.drafts;
     std::string s = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     fmt::print("{}\n", s);
   } else if (stream) {

@@ -67,8 +67,7 @@ int run_replay_cmd(const ReplayFlags& f) {
       nlohmann::json o = {{"agent", s.agent}, {"prefilled_tokens", s.prefilled_tokens}, {"output_tokens", s.output_tokens},
                           {"text", s.text}, {"seconds", s.seconds}};
       if (s.drafts.passes > 0)  // --speculative-config
-        o["speculative"] = {{"draft_passes", s.drafts.passes}, {"draft_tokens", s.drafts.drafted},
-                            {"accepted_tokens", s.drafts.accepted}};
+        o["speculative"] = s.drafts;
       if (f.logits) {
         o["first_logits"] = s.logits.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.logits[0]);
         o["logits"] = s.logits;

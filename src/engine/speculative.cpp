@@ -78,6 +78,10 @@ Result<SpeculativeOptions> parse_speculative_config(std::string_view text) {
   return o;
 }
 
+void to_json(nlohmann::json& j, const DraftCounts& d) {
+  j = {{"draft_passes", d.passes}, {"draft_tokens", d.drafted}, {"accepted_tokens", d.accepted}};
+}
+
 std::vector<int32_t> propose_ngram(std::span<const int32_t> context, const SpeculativeOptions& opts, int max_drafts) {
   const auto n = static_cast<int64_t>(context.size());
   const int lo = std::max(opts.lookup_min, 1);

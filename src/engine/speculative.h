@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/result.h"
 
 namespace lragent {
@@ -39,6 +41,10 @@ struct DraftCounts {
     return *this;
   }
 };
+
+// {"draft_passes", "draft_tokens", "accepted_tokens"}: how the CLI's JSON and a served choice's
+// `lragent.speculative` report them (nlohmann's to_json: `j["speculative"] = counts`).
+void to_json(nlohmann::json& j, const DraftCounts& d);
 
 // Limits of the options (a draft costs a row of the verifying pass whether kept or not).
 inline constexpr int kMaxSpeculativeTokens = 32;

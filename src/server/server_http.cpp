@@ -457,8 +457,7 @@ void Server::respond(CompletionRequest req, bool chat, const httplib::Request& h
       per.push_back({{"trajectory", c.trajectory}, {"reused_tokens", c.reused_tokens},
                      {"prefilled_tokens", c.prefilled_tokens}, {"token_ids", c.token_ids}});
       if (c.drafts.passes > 0)  // speculative decoding ran (--speculative-config)
-        per.back()["speculative"] = {{"draft_passes", c.drafts.passes}, {"draft_tokens", c.drafts.drafted},
-                                     {"accepted_tokens", c.drafts.accepted}};
+        per.back()["speculative"] = c.drafts;
     }
     return json{{"kv_share", share_mode_name(share_mode())}, {"choices", per}};
   };
