@@ -61,10 +61,9 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
                             t->dec_.guide != nullptr || !t->dec_.allowed_ids.empty() || !t->dec_.bad_words.empty() ||
                             t->dec_.reasoning_budget >= 0);
   t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_ || t->prompt_lp_;
-  // Greedy steps whose rows need nothing but their pick, or also their log-probabilities (each
-  // kept row's are those of the raw row, as one pass a token gives them).
-  t->speculate_ = s.spec_.on() && free_pick && t->sampler_->greedy() && !s.keep_logits_ && !t->penalize_ &&
-                  !t->shape_ && !t->prompt_lp_;
+  // Any step that picks its tokens: each row of a pass with drafts is picked as decoding a token
+  // a pass picks it (complete_drafts), so the tokens are the same, sampled ones included.
+  t->speculate_ = s.spec_.on() && free_pick && !t->prompt_lp_;
   t->done_ = !runs;
   return t;
 }
@@ -114,6 +113,7 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
     drawn_ = true;
     p.pick = forced_.empty() ? pick_ : RowSampling{};
     p.host_logits = host_;
+    if (!drafts_.empty()) p.draft_picks = sampler_->peek_rows(p.drafts);
   }
   return p;
 }
@@ -137,56 +137,74 @@ Status AgentTurn::complete(float* row, int32_t picked) {
   int32_t tok = picked;
   if (host_) {
     if (!row) return make_error(ErrorCode::kInternal, "AgentTurn::complete: the pass needs its logits row");
-    const int vocab = s_.model_.config().vocab_size;
-    const std::span<float> logits(row, static_cast<size_t>(vocab));
-    if (s_.keep_logits_) r_.logits.emplace_back(row, row + vocab);
-    const bool changed = penalize_ || shape_;
-    std::vector<float> raw;  // [vocab] the model's row (log-probabilities are of its output)
-    if (want_logprobs_ && changed) raw.assign(row, row + vocab);
-    const size_t generated = r_.output_tokens.size();
-    if (shape_) AgentSession::shape_logits(logits, dec_, r_.output_tokens, /*before_penalties=*/true);
-    if (dec_.guide && dec_.guide->mask(guide_state_, logits, dec_.stop_ids) == 0)
-      return make_error(ErrorCode::kInvalidArgument, "the structured output cannot go on after {} tokens: {}",
-                        generated, dec_.guide->dead_end());
-    if (penalize_) apply_penalties(logits, {s_.traj_.data(), prompt_len_}, r_.output_tokens, dec_.penalties);
-    if (shape_ && !sampler_->greedy()) AgentSession::shape_logits(logits, dec_, r_.output_tokens, /*before_penalties=*/false);
-    tok = sampler_->greedy() ? Sampler::argmax(row, vocab) : sample_row(row, vocab, pick_);
-    if (want_logprobs_)
-      r_.logprobs.push_back(step_logprobs(changed ? std::span<const float>(raw) : std::span<const float>(logits), tok,
-                                          dec_.logprobs));
+    LRA_ASSIGN_OR_RETURN(tok, pick_on_host(row));
   }
   accept(tok);
   return Status::Ok();
 }
 
-Status AgentTurn::complete_drafts(std::span<const int32_t> picks, const float* rows) {
-  if (done_ || !binding_ || picks.size() != drafts_.size() + 1)
+Result<int32_t> AgentTurn::pick_on_host(float* row) {
+  const int vocab = s_.model_.config().vocab_size;
+  const std::span<float> logits(row, static_cast<size_t>(vocab));
+  if (s_.keep_logits_) r_.logits.emplace_back(row, row + vocab);
+  const bool changed = penalize_ || shape_;
+  std::vector<float> raw;  // [vocab] the model's row (log-probabilities are of its output)
+  if (want_logprobs_ && changed) raw.assign(row, row + vocab);
+  const size_t generated = r_.output_tokens.size();
+  if (shape_) AgentSession::shape_logits(logits, dec_, r_.output_tokens, /*before_penalties=*/true);
+  if (dec_.guide && dec_.guide->mask(guide_state_, logits, dec_.stop_ids) == 0)
+    return make_error(ErrorCode::kInvalidArgument, "the structured output cannot go on after {} tokens: {}",
+                      generated, dec_.guide->dead_end());
+  if (penalize_) apply_penalties(logits, {s_.traj_.data(), prompt_len_}, r_.output_tokens, dec_.penalties);
+  if (shape_ && !sampler_->greedy()) AgentSession::shape_logits(logits, dec_, r_.output_tokens, /*before_penalties=*/false);
+  const int32_t tok = sampler_->greedy() ? Sampler::argmax(row, vocab) : sample_row(row, vocab, pick_);
+  if (want_logprobs_)
+    r_.logprobs.push_back(step_logprobs(changed ? std::span<const float>(raw) : std::span<const float>(logits), tok,
+                                        dec_.logprobs));
+  return tok;
+}
+
+Status AgentTurn::complete_drafts(std::span<const int32_t> picks, float* rows) {
+  if (done_ || !binding_ || (!host_ && picks.size() != drafts_.size() + 1))
     return make_error(ErrorCode::kInternal, "AgentTurn::complete_drafts: {} picks for a pass with {} drafts",
                       picks.size(), drafts_.size());
   binding_.reset();
   const int64_t first = begin_;  // the pass's first position: the step's last token's
   r_.drafts.passes += 1;
   r_.drafts.drafted += static_cast<int64_t>(drafts_.size());
-  if (want_logprobs_ && !rows)
+  if (host_ && !rows)
     return make_error(ErrorCode::kInternal, "AgentTurn::complete_drafts: the pass needs its logits rows");
   const int vocab = s_.model_.config().vocab_size;
-  for (size_t j = 0; j < picks.size(); ++j) {
-    if (want_logprobs_)  // before accept: on_token is given them
-      r_.logprobs.push_back(step_logprobs({rows + static_cast<int64_t>(j) * vocab, static_cast<size_t>(vocab)},
-                                          picks[j], dec_.logprobs));
-    accept(picks[j]);  // begin_ becomes its position, first + 1 + j
-    const bool kept = j < drafts_.size() && picks[j] == drafts_[j];
+  Status status = Status::Ok();
+  for (size_t j = 0; j <= drafts_.size(); ++j) {
+    // Row j's draw is taken only now, its token's (row 0's was drawn with the pass): the draws
+    // are those of decoding a token a pass, however many drafts are kept.
+    if (j > 0) pick_ = sampler_->next_row();
+    int32_t tok = host_ ? 0 : picks[j];
+    if (host_) {
+      auto picked = pick_on_host(rows + static_cast<int64_t>(j) * vocab);  // before accept: on_token gets its logprobs
+      if (!picked.ok()) {
+        status = picked.error();  // as complete() fails there: the tokens before it stay
+        break;
+      }
+      tok = *picked;
+    }
+    accept(tok);  // begin_ becomes its position, first + 1 + j
+    const bool kept = j < drafts_.size() && tok == drafts_[j];
     if (kept) ++r_.drafts.accepted;
     if (done_ || !kept) break;
   }
   // Positions [first, begin_) hold this agent's entries of the trajectory's tokens: the last
   // token's and each kept draft's. Those of the drafts after them are dropped, as decoding one
-  // token a pass leaves the caches: room for the positions processed, no more.
+  // token a pass leaves the caches: room for the positions processed, no more. A guide's dead
+  // end at row j leaves the last token taken processed too (row j is its row), as complete()
+  // failing on that token's pass leaves it.
+  if (!status.ok()) begin_ = static_cast<int64_t>(s_.traj_.size());
   s_.kv_->advance(a_, begin_);
   s_.computed_[static_cast<size_t>(a_)] += begin_ - first;
   s_.kv_->release_beyond(a_, begin_);
   drafts_.clear();
-  return Status::Ok();
+  return status;
 }
 
 void AgentTurn::accept(int32_t tok) {
@@ -393,7 +411,8 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
   bool host = false;
   for (const AgentTurn::Pass& p : passes) {
     batch.push_back(p.input);
-    picks.insert(picks.end(), static_cast<size_t>(p.drafts) + 1, p.pick);
+    picks.push_back(p.pick);
+    picks.insert(picks.end(), p.draft_picks.begin(), p.draft_picks.end());
     host = host || p.host_logits;
   }
   if (host) {  // some turn needs its rows: every row comes to the host, the others picked there
@@ -405,10 +424,12 @@ Status run_passes(LlamaModel& model, std::span<AgentTurn* const> turns, std::spa
       const int64_t rows = p.input.all_logits ? p.input.n_tokens : 1;
       float* first = logits.f32() + at * vocab;
       at += rows;
-      if (p.drafts > 0) {  // a greedy pick for every row
-        std::vector<int32_t> ids(static_cast<size_t>(rows));
-        for (int64_t r = 0; r < rows; ++r) ids[static_cast<size_t>(r)] = sample_row(first + r * vocab, vocab, p.pick);
-        done[i] = turns[i]->complete_drafts(ids, first);
+      if (p.drafts > 0) {  // the turn picks its rows itself, or here with each row's parameters
+        std::vector<int32_t> ids;
+        if (!p.host_logits)
+          for (int64_t r = 0; r < rows; ++r)
+            ids.push_back(sample_row(first + r * vocab, vocab, r == 0 ? p.pick : p.draft_picks[static_cast<size_t>(r - 1)]));
+        done[i] = turns[i]->complete_drafts(ids, p.host_logits ? first : nullptr);
         continue;
       }
       const int32_t id =

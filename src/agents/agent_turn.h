@@ -54,21 +54,29 @@ class AgentTurn {
     // the pick's), for the prompt's log-probabilities; host_logits is then set too.
     RowSampling pick;          // the device pick's parameters (its u drawn once per token)
     // Speculative decoding (ReplayOptions::speculative): the pass runs the step's last token and
-    // this many drafts after it, input.all_logits set, each row picked with `pick`; the picks go
-    // to complete_drafts.
+    // this many drafts after it, input.all_logits set, its first row picked with `pick` and row
+    // 1 + j with draft_picks[j]; the picks (or, with host_logits, the rows) go to complete_drafts.
     int drafts = 0;
+    // [drafts] the rows' parameters after the first: the u each would draw were the tokens
+    // before it taken (Sampler::peek_rows; drawn only when they are), so that with a draft that
+    // is the pick kept, every token is the one decoding a token a pass picks from the same draws.
+    std::vector<RowSampling> draft_picks;
   };
   Result<Pass> next_pass(int64_t max_tokens);
   // The pass ran. `row` [vocab]: its logits when host_logits (may be changed in place), else
   // null ([n_tokens, vocab] when the pass asked for all_logits); `picked`: the device's pick otherwise. Ends the step at a stop, on_token declining, or
   // the token budget.
   Status complete(float* row, int32_t picked);
-  // A pass with drafts ran: `picks` [1 + drafts] are its rows' picks. The step takes the first,
-  // then each next one while the draft before it was that pick (its entries then hold the right
-  // token), up to a stop or the token budget; the entries past the last token taken are dropped.
-  // `rows` [1 + drafts, vocab]: the pass's logits when host_logits (a step that wants each
-  // token's log-probabilities), else null.
-  Status complete_drafts(std::span<const int32_t> picks, const float* rows = nullptr);
+  // A pass with drafts ran: `picks` [1 + drafts] are its rows' picks (made with pick and
+  // draft_picks). The step takes the first, then each next one while the draft before it was that
+  // pick (its entries then hold the right token), up to a stop or the token budget; the entries
+  // past the last token taken are dropped. With host_logits, `rows` [1 + drafts, vocab] are the
+  // pass's logits (changed in place) and the step picks each row itself, as complete() does, in
+  // order, each with the state the tokens before it left (penalties, guide, min_tokens); `picks`
+  // is then ignored. A sampled draft is thus kept with the probability the target gives it, and a
+  // rejected one's row yields a token of the target's distribution without it: n-gram drafts are
+  // one-hot proposals, for which this is speculative sampling's rejection rule.
+  Status complete_drafts(std::span<const int32_t> picks, float* rows = nullptr);
   // The pending pass failed and will not complete: releases its KV binding (which pins the
   // session's caches), so the session may go before the turn. step_turns calls it.
   void abort_pass();
@@ -78,8 +86,8 @@ class AgentTurn {
   // Whether decode_turns may take this turn: its picks are made on the device (no host logits)
   // and its session has decode lookahead on.
   bool looks_ahead() const;
-  // Whether its decode passes check n-gram drafts (ReplayOptions::speculative): a greedy step
-  // with no penalties, logits processors, guide or kept logits (logprobs may be asked for).
+  // Whether its decode passes check n-gram drafts (ReplayOptions::speculative): any step that
+  // picks its tokens (not forced) and wants no prompt log-probabilities.
   bool speculates() const { return speculate_; }
   // The step's result (call once, when done()).
   StepResult result();
@@ -94,6 +102,10 @@ class AgentTurn {
   // Takes token `tok` as the step's next output (the tail of complete() and decode_turns'): a
   // stop or the token budget ends the step.
   void accept(int32_t tok);
+  // The pick from the pending token's logits `row` [vocab] on the host (changed in place): kept
+  // logits, logits processors, guide, penalties, then pick_'s pick; the token's log-probabilities
+  // recorded. Fails when the guide leaves no token.
+  Result<int32_t> pick_on_host(float* row);
   // The prompt's log-probabilities from the rows [n_tokens, vocab] of the pass over positions
   // [begin_, chunk_end_): position p's row gives the prompt token at p + 1.
   void record_prompt_logprobs(const float* rows);

@@ -69,10 +69,11 @@ struct ReplayOptions {
   // launched before pass t's pick is read back, its token taken on the device. The tokens, the
   // caches' contents and the per-agent counts are the same either way (see run_agent).
   bool decode_lookahead = true;
-  // Speculative decoding by n-gram lookup over the trajectory (engine/speculative.h), in greedy
-  // steps without penalties, logits processors, a guide or kept logits (logprobs are fine): each
-  // decode pass also checks the drafts, so that one pass may give several tokens, the same ones.
-  // Such a step decodes without lookahead.
+  // Speculative decoding by n-gram lookup over the trajectory (engine/speculative.h) in every
+  // step that picks its tokens (greedy or sampled, with any logits processor, guide or logprobs;
+  // not one that asks for prompt logprobs): each decode pass also checks the drafts, so that one
+  // pass may give several tokens, the same ones (a seeded step's too: each row is picked with
+  // the draw one pass a token makes). Such a step decodes without lookahead.
   SpeculativeOptions speculative;
   // run_replay: called after each step with its index and result, as it completes (progress
   // for long scripts).

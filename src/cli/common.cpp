@@ -61,14 +61,16 @@ void add_speculative_flag(CLI::App* app, std::string& json) {
   app->add_option("--speculative-config", json,
                   "Speculative decoding, as vLLM's flag: a JSON object such as '{\"method\": \"ngram\", "
                   "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}'. Each decode "
-                  "pass of a greedy request (an agent's step) also checks up to num_speculative_tokens drafts: the "
+                  "pass of a request (an agent's step) also checks up to num_speculative_tokens drafts: the "
                   "tokens that followed the latest earlier occurrence of the text's last prompt_lookup_min..max tokens "
                   "(n-gram lookup over the prompt and output, an agent's whole trajectory; no draft model). The drafts "
                   "the model agrees with are kept, so one pass can give several tokens, the same ones as without; text "
                   "that copies from its context (an action quoting a tool's observation) gains most. Optional "
                   "\"disable_by_batch_size\": B, no drafts in passes that decode more than B sequences. Sampled "
-                  "requests, and those asking for penalties, logits processors or a structured output, decode as "
-                  "before (an agent step's or served request's logprobs come from the checking pass's rows)");
+                  "requests speculate too: each row is picked with the random draw it would get one token a pass, "
+                  "so a draft is kept with the probability the model gives it and a seed gives the same text; "
+                  "penalties, logits processors, structured outputs and logprobs apply row by row. Requests that ask "
+                  "for prompt logprobs decode as before");
 }
 
 Result<SpeculativeOptions> speculative_options(const std::string& json) {

@@ -15,7 +15,7 @@ struct Running {
   int64_t processed = 0;        // tokens already in the cache
   Sampler sampler;
   int32_t guide_state = 0;  // the request's guide's state after its output so far
-  bool speculates = false;  // greedy and unguided with EngineOptions::speculative on: checks drafts
+  bool speculates = false;  // EngineOptions::speculative on: its decode passes check drafts
   std::vector<int32_t> spec;  // [1 + drafts] the pending pass's tokens when it checks drafts
   bool done = false;
   explicit Running(SamplingParams p) : sampler(p) {}
@@ -51,7 +51,7 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
     r.kv = std::make_unique<FullKvCache>(pools.kv.get());
     r.tokens = reqs[i].prompt;
     if (reqs[i].guide) r.guide_state = reqs[i].guide->start();
-    r.speculates = opts_.speculative.on() && r.sampler.greedy() && !reqs[i].guide;
+    r.speculates = opts_.speculative.on();
     r.done = reqs[i].max_tokens <= 0;
     if (r.done) results[i].finish_reason = "length";  // nothing to generate: the length is reached
     run.push_back(std::move(r));
@@ -206,10 +206,17 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       continue;
     }
     if (next.batch.empty()) break;
-    std::vector<RowSampling> rows;  // [logits rows] one per row: a pass with drafts has 1 + drafts
+    // [logits rows] one per row: a pass with drafts has 1 + drafts, the drafts' rows with the
+    // draws they would make were the tokens before them taken (drawn only when they are: below).
+    std::vector<RowSampling> rows;
     for (size_t b = 0; b < next.batch.size(); ++b) {
-      const RowSampling row = !want_logits && next.samples[b] ? next.members[b]->sampler.next_row() : RowSampling{};
-      rows.insert(rows.end(), static_cast<size_t>(next.drafts[b]) + 1, row);
+      const bool picks = !want_logits && next.samples[b];
+      rows.push_back(picks ? next.members[b]->sampler.next_row() : RowSampling{});
+      if (next.drafts[b] > 0) {
+        const std::vector<RowSampling> ahead = next.members[b]->sampler.peek_rows(next.drafts[b]);
+        if (picks) rows.insert(rows.end(), ahead.begin(), ahead.end());
+        else rows.insert(rows.end(), ahead.size(), RowSampling{});
+      }
     }
     if (lookahead) {
       LRA_RETURN_IF_ERROR(model_.launch_sample(next.batch, rows));
@@ -234,6 +241,10 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       if (drafts > 0) {
         // The pick after the last token, then each next row's while the draft before it was that
         // pick (its entries hold the right token); the entries after the last token taken go.
+        // Each row is picked as decoding a token a pass picks it, from the draw it would make (a
+        // sampled draft is thus kept with the probability the target gives it: speculative
+        // sampling's rule for a one-hot proposal), and a guided row masked in the guide's state
+        // after the tokens before it.
         const int64_t first = r.processed;  // the last token's position
         GenerateResult& res = results[r.index];
         res.drafts.passes += 1;
@@ -241,9 +252,14 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
         int taken = 0;
         for (int j = 0; j <= drafts; ++j) {
           const int64_t rj = row + j;
-          const int32_t tok = want_logits ? argmax_row(logits.f32() + rj * cfg.vocab_size, cfg.vocab_size)
-                                          : picked[static_cast<size_t>(rj)];
-          LRA_RETURN_IF_ERROR(accept(r, tok, nullptr));
+          const size_t before = res.output.size();
+          if (want_logits) {
+            LRA_RETURN_IF_ERROR(accept(r, 0, logits.f32() + rj * cfg.vocab_size));  // draws row j's u
+          } else {
+            if (j > 0) (void)r.sampler.next_row();  // row j's draw, the one its pick was made with
+            LRA_RETURN_IF_ERROR(accept(r, picked[static_cast<size_t>(rj)], nullptr));
+          }
+          const int32_t tok = res.output[before];
           ++taken;
           const bool kept = j < drafts && tok == r.spec[static_cast<size_t>(j) + 1];
           if (kept) ++res.drafts.accepted;

@@ -49,9 +49,10 @@ struct EngineOptions {
   // step taking them on the device (LlamaModel::launch_sample): the host's per-step work overlaps
   // the GPU's. The tokens are the same either way.
   bool decode_lookahead = true;
-  // Speculative decoding by n-gram lookup (engine/speculative.h) for greedy requests without a
-  // guide: each decode pass also checks drafts from the request's own tokens, so one pass may
-  // give several tokens, the same ones. Such requests decode without lookahead.
+  // Speculative decoding by n-gram lookup (engine/speculative.h) for every request: each decode
+  // pass also checks drafts from the request's own tokens, so one pass may give several tokens,
+  // the same ones (sampled and guided requests' too: each row is picked with the draw and the
+  // guide state of one pass a token). Requests then decode without lookahead.
   SpeculativeOptions speculative;
 };
 

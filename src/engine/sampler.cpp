@@ -15,6 +15,13 @@ RowSampling Sampler::next_row() {
   return r;
 }
 
+std::vector<RowSampling> Sampler::peek_rows(int n) const {
+  Sampler ahead(*this);  // a copy of the generator's state: the draws are made on it
+  std::vector<RowSampling> rows;
+  for (int i = 0; i < n; ++i) rows.push_back(ahead.next_row());
+  return rows;
+}
+
 void apply_penalties(std::span<float> logits, std::span<const int32_t> prompt, std::span<const int32_t> generated,
                      const PenaltyParams& p) {
   if (!p.active()) return;

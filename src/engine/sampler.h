@@ -59,6 +59,9 @@ class Sampler {
   // The parameters of the next sampled row, with its u drawn from the seeded generator (one
   // std::mt19937_64 draw per row; greedy rows draw nothing and get u = 0).
   RowSampling next_row();
+  // The rows the next n next_row() calls will give, drawing nothing (a speculative pass's draft
+  // rows: each is drawn, by next_row(), only once its token is taken).
+  std::vector<RowSampling> peek_rows(int n) const;
   // next_row() applied to host logits [vocab]: sample_row(logits, vocab, next_row()).
   int32_t sample(const float* logits, int vocab);
   // Greedy: ties go to the lowest id (torch.argmax does the same), NaN never picked.

@@ -3,7 +3,10 @@
 // the next ones, and one forward pass over the last token and those drafts checks them all: every
 // draft the model would have picked itself is kept, and the pass's row after the last kept one
 // gives one more token. Greedy picks are thus exactly those of decoding one token per pass, while
-// a pass yields up to 1 + num_tokens of them. Agents copy a lot (names and numbers from a tool's
+// a pass yields up to 1 + num_tokens of them. Sampled rows are picked each with the draw one token
+// a pass would give it: a draft is then kept with the probability the model gives it, which is
+// speculative sampling's rejection rule for a one-hot draft, and the tokens are those a seed gives
+// without drafts. Agents copy a lot (names and numbers from a tool's
 // observation into the next action), which is what this finds.
 #pragma once
 

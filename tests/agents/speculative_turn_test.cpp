@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "agents/agent_turn.h"
+#include "engine/guide/token_guide.h"
 #include "tiny_agents.h"
 
 namespace lragent {
@@ -128,8 +129,85 @@ TEST_F(SpeculativeTurnTest, LogprobsAreThoseOfOnePassAToken) {
   }
 }
 
+// Steps that sample, penalize, shape or follow a guide speculate too: each row of a pass with
+// drafts is picked on the host (or on the device, with its own draw) as decoding a token a pass
+// picks it, with the draw, the penalties' counts, min_tokens and the guide's state the tokens
+// before it leave. A sampled draft is then kept exactly when the target's draw picks it. The
+// same seed thus gives the same tokens with and without drafts.
+TEST_F(SpeculativeTurnTest, SampledPenalizedAndGuidedStepsPickTheTokensOfOnePassAToken) {
+  auto trie = guide::VocabTrie::build(*tok_);
+  auto guide = guide::TokenGuide::compile("[A-Za-z ,.]{40,400}", *trie);
+  ASSERT_TRUE(guide.ok()) << guide.error().message;
+  struct Case {
+    const char* name;
+    AgentDecode dec;
+  };
+  std::vector<Case> cs;
+  {
+    AgentDecode d;  // sampled on the device (only ids come back)
+    d.sampling = {0.3f, 0, 1.f, 11};
+    cs.push_back({"sampled", d});
+    d.sampling = {1.f, 3, 1.f, 12};  // from the 3 likeliest
+    cs.push_back({"top-k", d});
+    d.sampling = {0.3f, 0, 0.9f, 13};
+    d.logprobs = 2;  // the rows come to the host
+    cs.push_back({"sampled with logprobs", d});
+    AgentDecode p;
+    p.penalties.frequency = 0.2f;
+    p.penalties.repetition = 1.05f;
+    p.min_tokens = 30;
+    cs.push_back({"greedy with penalties and min_tokens", p});
+    p.penalties.frequency = 0.f;
+    p.penalties.presence = 0.05f;
+    p.penalties.repetition = 1.f;
+    p.min_tokens = 0;
+    p.sampling = {0.2f, 20, 1.f, 14};
+    p.min_p = 0.05f;
+    cs.push_back({"sampled with penalties and min_p", p});
+    AgentDecode g;
+    g.guide = guide->get();
+    cs.push_back({"guided", g});
+    g.sampling = {0.3f, 0, 1.f, 15};
+    cs.push_back({"guided and sampled", g});
+  }
+  for (Case& c : cs) {
+    SCOPED_TRACE(c.name);
+    c.dec.stop_ids = {2};
+    int64_t kept = 0;
+    for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr}) {
+      SCOPED_TRACE(share_mode_name(mode));
+      std::vector<StepResult> runs;
+      for (bool speculate : {false, true}) {
+        auto s = session(mode, speculate ? spec() : SpeculativeOptions{});
+        ASSERT_NE(s, nullptr);
+        s->append({1});
+        s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
+        std::vector<int32_t> streamed;
+        AgentDecode dec = c.dec;
+        dec.on_token = [&streamed](int32_t t, const StepLogprobs*) {
+          streamed.push_back(t);
+          return true;
+        };
+        auto r = s->run_agent("plan", 64, {}, {}, &dec);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        const bool stop_id = !r->output_tokens.empty() && r->output_tokens.back() == 2;  // not given to on_token
+        EXPECT_EQ(streamed.size() + (stop_id ? 1 : 0), r->output_tokens.size());
+        runs.push_back(std::move(*r));
+      }
+      const StepResult &plain = runs[0], &fast = runs[1];
+      EXPECT_EQ(fast.output_tokens, plain.output_tokens);
+      EXPECT_EQ(fast.finish_reason, plain.finish_reason);
+      ASSERT_EQ(fast.logprobs.size(), plain.logprobs.size());
+      for (size_t k = 0; k < plain.logprobs.size(); ++k) EXPECT_NEAR(fast.logprobs[k].logprob, plain.logprobs[k].logprob, 1e-4);
+      EXPECT_GT(fast.drafts.passes, 0);
+      kept += fast.drafts.accepted;
+    }
+    EXPECT_GT(kept, 0) << "no draft was kept: the comparison would not cover speculation";
+  }
+}
+
 TEST_F(SpeculativeTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
-  // Three trajectories; one turn samples (it does not speculate), two speculate, batched together.
+  // Three trajectories, one turn sampled, batched together.
   struct Case {
     ShareMode mode;
     const char* text;
@@ -171,7 +249,7 @@ TEST_F(SpeculativeTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
       ASSERT_NE(sessions.back(), nullptr);
       auto t = AgentTurn::start(*sessions.back(), c.agent, c.n, {}, {}, c.dec);
       ASSERT_TRUE(t.ok()) << t.error().message;
-      EXPECT_EQ((*t)->speculates(), c.dec.sampling.temperature == 0.f);
+      EXPECT_TRUE((*t)->speculates());
       EXPECT_FALSE((*t)->speculates() && (*t)->looks_ahead());
       turns.push_back(std::move(*t));
     }

@@ -106,6 +106,17 @@ TEST(Cli, SpeculativeDecodingGivesTheSameTokens) {
   EXPECT_FALSE(a.contains("speculative"));
   ASSERT_TRUE(b.contains("speculative")) << fast.out;
   EXPECT_GT(b["speculative"]["accepted_tokens"].get<int>(), 0) << fast.out;
+  // Sampled, seeded: the same text too.
+  const std::string sampled = args + " --temperature 0.3 --seed 9";
+  const CliRun plain_sampled = run_cli("generate " + model_arg() + sampled);
+  const CliRun fast_sampled = run_cli("generate " + model_arg() + sampled + spec);
+  ASSERT_EQ(plain_sampled.code, 0) << plain_sampled.err;
+  ASSERT_EQ(fast_sampled.code, 0) << fast_sampled.err;
+  const auto c = nlohmann::json::parse(plain_sampled.out), d = nlohmann::json::parse(fast_sampled.out);
+  EXPECT_EQ(d["output_tokens"], c["output_tokens"]);
+  EXPECT_NE(c["output_tokens"], a["output_tokens"]) << "sampled, not greedy";
+  ASSERT_TRUE(d.contains("speculative")) << fast_sampled.out;
+  EXPECT_GT(d["speculative"]["accepted_tokens"].get<int>(), 0) << fast_sampled.out;
 
   const CliRun eagle = run_cli("generate " + model_arg() + args +
                                " --speculative-config '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'");

@@ -1,7 +1,8 @@
 // `lragent serve --speculative-config` (SessionPoolOptions::replay.speculative): greedy completions
 // give the Generator's text (one pass a token) streamed or not, concurrent ones too; a choice that
 // checked drafts says so in its `lragent` field, and /metrics counts the drafts as vLLM's
-// spec_decode counters do; sampled requests decode as before.
+// spec_decode counters do; seeded sampled requests speculate too and give the text they give
+// without drafts.
 #include <future>
 
 #include "server/server_fixture.h"
@@ -70,7 +71,7 @@ TEST_F(SpeculativeServerTest, GreedyTextIsThatOfOnePassAToken) {
   }
 }
 
-TEST_F(SpeculativeServerTest, ConcurrentRequestsAndSampledOnesAreServedAsBefore) {
+TEST_F(SpeculativeServerTest, ConcurrentAndSeededSampledRequestsGiveTheirTextWithoutDrafts) {
   start_speculating(ShareMode::kBaseLr);
   std::vector<std::string> want;
   for (size_t i = 0; i < std::size(kPrompts); ++i) want.push_back(generate_text(kPrompts[i], "reflect", 32));
@@ -79,13 +80,18 @@ TEST_F(SpeculativeServerTest, ConcurrentRequestsAndSampledOnesAreServedAsBefore)
     answers.push_back(std::async(std::launch::async, [this, i] {
       return complete({{"model", "reflect"}, {"prompt", kPrompts[i]}, {"max_tokens", 32}, {"temperature", 0}});
     }));
-  // A sampled request beside them: no drafts (it would need rejection sampling), a seeded answer
-  // the same as without speculation.
-  const json sampled = {{"model", "plan"}, {"prompt", "Lily and Ben went to the park."}, {"max_tokens", 16},
-                        {"temperature", 0.9}, {"seed", 5}};
+  // A seeded sampled request beside them: it checks drafts too, each kept exactly when the draw
+  // one pass a token makes picks it, so its answer is the one given without speculation.
+  // (Its own prompt: base-lr's cache of a prompt the others read would be whichever agent's computed it.)
+  const json sampled = {{"model", "plan"},
+                        {"prompt", "Lily and Ben went to the park. Lily and Ben played with a ball. Lily and Ben"},
+                        {"max_tokens", 40},
+                        {"temperature", 0.3},
+                        {"seed", 5}};
   auto [s1, a1] = complete(sampled);
   ASSERT_EQ(s1, 200) << a1.dump();
-  EXPECT_FALSE(a1["lragent"]["choices"][0].contains("speculative"));
+  ASSERT_TRUE(a1["lragent"]["choices"][0].contains("speculative")) << a1.dump();
+  EXPECT_GT(a1["lragent"]["choices"][0]["speculative"]["accepted_tokens"].get<int64_t>(), 0) << a1.dump();
   for (size_t i = 0; i < answers.size(); ++i) {
     auto [status, j] = answers[i].get();
     ASSERT_EQ(status, 200) << j.dump();
