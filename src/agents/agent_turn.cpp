@@ -62,8 +62,9 @@ Result<std::unique_ptr<AgentTurn>> AgentTurn::start(AgentSession& s, const std::
                             t->dec_.reasoning_budget >= 0);
   t->host_ = s.keep_logits_ || t->penalize_ || t->want_logprobs_ || t->shape_ || t->prompt_lp_;
   // Any step that picks its tokens: each row of a pass with drafts is picked as decoding a token
-  // a pass picks it (complete_drafts), so the tokens are the same, sampled ones included.
-  t->speculate_ = s.spec_.on() && free_pick && !t->prompt_lp_;
+  // a pass picks it (complete_drafts), so the tokens are the same, sampled ones included. (Prompt
+  // log-probabilities come from the catch-up's rows, before any pass with drafts.)
+  t->speculate_ = s.spec_.on() && free_pick;
   t->done_ = !runs;
   return t;
 }

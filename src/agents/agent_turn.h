@@ -87,7 +87,7 @@ class AgentTurn {
   // and its session has decode lookahead on.
   bool looks_ahead() const;
   // Whether its decode passes check n-gram drafts (ReplayOptions::speculative): any step that
-  // picks its tokens (not forced) and wants no prompt log-probabilities.
+  // picks its tokens (not forced).
   bool speculates() const { return speculate_; }
   // The step's result (call once, when done()).
   StepResult result();

@@ -70,8 +70,8 @@ struct ReplayOptions {
   // caches' contents and the per-agent counts are the same either way (see run_agent).
   bool decode_lookahead = true;
   // Speculative decoding by n-gram lookup over the trajectory (engine/speculative.h) in every
-  // step that picks its tokens (greedy or sampled, with any logits processor, guide or logprobs;
-  // not one that asks for prompt logprobs): each decode pass also checks the drafts, so that one
+  // step that picks its tokens (greedy or sampled, with any logits processor, guide or logprobs):
+  // each decode pass also checks the drafts, so that one
   // pass may give several tokens, the same ones (a seeded step's too: each row is picked with
   // the draw one pass a token makes). Such a step decodes without lookahead.
   SpeculativeOptions speculative;

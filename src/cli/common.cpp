@@ -69,8 +69,7 @@ void add_speculative_flag(CLI::App* app, std::string& json) {
                   "\"disable_by_batch_size\": B, no drafts in passes that decode more than B sequences. Sampled "
                   "requests speculate too: each row is picked with the random draw it would get one token a pass, "
                   "so a draft is kept with the probability the model gives it and a seed gives the same text; "
-                  "penalties, logits processors, structured outputs and logprobs apply row by row. Requests that ask "
-                  "for prompt logprobs decode as before");
+                  "penalties, logits processors, structured outputs and logprobs apply row by row");
 }
 
 Result<SpeculativeOptions> speculative_options(const std::string& json) {

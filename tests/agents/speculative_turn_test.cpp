@@ -92,7 +92,8 @@ TEST_F(SpeculativeTurnTest, EveryModePicksTheTokensOfOnePassAToken) {
 
 // A greedy step that asks for each token's log-probabilities speculates too: its rows come to the
 // host, and each kept token's log-probabilities are those one pass a token gives (the same top
-// ids; values within f32 rounding of a multi-row pass).
+// ids; values within f32 rounding of a multi-row pass). Its prompt's log-probabilities (from the
+// catch-up, which checks no drafts) are the same too.
 TEST_F(SpeculativeTurnTest, LogprobsAreThoseOfOnePassAToken) {
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr}) {
     SCOPED_TRACE(share_mode_name(mode));
@@ -104,6 +105,7 @@ TEST_F(SpeculativeTurnTest, LogprobsAreThoseOfOnePassAToken) {
       s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
       AgentDecode dec;
       dec.logprobs = 3;
+      dec.prompt_logprobs = 2;  // the catch-up's rows, then decode passes with drafts
       std::vector<float> streamed;  // on_token's log-probabilities, as a server streams them
       dec.on_token = [&streamed](int32_t, const StepLogprobs* lp) {
         streamed.push_back(lp ? lp->logprob : 1.f);
@@ -119,6 +121,10 @@ TEST_F(SpeculativeTurnTest, LogprobsAreThoseOfOnePassAToken) {
     EXPECT_EQ(plain.drafts.passes, 0);
     EXPECT_GT(fast.drafts.accepted, 0);
     EXPECT_EQ(fast.output_tokens, plain.output_tokens);
+    ASSERT_EQ(fast.prompt_logprobs.size(), plain.prompt_logprobs.size());
+    ASSERT_GT(plain.prompt_logprobs.size(), 10u);
+    for (size_t k = 0; k < plain.prompt_logprobs.size(); ++k)
+      EXPECT_EQ(fast.prompt_logprobs[k].logprob, plain.prompt_logprobs[k].logprob) << k;
     ASSERT_EQ(fast.logprobs.size(), plain.logprobs.size());
     for (size_t k = 0; k < plain.logprobs.size(); ++k) {
       SCOPED_TRACE(k);
