@@ -1,7 +1,8 @@
 // libFuzzer target: arbitrary bytes as --speculative-config's JSON (engine/speculative.h). The
 // parser must answer (options or an error naming the flag), never crash or throw; options it
 // gives are within their limits. The proposer then runs on a context made of the same bytes and
-// must keep within them: drafts are a slice of the context that follows an earlier match.
+// must keep within them: drafts are a slice of the context that follows an earlier match (the
+// n-gram method), or tokens of the context and corpus within the bounds (the suffix method).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "engine/speculative.h"
+#include "engine/suffix_decoding.h"
 
 namespace {
 
@@ -43,6 +45,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Tokens from the bytes (a small alphabet, so matches happen).
   std::vector<int32_t> ctx;
   for (size_t i = 0; i < size; ++i) ctx.push_back(data[i] % 7);
+  if (o.method == lragent::SpeculativeMethod::kSuffix) {
+    // The suffix proposer over the context and a corpus of its halves: drafts within the bounds,
+    // each a token that occurs in them.
+    lragent::SuffixCorpus corpus(std::max(o.max_cached_requests, 0));
+    corpus.add(std::vector<int32_t>(ctx.begin(), ctx.begin() + static_cast<ptrdiff_t>(ctx.size() / 2)));
+    corpus.add(std::vector<int32_t>(ctx.begin() + static_cast<ptrdiff_t>(ctx.size() / 2), ctx.end()));
+    check(corpus.outputs() <= 2 && corpus.tokens() <= static_cast<int64_t>(ctx.size()), "the corpus keeps what it got");
+    const auto drafts = lragent::propose_suffix(ctx, o, &corpus, o.num_tokens);
+    check(static_cast<int>(drafts.size()) <= o.num_tokens, "at most num_tokens drafts");
+    check(static_cast<int>(drafts.size()) < o.max_tree_depth, "match and drafts within the tree depth");
+    for (int32_t t : drafts) check(std::find(ctx.begin(), ctx.end(), t) != ctx.end(), "drafts are tokens seen");
+    return 0;
+  }
   const auto drafts = lragent::propose_ngram(ctx, o, o.num_tokens);
   check(static_cast<int>(drafts.size()) <= o.num_tokens, "at most num_tokens drafts");
   check(drafts.empty() || ctx.size() >= 2, "drafts need an earlier occurrence");

@@ -102,7 +102,7 @@ Result<AgentTurn::Pass> AgentTurn::next_pass(int64_t max_tokens) {
     int64_t room = s_.kv_->max_tokens() - end;  // drafts sit at positions end, end + 1, ...
     if (const int64_t ctx = s_.model_.config().max_position_embeddings; ctx > 0) room = std::min(room, ctx - end);
     const auto most = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>({s_.spec_.num_tokens, left - 1, room})));
-    drafts_ = propose_ngram(s_.traj_, s_.spec_, most);
+    drafts_ = propose_drafts(s_.traj_, s_.spec_, most);
     toks_.insert(toks_.end(), drafts_.begin(), drafts_.end());
   }
   p.input = s_.agent_input(a_, toks_, begin_, binding_.get());
@@ -299,6 +299,9 @@ Status AgentTurn::run_alone() {
 
 StepResult AgentTurn::result() {
   if (s_.tok_) r_.text = s_.tok_->decode(r_.output_tokens);
+  // A finished output goes to the suffix method's corpus (other trajectories draft from it).
+  if (forced_.empty() && (r_.finish_reason == "stop" || r_.finish_reason == "length"))
+    remember_output(s_.spec_, r_.output_tokens);
   r_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   return std::move(r_);
 }

@@ -104,6 +104,10 @@ Result<std::unique_ptr<AgentSession>> AgentSession::create(LlamaModel& model, co
   s->keep_logits_ = opts.keep_logits;
   s->lookahead_ = opts.decode_lookahead;
   s->spec_ = opts.speculative;
+  if (s->spec_.on() && s->spec_.method == SpeculativeMethod::kSuffix && !s->spec_.corpus) {
+    s->corpus_ = std::make_unique<SuffixCorpus>(s->spec_.max_cached_requests);  // its own steps' outputs
+    s->spec_.corpus = s->corpus_.get();
+  }
   SharingOptions so = opts.sharing;
   if (model.config().max_position_embeddings > 0)
     so.max_tokens = std::min<int64_t>(so.max_tokens, model.config().max_position_embeddings);

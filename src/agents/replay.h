@@ -17,6 +17,7 @@
 #include "engine/guide/token_guide.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
+#include "engine/suffix_decoding.h"
 #include "kv/sharing.h"
 #include "model/llama.h"
 #include "model/lora.h"
@@ -217,6 +218,7 @@ class AgentSession {
   bool keep_logits_ = false;
   bool lookahead_ = true;
   SpeculativeOptions spec_;
+  std::unique_ptr<SuffixCorpus> corpus_;  // spec_.corpus when the options gave none
 };
 
 // Runs a whole script.

@@ -44,7 +44,7 @@ struct LoadedModel {
 // --prefill-attention v6|v5 (ModelFlags has it; commands with their own device flags add it too).
 // --no-decode-lookahead (sets `off`).
 void add_decode_lookahead_flag(CLI::App* app, bool& off);
-// --speculative-config JSON (vLLM's; the n-gram method): decode passes check drafts.
+// --speculative-config JSON (vLLM's; the ngram and suffix methods): decode passes check drafts.
 void add_speculative_flag(CLI::App* app, std::string& json);
 // The options of that flag's value (empty: off); errors name the flag.
 Result<SpeculativeOptions> speculative_options(const std::string& json);

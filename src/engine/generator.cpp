@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "engine/guide/token_guide.h"
+#include "engine/suffix_decoding.h"
 
 namespace lragent {
 namespace {
@@ -22,6 +23,16 @@ struct Running {
 };
 
 }  // namespace
+
+Generator::Generator(LlamaModel& model, EngineOptions opts) : model_(model), opts_(opts) {
+  SpeculativeOptions& so = opts_.speculative;
+  if (so.on() && so.method == SpeculativeMethod::kSuffix && !so.corpus) {
+    corpus_ = std::make_unique<SuffixCorpus>(so.max_cached_requests);
+    so.corpus = corpus_.get();
+  }
+}
+
+Generator::~Generator() = default;
 
 Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateRequest>& reqs,
                                                    const std::function<void(size_t, int32_t)>& on_token) {
@@ -103,7 +114,10 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
       res.finish_reason = "stop";  // a whole match nothing extends
       r.done = true;
     }
-    if (r.done) r.kv.reset();  // give the blocks back to the pool for other sequences
+    if (r.done) {
+      r.kv.reset();  // give the blocks back to the pool for other sequences
+      remember_output(opts_.speculative, res.output);  // the suffix method's corpus
+    }
     return Status::Ok();
   };
   auto take = [&](const Pass& p) -> Status {
@@ -168,8 +182,8 @@ Result<std::vector<GenerateResult>> Generator::run(const std::vector<GenerateReq
         if (decoding && r.speculates && drafts_ok && !results[r.index].output.empty()) {
           // Drafts past max_tokens could never be kept: the pass's last row gives a token too.
           const int left = reqs[r.index].max_tokens - static_cast<int>(results[r.index].output.size());
-          const std::vector<int32_t> d = propose_ngram(r.tokens, opts_.speculative,
-                                                       std::min(opts_.speculative.num_tokens, left - 1));
+          const std::vector<int32_t> d = propose_drafts(r.tokens, opts_.speculative,
+                                                        std::min(opts_.speculative.num_tokens, left - 1));
           if (!d.empty()) {
             r.spec.assign(1, r.tokens.back());
             r.spec.insert(r.spec.end(), d.begin(), d.end());

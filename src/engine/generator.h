@@ -58,7 +58,9 @@ struct EngineOptions {
 
 class Generator {
  public:
-  Generator(LlamaModel& model, EngineOptions opts) : model_(model), opts_(opts) {}
+  // Method suffix without a corpus given: the Generator keeps its own, of its finished outputs.
+  Generator(LlamaModel& model, EngineOptions opts);
+  ~Generator();
   // Runs all requests to completion. `on_token(request_index, token)` streams tokens.
   Result<std::vector<GenerateResult>> run(const std::vector<GenerateRequest>& reqs,
                                           const std::function<void(size_t, int32_t)>& on_token = {});
@@ -66,6 +68,7 @@ class Generator {
  private:
   LlamaModel& model_;
   EngineOptions opts_;
+  std::unique_ptr<SuffixCorpus> corpus_;  // opts_.speculative.corpus when none was given
 };
 
 }  // namespace lragent

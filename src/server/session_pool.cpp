@@ -32,6 +32,12 @@ Result<std::unique_ptr<SessionPool>> SessionPool::create(LlamaModel& model, cons
   p->tok_ = tok;
   p->groups_ = std::move(groups);
   p->opts_ = std::move(opts);
+  SpeculativeOptions& spec = p->opts_.replay.speculative;
+  if (spec.on() && spec.method == SpeculativeMethod::kSuffix && !spec.corpus) {
+    // One corpus for every trajectory: a request drafts from the outputs of all that finished.
+    p->corpus_ = std::make_unique<SuffixCorpus>(spec.max_cached_requests);
+    spec.corpus = p->corpus_.get();
+  }
   SharingOptions& so = p->opts_.replay.sharing;
   if (p->opts_.share_blocks && !so.arena && so.arena_bytes <= 0) {
     // One arena for max_sessions trajectories of the largest group, each pool capped as its own

@@ -209,6 +209,7 @@ class SessionPool {
   std::vector<AgentGroup> groups_;  // grows with add_agent; a group emptied by remove_agent stays (entries index it)
   SessionPoolOptions opts_;
   std::unique_ptr<KvArena> arena_;  // share_blocks: every trajectory's (outlives entries_)
+  std::unique_ptr<SuffixCorpus> corpus_;  // --speculative-config's suffix method: every trajectory's (outlives entries_)
   int64_t slab_bytes_ = 0;          // share_blocks: the arena's slab (the largest group's at create())
   bool oversubscribed_ = false;
   // [groups][agents] bytes a token takes in the caches an agent's catch-up writes, and their pools

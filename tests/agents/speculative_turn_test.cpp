@@ -90,6 +90,49 @@ TEST_F(SpeculativeTurnTest, EveryModePicksTheTokensOfOnePassAToken) {
   EXPECT_GT(kept, 10);
 }
 
+// The suffix method (vLLM's "suffix", engine/suffix_decoding.h): the same tokens in every mode, and
+// a corpus of finished outputs that another trajectory drafts from: a second trajectory on the
+// same prompt keeps most of its tokens from the first one's output.
+TEST_F(SpeculativeTurnTest, SuffixMethodPicksTheTokensOfOnePassATokenAndDraftsFromEarlierOutputs) {
+  SpeculativeOptions suffix;
+  suffix.method = SpeculativeMethod::kSuffix;
+  suffix.num_tokens = 8;
+  int64_t kept = 0;
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kBaseLr, ShareMode::kFull}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    const Run plain = run(mode, {});
+    const Run fast = run(mode, suffix);
+    ASSERT_EQ(plain.steps.size(), 4u);
+    ASSERT_EQ(fast.steps.size(), 4u);
+    for (size_t i = 0; i < plain.steps.size(); ++i) {
+      EXPECT_EQ(fast.steps[i].output_tokens, plain.steps[i].output_tokens) << i;
+      kept += fast.steps[i].drafts.accepted;
+    }
+    EXPECT_EQ(fast.trajectory, plain.trajectory);
+    EXPECT_EQ(fast.computed, plain.computed);
+  }
+  EXPECT_GT(kept, 4);  // the comparison covers kept drafts
+  // Two trajectories, one corpus (the server's way): the second step repeats the first's output.
+  SuffixCorpus corpus(100);
+  suffix.corpus = &corpus;
+  std::vector<StepResult> steps;
+  for (int t = 0; t < 2; ++t) {
+    auto s = session(ShareMode::kBaseLr, suffix);
+    ASSERT_NE(s, nullptr);
+    s->append({1});
+    s->append(encode("Once upon a time, there was a big bear who lived in the woods. The bear"));
+    auto r = s->run_agent("reflect", 40, {}, {});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    steps.push_back(std::move(*r));
+  }
+  EXPECT_EQ(corpus.outputs(), 2);
+  EXPECT_EQ(steps[1].output_tokens, steps[0].output_tokens);
+  EXPECT_GT(steps[1].drafts.accepted, steps[0].drafts.accepted);
+  EXPECT_GE(steps[1].drafts.accepted * 2, static_cast<int64_t>(steps[1].output_tokens.size()))
+      << "most of the repeated output comes from drafts";
+  EXPECT_LT(steps[1].drafts.passes * 3, static_cast<int64_t>(steps[1].output_tokens.size()));
+}
+
 // A greedy step that asks for each token's log-probabilities speculates too: its rows come to the
 // host, and each kept token's log-probabilities are those one pass a token gives (the same top
 // ids; values within f32 rounding of a multi-row pass). Its prompt's log-probabilities (from the

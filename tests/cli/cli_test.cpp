@@ -106,6 +106,11 @@ TEST(Cli, SpeculativeDecodingGivesTheSameTokens) {
   EXPECT_FALSE(a.contains("speculative"));
   ASSERT_TRUE(b.contains("speculative")) << fast.out;
   EXPECT_GT(b["speculative"]["accepted_tokens"].get<int>(), 0) << fast.out;
+  // Suffix decoding: the same tokens.
+  const CliRun suffix = run_cli("generate " + model_arg() + args +
+                                " --speculative-config '{\"method\": \"suffix\", \"num_speculative_tokens\": 8}'");
+  ASSERT_EQ(suffix.code, 0) << suffix.err;
+  EXPECT_EQ(nlohmann::json::parse(suffix.out)["output_tokens"], a["output_tokens"]);
   // Sampled, seeded: the same text too.
   const std::string sampled = args + " --temperature 0.3 --seed 9";
   const CliRun plain_sampled = run_cli("generate " + model_arg() + sampled);

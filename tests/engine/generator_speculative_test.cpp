@@ -99,5 +99,37 @@ TEST(GeneratorSpeculative, TokensAreThoseOfOnePassAToken) {
   }
 }
 
+// The suffix method: the same tokens, and a Generator keeps a corpus of its finished outputs, so
+// a later run of the same prompt drafts most of its answer from the earlier one.
+TEST(GeneratorSpeculative, TheSuffixMethodDraftsFromEarlierOutputs) {
+  auto be = make_cpu_backend(2);
+  auto model = LlamaModel::load(testing::tinystories_dir(), *be);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  auto tok = Tokenizer::load_dir(testing::tinystories_dir());
+  ASSERT_TRUE(tok.ok()) << tok.error().message;
+  GenerateRequest req;
+  req.prompt = *(*tok)->encode("Once upon a time, there was a little boy named Tim. Tim", true);
+  req.max_tokens = 48;
+  req.stop_ids = (*model)->config().eos_token_ids;
+  GenerateRequest sampled = req;
+  sampled.sampling = {0.3f, 0, 1.f, 4};
+  auto plain = Generator(**model, EngineOptions{}).run({req, sampled});
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  EngineOptions o;
+  o.speculative.method = SpeculativeMethod::kSuffix;
+  o.speculative.num_tokens = 8;
+  Generator gen(**model, o);
+  std::vector<int64_t> accepted;
+  for (int run = 0; run < 2; ++run) {
+    auto r = gen.run({req, sampled});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ((*r)[0].output, (*plain)[0].output) << run;
+    EXPECT_EQ((*r)[1].output, (*plain)[1].output) << run;
+    accepted.push_back((*r)[0].drafts.accepted);
+  }
+  EXPECT_GT(accepted[1], accepted[0]);
+  EXPECT_GE(accepted[1] * 2, static_cast<int64_t>((*plain)[0].output.size()));
+}
+
 }  // namespace
 }  // namespace lragent

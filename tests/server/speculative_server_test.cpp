@@ -71,6 +71,27 @@ TEST_F(SpeculativeServerTest, GreedyTextIsThatOfOnePassAToken) {
   }
 }
 
+// The suffix method: the server keeps one corpus of finished outputs for all trajectories, so a
+// request whose answer another request already wrote drafts most of it from there.
+TEST_F(SpeculativeServerTest, TheSuffixMethodDraftsFromEarlierAnswers) {
+  ServerOptions o;
+  o.pool.replay.speculative.method = SpeculativeMethod::kSuffix;
+  o.pool.replay.speculative.num_tokens = 8;
+  start(ShareMode::kBaseLr, o);
+  const std::string want = generate_text(kPrompts[1], "action", 40);
+  std::vector<int64_t> accepted;
+  for (const char* prompt : {kPrompts[1], kPrompts[1]}) {
+    auto [status, j] = complete({{"model", "action"}, {"prompt", prompt}, {"max_tokens", 40}, {"temperature", 0}});
+    ASSERT_EQ(status, 200) << j.dump();
+    EXPECT_EQ(j["choices"][0]["text"], want);
+    const json& c = j["lragent"]["choices"][0];
+    accepted.push_back(c.contains("speculative") ? c["speculative"]["accepted_tokens"].get<int64_t>() : 0);
+  }
+  EXPECT_GT(accepted[1], accepted[0]);
+  EXPECT_GE(accepted[1], 20) << "the second answer is mostly drafted from the first";
+  stop();
+}
+
 TEST_F(SpeculativeServerTest, ConcurrentAndSeededSampledRequestsGiveTheirTextWithoutDrafts) {
   start_speculating(ShareMode::kBaseLr);
   std::vector<std::string> want;
