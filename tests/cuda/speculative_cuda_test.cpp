@@ -78,17 +78,24 @@ TEST(CudaSpeculative, AgentsPickTheTokensOfOnePassAToken) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: CUDA speculative decoding test skipped";
   Agents ag;
   ASSERT_TRUE(testing::make_cuda_agents(DType::kF32, ag));
+  // The suffix method (up to 32 drafts a pass: verify passes of 33 rows) as well as n-gram lookup.
+  SpeculativeOptions suffix;
+  suffix.method = SpeculativeMethod::kSuffix;
+  suffix.num_tokens = 32;
   for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr}) {
     SCOPED_TRACE(share_mode_name(mode));
-    int64_t kept_plain = 0, kept = 0;
+    int64_t kept_plain = 0, kept = 0, kept_suffix = 0;
     const auto plain = run_agents(ag, mode, {}, &kept_plain);
     const auto fast = run_agents(ag, mode, spec(), &kept);
+    const auto by_suffix = run_agents(ag, mode, suffix, &kept_suffix);
     ASSERT_EQ(plain.size(), 9u);
     EXPECT_EQ(kept_plain, 0);
     EXPECT_GT(kept, 20) << "drafts must be kept for the comparison to cover them";
-    std::printf("  speculative agents, synthetic f32 %s: %lld drafts kept\n", share_mode_name(mode),
-                static_cast<long long>(kept));
+    EXPECT_GT(kept_suffix, 20) << "drafts must be kept for the comparison to cover them";
+    std::printf("  speculative agents, synthetic f32 %s: %lld drafts kept (ngram), %lld (suffix)\n",
+                share_mode_name(mode), static_cast<long long>(kept), static_cast<long long>(kept_suffix));
     EXPECT_EQ(fast, plain);
+    EXPECT_EQ(by_suffix, plain);
   }
 }
 
