@@ -29,6 +29,15 @@ class SpeculativeTurnTest : public testing::TinyAgentsTest {
     o.speculative = so;
     return agents_session(mode, o);
   }
+  // A session holding BOS and the start of the Lily story the steps continue.
+  std::unique_ptr<AgentSession> lily_session(ShareMode mode, SpeculativeOptions so) {
+    auto s = session(mode, so);
+    if (s) {
+      s->append({1});
+      s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
+    }
+    return s;
+  }
   std::vector<int32_t> encode(const std::string& text) {
     auto ids = tok_->encode(text, false);
     EXPECT_TRUE(ids.ok());
@@ -42,10 +51,8 @@ class SpeculativeTurnTest : public testing::TinyAgentsTest {
   };
   Run run(ShareMode mode, SpeculativeOptions so) {
     Run out;
-    auto s = session(mode, so);
+    auto s = lily_session(mode, so);
     if (!s) return out;
-    s->append({1});
-    s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
     const std::pair<const char*, int> turns[] = {{"plan", 30}, {"action", 24}, {"reflect", 20}, {"plan", 16}};
     int i = 0;
     for (const auto& [agent, n] : turns) {
@@ -142,10 +149,8 @@ TEST_F(SpeculativeTurnTest, LogprobsAreThoseOfOnePassAToken) {
     SCOPED_TRACE(share_mode_name(mode));
     std::vector<StepResult> runs;
     for (bool speculate : {false, true}) {
-      auto s = session(mode, speculate ? spec() : SpeculativeOptions{});
+      auto s = lily_session(mode, speculate ? spec() : SpeculativeOptions{});
       ASSERT_NE(s, nullptr);
-      s->append({1});
-      s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
       AgentDecode dec;
       dec.logprobs = 3;
       dec.prompt_logprobs = 2;  // the catch-up's rows, then decode passes with drafts
@@ -227,10 +232,8 @@ TEST_F(SpeculativeTurnTest, SampledPenalizedAndGuidedStepsPickTheTokensOfOnePass
       SCOPED_TRACE(share_mode_name(mode));
       std::vector<StepResult> runs;
       for (bool speculate : {false, true}) {
-        auto s = session(mode, speculate ? spec() : SpeculativeOptions{});
+        auto s = lily_session(mode, speculate ? spec() : SpeculativeOptions{});
         ASSERT_NE(s, nullptr);
-        s->append({1});
-        s->append(encode("Once upon a time, there was a little girl named Lily. Lily loved her red ball. One day, Lily"));
         std::vector<int32_t> streamed;
         AgentDecode dec = c.dec;
         dec.on_token = [&streamed](int32_t t, const StepLogprobs*) {

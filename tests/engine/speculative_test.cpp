@@ -52,6 +52,18 @@ TEST(SpeculativeConfig, RefusalsNameTheCause) {
        "must not exceed"},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 65})", "between 1 and 64"},
       {R"({"method": "ngram", "num_speculative_tokens": 4, "model": "x"})", "unknown key \"model\""},
+      // The suffix method's keys (tests/engine/suffix_decoding_test.cpp reads them).
+      {R"({"method": "suffix", "prompt_lookup_max": 4})", "\"prompt_lookup_max\" is a key of the ngram method"},
+      {R"({"method": "ngram", "num_speculative_tokens": 4, "suffix_decoding_min_token_prob": 0.2})",
+       "\"suffix_decoding_min_token_prob\" is a key of the suffix method"},
+      {R"({"method": "suffix", "suffix_decoding_min_token_prob": 1.5})", "between 0 and 1"},
+      {R"({"method": "suffix", "suffix_decoding_min_token_prob": "high"})", "must be a number"},
+      {R"({"method": "suffix", "suffix_decoding_max_tree_depth": 1})", "between 2 and 1024"},
+      {R"({"method": "suffix", "suffix_decoding_max_cached_requests": -1})", "between 0 and"},
+      {R"({"method": "suffix", "suffix_decoding_max_spec_factor": -1})", "between 0 and"},
+      {R"({"method": "suffix", "num_speculative_tokens": 33})", "between 1 and 32"},
+      {R"({"method": "suffix", "model": "x"})", "unknown key \"model\" (the suffix method takes"},
+      {R"({"method": "eagle3", "num_speculative_tokens": 3})", "or suffix matching"},
   };
   for (const auto& [text, cause] : bad) {
     SCOPED_TRACE(text);
