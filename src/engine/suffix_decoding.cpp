@@ -58,6 +58,37 @@ int64_t SuffixCorpus::tokens() const {
 
 namespace {
 
+// How many of a step's live occurrences continue with each token: open addressing over a table
+// of at least twice as many slots as occurrences (a step counts at most kMaxSuffixCandidates),
+// reset per step (a std::unordered_map's node allocations were a fifth of a pass's time).
+class TokenCounts {
+ public:
+  void reset(size_t n) {
+    size_t size = 16;
+    while (size < 2 * n) size *= 2;
+    keys_.assign(size, -1);
+    counts_.assign(size, 0);
+  }
+  // t's count after adding one (t >= 0).
+  int add(int32_t t) { return ++counts_[slot(t)]; }
+  int get(int32_t t) const { return counts_[slot(t)]; }
+
+ private:
+  size_t slot(int32_t t) const {
+    const size_t mask = keys_.size() - 1;
+    size_t i = (static_cast<uint32_t>(t) * 2654435761u) & mask;  // Knuth's multiplicative hash
+    while (keys_[i] != t && keys_[i] != -1) i = (i + 1) & mask;
+    return i;
+  }
+  size_t slot(int32_t t) {
+    const size_t i = static_cast<const TokenCounts*>(this)->slot(t);
+    keys_[i] = t;
+    return i;
+  }
+  std::vector<int32_t> keys_;  // [slots] token, -1: empty
+  std::vector<int> counts_;    // [slots]
+};
+
 struct Proposal {
   std::vector<int32_t> drafts;
   double score = 0;
@@ -81,6 +112,7 @@ void best_path(std::span<const int32_t> context, std::span<const int64_t> candid
     len[c] = l;
     longest = std::max(longest, l);
   }
+  TokenCounts count;
   for (int m = 1; m <= longest; ++m) {
     const double by_factor = std::floor(static_cast<double>(o.max_spec_factor) * m + 1e-9);
     const int budget = static_cast<int>(std::min<double>(
@@ -93,20 +125,19 @@ void best_path(std::span<const int32_t> context, std::span<const int64_t> candid
     Proposal p;
     p.match = m;
     double prob = 1.0;
-    std::unordered_map<int32_t, int> count;
     for (int k = 1; k <= budget && !live.empty(); ++k) {
-      count.clear();
+      count.reset(live.size());
       int going_on = 0, pick_count = 0;
       for (int64_t q : live) {
         const int32_t t = at(q + k);
         if (t < 0) continue;
         ++going_on;
-        pick_count = std::max(pick_count, ++count[t]);
+        pick_count = std::max(pick_count, count.add(t));
       }
       if (going_on == 0) break;
       int32_t pick = -1;  // of the most frequent, the one the latest occurrence continues with
       for (int64_t q : live)
-        if (const int32_t t = at(q + k); t >= 0 && count[t] == pick_count) {
+        if (const int32_t t = at(q + k); t >= 0 && count.get(t) == pick_count) {
           pick = t;
           break;
         }
@@ -117,6 +148,30 @@ void best_path(std::span<const int32_t> context, std::span<const int64_t> candid
       std::erase_if(live, [&](int64_t q) { return at(q + k) != pick; });
     }
     if (!p.drafts.empty() && (p.score > best.score || (p.score == best.score && m > best.match))) best = std::move(p);
+  }
+}
+
+// Appends the latest positions of `text` holding `t` (latest first) until `out` holds
+// kMaxSuffixCandidates. A rare token's search reads the whole text (a trajectory: tens of
+// thousands of tokens, once per pass), so it checks 64 tokens at a time for any hit, a loop the
+// compiler vectorises, and looks at single tokens only in chunks that have one.
+void latest_positions(std::span<const int32_t> text, int32_t t, std::vector<int64_t>& out) {
+  constexpr int64_t kChunk = 64;
+  int64_t end = static_cast<int64_t>(text.size());  // positions [0, end) are still to search
+  while (end > 0 && out.size() < static_cast<size_t>(kMaxSuffixCandidates)) {
+    const int64_t begin = std::max<int64_t>(end - kChunk, 0);
+    if (end - begin == kChunk) {
+      const int32_t* chunk = text.data() + begin;
+      int hit = 0;
+      for (int64_t i = 0; i < kChunk; ++i) hit |= chunk[i] == t;
+      if (!hit) {
+        end = begin;
+        continue;
+      }
+    }
+    for (int64_t p = end - 1; p >= begin && out.size() < static_cast<size_t>(kMaxSuffixCandidates); --p)
+      if (text[static_cast<size_t>(p)] == t) out.push_back(p);
+    end = begin;
   }
 }
 
@@ -153,8 +208,7 @@ std::vector<int32_t> propose_suffix(std::span<const int32_t> context, const Spec
   Proposal from_corpus;
   if (corpus) SuffixSearch::run(*corpus, context, o, max_drafts, from_corpus);
   std::vector<int64_t> cands;  // latest first; an occurrence needs a token after it
-  for (int64_t p = n - 2; p >= 0 && static_cast<int>(cands.size()) < kMaxSuffixCandidates; --p)
-    if (context[static_cast<size_t>(p)] == last) cands.push_back(p);
+  latest_positions(context.first(static_cast<size_t>(n - 1)), last, cands);
   const auto at = [context, n](int64_t pos) -> int32_t {
     return pos < 0 || pos >= n ? -1 : context[static_cast<size_t>(pos)];
   };

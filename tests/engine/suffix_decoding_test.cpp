@@ -186,6 +186,57 @@ TEST(SuffixProposer, MatchesTheBruteForceDefinition) {
   EXPECT_GT(from_corpus, 100);  // and ones the corpus made
 }
 
+TEST(SuffixProposer, LongTextsMatchTheBruteForceDefinition) {
+  // Texts of thousands of tokens: the search for the last token's occurrences runs over many
+  // 64-token chunks, with hits at every offset in them and in the partial chunk at the start.
+  std::mt19937 rng(5);
+  int nonempty = 0;
+  for (int iter = 0; iter < 150; ++iter) {
+    // Small alphabets put the last token in every chunk; large ones leave it in a few, at any
+    // offset (a chunk whose one hit is its first or last token).
+    const int alphabet = iter % 2 ? 8 + static_cast<int>(rng() % 40) : 500 + static_cast<int>(rng() % 3000);
+    const int n = 64 + static_cast<int>(rng() % 4000);
+    std::vector<int32_t> ctx(static_cast<size_t>(n));
+    for (auto& t : ctx) t = static_cast<int32_t>(rng() % alphabet);
+    // Repeated phrases, so that long matches and continuations exist.
+    for (int k = 0; k < 20; ++k) {
+      const int len = 2 + static_cast<int>(rng() % 12);
+      const int from = static_cast<int>(rng() % static_cast<unsigned>(n - len));
+      const int to = static_cast<int>(rng() % static_cast<unsigned>(n - len));
+      std::copy_n(ctx.begin() + from, len, ctx.begin() + to);
+    }
+    const int tail = 1 + static_cast<int>(rng() % 8);  // the text ends with an earlier phrase
+    std::copy_n(ctx.begin() + static_cast<int>(rng() % static_cast<unsigned>(n - tail)), tail, ctx.end() - tail);
+    // The reference weighs every occurrence: within the proposer's bound here.
+    ASSERT_LT(std::count(ctx.begin(), ctx.end() - 1, ctx.back()), kMaxSuffixCandidates);
+    SpeculativeOptions o = suffix_options(1 + static_cast<int>(rng() % 16), 2 + static_cast<int>(rng() % 24), 1.f,
+                                          std::array<float, 3>{0.f, 0.1f, 0.3f}[rng() % 3]);
+    const std::vector<int32_t> got = propose_suffix(ctx, o, nullptr, 16);
+    ASSERT_EQ(got, ref_propose(ctx, {}, o, 16)) << "iteration " << iter;
+    nonempty += !got.empty();
+  }
+  EXPECT_GT(nonempty, 100);
+}
+
+TEST(SuffixProposer, OnlyTheLatestOccurrencesAreWeighed) {
+  // 3000 older occurrences of 5 continue with 1, the latest ones with 2 (depth 2: one draft from
+  // a one-token match). Of the latest kMaxSuffixCandidates occurrences, `recent` continue with 2.
+  const auto text = [](int recent) {
+    std::vector<int32_t> ctx;
+    for (int i = 0; i < 3000; ++i) ctx.insert(ctx.end(), {5, 1, 9});
+    for (int i = 0; i < recent; ++i) ctx.insert(ctx.end(), {5, 2, 9});
+    ctx.push_back(5);
+    return ctx;
+  };
+  const auto o = suffix_options(4, 2, 1.f, 0.1f);
+  // Weighing every occurrence, 1 would win 3000 to 1024.
+  EXPECT_EQ(propose_suffix(text(kMaxSuffixCandidates), o, nullptr, 4), (std::vector<int32_t>{2}));
+  // Half and half: the tie goes to the latest occurrence's continuation (more weighed: 1 wins).
+  EXPECT_EQ(propose_suffix(text(kMaxSuffixCandidates / 2), o, nullptr, 4), (std::vector<int32_t>{2}));
+  // One fewer recent: 1 wins 513 to 511 (were two fewer weighed, a tie: 2).
+  EXPECT_EQ(propose_suffix(text(kMaxSuffixCandidates / 2 - 1), o, nullptr, 4), (std::vector<int32_t>{1}));
+}
+
 TEST(SuffixCorpus, KeepsTheLatestOutputsWithinItsBounds) {
   SuffixCorpus none(0);
   none.add(std::vector<int32_t>{1, 2, 3});
