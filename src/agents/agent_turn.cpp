@@ -251,7 +251,7 @@ SeqInput AgentTurn::fed_pass(int feed_row, KvBinding* kv) const {
   in.n_tokens = 1;
   in.start_pos = static_cast<int64_t>(s_.traj_.size());
   in.kv = kv;
-  in.adapter = s_.adapters_[static_cast<size_t>(a_)];
+  s_.set_agent(in, a_);
   if (forced_.empty())
     in.feed_row = feed_row;
   else

@@ -131,8 +131,19 @@ SeqInput AgentSession::agent_input(int a, const std::vector<int32_t>& toks, int6
   in.n_tokens = static_cast<int>(toks.size());
   in.start_pos = begin;
   in.kv = kv;
-  in.adapter = adapters_[static_cast<size_t>(a)];
+  set_agent(in, a);
   return in;
+}
+
+void AgentSession::set_agent(SeqInput& in, int a) const {
+  const LoraAdapter* adapter = adapters_[static_cast<size_t>(a)];
+  if (kv_->mode() == ShareMode::kIcarus) {  // the base model writes the entries; the adapter decodes
+    in.adapter = nullptr;
+    in.decoder = adapter;
+  } else {
+    in.adapter = adapter;
+    in.decoder = nullptr;
+  }
 }
 
 Status AgentSession::catch_up_partial(int a, int64_t& begin) {

@@ -192,6 +192,8 @@ class AgentSession {
   AgentSession(LlamaModel& m) : model_(m) {}
   // Agent a's pass over `toks` (which must outlive it) from position `begin`, through `kv`.
   SeqInput agent_input(int a, const std::vector<int32_t>& toks, int64_t begin, KvBinding* kv) const;
+  // Agent a's adapter on `in`: as its adapter, or under icarus as its decoder (SeqInput::decoder).
+  void set_agent(SeqInput& in, int a) const;
   // The part of agent a's catch-up from `begin` that needs fewer layers than the model has
   // (TrajectoryKv::catchup_layers): run through those only; `begin` moves past it. The positions
   // the shared layers do not hold yet, and the last one (its logits are read), are left.

@@ -44,7 +44,8 @@ int64_t kv_pool_bytes_per_token(const ModelConfig& cfg, ShareMode mode, int n_ag
   int64_t values = 0;
   switch (mode) {
     case ShareMode::kNone: values = n * L * kv_row; break;
-    case ShareMode::kFull: values = L * kv_row; break;
+    case ShareMode::kFull:
+    case ShareMode::kIcarus: values = L * kv_row; break;
     case ShareMode::kDroidSpeak: values = (L - n_recompute) * kv_row + n * n_recompute * kv_row; break;
     case ShareMode::kBase: values = L * kv_row + n * L * (rank_k + rank_v); break;
     case ShareMode::kBaseLr: values = L * kv_row + L * (rank_k + rank_v); break;

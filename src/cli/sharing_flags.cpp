@@ -21,7 +21,9 @@ void SharingFlags::add_to(CLI::App* app, const std::string& default_mode, const 
   app->add_option("--kv-share", mode,
                   "KV sharing mode: none (private full caches), full (one full cache), base (shared base cache, "
                   "private low-rank caches), base-lr (shared base and low-rank caches; shared-A adapters), "
-                  "droidspeak (full, with --recompute-layers private)" + modes_help)
+                  "droidspeak (full, with --recompute-layers private), icarus (one full cache written by the base "
+                  "model alone; each agent's adapter only reads it: exact for adapters trained as ICaRus decoders, "
+                  "and the same cache whichever agent computed a token)" + modes_help)
       ->default_val(default_mode);
   add_recompute_layers(app);
   add_page_size(app);

@@ -11,10 +11,11 @@ namespace lragent {
 Result<ShareMode> parse_share_mode(std::string_view name) {
   for (ShareMode m : kAllShareModes)
     if (name == share_mode_name(m)) return m;
+  if (name == share_mode_name(ShareMode::kIcarus)) return ShareMode::kIcarus;
   return make_error(ErrorCode::kInvalidArgument, "'{}' is not a sharing mode; choose {}", name, share_mode_choices());
 }
 
-std::string share_mode_choices() { return "none, full, base, base-lr or droidspeak"; }
+std::string share_mode_choices() { return "none, full, base, base-lr, droidspeak or icarus"; }
 
 const char* share_mode_name(ShareMode mode) {
   switch (mode) {
@@ -23,6 +24,7 @@ const char* share_mode_name(ShareMode mode) {
     case ShareMode::kBase: return "base";
     case ShareMode::kBaseLr: return "base-lr";
     case ShareMode::kDroidSpeak: return "droidspeak";
+    case ShareMode::kIcarus: return "icarus";
   }
   return "?";
 }
@@ -194,7 +196,7 @@ class SharedBinding final : public KvBinding {
       const int pl = kv_.private_index_[static_cast<size_t>(l)];
       st.add(r.k_full, width, 0, kv_k_view(kv_.priv_kv_[ua], pl));
       st.add(r.v_full, width, 0, kv_v_view(kv_.priv_kv_[ua], pl));
-    } else if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
+    } else if (shares_full_cache(m) || m == ShareMode::kDroidSpeak) {
       const int sl = kv_.shared_index_[static_cast<size_t>(l)];
       st.add(r.k_full, width, first_new, kv_k_view(kv_.shared_kv_, sl));
       st.add(r.v_full, width, first_new, kv_v_view(kv_.shared_kv_, sl));
@@ -223,7 +225,7 @@ class SharedBinding final : public KvBinding {
       p.v = kv_v_view(kv_.priv_kv_[ua], pl);
       return;
     }
-    if (m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
+    if (shares_full_cache(m) || m == ShareMode::kDroidSpeak) {
       const int sl = kv_.shared_index_[static_cast<size_t>(l)];
       p.k = kv_k_view(kv_.shared_kv_, sl);
       p.v = kv_v_view(kv_.shared_kv_, sl);
@@ -368,7 +370,7 @@ Result<std::unique_ptr<TrajectoryKv>> TrajectoryKv::build(const ModelConfig& cfg
   };
 
   const ShareMode m = opts.mode;
-  if (m == ShareMode::kNone || m == ShareMode::kFull || m == ShareMode::kDroidSpeak) {
+  if (m == ShareMode::kNone || shares_full_cache(m) || m == ShareMode::kDroidSpeak) {
     int n_priv = 0, n_shared = 0;
     for (int l = 0; l < L; ++l) {
       const bool priv = m == ShareMode::kNone ||
@@ -567,7 +569,8 @@ CacheBytes TrajectoryKv::bytes() const {
   for (int64_t p : processed_) sum_processed += p;
   switch (opts_.mode) {
     case ShareMode::kNone: b.full = sum_processed * L * full_row; break;
-    case ShareMode::kFull: b.full = shared_ * L * full_row; break;
+    case ShareMode::kFull:
+    case ShareMode::kIcarus: b.full = shared_ * L * full_row; break;
     case ShareMode::kDroidSpeak: {
       const int64_t r = static_cast<int64_t>(opts_.recompute_layers.size());
       b.full = shared_ * (L - r) * full_row + sum_processed * r * full_row;

@@ -13,6 +13,11 @@
 //   base        shared base cache + private LR cache per agent (computed from its own hidden states)
 //   base-lr     shared base and LR caches (from the origin's hidden states); needs shared-A adapters
 //   droidspeak  as full, but the layers in --recompute-layers are private per agent as in none
+//   icarus      one full cache whose entries are all the base model's (ICaRus: the base model is
+//               the logical encoder that writes every entry, prompt and generated tokens alike;
+//               each adapter is a logical decoder that only reads them: SeqInput::decoder), so the
+//               cache is the same whichever agent computes a token, and exact for adapters trained
+//               that way (others read entries their own K/V LoRA terms did not make)
 #pragma once
 
 #include <cstdint>
@@ -28,13 +33,16 @@
 
 namespace lragent {
 
-enum class ShareMode { kNone, kFull, kBase, kBaseLr, kDroidSpeak };
+enum class ShareMode { kNone, kFull, kBase, kBaseLr, kDroidSpeak, kIcarus };
 Result<ShareMode> parse_share_mode(std::string_view name);
 // The modes' names as errors list them (parse_share_mode; serve adds its auto).
 std::string share_mode_choices();
 const char* share_mode_name(ShareMode mode);
+// The LRAgent poster's five modes (the trace benchmark's columns; icarus is not among them).
 inline constexpr ShareMode kAllShareModes[] = {ShareMode::kNone, ShareMode::kFull, ShareMode::kDroidSpeak,
                                                ShareMode::kBase, ShareMode::kBaseLr};
+// Whether the mode keeps one full K/V cache for every agent (full, icarus).
+inline bool shares_full_cache(ShareMode m) { return m == ShareMode::kFull || m == ShareMode::kIcarus; }
 
 // The base modes keep k_proj's LoRA term as x·A and add RoPE(s·(x·A)·B) to the base key, which
 // needs the key to be linear in x. A model that RMS-norms its keys (Qwen3's k_norm) breaks that:

@@ -176,6 +176,8 @@ Status LlamaModel::validate_batch(const std::vector<SeqInput>& batch) const {
                           in.tokens[i], cfg_.vocab_size);
     if (in.start_pos < 0)
       return make_error(ErrorCode::kInvalidArgument, "sequence {}: start position {} is negative", s, in.start_pos);
+    if (in.decoder && in.adapter)
+      return make_error(ErrorCode::kInternal, "sequence {}: an ICaRus decoder's entries come from the base model, not an adapter", s);
     const int64_t end = in.start_pos + in.n_tokens;
     if (cfg_.max_position_embeddings > 0 && end > cfg_.max_position_embeddings)
       return make_error(ErrorCode::kInvalidArgument,

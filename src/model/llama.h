@@ -48,6 +48,11 @@ struct SeqInput {
   // Decode lookahead: >= 0 when the (single) new token is row feed_row of the pick of the pass
   // launched before this one (LlamaModel::launch_sample), still on the device; `tokens` is not read.
   int feed_row = -1;
+  // ICaRus (--kv-share icarus): the new tokens run through the base model (the logical encoder;
+  // `adapter` must be null), which stores their entries, and again through this adapter (the
+  // logical decoder), which only reads the entries, its own rows' included; the logits rows
+  // (every row when all_logits, else the last) are the decoder's. Null: one ordinary pass.
+  const LoraAdapter* decoder = nullptr;
 };
 
 // Counters for tests and benchmarks.

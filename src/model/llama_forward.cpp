@@ -86,9 +86,52 @@ void LlamaModel::discard_picks() {
   while (!deferred_rows_.empty()) (void)take_picks();
 }
 
-Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vector<int32_t>* picks,
+namespace {
+// The sequences a pass runs: `given`, with each ICaRus sequence (SeqInput::decoder) split into its
+// encoder part (the base model over its new tokens: stores entries, yields no logits) and its
+// decoder part (the adapter over the rows whose logits are wanted: reads the entries only).
+// kv_only passes (entries alone) run no decoder part.
+struct PassSeqs {
+  std::vector<SeqInput> seqs;
+  std::vector<char> stores;  // [seqs] whether its rows' entries are written
+  std::vector<char> yields;  // [seqs] whether it gives logits rows (all_logits: each row; else its last)
+};
+PassSeqs split_icarus(const std::vector<SeqInput>& given, bool kv_only) {
+  PassSeqs out;
+  for (const SeqInput& in : given) {
+    if (!in.decoder) {
+      out.seqs.push_back(in);
+      out.stores.push_back(1);
+      out.yields.push_back(1);
+      continue;
+    }
+    SeqInput enc = in;
+    enc.decoder = nullptr;
+    enc.all_logits = false;
+    out.seqs.push_back(enc);
+    out.stores.push_back(1);
+    out.yields.push_back(0);
+    if (kv_only) continue;
+    SeqInput dec = in;
+    dec.decoder = nullptr;
+    dec.adapter = in.decoder;
+    const int skip = in.all_logits ? 0 : in.n_tokens - 1;  // the decoder's rows: all, or the last
+    dec.n_tokens = in.n_tokens - skip;
+    dec.start_pos = in.start_pos + skip;
+    if (in.feed_row < 0) dec.tokens = in.tokens + skip;
+    out.seqs.push_back(dec);
+    out.stores.push_back(0);
+    out.yields.push_back(1);
+  }
+  return out;
+}
+}  // namespace
+
+Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vector<int32_t>* picks,
                                     std::span<const RowSampling> rows, bool deferred, int kv_layers) {
-  LRA_RETURN_IF_ERROR(validate_batch(batch));
+  LRA_RETURN_IF_ERROR(validate_batch(given));
+  const PassSeqs parts = split_icarus(given, kv_layers >= 0);
+  const std::vector<SeqInput>& batch = parts.seqs;
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size, hd = c.head_dim;
   const int64_t qw = static_cast<int64_t>(c.num_heads) * hd, kvw = static_cast<int64_t>(c.num_kv_heads) * hd;
@@ -106,8 +149,11 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       feed.push_back(in.feed_row);
       pos.push_back(static_cast<int32_t>(in.start_pos + i));
     }
-    n_out += in.all_logits ? in.n_tokens : 1;
-    LRA_RETURN_IF_ERROR(in.kv->reserve(in.start_pos + in.n_tokens));
+  }
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const SeqInput& in = batch[s];
+    if (parts.yields[s]) n_out += in.all_logits ? in.n_tokens : 1;
+    if (parts.stores[s]) LRA_RETURN_IF_ERROR(in.kv->reserve(in.start_pos + in.n_tokens));
   }
   const int64_t n = static_cast<int64_t>(ids.size());
   // Every tensor below dies before the scope ends (the CUDA backend may replay this pass as a graph).
@@ -249,7 +295,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
       }
       if (lr_k[s].data) { rows.lr_k = lr_k[s].f32(); rows.rank_k = static_cast<int>(lr_k[s].dim(1)); }
       if (lr_v[s].data) { rows.lr_v = lr_v[s].f32(); rows.rank_v = static_cast<int>(lr_v[s].dim(1)); }
-      in.kv->write(be_, rows);
+      if (parts.stores[s]) in.kv->write(be_, rows);
       if (entries_only) continue;
 
       AttentionParams p;
@@ -318,6 +364,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& batch, std::vec
   // Logits only for the rows that need them.
   std::vector<int32_t> out_rows;  // [n_out] batch rows whose logits are wanted
   for (size_t s = 0; s < batch.size(); ++s) {
+    if (!parts.yields[s]) continue;
     const int64_t first = batch[s].all_logits ? 0 : segs[s].n_rows - 1;
     for (int64_t r = first; r < segs[s].n_rows; ++r) out_rows.push_back(static_cast<int32_t>(segs[s].row_begin + r));
   }

@@ -11,6 +11,8 @@
 #include <regex>
 
 #include "agents/agent_turn.h"
+#include "engine/sampler.h"
+#include "kv/full_cache.h"
 #include "tiny_agents.h"
 
 namespace lragent {
@@ -67,6 +69,9 @@ class AgentTurnTest : public testing::TinyAgentsTest {
     guided.guide = guide_.get();
     cs.push_back({ShareMode::kNone, "The cat sat on the mat and", "", "action", 12, guided});
     cs.push_back({ShareMode::kFull, "Tom had a toy car.", "", "plan", 1, {}});
+    // ICaRus: each pass runs its rows through the base model and its last row again through the
+    // agent's adapter (SeqInput::decoder), batched and in lookahead windows alike.
+    cs.push_back({ShareMode::kIcarus, "The little bird could not fly, so", "reflect", "action", 14, {}});
     return cs;
   }
   std::unique_ptr<guide::VocabTrie> trie_;
@@ -119,7 +124,9 @@ TEST_F(AgentTurnTest, BatchedTurnsPickWhatEachPicksAlone) {
       most = std::max(most, step.sequences);
       ASSERT_LT(++passes, 1000);
     }
-    EXPECT_EQ(most, static_cast<int64_t>(cs.size()));
+    // Every turn in one pass; with a budget of 7 the one-token turn ends before the longest
+    // catch-up is through.
+    EXPECT_EQ(most, static_cast<int64_t>(cs.size()) - (budget == 7 ? 1 : 0));
     for (size_t i = 0; i < cs.size(); ++i) {
       SCOPED_TRACE(i);
       const StepResult r = turns[i]->result();
@@ -466,6 +473,152 @@ TEST_F(AgentTurnTest, DecodeWindowsPickWhatEachPicksAlone) {
       EXPECT_EQ(next->output_tokens, ref_next->output_tokens);
     }
   }
+}
+
+// --kv-share icarus (ICaRus): the base model writes every entry and each agent's adapter only
+// reads them. tests/model/golden_test.cpp checks the decoder's logits against transformers + PEFT.
+class IcarusTest : public testing::TinyAgentsTest {
+ protected:
+  // One pass over `toks` from position 0 through a fresh cache: logits of every row; with
+  // `decoder`, as ICaRus runs it (the base model's entries, the decoder's rows), else the
+  // ordinary pass of `adapter`. `cache` keeps the entries for a pass after it.
+  std::vector<float> pass(const std::vector<int32_t>& toks, const LoraAdapter* adapter, const LoraAdapter* decoder,
+                          FullKvCache& cache, int64_t start = 0) {
+    SeqInput in;
+    in.tokens = toks.data();
+    in.n_tokens = static_cast<int>(toks.size());
+    in.start_pos = start;
+    in.kv = &cache;
+    in.adapter = adapter;
+    in.decoder = decoder;
+    in.all_logits = true;
+    auto r = model_->forward({in});
+    EXPECT_TRUE(r.ok()) << r.error().message;
+    if (!r.ok()) return {};
+    return std::vector<float>(r->f32(), r->f32() + r->numel());
+  }
+  std::vector<int32_t> argmax_rows(const std::vector<float>& logits) {
+    const int vocab = model_->config().vocab_size;
+    std::vector<int32_t> ids;
+    for (size_t r = 0; r * vocab < logits.size(); ++r) ids.push_back(Sampler::argmax(logits.data() + r * vocab, vocab));
+    return ids;
+  }
+  std::vector<int32_t> encode(const std::string& text) {
+    auto ids = tok_->encode(text, false);
+    EXPECT_TRUE(ids.ok());
+    return ids.ok() ? *ids : std::vector<int32_t>{};
+  }
+};
+
+TEST_F(IcarusTest, TheCacheHoldsTheBaseModelsEntries) {
+  std::vector<int32_t> toks = encode("One day, a little girl named Sue found a shiny key in the grass.");
+  toks.insert(toks.begin(), 1);
+  const std::vector<int32_t> next = {toks[5], toks[9], toks[2]};
+  auto pools = KvPools::create(model_->config(), 16, 16, "icarus");
+  ASSERT_TRUE(pools.ok());
+  // The plan agent as ICaRus decoder over the text, then the base model over three more tokens
+  // reading those entries: the base model's own logits over the whole text (entries the adapter
+  // wrote would change them; the plan adapter adapts v).
+  FullKvCache icarus(pools->kv.get()), base(pools->kv.get()), adapted(pools->kv.get());
+  const std::vector<float> dec = pass(toks, nullptr, ptrs_[0], icarus);
+  const std::vector<float> after = pass(next, nullptr, nullptr, icarus, static_cast<int64_t>(toks.size()));
+  std::vector<int32_t> all = toks;
+  all.insert(all.end(), next.begin(), next.end());
+  const std::vector<float> whole = pass(all, nullptr, nullptr, base);
+  const size_t vocab = static_cast<size_t>(model_->config().vocab_size);
+  ASSERT_EQ(after.size(), next.size() * vocab);
+  const std::vector<float> tail(whole.end() - static_cast<ptrdiff_t>(after.size()), whole.end());
+  EXPECT_LE(testing::max_abs_diff(after, tail), 1e-4f);
+  // Not a test that cannot fail: the adapter's own entries give other logits there.
+  (void)pass(toks, ptrs_[0], nullptr, adapted);
+  const std::vector<float> after_adapted = pass(next, nullptr, nullptr, adapted, static_cast<int64_t>(toks.size()));
+  EXPECT_GT(testing::max_abs_diff(after_adapted, tail), 1e-3f);
+  // And the decoder's rows are the adapter's, not the base model's (the golden test has their values).
+  FullKvCache plain(pools->kv.get());
+  const std::vector<float> base_rows = pass(toks, nullptr, nullptr, plain);
+  EXPECT_GT(testing::max_abs_diff(dec, base_rows), 1e-3f);
+}
+
+TEST_F(IcarusTest, AgentsPickWhatOnePassOverTheTrajectoryGivesThem) {
+  // Turns of three agents (catch-ups, decode passes with lookahead, a prompt no one computed):
+  // each agent's tokens are the argmax of the decoder rows one ICaRus pass over the final
+  // trajectory gives that agent, so the entries every turn read were the base model's, whichever
+  // agent's turn computed them.
+  ReplayOptions o;
+  o.decode_lookahead = true;
+  auto s = agents_session(ShareMode::kIcarus, o);
+  ASSERT_NE(s, nullptr);
+  s->append({1});
+  s->append(encode("Once upon a time, there was a little boy named Tim. Tim had a big red kite."));
+  struct Turn {
+    int agent;
+    int64_t begin;
+    std::vector<int32_t> out;
+  };
+  std::vector<Turn> turns;
+  const std::pair<int, int> plan[] = {{0, 12}, {1, 10}, {2, 8}, {0, 6}, {1, 6}};
+  for (const auto& [a, n] : plan) {
+    const int64_t begin = static_cast<int64_t>(s->trajectory().size());
+    auto r = s->run_agent(names_[static_cast<size_t>(a)], n, {}, {});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    ASSERT_EQ(static_cast<int>(r->output_tokens.size()), n);
+    turns.push_back({a, begin, r->output_tokens});
+    if (a == 2) s->append(encode(" Then the wind came."));  // a tool observation: computed by the next turn
+  }
+  // Every token computed once, for all agents (as full): the trajectory's length in all.
+  int64_t computed = 0;
+  for (int64_t c : s->computed_per_agent()) computed += c;
+  EXPECT_LE(computed, static_cast<int64_t>(s->trajectory().size()) + static_cast<int64_t>(std::size(plan)));
+  const std::vector<int32_t> traj = s->trajectory();
+  auto pools = KvPools::create(model_->config(), 16, 64, "icarus");
+  ASSERT_TRUE(pools.ok());
+  int differs_from_base = 0;
+  FullKvCache base_cache(pools->kv.get());
+  const std::vector<int32_t> base_picks = argmax_rows(pass(traj, nullptr, nullptr, base_cache));
+  for (int a = 0; a < 3; ++a) {
+    FullKvCache cache(pools->kv.get());
+    const std::vector<int32_t> picks = argmax_rows(pass(traj, nullptr, ptrs_[static_cast<size_t>(a)], cache));
+    ASSERT_EQ(picks.size(), traj.size());
+    for (const Turn& t : turns) {
+      if (t.agent != a) continue;
+      for (size_t i = 0; i < t.out.size(); ++i) {
+        const size_t row = static_cast<size_t>(t.begin) + i - 1;  // the row before the token
+        EXPECT_EQ(t.out[i], picks[row]) << names_[static_cast<size_t>(a)] << " token " << i;
+        differs_from_base += picks[row] != base_picks[row];
+      }
+    }
+  }
+  EXPECT_GT(differs_from_base, 0);  // the adapters decide tokens the base model would not pick
+}
+
+TEST_F(IcarusTest, AnAgentsTokensDoNotDependOnWhoComputedTheText) {
+  // The plan agent's turn, then action's: the same action tokens whether the plan agent's tokens
+  // were computed by its own passes or appended as text and computed in action's catch-up (in
+  // full mode the entries of the plan agent's passes are its adapter's: action reads other ones).
+  const std::vector<int32_t> prompt = encode("Ben saw a small frog by the pond. He wanted to");
+  std::vector<std::vector<int32_t>> action_out;
+  for (ShareMode mode : {ShareMode::kIcarus, ShareMode::kFull}) {
+    SCOPED_TRACE(share_mode_name(mode));
+    auto ran = agents_session(mode);
+    auto appended = agents_session(mode);
+    ASSERT_TRUE(ran && appended);
+    for (auto* s : {ran.get(), appended.get()}) {
+      s->append({1});
+      s->append(prompt);
+    }
+    auto p = ran->run_agent("plan", 16, {}, {});
+    ASSERT_TRUE(p.ok());
+    appended->append(p->output_tokens);
+    auto a1 = ran->run_agent("action", 16, {}, {});
+    auto a2 = appended->run_agent("action", 16, {}, {});
+    ASSERT_TRUE(a1.ok() && a2.ok());
+    if (mode == ShareMode::kIcarus) EXPECT_EQ(a1->output_tokens, a2->output_tokens);
+    action_out.push_back(a1->output_tokens);
+    action_out.push_back(a2->output_tokens);
+  }
+  // Full mode's two runs read different entries; their outputs may differ (they do on this text:
+  // the check that the ICaRus equality is not that of a text the adapters leave alone).
+  EXPECT_NE(action_out[2], action_out[3]);
 }
 
 }  // namespace

@@ -72,7 +72,8 @@ class SpeculativeTurnTest : public testing::TinyAgentsTest {
 
 TEST_F(SpeculativeTurnTest, EveryModePicksTheTokensOfOnePassAToken) {
   int64_t kept = 0, drafted = 0;
-  for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr, ShareMode::kDroidSpeak}) {
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr, ShareMode::kDroidSpeak,
+                         ShareMode::kIcarus}) {
     SCOPED_TRACE(share_mode_name(mode));
     const Run plain = run(mode, {});
     const Run fast = run(mode, spec());

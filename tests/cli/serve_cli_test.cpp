@@ -271,7 +271,7 @@ TEST(ServeCli, APortInUseAndBadFlagsAreOneErrorLine) {
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_NE(r.err.find("--kv-share"), std::string::npos) << r.err;
   // The choices it lists include serve's own default.
-  EXPECT_NE(r.err.find("choose auto, none, full, base, base-lr or droidspeak"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("choose auto, none, full, base, base-lr, droidspeak or icarus"), std::string::npos) << r.err;
   // One KV memory for the server and one per trajectory do not go together.
   for (const char* other : {"--no-share-blocks", "--kv-memory 1"}) {
     r = testing::run_lragent(std::string("serve --port 0 --kv-cache-memory 1 ") + other);

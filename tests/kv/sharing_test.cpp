@@ -344,7 +344,7 @@ TEST_F(Sharing, InvalidSetupsFailClearly) {
   auto bad_mode = parse_share_mode("fully");
   ASSERT_FALSE(bad_mode.ok());
   EXPECT_EQ(bad_mode.error().code, ErrorCode::kInvalidArgument);
-  EXPECT_EQ(bad_mode.error().message, "'fully' is not a sharing mode; choose none, full, base, base-lr or droidspeak");
+  EXPECT_EQ(bad_mode.error().message, "'fully' is not a sharing mode; choose none, full, base, base-lr, droidspeak or icarus");
   for (ShareMode m : kAllShareModes) {  // every name the error lists parses back to its mode
     auto back = parse_share_mode(share_mode_name(m));
     ASSERT_TRUE(back.ok()) << share_mode_name(m);

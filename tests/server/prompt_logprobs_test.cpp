@@ -151,7 +151,7 @@ TEST_F(PromptLogprobsTest, GreedyOutputsAreRankOneAndTheLastRowIsTheGoldensForBa
 
 TEST_F(PromptLogprobsTest, EqualTheGenerationsLogprobsInEveryModeAndChunking) {
   const std::vector<int32_t> prompt = *tok_->encode("Once upon a time, there was a little girl named Lily. She", true);
-  for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr}) {
+  for (ShareMode mode : {ShareMode::kNone, ShareMode::kFull, ShareMode::kBase, ShareMode::kBaseLr, ShareMode::kIcarus}) {
     SCOPED_TRACE(share_mode_name(mode));
     auto s = session(mode);
     ASSERT_TRUE(s);
