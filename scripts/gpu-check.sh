@@ -222,11 +222,11 @@ if [ -n "$GEMV_BIN" ] && [ -x "$GEMV_BIN" ]; then
   timeout 120 "$GEMV_BIN" --out "$LOGS/gemv_bench.json" 2>&1 | tee "$LOGS/gemv.log" | tail -3
 fi
 if [ -n "$CLI_BIN" ]; then
-  echo "== lragent replay --device cuda, tinystories, every adapter set and mode ($(elapsed))"
+  echo "== lragent replay --device cuda, tinystories, every adapter set and mode (icarus too) ($(elapsed))"
   TS=$LRAGENT_SHARED/models/tinystories-656k
   for set in qkvo-shared-a-r4 qv-shared-a-r8 qv-indep-a-r8; do
   AD=$LRAGENT_SHARED/adapters/tinystories-656k/$set
-  for mode in none full droidspeak base base-lr; do
+  for mode in none full droidspeak base base-lr icarus; do
     for dev in "cpu" "cuda --dtype f32" "cuda --dtype bf16"; do
       # shellcheck disable=SC2086
       timeout 60 "$CLI_BIN" replay --model "$TS" --adapter plan=$AD/plan --adapter action=$AD/action \

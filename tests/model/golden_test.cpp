@@ -9,6 +9,7 @@
 
 #include "encode_util.h"
 #include "engine/generator.h"
+#include "kv/full_cache.h"
 #include "model/lora.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
@@ -138,6 +139,51 @@ TEST_P(AdapterGolden, MatchesPeft) {
   auto adapter = load_lora_adapter(role, testing::adapters_dir() + "/" + set + "/" + role, (*model)->config());
   ASSERT_TRUE(adapter.ok()) << adapter.error().message;
   check_golden(**model, nullptr, load_golden("tinystories-" + set + "-" + role + ".json"), adapter->get());
+}
+
+// --kv-share icarus: the decoder's logits (the adapted model's queries over the base model's
+// entries; SeqInput::decoder) against the same composed from transformers + PEFT modules
+// (scripts/goldens/make_icarus_goldens.py), teacher-forced at every position.
+TEST_F(Golden, IcarusDecoderMatchesPeftOverTheBaseModelsCache) {
+  auto model = LlamaModel::load(testing::tinystories_dir(), *be_);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const nlohmann::json g = load_golden("tinystories-icarus.json");
+  ASSERT_TRUE(g.is_object() && g.contains("cases") && !g["cases"].empty());
+  const int vocab = (*model)->config().vocab_size;
+  for (const auto& c : g["cases"]) {
+    const std::string name = c["adapter"].get<std::string>();  // "<set>/<role>"
+    SCOPED_TRACE(name);
+    auto adapter = load_lora_adapter(name.substr(name.find('/') + 1), testing::adapters_dir() + "/" + name,
+                                     (*model)->config());
+    ASSERT_TRUE(adapter.ok()) << adapter.error().message;
+    const auto toks = c["tokens"].get<std::vector<int32_t>>();
+    auto pools = KvPools::create((*model)->config(), 16, 16, "icarus");
+    ASSERT_TRUE(pools.ok());
+    FullKvCache cache(pools->kv.get());
+    SeqInput in;
+    in.tokens = toks.data();
+    in.n_tokens = static_cast<int>(toks.size());
+    in.kv = &cache;
+    in.decoder = adapter->get();
+    in.all_logits = true;
+    auto r = (*model)->forward({in});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    ASSERT_EQ(r->numel(), static_cast<int64_t>(toks.size()) * vocab);
+    const float* rows = r->f32();
+    const auto& top_ids = c["top_ids"];
+    const auto& top_logits = c["top_logits"];
+    ASSERT_EQ(top_ids.size(), toks.size());
+    for (size_t p = 0; p < toks.size(); ++p)
+      for (size_t k = 0; k < top_ids[p].size(); ++k) {
+        const int id = top_ids[p][k].get<int>();
+        EXPECT_NEAR(rows[p * vocab + id], top_logits[p][k].get<float>(), 1e-4f) << "position " << p << " rank " << k;
+      }
+    const auto last = c["last_logits"].get<std::vector<float>>();
+    const std::vector<float> ours(rows + (toks.size() - 1) * vocab, rows + toks.size() * vocab);
+    EXPECT_LE(testing::max_abs_diff(ours, last), 1e-4f);
+    // The adapter moves the logits well past that tolerance (else this would check the base model).
+    EXPECT_GT(c["max_abs_diff_vs_base"].get<float>(), 0.05f);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSets, AdapterGolden,
