@@ -90,17 +90,22 @@ namespace {
 // The sequences a pass runs: `given`, with each ICaRus sequence (SeqInput::decoder) split into its
 // encoder part (the base model over its new tokens: stores entries, yields no logits) and its
 // decoder part (the adapter over the rows whose logits are wanted: reads the entries only).
-// kv_only passes (entries alone) run no decoder part.
+// kv_only passes (entries alone) run no decoder part. A batch without decoders is `given` itself
+// (every pass goes through here: no copy then).
 struct PassSeqs {
-  std::vector<SeqInput> seqs;
-  std::vector<char> stores;  // [seqs] whether its rows' entries are written
-  std::vector<char> yields;  // [seqs] whether it gives logits rows (all_logits: each row; else its last)
+  const std::vector<SeqInput>* seqs = nullptr;  // `given` or `split`
+  std::vector<SeqInput> split;
+  std::vector<char> stores;  // [split] whether its rows' entries are written (empty: every sequence's)
+  std::vector<char> yields;  // [split] whether it gives logits rows (all_logits: each row; else its last)
+  bool stores_at(size_t s) const { return stores.empty() || stores[s]; }
+  bool yields_at(size_t s) const { return yields.empty() || yields[s]; }
 };
-PassSeqs split_icarus(const std::vector<SeqInput>& given, bool kv_only) {
-  PassSeqs out;
+void split_icarus(const std::vector<SeqInput>& given, bool kv_only, PassSeqs& out) {
+  out.seqs = &given;
+  if (std::none_of(given.begin(), given.end(), [](const SeqInput& in) { return in.decoder != nullptr; })) return;
   for (const SeqInput& in : given) {
     if (!in.decoder) {
-      out.seqs.push_back(in);
+      out.split.push_back(in);
       out.stores.push_back(1);
       out.yields.push_back(1);
       continue;
@@ -108,7 +113,7 @@ PassSeqs split_icarus(const std::vector<SeqInput>& given, bool kv_only) {
     SeqInput enc = in;
     enc.decoder = nullptr;
     enc.all_logits = false;
-    out.seqs.push_back(enc);
+    out.split.push_back(enc);
     out.stores.push_back(1);
     out.yields.push_back(0);
     if (kv_only) continue;
@@ -119,19 +124,20 @@ PassSeqs split_icarus(const std::vector<SeqInput>& given, bool kv_only) {
     dec.n_tokens = in.n_tokens - skip;
     dec.start_pos = in.start_pos + skip;
     if (in.feed_row < 0) dec.tokens = in.tokens + skip;
-    out.seqs.push_back(dec);
+    out.split.push_back(dec);
     out.stores.push_back(0);
     out.yields.push_back(1);
   }
-  return out;
+  out.seqs = &out.split;
 }
 }  // namespace
 
 Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vector<int32_t>* picks,
                                     std::span<const RowSampling> rows, bool deferred, int kv_layers) {
   LRA_RETURN_IF_ERROR(validate_batch(given));
-  const PassSeqs parts = split_icarus(given, kv_layers >= 0);
-  const std::vector<SeqInput>& batch = parts.seqs;
+  PassSeqs parts;
+  split_icarus(given, kv_layers >= 0, parts);
+  const std::vector<SeqInput>& batch = *parts.seqs;
   const ModelConfig& c = cfg_;
   const int64_t hid = c.hidden_size, hd = c.head_dim;
   const int64_t qw = static_cast<int64_t>(c.num_heads) * hd, kvw = static_cast<int64_t>(c.num_kv_heads) * hd;
@@ -152,8 +158,8 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
   }
   for (size_t s = 0; s < batch.size(); ++s) {
     const SeqInput& in = batch[s];
-    if (parts.yields[s]) n_out += in.all_logits ? in.n_tokens : 1;
-    if (parts.stores[s]) LRA_RETURN_IF_ERROR(in.kv->reserve(in.start_pos + in.n_tokens));
+    if (parts.yields_at(s)) n_out += in.all_logits ? in.n_tokens : 1;
+    if (parts.stores_at(s)) LRA_RETURN_IF_ERROR(in.kv->reserve(in.start_pos + in.n_tokens));
   }
   const int64_t n = static_cast<int64_t>(ids.size());
   // Every tensor below dies before the scope ends (the CUDA backend may replay this pass as a graph).
@@ -295,7 +301,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
       }
       if (lr_k[s].data) { rows.lr_k = lr_k[s].f32(); rows.rank_k = static_cast<int>(lr_k[s].dim(1)); }
       if (lr_v[s].data) { rows.lr_v = lr_v[s].f32(); rows.rank_v = static_cast<int>(lr_v[s].dim(1)); }
-      if (parts.stores[s]) in.kv->write(be_, rows);
+      if (parts.stores_at(s)) in.kv->write(be_, rows);
       if (entries_only) continue;
 
       AttentionParams p;
@@ -364,7 +370,7 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
   // Logits only for the rows that need them.
   std::vector<int32_t> out_rows;  // [n_out] batch rows whose logits are wanted
   for (size_t s = 0; s < batch.size(); ++s) {
-    if (!parts.yields[s]) continue;
+    if (!parts.yields_at(s)) continue;
     const int64_t first = batch[s].all_logits ? 0 : segs[s].n_rows - 1;
     for (int64_t r = first; r < segs[s].n_rows; ++r) out_rows.push_back(static_cast<int32_t>(segs[s].row_begin + r));
   }
