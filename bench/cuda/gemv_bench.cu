@@ -1,4 +1,4 @@
-// Decode GEMV versions (ops.cu v1, gemv.cu v2) on the weight shapes of a Llama-3.1-8B decode
+// Decode GEMV versions (ops.cu v1, gemv.cu v2, gemv_v3_mma.cu v3) at 1-8 rows on the weight shapes of a Llama-3.1-8B decode
 // step, against the device-to-device copy ceiling measured in the same run. "v2" is gemv.cu's entry
 // point: its stream mode where that applies (x staged, rows unsplit), the v2 kernel elsewhere;
 // LRAGENT_GEMV_STREAM=0 measures the v2 kernel alone.
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   const struct {
     const char* name;
     GemvFn fn;
-  } versions[] = {{"v1", &lc::gemv_bf16_v1}, {"v2", &lc::gemv_bf16_v2}};
+  } versions[] = {{"v1", &lc::gemv_bf16_v1}, {"v2", &lc::gemv_bf16_v2}, {"v3", &lc::gemv_bf16_v3}};
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"copy_gbs\": " + std::to_string(copy_gbs) +
                      ", \"results\": [";
   bool first = true, all_ok = true;
@@ -117,10 +117,10 @@ int main(int argc, char** argv) {
     std::vector<float> xh(static_cast<size_t>(max_rows * max_in));
     CK(cudaMemcpy(xh.data(), x, xh.size() * 4, cudaMemcpyDeviceToHost));
     for (const auto& v : versions) {
-      for (int rows : {1, 3, 8}) {
-        // Correctness on buffer 0 (rows 3 only: every version's code path is the same for all R).
+      for (int rows : {1, 2, 3, 4, 8}) {
+        // Correctness on buffer 0 at every row count (v3 pads x to 8 rows: each count its own case).
         double rel = 0;
-        if (rows == 3) {
+        {
           CK(v.fn(pool, sh.in, x, max_in, y, sh.out, rows, sh.in, sh.out, 1.f, 0.f, st));
           std::vector<float> yh(static_cast<size_t>(rows * sh.out));
           CK(cudaMemcpyAsync(yh.data(), y, yh.size() * 4, cudaMemcpyDeviceToHost, st));

@@ -302,6 +302,7 @@ def main():
             "decode_over_ideal": ratio(dec.get("median_ms"), ideal_ms),
             "decode_lora_base_lr_ms": model.get("decode_lora_base_lr", {}).get("median_ms"),
             "decode_lora_full_ms": model.get("decode_lora_full", {}).get("median_ms"),
+            "decode_lora_icarus_ms": model.get("decode_lora_icarus", {}).get("median_ms"),
             "decode_sampled_ms": model.get("decode_sampled", {}).get("median_ms"),
             "decode_verify_drafts": model.get("decode_verify", {}).get("drafts"),
             "decode_verify_ms": model.get("decode_verify", {}).get("median_ms"),
@@ -328,7 +329,8 @@ def main():
                      f"({fmt(ideal_ms, '.3f')} ms), the host records the step in {fmt(m['decode_host_record_ms'], '.3f')} ms (the GPU runs the first 16 ops meanwhile: split pass); "
                      f"with decode lookahead (the Generator's way) {fmt(m['decode_lookahead_ms'], '.3f')} ms = {fmt(m['decode_lookahead_over_ideal'])}x; sampled on the device (T 0.8, top-p 0.95) "
                      f"{fmt(m['decode_sampled_ms'], '.3f')} ms; with LoRA r16 on q/v: base-lr {fmt(m['decode_lora_base_lr_ms'], '.3f')} ms, "
-                     f"private full cache {fmt(m['decode_lora_full_ms'], '.3f')} ms; "
+                     f"private full cache {fmt(m['decode_lora_full_ms'], '.3f')} ms, "
+                     f"icarus (a base row and a decoder row) {fmt(m['decode_lora_icarus_ms'], '.3f')} ms; "
                      f"launched op by op (--enforce-eager) {fmt(m.get('decode_eager_ms'), '.3f')} ms{others}"))
         if m.get("decode_verify_ms") is not None:
             rows.append((f"model {m['preset']} speculative pass at {m['decode_ctx']} ctx",
@@ -352,6 +354,7 @@ def main():
             "decode_lookahead_ms": la, "decode_lookahead_over_ideal": ratio(la, ideal),
             "decode_lora_base_lr_ms": long_run.get("decode_lora_base_lr", {}).get("median_ms"),
             "decode_lora_full_ms": long_run.get("decode_lora_full", {}).get("median_ms"),
+            "decode_lora_icarus_ms": long_run.get("decode_lora_icarus", {}).get("median_ms"),
         }
         ratios.setdefault("model_decode_runs", []).append(ml)
         if i == 0:
@@ -360,13 +363,20 @@ def main():
                      f"{fmt(ml['decode_ms'], '.3f')} ms/step = {fmt(ml['decode_over_ideal'])}x of (weights + KV) / copy BW "
                      f"({fmt(ideal, '.3f')} ms); with decode lookahead {fmt(la, '.3f')} ms = "
                      f"{fmt(ml['decode_lookahead_over_ideal'])}x; with LoRA r16 on q/v: base-lr "
-                     f"{fmt(ml['decode_lora_base_lr_ms'], '.3f')} ms, private full cache {fmt(ml['decode_lora_full_ms'], '.3f')} ms"))
+                     f"{fmt(ml['decode_lora_base_lr_ms'], '.3f')} ms, private full cache {fmt(ml['decode_lora_full_ms'], '.3f')} ms, "
+                     f"icarus {fmt(ml['decode_lora_icarus_ms'], '.3f')} ms"))
     gemv = load(args.gemv) if args.gemv and os.path.exists(args.gemv) else {}
     if gemv.get("results"):
         ratios["gemv"] = gemv
         one = [g for g in gemv["results"] if g.get("rows") == 1]
         rows.append(("decode GEMV, 1 row, fraction of copy BW",
                      ", ".join(f"{g['shape']} {g['version']} {g['frac_copy']:.2f}" for g in one)))
+        # Batched steps (2-8 rows) take version 3 (tensor cores); v2's figures there show why.
+        for r in (2, 8):
+            many = [g for g in gemv["results"] if g.get("rows") == r and g.get("version") in ("v2", "v3")]
+            if many:
+                rows.append((f"decode GEMV, {r} rows, fraction of copy BW",
+                             ", ".join(f"{g['shape']} {g['version']} {g['frac_copy']:.2f}" for g in many)))
     replay_lines = []
     if args.replay and os.path.exists(args.replay):
         replay_lines = [ln.strip() for ln in open(args.replay) if ln.startswith("replay ")]

@@ -69,7 +69,8 @@ int main(int argc, char** argv) {
   std::string preset_name = "llama3.1-8b", out_path;
   int64_t ctx = 4096, prefill = 8192;
   int steps = 32, reps = 3;
-  bool eager = false;
+  bool eager = false, base_decode = true;
+  std::vector<ShareMode> lora_modes;  // empty: base-lr, none and icarus
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -81,11 +82,23 @@ int main(int argc, char** argv) {
     else if (a == "--out") out_path = val();
     else if (a == "--quick") { steps = 8; reps = 1; }
     else if (a == "--eager") eager = true;
-    else {
+    else if (a == "--no-base-decode") base_decode = false;
+    else if (a == "--lora-mode") {
+      auto m = parse_share_mode(val());
+      if (!m.ok()) return fail(m.error());
+      if (*m != ShareMode::kBaseLr && *m != ShareMode::kNone && *m != ShareMode::kIcarus) {
+        std::fprintf(stderr, "error: --lora-mode takes base-lr, none or icarus\n");
+        return 2;
+      }
+      lora_modes.push_back(*m);
+    } else {
       std::fprintf(stderr,
                    "usage: lragent_model_bench [--preset NAME] [--ctx N] [--prefill N] [--steps N] [--reps N] "
-                   "[--out FILE.json] [--quick] [--eager]\n"
-                   "  --prefill 0 skips the prefill measurement; --eager launches decode op by op (no CUDA graphs)\n");
+                   "[--out FILE.json] [--quick] [--eager] [--no-base-decode] [--lora-mode MODE ...]\n"
+                   "  --prefill 0 skips the prefill measurement; --eager launches decode op by op (no CUDA graphs)\n"
+                   "  --no-base-decode skips the base model's decode steps; --lora-mode (repeatable) picks the\n"
+                   "  LoRA decode measurements (base-lr, none, icarus; default all three). With\n"
+                   "  LRAGENT_CUDA_PROFILE=1 and --eager, these isolate one kind of step's ops.\n");
       return a == "--help" ? 0 : 2;
     }
   }
@@ -150,7 +163,7 @@ int main(int argc, char** argv) {
   const double weight_bytes = (linear_params + head_params) * static_cast<double>(dtype_size(be.weight_dtype()));
   const double cache_bytes = 2.0 * static_cast<double>(c.num_layers) * static_cast<double>(ctx) * kvw *
                              static_cast<double>(dtype_size(be.cache_dtype()));
-  {
+  if (base_decode) {
     FullKvCache kv(pools->kv.get());
     const auto ids = token_ids(ctx, c.vocab_size, 2);
     SeqInput in{ids.data(), static_cast<int>(ctx), 0, &kv, nullptr, false};
@@ -255,8 +268,16 @@ int main(int argc, char** argv) {
     for (auto& a : adapters)
       if (Status st = upload_adapter(*a, be); !st.ok()) return fail(st.error());
     // base-lr: the KV holds base K/V and x·A_v (Flash-LoRA attention); none: the agent's own
-    // full K/V (its v LoRA delta expanded beside the base projection), as in Non-Shared traces.
-    for (ShareMode mode : {ShareMode::kBaseLr, ShareMode::kNone}) {
+    // full K/V (its v LoRA delta expanded beside the base projection), as in Non-Shared traces;
+    // icarus: the base model's full K/V, the adapter a decoder row beside the base model's row
+    // (SeqInput::decoder: a step runs two rows, one storing, one giving the logits).
+    if (lora_modes.empty()) lora_modes = {ShareMode::kBaseLr, ShareMode::kNone, ShareMode::kIcarus};
+    for (ShareMode mode : lora_modes) {
+      const bool icarus = mode == ShareMode::kIcarus;
+      auto agent = [&](SeqInput& in) {
+        (icarus ? in.decoder : in.adapter) = adapters[0].get();
+        if (icarus) in.adapter = nullptr;
+      };
       SharingOptions so;
       so.mode = mode;
       so.page_size = page;
@@ -266,7 +287,8 @@ int main(int argc, char** argv) {
       if (!traj.ok()) return fail(traj.error());
       const auto ids = token_ids(ctx, c.vocab_size, 3);
       auto bind = (*traj)->bind(0);
-      SeqInput in{ids.data(), static_cast<int>(ctx), 0, bind.get(), adapters[0].get(), false};
+      SeqInput in{ids.data(), static_cast<int>(ctx), 0, bind.get(), nullptr, false};
+      agent(in);
       auto first = model.forward({in});
       if (!first.ok()) return fail(first.error());
       (*traj)->advance(0, ctx);
@@ -278,7 +300,8 @@ int main(int argc, char** argv) {
         if (s == 2) g0 = be.graph_stats();
         const double t0 = now_ms();
         auto b = (*traj)->bind(0);
-        SeqInput d{&tok, 1, ctx + s, b.get(), adapters[0].get(), false};
+        SeqInput d{&tok, 1, ctx + s, b.get(), nullptr, false};
+        agent(d);
         auto ids = model.forward_argmax({d});
         if (!ids.ok()) return fail(ids.error());
         (*traj)->advance(0, ctx + s + 1);
@@ -287,11 +310,12 @@ int main(int argc, char** argv) {
       }
       const double t = median(ms);
       const double host_ms = record_ms_per_pass(g0, be.graph_stats());
-      const bool lr = mode == ShareMode::kBaseLr;
+      const char* what = mode == ShareMode::kBaseLr ? "base-lr" : icarus ? "icarus (two rows)" : "private full";
+      const char* key = mode == ShareMode::kBaseLr ? "base_lr" : icarus ? "icarus" : "full";
       std::printf("decode batch 1 at %lld context, LoRA r16 q/v, %s cache: %.3f ms/step (host recording %.3f ms)\n",
-                  static_cast<long long>(ctx), lr ? "base-lr" : "private full", t, host_ms);
-      json += fmt::format(R"(, "decode_lora_{}": {{"ctx": {}, "median_ms": {:.4f}, "host_record_ms": {:.4f}}})",
-                          lr ? "base_lr" : "full", ctx, t, host_ms);
+                  static_cast<long long>(ctx), what, t, host_ms);
+      json += fmt::format(R"(, "decode_lora_{}": {{"ctx": {}, "median_ms": {:.4f}, "host_record_ms": {:.4f}}})", key,
+                          ctx, t, host_ms);
     }
   }
   const MemoryStats m = be.memory_stats();

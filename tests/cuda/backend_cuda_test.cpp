@@ -162,7 +162,8 @@ TEST_P(CudaOps, RmsNormFoldedProductsMatchCpu) {
   struct Shape { int64_t n, in; std::vector<int64_t> outs; };
   for (const Shape& s : {Shape{1, 64, {17, 97, 1}}, Shape{1, 4096, {4097}}, Shape{1, 8, {5, 3}},
                          Shape{1, 4104, {33, 1031}}, Shape{3, 256, {97, 17}}, Shape{1, 14336, {97}},
-                         Shape{1, 12288, {97}}, Shape{1, 12032, {97}}}) {
+                         Shape{1, 12288, {97}}, Shape{1, 12032, {97}}, Shape{2, 4096, {4097, 17}},
+                         Shape{8, 14336, {97}}, Shape{5, 4104, {33, 1031, 1}}, Shape{2, 8, {5, 3}}}) {
     for (DType gt : {DType::kF32, DType::kBF16}) {
       Tensor h = random_host({s.n, s.in}, 21), g = random_host({s.in}, 22, 0.5f);
       for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] += 3.f;
@@ -187,7 +188,7 @@ TEST_P(CudaOps, RmsNormFoldedProductsMatchCpu) {
       Tensor xn = gpu->upload(nan_host(s.n, s.in).view(), DType::kF32);
       gpu->rms_norm_matmul_group(hd.view(), gd.view(), 1e-5f, xn.view(), od);
       const bool folded = gpu->folds_rms_norm(s.n);
-      EXPECT_EQ(folded, dt == DType::kBF16 && s.n == 1) << "which passes fold (LRAGENT_GEMV_MAX_ROWS unset)";
+      EXPECT_EQ(folded, dt == DType::kBF16 && s.n == 1) << "which passes fold (LRAGENT_GEMV_V3_ROWS unset)";
       const std::string what = std::to_string(s.n) + "x" + std::to_string(s.in) + (gt == DType::kBF16 ? " g bf16" : " g f32");
       for (size_t i = 0; i < s.outs.size(); ++i)
         EXPECT_LE(rel_l2(host_values(*gpu, yds[i].view()), host_values(*cpu, ycs[i].view())), tol(dt))

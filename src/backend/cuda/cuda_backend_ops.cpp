@@ -50,16 +50,16 @@ bool overlaps(const lc::LoraJob& j, const lc::RopeArgs& r) {
 }  // namespace
 
 namespace {
-// Rows up to which weight products take the GEMV kernels rather than cuBLASLt's GEMM: 1. The
-// kernels take up to kGemvMaxRows, but past one row they re-read x from L1 for every row and fall
-// behind cuBLASLt (Llama-3.1-8B shapes through `lragent serve`, H200, scripts/serve-concurrency.py:
-// 4 requests decoding together 1.80 s with the kernels for 2-8 rows against 1.17 s with cuBLASLt,
-// 8 requests 3.09 s against 1.54 s; one request 0.69 s either way).
+// Rows up to which weight products take the GEMV kernels rather than cuBLASLt's GEMM: all that
+// they take (kGemvMaxRows). Past one row that is version 3 (tensor cores, gemv_v3_mma.cu); before
+// it the CUDA-core kernels re-read x from L1 for every row and fell behind cuBLASLt, so this was 1
+// (Llama-3.1-8B shapes through `lragent serve`, H200, scripts/serve-concurrency.py: 4 requests
+// decoding together 1.80 s with those kernels for 2-8 rows against 1.17 s with cuBLASLt).
 // LRAGENT_GEMV_MAX_ROWS (1..kGemvMaxRows, read once) sets it, for measuring on the device.
 int64_t gemv_max_rows() {
   static const int64_t n = [] {
     const char* v = std::getenv("LRAGENT_GEMV_MAX_ROWS");
-    const int64_t k = v ? std::atoll(v) : 1;
+    const int64_t k = v ? std::atoll(v) : lc::kGemvMaxRows;
     return std::clamp<int64_t>(k, 1, lc::kGemvMaxRows);
   }();
   return n;
@@ -171,7 +171,9 @@ bool fold_norm_enabled() {
 }  // namespace
 
 bool CudaBackend::folds_rms_norm(int64_t rows) const {
-  return fold_norm_enabled() && dtype_ == DType::kBF16 && rows >= 1 && rows <= gemv_max_rows();
+  // Version 3 of the GEMV (2-8 rows) has no norm mode: such passes run the RMSNorm kernels.
+  return fold_norm_enabled() && dtype_ == DType::kBF16 && rows >= 1 && rows <= gemv_max_rows() &&
+         rows < lc::gemv_v3_min_rows();
 }
 
 std::optional<lc::GemvNorm> CudaBackend::gemv_norm_of(const TensorView& h, const TensorView& norm_w, float eps) const {

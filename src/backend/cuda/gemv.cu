@@ -1,5 +1,6 @@
 // Decode GEMV, version 2: y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o] for rows <= 8,
-// bf16 weights, f32 activations. Version 1 (ops.cu, gemv_bf16_v1) is one warp per output row with
+// bf16 weights, f32 activations; the entry points hand 2-8 rows to version 3 (gemv_v3_mma.cu,
+// tensor cores), version 2 keeps one row. Version 1 (ops.cu, gemv_bf16_v1) is one warp per output row with
 // two 16-byte loads in flight per lane: on an H100 it moved 2.1 TB/s of weights (0.71 of the
 // copy ceiling) in an 8B decode step, worst on the narrow k/v projections (1024 rows: 256 blocks
 // of 4 warps, too few bytes in flight to cover HBM latency).
@@ -39,6 +40,7 @@
 
 #include "backend/cuda/bf16x8.cuh"
 #include "backend/cuda/device_props.h"
+#include "backend/cuda/gemv_common.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -47,34 +49,6 @@ namespace {
 
 constexpr int kWarps = 8;  // per block
 constexpr int kUnroll = 4;
-
-struct GemvArgs {
-  const __nv_bfloat16* w[kMaxGemvSegs];  // segment s: [out_s, ldw_s]
-  int64_t ldw[kMaxGemvSegs];
-  float* y[kMaxGemvSegs];  // segment s: [rows, ldy_s]
-  int64_t ldy[kMaxGemvSegs];
-  int64_t end[kMaxGemvSegs];  // prefix sums of out_s: global row o is in the first s with o < end[s]
-  int n_segs;
-  const float* x;  // [rows, ldx]
-  int64_t ldx;
-  int64_t in, out;  // out = end[n_segs - 1]
-  float alpha, beta;
-  int wpr;  // warps per output row (1, 2, 4, 8)
-  // Norm mode: g [in] (f32 or bf16); x's rows are normed first (see gemv_norm_kernel).
-  const void* norm_w;
-  int norm_bf16;
-  float norm_eps;
-};
-// SwiGLU mode: 2 segments (gate, up) of the same height; y[0] gets silu(gate) · up. Rows are
-// taken in pairs: a block's kWarps / wpr rows are kWarps / (2 wpr) gate rows, then the same up rows.
-
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
 
 template <int R, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) {
@@ -359,6 +333,8 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
 //                         drains, fill every slot the persistent grid was sized for)
 //   LRAGENT_GEMV_STREAM   0: plain GEMVs always run v2 (default 1: stream mode where it applies,
 //                         see launch_grouped; in the 8B step that is the o projection)
+//   LRAGENT_GEMV_V3_ROWS  rows of x from which launches take version 3 (gemv_v3_mma.cu; default 2,
+//                         9 = never)
 //   LRAGENT_GEMV_STREAM_PDL 0: stream mode launched without PDL (default 1). H200, 8B decode step
 //                         at 4k with lookahead, 3 interleaved rounds: v2 4.463-4.471 ms, stream
 //                         mode with PDL 4.441-4.443, without 4.497-4.500 (the o projection then
@@ -375,6 +351,7 @@ struct Knobs {
   bool norm_balance = env_or("LRAGENT_GEMV_NORM_BALANCE", 1) != 0;
   bool stream = env_or("LRAGENT_GEMV_STREAM", 1) != 0;
   bool stream_pdl = env_or("LRAGENT_GEMV_STREAM_PDL", 1) != 0;
+  int64_t v3_rows = static_cast<int64_t>(env_or("LRAGENT_GEMV_V3_ROWS", 2));
 };
 const Knobs& knobs() {
   static const Knobs k;
@@ -392,15 +369,13 @@ int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out) {
   return wpr;
 }
 
-cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  const GemvSeg seg{w, ldw, y, ldy, out};
-  return gemv_bf16_grouped(&seg, 1, x, ldx, rows, in, alpha, beta, s);
-}
+int64_t gemv_v3_min_rows() { return knobs().v3_rows; }
 
 namespace {
 // The launch both entry points share: `swiglu` selects the kernel's SwiGLU mode.
-cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t s) {
+// v3_ok false: version 2 at every row count (gemv_bf16_v2, for the benchmark).
+cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t s, bool v3_ok = true) {
+  if (v3_ok && rows >= knobs().v3_rows) return gemv_v3_launch(a, rows, swiglu, knobs().pdl, s);
   // SwiGLU: the split counts both segments' rows, but a block must hold at least one pair.
   a.wpr = std::min(gemv_bf16_v2_warps_per_row(a.in, a.out), swiglu ? kWarps / 2 : kWarps);
   const int64_t rows_per_block = kWarps / a.wpr;
@@ -524,6 +499,30 @@ cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, 
   a.alpha = 1.f;
   if (a.out == 0) return cudaSuccess;
   return launch_grouped(a, rows, true, s);
+}
+
+namespace {
+// One weight matrix's launch through v2 alone (v3_ok false) or v3 alone (the benchmark's entries).
+cudaError_t launch_one(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                       int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, bool v3) {
+  const GemvSeg seg{w, ldw, y, ldy, out};
+  GemvArgs a{};
+  if (!fill_segments(&seg, 1, x, ldx, rows, in, a)) return cudaErrorInvalidValue;
+  a.alpha = alpha;
+  a.beta = beta;
+  if (a.out == 0) return cudaSuccess;
+  return v3 ? gemv_v3_launch(a, rows, false, knobs().pdl, s) : launch_grouped(a, rows, false, s, /*v3_ok=*/false);
+}
+}  // namespace
+
+cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
+  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, false);
+}
+
+cudaError_t gemv_bf16_v3(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
+  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, true);
 }
 
 }  // namespace lragent::cuda

@@ -855,7 +855,8 @@ cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float
 
 cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                       int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  return gemv_bf16_v2(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s);
+  const GemvSeg seg{w, ldw, y, ldy, out};  // v2 for one row, v3 for more (gemv_v3_min_rows)
+  return gemv_bf16_grouped(&seg, 1, x, ldx, rows, in, alpha, beta, s);
 }
 
 cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,

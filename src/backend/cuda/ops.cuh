@@ -44,13 +44,19 @@ inline bool gemv_bf16_ok(const void* w, int64_t ldw, const float* x, int64_t ldx
   return rows >= 1 && rows <= kGemvMaxRows && in % 8 == 0 && ldw % 8 == 0 && ldx % 4 == 0 &&
          reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
-// The current version (v2, gemv.cu); v1 (ops.cu) is kept for the benchmark and tests.
+// The current versions (gemv.cu: v2 for one row, v3 past it); v1 (ops.cu) and the v2/v3 entry
+// points are kept for the benchmark and tests.
 cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                       int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
 cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
 cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
+// Version 3 (gemv_v3_mma.cu, tensor cores) at any row count, for the benchmark and tests; the
+// entry points above take it from gemv_v3_min_rows() rows (2 unless LRAGENT_GEMV_V3_ROWS says).
+cudaError_t gemv_bf16_v3(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
+int64_t gemv_v3_min_rows();
 // Several weight matrices that read the same x (q/k/v, gate/up) in one launch of v2.
 constexpr int kMaxGemvSegs = 8;
 struct GemvSeg {
@@ -81,10 +87,11 @@ constexpr int64_t kGemvStageBytes = 48 * 1024 - kGemvStaticSmemBytes;
 constexpr bool gemv_stage_fits(int64_t rows, int64_t in) {
   return rows * gemv_norm_row_floats(in) * 4 <= kGemvStageBytes;
 }
-// Whether norm mode takes g for `rows` rows of `in` values.
+// Whether norm mode takes g for `rows` rows of `in` values (version 2 only: rows below
+// gemv_v3_min_rows).
 inline bool gemv_norm_ok(const GemvNorm& n, int64_t rows, int64_t in) {
   return n.w && (n.t == Elem::kF32 || n.t == Elem::kBF16) && reinterpret_cast<uintptr_t>(n.w) % 16 == 0 &&
-         gemv_stage_fits(rows, in);
+         rows < gemv_v3_min_rows() && gemv_stage_fits(rows, in);
 }
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
                               float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr);

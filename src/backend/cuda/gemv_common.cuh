@@ -1,0 +1,49 @@
+// What the decode GEMV kernels share: their argument block (one launch's weight segments, x, y,
+// norm mode's g) and the streaming weight load. Version 2 (gemv.cu) takes one row of x, version 3
+// (gemv_v3_mma.cu) 2 to 8 rows.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/ops.cuh"
+
+namespace lragent::cuda {
+
+struct GemvArgs {
+  const __nv_bfloat16* w[kMaxGemvSegs];  // segment s: [out_s, ldw_s]
+  int64_t ldw[kMaxGemvSegs];
+  float* y[kMaxGemvSegs];  // segment s: [rows, ldy_s]
+  int64_t ldy[kMaxGemvSegs];
+  int64_t end[kMaxGemvSegs];  // prefix sums of out_s: global row o is in the first s with o < end[s]
+  int n_segs;
+  const float* x;  // [rows, ldx]
+  int64_t ldx;
+  int64_t in, out;  // out = end[n_segs - 1]
+  float alpha, beta;
+  int wpr;  // warps per output row (v2) or per 16-row tile (v3): 1, 2, 4, 8
+  // Norm mode: g [in] (f32 or bf16); x's rows are normed first (see gemv_norm_kernel).
+  const void* norm_w;
+  int norm_bf16;
+  float norm_eps;
+};
+// SwiGLU mode: 2 segments (gate, up) of the same height; y[0] gets silu(gate) · up. Rows are
+// taken in pairs: a block's kWarps / wpr rows are kWarps / (2 wpr) gate rows, then the same up rows
+// (v3: tiles of 16 rows in the same way).
+
+// Weights are read once per step: past L1, which then keeps the activations every warp re-reads.
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+// Version 3 (gemv_v3_mma.cu): `rows` (1..8) rows of x through tensor cores, segments and SwiGLU
+// mode (no norm mode: a.norm_w must be null). `a` as launch_grouped fills it; a.wpr is set here.
+cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cudaStream_t s);
+
+}  // namespace lragent::cuda
