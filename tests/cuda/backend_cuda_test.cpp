@@ -100,7 +100,7 @@ class CudaOps : public ::testing::TestWithParam<DType> {
 TEST_P(CudaOps, MatmulMatchesCpu) {
   const DType dt = GetParam();
   struct Shape { int64_t n, in, out; };
-  // n <= 4 with in % 8 == 0 takes the GEMV kernels in bf16 (v2 one row, v3 2-4); the rest cuBLASLt.
+  // n <= 8 with in % 8 == 0 takes the GEMV kernels in bf16 (v2 one row, v3 2-8); the rest cuBLASLt.
   // Of the one-row GEMVs, those
   // whose rows fill the GPU unsplit and whose x fits the staging (1x256, 8x64, 1x4096 . 4099,
   // 4x1032 . 2113, 1x12032 . 4096) run the persistent stream mode, the others v2. 1x12288 . 4096
@@ -129,7 +129,7 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
 }
 
 // silu(x·W_gate^T) * (x·W_up^T) in one call (matmul_swiglu) against the CPU's matmuls + silu_mul:
-// the fused decode GEMV (n <= 4, in % 8 == 0, bf16) and the fallback (cuBLASLt + SwiGLU kernel),
+// the fused decode GEMV (n <= 8, in % 8 == 0, bf16) and the fallback (cuBLASLt + SwiGLU kernel),
 // at odd heights (a block's last pair half-used), a single pair (out 1) and the 8B MLP width.
 TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
   const DType dt = GetParam();

@@ -50,19 +50,21 @@ bool overlaps(const lc::LoraJob& j, const lc::RopeArgs& r) {
 }  // namespace
 
 namespace {
-// Rows up to which weight products take the GEMV kernels rather than cuBLASLt's GEMM: 4. Past
-// one row that is version 3 (tensor cores, gemv_v3_mma.cu). Before it the CUDA-core kernels
-// re-read x from L1 for every row and fell behind cuBLASLt, so this was 1 (Llama-3.1-8B shapes
-// through `lragent serve`, H200, scripts/serve-concurrency.py: 4 requests decoding together 1.80 s
-// with those kernels for 2-8 rows against 1.17 s with cuBLASLt). Version 3 beats cuBLASLt at two
-// rows (H200, 8B: an ICaRus step 5.45 ms against 6.17) and ties at five (a speculative pass 5.77
-// against 5.72 ms); at eight its wide products fall behind (gate 0.70 and lm_head 0.83 of the copy
-// bandwidth against cuBLASLt's 0.95 and 0.98), so 5-8 rows stay with cuBLASLt.
+// Rows up to which weight products take the GEMV kernels rather than cuBLASLt's GEMM: all that
+// they take (kGemvMaxRows, 8). Past one row that is version 3 (tensor cores, gemv_v3_mma.cu).
+// Before it the CUDA-core kernels re-read x from L1 for every row and fell behind cuBLASLt, so
+// this was 1 (Llama-3.1-8B shapes through `lragent serve`, H200, scripts/serve-concurrency.py: 4
+// requests decoding together 1.80 s with those kernels for 2-8 rows against 1.17 s with
+// cuBLASLt). With version 3, same script and machine, 128 tokens each: 2 clients 0.70 s against
+// 0.78 with cuBLASLt, 4 clients 0.76 against 0.82, 5 clients 0.79-0.80 against 0.87-0.88 and
+// 8 clients 0.87-0.88 against 0.91-0.92 (two interleaved rounds), although its wide products
+// alone fall behind cuBLASLt's at 8 rows (gate 0.70 and lm_head 0.83 of the copy bandwidth against
+// 0.95 and 0.98): its SwiGLU mode saves the SwiGLU kernel and the passes' launches are fewer.
 // LRAGENT_GEMV_MAX_ROWS (1..kGemvMaxRows, read once) sets it, for measuring on the device.
 int64_t gemv_max_rows() {
   static const int64_t n = [] {
     const char* v = std::getenv("LRAGENT_GEMV_MAX_ROWS");
-    const int64_t k = v ? std::atoll(v) : 4;
+    const int64_t k = v ? std::atoll(v) : lc::kGemvMaxRows;
     return std::clamp<int64_t>(k, 1, lc::kGemvMaxRows);
   }();
   return n;
