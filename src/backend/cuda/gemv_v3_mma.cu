@@ -17,7 +17,7 @@
 // 2q+9} of two k16 steps, and the lane's B fragment takes x's values at the same k (x row g).
 // Precision: each x value is split into bf16 hi and lo = bf16(x - hi), both multiplied (two MMAs
 // a step), so x keeps ~16 bits of mantissa (f32 accumulation) where a plain bf16 x would keep 8;
-// the MMAs are far from limiting (a step's 1 KiB of weights takes 4 MMAs a warp).
+// the MMAs are far from limiting (each k16 step: 512 bytes of weights, 2 MMAs a warp).
 // No norm mode (RMSNorm folded in, as version 2 has for one row): tried, with the B operand h · g
 // and 1/rms(h) scaling the finished dot, the sum of h² gathered from the same loads; the folded
 // SwiGLU GEMV then took 125 µs against 77 µs unfolded (H200, 8B shapes, 2 rows), more than the
