@@ -100,10 +100,10 @@ class CudaOps : public ::testing::TestWithParam<DType> {
 TEST_P(CudaOps, MatmulMatchesCpu) {
   const DType dt = GetParam();
   struct Shape { int64_t n, in, out; };
-  // n <= 8 with in % 8 == 0 takes the GEMV kernels in bf16 (v2 one row, v3 2-8); the rest cuBLASLt.
-  // Of the one-row GEMVs, those
-  // whose rows fill the GPU unsplit and whose x fits the staging (1x256, 8x64, 1x4096 . 4099,
-  // 4x1032 . 2113, 1x12032 . 4096) run the persistent stream mode, the others v2. 1x12288 . 4096
+  // n <= 8 with in % 8 == 0 takes the GEMV kernels in bf16 (v2 one row, v3 2-8: 8x64, 3x4096,
+  // 2x4104, 5x8, 8x2048, 4x1032, 3x4096 . 4096); the rest cuBLASLt. Of the one-row GEMVs, those
+  // whose rows fill the GPU unsplit and whose x fits the staging (1x256, 1x4096 . 4099,
+  // 1x12032 . 4096) run the persistent stream mode, the others v2. 1x12288 . 4096
   // (Ministral-8B's down projection) stages exactly 48 KiB, which with the kernel's static buffer
   // is more than a launch gets: it must take v2, not fail the launch.
   for (Shape s : {Shape{1, 17, 97}, Shape{17, 64, 33}, Shape{97, 128, 4097}, Shape{4, 1, 5}, Shape{1, 256, 300},
