@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <cstdio>
@@ -148,6 +149,47 @@ TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
     gpu->matmul_swiglu(xd.view(), wgd.view(), wud.view(), gd.view(), ud.view());
     const double e = rel_l2(host_values(*gpu, gd.view()), host_values(*cpu, gc.view()));
     EXPECT_LE(e, tol(dt)) << "matmul_swiglu " << s.n << "x" << s.in << " . 2x" << s.out;
+  }
+}
+
+// GEMV version 3 (2-8 rows, bf16) splits units of 16 weight rows between the warps of a cluster of
+// two blocks, and the warp where a unit ends adds the pieces in share order (the peer block's
+// through distributed shared memory): against the CPU, and the same bits at every call. q/o-sized
+// (256 units, ~2 a cluster, each split over ~8 warps), a SwiGLU of 3 units (one a cluster, each
+// over 16 warps), an odd-sized SwiGLU, and 1031 rows over 14336 (the down projection's k).
+TEST_P(CudaOps, GemvOfSeveralRowsIsTheSameEveryCall) {
+  const DType dt = GetParam();
+  struct Shape { int64_t n, in, out; bool swiglu; };
+  for (Shape s : {Shape{3, 4096, 4096, false}, Shape{2, 16384, 33, true}, Shape{8, 2048, 4099, true},
+                  Shape{5, 14336, 1031, false}}) {
+    Tensor x = random_host({s.n, s.in}, 51), wg = random_host({s.out, s.in}, 52), wu = random_host({s.out, s.in}, 53);
+    Tensor xd = gpu->upload(x.view(), DType::kF32), wgd = gpu->upload(wg.view(), dt), wud = gpu->upload(wu.view(), dt);
+    Tensor yc = Tensor::empty(DType::kF32, {s.n, s.out}), uc = Tensor::empty(DType::kF32, {s.n, s.out});
+    if (s.swiglu) {
+      const Backend::MatmulOut outs[] = {{&wg.view(), nullptr, &yc.view()}, {&wu.view(), nullptr, &uc.view()}};
+      cpu->matmul_group(x.view(), outs);
+      cpu->silu_mul(yc.view(), uc.view(), yc.view());
+    } else {
+      TensorView ycv = yc.view();
+      cpu->matmul(x.view(), wg.view(), nullptr, ycv, 1.f, 0.f);
+    }
+    std::vector<float> first;
+    for (int call = 0; call < 3; ++call) {
+      Tensor yd = gpu->upload(nan_host(s.n, s.out).view(), DType::kF32);
+      Tensor ud = gpu->upload(nan_host(s.n, s.out).view(), DType::kF32);
+      if (s.swiglu)
+        gpu->matmul_swiglu(xd.view(), wgd.view(), wud.view(), yd.view(), ud.view());
+      else
+        gpu->matmul(xd.view(), wgd.view(), nullptr, yd.view(), 1.f, 0.f);
+      const std::vector<float> got = host_values(*gpu, yd.view());
+      if (call == 0) {
+        first = got;
+        EXPECT_LE(rel_l2(got, host_values(*cpu, yc.view())), tol(dt)) << s.n << "x" << s.in << " . " << s.out;
+      } else {
+        EXPECT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * 4))
+            << "call " << call << ": " << s.n << "x" << s.in << " . " << s.out << (s.swiglu ? " swiglu" : "");
+      }
+    }
   }
 }
 

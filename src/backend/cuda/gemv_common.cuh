@@ -23,7 +23,7 @@ struct GemvArgs {
   int64_t ldx;
   int64_t in, out;  // out = end[n_segs - 1]
   float alpha, beta;
-  int wpr;  // warps per output row (v2) or per 16-row tile (v3): 1, 2, 4, 8
+  int wpr;  // warps per output row (v2): 1, 2, 4, 8
   // Norm mode: g [in] (f32 or bf16); x's rows are normed first (see gemv_norm_kernel).
   const void* norm_w;
   int norm_bf16;
@@ -31,7 +31,7 @@ struct GemvArgs {
 };
 // SwiGLU mode: 2 segments (gate, up) of the same height; y[0] gets silu(gate) · up. Rows are
 // taken in pairs: a block's kWarps / wpr rows are kWarps / (2 wpr) gate rows, then the same up rows
-// (v3: tiles of 16 rows in the same way).
+// (v3: a unit is a gate tile of 16 rows and the same up tile, their batches alternating).
 
 // Weights are read once per step: past L1, which then keeps the activations every warp re-reads.
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
@@ -43,7 +43,7 @@ __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
 }
 
 // Version 3 (gemv_v3_mma.cu): `rows` (1..8) rows of x through tensor cores, segments and SwiGLU
-// mode (no norm mode: a.norm_w must be null). `a` as launch_grouped fills it; a.wpr is set here.
+// mode (no norm mode: a.norm_w must be null). `a` as launch_grouped fills it.
 cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cudaStream_t s);
 
 }  // namespace lragent::cuda
