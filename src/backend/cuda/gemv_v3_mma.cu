@@ -100,6 +100,22 @@ __device__ __forceinline__ void mma_step(float (&acc)[4], uint32_t a0, uint32_t 
   detail::mma_bf16(acc, a, lo0, lo1);
 }
 
+// x at a batch's k for lane q's B fragments (L1 / L2): blocks kb .. kb + kUnroll - 1 of k, chunk q
+// of each (values 0-3 in lo, 4-7 in hi); zeros past kb_end or the row's chunks, or for a lane
+// whose x row is padding (xrow false).
+__device__ __forceinline__ void load_x(const float* xr, bool xrow, int q, int kb, int kb_end, int chunks,
+                                       float4 (&lo)[kUnroll], float4 (&hi)[kUnroll]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int k = kb + u, c = k * 4 + q;
+    lo[u] = hi[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (xrow && k < kb_end && c < chunks) {
+      lo[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c} * 8));
+      hi[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c} * 8 + 4));
+    }
+  }
+}
+
 // Tile schedule: a warp per (16-row tile, k piece), a tile's pieces in one block.
 template <bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Args v) {
@@ -168,15 +184,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
   for (int b = 0; b < batches; ++b) {
     // x at this batch's k (L1 / L2), fetched while its weights may still be arriving.
     float4 xlo[kUnroll], xhi[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int kb = kb0 + b * kUnroll + u, c = kb * 4 + q;
-      xlo[u] = xhi[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (xrow && kb < kb1 && c < chunks) {
-        xlo[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c} * 8));
-        xhi[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c} * 8 + 4));
-      }
-    }
+    load_x(xr, xrow, q, kb0 + b * kUnroll, kb1, chunks, xlo, xhi);
     __syncwarp();  // every lane is done reading the slot the next copy overwrites (batch b - 1's)
     if (b + kStages - 1 < batches) issue(b + kStages - 1);
     detail::cp_async_commit();
@@ -347,15 +355,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
     const int kb2 = kSwiGLU ? cb >> 1 : cb;
     // x at this batch's k (L1 / L2), fetched while its weights may still be arriving.
     float4 xlo[kUnroll], xhi[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int kb = kb2 * kUnroll + u, c16 = kb * 4 + q;
-      xlo[u] = xhi[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-      if (xrow && kb < v.kblocks && c16 < v.chunks) {
-        xlo[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c16} * 8));
-        xhi[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c16} * 8 + 4));
-      }
-    }
+    load_x(xr, xrow, q, kb2 * kUnroll, v.kblocks, v.chunks, xlo, xhi);
     __syncwarp();  // every lane is done reading the slot the next copy overwrites (batch n - 1's)
     if (n + kStages - 1 < count) issue(n + kStages - 1);
     detail::cp_async_commit();
