@@ -419,7 +419,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
     for (int w = lo; w <= wc; ++w) {
       const WarpShare ws = *cluster.map_shared_rank(&shares[w % kWarps], w / kWarps);
       if (ws.first < 0) continue;
-      const float4* from = cluster.map_shared_rank(pieces, w / kWarps) + ((w % kWarps) * 2 + (ws.first == u ? 0 : 1)) * (2 * kFrag / 4);
+      const int sl = ws.first == u ? 0 : 1;  // u is warp w's first unit or its last
+      const float4* from = cluster.map_shared_rank(pieces, w / kWarps) + ((w % kWarps) * 2 + sl) * (2 * kFrag / 4);
       const float4 t = from[lane], tu = from[32 + lane];
       p.d[0] += t.x, p.d[1] += t.y, p.d[2] += t.z, p.d[3] += t.w;
       p.du[0] += tu.x, p.du[1] += tu.y, p.du[2] += tu.z, p.du[3] += tu.w;
