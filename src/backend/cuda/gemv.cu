@@ -50,6 +50,16 @@ namespace {
 constexpr int kWarps = 8;  // per block
 constexpr int kUnroll = 4;
 
+// Weights are read once per step: past L1, which then keeps the activations every warp re-reads.
+// (Version 3 copies them with cp.async instead.)
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
 template <int R, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32) gemv_v2_kernel(const GemvArgs a) {
   __shared__ float part[kWarps][R];  // [warp][row] partial sums

@@ -1,5 +1,5 @@
 // What the decode GEMV kernels share: their argument block (one launch's weight segments, x, y,
-// norm mode's g) and the streaming weight load. Version 2 (gemv.cu) takes one row of x, version 3
+// norm mode's g) and version 3's launch. Version 2 (gemv.cu) takes one row of x, version 3
 // (gemv_v3_mma.cu) 2 to 8 rows.
 #pragma once
 
@@ -32,15 +32,6 @@ struct GemvArgs {
 // SwiGLU mode: 2 segments (gate, up) of the same height; y[0] gets silu(gate) · up. Rows are
 // taken in pairs: a block's kWarps / wpr rows are kWarps / (2 wpr) gate rows, then the same up rows
 // (v3: a unit is a gate tile of 16 rows and the same up tile, their batches alternating).
-
-// Weights are read once per step: past L1, which then keeps the activations every warp re-reads.
-__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
 
 // Version 3 (gemv_v3_mma.cu): `rows` (1..8) rows of x through tensor cores, segments and SwiGLU
 // mode (no norm mode: a.norm_w must be null). `a` as launch_grouped fills it.
