@@ -7,6 +7,8 @@
 // reuse between launches), as the decode graphs of the engine launch them; median of 15 replays.
 // Correctness: every version against a double-precision CPU reference on 256 sampled outputs of
 // every shape (relative L2 <= 1e-5 expected: both accumulate in f32 over bf16 weights).
+// Then the model's grouped calls at the current versions ("cur": gemv.cu's entry points, v2 for one
+// row and v3 past it): q/k/v as one launch of three segments, and gate/up with SwiGLU.
 // Usage: lragent_gemv_bench [--out FILE.json]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -178,6 +180,99 @@ int main(int argc, char** argv) {
                       rows, t_ms * 1e3, gbs, gbs / copy_gbs, rel);
         json += buf;
         first = false;
+      }
+    }
+  }
+  // The model's grouped calls, as a decode pass makes them (gemv.cu's entry points: v2 for one row,
+  // v3 past it): q/k/v in one launch of three segments, and the MLP's gate/up pair with SwiGLU.
+  {
+    const int64_t in = 4096;
+    const int64_t qkv_out[3] = {4096, 1024, 1024};
+    for (const bool swiglu : {false, true}) {
+      const char* name = swiglu ? "gate_up_swiglu" : "qkv_grouped";
+      const int n_segs = swiglu ? 2 : 3;
+      int64_t outs[3], total_out = 0;
+      for (int i = 0; i < n_segs; ++i) total_out += outs[i] = swiglu ? 14336 : qkv_out[i];
+      const int64_t gbytes = in * total_out * 2;  // the group's weights, segments back to back
+      const int64_t n_bufs = std::max<int64_t>(1, static_cast<int64_t>(pool_bytes) / gbytes);
+      std::vector<uint16_t> wh(static_cast<size_t>(in * total_out));
+      CK(cudaMemcpy(wh.data(), pool, static_cast<size_t>(gbytes), cudaMemcpyDeviceToHost));
+      std::vector<float> xh(static_cast<size_t>(max_rows * max_in));
+      CK(cudaMemcpy(xh.data(), x, xh.size() * 4, cudaMemcpyDeviceToHost));
+      // y: segment i at column offset Σ outs[<i], rows of total_out floats.
+      auto call = [&](const char* wbase, int rows) {
+        if (swiglu)
+          return lc::gemv_bf16_swiglu(wbase, in, wbase + outs[0] * in * 2, in, x, max_in, y, total_out, rows, in,
+                                      outs[0], st);
+        lc::GemvSeg segs[3];
+        int64_t col = 0;
+        for (int i = 0; i < n_segs; ++i) {
+          segs[i] = {wbase + col * in * 2, in, y + col, total_out, outs[i]};
+          col += outs[i];
+        }
+        return lc::gemv_bf16_grouped(segs, n_segs, x, max_in, rows, in, 1.f, 0.f, st);
+      };
+      for (int rows : {1, 2, 3, 4, 8}) {
+        double rel = 0;
+        {
+          CK(call(static_cast<const char*>(pool), rows));
+          std::vector<float> yh(static_cast<size_t>(rows * total_out));
+          CK(cudaMemcpyAsync(yh.data(), y, yh.size() * 4, cudaMemcpyDeviceToHost, st));
+          CK(cudaStreamSynchronize(st));
+          auto dot = [&](int64_t o, int r) {
+            double d = 0;
+            for (int64_t k = 0; k < in; ++k)
+              d += static_cast<double>(bf16_to_float(wh[static_cast<size_t>(o * in + k)])) *
+                   xh[static_cast<size_t>(r * max_in + k)];
+            return d;
+          };
+          double num = 0, den = 0;
+          const int64_t checked = swiglu ? outs[0] : total_out;
+          for (int smp = 0; smp < 256; ++smp) {
+            const int64_t o = (smp * 7919 + 13) % checked;
+            for (int r = 0; r < rows; ++r) {
+              double ref = dot(o, r);
+              if (swiglu) ref = ref / (1.0 + std::exp(-ref)) * dot(outs[0] + o, r);
+              const double got = yh[static_cast<size_t>(r * total_out + o)];
+              num += (got - ref) * (got - ref);
+              den += ref * ref;
+            }
+          }
+          rel = std::sqrt(num / std::max(den, 1e-30));
+          if (!(rel <= 1e-5)) all_ok = false;
+        }
+        const int kLaunch = 20;
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < kLaunch; ++i) CK(call(static_cast<const char*>(pool) + (i % n_bufs) * gbytes, rows));
+        CK(cudaStreamEndCapture(st, &g));
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        std::vector<float> ms;
+        for (int rep = 0; rep < 16; ++rep) {
+          CK(cudaEventRecord(e0, st));
+          CK(cudaGraphLaunch(ge, st));
+          CK(cudaEventRecord(e1, st));
+          CK(cudaEventSynchronize(e1));
+          float t;
+          CK(cudaEventElapsedTime(&t, e0, e1));
+          if (rep > 0) ms.push_back(t / kLaunch);
+        }
+        CK(cudaGraphExecDestroy(ge));
+        CK(cudaGraphDestroy(g));
+        std::sort(ms.begin(), ms.end());
+        const double t_ms = ms[ms.size() / 2];
+        const double bytes = static_cast<double>(gbytes) + 4.0 * rows * (in + total_out);
+        const double gbs = bytes / (t_ms * 1e-3) / 1e9;
+        std::printf("%-10s %6lld %7lld %4s %3d %9.2f %8.0f %6.3f %9.2e\n", name, static_cast<long long>(in),
+                    static_cast<long long>(total_out), "cur", rows, t_ms * 1e3, gbs, gbs / copy_gbs, rel);
+        char buf[512];
+        std::snprintf(buf, sizeof buf,
+                      ", {\"shape\": \"%s\", \"in\": %lld, \"out\": %lld, \"version\": \"cur\", \"rows\": %d, "
+                      "\"us\": %.3f, \"gbs\": %.1f, \"frac_copy\": %.4f, \"rel_l2\": %.3e}",
+                      name, static_cast<long long>(in), static_cast<long long>(total_out), rows, t_ms * 1e3, gbs,
+                      gbs / copy_gbs, rel);
+        json += buf;
       }
     }
   }

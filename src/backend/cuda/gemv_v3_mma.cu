@@ -36,14 +36,18 @@
 //   tile and its up tile) are dealt out whole to the clusters, as evenly as whole units go, and a
 //   cluster's 16 warps split its units' batches (2 blocks of k each) evenly, crossing unit
 //   boundaries with their copy rings still full. A unit wholly in one warp's share is written by
-//   that warp; the pieces of a split unit meet in shared memory (the peer block's through
-//   distributed shared memory) and the warp where the unit ends adds them in share order, so the
-//   sums do not depend on timing. Gate/up at 2 rows: 0.85 of the copy bandwidth; but its tail
-//   (two cluster barriers, remote reads) costs ~3 us a launch where the tile schedule is already
-//   even (q/o 14.7 us against 11.2). Splitting units between any blocks through a workspace in
-//   global memory (the last block to finish a unit counted by an atomic) was tried first: 3-6 us a
-//   launch in fences, atomics and reloads (q/o 17.5 us); with its tail left out (wrong sums, for
-//   timing) gate/up streamed at 0.96, the bound on what an even split can reach.
+//   that warp; a warp whose share ends inside a unit stores its piece straight into the shared
+//   memory of the block where the unit ends (an inbox beside the rings; the peer block's through
+//   distributed shared memory), and after one cluster barrier the warp where the unit ends adds
+//   the pieces in share order, so the sums do not depend on timing. H200, 2 rows: the 8B gate/up
+//   0.92 of the copy bandwidth (tile schedule 0.84), lm_head 0.96 (0.94); its tail still costs
+//   ~1.5 us where the tile schedule's one wave is already even (q/o 12.8 us against 11.2).
+//   Tried before it: the pieces put into the rings' memory after a block barrier, then two cluster
+//   barriers around the finishers' remote reads (q/o 14.6 us; gate alone 0.86 of the copy
+//   bandwidth at 2 rows against 0.88); splitting units between any blocks through a workspace in global memory (the last block to finish a unit
+//   counted by an atomic): 3-6 us a launch in fences, atomics and reloads (q/o 17.5 us); with its
+//   tail left out (wrong sums, for timing) gate/up streamed at 0.96, the bound on what an even
+//   split can reach.
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -74,6 +78,10 @@ constexpr int kRingBytes = kWarps * kStages * kTileRows * kUnroll * 64;
 
 constexpr int kCluster = 2;                 // blocks a cluster (cluster schedule)
 constexpr int kClusterWarps = kCluster * kWarps;
+// The cluster schedule's block also holds an inbox of split units' pieces (a warp's accumulators,
+// gate and up): 112 KiB, still two blocks an SM (2 x (112 + 1 reserved) of 228 KiB).
+constexpr int kInboxBytes = kClusterWarps * 2 * kFrag * 4;
+constexpr int kClusterSmemBytes = kRingBytes + kInboxBytes;
 
 struct V3Args {
   GemvArgs g;
@@ -277,32 +285,39 @@ __device__ __forceinline__ void write_unit(const V3Args& v, int u, int lane, con
   }
 }
 
-// What a warp tells the cluster of its share, in shared memory: its first and last units (first
-// -1: an empty share). Its pieces of them, where it does not hold them whole, go into the rings'
-// memory at the end.
-struct WarpShare {
-  int first, last;
-};
+// Cluster barrier halves (PTX barrier.cluster), every thread of both blocks taking part. The
+// kernel arrives (relaxed) at its start and waits before its first remote store: a block may write
+// into its peer's shared memory only once the peer has started. The second phase (release /
+// acquire) makes the stores visible to the block that reads them.
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 template <bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V3Args v) {
   namespace cg = cooperative_groups;
   const GemvArgs& a = v.g;
-  extern __shared__ uint4 wsm[];  // [kWarps] rings of weight chunks (see slot); then the pieces
-  __shared__ WarpShare shares[kWarps];
+  // [kWarps] rings of weight chunks (see slot), then the inbox: [kClusterWarps][2 · kFrag / 4]
+  // float4, the pieces other warps send to this block's finishing warps, by sender.
+  extern __shared__ uint4 wsm[];
+  cluster_arrive_relaxed();  // this block has started (waited on before the first remote store)
   const cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, q = lane & 3;
   const int U = v.ubatches;
   // This cluster's units [u0, u1), as even as whole units go; its warp wc the wc-th sixteenth of
-  // their batches (the batches of unit u: u·U .. u·U + U - 1).
+  // their batches (the batches of unit u: u·U .. u·U + U - 1), batches [begin(wc), begin(wc + 1))
+  // counted from the cluster's first.
   const int c = static_cast<int>(blockIdx.x) / kCluster;
   const int u0 = static_cast<int>(int64_t{c} * v.n_units / v.clusters);
   const int u1 = static_cast<int>(int64_t{c + 1} * v.n_units / v.clusters);
-  const int64_t len = int64_t{u1 - u0} * U;
+  const int64_t base = int64_t{u0} * U, len = int64_t{u1 - u0} * U;
+  auto begin = [&](int w) { return w * len / kClusterWarps; };
+  // The warp whose share holds the cluster's batch j: the first w with begin(w + 1) > j.
+  auto owner = [&](int64_t j) { return static_cast<int>((kClusterWarps * (j + 1) + len - 1) / len) - 1; };
   const int wc = rank * kWarps + warp;
-  const int64_t j0 = int64_t{u0} * U + wc * len / kClusterWarps, j1 = int64_t{u0} * U + (wc + 1) * len / kClusterWarps;
+  const int64_t j0 = base + begin(wc), j1 = base + begin(wc + 1);
   const int count = static_cast<int>(j1 - j0);
   const int first_unit = static_cast<int>(j0 / U), last_unit = count > 0 ? static_cast<int>((j1 - 1) / U) : -1;
   // Whether unit u's batches all lie in this warp's share.
@@ -344,7 +359,6 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
     if (n < count) issue(n);
     detail::cp_async_commit();  // one group a batch, empty or not: wait_group counts them
   }
-  if (lane == 0) shares[warp] = {count > 0 ? first_unit : -1, last_unit};
   pdl_wait();
   pdl_release();
   const bool xrow = g < v.rows;
@@ -390,49 +404,51 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
     cb = 0;
   }
   detail::cp_async_wait<0>();
-  // Split units: every piece into this block's shared memory (the rings, once every warp of the
-  // block is past them), then the cluster's barrier, which makes them visible to both blocks.
-  __syncthreads();
-  auto* pieces = reinterpret_cast<float4*>(wsm);  // [kWarps][2 slots: first, last unit][2 · kFrag / 4]
-  auto put = [&](int s, const Piece& p) {
-    float4* to = pieces + (warp * 2 + s) * (2 * kFrag / 4);
+  // Split units. A cluster holds whole units, so a split unit ends in one of its warps' shares, and
+  // that warp (for which it is the first unit) finishes it. A warp whose last unit goes on past its
+  // share sends its piece (its only piece not yet written) straight into the finishing warp's
+  // block, at its own slot of the inbox: the inbox lies apart from the rings, so no block barrier
+  // is needed first, and after one cluster barrier every finisher reads only its own block.
+  auto* inbox = reinterpret_cast<float4*>(wsm + kRingBytes / 16);
+  constexpr int kSlot = 2 * kFrag / 4;  // float4 a piece: the gate (or only) dots, then up's
+  cluster_wait();  // the peer has started (its arrival at the kernel's start)
+  if (count > 0 && int64_t{last_unit + 1} * U > j1) {
+    Piece p;  // the unit's piece: the share's only unit, or its last
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p.d[e] = last_unit == first_unit ? head.d[e] : tail.d[e];
+      p.du[e] = last_unit == first_unit ? head.du[e] : tail.du[e];
+    }
+    const int f = owner(int64_t{last_unit + 1} * U - 1 - base);
+    float4* to = cluster.map_shared_rank(inbox, f / kWarps) + wc * kSlot;
     to[lane] = make_float4(p.d[0], p.d[1], p.d[2], p.d[3]);
-    to[32 + lane] = make_float4(p.du[0], p.du[1], p.du[2], p.du[3]);
-  };
-  if (count > 0 && !holds(first_unit)) put(0, head);
-  if (count > 0 && last_unit != first_unit && !holds(last_unit)) put(1, tail);
-  cluster.sync();
-  // A cluster holds whole units, so a split unit ends in one of its warps' shares, and that warp
-  // (for which it is the first unit) finishes it: the pieces of the warps before it that meet the
-  // unit (for each, its last unit; for the earliest, possibly its first too), in warp order.
-  if (count > 0 && !holds(first_unit) && int64_t{first_unit + 1} * U <= j1) {
-    const int u = first_unit;
-    int lo = wc;  // the cluster's first warp whose share meets u
-    for (int w = wc - 1; w >= 0; --w) {
-      const WarpShare ws = *cluster.map_shared_rank(&shares[w % kWarps], w / kWarps);
-      if (ws.first < 0) continue;  // an empty share (a unit of fewer batches than 16)
-      if (ws.last != u) break;
-      lo = w;
-      if (ws.first != u) break;  // w's share begins before u: no earlier warp meets it
-    }
-    Piece p{};
-    for (int w = lo; w <= wc; ++w) {
-      const WarpShare ws = *cluster.map_shared_rank(&shares[w % kWarps], w / kWarps);
-      if (ws.first < 0) continue;
-      const int sl = ws.first == u ? 0 : 1;  // u is warp w's first unit or its last
-      const float4* from = cluster.map_shared_rank(pieces, w / kWarps) + ((w % kWarps) * 2 + sl) * (2 * kFrag / 4);
-      const float4 t = from[lane], tu = from[32 + lane];
-      p.d[0] += t.x, p.d[1] += t.y, p.d[2] += t.z, p.d[3] += t.w;
-      p.du[0] += tu.x, p.du[1] += tu.y, p.du[2] += tu.z, p.du[3] += tu.w;
-    }
-    write_unit<kSwiGLU>(v, u, lane, p);
+    if constexpr (kSwiGLU) to[32 + lane] = make_float4(p.du[0], p.du[1], p.du[2], p.du[3]);
   }
-  cluster.sync();  // no block leaves while the other may still read its shared memory
+  cluster_arrive_release();
+  cluster_wait();
+  // The finisher adds the pieces of the warps before it that meet the unit (the first of them is
+  // the one whose share holds the unit's first batch; empty shares sent nothing), in warp order,
+  // then its own: the sums do not depend on timing.
+  if (count > 0 && !holds(first_unit) && int64_t{first_unit + 1} * U <= j1) {
+    Piece p{};
+    for (int w = owner(int64_t{first_unit} * U - base); w < wc; ++w) {
+      if (begin(w) == begin(w + 1)) continue;  // an empty share (a unit of fewer batches than 16)
+      const float4 t = inbox[w * kSlot + lane];
+      p.d[0] += t.x, p.d[1] += t.y, p.d[2] += t.z, p.d[3] += t.w;
+      if constexpr (kSwiGLU) {
+        const float4 tu = inbox[w * kSlot + 32 + lane];
+        p.du[0] += tu.x, p.du[1] += tu.y, p.du[2] += tu.z, p.du[3] += tu.w;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p.d[e] += head.d[e], p.du[e] += head.du[e];
+    write_unit<kSwiGLU>(v, first_unit, lane, p);
+  }
 }
 
 // Tuning knobs, read once (for measuring on the device without rebuilding):
-//   LRAGENT_GEMV3_SCHED  tile, cluster or auto (default: cluster where the tile schedule's grid
-//                        leaves SMs uneven, see gemv_v3_launch)
+//   LRAGENT_GEMV3_SCHED  tile, cluster or auto (default: the tile schedule where its grid fills one
+//                        wave of the SMs almost evenly, else the cluster schedule; gemv_v3_launch)
 //   LRAGENT_GEMV3_WAVES  tile schedule: fraction of an SM's 64 warps the split aims for (default
 //                        0.25: a tile's k range is split while the tiles give fewer warps than that)
 //   LRAGENT_GEMV3_MINK   tile schedule: 32-value blocks of k a piece keeps at least (default 8)
@@ -464,11 +480,11 @@ const Knobs3& knobs3() {
 
 // Past 48 KiB a kernel must opt in to its dynamic shared memory, once per kernel.
 template <class K>
-cudaError_t opt_in(K kernel) {
+cudaError_t opt_in(K kernel, int smem) {
   static thread_local std::vector<const void*> opted;
   const void* fn = reinterpret_cast<const void*>(kernel);
   if (std::find(opted.begin(), opted.end(), fn) != opted.end()) return cudaSuccess;
-  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingBytes);
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e == cudaSuccess) opted.push_back(fn);
   return e;
 }
@@ -487,7 +503,7 @@ int resident_clusters(K kernel) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(kCluster * sm_count()));
   cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = kRingBytes;
+  cfg.dynamicSmemBytes = kClusterSmemBytes;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kCluster;
@@ -532,21 +548,22 @@ cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cud
   while (wpt < max_wpt && warp_units * wpt < target && v.kblocks / (wpt * 2) >= knobs3().min_blocks) wpt *= 2;
   const int tpb = kWarps / wpt, per_block = swiglu ? tpb / 2 : tpb;
   const int64_t tile_grid = (v.n_units + per_block - 1) / per_block;
-  // The cluster schedule where the tile schedule's blocks would leave the SMs uneven (two resident
-  // blocks an SM: 224 blocks, the 8B gate/up, give 92 SMs two and 40 one): from half a wave of
-  // blocks, at less than 0.9 of the slots of its waves filled. Elsewhere the tile schedule, whose
-  // tail is cheaper (H200, 2 rows: q/o 11.2 us against 14.7, down 0.88 of the copy bandwidth
-  // against 0.81), also for grids too small to fill the GPU either way (k alone: 64 blocks, 6.2 us
-  // against 9.4).
+  // The tile schedule only where its blocks fill one wave of the SMs' slots (two resident blocks
+  // an SM) almost evenly, at 0.9 or more: there its tail is the cheaper (H200, 2 rows: q/o and down,
+  // 256 blocks for 264 slots, 11.2 us against 12.8 and 32.2 against 33.9). Elsewhere the cluster
+  // schedule: grids of more than a wave (lm_head: 1002 blocks, 268 us against 263 at 2 rows, 305
+  // against 292 at 8), unevenly filled ones (the 8B gate/up: 224 blocks, 67.6 us against 61.6) and
+  // small ones (k alone: 64 blocks, 6.2 us against 5.6).
   const double waves = static_cast<double>(tile_grid) / (2.0 * sm_count());
-  const bool uneven = waves >= 0.5 && waves / std::ceil(waves) < 0.9;
-  const int sched = knobs3().sched != 0 ? knobs3().sched : uneven ? 2 : 1;
+  const bool tile_even = waves <= 1.0 && waves >= 0.9;
+  const int sched = knobs3().sched != 0 ? knobs3().sched : tile_even ? 1 : 2;
   auto launch = [&](auto kernel, unsigned grid, bool cluster) -> cudaError_t {
-    if (const cudaError_t e = opt_in(kernel); e != cudaSuccess) return e;
+    const int smem = cluster ? kClusterSmemBytes : kRingBytes;
+    if (const cudaError_t e = opt_in(kernel, smem); e != cudaSuccess) return e;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(kWarps * 32);
-    cfg.dynamicSmemBytes = kRingBytes;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cudaLaunchAttribute attr[2];
     int n = 0;
@@ -568,7 +585,7 @@ cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cud
   };
   if (sched == 2) {
     auto kernel = swiglu ? gemv_v3_cluster_kernel<true> : gemv_v3_cluster_kernel<false>;
-    if (const cudaError_t e = opt_in(kernel); e != cudaSuccess) return e;  // before asking about its occupancy
+    if (const cudaError_t e = opt_in(kernel, kClusterSmemBytes); e != cudaSuccess) return e;  // before asking about its occupancy
     const int resident = resident_clusters(kernel);
     if (resident > 0) {
       v.ubatches = (v.kblocks + kUnroll - 1) / kUnroll * (swiglu ? 2 : 1);
