@@ -18,10 +18,14 @@
 // Precision: each x value is split into bf16 hi and lo = bf16(x - hi), both multiplied (two MMAs
 // a step), so x keeps ~16 bits of mantissa (f32 accumulation) where a plain bf16 x would keep 8;
 // the MMAs are far from limiting (each k16 step: 512 bytes of weights, 2 MMAs a warp).
-// No norm mode (RMSNorm folded in, as version 2 has for one row): tried, with the B operand h · g
-// and 1/rms(h) scaling the finished dot, the sum of h² gathered from the same loads; the folded
-// SwiGLU GEMV then took 125 µs against 77 µs unfolded (H200, 8B shapes, 2 rows), more than the
-// RMSNorm kernel it saves.
+// No norm mode (RMSNorm folded in, as version 2 has for one row): tried twice, with the B operand
+// h · g and 1/rms(h) scaling the finished dot, the sum of h² gathered from the same loads. In the
+// tile schedule the folded SwiGLU GEMV took 125 µs against 77 µs unfolded (H200, 8B shapes, 2
+// rows). In the cluster schedule (session 55; a split unit's pieces carrying their sums of squares
+// to the finishing warp; every CUDA test passed) whole steps were slower than with the RMSNorm
+// kernels: a 5-row speculative pass 5.87 ms against 5.47, an ICaRus step 5.80 against 5.36, with g
+// and the squares applied after the weights' wait (a first form that used x before issuing the
+// next batch's copies: 6.30 against 5.37); lragent serve, 8 clients 0.90 s against 0.84.
 // Loads: cp.async into a ring of kStages batches per warp (shared memory, not registers), so
 // each warp keeps ~10 KiB of weights in flight at 16 warps an SM; each copy instruction reads
 // whole 128-byte lines of 4 rows (the first try had each lane copy its own fragment, 64 bytes of
@@ -44,10 +48,10 @@
 //   ~1.5 us where the tile schedule's one wave is already even (q/o 12.8 us against 11.2).
 //   Tried before it: the pieces put into the rings' memory after a block barrier, then two cluster
 //   barriers around the finishers' remote reads (q/o 14.6 us; gate alone 0.86 of the copy
-//   bandwidth at 2 rows against 0.88); splitting units between any blocks through a workspace in global memory (the last block to finish a unit
-//   counted by an atomic): 3-6 us a launch in fences, atomics and reloads (q/o 17.5 us); with its
-//   tail left out (wrong sums, for timing) gate/up streamed at 0.96, the bound on what an even
-//   split can reach.
+//   bandwidth at 2 rows against 0.88); splitting units between any blocks through a workspace in
+//   global memory (the last block to finish a unit counted by an atomic): 3-6 us a launch in
+//   fences, atomics and reloads (q/o 17.5 us); with its tail left out (wrong sums, for timing)
+//   gate/up streamed at 0.96, the bound on what an even split can reach.
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -289,8 +293,12 @@ __device__ __forceinline__ void write_unit(const V3Args& v, int u, int lane, con
 // kernel arrives (relaxed) at its start and waits before its first remote store: a block may write
 // into its peer's shared memory only once the peer has started. The second phase (release /
 // acquire) makes the stores visible to the block that reads them.
-__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 template <bool kSwiGLU>
@@ -523,7 +531,8 @@ int resident_clusters(K kernel) {
 }  // namespace
 
 cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cudaStream_t s) {
-  // No norm mode: passes of more than one row do not fold RMSNorm in (CudaBackend::folds_rms_norm).
+  // No norm mode (see the top): passes of more than one row do not fold RMSNorm in
+  // (CudaBackend::folds_rms_norm).
   if (rows < 1 || rows > kXRows || a.in / 8 > INT_MAX / 2 || a.norm_w) return cudaErrorInvalidValue;
   V3Args v{};
   v.rows = static_cast<int>(rows);
@@ -585,7 +594,8 @@ cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cud
   };
   if (sched == 2) {
     auto kernel = swiglu ? gemv_v3_cluster_kernel<true> : gemv_v3_cluster_kernel<false>;
-    if (const cudaError_t e = opt_in(kernel, kClusterSmemBytes); e != cudaSuccess) return e;  // before asking about its occupancy
+    // The opt-in first: the occupancy query fails for a kernel not yet allowed its shared memory.
+    if (const cudaError_t e = opt_in(kernel, kClusterSmemBytes); e != cudaSuccess) return e;
     const int resident = resident_clusters(kernel);
     if (resident > 0) {
       v.ubatches = (v.kblocks + kUnroll - 1) / kUnroll * (swiglu ? 2 : 1);
