@@ -36,6 +36,55 @@ struct Shape {
 using GemvFn = cudaError_t (*)(const void*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t,
                                float, float, cudaStream_t);
 
+// Milliseconds a launch: a CUDA graph of kLaunch launches (launch(i) enqueues the i-th, each on
+// rotating weights), replayed 16 times, the first left out; the median.
+template <class Launch>
+double graph_ms(cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, Launch launch) {
+  const int kLaunch = 20;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kLaunch; ++i) CK(launch(i));
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 16; ++rep) {
+    CK(cudaEventRecord(e0, st));
+    CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float t;
+    CK(cudaEventElapsedTime(&t, e0, e1));
+    if (rep > 0) ms.push_back(t / kLaunch);
+  }
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// One measurement: a line on stdout and an entry of the JSON results.
+struct Row {
+  const char* shape;
+  int64_t in, out;
+  const char* version;
+  int rows;
+  double ms, bytes, rel;
+};
+void report(const Row& r, double copy_gbs, std::string& json, bool& first) {
+  const double gbs = r.bytes / (r.ms * 1e-3) / 1e9;
+  std::printf("%-10s %6lld %7lld %4s %3d %9.2f %8.0f %6.3f %9.2e\n", r.shape, static_cast<long long>(r.in),
+              static_cast<long long>(r.out), r.version, r.rows, r.ms * 1e3, gbs, gbs / copy_gbs, r.rel);
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "%s{\"shape\": \"%s\", \"in\": %lld, \"out\": %lld, \"version\": \"%s\", \"rows\": %d, \"us\": %.3f, "
+                "\"gbs\": %.1f, \"frac_copy\": %.4f, \"rel_l2\": %.3e}",
+                first ? "" : ", ", r.shape, static_cast<long long>(r.in), static_cast<long long>(r.out), r.version,
+                r.rows, r.ms * 1e3, gbs, gbs / copy_gbs, r.rel);
+  json += buf;
+  first = false;
+}
+
 float bf16_to_float(uint16_t b) {
   uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
@@ -144,42 +193,13 @@ int main(int argc, char** argv) {
           if (!(rel <= 1e-5)) all_ok = false;
         }
         // Timing: a graph of 20 launches over rotating buffers.
-        const int kLaunch = 20;
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < kLaunch; ++i) {
+        const double t_ms = graph_ms(st, e0, e1, [&](int i) {
           const void* w = static_cast<const char*>(pool) + (i % n_bufs) * wbytes;
-          CK(v.fn(w, sh.in, x, max_in, y, sh.out, rows, sh.in, sh.out, 1.f, 0.f, st));
-        }
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        std::vector<float> ms;
-        for (int rep = 0; rep < 16; ++rep) {
-          CK(cudaEventRecord(e0, st));
-          CK(cudaGraphLaunch(ge, st));
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
-          float t;
-          CK(cudaEventElapsedTime(&t, e0, e1));
-          if (rep > 0) ms.push_back(t / kLaunch);
-        }
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
-        std::sort(ms.begin(), ms.end());
-        const double t_ms = ms[ms.size() / 2];
-        const double bytes = static_cast<double>(wbytes) + 4.0 * rows * (sh.in + sh.out);
-        const double gbs = bytes / (t_ms * 1e-3) / 1e9;
-        std::printf("%-10s %6lld %7lld %4s %3d %9.2f %8.0f %6.3f %9.2e\n", sh.name, static_cast<long long>(sh.in),
-                    static_cast<long long>(sh.out), v.name, rows, t_ms * 1e3, gbs, gbs / copy_gbs, rel);
-        char buf[512];
-        std::snprintf(buf, sizeof buf,
-                      "%s{\"shape\": \"%s\", \"in\": %lld, \"out\": %lld, \"version\": \"%s\", \"rows\": %d, \"us\": %.3f, "
-                      "\"gbs\": %.1f, \"frac_copy\": %.4f, \"rel_l2\": %.3e}",
-                      first ? "" : ", ", sh.name, static_cast<long long>(sh.in), static_cast<long long>(sh.out), v.name,
-                      rows, t_ms * 1e3, gbs, gbs / copy_gbs, rel);
-        json += buf;
-        first = false;
+          return v.fn(w, sh.in, x, max_in, y, sh.out, rows, sh.in, sh.out, 1.f, 0.f, st);
+        });
+        report({sh.name, sh.in, sh.out, v.name, rows, t_ms, static_cast<double>(wbytes) + 4.0 * rows * (sh.in + sh.out),
+                rel},
+               copy_gbs, json, first);
       }
     }
   }
@@ -241,38 +261,11 @@ int main(int argc, char** argv) {
           rel = std::sqrt(num / std::max(den, 1e-30));
           if (!(rel <= 1e-5)) all_ok = false;
         }
-        const int kLaunch = 20;
-        cudaGraph_t g;
-        cudaGraphExec_t ge;
-        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int i = 0; i < kLaunch; ++i) CK(call(static_cast<const char*>(pool) + (i % n_bufs) * gbytes, rows));
-        CK(cudaStreamEndCapture(st, &g));
-        CK(cudaGraphInstantiate(&ge, g, 0));
-        std::vector<float> ms;
-        for (int rep = 0; rep < 16; ++rep) {
-          CK(cudaEventRecord(e0, st));
-          CK(cudaGraphLaunch(ge, st));
-          CK(cudaEventRecord(e1, st));
-          CK(cudaEventSynchronize(e1));
-          float t;
-          CK(cudaEventElapsedTime(&t, e0, e1));
-          if (rep > 0) ms.push_back(t / kLaunch);
-        }
-        CK(cudaGraphExecDestroy(ge));
-        CK(cudaGraphDestroy(g));
-        std::sort(ms.begin(), ms.end());
-        const double t_ms = ms[ms.size() / 2];
-        const double bytes = static_cast<double>(gbytes) + 4.0 * rows * (in + total_out);
-        const double gbs = bytes / (t_ms * 1e-3) / 1e9;
-        std::printf("%-10s %6lld %7lld %4s %3d %9.2f %8.0f %6.3f %9.2e\n", name, static_cast<long long>(in),
-                    static_cast<long long>(total_out), "cur", rows, t_ms * 1e3, gbs, gbs / copy_gbs, rel);
-        char buf[512];
-        std::snprintf(buf, sizeof buf,
-                      ", {\"shape\": \"%s\", \"in\": %lld, \"out\": %lld, \"version\": \"cur\", \"rows\": %d, "
-                      "\"us\": %.3f, \"gbs\": %.1f, \"frac_copy\": %.4f, \"rel_l2\": %.3e}",
-                      name, static_cast<long long>(in), static_cast<long long>(total_out), rows, t_ms * 1e3, gbs,
-                      gbs / copy_gbs, rel);
-        json += buf;
+        const double t_ms = graph_ms(st, e0, e1, [&](int i) {
+          return call(static_cast<const char*>(pool) + (i % n_bufs) * gbytes, rows);
+        });
+        report({name, in, total_out, "cur", rows, t_ms, static_cast<double>(gbytes) + 4.0 * rows * (in + total_out), rel},
+               copy_gbs, json, first);
       }
     }
   }
