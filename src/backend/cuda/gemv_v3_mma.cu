@@ -128,6 +128,32 @@ __device__ __forceinline__ void load_x(const float* xr, bool xrow, int q, int kb
   }
 }
 
+// Where a unit's weights are: segment, tile within it, the segment's rows.
+struct UnitLoc {
+  int seg, tl;
+  int64_t height;
+};
+template <bool kSwiGLU>
+__device__ __forceinline__ UnitLoc locate(const V3Args& v, int u) {
+  const GemvArgs& a = v.g;
+  if constexpr (kSwiGLU) return {0, u, a.end[0]};  // up: segment 1, same tile, same height
+  int s = 0;
+  while (s + 1 < a.n_segs && u >= v.tile_end[s]) ++s;
+  const int64_t lo = s > 0 ? a.end[s - 1] : 0;
+  return {s, s > 0 ? u - v.tile_end[s - 1] : u, a.end[s] - lo};
+}
+
+// Output (n, o) of segment seg from its finished dot d (SwiGLU: the gate's, du the up's).
+template <bool kSwiGLU>
+__device__ __forceinline__ void store_y(const GemvArgs& a, int seg, int n, int64_t o, float d, float du) {
+  if constexpr (kSwiGLU) {
+    a.y[0][n * a.ldy[0] + o] = d / (1.0f + expf(-d)) * du;  // silu_mul_kernel's expression
+  } else {
+    float* yo = a.y[seg] + n * a.ldy[seg] + o;
+    *yo = a.beta == 0.f ? a.alpha * d : a.alpha * d + a.beta * *yo;
+  }
+}
+
 // Tile schedule: a warp per (16-row tile, k piece), a tile's pieces in one block.
 template <bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Args v) {
@@ -138,19 +164,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
   const int g = lane >> 2, q = lane & 3;
   const int tpb = kWarps / a.wpr;  // tiles per block
   const int lt = warp / a.wpr, piece = warp % a.wpr;
-  // This warp's tile: its segment and its index within the segment.
-  int seg = 0, t;
-  if constexpr (kSwiGLU) {
-    const int half = tpb / 2;
-    seg = lt / half;
-    t = blockIdx.x * half + lt % half;
-  } else {
-    t = blockIdx.x * tpb + lt;
-    while (seg + 1 < a.n_segs && t >= v.tile_end[seg]) ++seg;
-  }
+  // This warp's tile: its unit (SwiGLU: the gate tile of the first half of the block's warps, the
+  // same up tile of the second), its segment and its index within the segment.
+  const int t = kSwiGLU ? blockIdx.x * (tpb / 2) + lt % (tpb / 2) : blockIdx.x * tpb + lt;
+  const UnitLoc at = locate<kSwiGLU>(v, t);
+  const int seg = kSwiGLU ? lt / (tpb / 2) : at.seg, tl = at.tl;
+  const int64_t height = at.height;
   const bool live = t < v.n_units;
-  const int tl = kSwiGLU || seg == 0 ? t : t - v.tile_end[seg - 1];
-  const int64_t height = a.end[seg] - (seg > 0 ? a.end[seg - 1] : 0);
   const uint4* wsafe = reinterpret_cast<const uint4*>(a.w[0]);  // a valid address for zero-fills
   const int chunks = v.chunks;
   const int kblocks = (chunks + 3) / 4;
@@ -229,38 +249,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
       const int tt = blockIdx.x * half + et;
       const int64_t o = int64_t{tt} * kTileRows + row;
       if (n >= v.rows || tt >= v.n_units || o >= a.end[0]) continue;
-      const float gd = dot(et * a.wpr, row, n), ud = dot((half + et) * a.wpr, row, n);
-      a.y[0][n * a.ldy[0] + o] = gd / (1.0f + expf(-gd)) * ud;  // silu_mul_kernel's expression
+      store_y<true>(a, 0, n, o, dot(et * a.wpr, row, n), dot((half + et) * a.wpr, row, n));
     }
   } else {
     for (int idx = threadIdx.x; idx < tpb * kTileRows * kXRows; idx += kWarps * 32) {
       const int et = idx / (kTileRows * kXRows), n = idx / kTileRows % kXRows, row = idx % kTileRows;
       const int tt = blockIdx.x * tpb + et;
       if (n >= v.rows || tt >= v.n_units) continue;
-      int s = 0;
-      while (s + 1 < a.n_segs && tt >= v.tile_end[s]) ++s;
-      const int64_t o = int64_t{s > 0 ? tt - v.tile_end[s - 1] : tt} * kTileRows + row;
-      if (o >= a.end[s] - (s > 0 ? a.end[s - 1] : 0)) continue;
-      const float d = dot(et * a.wpr, row, n);
-      float* yo = a.y[s] + n * a.ldy[s] + o;
-      *yo = a.beta == 0.f ? a.alpha * d : a.alpha * d + a.beta * *yo;
+      const UnitLoc ot = locate<false>(v, tt);
+      const int64_t o = int64_t{ot.tl} * kTileRows + row;
+      if (o >= ot.height) continue;
+      store_y<false>(a, ot.seg, n, o, dot(et * a.wpr, row, n), 0.f);
     }
   }
-}
-
-// Where a unit's weights are: segment, tile within it, the segment's rows.
-struct UnitLoc {
-  int seg, tl;
-  int64_t height;
-};
-template <bool kSwiGLU>
-__device__ __forceinline__ UnitLoc locate(const V3Args& v, int u) {
-  const GemvArgs& a = v.g;
-  if constexpr (kSwiGLU) return {0, u, a.end[0]};  // up: segment 1, same tile, same height
-  int s = 0;
-  while (s + 1 < a.n_segs && u >= v.tile_end[s]) ++s;
-  const int64_t lo = s > 0 ? a.end[s - 1] : 0;
-  return {s, s > 0 ? u - v.tile_end[s - 1] : u, a.end[s] - lo};
 }
 
 // A warp's piece of a unit: lane (g, q) holds rows g and g + 8 of the tile against x rows 2q and
@@ -280,12 +281,7 @@ __device__ __forceinline__ void write_unit(const V3Args& v, int u, int lane, con
     const int n = 2 * q + (e & 1);
     const int64_t o = int64_t{at.tl} * kTileRows + g + (e >> 1) * 8;
     if (n >= v.rows || o >= at.height) continue;
-    if constexpr (kSwiGLU) {
-      a.y[0][n * a.ldy[0] + o] = p.d[e] / (1.0f + expf(-p.d[e])) * p.du[e];  // silu_mul_kernel's expression
-    } else {
-      float* yo = a.y[at.seg] + n * a.ldy[at.seg] + o;
-      *yo = a.beta == 0.f ? a.alpha * p.d[e] : a.alpha * p.d[e] + a.beta * *yo;
-    }
+    store_y<kSwiGLU>(a, at.seg, n, o, p.d[e], p.du[e]);
   }
 }
 
