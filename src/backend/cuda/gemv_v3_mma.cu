@@ -66,6 +66,7 @@
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/device_props.h"
 #include "backend/cuda/gemv_common.cuh"
+#include "backend/cuda/gemv_v3_split.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace lragent::cuda {
@@ -310,22 +311,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, q = lane & 3;
   const int U = v.ubatches;
-  // This cluster's units [u0, u1), as even as whole units go; its warp wc the wc-th sixteenth of
-  // their batches (the batches of unit u: u·U .. u·U + U - 1), batches [begin(wc), begin(wc + 1))
-  // counted from the cluster's first.
-  const int c = static_cast<int>(blockIdx.x) / kCluster;
-  const int u0 = static_cast<int>(int64_t{c} * v.n_units / v.clusters);
-  const int u1 = static_cast<int>(int64_t{c + 1} * v.n_units / v.clusters);
-  const int64_t base = int64_t{u0} * U, len = int64_t{u1 - u0} * U;
-  auto begin = [&](int w) { return w * len / kClusterWarps; };
-  // The warp whose share holds the cluster's batch j: the first w with begin(w + 1) > j.
-  auto owner = [&](int64_t j) { return static_cast<int>((kClusterWarps * (j + 1) + len - 1) / len) - 1; };
+  // This cluster's units, as even as whole units go; its warp wc the wc-th sixteenth of their
+  // batches (the batches of unit u: u·U .. u·U + U - 1). The bookkeeping: gemv_v3_split.h.
+  const ClusterSplit<kClusterWarps> cs(static_cast<int>(blockIdx.x) / kCluster, v.n_units, v.clusters, U);
   const int wc = rank * kWarps + warp;
-  const int64_t j0 = base + begin(wc), j1 = base + begin(wc + 1);
-  const int count = static_cast<int>(j1 - j0);
-  const int first_unit = static_cast<int>(j0 / U), last_unit = count > 0 ? static_cast<int>((j1 - 1) / U) : -1;
-  // Whether unit u's batches all lie in this warp's share.
-  auto holds = [&](int u) { return int64_t{u} * U >= j0 && int64_t{u + 1} * U <= j1; };
+  const WarpShare sh(cs.base + cs.begin(wc), cs.base + cs.begin(wc + 1), U);
+  const int64_t j0 = sh.j0;
+  const int count = sh.count(), first_unit = sh.first, last_unit = sh.last;
   // Batch b of a unit: blocks 2b, 2b + 1 of the tile's 16 rows (SwiGLU: b / 2 of the gate tile
   // for even b, of the up tile for odd b), 128 contiguous bytes a row, copied by cp.async into the
   // warp's ring of kStages batches. Copy instruction i takes rows 4i .. 4i + 3, 8 lanes a row (four
@@ -397,7 +389,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
     }
     // The unit ends here or this warp's share does. A unit wholly in the share is written now;
     // a split one is kept for the end (at most two: the share's first and last units).
-    if (holds(cu))
+    if (sh.holds(cu))
       write_unit<kSwiGLU>(v, cu, lane, acc);
     else if (cu == first_unit)
       head = acc;
@@ -416,14 +408,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
   auto* inbox = reinterpret_cast<float4*>(wsm + kRingBytes / 16);
   constexpr int kSlot = 2 * kFrag / 4;  // float4 a piece: the gate (or only) dots, then up's
   cluster_wait();  // the peer has started (its arrival at the kernel's start)
-  if (count > 0 && int64_t{last_unit + 1} * U > j1) {
+  if (sh.sends()) {
     Piece p;  // the unit's piece: the share's only unit, or its last
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       p.d[e] = last_unit == first_unit ? head.d[e] : tail.d[e];
       p.du[e] = last_unit == first_unit ? head.du[e] : tail.du[e];
     }
-    const int f = owner(int64_t{last_unit + 1} * U - 1 - base);
+    const int f = sh.receiver(cs);
     float4* to = cluster.map_shared_rank(inbox, f / kWarps) + wc * kSlot;
     to[lane] = make_float4(p.d[0], p.d[1], p.d[2], p.d[3]);
     if constexpr (kSwiGLU) to[32 + lane] = make_float4(p.du[0], p.du[1], p.du[2], p.du[3]);
@@ -433,10 +425,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
   // The finisher adds the pieces of the warps before it that meet the unit (the first of them is
   // the one whose share holds the unit's first batch; empty shares sent nothing), in warp order,
   // then its own: the sums do not depend on timing.
-  if (count > 0 && !holds(first_unit) && int64_t{first_unit + 1} * U <= j1) {
+  if (sh.finishes()) {
     Piece p{};
-    for (int w = owner(int64_t{first_unit} * U - base); w < wc; ++w) {
-      if (begin(w) == begin(w + 1)) continue;  // an empty share (a unit of fewer batches than 16)
+    for (int w = sh.first_sender(cs); w < wc; ++w) {
+      if (cs.begin(w) == cs.begin(w + 1)) continue;  // an empty share (a unit of fewer batches than 16)
       const float4 t = inbox[w * kSlot + lane];
       p.d[0] += t.x, p.d[1] += t.y, p.d[2] += t.z, p.d[3] += t.w;
       if constexpr (kSwiGLU) {
