@@ -155,8 +155,10 @@ TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
 // GEMV version 3 (2-8 rows, bf16) splits units of 16 weight rows between the warps of a cluster of
 // two blocks, and the warp where a unit ends adds the pieces in share order (the peer block's
 // through distributed shared memory): against the CPU, and the same bits at every call. q/o-sized
-// (256 units, ~2 a cluster, each split over ~8 warps), a SwiGLU of 3 units (one a cluster, each
-// over 16 warps), an odd-sized SwiGLU, and 1031 rows over 14336 (the down projection's k).
+// (the tile schedule by default, one even wave; forced onto the cluster schedule with
+// LRAGENT_GEMV3_SCHED=cluster: 256 units, ~2 a cluster, each split over ~8 warps), a SwiGLU of 3
+// units (one a cluster, each over 16 warps), an odd-sized SwiGLU, and 1031 rows over 14336 (the
+// down projection's k).
 TEST_P(CudaOps, GemvOfSeveralRowsIsTheSameEveryCall) {
   const DType dt = GetParam();
   struct Shape { int64_t n, in, out; bool swiglu; };

@@ -129,6 +129,46 @@ __device__ __forceinline__ void load_x(const float* xr, bool xrow, int q, int kb
   }
 }
 
+// A warp's ring of kStages batches of weights in shared memory, [kStages][16 rows][8 chunk slots],
+// both schedules' (a batch: kUnroll 32-value blocks of k of a 16-row tile, 128 contiguous bytes a
+// row). Odd rows keep their two 64-byte halves swapped, so that the 8 lanes of a read phase (rows
+// 2m and 2m + 1, four chunks each) hit 8 distinct 16-byte bank groups.
+__device__ __forceinline__ uint4* ring_slot(uint4* ring, int b, int row, int cc) {
+  return ring + ((b % kStages) * kTileRows + row) * 8 + (cc ^ ((row & 1) << 2));
+}
+// The first kStages - 1 batches' copies (issue(b) copies batch b). They do not depend on the
+// previous kernel: with programmatic dependent launch they are in flight while it finishes; x and
+// y are touched only after griddepcontrol.wait, which ends this.
+template <class Issue>
+__device__ __forceinline__ void ring_start(int batches, Issue&& issue) {
+  for (int b = 0; b < kStages - 1; ++b) {
+    if (b < batches) issue(b);
+    detail::cp_async_commit();  // one group a batch, empty or not: wait_group counts them
+  }
+  pdl_wait();
+  pdl_release();
+}
+// Batch b's copies landed for the whole warp, batch b + kStages - 1's issued into the slot that
+// batch b - 1 freed.
+template <class Issue>
+__device__ __forceinline__ void ring_advance(int b, int batches, Issue&& issue) {
+  __syncwarp();  // every lane is done reading the slot the next copy overwrites (batch b - 1's)
+  if (b + kStages - 1 < batches) issue(b + kStages - 1);
+  detail::cp_async_commit();
+  detail::cp_async_wait<kStages - 1>();  // this lane's copies of batch b have landed
+  __syncwarp();                          // and every other lane's
+}
+// acc += batch b's weights (the lane's fragments: chunks q and 4 + q of rows g and g + 8) · x.
+__device__ __forceinline__ void ring_mma(uint4* ring, int b, int g, int q, const float4 (&xlo)[kUnroll],
+                                         const float4 (&xhi)[kUnroll], float (&acc)[4]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const uint4 ca = *ring_slot(ring, b, g, 4 * u + q), cb = *ring_slot(ring, b, g + 8, 4 * u + q);
+    mma_step(acc, ca.x, cb.x, ca.y, cb.y, xlo[u]);  // chunk values 0-3
+    mma_step(acc, ca.z, cb.z, ca.w, cb.w, xhi[u]);  // chunk values 4-7
+  }
+}
+
 // Where a unit's weights are: segment, tile within it, the segment's rows.
 struct UnitLoc {
   int seg, tl;
@@ -177,16 +217,13 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
   const int kblocks = (chunks + 3) / 4;
   const int per = (kblocks + a.wpr - 1) / a.wpr;
   const int kb0 = piece * per, kb1 = min(kblocks, kb0 + per);
-  // Batch b of the piece: blocks kb0 + b·kUnroll .. + kUnroll - 1 of the tile's 16 rows, 128
-  // contiguous bytes a row, copied by cp.async into the warp's ring of kStages batches. Copy
-  // instruction i takes rows 4i .. 4i + 3, 8 lanes a row (four whole 128-byte lines): a lane's
-  // fragment (chunks q and 4 + q of rows g and g + 8) is then read back from shared memory. Odd
-  // rows keep their two 64-byte halves swapped, so that the 8 lanes of a read phase (rows 2m and
-  // 2m + 1, four chunks each) hit 8 distinct 16-byte bank groups. Registers hold no weights in
-  // flight: a warp keeps kStages - 1 batches outstanding at a small kernel's occupancy.
+  // Batch b of the piece: blocks kb0 + b·kUnroll .. + kUnroll - 1 of the tile's 16 rows, copied
+  // by cp.async into the warp's ring (ring_slot). Copy instruction i takes rows 4i .. 4i + 3, 8
+  // lanes a row (four whole 128-byte lines); a lane's fragment is then read back from shared
+  // memory. Registers hold no weights in flight: a warp keeps kStages - 1 batches outstanding at a
+  // small kernel's occupancy.
   static_assert(kUnroll == 2, "the batch layout: 8 chunks (128 bytes) a row");
   uint4* ring = wsm + warp * kStages * kTileRows * 8;  // [kStages][16 rows][8 chunk slots]
-  auto slot = [&](int b, int row, int cc) { return ring + ((b % kStages) * kTileRows + row) * 8 + (cc ^ ((row & 1) << 2)); };
   const uint4* wrow[4];  // [i] the weight row this lane copies in instruction i, or null past the tile
   for (int i = 0; i < 4; ++i) {
     const int64_t r = int64_t{tl} * kTileRows + 4 * i + lane / 8;
@@ -200,35 +237,19 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
     for (int i = 0; i < 4; ++i) {
       // src size 0 zero-fills the slot and reads nothing (the address only has to be valid).
       const bool ok = inside && wrow[i];
-      detail::cp_async16(slot(b, 4 * i + lane / 8, cc), ok ? wrow[i] + c : wsafe, ok ? 16 : 0);
+      detail::cp_async16(ring_slot(ring, b, 4 * i + lane / 8, cc), ok ? wrow[i] + c : wsafe, ok ? 16 : 0);
     }
   };
   float acc[4] = {0.f, 0.f, 0.f, 0.f};  // (row g, x rows 2q, 2q+1), (row g + 8, the same)
-  // The first weights do not depend on the previous kernel: with programmatic dependent launch
-  // they are in flight while it finishes; x is read only after griddepcontrol.wait.
-  for (int b = 0; b < kStages - 1; ++b) {
-    if (b < batches) issue(b);
-    detail::cp_async_commit();  // one group a batch, empty or not: wait_group counts them
-  }
-  pdl_wait();
-  pdl_release();
+  ring_start(batches, issue);
   const bool xrow = g < v.rows;
   const float* xr = a.x + (xrow ? g : 0) * a.ldx;
   for (int b = 0; b < batches; ++b) {
     // x at this batch's k (L1 / L2), fetched while its weights may still be arriving.
     float4 xlo[kUnroll], xhi[kUnroll];
     load_x(xr, xrow, q, kb0 + b * kUnroll, kb1, chunks, xlo, xhi);
-    __syncwarp();  // every lane is done reading the slot the next copy overwrites (batch b - 1's)
-    if (b + kStages - 1 < batches) issue(b + kStages - 1);
-    detail::cp_async_commit();
-    detail::cp_async_wait<kStages - 1>();  // this lane's copies of batch b have landed
-    __syncwarp();                          // and every other lane's
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const uint4 ca = *slot(b, g, 4 * u + q), cb = *slot(b, g + 8, 4 * u + q);
-      mma_step(acc, ca.x, cb.x, ca.y, cb.y, xlo[u]);  // chunk values 0-3
-      mma_step(acc, ca.z, cb.z, ca.w, cb.w, xhi[u]);  // chunk values 4-7
-    }
+    ring_advance(b, batches, issue);
+    ring_mma(ring, b, g, q, xlo, xhi, acc);
   }
   detail::cp_async_wait<0>();
   part[warp][g][2 * q] = acc[0];
@@ -319,15 +340,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
   const int64_t j0 = sh.j0;
   const int count = sh.count(), first_unit = sh.first, last_unit = sh.last;
   // Batch b of a unit: blocks 2b, 2b + 1 of the tile's 16 rows (SwiGLU: b / 2 of the gate tile
-  // for even b, of the up tile for odd b), 128 contiguous bytes a row, copied by cp.async into the
-  // warp's ring of kStages batches. Copy instruction i takes rows 4i .. 4i + 3, 8 lanes a row (four
-  // whole 128-byte lines): a lane's fragment (chunks q and 4 + q of rows g and g + 8) is then read
-  // back from shared memory. Odd rows keep their two 64-byte halves swapped, so that the 8 lanes of
-  // a read phase (rows 2m and 2m + 1, four chunks each) hit 8 distinct 16-byte bank groups.
-  // Registers hold no weights in flight: a warp keeps kStages - 1 batches outstanding.
+  // for even b, of the up tile for odd b), copied by cp.async into the warp's ring (ring_slot),
+  // as the tile schedule copies them; a warp keeps kStages - 1 batches outstanding.
   static_assert(kUnroll == 2, "the batch layout: 8 chunks (128 bytes) a row");
   uint4* ring = wsm + warp * kStages * kTileRows * 8;  // [kStages][16 rows][8 chunk slots]
-  auto slot = [&](int n, int row, int cc) { return ring + ((n % kStages) * kTileRows + row) * 8 + (cc ^ ((row & 1) << 2)); };
   const uint4* wsafe = reinterpret_cast<const uint4*>(a.w[0]);  // a valid address for zero-fills
   // The copy cursor runs kStages - 1 batches ahead of the compute cursor, across units.
   int iu = first_unit, ib = static_cast<int>(j0 - int64_t{first_unit} * U);
@@ -342,21 +358,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
       const bool ok = inside && r < iat.height;
       // src size 0 zero-fills the slot and reads nothing (the address only has to be valid).
       const uint4* src = ok ? reinterpret_cast<const uint4*>(a.w[seg] + r * a.ldw[seg]) + c16 : wsafe;
-      detail::cp_async16(slot(n, 4 * i + lane / 8, cc), src, ok ? 16 : 0);
+      detail::cp_async16(ring_slot(ring, n, 4 * i + lane / 8, cc), src, ok ? 16 : 0);
     }
     if (++ib == U) {
       ib = 0;
       if (++iu < v.n_units) iat = locate<kSwiGLU>(v, iu);
     }
   };
-  // The first weights do not depend on the previous kernel: with programmatic dependent launch
-  // they are in flight while it finishes; x and y are touched only after griddepcontrol.wait.
-  for (int n = 0; n < kStages - 1; ++n) {
-    if (n < count) issue(n);
-    detail::cp_async_commit();  // one group a batch, empty or not: wait_group counts them
-  }
-  pdl_wait();
-  pdl_release();
+  ring_start(count, issue);
   const bool xrow = g < v.rows;
   const float* xr = a.x + (xrow ? g : 0) * a.ldx;
   Piece acc{}, head{}, tail{};  // the unit being summed; this warp's split first and last units
@@ -366,23 +375,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
     // x at this batch's k (L1 / L2), fetched while its weights may still be arriving.
     float4 xlo[kUnroll], xhi[kUnroll];
     load_x(xr, xrow, q, kb2 * kUnroll, v.kblocks, v.chunks, xlo, xhi);
-    __syncwarp();  // every lane is done reading the slot the next copy overwrites (batch n - 1's)
-    if (n + kStages - 1 < count) issue(n + kStages - 1);
-    detail::cp_async_commit();
-    detail::cp_async_wait<kStages - 1>();  // this lane's copies of batch n have landed
-    __syncwarp();                          // and every other lane's
-    auto mma_batch = [&](float(&dst)[4]) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const uint4 ca = *slot(n, g, 4 * u + q), cbk = *slot(n, g + 8, 4 * u + q);
-        mma_step(dst, ca.x, cbk.x, ca.y, cbk.y, xlo[u]);  // chunk values 0-3
-        mma_step(dst, ca.z, cbk.z, ca.w, cbk.w, xhi[u]);  // chunk values 4-7
-      }
-    };
+    ring_advance(n, count, issue);
     if (kSwiGLU && (cb & 1))
-      mma_batch(acc.du);
+      ring_mma(ring, n, g, q, xlo, xhi, acc.du);
     else
-      mma_batch(acc.d);
+      ring_mma(ring, n, g, q, xlo, xhi, acc.d);
     if (cb + 1 < U && n + 1 < count) {
       ++cb;
       continue;
