@@ -109,6 +109,9 @@ struct GraphStats {
   // start of every block table: forks of one trajectory) served by one pass over those keys for
   // all of them, then each sequence's own keys, merged (shared-prefix attention); and the rows.
   int64_t shared_prefix_attention = 0, shared_prefix_seqs = 0;
+  // Decode rows of attention_batch that read the very same keys (an ICaRus step's base-model row
+  // and decoder row over one cache) served by one pass over them, nothing to merge; and the rows.
+  int64_t same_keys_attention = 0, same_keys_seqs = 0;
 };
 
 // Device memory in use by a backend (0 on the CPU, where the OS accounts for it).

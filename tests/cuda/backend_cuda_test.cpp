@@ -970,7 +970,8 @@ TEST_P(CudaOps, AttentionBatchWithKTermsOverSeveralArenasAndAdaptersMatchesCpu) 
 // own. Against the CPU backend's attention, sequence by sequence. In bf16 (LRAGENT_CUDA_SHARED_
 // PREFIX_MIN_KEYS=1: any shared page counts) the CUDA backend must serve a run whose rows fit v4's
 // agents mode (n x G <= 32) as one shared-prefix attention, a larger one in groups of 8 forks (G =
-// 4), and one that shares nothing as a plain batch.
+// 4), and one that shares nothing as a plain batch. Rows that share every key (the same length
+// over the same blocks, as an ICaRus step's two rows) must take one launch over them alone.
 struct SharedPrefixCase {
   int page = 16;
   int rank = 0;                    // V term rank (0: none)
@@ -979,6 +980,8 @@ struct SharedPrefixCase {
   std::vector<int> own;            // per sequence: keys after them, in blocks of its own
   std::vector<int> b_of;           // per sequence: its B (with a V term)
   int runs = 0, seqs = 0;          // shared-prefix launches expected in bf16, and the rows they serve
+  int same_runs = 0;               // same-keys launches expected in bf16 (rows: every sequence's)
+  int trim = 0;                    // keys cut from the shared blocks' end (own keys 0: a partial last page)
 };
 
 static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, const SharedPrefixCase& c) {
@@ -993,7 +996,8 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
   std::vector<float> inv_freq(kHd / 2);
   for (int i = 0; i < kHd / 2; ++i) inv_freq[static_cast<size_t>(i)] = std::pow(10000.f, -2.f * i / kHd);
   std::vector<int> ctx(static_cast<size_t>(n));
-  for (int64_t s = 0; s < n; ++s) ctx[static_cast<size_t>(s)] = c.shared_pages[static_cast<size_t>(s)] * c.page + c.own[static_cast<size_t>(s)];
+  for (int64_t s = 0; s < n; ++s)
+    ctx[static_cast<size_t>(s)] = c.shared_pages[static_cast<size_t>(s)] * c.page + c.own[static_cast<size_t>(s)] - c.trim;
   std::vector<float> outs[2];
   Backend* bes[2] = {cpu, gpu};
   const GraphStats before = gpu->graph_stats();
@@ -1028,7 +1032,7 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
         std::vector<int32_t>& t = tables[static_cast<size_t>(s * kPools + k)];
         t.assign(shared.begin(), shared.begin() + sp);
         while (static_cast<int64_t>(t.size()) * c.page < cs) t.push_back(*(*pool)->allocate());
-        const int own_rows = cs - sp * c.page;
+        const int own_rows = std::max(cs - sp * c.page, 0);
         std::vector<int32_t> slots(static_cast<size_t>(own_rows));
         for (int i = 0; i < own_rows; ++i) slots[static_cast<size_t>(i)] = sp * c.page + i;
         Tensor h = random_host({own_rows, widths[k]}, static_cast<uint32_t>(300 + 8 * s + k));
@@ -1075,12 +1079,17 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
   }
   const GraphStats after = gpu->graph_stats();
   const int64_t runs = after.shared_prefix_attention - before.shared_prefix_attention;
-  std::printf("  attention_batch %s, %lld forks, page %d, rank %d, K rank %d: %lld shared-prefix launches\n",
-              dtype_name(dt), static_cast<long long>(n), c.page, c.rank, c.k_rank, static_cast<long long>(runs));
+  const int64_t same = after.same_keys_attention - before.same_keys_attention;
+  std::printf("  attention_batch %s, %lld forks, page %d, rank %d, K rank %d, ctx %d: %lld shared-prefix launches, "
+              "%lld over the same keys\n",
+              dtype_name(dt), static_cast<long long>(n), c.page, c.rank, c.k_rank, ctx[0], static_cast<long long>(runs),
+              static_cast<long long>(same));
   if (dt == DType::kBF16) {
     EXPECT_EQ(runs, c.runs) << n << " forks, page " << c.page;
     EXPECT_EQ(after.shared_prefix_seqs - before.shared_prefix_seqs, c.seqs);
-    if (c.runs == 0)  // still one launch for the run
+    EXPECT_EQ(same, c.same_runs) << n << " forks, page " << c.page;
+    EXPECT_EQ(after.same_keys_seqs - before.same_keys_seqs, c.same_runs > 0 ? n : 0);
+    if (c.runs == 0 && c.same_runs == 0)  // still one launch for the run
       EXPECT_EQ(after.batched_attention - before.batched_attention, 1);
   }
 }
@@ -1115,6 +1124,15 @@ TEST_P(CudaOps, AttentionBatchOfForksSharesTheirPrefix) {
        {2, 1, 0, 0, 1, 2, 0, 1, 2, 2, 1, 0, 0, 1, 2, 0, 1}, 1, 17},
       // Ten sequences that share nothing: one plain decode batch.
       {16, 16, 0, std::vector<int>(10, 0), {5, 17, 33, 1, 2, 3, 4, 97, 16, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, 0, 0},
+      // Rows over the very same keys (an ICaRus step's base row and decoder row): one launch, no
+      // own keys and no merge. 4097 keys (the last page holds one), two rows, no terms; 1019 keys
+      // with V terms; one key; 97 keys on pages of one token with K and V terms; nine rows (two
+      // groups) of 17 keys with K and V terms.
+      {16, 0, 0, {257, 257}, {0, 0}, {}, 0, 0, 1, 15},
+      {16, 16, 0, {64, 64, 64}, {0, 0, 0}, {2, 0, 1}, 0, 0, 1, 5},
+      {16, 16, 0, {1, 1}, {0, 0}, {1, 0}, 0, 0, 1, 15},
+      {1, 8, 4, {97, 97, 97}, {0, 0, 0}, {2, 0, 1}, 0, 0, 1, 0},
+      {16, 16, 16, std::vector<int>(9, 2), std::vector<int>(9, 0), {0, 1, 2, 0, 1, 2, 0, 1, 2}, 0, 0, 1, 15},
   };
   for (const SharedPrefixCase& c : cases) attention_batch_shared_prefix(cpu.get(), gpu.get(), GetParam(), c);
 }

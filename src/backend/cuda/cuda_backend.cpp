@@ -39,6 +39,8 @@ Result<std::unique_ptr<Backend>> CudaBackend::create(const CudaBackendOptions& o
     be->batch_attention_ = false;  // one launch per sequence, as before attention_batch (measuring)
   if (const char* m = std::getenv("LRAGENT_CUDA_SHARED_PREFIX_MIN_KEYS"); m && *m)
     be->shared_prefix_min_keys_ = std::max<int64_t>(std::atoll(m), 0);  // 0: off (measuring; tests: 1)
+  if (const char* m = std::getenv("LRAGENT_CUDA_SAME_KEYS_MIN_KEYS"); m && *m)
+    be->same_keys_min_keys_ = std::max<int64_t>(std::atoll(m), 0);  // 0: off (measuring)
   if (const char* m = std::getenv("LRAGENT_CUDA_MATERIALIZE_K"); m && std::string(m) == "0")
     be->materialize_k_ = false;  // prefill rebuilds K per tile in the kernel, as before (measuring)
   if (const char* f = std::getenv("LRAGENT_CUDA_FUSE_ROPE_ATTENTION"); f && std::string(f) == "0")
@@ -118,10 +120,12 @@ CudaBackend::~CudaBackend() {
                "{} eager, {} capture failures (segments included); {:.1f} ms building graphs; {} attention launches "
                "served {} sequences at once; {} prefill attentions materialised K; {} RoPEs launched with their K/V "
                "stores; {} store launches computed LoRA expands; {} decode attentions did their RoPE and stores; {} q/k "
-               "norms were done by the kernel after them; {} shared-prefix attentions served {} sequences\n",
+               "norms were done by the kernel after them; {} shared-prefix attentions served {} sequences; {} "
+               "attentions over the same keys served {} sequences\n",
                t.passes, t.segments, t.replayed, t.captured, t.updated, t.eager, t.capture_failures, t.build_ms,
                batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, fused_lora_stores_,
-               fused_rope_attention_, fused_qk_norms_, shared_prefix_attn_, shared_prefix_seqs_);
+               fused_rope_attention_, fused_qk_norms_, shared_prefix_attn_, shared_prefix_seqs_, same_keys_attn_,
+               same_keys_seqs_);
   }
   if (rec_prof_ && !rec_ms_.empty()) {
     double total = 0;

@@ -630,15 +630,39 @@ int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) {
   return keys;
 }
 
+bool CudaBackend::same_keys(std::span<const AttentionParams> ps) const {
+  const AttentionParams& p0 = ps.front();
+  // Every table over the pages that hold n_ctx keys, the last partial one too, over one memory.
+  auto same = [&](auto view_of) {
+    const PagedView& v0 = view_of(p0);
+    const int64_t pages = (p0.n_ctx + v0.page_size - 1) / v0.page_size;
+    for (const AttentionParams& p : ps) {
+      const PagedView& v = view_of(p);
+      if (p.n_ctx != p0.n_ctx || v.data != v0.data) return false;
+      if (v.table != v0.table && !std::equal(v0.table, v0.table + pages, v.table)) return false;
+    }
+    return true;
+  };
+  return same([](const AttentionParams& p) -> const PagedView& { return p.k; }) &&
+         same([](const AttentionParams& p) -> const PagedView& { return p.v; }) &&
+         (!p0.v_lr.active() || same([](const AttentionParams& p) -> const PagedView& { return p.v_lr.lr; })) &&
+         (!p0.k_lr.active() || same([](const AttentionParams& p) -> const PagedView& { return p.k_lr.lr; }));
+}
+
 bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
   const auto n = static_cast<int64_t>(ps.size());
-  if (shared_prefix_min_keys_ <= 0 || n < 2) return false;
-  const int64_t shared = shared_prefix_keys(ps);
-  if (shared <= 0 || (n - 1) * shared < shared_prefix_min_keys_) return false;  // nothing (enough) shared: one batch
+  if (n < 2) return false;
   const AttentionParams& p0 = ps.front();
+  // Rows that read the very same keys (an ICaRus step's base-model row and decoder row over one
+  // cache): the agents-mode pass over all of them is the whole attention, with nothing of their
+  // own to run and merge (same_keys_min_keys_ says from how many keys on).
+  const bool whole = same_keys_min_keys_ > 0 && p0.n_ctx >= same_keys_min_keys_ && same_keys(ps);
+  if (!whole && shared_prefix_min_keys_ <= 0) return false;
+  const int64_t shared = whole ? p0.n_ctx : shared_prefix_keys(ps);
+  if (shared <= 0 || (!whole && (n - 1) * shared < shared_prefix_min_keys_)) return false;  // nothing (enough) shared: one batch
   const int64_t rows = n * p0.n_heads;  // [n, n_heads] output rows
   const auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned16(p0.out)) return false;  // the merge's 16-byte rows
+  if (!aligned16(p0.out)) return false;  // the merge's 16-byte rows (whole: the kernel's)
   const bool lr = p0.v_lr.active(), klr = p0.k_lr.active();
 
   // The shared keys' pass: agents mode, agent i the query of sequence i; more than one
@@ -653,40 +677,50 @@ bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
   a.max_ctx = static_cast<int>(sized_ctx(shared));
   // Placeholders for the check (every pointer set below before the launch).
   a.out_f32 = p0.out;
-  a.lse_out = p0.out;
+  a.lse_out = whole ? nullptr : p0.out;
   a.inv_freq = klr ? p0.inv_freq : nullptr;
   if (!lc::attention_v4_applies(a)) return false;
 
-  // Scratch: the shared pass's outputs [rows, head_dim] and log-sum-exps, the own keys' [rows].
-  const size_t o_bytes = static_cast<size_t>(rows) * p0.head_dim * 4, l_bytes = static_cast<size_t>(rows) * 4;
-  const size_t bytes = o_bytes + 2 * ((l_bytes + 15) / 16 * 16);
-  auto* buf = static_cast<char*>(tape_->recording() ? pass_alloc(bytes) : try_scratch(6, bytes));
-  if (!buf) return false;
-  auto* o_shared = reinterpret_cast<float*>(buf);
-  auto* lse_shared = reinterpret_cast<float*>(buf + o_bytes);
-  auto* lse_own = reinterpret_cast<float*>(buf + o_bytes + (l_bytes + 15) / 16 * 16);
-
-  std::optional<lc::AttnParams> own = decode_batch_params(ps, shared, lse_own);
-  if (!own) return false;
+  // Scratch (a prefix only): the shared pass's outputs [rows, head_dim] and log-sum-exps, the own
+  // keys' [rows].
+  float *o_shared = nullptr, *lse_shared = nullptr, *lse_own = nullptr;
+  std::optional<lc::AttnParams> own;
+  if (!whole) {
+    const size_t o_bytes = static_cast<size_t>(rows) * p0.head_dim * 4, l_bytes = static_cast<size_t>(rows) * 4;
+    const size_t bytes = o_bytes + 2 * ((l_bytes + 15) / 16 * 16);
+    auto* buf = static_cast<char*>(tape_->recording() ? pass_alloc(bytes) : try_scratch(6, bytes));
+    if (!buf) return false;
+    o_shared = reinterpret_cast<float*>(buf);
+    lse_shared = reinterpret_cast<float*>(buf + o_bytes);
+    lse_own = reinterpret_cast<float*>(buf + o_bytes + (l_bytes + 15) / 16 * 16);
+    own = decode_batch_params(ps, shared, lse_own);
+    if (!own) return false;
+  }
+  // Each agent's query row and B_v / B_k: the own keys' pass's, or staged here.
+  auto b_seq = [&](auto b_of) {
+    std::vector<const void*> bs;
+    for (const AttentionParams& p : ps) bs.push_back(b_of(p));
+    return static_cast<const lc::bf16* const*>(dev_bytes(bs.data(), bs.size() * sizeof(void*)));
+  };
   std::vector<int32_t> meta(static_cast<size_t>(2 * n_groups + 1));  // q_start[0..n_groups], ctx_len[n_groups]
   for (int64_t g = 0; g <= n_groups; ++g) meta[static_cast<size_t>(g)] = static_cast<int32_t>(std::min(n, g * group));
   for (int64_t g = 0; g < n_groups; ++g) meta[static_cast<size_t>(n_groups + 1 + g)] = static_cast<int32_t>(shared);
   const int32_t* dmeta = dev_ints(meta.data(), static_cast<int64_t>(meta.size()));
   a.q_start = dmeta;
   a.ctx_len = dmeta + n_groups + 1;
-  a.q = own->q;  // the same n query rows, already in bf16
+  a.q = own ? own->q : q_bf16(p0.q, rows * p0.head_dim);  // the same n query rows in bf16
   a.k = dev_view(p0.k, shared);
   a.v = dev_view(p0.v, shared, p0.v.table == p0.k.table && p0.v.page_size == p0.k.page_size ? a.k.table : nullptr);
-  if (lr) {  // each agent's B_v: the own keys' pass's per-sequence array
+  if (lr) {  // each agent's B_v
     a.v_lr.lr = dev_view(p0.v_lr.lr, shared);
-    a.v_lr.b_seq = own->v_lr.b_seq;
+    a.v_lr.b_seq = own ? own->v_lr.b_seq : b_seq([](const AttentionParams& p) { return p.v_lr.b; });
   }
-  if (klr) {  // each agent's B_k the same way, and the frequencies that pass staged
+  if (klr) {  // each agent's B_k the same way, and the RoPE frequencies
     a.k_lr.lr = dev_view(p0.k_lr.lr, shared);
-    a.k_lr.b_seq = own->k_lr.b_seq;
-    a.inv_freq = own->inv_freq;
+    a.k_lr.b_seq = own ? own->k_lr.b_seq : b_seq([](const AttentionParams& p) { return p.k_lr.b; });
+    a.inv_freq = own ? own->inv_freq : dev_floats(p0.inv_freq, p0.head_dim / 2);
   }
-  a.out_f32 = o_shared;
+  a.out_f32 = whole ? p0.out : o_shared;
   a.lse_out = lse_shared;
 
   // Each launch sets its workspace just before it: a later set may grow (reallocate) the buffer,
@@ -695,10 +729,19 @@ bool CudaBackend::run_shared_prefix(std::span<const AttentionParams> ps) {
   wrote(p0.out, static_cast<size_t>(rows) * p0.head_dim * 4);
   set_attn_workspace(a, kernel);
   if (tape_->recording()) {
-    rec("attention_shared_prefix", shared);
+    // whole: the length is not part of the pass's shape (ctx_len and the tables are staged).
+    if (whole)
+      rec("attention_same_keys");
+    else
+      rec("attention_shared_prefix", shared);
     sig_of(*tape_, a);
   }
   launch("attention", [a, kernel] { return lc::attention(a, kernel); });
+  if (whole) {
+    ++same_keys_attn_;
+    same_keys_seqs_ += n;
+    return true;
+  }
   set_attn_workspace(*own, kernel);
   if (tape_->recording()) {
     rec("attention_own_keys");

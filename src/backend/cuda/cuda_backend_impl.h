@@ -114,7 +114,7 @@ class CudaBackend final : public Backend {
             t.updated,    t.record_ms,        host_picks_,         t.capture_failures,
             batched_attn_, batched_attn_seqs_, materialized_k_, fused_rope_stores_, t.segments,
             fused_lora_stores_, fused_rope_attention_, fused_qk_norms_, shared_prefix_attn_,
-            shared_prefix_seqs_};
+            shared_prefix_seqs_, same_keys_attn_, same_keys_seqs_};
   }
 
   void copy(const TensorView& src, TensorView& dst) override;
@@ -288,6 +288,10 @@ class CudaBackend final : public Backend {
   // (base-lr) finished in 1.02 s with it at any size against 1.10 s with this threshold at 48k,
   // 3 agents 0.96 s either way (H200, serve-concurrency.py --shared-prompt).
   int64_t shared_prefix_min_keys_ = kSharedPrefixMinKeys;
+  // run_shared_prefix's rows that read the very same keys (same_keys; an ICaRus step's two rows)
+  // go through one agents-mode launch from this many keys on (LRAGENT_CUDA_SAME_KEYS_MIN_KEYS;
+  // 0: off, such rows run as a decode batch or a shared prefix as before).
+  int64_t same_keys_min_keys_ = 1;
   bool pass_open_ = false;                         // between begin_pass and end_pass
   std::vector<const void*> prefix_memo_key_;       // shared_prefix_keys' last question in this pass
   int64_t prefix_memo_keys_ = 0;                   // ... and its answer
@@ -476,9 +480,14 @@ class CudaBackend final : public Backend {
   // head, go in groups of about equal size, each group a sequence of the one launch over the same
   // pages, so the later groups read them from L2) and the decode batch over each one's own keys
   // (their K term's RoPE positions from k_pos0 on), both with their log-sum-exps, then
-  // attention_merge into the outputs. False (nothing launched) when nothing is shared, too few
-  // keys are shared to pay for the two extra launches, or v4 takes neither shape.
+  // attention_merge into the outputs. Rows that read the very same keys (same_keys) take the
+  // agents-mode launch alone, straight into the outputs. False (nothing launched) when nothing is
+  // shared, too few keys are shared to pay for the two extra launches, or v4 takes neither shape.
   bool run_shared_prefix(std::span<const AttentionParams> ps);
+  // Every sequence of ps (decode_batchable rows) has the same length and reads all its keys from
+  // the same blocks of the same caches (K, V, the LR rows of the V and K terms), the last
+  // partial page too: an ICaRus step's base-model row and decoder row over one cache.
+  bool same_keys(std::span<const AttentionParams> ps) const;
   // ---- cuBLASLt (lt_gemm.h)
   // y[n, out] (ld ldy, f32) = alpha · x[n, in] (ld ldx, w's type) · w[out, in]^T + beta · y.
   // Column-major view: Y^T[out, n] = W (k=in x m=out, op T) x X^T (in x n).
@@ -532,6 +541,7 @@ class CudaBackend final : public Backend {
   int64_t host_picks_ = 0;         // GraphStats::host_picks
   int64_t batched_attn_ = 0, batched_attn_seqs_ = 0;  // GraphStats::batched_attention(_seqs)
   int64_t shared_prefix_attn_ = 0, shared_prefix_seqs_ = 0;  // GraphStats::shared_prefix_attention(_seqs)
+  int64_t same_keys_attn_ = 0, same_keys_seqs_ = 0;          // GraphStats::same_keys_attention(_seqs)
   int64_t materialized_k_ = 0;                        // GraphStats::materialized_k
   int64_t fused_rope_stores_ = 0;                     // GraphStats::fused_rope_stores
   // Identity block table [pages] (0, 1, 2, ...) of the dense K_full and V copies (materialize_k_full).
