@@ -181,6 +181,21 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
   };
   bool need_full = false;
   for (const SeqInput& in : batch) need_full = need_full || in.kv->wants_full();
+  // Per sequence: whether its K and V rows go unread (an ICaRus decoder's part stores no entries
+  // and attends to the base model's), so no K/V LoRA term runs for it; empty when all store.
+  std::vector<char> kv_unused;
+  if (!parts.stores.empty())
+    for (size_t s = 0; s < batch.size(); ++s) kv_unused.push_back(parts.stores_at(s) ? 0 : 1);
+  // Whether some sequence that stores entries has an adapter that adapts `target` in layer l.
+  auto adapts_stored = [&](int l, LoraTarget target) {
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const LoraSegment& sg = segs[s];
+      if (parts.stores_at(s) && sg.adapter &&
+          sg.adapter->layers[static_cast<size_t>(l)][static_cast<size_t>(target)].has_value())
+        return true;
+    }
+    return false;
+  };
 
   Tensor h = be_.alloc(DType::kF32, {n, hid});          // [N, hidden] residual stream
   Tensor xn = be_.alloc(DType::kF32, {n, hid});         // [N, hidden] normed
@@ -251,9 +266,10 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
     TensorView q2 = as2d(q, qw), kb2 = as2d(k_base, kvw);
     // Full K/V = base + LoRA delta, only when some binding stores full entries (the base modes
     // keep just the LR rows x·A, so the expand, copies and RoPE of full K would be wasted), and
-    // only when some sequence's adapter adapts k (v): otherwise the full entries are the base ones.
-    const bool own_k_full = need_full && adapts(l, LoraTarget::kK);
-    const bool own_v_full = need_full && adapts(l, LoraTarget::kV);
+    // only when the adapter of some sequence that stores adapts k (v): otherwise the full entries
+    // are the base ones.
+    const bool own_k_full = need_full && adapts_stored(l, LoraTarget::kK);
+    const bool own_v_full = need_full && adapts_stored(l, LoraTarget::kV);
     Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd] when own_*_full
     if (own_k_full) k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});
     if (own_v_full) v_full = be_.alloc(DType::kF32, {n, kvw});
@@ -266,10 +282,12 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
       const Backend::MatmulOut qkv[] = {{&lw.wq, opt(lw.bq), &q2}, {&lw.wk, opt(lw.bk), &kb2},
                                         {&lw.wv, opt(lw.bv), &v_base.view()}};
       // q's expands are handed to the op that reads q next: the RoPE, or Qwen3's q/k norm.
+      const std::vector<char>* unused = kv_unused.empty() ? nullptr : &kv_unused;
       const LoraTargetOut lora[] = {
           {LoraTarget::kQ, &q2, nullptr, nullptr, &q_lora},
-          {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k},
-          {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v}};
+          {LoraTarget::kK, own_k_full ? &kf2 : nullptr, own_k_full ? &kb2 : nullptr, &lr_k, nullptr, unused},
+          {LoraTarget::kV, own_v_full ? &v_full.view() : nullptr, own_v_full ? &v_base.view() : nullptr, &lr_v, nullptr,
+           unused}};
       LRA_RETURN_IF_ERROR(
           project_with_lora(be_, l, xn.view(), qkv, lora, segs, lr_keep, stats_, fold ? &attn_in : nullptr));
     }

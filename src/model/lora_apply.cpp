@@ -35,11 +35,18 @@ Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<
     else
       be.matmul_group(x, outs);  // one output: a plain matmul on every backend
   };
+  // Segment s's module for target t, or null where its adapter does not adapt it or nothing reads
+  // the result (LoraTargetOut::unused).
+  auto module_at = [&](size_t t, size_t s) -> const LoraModule* {
+    const LoraTargetOut& to = targets[t];
+    if (to.unused && (*to.unused)[s]) return nullptr;
+    return module_of(segs[s].adapter, layer, to.target);
+  };
   // No segment adapts any target (a base-model batch, or an adapter without these modules): the
   // base projections only (every decode step of a base model passes here 4 times a layer).
   bool any = false;
-  for (const LoraTargetOut& to : targets)
-    for (const LoraSegment& sg : segs) any = any || module_of(sg.adapter, layer, to.target) != nullptr;
+  for (size_t t = 0; t < targets.size(); ++t)
+    for (size_t s = 0; s < segs.size(); ++s) any = any || module_at(t, s) != nullptr;
   if (!any) {
     for (const LoraTargetOut& to : targets)
       if (to.lr_out) to.lr_out->assign(segs.size(), TensorView{});
@@ -54,13 +61,13 @@ Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<
     }
     std::vector<bool> done(segs.size(), false);
     for (size_t s = 0; s < segs.size(); ++s) {
-      const LoraModule* lead = module_of(segs[s].adapter, layer, targets[t].target);
+      const LoraModule* lead = module_at(t, s);
       if (done[s] || !lead) continue;
       ShrinkGroup g;
       g.target = t;
       g.lead = lead;
       for (size_t u = s; u < segs.size(); ++u) {
-        const LoraModule* m = module_of(segs[u].adapter, layer, targets[t].target);
+        const LoraModule* m = module_at(t, u);
         if (done[u] || !m || !lead->same_a_as(*m)) continue;
         done[u] = true;
         g.members.push_back(u);
@@ -144,7 +151,7 @@ Status project_with_lora(Backend& be, int layer, const TensorView& x, std::span<
       j.y = to.y->rows(sg.row_begin, sg.row_begin + sg.n_rows);
       if (to.base) j.base = to.base->rows(sg.row_begin, sg.row_begin + sg.n_rows);
       if (adapted) {
-        const LoraModule* m = module_of(sg.adapter, layer, to.target);
+        const LoraModule* m = module_at(t, u);
         j.xa = xa_u;
         j.b = m->b_use();
         j.scale = m->scale;

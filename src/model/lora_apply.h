@@ -33,6 +33,10 @@ struct LoraTargetOut {
   // When given, this target's expand jobs are appended here instead of run: the caller hands them
   // to an op that applies them on the way (Backend::rope_pair_lora for q). In place only (no base).
   std::vector<Backend::LoraExpandJob>* defer = nullptr;
+  // When given: per segment, nonzero where nothing reads this target's output rows (an ICaRus
+  // decoder's K and V: it stores no entries), so neither its shrink nor its expand runs there, as
+  // if its adapter did not adapt the target.
+  const std::vector<char>* unused = nullptr;
 };
 
 // One projection stage of a layer: the base projections that read x (q/k/v; o; gate/up; down)

@@ -7,6 +7,7 @@
 
 #include "engine/generator.h"
 #include "model/lora.h"
+#include "model/lora_apply.h"
 #include "test_util.h"
 
 namespace lragent {
@@ -76,6 +77,34 @@ TEST_P(MultiLora, ShrinkOncePerSharedAGroup) {
   const int groups = shared ? 1 : 3;  // one x·A per group per module and layer
   EXPECT_EQ(model_->stats().lora_shrink_calls, static_cast<int64_t>(layers) * modules * groups);
   EXPECT_EQ(model_->stats().lora_shrink_rows, static_cast<int64_t>(layers) * modules * 9);
+}
+
+// An ICaRus decoder (SeqInput::decoder) stores no entries: it attends to the base model's. Its
+// adapter's q (and o) terms run on its row, its k and v terms nowhere (their shrinks and expands
+// would produce rows nothing reads), and the pass gives the decoder's logits all the same (the
+// logits themselves are checked against transformers + PEFT by IcarusTest).
+TEST_P(MultiLora, AnIcarusDecoderRunsNoKOrVTerm) {
+  const int layers = model_->config().num_layers;
+  const bool qkvo = GetParam().find("qkvo") != std::string::npos;
+  auto pools = KvPools::create(model_->config(), 16, 4, "test");
+  ASSERT_TRUE(pools.ok());
+  FullKvCache kv(pools->kv.get());
+  const std::vector<int32_t> toks = {1, 50, 60, 70};
+  SeqInput in;
+  in.tokens = toks.data();
+  in.n_tokens = static_cast<int>(toks.size());
+  in.kv = &kv;
+  in.decoder = adapters_[1].get();
+  model_->stats() = ForwardStats{};
+  auto logits = model_->forward({in});
+  ASSERT_TRUE(logits.ok()) << logits.error().message;
+  EXPECT_EQ(logits->dim(0), 1);  // the decoder's row: the last token's
+  const int modules = qkvo ? 2 : 1;  // q (and o): one shrink each a layer
+  EXPECT_EQ(model_->stats().lora_shrink_calls, static_cast<int64_t>(layers) * modules);
+  // The pass's 5 rows (4 through the base model, the decoder's last) are few enough that each
+  // shrink rides in the grouped product over all of them (kLoraFoldRows), which counts them all.
+  static_assert(kLoraFoldRows >= 5);
+  EXPECT_EQ(model_->stats().lora_shrink_rows, static_cast<int64_t>(layers) * modules * 5);
 }
 
 // The pass structure of the CUDA decode path (norms folded into the products that read them,
