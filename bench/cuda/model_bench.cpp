@@ -10,12 +10,16 @@
 //            also with a LoRA r16 adapter on q/v: base-lr sharing (Flash-LoRA attention) and a
 //            private full cache (Non-Shared); and with decode lookahead (the Generator's way:
 //            each step launched before the previous step's id is read back).
+//   batch    with --batch N: N sequences of --ctx tokens each decoding together (the base model,
+//            greedy): median step time of the N-row pass, as `lragent serve` runs N clients'
+//            decode steps (products of up to 8 rows take the decode GEMVs, more take cuBLASLt).
 // Writes JSON (--out); make_report.py folds it into bench/results/kernels-*.{json,md}.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -70,6 +74,7 @@ int main(int argc, char** argv) {
   int64_t ctx = 4096, prefill = 8192;
   int steps = 32, reps = 3;
   bool eager = false, base_decode = true;
+  int batch = 0;  // --batch: rows of the batched decode measurement (0: none)
   std::vector<ShareMode> lora_modes;  // empty: base-lr, none and icarus
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -83,6 +88,7 @@ int main(int argc, char** argv) {
     else if (a == "--quick") { steps = 8; reps = 1; }
     else if (a == "--eager") eager = true;
     else if (a == "--no-base-decode") base_decode = false;
+    else if (a == "--batch") batch = std::stoi(val());
     else if (a == "--lora-mode") {
       auto m = parse_share_mode(val());
       if (!m.ok()) return fail(m.error());
@@ -94,8 +100,9 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: lragent_model_bench [--preset NAME] [--ctx N] [--prefill N] [--steps N] [--reps N] "
-                   "[--out FILE.json] [--quick] [--eager] [--no-base-decode] [--lora-mode MODE ...]\n"
+                   "[--out FILE.json] [--quick] [--eager] [--no-base-decode] [--lora-mode MODE ...] [--batch N]\n"
                    "  --prefill 0 skips the prefill measurement; --eager launches decode op by op (no CUDA graphs)\n"
+                   "  --batch N also times decode steps of N sequences of --ctx tokens together (base model)\n"
                    "  --no-base-decode skips the base model's decode steps; --lora-mode (repeatable) picks the\n"
                    "  LoRA decode measurements (base-lr, none, icarus; default all three). With\n"
                    "  LRAGENT_CUDA_PROFILE=1 and --eager, these isolate one kind of step's ops.\n");
@@ -317,6 +324,38 @@ int main(int argc, char** argv) {
       json += fmt::format(R"(, "decode_lora_{}": {{"ctx": {}, "median_ms": {:.4f}, "host_record_ms": {:.4f}}})", key,
                           ctx, t, host_ms);
     }
+  }
+  // ---- decode of `batch` sequences together, base model, greedy: the N-row pass of a server
+  // with N clients decoding (each sequence its own --ctx tokens of context)
+  if (batch > 0) {
+    auto bpools = KvPools::create(c, page, KvPools::blocks_for(batch, ctx + steps + 4, page), "batch", &be);
+    if (!bpools.ok()) return fail(bpools.error());
+    std::vector<std::unique_ptr<FullKvCache>> kvs;
+    std::vector<int32_t> toks(static_cast<size_t>(batch));  // [batch] each sequence's next token
+    for (int i = 0; i < batch; ++i) {
+      kvs.push_back(std::make_unique<FullKvCache>(bpools->kv.get()));
+      const auto ids = token_ids(ctx, c.vocab_size, 20 + static_cast<uint32_t>(i));
+      SeqInput in{ids.data(), static_cast<int>(ctx), 0, kvs.back().get(), nullptr, false};
+      auto first = model.forward({in});  // one prefill a sequence: its activations stay small
+      if (!first.ok()) return fail(first.error());
+      toks[static_cast<size_t>(i)] = argmax(first->f32(), c.vocab_size);
+    }
+    std::vector<double> ms;
+    for (int s = 0; s < steps + 2; ++s) {
+      std::vector<SeqInput> rows;
+      for (int i = 0; i < batch; ++i)
+        rows.push_back({&toks[static_cast<size_t>(i)], 1, ctx + s, kvs[static_cast<size_t>(i)].get(), nullptr, false});
+      be.synchronize();
+      const double t0 = now_ms();
+      auto ids = model.forward_argmax(rows);
+      if (!ids.ok()) return fail(ids.error());
+      for (int i = 0; i < batch; ++i) toks[static_cast<size_t>(i)] = (*ids)[static_cast<size_t>(i)];
+      if (s >= 2) ms.push_back(now_ms() - t0);
+    }
+    const double t = median(ms);
+    std::printf("decode batch %d at %lld context each: %.3f ms/step (%.1f tok/s)\n", batch,
+                static_cast<long long>(ctx), t, 1e3 * batch / t);
+    json += fmt::format(R"(, "decode_batch": {{"rows": {}, "ctx": {}, "median_ms": {:.4f}}})", batch, ctx, t);
   }
   const MemoryStats m = be.memory_stats();
   json += fmt::format(R"(, "peak_device_bytes": {}, "device_capacity_bytes": {}}})", m.peak, m.capacity);
