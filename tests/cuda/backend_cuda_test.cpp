@@ -1124,6 +1124,9 @@ TEST_P(CudaOps, AttentionBatchOfForksSharesTheirPrefix) {
        {2, 1, 0, 0, 1, 2, 0, 1, 2, 2, 1, 0, 0, 1, 2, 0, 1}, 1, 17},
       // Ten sequences that share nothing: one plain decode batch.
       {16, 16, 0, std::vector<int>(10, 0), {5, 17, 33, 1, 2, 3, 4, 97, 16, 9}, {0, 1, 2, 0, 1, 2, 0, 1, 2, 0}, 0, 0},
+      // Forks at one length (parallel agents decoding in lockstep): the same tables but for their
+      // last page, a shared prefix, not the same keys.
+      {16, 16, 0, {8, 8, 8}, {5, 5, 5}, {0, 1, 2}, 1, 3},
       // Rows over the very same keys (an ICaRus step's base row and decoder row): one launch, no
       // own keys and no merge. 4097 keys (the last page holds one), two rows, no terms; 1019 keys
       // with V terms; one key; 97 keys on pages of one token with K and V terms; nine rows (two

@@ -633,13 +633,17 @@ int64_t CudaBackend::shared_prefix_keys(std::span<const AttentionParams> ps) {
 bool CudaBackend::same_keys(std::span<const AttentionParams> ps) const {
   const AttentionParams& p0 = ps.front();
   // Every table over the pages that hold n_ctx keys, the last partial one too, over one memory.
+  // Compared from the last page back: forks of one prompt (the same length in lockstep) part
+  // there, so a run of them costs a compare a table, not one a shared page, every layer.
   auto same = [&](auto view_of) {
     const PagedView& v0 = view_of(p0);
     const int64_t pages = (p0.n_ctx + v0.page_size - 1) / v0.page_size;
     for (const AttentionParams& p : ps) {
       const PagedView& v = view_of(p);
       if (p.n_ctx != p0.n_ctx || v.data != v0.data) return false;
-      if (v.table != v0.table && !std::equal(v0.table, v0.table + pages, v.table)) return false;
+      if (v.table == v0.table) continue;
+      for (int64_t i = pages - 1; i >= 0; --i)
+        if (v.table[i] != v0.table[i]) return false;
     }
     return true;
   };
