@@ -75,6 +75,7 @@ int main(int argc, char** argv) {
   int steps = 32, reps = 3;
   bool eager = false, base_decode = true;
   int batch = 0;  // --batch: rows of the batched decode measurement (0: none)
+  bool batch_icarus = false;  // --batch-icarus: those sequences in ICaRus mode (two rows each a step)
   std::vector<ShareMode> lora_modes;  // empty: base-lr, none and icarus
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
     else if (a == "--eager") eager = true;
     else if (a == "--no-base-decode") base_decode = false;
     else if (a == "--batch") batch = std::stoi(val());
+    else if (a == "--batch-icarus") batch_icarus = true;
     else if (a == "--lora-mode") {
       auto m = parse_share_mode(val());
       if (!m.ok()) return fail(m.error());
@@ -102,7 +104,8 @@ int main(int argc, char** argv) {
                    "usage: lragent_model_bench [--preset NAME] [--ctx N] [--prefill N] [--steps N] [--reps N] "
                    "[--out FILE.json] [--quick] [--eager] [--no-base-decode] [--lora-mode MODE ...] [--batch N]\n"
                    "  --prefill 0 skips the prefill measurement; --eager launches decode op by op (no CUDA graphs)\n"
-                   "  --batch N also times decode steps of N sequences of --ctx tokens together (base model)\n"
+                   "  --batch N also times decode steps of N sequences of --ctx tokens together (base model;\n"
+                   "  --batch-icarus: each an ICaRus sequence, a LoRA r16 q/v decoder over the base model's cache)\n"
                    "  --no-base-decode skips the base model's decode steps; --lora-mode (repeatable) picks the\n"
                    "  LoRA decode measurements (base-lr, none, icarus; default all three). With\n"
                    "  LRAGENT_CUDA_PROFILE=1 and --eager, these isolate one kind of step's ops.\n");
@@ -332,10 +335,19 @@ int main(int argc, char** argv) {
     if (!bpools.ok()) return fail(bpools.error());
     std::vector<std::unique_ptr<FullKvCache>> kvs;
     std::vector<int32_t> toks(static_cast<size_t>(batch));  // [batch] each sequence's next token
+    std::vector<std::unique_ptr<LoraAdapter>> decoders;     // --batch-icarus: the decoders
+    if (batch_icarus) {
+      decoders = make_preset_adapters(c, 16, true, 7);
+      for (auto& d : decoders)
+        if (Status st = upload_adapter(*d, be); !st.ok()) return fail(st.error());
+    }
+    // Sequence i's decoder (ICaRus) or none.
+    auto decoder = [&](int i) { return batch_icarus ? decoders[static_cast<size_t>(i) % decoders.size()].get() : nullptr; };
     for (int i = 0; i < batch; ++i) {
       kvs.push_back(std::make_unique<FullKvCache>(bpools->kv.get()));
       const auto ids = token_ids(ctx, c.vocab_size, 20 + static_cast<uint32_t>(i));
       SeqInput in{ids.data(), static_cast<int>(ctx), 0, kvs.back().get(), nullptr, false};
+      in.decoder = decoder(i);
       auto first = model.forward({in});  // one prefill a sequence: its activations stay small
       if (!first.ok()) return fail(first.error());
       toks[static_cast<size_t>(i)] = argmax(first->f32(), c.vocab_size);
@@ -343,8 +355,10 @@ int main(int argc, char** argv) {
     std::vector<double> ms;
     for (int s = 0; s < steps + 2; ++s) {
       std::vector<SeqInput> rows;
-      for (int i = 0; i < batch; ++i)
+      for (int i = 0; i < batch; ++i) {
         rows.push_back({&toks[static_cast<size_t>(i)], 1, ctx + s, kvs[static_cast<size_t>(i)].get(), nullptr, false});
+        rows.back().decoder = decoder(i);
+      }
       be.synchronize();
       const double t0 = now_ms();
       auto ids = model.forward_argmax(rows);
@@ -353,9 +367,10 @@ int main(int argc, char** argv) {
       if (s >= 2) ms.push_back(now_ms() - t0);
     }
     const double t = median(ms);
-    std::printf("decode batch %d at %lld context each: %.3f ms/step (%.1f tok/s)\n", batch,
-                static_cast<long long>(ctx), t, 1e3 * batch / t);
-    json += fmt::format(R"(, "decode_batch": {{"rows": {}, "ctx": {}, "median_ms": {:.4f}}})", batch, ctx, t);
+    std::printf("decode batch %d%s at %lld context each: %.3f ms/step (%.1f tok/s)\n", batch,
+                batch_icarus ? " (ICaRus sequences)" : "", static_cast<long long>(ctx), t, 1e3 * batch / t);
+    json += fmt::format(R"(, "decode_batch": {{"rows": {}, "icarus": {}, "ctx": {}, "median_ms": {:.4f}}})", batch,
+                        batch_icarus ? "true" : "false", ctx, t);
   }
   const MemoryStats m = be.memory_stats();
   json += fmt::format(R"(, "peak_device_bytes": {}, "device_capacity_bytes": {}}})", m.peak, m.capacity);

@@ -982,6 +982,8 @@ struct SharedPrefixCase {
   int runs = 0, seqs = 0;          // shared-prefix launches expected in bf16, and the rows they serve
   int same_runs = 0;               // same-keys launches expected in bf16 (rows: every sequence's)
   int trim = 0;                    // keys cut from the shared blocks' end (own keys 0: a partial last page)
+  int group = 1;                   // > 1: each run of `group` sequences reads its first one's blocks (own
+                                   // keys equal), as several sequences' ICaRus rows over their own caches
 };
 
 static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, const SharedPrefixCase& c) {
@@ -1030,6 +1032,10 @@ static void attention_batch_shared_prefix(Backend* cpu, Backend* gpu, DType dt, 
       for (int64_t s = 0; s < n; ++s) {
         const int sp = c.shared_pages[static_cast<size_t>(s)], cs = ctx[static_cast<size_t>(s)];
         std::vector<int32_t>& t = tables[static_cast<size_t>(s * kPools + k)];
+        if (s % c.group != 0) {  // its group's first sequence's blocks, rows already stored
+          t = tables[static_cast<size_t>((s - s % c.group) * kPools + k)];
+          continue;
+        }
         t.assign(shared.begin(), shared.begin() + sp);
         while (static_cast<int64_t>(t.size()) * c.page < cs) t.push_back(*(*pool)->allocate());
         const int own_rows = std::max(cs - sp * c.page, 0);
@@ -1136,6 +1142,14 @@ TEST_P(CudaOps, AttentionBatchOfForksSharesTheirPrefix) {
       {16, 16, 0, {1, 1}, {0, 0}, {1, 0}, 0, 0, 1, 15},
       {1, 8, 4, {97, 97, 97}, {0, 0, 0}, {2, 0, 1}, 0, 0, 1, 0},
       {16, 16, 16, std::vector<int>(9, 2), std::vector<int>(9, 0), {0, 1, 2, 0, 1, 2, 0, 1, 2}, 0, 0, 1, 15},
+      // Several sequences' rows in groups over their own blocks (each sequence's base row and
+      // decoder row in ICaRus): one agents-mode launch, a group a sequence. Three pairs at 1, 97
+      // and 4097 keys; four triples with V terms (three Bs) at 17, 16, 33 and 1 keys; two pairs
+      // with K and V terms on pages of one token at 5 and 97.
+      {16, 0, 0, {0, 0, 0, 0, 0, 0}, {1, 1, 97, 97, 4097, 4097}, {}, 0, 0, 1, 0, 2},
+      {16, 16, 0, std::vector<int>(12, 0), {17, 17, 17, 16, 16, 16, 33, 33, 33, 1, 1, 1},
+       {0, 1, 2, 2, 1, 0, 1, 1, 2, 0, 0, 2}, 0, 0, 1, 0, 3},
+      {1, 8, 4, {0, 0, 0, 0}, {5, 5, 97, 97}, {2, 0, 1, 0}, 0, 0, 1, 0, 2},
   };
   for (const SharedPrefixCase& c : cases) attention_batch_shared_prefix(cpu.get(), gpu.get(), GetParam(), c);
 }

@@ -448,7 +448,8 @@ void CudaBackend::attention_batch(std::span<const AttentionParams> ps) {
     size_t j = i + 1;
     if (batch_attention_ && ps[i].n_q == 1 && decode_batchable(ps[i], ps[i], 0))
       while (j < ps.size() && decode_batchable(ps[i], ps[j], j - i)) ++j;
-    if (j - i >= 2 && (run_shared_prefix(ps.subspan(i, j - i)) || run_decode_batch(ps.subspan(i, j - i)))) {
+    if (j - i >= 2 && (run_shared_prefix(ps.subspan(i, j - i)) || run_same_key_groups(ps.subspan(i, j - i)) ||
+                       run_decode_batch(ps.subspan(i, j - i)))) {
       i = j;
       continue;
     }
@@ -483,16 +484,20 @@ bool CudaBackend::decode_batchable(const AttentionParams& first, const Attention
 }
 
 std::optional<lc::AttnParams> CudaBackend::decode_batch_params(std::span<const AttentionParams> ps, int64_t skip,
-                                                               float* lse) {
+                                                               float* lse, int per) {
   const AttentionParams& p0 = ps.front();
-  const auto n = static_cast<int64_t>(ps.size());
+  const auto rows = static_cast<int64_t>(ps.size());
+  const int64_t n = rows / per;  // sequences: each `per` consecutive rows over the same keys
+  // Sequence s's keys (its first row's; the others' are the same blocks: same_keys).
+  auto seq = [&](int64_t s) -> const AttentionParams& { return ps[static_cast<size_t>(s * per)]; };
   int64_t max_ctx = 0;
   for (const AttentionParams& p : ps) max_ctx = std::max<int64_t>(max_ctx, p.n_ctx - skip);
   const int64_t sized = sized_ctx(max_ctx);
   const bool lr = p0.v_lr.active(), klr = p0.k_lr.active();
   lc::AttnParams a = attn_params_for(p0);
   a.n_seqs = static_cast<int>(n);
-  a.max_q = 1;
+  a.agents = per > 1;  // a sequence's rows are its agents, each with its own B
+  a.max_q = per;
   a.max_ctx = static_cast<int>(sized);
   a.out_f32 = p0.out;
   a.lse_out = lse;
@@ -516,10 +521,10 @@ std::optional<lc::AttnParams> CudaBackend::decode_batch_params(std::span<const A
     for (const AttentionParams& p : ps) base = std::min(base, static_cast<const char*>(view_of(p).data));
     table.assign(static_cast<size_t>(n * stride), 0);
     for (int64_t s = 0; s < n; ++s) {
-      const PagedView& v = view_of(ps[static_cast<size_t>(s)]);
+      const PagedView& v = view_of(seq(s));
       const int64_t delta = static_cast<const char*>(v.data) - base;
       if (delta % block_bytes != 0) return nullptr;
-      const int64_t pages = (ps[static_cast<size_t>(s)].n_ctx - skip + page - 1) / page;
+      const int64_t pages = (seq(s).n_ctx - skip + page - 1) / page;
       for (int64_t j = 0; j < stride; ++j) {
         const int64_t b = static_cast<int64_t>(v.table[first + std::min(j, pages - 1)]) + delta / block_bytes;
         if (b > INT32_MAX) return nullptr;
@@ -557,11 +562,10 @@ std::optional<lc::AttnParams> CudaBackend::decode_batch_params(std::span<const A
     for (const AttentionParams& p : ps) bks.push_back(p.k_lr.b);
   }
 
-  const int64_t q_elems = n * p0.n_heads * p0.head_dim;
+  const int64_t q_elems = rows * p0.n_heads * p0.head_dim;
   std::vector<int32_t> meta(static_cast<size_t>(2 * n + 1));  // q_start[0..n], ctx_len[n]
-  for (int64_t s = 0; s <= n; ++s) meta[static_cast<size_t>(s)] = static_cast<int32_t>(s);
-  for (int64_t s = 0; s < n; ++s)
-    meta[static_cast<size_t>(n + 1 + s)] = static_cast<int32_t>(ps[static_cast<size_t>(s)].n_ctx - skip);
+  for (int64_t s = 0; s <= n; ++s) meta[static_cast<size_t>(s)] = static_cast<int32_t>(s * per);
+  for (int64_t s = 0; s < n; ++s) meta[static_cast<size_t>(n + 1 + s)] = static_cast<int32_t>(seq(s).n_ctx - skip);
   const int32_t* dmeta = dev_ints(meta.data(), static_cast<int64_t>(meta.size()));
   a.q = q_bf16(p0.q, q_elems);
   a.q_start = dmeta;
@@ -585,6 +589,34 @@ bool CudaBackend::run_decode_batch(std::span<const AttentionParams> ps) {
   launch("attention", [a = *a, kernel] { return lc::attention(a, kernel); });
   ++batched_attn_;
   batched_attn_seqs_ += n;
+  return true;
+}
+
+bool CudaBackend::run_same_key_groups(std::span<const AttentionParams> ps) {
+  const auto n = static_cast<int64_t>(ps.size());
+  if (same_keys_min_keys_ <= 0 || n < 4) return false;
+  const AttentionParams& p0 = ps.front();
+  // The first group: the rows from the first on that read its keys; every other group alike.
+  int64_t per = 1;
+  while (per < n && same_keys(ps.subspan(0, static_cast<size_t>(per + 1)))) ++per;
+  if (per < 2 || per == n || n % per != 0) return false;  // per == n: run_shared_prefix's whole case
+  if (per * (p0.n_heads / p0.n_kv_heads) > lc::kAgentsMaxRows) return false;
+  for (int64_t g = 0; g < n; g += per) {
+    const auto group = ps.subspan(static_cast<size_t>(g), static_cast<size_t>(per));
+    if (group.front().n_ctx < same_keys_min_keys_ || (g > 0 && !same_keys(group))) return false;
+  }
+  std::optional<lc::AttnParams> a = decode_batch_params(ps, 0, nullptr, static_cast<int>(per));
+  if (!a) return false;
+  const lc::AttnKernel kernel = attn_kernel_;
+  set_attn_workspace(*a, kernel);
+  wrote(p0.out, static_cast<size_t>(n) * p0.n_heads * p0.head_dim * 4);
+  if (tape_->recording()) {
+    rec("attention_same_key_groups", per);
+    sig_of(*tape_, *a);
+  }
+  launch("attention", [a = *a, kernel] { return lc::attention(a, kernel); });
+  ++same_keys_attn_;
+  same_keys_seqs_ += n;
   return true;
 }
 

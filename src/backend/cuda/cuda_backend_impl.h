@@ -467,7 +467,16 @@ class CudaBackend final : public Backend {
   // The launch parameters of such a batch over each sequence's keys from `skip` on (a shared
   // prefix's pass covers those before), with lse_out as given; the tables staged, the workspace
   // not yet set. nullopt where v4 would not run or the tables cannot be rebased.
-  std::optional<lc::AttnParams> decode_batch_params(std::span<const AttentionParams> ps, int64_t skip, float* lse);
+  // per > 1: every `per` consecutive rows read the same keys (same_keys) and are one sequence of
+  // v4's agents mode, each row an agent with its own B (the tables, lengths and K-term positions
+  // of each group's first row).
+  std::optional<lc::AttnParams> decode_batch_params(std::span<const AttentionParams> ps, int64_t skip, float* lse,
+                                                    int per = 1);
+  // A run of decode rows in groups of equal size, each group reading the very same keys (several
+  // sequences' ICaRus rows: each one's base-model row and decoder row over its own cache): one
+  // agents-mode launch, a group a sequence, so each cache is read once for its group's rows.
+  // False (nothing launched) when the run is not such groups (one group is run_shared_prefix's).
+  bool run_same_key_groups(std::span<const AttentionParams> ps);
   // Keys [0, n) that every sequence of ps (decode_batchable rows) reads from the same blocks (K,
   // V and the LR rows of the V and K terms), whole pages of every cache, leaving each sequence at
   // least one key of its own; 0 when they differ.
