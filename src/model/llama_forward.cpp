@@ -172,30 +172,24 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
     explicit MatmulOnly(Backend& b, bool on) : be(b) { be.set_matmul_only_outputs(on); }
     ~MatmulOnly() { be.set_matmul_only_outputs(false); }
   } matmul_only(be_, !any_adapter && hook_ == nullptr);
-  // Whether some sequence's adapter adapts `target` in layer l.
-  auto adapts = [&segs](int l, LoraTarget target) {
-    for (const LoraSegment& sg : segs)
-      if (sg.adapter && sg.adapter->layers[static_cast<size_t>(l)][static_cast<size_t>(target)].has_value())
-        return true;
-    return false;
-  };
-  bool need_full = false;
-  for (const SeqInput& in : batch) need_full = need_full || in.kv->wants_full();
-  // Per sequence: whether its K and V rows go unread (an ICaRus decoder's part stores no entries
-  // and attends to the base model's), so no K/V LoRA term runs for it; empty when all store.
-  std::vector<char> kv_unused;
-  if (!parts.stores.empty())
-    for (size_t s = 0; s < batch.size(); ++s) kv_unused.push_back(parts.stores_at(s) ? 0 : 1);
-  // Whether some sequence that stores entries has an adapter that adapts `target` in layer l.
-  auto adapts_stored = [&](int l, LoraTarget target) {
+  // Whether some sequence's adapter adapts `target` in layer l; with storing_only, some sequence
+  // that stores entries (an ICaRus decoder's part does not: its K/V terms would go unread).
+  auto adapts = [&](int l, LoraTarget target, bool storing_only = false) {
     for (size_t s = 0; s < segs.size(); ++s) {
       const LoraSegment& sg = segs[s];
-      if (parts.stores_at(s) && sg.adapter &&
+      if ((!storing_only || parts.stores_at(s)) && sg.adapter &&
           sg.adapter->layers[static_cast<size_t>(l)][static_cast<size_t>(target)].has_value())
         return true;
     }
     return false;
   };
+  bool need_full = false;
+  for (const SeqInput& in : batch) need_full = need_full || in.kv->wants_full();
+  // Per sequence: whether its K and V rows go unread (it stores no entries), so no K/V LoRA term
+  // runs for it; empty when all store.
+  std::vector<char> kv_unused;
+  if (!parts.stores.empty())
+    for (size_t s = 0; s < batch.size(); ++s) kv_unused.push_back(parts.stores_at(s) ? 0 : 1);
 
   Tensor h = be_.alloc(DType::kF32, {n, hid});          // [N, hidden] residual stream
   Tensor xn = be_.alloc(DType::kF32, {n, hid});         // [N, hidden] normed
@@ -268,8 +262,8 @@ Result<Tensor> LlamaModel::run_pass(const std::vector<SeqInput>& given, std::vec
     // keep just the LR rows x·A, so the expand, copies and RoPE of full K would be wasted), and
     // only when the adapter of some sequence that stores adapts k (v): otherwise the full entries
     // are the base ones.
-    const bool own_k_full = need_full && adapts_stored(l, LoraTarget::kK);
-    const bool own_v_full = need_full && adapts_stored(l, LoraTarget::kV);
+    const bool own_k_full = need_full && adapts(l, LoraTarget::kK, true);
+    const bool own_v_full = need_full && adapts(l, LoraTarget::kV, true);
     Tensor k_full, v_full;  // [N, kv_heads, hd], [N, kv_heads*hd] when own_*_full
     if (own_k_full) k_full = be_.alloc(DType::kF32, {n, c.num_kv_heads, hd});
     if (own_v_full) v_full = be_.alloc(DType::kF32, {n, kvw});
