@@ -43,7 +43,7 @@ struct LoraTargetOut {
 // and the LoRA terms of the targets that read the same x.
 //   - Shrinks x·A run once per shared-A group. A group that covers the whole batch, or any group
 //     of a decode-sized batch (<= kLoraFoldRows rows, where a bandwidth-bound GEMV costs the same
-//     for all rows as for some), rides in the base projections' matmul_group: on the CUDA decode
+//     for all rows as for some; the CUDA decode GEMVs take up to 16), rides in the base projections' matmul_group: on the CUDA decode
 //     path no launch of its own. Other groups take their rows (a range, else gathered).
 //   - Every expand of the stage is one lora_expand call (one launch on the CUDA decode path).
 //   - With `norm`, the stage reads rms_norm(h) and x is scratch for it: the projections and the
@@ -51,7 +51,7 @@ struct LoraTargetOut {
 //     folds the norm never writes x); only a stage with groups of their own norms into x first.
 // Tensors that lr_out views point into are appended to `keep`; they must outlive those views.
 // kOutOfMemory when the backend cannot allocate the x·A (or gathered x) buffers.
-inline constexpr int64_t kLoraFoldRows = 8;
+inline constexpr int64_t kLoraFoldRows = 16;
 struct NormedInput {
   const TensorView* h = nullptr;       // [n, in] the residual stream
   const TensorView* weight = nullptr;  // [in] the RMSNorm's weight

@@ -101,8 +101,9 @@ class CudaOps : public ::testing::TestWithParam<DType> {
 TEST_P(CudaOps, MatmulMatchesCpu) {
   const DType dt = GetParam();
   struct Shape { int64_t n, in, out; };
-  // n <= 8 with in % 8 == 0 takes the GEMV kernels in bf16 (v2 one row, v3 2-8: 8x64, 3x4096,
-  // 2x4104, 5x8, 8x2048, 4x1032, 3x4096 . 4096); the rest cuBLASLt. Of the one-row GEMVs, those
+  // n <= 16 with in % 8 == 0 takes the GEMV kernels in bf16 (v2 one row, v3 2-16: 8x64, 3x4096,
+  // 2x4104, 5x8, 8x2048, 4x1032, 3x4096 . 4096; two x tiles: 9x64, 16x4096, 13x1032, 11x14336,
+  // 16x8); the rest cuBLASLt (17x64, 97x128). Of the one-row GEMVs, those
   // whose rows fill the GPU unsplit and whose x fits the staging (1x256, 1x4096 . 4099,
   // 1x12032 . 4096) run the persistent stream mode, the others v2. 1x12288 . 4096
   // (Ministral-8B's down projection) stages exactly 48 KiB, which with the kernel's static buffer
@@ -110,7 +111,8 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
   for (Shape s : {Shape{1, 17, 97}, Shape{17, 64, 33}, Shape{97, 128, 4097}, Shape{4, 1, 5}, Shape{1, 256, 300},
                   Shape{8, 64, 33}, Shape{3, 4096, 17}, Shape{9, 64, 97}, Shape{1, 14336, 97}, Shape{2, 4104, 1031},
                   Shape{5, 8, 7}, Shape{8, 2048, 4099}, Shape{1, 4096, 4099}, Shape{4, 1032, 2113},
-                  Shape{1, 12288, 4096}, Shape{1, 12032, 4096}, Shape{3, 4096, 4096}}) {
+                  Shape{1, 12288, 4096}, Shape{1, 12032, 4096}, Shape{3, 4096, 4096}, Shape{16, 4096, 4099},
+                  Shape{13, 1032, 2113}, Shape{11, 14336, 97}, Shape{16, 8, 7}, Shape{10, 4096, 1}}) {
     Tensor x = random_host({s.n, s.in}, 1), w = random_host({s.out, s.in}, 2), bias = random_host({s.out}, 3);
     Tensor y0 = random_host({s.n, s.out}, 4);
     Tensor xd = gpu->upload(x.view(), DType::kF32), wd = gpu->upload(w.view(), dt);
@@ -130,13 +132,14 @@ TEST_P(CudaOps, MatmulMatchesCpu) {
 }
 
 // silu(x·W_gate^T) * (x·W_up^T) in one call (matmul_swiglu) against the CPU's matmuls + silu_mul:
-// the fused decode GEMV (n <= 8, in % 8 == 0, bf16) and the fallback (cuBLASLt + SwiGLU kernel),
+// the fused decode GEMV (n <= 16, in % 8 == 0, bf16) and the fallback (cuBLASLt + SwiGLU kernel),
 // at odd heights (a block's last pair half-used), a single pair (out 1) and the 8B MLP width.
 TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
   const DType dt = GetParam();
   struct Shape { int64_t n, in, out; };
   for (Shape s : {Shape{1, 64, 17}, Shape{1, 8, 1}, Shape{3, 4096, 97}, Shape{8, 2048, 4099}, Shape{1, 4096, 14336},
-                  Shape{2, 16384, 33}, Shape{9, 64, 97}, Shape{4, 17, 5}, Shape{5, 256, 1031}}) {
+                  Shape{2, 16384, 33}, Shape{9, 64, 97}, Shape{4, 17, 5}, Shape{5, 256, 1031},
+                  Shape{16, 4096, 14336}, Shape{12, 2048, 4099}, Shape{17, 64, 97}}) {
     Tensor x = random_host({s.n, s.in}, 11), wg = random_host({s.out, s.in}, 12), wu = random_host({s.out, s.in}, 13);
     Tensor xd = gpu->upload(x.view(), DType::kF32), wgd = gpu->upload(wg.view(), dt), wud = gpu->upload(wu.view(), dt);
     Tensor gc = Tensor::empty(DType::kF32, {s.n, s.out}), uc = Tensor::empty(DType::kF32, {s.n, s.out});
@@ -152,18 +155,19 @@ TEST_P(CudaOps, MatmulSwigluMatchesCpu) {
   }
 }
 
-// GEMV version 3 (2-8 rows, bf16) splits units of 16 weight rows between the warps of a cluster of
+// GEMV version 3 (2-16 rows, bf16) splits units of 16 weight rows between the warps of a cluster of
 // two blocks, and the warp where a unit ends adds the pieces in share order (the peer block's
 // through distributed shared memory): against the CPU, and the same bits at every call. q/o-sized
 // (the tile schedule by default, one even wave; forced onto the cluster schedule with
 // LRAGENT_GEMV3_SCHED=cluster: 256 units, ~2 a cluster, each split over ~8 warps), a SwiGLU of 3
 // units (one a cluster, each over 16 warps), an odd-sized SwiGLU, and 1031 rows over 14336 (the
-// down projection's k).
+// down projection's k); the same past 8 rows (two x tiles a warp).
 TEST_P(CudaOps, GemvOfSeveralRowsIsTheSameEveryCall) {
   const DType dt = GetParam();
   struct Shape { int64_t n, in, out; bool swiglu; };
   for (Shape s : {Shape{3, 4096, 4096, false}, Shape{2, 16384, 33, true}, Shape{8, 2048, 4099, true},
-                  Shape{5, 14336, 1031, false}}) {
+                  Shape{5, 14336, 1031, false}, Shape{16, 4096, 4096, false}, Shape{12, 16384, 33, true},
+                  Shape{9, 2048, 4099, true}, Shape{16, 14336, 1031, false}}) {
     Tensor x = random_host({s.n, s.in}, 51), wg = random_host({s.out, s.in}, 52), wu = random_host({s.out, s.in}, 53);
     Tensor xd = gpu->upload(x.view(), DType::kF32), wgd = gpu->upload(wg.view(), dt), wud = gpu->upload(wu.view(), dt);
     Tensor yc = Tensor::empty(DType::kF32, {s.n, s.out}), uc = Tensor::empty(DType::kF32, {s.n, s.out});
@@ -201,14 +205,16 @@ TEST_P(CudaOps, GemvOfSeveralRowsIsTheSameEveryCall) {
 // (12288: exactly 48 KiB staged, more than a launch gets beside the kernel's static buffer) and
 // f32 the fallback. Norm
 // weights f32 and bf16; widths 8 to 4104 (pieces split over 1 to 8 warps); 1 to 4097 outputs in
-// up to three matrices; a mean far from zero (the sum of squares must be over the whole row).
+// up to three matrices; a mean far from zero (the sum of squares must be over the whole row); 12
+// and 16 rows (the GEMV's two x tiles read the bf16 copy the norm leaves).
 TEST_P(CudaOps, RmsNormFoldedProductsMatchCpu) {
   const DType dt = GetParam();
   struct Shape { int64_t n, in; std::vector<int64_t> outs; };
   for (const Shape& s : {Shape{1, 64, {17, 97, 1}}, Shape{1, 4096, {4097}}, Shape{1, 8, {5, 3}},
                          Shape{1, 4104, {33, 1031}}, Shape{3, 256, {97, 17}}, Shape{1, 14336, {97}},
                          Shape{1, 12288, {97}}, Shape{1, 12032, {97}}, Shape{2, 4096, {4097, 17}},
-                         Shape{8, 14336, {97}}, Shape{5, 4104, {33, 1031, 1}}, Shape{2, 8, {5, 3}}}) {
+                         Shape{8, 14336, {97}}, Shape{5, 4104, {33, 1031, 1}}, Shape{2, 8, {5, 3}},
+                         Shape{16, 4096, {4097, 17}}, Shape{12, 256, {97, 17, 1}}}) {
     for (DType gt : {DType::kF32, DType::kBF16}) {
       Tensor h = random_host({s.n, s.in}, 21), g = random_host({s.in}, 22, 0.5f);
       for (int64_t i = 0; i < h.numel(); ++i) h.f32()[i] += 3.f;
@@ -322,11 +328,11 @@ TEST_P(CudaOps, ElementwiseOpsMatchCpu) {
 // matmul_group past the grouped GEMV's segment limit (q/k/v and the LoRA shrinks x·A beside them:
 // more matrices than one launch takes), and lora_expand (a stage's LoRA expands in one launch):
 // in place, out of place (y = base + delta), copy-only jobs, ranks 1 to 64, more jobs than one
-// launch takes, rows at the fused kernel's limit and past it (cuBLASLt fallback), and y as rows
+// launch takes, rows at the fused kernel's limit (16) and past it (cuBLASLt fallback), and y as rows
 // in the middle of a larger tensor. Outputs that must be written everywhere start as NaN.
 TEST_P(CudaOps, MatmulGroupAndLoraExpandMatchCpu) {
   const DType dt = GetParam();
-  for (int64_t n : {1, 3, 8, 9}) {
+  for (int64_t n : {1, 3, 8, 9, 16, 17}) {
     const int64_t in = 4096;
     const std::vector<int64_t> heights = {97, 16, 4, 1031, 1, 64, 8, 33, 5, 16, 17};
     Tensor x = random_host({n, in}, 21);
@@ -354,7 +360,7 @@ TEST_P(CudaOps, MatmulGroupAndLoraExpandMatchCpu) {
                                    {64, 4097, false, true}, {1, 17, true, true},  {16, 4096, true, true},
                                    {16, 1024, false, true}, {12, 5, true, true},   {8, 128, false, true},
                                    {16, 300, true, true}};
-  for (int64_t rows : {1, 5, 8, 17}) {
+  for (int64_t rows : {1, 5, 8, 9, 16, 17}) {
     const int64_t pad = 2;  // y, base: rows [pad, pad + rows) of a [rows + 3, out] tensor
     std::vector<Tensor> xa, b, y0, base, xad, bd, yd, based;
     std::vector<Backend::LoraExpandJob> jc, jg;

@@ -58,7 +58,10 @@ TEST_P(MultiLora, ShrinkOncePerSharedAGroup) {
   const bool shared = GetParam().find("shared") != std::string::npos;
   const int modules = GetParam().find("qkvo") != std::string::npos ? 4 : 2;
   const int layers = model_->config().num_layers;
-  std::vector<std::vector<int32_t>> toks = {{1, 50, 60}, {1, 70}, {1, 80, 90, 100}};
+  // 18 rows, more than kLoraFoldRows: independent groups take their own rows (a range or gathered)
+  // instead of riding in the grouped product over all of them.
+  std::vector<std::vector<int32_t>> toks = {{1, 50, 60, 61, 62, 63}, {1, 70, 71, 72, 73}, {1, 80, 90, 100, 101, 102, 103}};
+  static_assert(kLoraFoldRows < 18);
   auto pools = KvPools::create(model_->config(), 16, 8, "test");  // outlives the caches below
   ASSERT_TRUE(pools.ok());
   std::vector<std::unique_ptr<FullKvCache>> kv;
@@ -76,7 +79,7 @@ TEST_P(MultiLora, ShrinkOncePerSharedAGroup) {
   ASSERT_TRUE(model_->forward(batch).ok());
   const int groups = shared ? 1 : 3;  // one x·A per group per module and layer
   EXPECT_EQ(model_->stats().lora_shrink_calls, static_cast<int64_t>(layers) * modules * groups);
-  EXPECT_EQ(model_->stats().lora_shrink_rows, static_cast<int64_t>(layers) * modules * 9);
+  EXPECT_EQ(model_->stats().lora_shrink_rows, static_cast<int64_t>(layers) * modules * 18);
 }
 
 // An ICaRus decoder (SeqInput::decoder) stores no entries: it attends to the base model's. Its

@@ -388,6 +388,10 @@ class CudaBackend final : public Backend {
     void* bf16 = nullptr;
   };
   void* make_shadow(const TensorView& y, int64_t rows, int64_t cols);
+  // x [n, in] f32 as bf16 [n, in] for a tensor-core operand (the GEMMs; the decode GEMV past
+  // kGemvMaxRows rows): the shadow the producing op left when it covers x, else converted into
+  // scratch slot 0. Null (the backend failed) when out of memory.
+  const void* bf16_rows(const TensorView& x, DType to);
   // An op is about to write [p, p + bytes): a shadow of that memory is stale from here on.
   void wrote(const void* p, size_t bytes) {
     if (!p) return;

@@ -51,7 +51,9 @@ bool overlaps(const lc::LoraJob& j, const lc::RopeArgs& r) {
 
 namespace {
 // Rows up to which weight products take the GEMV kernels rather than cuBLASLt's GEMM: all that
-// they take (kGemvMaxRows, 8). Past one row that is version 3 (tensor cores, gemv_v3_mma.cu).
+// they take (lc::gemv_max_rows(), 16). Past one row that is version 3 (tensor cores, gemv_v3_mma.cu).
+// Past 8 rows (9-16 clients decoding together) the CUDA-core kernels fused with the small ops
+// (LoRA expands, RoPE with LoRA, cache stores: kGemvMaxRows) fall back to their own launches.
 // Before it the CUDA-core kernels re-read x from L1 for every row and fell behind cuBLASLt, so
 // this was 1 (Llama-3.1-8B shapes through `lragent serve`, H200, scripts/serve-concurrency.py: 4
 // requests decoding together 1.80 s with those kernels for 2-8 rows against 1.17 s with
@@ -60,12 +62,12 @@ namespace {
 // 8 clients 0.87-0.88 against 0.91-0.92 (two interleaved rounds), although its wide products
 // alone fall behind cuBLASLt's at 8 rows (gate 0.70 and lm_head 0.83 of the copy bandwidth against
 // 0.95 and 0.98): its SwiGLU mode saves the SwiGLU kernel and the passes' launches are fewer.
-// LRAGENT_GEMV_MAX_ROWS (1..kGemvMaxRows, read once) sets it, for measuring on the device.
+// LRAGENT_GEMV_MAX_ROWS (1..lc::gemv_max_rows(), read once) sets it, for measuring on the device.
 int64_t gemv_max_rows() {
   static const int64_t n = [] {
     const char* v = std::getenv("LRAGENT_GEMV_MAX_ROWS");
-    const int64_t k = v ? std::atoll(v) : lc::kGemvMaxRows;
-    return std::clamp<int64_t>(k, 1, lc::kGemvMaxRows);
+    const int64_t k = v ? std::atoll(v) : lc::gemv_max_rows();
+    return std::clamp<int64_t>(k, 1, lc::gemv_max_rows());
   }();
   return n;
 }
@@ -86,26 +88,24 @@ void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorV
   const int64_t ldy = row_stride_of(y);
   wrote(y.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
   if (w.dtype == DType::kBF16 && weight_gemv_ok(w.data, row_stride_of(w), x.f32(), ldx, n, in)) {
-    // Decode-sized: a bandwidth-bound GEMV on the f32 activations beats cuBLASLt's GEMM here.
+    // Decode-sized: a bandwidth-bound GEMV on the f32 activations beats cuBLASLt's GEMM here
+    // (past kGemvMaxRows rows on their bf16 copy).
+    const void* x16 = n > lc::kGemvMaxRows ? bf16_rows(x, DType::kBF16) : nullptr;
+    if (n > lc::kGemvMaxRows && !x16) return;  // out of memory: failed
     const void* wd = w.data;
     const int64_t ldw = row_stride_of(w);
     const float* xd = x.f32();
     float* yd = y.f32();
-    rec("gemv", wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta);
-    launch("matmul.gemv", [=, this] { return lc::gemv_bf16(wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta, stream_); });
+    rec("gemv", wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta, x16);
+    launch("matmul.gemv",
+           [=, this] { return lc::gemv_bf16(wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta, stream_, x16); });
     add_bias_if(bias, y, n, out);
     return;
   }
   if (w.dtype != DType::kF32) {
-    // Tensor cores take both operands in the weight's 16-bit type: use the bf16 shadow the
-    // producing op left (RMSNorm, SwiGLU) or convert x once into scratch.
-    if (w.dtype == DType::kBF16 && shadow_.f32 == x.data && shadow_.rows == n && shadow_.cols == in && ldx == in) {
-      xb = shadow_.bf16;
-    } else {
-      void* xs = scratch(0, static_cast<size_t>(n * in) * 2);
-      convert(x.data, lc::Elem::kF32, ldx, xs, elem_of(w.dtype), in, n, in);
-      xb = xs;
-    }
+    // Tensor cores take both operands in the weight's 16-bit type.
+    xb = bf16_rows(x, w.dtype);
+    if (!xb) return;  // out of memory: failed
     ldx = in;
   }
   gemm(w, xb, ldx, y.data, ldy, n, in, out, alpha, beta);
@@ -145,6 +145,8 @@ void CudaBackend::launch_gemv_group(const TensorView& x, std::span<const MatmulO
   const int64_t n = x.dim(0), in = x.dim(1);
   const int64_t ldx = row_stride_of(x);
   const float* xd = x.f32();
+  const void* x16 = n > lc::kGemvMaxRows ? bf16_rows(x, DType::kBF16) : nullptr;  // version 3's two x tiles
+  if (n > lc::kGemvMaxRows && !x16) return;  // out of memory: failed
   const lc::GemvNorm nm = norm ? *norm : lc::GemvNorm{};
   const bool has_norm = norm != nullptr;
   for (size_t first = 0; first < outs.size(); first += lc::kMaxGemvSegs) {
@@ -159,9 +161,10 @@ void CudaBackend::launch_gemv_group(const TensorView& x, std::span<const MatmulO
       sg = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
       rec("gemv_seg", sg.w, sg.ldw, sg.y, sg.ldy, sg.out);
     }
-    rec("gemv_group", xd, ldx, n, in, n_segs, nm.w, nm.t, nm.eps);
+    rec("gemv_group", xd, ldx, n, in, n_segs, nm.w, nm.t, nm.eps, x16);
     launch("matmul.gemv", [=, this] {
-      return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_, has_norm ? &nm : nullptr);
+      return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_, has_norm ? &nm : nullptr,
+                                   x16);
     });
   }
   for (const MatmulOut& o : outs) add_bias_if(o.bias, *o.y, n, o.w->dim(0));
@@ -205,12 +208,12 @@ void CudaBackend::rms_norm_matmul_group(const TensorView& h, const TensorView& n
 }
 
 void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
-  // Decode-sized jobs (<= kGemvMaxRows rows, rank <= kMaxLoraRank): one kernel per
+  // Decode-sized jobs (<= kLoraExpandMaxRows rows, rank <= kMaxLoraRank): one kernel per
   // kMaxLoraJobs jobs; anything else (prefill chunks) by copy + cuBLASLt per job.
   bool fused = fuse_lora();
   for (const LoraExpandJob& j : jobs) {
     const int64_t rows = j.y.dim(0);
-    fused = fused && rows >= 1 && rows <= lc::kGemvMaxRows && j.y.dtype == DType::kF32 &&
+    fused = fused && rows >= 1 && rows <= lc::kLoraExpandMaxRows && j.y.dtype == DType::kF32 &&
             (!j.base.data || j.base.dtype == DType::kF32) &&
             (!j.xa.data || (j.xa.dtype == DType::kF32 && j.xa.dim(1) <= lc::kMaxLoraRank &&
                             (j.b.dtype == DType::kBF16 || j.b.dtype == DType::kF32)));
@@ -249,7 +252,8 @@ void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
       wrote(d.y, static_cast<size_t>((d.rows - 1) * d.ldy + d.out) * 4);
       rec("lora_job", d.xa, d.ldxa, d.b, d.ldb, d.y, d.ldy, d.base, d.ldbase, d.out, d.rows, d.rank, d.scale,
           d.b_bf16);
-      hold = hold && d.xa && d.base && d.ldy == d.out;
+      // The store kernels' fused paths take up to kGemvMaxRows rows.
+      hold = hold && d.xa && d.base && d.ldy == d.out && d.rows <= lc::kGemvMaxRows;
       hold = hold && !(pending_rope_ && overlaps(d, *pending_rope_));  // see pending_expand_
       hold = hold && !(pending_norm_ && overlaps(d, operands_of(*pending_norm_)));
     }
@@ -615,17 +619,20 @@ bool CudaBackend::gemv_swiglu(const TensorView& x, const TensorView& w_gate, con
                     weight_gemv_ok(w_gate.data, row_stride_of(w_gate), x.f32(), ldx, n, in) &&
                     weight_gemv_ok(w_up.data, row_stride_of(w_up), x.f32(), ldx, n, in);
   if (!gemv) return false;
+  const void* x16 = n > lc::kGemvMaxRows ? bf16_rows(x, DType::kBF16) : nullptr;  // version 3's two x tiles
+  if (n > lc::kGemvMaxRows && !x16) return true;  // out of memory: failed
   wrote(gate.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
-  shadow_ = {};  // the GEMV path reads f32 activations; no bf16 copy is made
+  shadow_ = {};  // no bf16 copy of the output is made
   const void *wg = w_gate.data, *wu = w_up.data;
   const int64_t ldg = row_stride_of(w_gate), ldu = row_stride_of(w_up);
   const float* xd = x.f32();
   float* yd = gate.f32();
   const lc::GemvNorm nm = norm ? *norm : lc::GemvNorm{};
   const bool has_norm = norm != nullptr;
-  rec("gemv_swiglu", wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, nm.w, nm.t, nm.eps);
+  rec("gemv_swiglu", wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, nm.w, nm.t, nm.eps, x16);
   launch("matmul.gemv_swiglu", [=, this] {
-    return lc::gemv_bf16_swiglu(wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, stream_, has_norm ? &nm : nullptr);
+    return lc::gemv_bf16_swiglu(wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, stream_, has_norm ? &nm : nullptr,
+                                x16);
   });
   return true;
 }
@@ -658,11 +665,24 @@ void CudaBackend::convert(const void* src, lc::Elem st, int64_t lds, void* dst, 
 
 void* CudaBackend::make_shadow(const TensorView& y, int64_t rows, int64_t cols) {
   shadow_ = {};
-  if (dtype_ != DType::kBF16 || row_stride_of(y) != cols || rows <= gemv_max_rows()) return nullptr;
+  // Products of up to kGemvMaxRows rows that take the decode GEMV read f32; the rest read bf16.
+  if (dtype_ != DType::kBF16 || row_stride_of(y) != cols || rows <= std::min(gemv_max_rows(), int64_t{lc::kGemvMaxRows}))
+    return nullptr;
   // Optional: without memory for it the GEMMs convert instead.
   void* b = try_scratch(2, static_cast<size_t>(rows * cols) * 2);
   if (b) shadow_ = {y.data, rows, cols, b};
   return b;
+}
+
+const void* CudaBackend::bf16_rows(const TensorView& x, DType to) {
+  const int64_t n = x.dim(0), in = x.dim(1), ldx = row_stride_of(x);
+  // The shadow the producing op left (RMSNorm, SwiGLU), or x converted once into scratch.
+  if (to == DType::kBF16 && shadow_.f32 == x.data && shadow_.rows == n && shadow_.cols == in && ldx == in)
+    return shadow_.bf16;
+  void* xs = scratch(0, static_cast<size_t>(n * in) * 2);
+  if (!xs) return nullptr;
+  convert(x.data, lc::Elem::kF32, ldx, xs, elem_of(to), in, n, in);
+  return xs;
 }
 
 void CudaBackend::gemm(const TensorView& w, const void* x, int64_t ldx, void* y, int64_t ldy, int64_t n, int64_t in, int64_t out,

@@ -343,8 +343,9 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
 //                         drains, fill every slot the persistent grid was sized for)
 //   LRAGENT_GEMV_STREAM   0: plain GEMVs always run v2 (default 1: stream mode where it applies,
 //                         see launch_grouped; in the 8B step that is the o projection)
-//   LRAGENT_GEMV_V3_ROWS  rows of x from which launches take version 3 (gemv_v3_mma.cu; default 2,
-//                         9 = never)
+//   LRAGENT_GEMV_V3_ROWS  rows of x from which launches take version 3 (gemv_v3_mma.cu; default 2;
+//                         past 8 rows always version 3, the CUDA-core kernels' most; 17 = never,
+//                         and then passes of more than 8 rows take cuBLASLt)
 //   LRAGENT_GEMV_STREAM_PDL 0: stream mode launched without PDL (default 1). H200, 8B decode step
 //                         at 4k with lookahead, 3 interleaved rounds: v2 4.463-4.471 ms, stream
 //                         mode with PDL 4.441-4.443, without 4.497-4.500 (the o projection then
@@ -385,7 +386,7 @@ namespace {
 // The launch both entry points share: `swiglu` selects the kernel's SwiGLU mode.
 // v3_ok false: version 2 at every row count (gemv_bf16_v2, for the benchmark).
 cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t s, bool v3_ok = true) {
-  if (v3_ok && rows >= knobs().v3_rows) return gemv_v3_launch(a, rows, swiglu, knobs().pdl, s);
+  if (v3_ok && (rows >= knobs().v3_rows || rows > kGemvMaxRows)) return gemv_v3_launch(a, rows, swiglu, knobs().pdl, s);
   // SwiGLU: the split counts both segments' rows, but a block must hold at least one pair.
   a.wpr = std::min(gemv_bf16_v2_warps_per_row(a.in, a.out), swiglu ? kWarps / 2 : kWarps);
   const int64_t rows_per_block = kWarps / a.wpr;
@@ -458,11 +459,12 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
 namespace {
 // The segments' rows numbered one after another into a (false: an operand the kernel cannot take).
 bool fill_segments(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                   GemvArgs& a) {
+                   GemvArgs& a, const void* x16) {
   if (n_segs < 1 || n_segs > kMaxGemvSegs) return false;
   a.n_segs = n_segs;
   a.x = x;
   a.ldx = ldx;
+  a.x16 = static_cast<const __nv_bfloat16*>(x16);
   a.in = in;
   int64_t end = 0;
   for (int i = 0; i < n_segs; ++i) {
@@ -490,9 +492,9 @@ bool set_norm(const GemvNorm* norm, int64_t rows, GemvArgs& a) {
 }  // namespace
 
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm) {
+                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm, const void* x16) {
   GemvArgs a{};
-  if (!fill_segments(segs, n_segs, x, ldx, rows, in, a) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
+  if (!fill_segments(segs, n_segs, x, ldx, rows, in, a, x16) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
   a.alpha = alpha;
   a.beta = beta;
   if (a.out == 0) return cudaSuccess;
@@ -501,11 +503,11 @@ cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, i
 
 cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
                              int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
-                             cudaStream_t s, const GemvNorm* norm) {
+                             cudaStream_t s, const GemvNorm* norm, const void* x16) {
   // Both segments name y; the kernel's SwiGLU mode writes only y (segment 0's output).
   const GemvSeg segs[2] = {{w_gate, ldg, y, ldy, out}, {w_up, ldu, y, ldy, out}};
   GemvArgs a{};
-  if (!fill_segments(segs, 2, x, ldx, rows, in, a) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
+  if (!fill_segments(segs, 2, x, ldx, rows, in, a, x16) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
   a.alpha = 1.f;
   if (a.out == 0) return cudaSuccess;
   return launch_grouped(a, rows, true, s);
@@ -514,10 +516,10 @@ cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, 
 namespace {
 // One weight matrix's launch through v2 alone (v3_ok false) or v3 alone (the benchmark's entries).
 cudaError_t launch_one(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                       int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, bool v3) {
+                       int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, bool v3, const void* x16) {
   const GemvSeg seg{w, ldw, y, ldy, out};
   GemvArgs a{};
-  if (!fill_segments(&seg, 1, x, ldx, rows, in, a)) return cudaErrorInvalidValue;
+  if (!fill_segments(&seg, 1, x, ldx, rows, in, a, x16)) return cudaErrorInvalidValue;
   a.alpha = alpha;
   a.beta = beta;
   if (a.out == 0) return cudaSuccess;
@@ -527,12 +529,12 @@ cudaError_t launch_one(const void* w, int64_t ldw, const float* x, int64_t ldx, 
 
 cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, false);
+  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, false, nullptr);
 }
 
 cudaError_t gemv_bf16_v3(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, true);
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16) {
+  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, true, x16);
 }
 
 }  // namespace lragent::cuda

@@ -1,4 +1,4 @@
-// Decode GEMV, version 3: y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o] for 2 to 8
+// Decode GEMV, version 3: y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o] for 2 to 16
 // rows of x (a batched decode step, an ICaRus step's base and decoder rows, a speculative pass's
 // drafts), bf16 weights, f32 activations, through tensor cores.
 //
@@ -11,13 +11,18 @@
 //
 // Layout: a warp computes a 16-row tile of w against all 8 (zero-padded) rows of x with
 // mma.sync m16n8k16, w as the A operand and x as B ("swap AB": no MMA rows are wasted on padding).
+// Past 8 rows x is two such tiles (NT = 2: rows 0-7 and 8-15), each weight fragment read once from
+// shared memory for both: serving 9-16 clients keeps the pass structure of 8 (one launch for q/k/v
+// and the LoRA shrinks, SwiGLU in the epilogue) where it took ~9 cuBLASLt GEMMs a layer
+// (bench/results/serve-profile-8-vs-16-clients-nvidia-h200-20261203.md).
 // Each lane's A fragment holds whole 16-byte chunks of weight rows g and g + 8 (g = lane / 4): the
 // sum over k may run in any order, so chunk q of each 32-value block of k goes to lane q of the
 // group (q = lane % 4), its 8 values becoming the fragment's logical columns {2q, 2q+1, 2q+8,
 // 2q+9} of two k16 steps, and the lane's B fragment takes x's values at the same k (x row g).
-// Precision: each x value is split into bf16 hi and lo = bf16(x - hi), both multiplied (two MMAs
-// a step), so x keeps ~16 bits of mantissa (f32 accumulation) where a plain bf16 x would keep 8;
-// the MMAs are far from limiting (each k16 step: 512 bytes of weights, 2 MMAs a warp).
+// Precision: up to 8 rows each x value is split into bf16 hi and lo = bf16(x - hi), both multiplied
+// (two MMAs a step), so x keeps ~16 bits of mantissa (f32 accumulation) where a plain bf16 x would
+// keep 8; the MMAs are far from limiting (each k16 step: 512 bytes of weights, 2 MMAs a warp).
+// Past 8 rows x comes in bf16 (x16, as cuBLASLt's GEMM takes it there): see XFrag.
 // No norm mode (RMSNorm folded in, as version 2 has for one row): tried twice, with the B operand
 // h · g and 1/rms(h) scaling the finished dot, the sum of h² gathered from the same loads. In the
 // tile schedule the folded SwiGLU GEMV took 125 µs against 77 µs unfolded (H200, 8B shapes, 2
@@ -26,7 +31,7 @@
 // kernels: a 5-row speculative pass 5.87 ms against 5.47, an ICaRus step 5.80 against 5.36, with g
 // and the squares applied after the weights' wait (a first form that used x before issuing the
 // next batch's copies: 6.30 against 5.37); lragent serve, 8 clients 0.90 s against 0.84.
-// Loads: cp.async into a ring of kStages batches per warp (shared memory, not registers), so
+// Loads: cp.async into a ring of S batches per warp (kStagesOf) (shared memory, not registers), so
 // each warp keeps ~10 KiB of weights in flight at 16 warps an SM; each copy instruction reads
 // whole 128-byte lines of 4 rows (the first try had each lane copy its own fragment, 64 bytes of
 // 8 rows an instruction: 0.63-0.67 of the copy bandwidth on the 4096 x 4096 projections).
@@ -74,23 +79,31 @@ namespace {
 
 constexpr int kWarps = 8;   // per block
 constexpr int kUnroll = 2;  // 32-value blocks of k per batch (4 16-byte copies a lane)
-constexpr int kStages = 6;  // batches in a warp's ring (kStages - 1 in flight)
 constexpr int kTileRows = 16;  // weight rows per warp (the MMA's M)
-constexpr int kXRows = 8;      // rows of x (the MMA's N)
-constexpr int kFrag = kTileRows * kXRows;  // floats of a tile's dots (a warp's accumulator fragments)
-// Dynamic shared memory of a block: the warps' rings (96 KiB: two blocks an SM).
-constexpr int kRingBytes = kWarps * kStages * kTileRows * kUnroll * 64;
+constexpr int kXTile = 8;      // rows of x an MMA takes (its N); NT such tiles, 1 or 2
+// Batches in a warp's ring (S - 1 in flight): 6 at one x tile, 5 at two (below).
+template <int NT>
+constexpr int kStagesOf = NT == 1 ? 6 : 5;
+// Floats of a tile's dots (a warp's accumulator fragments).
+template <int NT>
+constexpr int kFragOf = kTileRows * kXTile * NT;
+// Dynamic shared memory of a block: the warps' rings (96 KiB at 6 stages: two blocks an SM).
+template <int NT>
+constexpr int kRingBytesOf = kWarps * kStagesOf<NT> * kTileRows * kUnroll * 64;
 
 constexpr int kCluster = 2;                 // blocks a cluster (cluster schedule)
 constexpr int kClusterWarps = kCluster * kWarps;
 // The cluster schedule's block also holds an inbox of split units' pieces (a warp's accumulators,
-// gate and up): 112 KiB, still two blocks an SM (2 x (112 + 1 reserved) of 228 KiB).
-constexpr int kInboxBytes = kClusterWarps * 2 * kFrag * 4;
-constexpr int kClusterSmemBytes = kRingBytes + kInboxBytes;
+// gate and up): 96 + 16 KiB at one x tile, 80 + 32 at two (hence 5 stages there), still two blocks
+// an SM (2 x (112 + 1 reserved) of 228 KiB).
+template <int NT>
+constexpr int kClusterSmemBytesOf = kRingBytesOf<NT> + kClusterWarps * 2 * kFragOf<NT> * 4;
+static_assert(kClusterSmemBytesOf<1> <= 112 * 1024 && kClusterSmemBytesOf<2> <= 112 * 1024,
+              "two cluster-schedule blocks an SM");
 
 struct V3Args {
   GemvArgs g;
-  int rows;                    // rows of x, 1..8
+  int rows;                    // rows of x, 1..16 (past 8 read from g.x16)
   int n_units;                 // tiles (SwiGLU: gate tiles, each paired with the same up tile)
   int tile_end[kMaxGemvSegs];  // prefix sums of the segments' tiles
   int chunks;                  // 16-byte chunks of a weight row (in / 8)
@@ -100,72 +113,128 @@ struct V3Args {
   int clusters;                // clusters of the grid: at most n_units (none is left empty)
 };
 
-// acc += w · x over one k16 step: a0..a3 the A fragment, x the lane's 4 values of x at the
-// fragment's k (b0: the first two, b1: the last two), split into bf16 hi + lo.
-__device__ __forceinline__ void mma_step(float (&acc)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         const float4& x) {
+// x for the B fragments, a batch at a time. One tile (NT = 1, up to 8 rows): f32 x, each value
+// split into bf16 hi and lo = bf16(x - hi), both multiplied (two MMAs a k16 step), so x keeps ~16
+// bits of mantissa (f32 accumulation) where a plain bf16 x would keep 8. Two tiles (NT = 2, 9-16
+// rows): x16, x already in bf16 (one MMA a step), as cuBLASLt takes it: every warp reads x for its
+// k range from L2, and f32 x at 16 rows would be twice the bytes of the weights it meets (the 8B
+// gate/up: ~470 MB through L2 against 117 MB of weights), which held 16 rows at 0.65 of the copy
+// bandwidth where 8 rows stream at 0.84 (H200; without the lo MMAs 0.66: not the MMAs).
+template <int NT>
+struct XFrag;
+template <>
+struct XFrag<1> {
+  float4 lo[kUnroll], hi[kUnroll];  // [u] chunk q of block kb + u: values 0-3, 4-7
+};
+template <>
+struct XFrag<2> {
+  uint4 b[2][kUnroll];  // [tile][u] chunk q of block kb + u, 8 bf16 values
+};
+
+// The lane's rows of x (g, and g + 8 for the second tile), and whether each is a row or padding.
+template <int NT>
+struct XRows;
+template <>
+struct XRows<1> {
+  const float* r;
+  bool live;
+  __device__ XRows(const GemvArgs& a, int rows, int g) : r(a.x + (g < rows ? g : 0) * a.ldx), live(g < rows) {}
+  // x at blocks kb .. kb + kUnroll - 1 of k (L1 / L2), chunk q of each; zeros past kb_end or the
+  // row's chunks, or for padding.
+  __device__ __forceinline__ void load(int q, int kb, int kb_end, int chunks, XFrag<1>& x) const {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = kb + u, c = k * 4 + q;
+      x.lo[u] = x.hi[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (live && k < kb_end && c < chunks) {
+        x.lo[u] = __ldg(reinterpret_cast<const float4*>(r + int64_t{c} * 8));
+        x.hi[u] = __ldg(reinterpret_cast<const float4*>(r + int64_t{c} * 8 + 4));
+      }
+    }
+  }
+};
+template <>
+struct XRows<2> {
+  const uint4* r[2];  // [tile] row g + 8·tile of x16 ([rows, in] bf16), as 16-byte chunks
+  bool live[2];
+  __device__ XRows(const GemvArgs& a, int rows, int g) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      live[j] = g + kXTile * j < rows;
+      r[j] = reinterpret_cast<const uint4*>(a.x16 + (live[j] ? g + kXTile * j : 0) * a.in);
+    }
+  }
+  __device__ __forceinline__ void load(int q, int kb, int kb_end, int chunks, XFrag<2>& x) const {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int k = kb + u, c = k * 4 + q;
+        x.b[j][u] = make_uint4(0u, 0u, 0u, 0u);
+        if (live[j] && k < kb_end && c < chunks) x.b[j][u] = __ldg(r[j] + c);
+      }
+  }
+};
+
+// acc += w · x over one k16 step: a the A fragment, x the lane's 4 values of x at the fragment's k
+// (b0: the first two, b1: the last two), split into bf16 hi + lo.
+__device__ __forceinline__ void mma_split(float (&acc)[4], const uint32_t (&a)[4], const float4& x) {
   const uint32_t hi0 = detail::pack_bf16(x.x, x.y), hi1 = detail::pack_bf16(x.z, x.w);
   const float2 f0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi0));
   const float2 f1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&hi1));
   const uint32_t lo0 = detail::pack_bf16(x.x - f0.x, x.y - f0.y), lo1 = detail::pack_bf16(x.z - f1.x, x.w - f1.y);
-  const uint32_t a[4] = {a0, a1, a2, a3};
   detail::mma_bf16(acc, a, hi0, hi1);
   detail::mma_bf16(acc, a, lo0, lo1);
 }
 
-// x at a batch's k for lane q's B fragments (L1 / L2): blocks kb .. kb + kUnroll - 1 of k, chunk q
-// of each (values 0-3 in lo, 4-7 in hi); zeros past kb_end or the row's chunks, or for a lane
-// whose x row is padding (xrow false).
-__device__ __forceinline__ void load_x(const float* xr, bool xrow, int q, int kb, int kb_end, int chunks,
-                                       float4 (&lo)[kUnroll], float4 (&hi)[kUnroll]) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const int k = kb + u, c = k * 4 + q;
-    lo[u] = hi[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (xrow && k < kb_end && c < chunks) {
-      lo[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c} * 8));
-      hi[u] = __ldg(reinterpret_cast<const float4*>(xr + int64_t{c} * 8 + 4));
-    }
-  }
-}
-
-// A warp's ring of kStages batches of weights in shared memory, [kStages][16 rows][8 chunk slots],
+// A warp's ring of S batches of weights in shared memory, [S][16 rows][8 chunk slots],
 // both schedules' (a batch: kUnroll 32-value blocks of k of a 16-row tile, 128 contiguous bytes a
 // row). Odd rows keep their two 64-byte halves swapped, so that the 8 lanes of a read phase (rows
 // 2m and 2m + 1, four chunks each) hit 8 distinct 16-byte bank groups.
+template <int S>
 __device__ __forceinline__ uint4* ring_slot(uint4* ring, int b, int row, int cc) {
-  return ring + ((b % kStages) * kTileRows + row) * 8 + (cc ^ ((row & 1) << 2));
+  return ring + ((b % S) * kTileRows + row) * 8 + (cc ^ ((row & 1) << 2));
 }
-// The first kStages - 1 batches' copies (issue(b) copies batch b). They do not depend on the
-// previous kernel: with programmatic dependent launch they are in flight while it finishes; x and
-// y are touched only after griddepcontrol.wait, which ends this.
-template <class Issue>
+// The first S - 1 batches' copies (issue(b) copies batch b). They do not depend on the previous
+// kernel: with programmatic dependent launch they are in flight while it finishes; x and y are
+// touched only after griddepcontrol.wait, which ends this.
+template <int S, class Issue>
 __device__ __forceinline__ void ring_start(int batches, Issue&& issue) {
-  for (int b = 0; b < kStages - 1; ++b) {
+  for (int b = 0; b < S - 1; ++b) {
     if (b < batches) issue(b);
     detail::cp_async_commit();  // one group a batch, empty or not: wait_group counts them
   }
   pdl_wait();
   pdl_release();
 }
-// Batch b's copies landed for the whole warp, batch b + kStages - 1's issued into the slot that
-// batch b - 1 freed.
-template <class Issue>
+// Batch b's copies landed for the whole warp, batch b + S - 1's issued into the slot that batch
+// b - 1 freed.
+template <int S, class Issue>
 __device__ __forceinline__ void ring_advance(int b, int batches, Issue&& issue) {
   __syncwarp();  // every lane is done reading the slot the next copy overwrites (batch b - 1's)
-  if (b + kStages - 1 < batches) issue(b + kStages - 1);
+  if (b + S - 1 < batches) issue(b + S - 1);
   detail::cp_async_commit();
-  detail::cp_async_wait<kStages - 1>();  // this lane's copies of batch b have landed
+  detail::cp_async_wait<S - 1>();  // this lane's copies of batch b have landed
   __syncwarp();                          // and every other lane's
 }
-// acc += batch b's weights (the lane's fragments: chunks q and 4 + q of rows g and g + 8) · x.
-__device__ __forceinline__ void ring_mma(uint4* ring, int b, int g, int q, const float4 (&xlo)[kUnroll],
-                                         const float4 (&xhi)[kUnroll], float (&acc)[4]) {
+// acc[j] += batch b's weights (the lane's fragments: chunks q and 4 + q of rows g and g + 8) · x
+// tile j, each fragment read once from shared memory for all NT tiles.
+template <int S, int NT>
+__device__ __forceinline__ void ring_mma(uint4* ring, int b, int g, int q, const XFrag<NT>& x, float (&acc)[NT][4]) {
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
-    const uint4 ca = *ring_slot(ring, b, g, 4 * u + q), cb = *ring_slot(ring, b, g + 8, 4 * u + q);
-    mma_step(acc, ca.x, cb.x, ca.y, cb.y, xlo[u]);  // chunk values 0-3
-    mma_step(acc, ca.z, cb.z, ca.w, cb.w, xhi[u]);  // chunk values 4-7
+    const uint4 ca = *ring_slot<S>(ring, b, g, 4 * u + q), cb = *ring_slot<S>(ring, b, g + 8, 4 * u + q);
+    const uint32_t a0[4] = {ca.x, cb.x, ca.y, cb.y}, a1[4] = {ca.z, cb.z, ca.w, cb.w};  // values 0-3, 4-7
+    if constexpr (NT == 1) {
+      mma_split(acc[0], a0, x.lo[u]);
+      mma_split(acc[0], a1, x.hi[u]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        detail::mma_bf16(acc[j], a0, x.b[j][u].x, x.b[j][u].y);
+        detail::mma_bf16(acc[j], a1, x.b[j][u].z, x.b[j][u].w);
+      }
+    }
   }
 }
 
@@ -196,11 +265,12 @@ __device__ __forceinline__ void store_y(const GemvArgs& a, int seg, int n, int64
 }
 
 // Tile schedule: a warp per (16-row tile, k piece), a tile's pieces in one block.
-template <bool kSwiGLU>
+template <int NT, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Args v) {
+  constexpr int S = kStagesOf<NT>, XR = kXTile * NT;
   const GemvArgs& a = v.g;
   extern __shared__ uint4 wsm[];                  // [kWarps] rings of weight chunks (see slot)
-  __shared__ float part[kWarps][kTileRows][kXRows];   // [warp][tile row][x row] the pieces' dots
+  __shared__ float part[kWarps][kTileRows][XR];   // [warp][tile row][x row] the pieces' dots
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, q = lane & 3;
   const int tpb = kWarps / a.wpr;  // tiles per block
@@ -220,10 +290,10 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
   // Batch b of the piece: blocks kb0 + b·kUnroll .. + kUnroll - 1 of the tile's 16 rows, copied
   // by cp.async into the warp's ring (ring_slot). Copy instruction i takes rows 4i .. 4i + 3, 8
   // lanes a row (four whole 128-byte lines); a lane's fragment is then read back from shared
-  // memory. Registers hold no weights in flight: a warp keeps kStages - 1 batches outstanding at a
+  // memory. Registers hold no weights in flight: a warp keeps S - 1 batches outstanding at a
   // small kernel's occupancy.
   static_assert(kUnroll == 2, "the batch layout: 8 chunks (128 bytes) a row");
-  uint4* ring = wsm + warp * kStages * kTileRows * 8;  // [kStages][16 rows][8 chunk slots]
+  uint4* ring = wsm + warp * S * kTileRows * 8;  // [S][16 rows][8 chunk slots]
   const uint4* wrow[4];  // [i] the weight row this lane copies in instruction i, or null past the tile
   for (int i = 0; i < 4; ++i) {
     const int64_t r = int64_t{tl} * kTileRows + 4 * i + lane / 8;
@@ -237,25 +307,28 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
     for (int i = 0; i < 4; ++i) {
       // src size 0 zero-fills the slot and reads nothing (the address only has to be valid).
       const bool ok = inside && wrow[i];
-      detail::cp_async16(ring_slot(ring, b, 4 * i + lane / 8, cc), ok ? wrow[i] + c : wsafe, ok ? 16 : 0);
+      detail::cp_async16(ring_slot<S>(ring, b, 4 * i + lane / 8, cc), ok ? wrow[i] + c : wsafe, ok ? 16 : 0);
     }
   };
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};  // (row g, x rows 2q, 2q+1), (row g + 8, the same)
-  ring_start(batches, issue);
-  const bool xrow = g < v.rows;
-  const float* xr = a.x + (xrow ? g : 0) * a.ldx;
+  // acc[j]: (row g, x rows 8j + 2q, 8j + 2q + 1), (row g + 8, the same)
+  float acc[NT][4] = {};
+  ring_start<S>(batches, issue);
+  const XRows<NT> xs(a, v.rows, g);
   for (int b = 0; b < batches; ++b) {
     // x at this batch's k (L1 / L2), fetched while its weights may still be arriving.
-    float4 xlo[kUnroll], xhi[kUnroll];
-    load_x(xr, xrow, q, kb0 + b * kUnroll, kb1, chunks, xlo, xhi);
-    ring_advance(b, batches, issue);
-    ring_mma(ring, b, g, q, xlo, xhi, acc);
+    XFrag<NT> xf;
+    xs.load(q, kb0 + b * kUnroll, kb1, chunks, xf);
+    ring_advance<S>(b, batches, issue);
+    ring_mma<S, NT>(ring, b, g, q, xf, acc);
   }
   detail::cp_async_wait<0>();
-  part[warp][g][2 * q] = acc[0];
-  part[warp][g][2 * q + 1] = acc[1];
-  part[warp][g + 8][2 * q] = acc[2];
-  part[warp][g + 8][2 * q + 1] = acc[3];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    part[warp][g][kXTile * j + 2 * q] = acc[j][0];
+    part[warp][g][kXTile * j + 2 * q + 1] = acc[j][1];
+    part[warp][g + 8][kXTile * j + 2 * q] = acc[j][2];
+    part[warp][g + 8][kXTile * j + 2 * q + 1] = acc[j][3];
+  }
   __syncthreads();
   auto dot = [&](int w, int row, int n) {
     float d = 0.f;
@@ -266,16 +339,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
   // so that neighbouring threads write neighbouring columns of y.
   if constexpr (kSwiGLU) {
     const int half = tpb / 2;
-    for (int idx = threadIdx.x; idx < half * kTileRows * kXRows; idx += kWarps * 32) {
-      const int et = idx / (kTileRows * kXRows), n = idx / kTileRows % kXRows, row = idx % kTileRows;
+    for (int idx = threadIdx.x; idx < half * kTileRows * XR; idx += kWarps * 32) {
+      const int et = idx / (kTileRows * XR), n = idx / kTileRows % XR, row = idx % kTileRows;
       const int tt = blockIdx.x * half + et;
       const int64_t o = int64_t{tt} * kTileRows + row;
       if (n >= v.rows || tt >= v.n_units || o >= a.end[0]) continue;
       store_y<true>(a, 0, n, o, dot(et * a.wpr, row, n), dot((half + et) * a.wpr, row, n));
     }
   } else {
-    for (int idx = threadIdx.x; idx < tpb * kTileRows * kXRows; idx += kWarps * 32) {
-      const int et = idx / (kTileRows * kXRows), n = idx / kTileRows % kXRows, row = idx % kTileRows;
+    for (int idx = threadIdx.x; idx < tpb * kTileRows * XR; idx += kWarps * 32) {
+      const int et = idx / (kTileRows * XR), n = idx / kTileRows % XR, row = idx % kTileRows;
       const int tt = blockIdx.x * tpb + et;
       if (n >= v.rows || tt >= v.n_units) continue;
       const UnitLoc ot = locate<false>(v, tt);
@@ -286,25 +359,29 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_tile_kernel(const V3Ar
   }
 }
 
-// A warp's piece of a unit: lane (g, q) holds rows g and g + 8 of the tile against x rows 2q and
-// 2q + 1 (the MMA's accumulator layout); SwiGLU: the gate dots, then the up dots.
+// A warp's piece of a unit: lane (g, q) holds rows g and g + 8 of the tile against x rows
+// 8j + 2q and 8j + 2q + 1 of tile j (the MMA's accumulator layout); SwiGLU: the gate dots, then
+// the up dots.
+template <int NT>
 struct Piece {
-  float d[4], du[4];
+  float d[NT][4], du[NT][4];
 };
 
 // A finished unit into y.
-template <bool kSwiGLU>
-__device__ __forceinline__ void write_unit(const V3Args& v, int u, int lane, const Piece& p) {
+template <int NT, bool kSwiGLU>
+__device__ __forceinline__ void write_unit(const V3Args& v, int u, int lane, const Piece<NT>& p) {
   const GemvArgs& a = v.g;
   const UnitLoc at = locate<kSwiGLU>(v, u);
   const int g = lane >> 2, q = lane & 3;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const int n = 2 * q + (e & 1);
-    const int64_t o = int64_t{at.tl} * kTileRows + g + (e >> 1) * 8;
-    if (n >= v.rows || o >= at.height) continue;
-    store_y<kSwiGLU>(a, at.seg, n, o, p.d[e], p.du[e]);
-  }
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int n = kXTile * j + 2 * q + (e & 1);
+      const int64_t o = int64_t{at.tl} * kTileRows + g + (e >> 1) * 8;
+      if (n >= v.rows || o >= at.height) continue;
+      store_y<kSwiGLU>(a, at.seg, n, o, p.d[j][e], p.du[j][e]);
+    }
 }
 
 // Cluster barrier halves (PTX barrier.cluster), every thread of both blocks taking part. The
@@ -319,11 +396,12 @@ __device__ __forceinline__ void cluster_arrive_release() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-template <bool kSwiGLU>
+template <int NT, bool kSwiGLU>
 __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V3Args v) {
   namespace cg = cooperative_groups;
+  constexpr int S = kStagesOf<NT>;
   const GemvArgs& a = v.g;
-  // [kWarps] rings of weight chunks (see slot), then the inbox: [kClusterWarps][2 · kFrag / 4]
+  // [kWarps] rings of weight chunks (see slot), then the inbox: [kClusterWarps][2 · kFragOf<NT> / 4]
   // float4, the pieces other warps send to this block's finishing warps, by sender.
   extern __shared__ uint4 wsm[];
   cluster_arrive_relaxed();  // this block has started (waited on before the first remote store)
@@ -341,11 +419,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
   const int count = sh.count(), first_unit = sh.first, last_unit = sh.last;
   // Batch b of a unit: blocks 2b, 2b + 1 of the tile's 16 rows (SwiGLU: b / 2 of the gate tile
   // for even b, of the up tile for odd b), copied by cp.async into the warp's ring (ring_slot),
-  // as the tile schedule copies them; a warp keeps kStages - 1 batches outstanding.
+  // as the tile schedule copies them; a warp keeps S - 1 batches outstanding.
   static_assert(kUnroll == 2, "the batch layout: 8 chunks (128 bytes) a row");
-  uint4* ring = wsm + warp * kStages * kTileRows * 8;  // [kStages][16 rows][8 chunk slots]
+  uint4* ring = wsm + warp * S * kTileRows * 8;  // [S][16 rows][8 chunk slots]
   const uint4* wsafe = reinterpret_cast<const uint4*>(a.w[0]);  // a valid address for zero-fills
-  // The copy cursor runs kStages - 1 batches ahead of the compute cursor, across units.
+  // The copy cursor runs S - 1 batches ahead of the compute cursor, across units.
   int iu = first_unit, ib = static_cast<int>(j0 - int64_t{first_unit} * U);
   UnitLoc iat = locate<kSwiGLU>(v, iu);
   auto issue = [&](int n) {  // the cursor's batch into ring slot n, then the cursor to the next batch
@@ -358,28 +436,27 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
       const bool ok = inside && r < iat.height;
       // src size 0 zero-fills the slot and reads nothing (the address only has to be valid).
       const uint4* src = ok ? reinterpret_cast<const uint4*>(a.w[seg] + r * a.ldw[seg]) + c16 : wsafe;
-      detail::cp_async16(ring_slot(ring, n, 4 * i + lane / 8, cc), src, ok ? 16 : 0);
+      detail::cp_async16(ring_slot<S>(ring, n, 4 * i + lane / 8, cc), src, ok ? 16 : 0);
     }
     if (++ib == U) {
       ib = 0;
       if (++iu < v.n_units) iat = locate<kSwiGLU>(v, iu);
     }
   };
-  ring_start(count, issue);
-  const bool xrow = g < v.rows;
-  const float* xr = a.x + (xrow ? g : 0) * a.ldx;
-  Piece acc{}, head{}, tail{};  // the unit being summed; this warp's split first and last units
+  ring_start<S>(count, issue);
+  const XRows<NT> xs(a, v.rows, g);
+  Piece<NT> acc{}, head{}, tail{};  // the unit being summed; this warp's split first and last units
   int cu = first_unit, cb = static_cast<int>(j0 - int64_t{first_unit} * U);
   for (int n = 0; n < count; ++n) {
     const int kb2 = kSwiGLU ? cb >> 1 : cb;
     // x at this batch's k (L1 / L2), fetched while its weights may still be arriving.
-    float4 xlo[kUnroll], xhi[kUnroll];
-    load_x(xr, xrow, q, kb2 * kUnroll, v.kblocks, v.chunks, xlo, xhi);
-    ring_advance(n, count, issue);
+    XFrag<NT> xf;
+    xs.load(q, kb2 * kUnroll, v.kblocks, v.chunks, xf);
+    ring_advance<S>(n, count, issue);
     if (kSwiGLU && (cb & 1))
-      ring_mma(ring, n, g, q, xlo, xhi, acc.du);
+      ring_mma<S, NT>(ring, n, g, q, xf, acc.du);
     else
-      ring_mma(ring, n, g, q, xlo, xhi, acc.d);
+      ring_mma<S, NT>(ring, n, g, q, xf, acc.d);
     if (cb + 1 < U && n + 1 < count) {
       ++cb;
       continue;
@@ -387,12 +464,12 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
     // The unit ends here or this warp's share does. A unit wholly in the share is written now;
     // a split one is kept for the end (at most two: the share's first and last units).
     if (sh.holds(cu))
-      write_unit<kSwiGLU>(v, cu, lane, acc);
+      write_unit<NT, kSwiGLU>(v, cu, lane, acc);
     else if (cu == first_unit)
       head = acc;
     else
       tail = acc;
-    acc = Piece{};
+    acc = Piece<NT>{};
     ++cu;
     cb = 0;
   }
@@ -402,20 +479,30 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
   // share sends its piece (its only piece not yet written) straight into the finishing warp's
   // block, at its own slot of the inbox: the inbox lies apart from the rings, so no block barrier
   // is needed first, and after one cluster barrier every finisher reads only its own block.
-  auto* inbox = reinterpret_cast<float4*>(wsm + kRingBytes / 16);
-  constexpr int kSlot = 2 * kFrag / 4;  // float4 a piece: the gate (or only) dots, then up's
+  auto* inbox = reinterpret_cast<float4*>(wsm + kRingBytesOf<NT> / 16);
+  // float4 a piece: the gate (or only) dots of each x tile, then up's; lane l's of tile j at
+  // 32j + l (up: 32 (NT + j) + l).
+  constexpr int kSlot = 2 * kFragOf<NT> / 4;
   cluster_wait();  // the peer has started (its arrival at the kernel's start)
   if (sh.sends()) {
-    Piece p;  // the unit's piece: the share's only unit, or its last
+    // The share's only unit, or its last (element by element: selecting whole register arrays by
+    // reference could put them in local memory).
+    const bool only = last_unit == first_unit;
+    Piece<NT> p;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      p.d[e] = last_unit == first_unit ? head.d[e] : tail.d[e];
-      p.du[e] = last_unit == first_unit ? head.du[e] : tail.du[e];
-    }
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        p.d[j][e] = only ? head.d[j][e] : tail.d[j][e];
+        p.du[j][e] = only ? head.du[j][e] : tail.du[j][e];
+      }
     const int f = sh.receiver(cs);
     float4* to = cluster.map_shared_rank(inbox, f / kWarps) + wc * kSlot;
-    to[lane] = make_float4(p.d[0], p.d[1], p.d[2], p.d[3]);
-    if constexpr (kSwiGLU) to[32 + lane] = make_float4(p.du[0], p.du[1], p.du[2], p.du[3]);
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      to[32 * j + lane] = make_float4(p.d[j][0], p.d[j][1], p.d[j][2], p.d[j][3]);
+      if constexpr (kSwiGLU) to[32 * (NT + j) + lane] = make_float4(p.du[j][0], p.du[j][1], p.du[j][2], p.du[j][3]);
+    }
   }
   cluster_arrive_release();
   cluster_wait();
@@ -423,19 +510,24 @@ __global__ void __launch_bounds__(kWarps * 32, 2) gemv_v3_cluster_kernel(const V
   // the one whose share holds the unit's first batch; empty shares sent nothing), in warp order,
   // then its own: the sums do not depend on timing.
   if (sh.finishes()) {
-    Piece p{};
+    Piece<NT> p{};
     for (int w = sh.first_sender(cs); w < wc; ++w) {
       if (cs.begin(w) == cs.begin(w + 1)) continue;  // an empty share (a unit of fewer batches than 16)
-      const float4 t = inbox[w * kSlot + lane];
-      p.d[0] += t.x, p.d[1] += t.y, p.d[2] += t.z, p.d[3] += t.w;
-      if constexpr (kSwiGLU) {
-        const float4 tu = inbox[w * kSlot + 32 + lane];
-        p.du[0] += tu.x, p.du[1] += tu.y, p.du[2] += tu.z, p.du[3] += tu.w;
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const float4 t = inbox[w * kSlot + 32 * j + lane];
+        p.d[j][0] += t.x, p.d[j][1] += t.y, p.d[j][2] += t.z, p.d[j][3] += t.w;
+        if constexpr (kSwiGLU) {
+          const float4 tu = inbox[w * kSlot + 32 * (NT + j) + lane];
+          p.du[j][0] += tu.x, p.du[j][1] += tu.y, p.du[j][2] += tu.z, p.du[j][3] += tu.w;
+        }
       }
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) p.d[e] += head.d[e], p.du[e] += head.du[e];
-    write_unit<kSwiGLU>(v, first_unit, lane, p);
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p.d[j][e] += head.d[j][e], p.du[j][e] += head.du[j][e];
+    write_unit<NT, kSwiGLU>(v, first_unit, lane, p);
   }
 }
 
@@ -465,6 +557,7 @@ struct Knobs3 {
     const char* e = std::getenv("LRAGENT_GEMV3_MINB");
     return e ? std::max(1, std::atoi(e)) : 4;
   }();
+
 };
 const Knobs3& knobs3() {
   static const Knobs3 k;
@@ -484,7 +577,7 @@ cudaError_t opt_in(K kernel, int smem) {
 
 // Clusters of two blocks the device holds at once (asked once a kernel; 0: the query failed).
 template <class K>
-int resident_clusters(K kernel) {
+int resident_clusters(K kernel, int smem) {
   struct Known {
     const void* fn;
     int n;
@@ -496,7 +589,7 @@ int resident_clusters(K kernel) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(kCluster * sm_count()));
   cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = kClusterSmemBytes;
+  cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = kCluster;
@@ -518,7 +611,10 @@ int resident_clusters(K kernel) {
 cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cudaStream_t s) {
   // No norm mode (see the top): passes of more than one row do not fold RMSNorm in
   // (CudaBackend::folds_rms_norm).
-  if (rows < 1 || rows > kXRows || a.in / 8 > INT_MAX / 2 || a.norm_w) return cudaErrorInvalidValue;
+  if (rows < 1 || rows > kGemvV3MaxRows || a.in / 8 > INT_MAX / 2 || a.norm_w) return cudaErrorInvalidValue;
+  static_assert(kGemvV3MaxRows == 2 * kXTile, "rows of x: one or two tiles");
+  const bool two = rows > kXTile;  // NT = 2: x from x16
+  if (two && (!a.x16 || reinterpret_cast<uintptr_t>(a.x16) % 16 != 0)) return cudaErrorInvalidValue;
   V3Args v{};
   v.rows = static_cast<int>(rows);
   v.chunks = static_cast<int>(a.in / 8);
@@ -552,7 +648,8 @@ cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cud
   const bool tile_even = waves <= 1.0 && waves >= 0.9;
   const int sched = knobs3().sched != 0 ? knobs3().sched : tile_even ? 1 : 2;
   auto launch = [&](auto kernel, unsigned grid, bool cluster) -> cudaError_t {
-    const int smem = cluster ? kClusterSmemBytes : kRingBytes;
+    const int smem = cluster ? (two ? kClusterSmemBytesOf<2> : kClusterSmemBytesOf<1>)
+                             : (two ? kRingBytesOf<2> : kRingBytesOf<1>);
     if (const cudaError_t e = opt_in(kernel, smem); e != cudaSuccess) return e;
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
@@ -578,10 +675,12 @@ cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cud
     return cudaLaunchKernelEx(&cfg, kernel, v);
   };
   if (sched == 2) {
-    auto kernel = swiglu ? gemv_v3_cluster_kernel<true> : gemv_v3_cluster_kernel<false>;
+    auto kernel = two ? (swiglu ? gemv_v3_cluster_kernel<2, true> : gemv_v3_cluster_kernel<2, false>)
+                      : (swiglu ? gemv_v3_cluster_kernel<1, true> : gemv_v3_cluster_kernel<1, false>);
+    const int smem = two ? kClusterSmemBytesOf<2> : kClusterSmemBytesOf<1>;
     // The opt-in first: the occupancy query fails for a kernel not yet allowed its shared memory.
-    if (const cudaError_t e = opt_in(kernel, kClusterSmemBytes); e != cudaSuccess) return e;
-    const int resident = resident_clusters(kernel);
+    if (const cudaError_t e = opt_in(kernel, smem); e != cudaSuccess) return e;
+    const int resident = resident_clusters(kernel, smem);
     if (resident > 0) {
       v.ubatches = (v.kblocks + kUnroll - 1) / kUnroll * (swiglu ? 2 : 1);
       const int64_t total = int64_t{v.n_units} * v.ubatches;
@@ -596,8 +695,9 @@ cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cud
   }
   a.wpr = wpt;
   v.g = a;
-  return launch(swiglu ? gemv_v3_tile_kernel<true> : gemv_v3_tile_kernel<false>, static_cast<unsigned>(tile_grid),
-                false);
+  auto kernel = two ? (swiglu ? gemv_v3_tile_kernel<2, true> : gemv_v3_tile_kernel<2, false>)
+                    : (swiglu ? gemv_v3_tile_kernel<1, true> : gemv_v3_tile_kernel<1, false>);
+  return launch(kernel, static_cast<unsigned>(tile_grid), false);
 }
 
 }  // namespace lragent::cuda

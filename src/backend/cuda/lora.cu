@@ -4,7 +4,7 @@
 // the base projection's grouped GEMV (project_with_lora) and the expands are this one kernel.
 // One thread per output column o of a job: it keeps b[o, :] (<= 64 values) in registers, loaded
 // before griddepcontrol.wait (the weights do not depend on the GEMV before it), then walks the
-// job's rows (<= 8). The data is tiny (r·out bf16 per job); what matters is one launch, not many.
+// job's rows (<= 16). The data is tiny (r·out bf16 per job); what matters is one launch, not many.
 #include <cuda_bf16.h>
 
 #include "backend/cuda/lora_expand.cuh"
@@ -50,7 +50,7 @@ cudaError_t lora_expand(const LoraJob* jobs, int n_jobs, cudaStream_t s) {
   int64_t blocks = 0;
   for (int i = 0; i < n_jobs; ++i) {
     const LoraJob& jb = jobs[i];
-    if (jb.rows < 0 || jb.rows > kGemvMaxRows || jb.rank < 0 || jb.rank > kMaxLoraRank || !jb.y ||
+    if (jb.rows < 0 || jb.rows > kLoraExpandMaxRows || jb.rank < 0 || jb.rank > kMaxLoraRank || !jb.y ||
         (!jb.xa && !jb.base) || (jb.xa && !jb.b))
       return cudaErrorInvalidValue;
     a.job[i] = jb;

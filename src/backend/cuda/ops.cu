@@ -854,14 +854,14 @@ cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float
 }
 
 cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
+                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16) {
   const GemvSeg seg{w, ldw, y, ldy, out};  // v2 for one row, v3 for more (gemv_v3_min_rows)
-  return gemv_bf16_grouped(&seg, 1, x, ldx, rows, in, alpha, beta, s);
+  return gemv_bf16_grouped(&seg, 1, x, ldx, rows, in, alpha, beta, s, nullptr, x16);
 }
 
 cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  if (!gemv_bf16_ok(w, ldw, x, ldx, rows, in)) return cudaErrorInvalidValue;
+  if (rows > kGemvMaxRows || !gemv_bf16_ok(w, ldw, x, ldx, rows, in)) return cudaErrorInvalidValue;
   if (out == 0) return cudaSuccess;
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   const unsigned grid = static_cast<unsigned>((out + 3) / 4);

@@ -34,20 +34,30 @@ cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float
 cudaError_t add_rms_norm(float* h, int64_t ldh, const float* x, int64_t ldx, const void* w, Elem w_t, float eps,
                          float* y, int64_t ldy, int64_t rows, int64_t d, void* y16, cudaStream_t s);
 
-// Skinny GEMM for decode (rows <= kGemvMaxRows): y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o]
+// Skinny GEMM for decode (rows <= gemv_max_rows()): y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o]
 // with bf16 w [out, in] (row stride ldw), f32 x and y. Reads each weight once at full bandwidth;
 // x is f32 as the model keeps it (no conversion pass). Needs in % 8 == 0, ldw % 8 == 0, ldx % 4 == 0
 // and 16-byte aligned w and x; returns cudaErrorInvalidValue otherwise (callers fall back to cuBLASLt).
+// Versions 1 and 2 (CUDA cores) and the kernels fused with a pass's small decode ops (LoRA
+// expands, RoPE with LoRA, cache stores) take up to kGemvMaxRows rows; version 3 (tensor cores,
+// from gemv_v3_min_rows() rows) up to kGemvV3MaxRows, reading x past kGemvMaxRows rows from x16:
+// the same rows in bf16, [rows, in] contiguous and 16-byte aligned (the entry points below take it
+// as their last argument and return cudaErrorInvalidValue without it there; x is not read then).
 constexpr int kGemvMaxRows = 8;
+constexpr int kGemvV3MaxRows = 16;
+int64_t gemv_v3_min_rows();
+// Rows up to which gemv_bf16 takes x: kGemvV3MaxRows (past kGemvMaxRows always version 3), or
+// kGemvMaxRows where LRAGENT_GEMV_V3_ROWS turns version 3 off (more than kGemvV3MaxRows).
+inline int64_t gemv_max_rows() { return gemv_v3_min_rows() <= kGemvV3MaxRows ? kGemvV3MaxRows : kGemvMaxRows; }
 // Whether gemv_bf16 takes these operands (host-side check, no launch).
 inline bool gemv_bf16_ok(const void* w, int64_t ldw, const float* x, int64_t ldx, int64_t rows, int64_t in) {
-  return rows >= 1 && rows <= kGemvMaxRows && in % 8 == 0 && ldw % 8 == 0 && ldx % 4 == 0 &&
+  return rows >= 1 && rows <= gemv_max_rows() && in % 8 == 0 && ldw % 8 == 0 && ldx % 4 == 0 &&
          reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
 // The current versions (gemv.cu: v2 for one row, v3 past it); v1 (ops.cu) and the v2/v3 entry
 // points are kept for the benchmark and tests.
 cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
+                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16 = nullptr);
 cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
                          int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
 cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
@@ -55,8 +65,7 @@ cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx
 // Version 3 (gemv_v3_mma.cu, tensor cores) at any row count, for the benchmark and tests; the
 // entry points above take it from gemv_v3_min_rows() rows (2 unless LRAGENT_GEMV_V3_ROWS says).
 cudaError_t gemv_bf16_v3(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
-int64_t gemv_v3_min_rows();
+                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16 = nullptr);
 // Several weight matrices that read the same x (q/k/v, gate/up) in one launch of v2.
 constexpr int kMaxGemvSegs = 8;
 struct GemvSeg {
@@ -94,12 +103,14 @@ inline bool gemv_norm_ok(const GemvNorm& n, int64_t rows, int64_t in) {
          rows < gemv_v3_min_rows() && gemv_stage_fits(rows, in);
 }
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr);
+                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr,
+                              const void* x16 = nullptr);
 // LoRA expand of decode-sized jobs (lora.cu): for each job and row r < rows,
 //   y[r, o] = (base ? base[r, o] : y[r, o]) + scale · Σ_k xa[r, k] · b[o, k]   (xa null: y = base)
 // up to kMaxLoraJobs jobs in one launch (a stage's q/k/v expands of every adapter in the batch).
 constexpr int kMaxLoraJobs = 8;
 constexpr int kMaxLoraRank = 64;
+constexpr int kLoraExpandMaxRows = kGemvV3MaxRows;  // the decode passes version 3 serves
 struct LoraJob {
   const float* xa;     // [rows, ldxa] f32, or null (copy only)
   const void* b;       // [out, ldb] bf16 (b_bf16) or f32
@@ -107,7 +118,7 @@ struct LoraJob {
   const float* base;   // [rows, ldbase] f32, or null (accumulate into y)
   int64_t ldxa, ldb, ldy, ldbase;
   int64_t out;
-  int32_t rows, rank;  // rows <= kGemvMaxRows, rank <= kMaxLoraRank
+  int32_t rows, rank;  // rows <= kLoraExpandMaxRows, rank <= kMaxLoraRank
   float scale;
   int32_t b_bf16;
 };
@@ -118,7 +129,7 @@ cudaError_t lora_expand(const LoraJob* jobs, int n_jobs, cudaStream_t s);
 // x is h and both products read its RMSNorm (see GemvNorm).
 cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
                              int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
-                             cudaStream_t s, const GemvNorm* norm = nullptr);
+                             cudaStream_t s, const GemvNorm* norm = nullptr, const void* x16 = nullptr);
 // Warps v2 gives each output row for this shape (1, 2, 4 or 8: the reduction is split among them).
 int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
