@@ -1,4 +1,4 @@
-// Decode GEMV versions (ops.cu v1, gemv.cu v2, gemv_v3_mma.cu v3) at 1-8 rows on the weight shapes of a Llama-3.1-8B decode
+// Decode GEMV versions (ops.cu v1, gemv.cu v2, gemv_v3_mma.cu v3) at 1-8 rows (v3 also 12 and 16) on the weight shapes of a Llama-3.1-8B decode
 // step, against the device-to-device copy ceiling measured in the same run. "v2" is gemv.cu's entry
 // point: its stream mode where that applies (x staged, rows unsplit), the v2 kernel elsewhere;
 // LRAGENT_GEMV_STREAM=0 measures the v2 kernel alone.
@@ -6,7 +6,8 @@
 // Each timing replays a CUDA graph of 20 launches that rotate over a 2 GiB weight pool (no L2
 // reuse between launches), as the decode graphs of the engine launch them; median of 15 replays.
 // Correctness: every version against a double-precision CPU reference on 256 sampled outputs of
-// every shape (relative L2 <= 1e-5 expected: both accumulate in f32 over bf16 weights).
+// every shape (relative L2 <= 1e-5 expected: both accumulate in f32 over bf16 weights; past 8 rows
+// against x rounded to bf16, as version 3 reads it there).
 // Then the model's grouped calls at the current versions ("cur": gemv.cu's entry points, v2 for one
 // row and v3 past it): q/k/v as one launch of three segments, and gate/up with SwiGLU.
 // Usage: lragent_gemv_bench [--out FILE.json]
@@ -35,6 +36,25 @@ struct Shape {
 
 using GemvFn = cudaError_t (*)(const void*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t,
                                float, float, cudaStream_t);
+
+// x as bf16 [max_rows, in] contiguous, for the shape being measured: version 3 reads x from it past
+// kGemvMaxRows rows (the rows' values in bf16, as the engine's passes hand it over).
+const void* g_x16 = nullptr;
+cudaError_t gemv_v3_x16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
+                        int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
+  return lragent::cuda::gemv_bf16_v3(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, g_x16);
+}
+
+// x's values as the product reads them: bf16 past kGemvMaxRows rows.
+float x_as_read(float v, int rows) {
+  if (rows <= lragent::cuda::kGemvMaxRows) return v;
+  uint32_t b;
+  std::memcpy(&b, &v, 4);
+  b = (b + 0x7fffu + ((b >> 16) & 1u)) & 0xffff0000u;  // round to nearest even (finite values)
+  float r;
+  std::memcpy(&r, &b, 4);
+  return r;
+}
 
 // Milliseconds a launch: a CUDA graph of kLaunch launches (launch(i) enqueues the i-th, each on
 // rotating weights), replayed 16 times, the first left out; the median.
@@ -120,10 +140,17 @@ int main(int argc, char** argv) {
   void* pool = nullptr;
   CK(cudaMalloc(&pool, pool_bytes));
   CK(lc::fill_random(pool, lc::Elem::kBF16, static_cast<int64_t>(pool_bytes / 2), 1234, 0.02f, st));
-  const int64_t max_in = 14336, max_rows = 8;
+  const int64_t max_in = 14336, max_rows = lc::kGemvV3MaxRows;
   float *x = nullptr, *y = nullptr;
   CK(cudaMalloc(&x, max_rows * max_in * 4));
   CK(cudaMalloc(&y, max_rows * 131072 * 4));
+  void* x16 = nullptr;
+  CK(cudaMalloc(&x16, max_rows * max_in * 2));
+  g_x16 = x16;
+  // x16 = x's first `in` columns, bf16, [max_rows, in] contiguous.
+  auto make_x16 = [&](int64_t in) {
+    CK(lc::convert_rows(x, lc::Elem::kF32, max_in, x16, lc::Elem::kBF16, in, max_rows, in, st));
+  };
   CK(lc::fill_random(x, lc::Elem::kF32, max_rows * max_in, 99, 1.f, st));
   CK(cudaStreamSynchronize(st));
 
@@ -153,7 +180,7 @@ int main(int argc, char** argv) {
   const struct {
     const char* name;
     GemvFn fn;
-  } versions[] = {{"v1", &lc::gemv_bf16_v1}, {"v2", &lc::gemv_bf16_v2}, {"v3", &lc::gemv_bf16_v3}};
+  } versions[] = {{"v1", &lc::gemv_bf16_v1}, {"v2", &lc::gemv_bf16_v2}, {"v3", &gemv_v3_x16}};
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"copy_gbs\": " + std::to_string(copy_gbs) +
                      ", \"results\": [";
   bool first = true, all_ok = true;
@@ -167,9 +194,11 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(wh.data(), pool, static_cast<size_t>(wbytes), cudaMemcpyDeviceToHost));
     std::vector<float> xh(static_cast<size_t>(max_rows * max_in));
     CK(cudaMemcpy(xh.data(), x, xh.size() * 4, cudaMemcpyDeviceToHost));
+    make_x16(sh.in);
     for (const auto& v : versions) {
-      for (int rows : {1, 2, 3, 4, 8}) {
-        // Correctness on buffer 0 at every row count (v3 pads x to 8 rows: each count its own case).
+      for (int rows : {1, 2, 3, 4, 8, 12, 16}) {
+        if (rows > lc::kGemvMaxRows && v.fn != &gemv_v3_x16) continue;  // the CUDA-core kernels' most
+        // Correctness on buffer 0 at every row count (v3 pads x to 8 or 16 rows: each count its own case).
         double rel = 0;
         {
           CK(v.fn(pool, sh.in, x, max_in, y, sh.out, rows, sh.in, sh.out, 1.f, 0.f, st));
@@ -183,7 +212,7 @@ int main(int argc, char** argv) {
               double ref = 0;
               for (int64_t k = 0; k < sh.in; ++k)
                 ref += static_cast<double>(bf16_to_float(wh[static_cast<size_t>(o * sh.in + k)])) *
-                       xh[static_cast<size_t>(r * max_in + k)];
+                       x_as_read(xh[static_cast<size_t>(r * max_in + k)], rows);
               const double got = yh[static_cast<size_t>(r * sh.out + o)];
               num += (got - ref) * (got - ref);
               den += ref * ref;
@@ -219,20 +248,21 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(wh.data(), pool, static_cast<size_t>(gbytes), cudaMemcpyDeviceToHost));
       std::vector<float> xh(static_cast<size_t>(max_rows * max_in));
       CK(cudaMemcpy(xh.data(), x, xh.size() * 4, cudaMemcpyDeviceToHost));
+      make_x16(in);
       // y: segment i at column offset Σ outs[<i], rows of total_out floats.
       auto call = [&](const char* wbase, int rows) {
         if (swiglu)
           return lc::gemv_bf16_swiglu(wbase, in, wbase + outs[0] * in * 2, in, x, max_in, y, total_out, rows, in,
-                                      outs[0], st);
+                                      outs[0], st, nullptr, x16);
         lc::GemvSeg segs[3];
         int64_t col = 0;
         for (int i = 0; i < n_segs; ++i) {
           segs[i] = {wbase + col * in * 2, in, y + col, total_out, outs[i]};
           col += outs[i];
         }
-        return lc::gemv_bf16_grouped(segs, n_segs, x, max_in, rows, in, 1.f, 0.f, st);
+        return lc::gemv_bf16_grouped(segs, n_segs, x, max_in, rows, in, 1.f, 0.f, st, nullptr, x16);
       };
-      for (int rows : {1, 2, 3, 4, 8}) {
+      for (int rows : {1, 2, 3, 4, 8, 12, 16}) {
         double rel = 0;
         {
           CK(call(static_cast<const char*>(pool), rows));
@@ -243,7 +273,7 @@ int main(int argc, char** argv) {
             double d = 0;
             for (int64_t k = 0; k < in; ++k)
               d += static_cast<double>(bf16_to_float(wh[static_cast<size_t>(o * in + k)])) *
-                   xh[static_cast<size_t>(r * max_in + k)];
+                   x_as_read(xh[static_cast<size_t>(r * max_in + k)], rows);
             return d;
           };
           double num = 0, den = 0;
