@@ -371,8 +371,9 @@ def main():
         one = [g for g in gemv["results"] if g.get("rows") == 1]
         rows.append(("decode GEMV, 1 row, fraction of copy BW",
                      ", ".join(f"{g['shape']} {g['version']} {g['frac_copy']:.2f}" for g in one)))
-        # Batched steps (2-8 rows) take version 3 (tensor cores); v2's figures there show why.
-        for r in (2, 8):
+        # Batched steps (2-16 rows) take version 3 (tensor cores); v2's figures there show why (v2
+        # takes at most 8 rows; past 8 version 3 reads x in bf16).
+        for r in (2, 8, 16):
             many = [g for g in gemv["results"] if g.get("rows") == r and g.get("version") in ("v2", "v3")]
             if many:
                 rows.append((f"decode GEMV, {r} rows, fraction of copy BW",

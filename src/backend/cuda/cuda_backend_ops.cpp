@@ -52,8 +52,6 @@ bool overlaps(const lc::LoraJob& j, const lc::RopeArgs& r) {
 namespace {
 // Rows up to which weight products take the GEMV kernels rather than cuBLASLt's GEMM: all that
 // they take (lc::gemv_max_rows(), 16). Past one row that is version 3 (tensor cores, gemv_v3_mma.cu).
-// Past 8 rows (9-16 clients decoding together) the CUDA-core kernels fused with the small ops
-// (LoRA expands, RoPE with LoRA, cache stores: kGemvMaxRows) fall back to their own launches.
 // Before it the CUDA-core kernels re-read x from L1 for every row and fell behind cuBLASLt, so
 // this was 1 (Llama-3.1-8B shapes through `lragent serve`, H200, scripts/serve-concurrency.py: 4
 // requests decoding together 1.80 s with those kernels for 2-8 rows against 1.17 s with
@@ -252,8 +250,7 @@ void CudaBackend::lora_expand(std::span<const LoraExpandJob> jobs) {
       wrote(d.y, static_cast<size_t>((d.rows - 1) * d.ldy + d.out) * 4);
       rec("lora_job", d.xa, d.ldxa, d.b, d.ldb, d.y, d.ldy, d.base, d.ldbase, d.out, d.rows, d.rank, d.scale,
           d.b_bf16);
-      // The store kernels' fused paths take up to kGemvMaxRows rows.
-      hold = hold && d.xa && d.base && d.ldy == d.out && d.rows <= lc::kGemvMaxRows;
+      hold = hold && d.xa && d.base && d.ldy == d.out && d.rows <= lc::kDecodePassMaxRows;
       hold = hold && !(pending_rope_ && overlaps(d, *pending_rope_));  // see pending_expand_
       hold = hold && !(pending_norm_ && overlaps(d, operands_of(*pending_norm_)));
     }
@@ -335,7 +332,7 @@ void CudaBackend::qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& 
       rec("qk_norm_lora", rl.lr[i], rl.b[i], rl.ldb[i], rl.rank[i], rl.scale[i], rl.b_bf16[i]);
     }
   // A decode pass's norm: held for the RoPE after it (pending_norm_).
-  if (fuse_qk_norm_ && fuse_rope_store() && tape_->recording() && !failed_ && a.n >= 1 && a.n <= lc::kGemvMaxRows &&
+  if (fuse_qk_norm_ && fuse_rope_store() && tape_->recording() && !failed_ && a.n >= 1 && a.n <= lc::kDecodePassMaxRows &&
       (lora || q_lora.empty())) {
     if (pending_norm_) flush_norm();
     HeldNorm h{a, lora, rl};
@@ -425,12 +422,13 @@ void CudaBackend::rope_pair(TensorView& a, TensorView& b, const int32_t* positio
 
 bool CudaBackend::row_lora(const TensorView& a, std::span<const LoraExpandJob> a_lora, lc::RopeLora& rl) const {
   const int64_t n = a.dim(0), width = a.dim(1) * a.dim(2);
-  bool fused = fuse_lora() && !a_lora.empty() && n >= 1 && n <= lc::kGemvMaxRows && a.dtype == DType::kF32;
+  bool fused = fuse_lora() && !a_lora.empty() && n >= 1 && n <= lc::kDecodePassMaxRows && a.dtype == DType::kF32;
   rl = {};
   for (const LoraExpandJob& j : a_lora) {
     fused = fused && !j.base.data && j.xa.data && j.xa.dtype == DType::kF32 && j.xa.dim(1) <= lc::kMaxLoraRank &&
             (j.b.dtype == DType::kBF16 || j.b.dtype == DType::kF32) && j.y.dtype == DType::kF32 &&
-            j.y.dim(1) == width && row_stride_of(j.y) == width && j.b.dim(0) == width;
+            j.y.dim(1) == width && row_stride_of(j.y) == width && j.b.dim(0) == width &&
+            row_stride_of(j.b) <= INT32_MAX;
     if (!fused) break;
     const auto off = reinterpret_cast<uintptr_t>(j.y.data) - reinterpret_cast<uintptr_t>(a.data);
     const auto row_bytes = static_cast<uintptr_t>(width) * 4;
@@ -442,7 +440,7 @@ bool CudaBackend::row_lora(const TensorView& a, std::span<const LoraExpandJob> a
       const auto t = static_cast<size_t>(first + r);
       rl.lr[t] = j.xa.f32() + r * row_stride_of(j.xa);
       rl.b[t] = j.b.data;
-      rl.ldb[t] = row_stride_of(j.b);
+      rl.ldb[t] = static_cast<int32_t>(row_stride_of(j.b));
       rl.rank[t] = static_cast<int32_t>(j.xa.dim(1));
       rl.scale[t] = j.scale;
       rl.b_bf16[t] = j.b.dtype == DType::kBF16 ? 1 : 0;
@@ -574,7 +572,7 @@ void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* po
   }
   rec("rope_pair", r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16);
   // A recorded decode pass holds it back for the store batch that follows (launch_stores).
-  if (fuse_rope_store() && tape_->recording() && r.n >= 1 && r.n <= lc::kGemvMaxRows && r.hb >= 1 &&
+  if (fuse_rope_store() && tape_->recording() && r.n >= 1 && r.n <= lc::kDecodePassMaxRows && r.hb >= 1 &&
       r.hd % 2 == 0 && !failed_) {
     if (!pending_expand_.empty() && expand_overlaps(r)) flush_expand();
     if (pending_rope_) flush_rope();

@@ -892,7 +892,7 @@ cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n,
 cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim,
                            const int32_t* pos, const float* inv_freq, void* xa16, const RopeLora& lora,
                            cudaStream_t s) {
-  if (n > kGemvMaxRows) return cudaErrorInvalidValue;
+  if (n > kDecodePassMaxRows) return cudaErrorInvalidValue;
   const int64_t total = n * (heads_a + heads_b) * (head_dim / 2);
   if (total == 0) return cudaSuccess;
   rope_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
@@ -902,7 +902,7 @@ cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64
 
 cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t* tok0, int n_jobs,
                        const StoreLoras* loras, cudaStream_t s) {
-  if (r.n < 1 || r.n > kGemvMaxRows || r.hb < 1 || r.ha < 0 || n_jobs < 1 || n_jobs > kMaxStoreJobs || r.hd % 2 != 0)
+  if (r.n < 1 || r.n > kDecodePassMaxRows || r.hb < 1 || r.ha < 0 || n_jobs < 1 || n_jobs > kMaxStoreJobs || r.hd % 2 != 0)
     return cudaErrorInvalidValue;
   RopeStoreJobs js{};
   StoreJobDev other[kMaxStoreJobs];
@@ -955,7 +955,7 @@ cudaError_t rope_store(const RopeArgs& r, const StoreJobDev* jobs, const int64_t
 }
 
 cudaError_t qk_norm(const QkNormArgs& a, const RopeLora* lora, cudaStream_t s) {
-  if (a.hd < 1 || a.hd > kQkNormMaxHeadDim || a.n < 0 || a.hq < 0 || a.hk < 0 || (lora && a.n > kGemvMaxRows))
+  if (a.hd < 1 || a.hd > kQkNormMaxHeadDim || a.n < 0 || a.hq < 0 || a.hk < 0 || (lora && a.n > kDecodePassMaxRows))
     return cudaErrorInvalidValue;
   const int64_t rows = a.n * (a.hq + a.hk);
   if (rows == 0) return cudaSuccess;

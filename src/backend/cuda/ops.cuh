@@ -38,13 +38,16 @@ cudaError_t add_rms_norm(float* h, int64_t ldh, const float* x, int64_t ldx, con
 // with bf16 w [out, in] (row stride ldw), f32 x and y. Reads each weight once at full bandwidth;
 // x is f32 as the model keeps it (no conversion pass). Needs in % 8 == 0, ldw % 8 == 0, ldx % 4 == 0
 // and 16-byte aligned w and x; returns cudaErrorInvalidValue otherwise (callers fall back to cuBLASLt).
-// Versions 1 and 2 (CUDA cores) and the kernels fused with a pass's small decode ops (LoRA
-// expands, RoPE with LoRA, cache stores) take up to kGemvMaxRows rows; version 3 (tensor cores,
+// Versions 1 and 2 (CUDA cores) take up to kGemvMaxRows rows; version 3 (tensor cores,
 // from gemv_v3_min_rows() rows) up to kGemvV3MaxRows, reading x past kGemvMaxRows rows from x16:
 // the same rows in bf16, [rows, in] contiguous and 16-byte aligned (the entry points below take it
 // as their last argument and return cudaErrorInvalidValue without it there; x is not read then).
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvV3MaxRows = 16;
+// Rows of a decode pass whose small ops run fused (the LoRA expands in one launch, RoPE with q's
+// LoRA term, the stores with k's RoPE and the held-back v expands, Qwen3's q/k norms with q's
+// LoRA term): the passes version 3 serves.
+constexpr int kDecodePassMaxRows = kGemvV3MaxRows;
 int64_t gemv_v3_min_rows();
 // Rows up to which gemv_bf16 takes x: kGemvV3MaxRows (past kGemvMaxRows always version 3), or
 // kGemvMaxRows where LRAGENT_GEMV_V3_ROWS turns version 3 off (more than kGemvV3MaxRows).
@@ -110,7 +113,7 @@ cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, i
 // up to kMaxLoraJobs jobs in one launch (a stage's q/k/v expands of every adapter in the batch).
 constexpr int kMaxLoraJobs = 8;
 constexpr int kMaxLoraRank = 64;
-constexpr int kLoraExpandMaxRows = kGemvV3MaxRows;  // the decode passes version 3 serves
+constexpr int kLoraExpandMaxRows = kDecodePassMaxRows;
 struct LoraJob {
   const float* xa;     // [rows, ldxa] f32, or null (copy only)
   const void* b;       // [out, ldb] bf16 (b_bf16) or f32
@@ -140,22 +143,23 @@ cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* po
 cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim, const int32_t* pos,
                       const float* inv_freq, void* xa16, cudaStream_t s);
 // rope_pair with the LoRA term of xa's rows added before the rotation: a decode step's q
-// expand without a launch of its own. Token t (< n <= kGemvMaxRows) with lr[t] non-null gets
+// expand without a launch of its own. Token t (< n <= kDecodePassMaxRows) with lr[t] non-null gets
 //   xa[t, h, d] += scale[t] · Σ_k lr[t][k] · b[t][h·head_dim + d, k]
+// Narrow fields: it rides in rope_store's parameters, which stay within 4 KB (ops.cu).
 struct RopeLora {
-  const float* lr[kGemvMaxRows];  // [rank] x·A of token t, or null
-  const void* b[kGemvMaxRows];    // [heads_a·head_dim, ldb]: bf16 when b_bf16, else f32
-  int64_t ldb[kGemvMaxRows];
-  int32_t rank[kGemvMaxRows];
-  float scale[kGemvMaxRows];
-  int32_t b_bf16[kGemvMaxRows];
+  const float* lr[kDecodePassMaxRows];  // [rank] x·A of token t, or null
+  const void* b[kDecodePassMaxRows];    // [heads_a·head_dim, ldb]: bf16 when b_bf16, else f32
+  int32_t ldb[kDecodePassMaxRows];
+  int32_t rank[kDecodePassMaxRows];
+  float scale[kDecodePassMaxRows];
+  uint8_t b_bf16[kDecodePassMaxRows];
 };
 cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim,
                            const int32_t* pos, const float* inv_freq, void* xa16, const RopeLora& lora,
                            cudaStream_t s);
 // Qwen3's per-head RMSNorms of q [n, hq, hd] and k [n, hk, hd] in place, in one launch: each
 // head row x = x / rms(x) · w (wq for q's rows, wk for k's, both of type wt, [hd]). With lora,
-// token t's q rows first get its LoRA term as rope_pair_lora adds it (n <= kGemvMaxRows). hd <= 256.
+// token t's q rows first get its LoRA term as rope_pair_lora adds it (n <= kDecodePassMaxRows). hd <= 256.
 struct QkNormArgs {
   float* q = nullptr;
   float* k = nullptr;
@@ -217,7 +221,7 @@ struct StoreJobDev {
   int32_t lora_writes_y = 0;
 };
 // The held-back expands a launch of stores computes (StoreJobDev::lora). Each job has a base
-// (v_base), rows <= kGemvMaxRows and a contiguous y ([rows, out], ldy == out).
+// (v_base), rows <= kDecodePassMaxRows and a contiguous y ([rows, out], ldy == out).
 constexpr int kMaxStoreLora = 4;
 struct StoreLoras {
   LoraJob job[kMaxStoreLora];
@@ -252,7 +256,7 @@ struct RopeArgs {
 // layer's K/V stores, some of which read the rotated k). Job j with tok0[j] >= 0 stores k's rows
 // (width hb · hd): its row i is token tok0[j] + i, and the thread that rotates a pair of k writes
 // it into that job's cache too. The other jobs (tok0[j] < 0) read nothing the RoPE writes.
-// n <= kGemvMaxRows, n_jobs <= kMaxStoreJobs.
+// n <= kDecodePassMaxRows, n_jobs <= kMaxStoreJobs.
 // Jobs storing k's rows take no expand (their lora is -1).
 // With r.normed, Qwen3's q/k norms (and q's LoRA term before them) as well: in the same kernel
 // where rope_store_norms(head_dim), else qk_norm launched first.
