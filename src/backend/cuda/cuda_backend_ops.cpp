@@ -177,9 +177,10 @@ bool fold_norm_enabled() {
 }  // namespace
 
 bool CudaBackend::folds_rms_norm(int64_t rows) const {
-  // Version 3 of the GEMV (2-8 rows) has no norm mode: such passes run the RMSNorm kernels.
+  // Version 3 of the GEMV (2-16 rows) has no norm mode: such passes run the RMSNorm kernels,
+  // unless version 2's norm mode takes them (lc::gemv_norm_max_rows).
   return fold_norm_enabled() && dtype_ == DType::kBF16 && rows >= 1 && rows <= gemv_max_rows() &&
-         rows < lc::gemv_v3_min_rows();
+         rows <= lc::gemv_norm_max_rows();
 }
 
 std::optional<lc::GemvNorm> CudaBackend::gemv_norm_of(const TensorView& h, const TensorView& norm_w, float eps) const {

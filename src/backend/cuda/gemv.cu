@@ -346,6 +346,15 @@ __global__ void __launch_bounds__(kWarps * 32, R == 1 ? 4 : 1) gemv_norm_kernel(
 //   LRAGENT_GEMV_V3_ROWS  rows of x from which launches take version 3 (gemv_v3_mma.cu; default 2;
 //                         past 8 rows always version 3, the CUDA-core kernels' most; 17 = never,
 //                         and then passes of more than 8 rows take cuBLASLt)
+//   LRAGENT_GEMV_NORM_ROWS rows up to which norm mode (RMSNorm folded in; version 2) takes the
+//                         launches whose x fits its staging although version 3 takes that many
+//                         rows otherwise (default 2; see gemv_norm_max_rows: only 2 rows of 4096
+//                         fit). H200, 8B shapes at 4k, 3 interleaved rounds: an ICaRus step
+//                         4.81-4.82 ms against 5.02-5.06 with version 3 and the RMSNorm kernels,
+//                         a 2-sequence decode step 4.92-4.94 against 5.18-5.23; every 2-row
+//                         product in version 2 (LRAGENT_GEMV_V3_ROWS=3) 5.81-5.87 and 5.94-5.96
+//   LRAGENT_GEMV_STREAM_ROWS the same for stream mode (default 1: at 2 rows with norm mode on,
+//                         4.82-4.85 and 4.93-4.94 ms, no gain)
 //   LRAGENT_GEMV_STREAM_PDL 0: stream mode launched without PDL (default 1). H200, 8B decode step
 //                         at 4k with lookahead, 3 interleaved rounds: v2 4.463-4.471 ms, stream
 //                         mode with PDL 4.441-4.443, without 4.497-4.500 (the o projection then
@@ -363,6 +372,8 @@ struct Knobs {
   bool stream = env_or("LRAGENT_GEMV_STREAM", 1) != 0;
   bool stream_pdl = env_or("LRAGENT_GEMV_STREAM_PDL", 1) != 0;
   int64_t v3_rows = static_cast<int64_t>(env_or("LRAGENT_GEMV_V3_ROWS", 2));
+  int64_t norm_rows = static_cast<int64_t>(env_or("LRAGENT_GEMV_NORM_ROWS", 2));
+  int64_t stream_rows = static_cast<int64_t>(env_or("LRAGENT_GEMV_STREAM_ROWS", 1));
 };
 const Knobs& knobs() {
   static const Knobs k;
@@ -381,14 +392,28 @@ int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out) {
 }
 
 int64_t gemv_v3_min_rows() { return knobs().v3_rows; }
+int64_t gemv_norm_max_rows() {
+  return std::clamp<int64_t>(std::max(knobs().norm_rows, knobs().v3_rows - 1), 1, kGemvMaxRows);
+}
+int64_t gemv_stream_max_rows() {
+  return std::clamp<int64_t>(std::max(knobs().stream_rows, knobs().v3_rows - 1), 1, kGemvMaxRows);
+}
 
 namespace {
 // The launch both entry points share: `swiglu` selects the kernel's SwiGLU mode.
 // v3_ok false: version 2 at every row count (gemv_bf16_v2, for the benchmark).
 cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t s, bool v3_ok = true) {
-  if (v3_ok && (rows >= knobs().v3_rows || rows > kGemvMaxRows)) return gemv_v3_launch(a, rows, swiglu, knobs().pdl, s);
   // SwiGLU: the split counts both segments' rows, but a block must hold at least one pair.
-  a.wpr = std::min(gemv_bf16_v2_warps_per_row(a.in, a.out), swiglu ? kWarps / 2 : kWarps);
+  const int wpr = std::min(gemv_bf16_v2_warps_per_row(a.in, a.out), swiglu ? kWarps / 2 : kWarps);
+  // Stream mode's conditions (below) but for the row count.
+  const bool streams = !a.norm_w && !swiglu && knobs().stream && wpr == 1 && gemv_stage_fits(rows, a.in) &&
+                       a.out <= INT32_MAX;
+  // Version 3 from v3_rows rows, but for norm mode (set_norm took a.norm_w only where
+  // gemv_norm_ok) and for stream mode up to gemv_stream_max_rows().
+  const bool v2_staged = a.norm_w || (streams && rows <= gemv_stream_max_rows());
+  if (v3_ok && !v2_staged && (rows >= knobs().v3_rows || rows > kGemvMaxRows))
+    return gemv_v3_launch(a, rows, swiglu, knobs().pdl, s);
+  a.wpr = wpr;
   const int64_t rows_per_block = kWarps / a.wpr;
   const int64_t units = swiglu ? a.end[0] : a.out;  // rows (pairs) the grid covers
   const int64_t per_block = swiglu ? rows_per_block / 2 : rows_per_block;
@@ -400,8 +425,7 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   // tail, where the persistent warps keep the next row's weights in flight. Only where v2 would
   // not split rows over warps (wpr 1): narrower GEMVs need the split to fill the GPU.
   const size_t staged = static_cast<size_t>(rows * gemv_norm_row_floats(a.in)) * 4;
-  const bool stream = !a.norm_w && !swiglu && knobs().stream && a.wpr == 1 && gemv_stage_fits(rows, a.in) &&
-                      a.out <= INT32_MAX;
+  const bool stream = streams;
   const bool persistent = a.norm_w || stream;
   const size_t smem = persistent ? staged : 0;
   // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits

@@ -23,7 +23,7 @@
 // (two MMAs a step), so x keeps ~16 bits of mantissa (f32 accumulation) where a plain bf16 x would
 // keep 8; the MMAs are far from limiting (each k16 step: 512 bytes of weights, 2 MMAs a warp).
 // Past 8 rows x comes in bf16 (x16, as cuBLASLt's GEMM takes it there): see XFrag.
-// No norm mode (RMSNorm folded in, as version 2 has for one row): tried twice, with the B operand
+// No norm mode (RMSNorm folded in, as version 2 has for one and two rows): tried twice, with the B operand
 // h · g and 1/rms(h) scaling the finished dot, the sum of h² gathered from the same loads. In the
 // tile schedule the folded SwiGLU GEMV took 125 µs against 77 µs unfolded (H200, 8B shapes, 2
 // rows). In the cluster schedule (session 55; a split unit's pieces carrying their sums of squares
@@ -609,8 +609,8 @@ int resident_clusters(K kernel, int smem) {
 }  // namespace
 
 cudaError_t gemv_v3_launch(GemvArgs& a, int64_t rows, bool swiglu, bool pdl, cudaStream_t s) {
-  // No norm mode (see the top): passes of more than one row do not fold RMSNorm in
-  // (CudaBackend::folds_rms_norm).
+  // No norm mode (see the top): norm mode's launches go to version 2 (gemv_norm_max_rows; 1-2
+  // rows), larger passes do not fold RMSNorm in (CudaBackend::folds_rms_norm).
   if (rows < 1 || rows > kGemvV3MaxRows || a.in / 8 > INT_MAX / 2 || a.norm_w) return cudaErrorInvalidValue;
   static_assert(kGemvV3MaxRows == 2 * kXTile, "rows of x: one or two tiles");
   const bool two = rows > kXTile;  // NT = 2: x from x16

@@ -99,11 +99,16 @@ constexpr int64_t kGemvStageBytes = 48 * 1024 - kGemvStaticSmemBytes;
 constexpr bool gemv_stage_fits(int64_t rows, int64_t in) {
   return rows * gemv_norm_row_floats(in) * 4 <= kGemvStageBytes;
 }
-// Whether norm mode takes g for `rows` rows of `in` values (version 2 only: rows below
-// gemv_v3_min_rows).
+// Rows up to which version 2's staged kernel (norm mode; stream mode) takes a launch whose x fits
+// the staging, although version 3 takes plain launches of that many rows: one row, or what
+// LRAGENT_GEMV_NORM_ROWS / LRAGENT_GEMV_STREAM_ROWS say (gemv.cu), and every row below
+// gemv_v3_min_rows().
+int64_t gemv_norm_max_rows();
+int64_t gemv_stream_max_rows();
+// Whether norm mode takes g for `rows` rows of `in` values (version 2 only).
 inline bool gemv_norm_ok(const GemvNorm& n, int64_t rows, int64_t in) {
   return n.w && (n.t == Elem::kF32 || n.t == Elem::kBF16) && reinterpret_cast<uintptr_t>(n.w) % 16 == 0 &&
-         rows < gemv_v3_min_rows() && gemv_stage_fits(rows, in);
+         rows <= gemv_norm_max_rows() && gemv_stage_fits(rows, in);
 }
 cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
                               float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr,
