@@ -100,9 +100,9 @@ constexpr bool gemv_stage_fits(int64_t rows, int64_t in) {
   return rows * gemv_norm_row_floats(in) * 4 <= kGemvStageBytes;
 }
 // Rows up to which version 2's staged kernel (norm mode; stream mode) takes a launch whose x fits
-// the staging, although version 3 takes plain launches of that many rows: one row, or what
-// LRAGENT_GEMV_NORM_ROWS / LRAGENT_GEMV_STREAM_ROWS say (gemv.cu), and every row below
-// gemv_v3_min_rows().
+// the staging, although version 3 takes plain launches of that many rows: what
+// LRAGENT_GEMV_NORM_ROWS (default 2) / LRAGENT_GEMV_STREAM_ROWS (default 1) say (gemv.cu), and
+// every row count below gemv_v3_min_rows().
 int64_t gemv_norm_max_rows();
 int64_t gemv_stream_max_rows();
 // Whether norm mode takes g for `rows` rows of `in` values (version 2 only).
