@@ -405,12 +405,12 @@ namespace {
 cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t s, bool v3_ok = true) {
   // SwiGLU: the split counts both segments' rows, but a block must hold at least one pair.
   const int wpr = std::min(gemv_bf16_v2_warps_per_row(a.in, a.out), swiglu ? kWarps / 2 : kWarps);
-  // Stream mode's conditions (below) but for the row count.
-  const bool streams = !a.norm_w && !swiglu && knobs().stream && wpr == 1 && gemv_stage_fits(rows, a.in) &&
-                       a.out <= INT32_MAX;
+  // Stream mode (see below why), but for the row count.
+  const bool stream = !a.norm_w && !swiglu && knobs().stream && wpr == 1 && gemv_stage_fits(rows, a.in) &&
+                        a.out <= INT32_MAX;
   // Version 3 from v3_rows rows, but for norm mode (set_norm took a.norm_w only where
   // gemv_norm_ok) and for stream mode up to gemv_stream_max_rows().
-  const bool v2_staged = a.norm_w || (streams && rows <= gemv_stream_max_rows());
+  const bool v2_staged = a.norm_w || (stream && rows <= gemv_stream_max_rows());
   if (v3_ok && !v2_staged && (rows >= knobs().v3_rows || rows > kGemvMaxRows))
     return gemv_v3_launch(a, rows, swiglu, knobs().pdl, s);
   a.wpr = wpr;
@@ -425,7 +425,6 @@ cudaError_t launch_grouped(GemvArgs& a, int64_t rows, bool swiglu, cudaStream_t 
   // tail, where the persistent warps keep the next row's weights in flight. Only where v2 would
   // not split rows over warps (wpr 1): narrower GEMVs need the split to fill the GPU.
   const size_t staged = static_cast<size_t>(rows * gemv_norm_row_floats(a.in)) * 4;
-  const bool stream = streams;
   const bool persistent = a.norm_w || stream;
   const size_t smem = persistent ? staged : 0;
   // Programmatic dependent launch: the kernel may start while the previous one finishes (it waits
