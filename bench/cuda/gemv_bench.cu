@@ -34,16 +34,7 @@ struct Shape {
   int64_t in, out;
 };
 
-using GemvFn = cudaError_t (*)(const void*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t,
-                               float, float, cudaStream_t);
-
-// x as bf16 [max_rows, in] contiguous, for the shape being measured: version 3 reads x from it past
-// kGemvMaxRows rows (the rows' values in bf16, as the engine's passes hand it over).
-const void* g_x16 = nullptr;
-cudaError_t gemv_v3_x16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                        int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  return lragent::cuda::gemv_bf16_v3(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, g_x16);
-}
+using GemvFn = cudaError_t (*)(const lragent::cuda::GemvCall&);
 
 // x's values as the product reads them: bf16 past kGemvMaxRows rows.
 float x_as_read(float v, int rows) {
@@ -146,7 +137,6 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&y, max_rows * 131072 * 4));
   void* x16 = nullptr;
   CK(cudaMalloc(&x16, max_rows * max_in * 2));
-  g_x16 = x16;
   // x16 = x's first `in` columns, bf16, [max_rows, in] contiguous.
   auto make_x16 = [&](int64_t in) {
     CK(lc::convert_rows(x, lc::Elem::kF32, max_in, x16, lc::Elem::kBF16, in, max_rows, in, st));
@@ -180,7 +170,7 @@ int main(int argc, char** argv) {
   const struct {
     const char* name;
     GemvFn fn;
-  } versions[] = {{"v1", &lc::gemv_bf16_v1}, {"v2", &lc::gemv_bf16_v2}, {"v3", &gemv_v3_x16}};
+  } versions[] = {{"v1", &lc::gemv_bf16_v1}, {"v2", &lc::gemv_bf16_v2}, {"v3", &lc::gemv_bf16_v3}};
   std::string json = "{\"gpu\": \"" + std::string(prop.name) + "\", \"copy_gbs\": " + std::to_string(copy_gbs) +
                      ", \"results\": [";
   bool first = true, all_ok = true;
@@ -195,13 +185,29 @@ int main(int argc, char** argv) {
     std::vector<float> xh(static_cast<size_t>(max_rows * max_in));
     CK(cudaMemcpy(xh.data(), x, xh.size() * 4, cudaMemcpyDeviceToHost));
     make_x16(sh.in);
+    // One launch's operands: x [max_rows, max_in] (x16 its first sh.in columns in bf16), y [rows, sh.out].
+    auto call_of = [&](const void* w, int rows) {
+      lc::GemvCall c;
+      c.w = w;
+      c.ldw = sh.in;
+      c.x = x;
+      c.ldx = max_in;
+      c.y = y;
+      c.ldy = sh.out;
+      c.rows = rows;
+      c.in = sh.in;
+      c.out = sh.out;
+      c.x16 = x16;
+      c.stream = st;
+      return c;
+    };
     for (const auto& v : versions) {
       for (int rows : {1, 2, 3, 4, 8, 12, 16}) {
-        if (rows > lc::kGemvMaxRows && v.fn != &gemv_v3_x16) continue;  // the CUDA-core kernels' most
+        if (rows > lc::kGemvMaxRows && v.fn != &lc::gemv_bf16_v3) continue;  // the CUDA-core kernels' most
         // Correctness on buffer 0 at every row count (v3 pads x to 8 or 16 rows: each count its own case).
         double rel = 0;
         {
-          CK(v.fn(pool, sh.in, x, max_in, y, sh.out, rows, sh.in, sh.out, 1.f, 0.f, st));
+          CK(v.fn(call_of(pool, rows)));
           std::vector<float> yh(static_cast<size_t>(rows * sh.out));
           CK(cudaMemcpyAsync(yh.data(), y, yh.size() * 4, cudaMemcpyDeviceToHost, st));
           CK(cudaStreamSynchronize(st));
@@ -224,7 +230,7 @@ int main(int argc, char** argv) {
         // Timing: a graph of 20 launches over rotating buffers.
         const double t_ms = graph_ms(st, e0, e1, [&](int i) {
           const void* w = static_cast<const char*>(pool) + (i % n_bufs) * wbytes;
-          return v.fn(w, sh.in, x, max_in, y, sh.out, rows, sh.in, sh.out, 1.f, 0.f, st);
+          return v.fn(call_of(w, rows));
         });
         report({sh.name, sh.in, sh.out, v.name, rows, t_ms, static_cast<double>(wbytes) + 4.0 * rows * (sh.in + sh.out),
                 rel},
@@ -251,16 +257,37 @@ int main(int argc, char** argv) {
       make_x16(in);
       // y: segment i at column offset Σ outs[<i], rows of total_out floats.
       auto call = [&](const char* wbase, int rows) {
-        if (swiglu)
-          return lc::gemv_bf16_swiglu(wbase, in, wbase + outs[0] * in * 2, in, x, max_in, y, total_out, rows, in,
-                                      outs[0], st, nullptr, x16);
-        lc::GemvSeg segs[3];
+        if (swiglu) {
+          lc::GemvSwigluCall c;
+          c.w_gate = wbase;
+          c.ldg = in;
+          c.w_up = wbase + outs[0] * in * 2;
+          c.ldu = in;
+          c.x = x;
+          c.ldx = max_in;
+          c.y = y;
+          c.ldy = total_out;
+          c.rows = rows;
+          c.in = in;
+          c.out = outs[0];
+          c.x16 = x16;
+          c.stream = st;
+          return lc::gemv_bf16_swiglu(c);
+        }
+        lc::GemvGroupCall c;
+        c.n_segs = n_segs;
         int64_t col = 0;
         for (int i = 0; i < n_segs; ++i) {
-          segs[i] = {wbase + col * in * 2, in, y + col, total_out, outs[i]};
+          c.segs[i] = {wbase + col * in * 2, in, y + col, total_out, outs[i]};
           col += outs[i];
         }
-        return lc::gemv_bf16_grouped(segs, n_segs, x, max_in, rows, in, 1.f, 0.f, st, nullptr, x16);
+        c.x = x;
+        c.ldx = max_in;
+        c.rows = rows;
+        c.in = in;
+        c.x16 = x16;
+        c.stream = st;
+        return lc::gemv_bf16_grouped(c);
       };
       for (int rows : {1, 2, 3, 4, 8, 12, 16}) {
         double rel = 0;

@@ -90,13 +90,22 @@ void CudaBackend::matmul(const TensorView& x, const TensorView& w, const TensorV
     // (past kGemvMaxRows rows on their bf16 copy).
     const void* x16 = n > lc::kGemvMaxRows ? bf16_rows(x, DType::kBF16) : nullptr;
     if (n > lc::kGemvMaxRows && !x16) return;  // out of memory: failed
-    const void* wd = w.data;
-    const int64_t ldw = row_stride_of(w);
-    const float* xd = x.f32();
-    float* yd = y.f32();
-    rec("gemv", wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta, x16);
-    launch("matmul.gemv",
-           [=, this] { return lc::gemv_bf16(wd, ldw, xd, ldx, yd, ldy, n, in, out, alpha, beta, stream_, x16); });
+    lc::GemvCall c;
+    c.w = w.data;
+    c.ldw = row_stride_of(w);
+    c.x = x.f32();
+    c.ldx = ldx;
+    c.y = y.f32();
+    c.ldy = ldy;
+    c.rows = n;
+    c.in = in;
+    c.out = out;
+    c.alpha = alpha;
+    c.beta = beta;
+    c.x16 = x16;
+    c.stream = stream_;
+    rec("gemv", c.w, c.ldw, c.x, c.ldx, c.y, c.ldy, n, in, out, alpha, beta, x16);
+    launch("matmul.gemv", [c] { return lc::gemv_bf16(c); });
     add_bias_if(bias, y, n, out);
     return;
   }
@@ -146,24 +155,28 @@ void CudaBackend::launch_gemv_group(const TensorView& x, std::span<const MatmulO
   const void* x16 = n > lc::kGemvMaxRows ? bf16_rows(x, DType::kBF16) : nullptr;  // version 3's two x tiles
   if (n > lc::kGemvMaxRows && !x16) return;  // out of memory: failed
   const lc::GemvNorm nm = norm ? *norm : lc::GemvNorm{};
-  const bool has_norm = norm != nullptr;
+  assert(!norm || norm->w);  // gemv_norm_of's: g present (a null g would mean no norm mode)
   for (size_t first = 0; first < outs.size(); first += lc::kMaxGemvSegs) {
     const std::span<const MatmulOut> part = outs.subspan(first, std::min<size_t>(lc::kMaxGemvSegs, outs.size() - first));
-    std::array<lc::GemvSeg, lc::kMaxGemvSegs> segs{};
-    const int n_segs = static_cast<int>(part.size());
-    for (int i = 0; i < n_segs; ++i) {
+    lc::GemvGroupCall c;
+    c.n_segs = static_cast<int>(part.size());
+    for (int i = 0; i < c.n_segs; ++i) {
       const MatmulOut& o = part[static_cast<size_t>(i)];
       const int64_t ldy = row_stride_of(*o.y);
       wrote(o.y->data, static_cast<size_t>((n - 1) * ldy + o.w->dim(0)) * 4);
-      lc::GemvSeg& sg = segs[static_cast<size_t>(i)];
+      lc::GemvSeg& sg = c.segs[i];
       sg = {o.w->data, row_stride_of(*o.w), o.y->f32(), ldy, o.w->dim(0)};
       rec("gemv_seg", sg.w, sg.ldw, sg.y, sg.ldy, sg.out);
     }
-    rec("gemv_group", xd, ldx, n, in, n_segs, nm.w, nm.t, nm.eps, x16);
-    launch("matmul.gemv", [=, this] {
-      return lc::gemv_bf16_grouped(segs.data(), n_segs, xd, ldx, n, in, 1.f, 0.f, stream_, has_norm ? &nm : nullptr,
-                                   x16);
-    });
+    c.x = xd;
+    c.ldx = ldx;
+    c.rows = n;
+    c.in = in;
+    c.norm = nm;
+    c.x16 = x16;
+    c.stream = stream_;
+    rec("gemv_group", xd, ldx, n, in, c.n_segs, nm.w, nm.t, nm.eps, x16);
+    launch("matmul.gemv", [c] { return lc::gemv_bf16_grouped(c); });
   }
   for (const MatmulOut& o : outs) add_bias_if(o.bias, *o.y, n, o.w->dim(0));
 }
@@ -622,17 +635,25 @@ bool CudaBackend::gemv_swiglu(const TensorView& x, const TensorView& w_gate, con
   if (n > lc::kGemvMaxRows && !x16) return true;  // out of memory: failed
   wrote(gate.data, static_cast<size_t>((n - 1) * ldy + out) * 4);
   shadow_ = {};  // no bf16 copy of the output is made
-  const void *wg = w_gate.data, *wu = w_up.data;
-  const int64_t ldg = row_stride_of(w_gate), ldu = row_stride_of(w_up);
-  const float* xd = x.f32();
-  float* yd = gate.f32();
-  const lc::GemvNorm nm = norm ? *norm : lc::GemvNorm{};
-  const bool has_norm = norm != nullptr;
-  rec("gemv_swiglu", wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, nm.w, nm.t, nm.eps, x16);
-  launch("matmul.gemv_swiglu", [=, this] {
-    return lc::gemv_bf16_swiglu(wg, ldg, wu, ldu, xd, ldx, yd, ldy, n, in, out, stream_, has_norm ? &nm : nullptr,
-                                x16);
-  });
+  lc::GemvSwigluCall c;
+  c.w_gate = w_gate.data;
+  c.ldg = row_stride_of(w_gate);
+  c.w_up = w_up.data;
+  c.ldu = row_stride_of(w_up);
+  c.x = x.f32();
+  c.ldx = ldx;
+  c.y = gate.f32();
+  c.ldy = ldy;
+  c.rows = n;
+  c.in = in;
+  c.out = out;
+  if (norm) c.norm = *norm;  // gemv_norm_of's: g present (a null g would mean no norm mode)
+  assert(!norm || norm->w);
+  c.x16 = x16;
+  c.stream = stream_;
+  rec("gemv_swiglu", c.w_gate, c.ldg, c.w_up, c.ldu, c.x, ldx, c.y, ldy, n, in, out, c.norm.w, c.norm.t, c.norm.eps,
+      x16);
+  launch("matmul.gemv_swiglu", [c] { return lc::gemv_bf16_swiglu(c); });
   return true;
 }
 

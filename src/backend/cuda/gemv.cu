@@ -503,61 +503,54 @@ bool fill_segments(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx,
   return true;
 }
 
-// Norm mode's operands into a (false: a norm the kernel cannot take; null: no norm).
-bool set_norm(const GemvNorm* norm, int64_t rows, GemvArgs& a) {
-  if (!norm) return true;
-  if (!gemv_norm_ok(*norm, rows, a.in) || a.out > INT32_MAX) return false;
-  a.norm_w = norm->w;
-  a.norm_bf16 = norm->t == Elem::kBF16;
-  a.norm_eps = norm->eps;
+// Norm mode's operands into a (false: a norm the kernel cannot take; norm.w null: no norm).
+bool set_norm(const GemvNorm& norm, int64_t rows, GemvArgs& a) {
+  if (!norm.w) return true;
+  if (!gemv_norm_ok(norm, rows, a.in) || a.out > INT32_MAX) return false;
+  a.norm_w = norm.w;
+  a.norm_bf16 = norm.t == Elem::kBF16;
+  a.norm_eps = norm.eps;
   return true;
 }
 }  // namespace
 
-cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm, const void* x16) {
+cudaError_t gemv_bf16_grouped(const GemvGroupCall& c) {
   GemvArgs a{};
-  if (!fill_segments(segs, n_segs, x, ldx, rows, in, a, x16) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
-  a.alpha = alpha;
-  a.beta = beta;
+  if (!fill_segments(c.segs, c.n_segs, c.x, c.ldx, c.rows, c.in, a, c.x16) || !set_norm(c.norm, c.rows, a))
+    return cudaErrorInvalidValue;
+  a.alpha = c.alpha;
+  a.beta = c.beta;
   if (a.out == 0) return cudaSuccess;
-  return launch_grouped(a, rows, false, s);
+  return launch_grouped(a, c.rows, false, c.stream);
 }
 
-cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
-                             int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
-                             cudaStream_t s, const GemvNorm* norm, const void* x16) {
+cudaError_t gemv_bf16_swiglu(const GemvSwigluCall& c) {
   // Both segments name y; the kernel's SwiGLU mode writes only y (segment 0's output).
-  const GemvSeg segs[2] = {{w_gate, ldg, y, ldy, out}, {w_up, ldu, y, ldy, out}};
+  const GemvSeg segs[2] = {{c.w_gate, c.ldg, c.y, c.ldy, c.out}, {c.w_up, c.ldu, c.y, c.ldy, c.out}};
   GemvArgs a{};
-  if (!fill_segments(segs, 2, x, ldx, rows, in, a, x16) || !set_norm(norm, rows, a)) return cudaErrorInvalidValue;
+  if (!fill_segments(segs, 2, c.x, c.ldx, c.rows, c.in, a, c.x16) || !set_norm(c.norm, c.rows, a))
+    return cudaErrorInvalidValue;
   a.alpha = 1.f;
   if (a.out == 0) return cudaSuccess;
-  return launch_grouped(a, rows, true, s);
+  return launch_grouped(a, c.rows, true, c.stream);
 }
 
 namespace {
-// One weight matrix's launch through v2 alone (v3_ok false) or v3 alone (the benchmark's entries).
-cudaError_t launch_one(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                       int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, bool v3, const void* x16) {
-  const GemvSeg seg{w, ldw, y, ldy, out};
+// One weight matrix's launch through v2 alone (v3 false) or v3 alone (the benchmark's entries).
+cudaError_t launch_one(const GemvCall& c, bool v3) {
+  const GemvSeg seg{c.w, c.ldw, c.y, c.ldy, c.out};
   GemvArgs a{};
-  if (!fill_segments(&seg, 1, x, ldx, rows, in, a, x16)) return cudaErrorInvalidValue;
-  a.alpha = alpha;
-  a.beta = beta;
+  if (!fill_segments(&seg, 1, c.x, c.ldx, c.rows, c.in, a, v3 ? c.x16 : nullptr)) return cudaErrorInvalidValue;
+  a.alpha = c.alpha;
+  a.beta = c.beta;
   if (a.out == 0) return cudaSuccess;
-  return v3 ? gemv_v3_launch(a, rows, false, knobs().pdl, s) : launch_grouped(a, rows, false, s, /*v3_ok=*/false);
+  return v3 ? gemv_v3_launch(a, c.rows, false, knobs().pdl, c.stream)
+            : launch_grouped(a, c.rows, false, c.stream, /*v3_ok=*/false);
 }
 }  // namespace
 
-cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, false, nullptr);
-}
+cudaError_t gemv_bf16_v2(const GemvCall& c) { return launch_one(c, false); }
 
-cudaError_t gemv_bf16_v3(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16) {
-  return launch_one(w, ldw, x, ldx, y, ldy, rows, in, out, alpha, beta, s, true, x16);
-}
+cudaError_t gemv_bf16_v3(const GemvCall& c) { return launch_one(c, true); }
 
 }  // namespace lragent::cuda

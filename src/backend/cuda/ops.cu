@@ -853,21 +853,31 @@ cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float
   return cudaGetLastError();
 }
 
-cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16) {
-  const GemvSeg seg{w, ldw, y, ldy, out};  // v2 for one row, v3 for more (gemv_v3_min_rows)
-  return gemv_bf16_grouped(&seg, 1, x, ldx, rows, in, alpha, beta, s, nullptr, x16);
+cudaError_t gemv_bf16(const GemvCall& c) {
+  GemvGroupCall g;  // v2 for one row, v3 for more (gemv_v3_min_rows)
+  g.segs[0] = {c.w, c.ldw, c.y, c.ldy, c.out};
+  g.n_segs = 1;
+  g.x = c.x;
+  g.ldx = c.ldx;
+  g.rows = c.rows;
+  g.in = c.in;
+  g.alpha = c.alpha;
+  g.beta = c.beta;
+  g.x16 = c.x16;
+  g.stream = c.stream;
+  return gemv_bf16_grouped(g);
 }
 
-cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s) {
-  if (rows > kGemvMaxRows || !gemv_bf16_ok(w, ldw, x, ldx, rows, in)) return cudaErrorInvalidValue;
-  if (out == 0) return cudaSuccess;
-  const auto* wb = static_cast<const __nv_bfloat16*>(w);
-  const unsigned grid = static_cast<unsigned>((out + 3) / 4);
-  switch (rows) {
-#define LRA_GEMV_CASE(R) \
-  case R: gemv_bf16_kernel<R><<<grid, 128, 0, s>>>(wb, ldw, x, ldx, y, ldy, in, out, alpha, beta); break;
+cudaError_t gemv_bf16_v1(const GemvCall& c) {
+  if (c.rows > kGemvMaxRows || !gemv_bf16_ok(c.w, c.ldw, c.x, c.ldx, c.rows, c.in)) return cudaErrorInvalidValue;
+  if (c.out == 0) return cudaSuccess;
+  const auto* wb = static_cast<const __nv_bfloat16*>(c.w);
+  const unsigned grid = static_cast<unsigned>((c.out + 3) / 4);
+  switch (c.rows) {
+#define LRA_GEMV_CASE(R)                                                                                          \
+  case R:                                                                                                         \
+    gemv_bf16_kernel<R><<<grid, 128, 0, c.stream>>>(wb, c.ldw, c.x, c.ldx, c.y, c.ldy, c.in, c.out, c.alpha, c.beta); \
+    break;
     LRA_GEMV_CASE(1) LRA_GEMV_CASE(2) LRA_GEMV_CASE(3) LRA_GEMV_CASE(4)
     LRA_GEMV_CASE(5) LRA_GEMV_CASE(6) LRA_GEMV_CASE(7) LRA_GEMV_CASE(8)
 #undef LRA_GEMV_CASE

@@ -40,8 +40,8 @@ cudaError_t add_rms_norm(float* h, int64_t ldh, const float* x, int64_t ldx, con
 // and 16-byte aligned w and x; returns cudaErrorInvalidValue otherwise (callers fall back to cuBLASLt).
 // Versions 1 and 2 (CUDA cores) take up to kGemvMaxRows rows; version 3 (tensor cores,
 // from gemv_v3_min_rows() rows) up to kGemvV3MaxRows, reading x past kGemvMaxRows rows from x16:
-// the same rows in bf16, [rows, in] contiguous and 16-byte aligned (the entry points below take it
-// as their last argument and return cudaErrorInvalidValue without it there; x is not read then).
+// the same rows in bf16, [rows, in] contiguous and 16-byte aligned (the entry points below return
+// cudaErrorInvalidValue without it there; x is not read then).
 constexpr int kGemvMaxRows = 8;
 constexpr int kGemvV3MaxRows = 16;
 // Rows of a decode pass whose small ops run fused (the LoRA expands in one launch, RoPE with q's
@@ -57,34 +57,44 @@ inline bool gemv_bf16_ok(const void* w, int64_t ldw, const float* x, int64_t ldx
   return rows >= 1 && rows <= gemv_max_rows() && in % 8 == 0 && ldw % 8 == 0 && ldx % 4 == 0 &&
          reinterpret_cast<uintptr_t>(w) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
 }
-// The current versions (gemv.cu: v2 for one row, v3 past it); v1 (ops.cu) and the v2/v3 entry
-// points are kept for the benchmark and tests.
-cudaError_t gemv_bf16(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                      int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16 = nullptr);
-cudaError_t gemv_bf16_v1(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
-cudaError_t gemv_bf16_v2(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s);
-// Version 3 (gemv_v3_mma.cu, tensor cores) at any row count, for the benchmark and tests; the
-// entry points above take it from gemv_v3_min_rows() rows (2 unless LRAGENT_GEMV_V3_ROWS says).
-cudaError_t gemv_bf16_v3(const void* w, int64_t ldw, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t rows,
-                         int64_t in, int64_t out, float alpha, float beta, cudaStream_t s, const void* x16 = nullptr);
+// One GEMV's operands (gemv_bf16 and its numbered versions), as above.
+struct GemvCall {
+  const void* w = nullptr;  // bf16 [out, ldw]
+  int64_t ldw = 0;
+  const float* x = nullptr;  // f32 [rows, ldx]
+  int64_t ldx = 0;
+  float* y = nullptr;  // f32 [rows, ldy]
+  int64_t ldy = 0;
+  int64_t rows = 0, in = 0, out = 0;
+  float alpha = 1.f, beta = 0.f;
+  const void* x16 = nullptr;  // bf16 [rows, in]: x as version 3 reads it past kGemvMaxRows rows
+  cudaStream_t stream = nullptr;
+};
+// The current versions (gemv.cu: v2 for one row, v3 past it); v1 (ops.cu; ignores x16) and the
+// v2/v3 entry points are kept for the benchmark and tests. Version 3 (gemv_v3_mma.cu, tensor
+// cores) runs at any row count through its entry point; gemv_bf16 takes it from
+// gemv_v3_min_rows() rows (2 unless LRAGENT_GEMV_V3_ROWS says).
+cudaError_t gemv_bf16(const GemvCall& c);
+cudaError_t gemv_bf16_v1(const GemvCall& c);
+cudaError_t gemv_bf16_v2(const GemvCall& c);
+cudaError_t gemv_bf16_v3(const GemvCall& c);
 // Several weight matrices that read the same x (q/k/v, gate/up) in one launch of v2.
 constexpr int kMaxGemvSegs = 8;
 struct GemvSeg {
-  const void* w;  // bf16 [out, ldw]
-  int64_t ldw;
-  float* y;  // f32 [rows, ldy]
-  int64_t ldy;
-  int64_t out;
+  const void* w = nullptr;  // bf16 [out, ldw]
+  int64_t ldw = 0;
+  float* y = nullptr;  // f32 [rows, ldy]
+  int64_t ldy = 0;
+  int64_t out = 0;
 };
 // Norm mode of the grouped GEMV and of gemv_bf16_swiglu: x is the residual stream h, and the
 // weights read its RMSNorm without it being written, y = alpha · (h / sqrt(mean(h²) + eps) · g) · w^T
-// + beta · y, the mean over the `in` columns. g [in] f32 or bf16, 16-byte aligned.
+// + beta · y, the mean over the `in` columns. g [in] f32 or bf16, 16-byte aligned; w null: no
+// norm mode.
 struct GemvNorm {
-  const void* w;  // g
-  Elem t;
-  float eps;
+  const void* w = nullptr;  // g
+  Elem t = Elem::kF32;
+  float eps = 0.f;
 };
 // Floats of one normed row as norm mode stages it in shared memory (in rounded up to groups of
 // 32 chunks; the layout is in gemv.cu).
@@ -110,9 +120,21 @@ inline bool gemv_norm_ok(const GemvNorm& n, int64_t rows, int64_t in) {
   return n.w && (n.t == Elem::kF32 || n.t == Elem::kBF16) && reinterpret_cast<uintptr_t>(n.w) % 16 == 0 &&
          rows <= gemv_norm_max_rows() && gemv_stage_fits(rows, in);
 }
-cudaError_t gemv_bf16_grouped(const GemvSeg* segs, int n_segs, const float* x, int64_t ldx, int64_t rows, int64_t in,
-                              float alpha, float beta, cudaStream_t s, const GemvNorm* norm = nullptr,
-                              const void* x16 = nullptr);
+// One grouped launch: segs[0..n_segs) all read x (each segment's operands as gemv_bf16's), the
+// segments' rows numbered one after another. Held by value, so a launch recorded for later (a
+// CUDA graph's capture) keeps its own copy.
+struct GemvGroupCall {
+  GemvSeg segs[kMaxGemvSegs] = {};
+  int n_segs = 0;
+  const float* x = nullptr;  // f32 [rows, ldx]
+  int64_t ldx = 0;
+  int64_t rows = 0, in = 0;
+  float alpha = 1.f, beta = 0.f;
+  GemvNorm norm;              // norm.w set: norm mode
+  const void* x16 = nullptr;  // bf16 [rows, in], as GemvCall's
+  cudaStream_t stream = nullptr;
+};
+cudaError_t gemv_bf16_grouped(const GemvGroupCall& c);
 // LoRA expand of decode-sized jobs (lora.cu): for each job and row r < rows,
 //   y[r, o] = (base ? base[r, o] : y[r, o]) + scale · Σ_k xa[r, k] · b[o, k]   (xa null: y = base)
 // up to kMaxLoraJobs jobs in one launch (a stage's q/k/v expands of every adapter in the batch).
@@ -133,11 +155,23 @@ struct LoraJob {
 cudaError_t lora_expand(const LoraJob* jobs, int n_jobs, cudaStream_t s);
 // y[r, o] = silu(x·w_gate^T)[r, o] · (x·w_up^T)[r, o] for o < out, in one launch of v2 (the gate
 // and up dots of a row meet in one block): the decode MLP's first half without its SwiGLU kernel.
-// Same operand rules as gemv_bf16 for both weights; y [rows, ldy] f32 must not alias x. `norm`:
-// x is h and both products read its RMSNorm (see GemvNorm).
-cudaError_t gemv_bf16_swiglu(const void* w_gate, int64_t ldg, const void* w_up, int64_t ldu, const float* x,
-                             int64_t ldx, float* y, int64_t ldy, int64_t rows, int64_t in, int64_t out,
-                             cudaStream_t s, const GemvNorm* norm = nullptr, const void* x16 = nullptr);
+// Same operand rules as gemv_bf16 for both weights; y [rows, ldy] f32 must not alias x. norm.w
+// set: x is h and both products read its RMSNorm (see GemvNorm).
+struct GemvSwigluCall {
+  const void* w_gate = nullptr;  // bf16 [out, ldg]
+  int64_t ldg = 0;
+  const void* w_up = nullptr;  // bf16 [out, ldu]
+  int64_t ldu = 0;
+  const float* x = nullptr;  // f32 [rows, ldx]
+  int64_t ldx = 0;
+  float* y = nullptr;  // f32 [rows, ldy]
+  int64_t ldy = 0;
+  int64_t rows = 0, in = 0, out = 0;
+  GemvNorm norm;
+  const void* x16 = nullptr;  // bf16 [rows, in], as GemvCall's
+  cudaStream_t stream = nullptr;
+};
+cudaError_t gemv_bf16_swiglu(const GemvSwigluCall& c);
 // Warps v2 gives each output row for this shape (1, 2, 4 or 8: the reduction is split among them).
 int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
