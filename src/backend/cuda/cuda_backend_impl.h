@@ -268,7 +268,7 @@ class CudaBackend final : public Backend {
   // Whether a held expand reads or writes memory the RoPE r reads or writes.
   bool expand_overlaps(const lc::RopeArgs& r) const;
   int64_t fused_lora_stores_ = 0;
-  void launch_rope(const lc::RopeArgs& r);  // the RoPE alone (rope_pair or rope_pair_lora)
+  void launch_rope(const lc::RopeArgs& r);  // the RoPE alone (lc::rope_pair, with q's LoRA terms or not)
   // Grouped decode GEMV launches of `outs` (all GEMV-eligible), in norm mode when `norm` is given.
   void launch_gemv_group(const TensorView& x, std::span<const MatmulOut> outs, const lc::GemvNorm* norm);
   // The fused SwiGLU GEMV (norm mode when `norm` is given); false: the operands need the fallback.

@@ -312,7 +312,16 @@ void CudaBackend::head_rms_norm(TensorView& x, const TensorView& weight, float e
     launch("head_rms_norm", [=, this] { return lc::qk_norm(a, nullptr, stream_); });
     return;
   }
-  launch("head_rms_norm", [=, this] { return lc::rms_norm(xd, d, wd, wt, eps, xd, d, rows, d, nullptr, stream_); });
+  lc::RmsNormCall c;  // in place: y is h
+  c.h = c.y = xd;
+  c.ldh = c.ldy = d;
+  c.w = wd;
+  c.w_t = wt;
+  c.eps = eps;
+  c.rows = rows;
+  c.d = d;
+  c.stream = stream_;
+  launch("head_rms_norm", [c] { return lc::rms_norm(c); });
 }
 
 void CudaBackend::qk_rms_norm(TensorView& q, const TensorView& q_w, TensorView& k, const TensorView& k_w, float eps,
@@ -388,13 +397,20 @@ void CudaBackend::rms_norm(const TensorView& x, const TensorView& weight, float 
   const int64_t n = x.dim(0), d = x.dim(1);
   wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
   void* y16 = make_shadow(y, n, d);
-  const float* xd = x.f32();
-  const int64_t ldx = row_stride_of(x), ldy = row_stride_of(y);
-  const void* wd = weight.data;
-  const auto wt = elem_of(weight.dtype);
-  float* yd = matmul_only_ && y16 ? nullptr : y.f32();  // only the GEMMs read it: the bf16 copy does
-  rec("rms_norm", xd, ldx, wd, wt, eps, yd, ldy, n, d, y16);
-  launch("rms_norm", [=, this] { return lc::rms_norm(xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
+  lc::RmsNormCall c;
+  c.h = const_cast<float*>(x.f32());  // only read: rms_norm takes no residual
+  c.ldh = row_stride_of(x);
+  c.w = weight.data;
+  c.w_t = elem_of(weight.dtype);
+  c.eps = eps;
+  c.y = matmul_only_ && y16 ? nullptr : y.f32();  // only the GEMMs read it: the bf16 copy does
+  c.ldy = row_stride_of(y);
+  c.y16 = y16;
+  c.rows = n;
+  c.d = d;
+  c.stream = stream_;
+  rec("rms_norm", c.h, c.ldh, c.w, c.w_t, eps, c.y, c.ldy, n, d, y16);
+  launch("rms_norm", [c] { return lc::rms_norm(c); });
 }
 
 void CudaBackend::add_rms_norm(TensorView& h, const TensorView& x, const TensorView& weight, float eps, TensorView& y) {
@@ -406,15 +422,22 @@ void CudaBackend::add_rms_norm(TensorView& h, const TensorView& x, const TensorV
   wrote(h.data, static_cast<size_t>((n - 1) * row_stride_of(h) + d) * 4);
   wrote(y.data, static_cast<size_t>((n - 1) * row_stride_of(y) + d) * 4);
   void* y16 = make_shadow(y, n, d);
-  float* hd = h.f32();
-  const float* xd = x.f32();
-  const int64_t ldh = row_stride_of(h), ldx = row_stride_of(x), ldy = row_stride_of(y);
-  const void* wd = weight.data;
-  const auto wt = elem_of(weight.dtype);
-  float* yd = matmul_only_ && y16 ? nullptr : y.f32();
-  rec("add_rms_norm", hd, ldh, xd, ldx, wd, wt, eps, yd, ldy, n, d, y16);
-  launch("add_rms_norm",
-         [=, this] { return lc::add_rms_norm(hd, ldh, xd, ldx, wd, wt, eps, yd, ldy, n, d, y16, stream_); });
+  lc::RmsNormCall c;
+  c.h = h.f32();
+  c.ldh = row_stride_of(h);
+  c.x = x.f32();
+  c.ldx = row_stride_of(x);
+  c.w = weight.data;
+  c.w_t = elem_of(weight.dtype);
+  c.eps = eps;
+  c.y = matmul_only_ && y16 ? nullptr : y.f32();
+  c.ldy = row_stride_of(y);
+  c.y16 = y16;
+  c.rows = n;
+  c.d = d;
+  c.stream = stream_;
+  rec("add_rms_norm", c.h, c.ldh, c.x, c.ldx, c.w, c.w_t, eps, c.y, c.ldy, n, d, y16);
+  launch("add_rms_norm", [c] { return lc::add_rms_norm(c); });
 }
 
 void CudaBackend::rope(TensorView& x, const int32_t* positions, const float* inv_freq) {
@@ -538,13 +561,7 @@ void CudaBackend::launch_rope(const lc::RopeArgs& held) {
     r.normed = false;
     r.lora = false;
   }
-  if (r.lora) {
-    launch("rope", [=, this] {
-      return lc::rope_pair_lora(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, r.rl, stream_);
-    });
-  } else {
-    launch("rope", [=, this] { return lc::rope_pair(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, r.xa16, stream_); });
-  }
+  launch("rope", [r, s = stream_] { return lc::rope_pair(r, s); });
 }
 
 void CudaBackend::rope_pair_impl(TensorView& a, TensorView& b, const int32_t* positions, const float* inv_freq,

@@ -820,36 +820,37 @@ cudaError_t fill_value(void* dst, Elem t, int64_t n, float value, cudaStream_t s
   return cudaGetLastError();
 }
 
-cudaError_t add_rms_norm(float* h, int64_t ldh, const float* x, int64_t ldx, const void* w, Elem w_t, float eps,
-                         float* y, int64_t ldy, int64_t rows, int64_t d, void* y16, cudaStream_t s) {
-  if (rows == 0) return cudaSuccess;
+cudaError_t add_rms_norm(const RmsNormCall& c) {
+  if (c.rows == 0) return cudaSuccess;
   // 1024 threads (4 values each for a 4096-wide row; 256 threads with 16 each measured slower:
   // 7.0 vs 5.7 us for one decode row on an H100).
-  const int threads = d >= 1024 ? 1024 : static_cast<int>((d + 31) / 32 * 32);
-  const int64_t k = (d + threads - 1) / threads;
-  auto* y16b = static_cast<__nv_bfloat16*>(y16);
-  const unsigned grid = static_cast<unsigned>(rows);
+  const int threads = c.d >= 1024 ? 1024 : static_cast<int>((c.d + 31) / 32 * 32);
+  const int64_t k = (c.d + threads - 1) / threads;
+  auto* y16b = static_cast<__nv_bfloat16*>(c.y16);
+  const unsigned grid = static_cast<unsigned>(c.rows);
+  auto go = [&](auto kernel) {
+    kernel<<<grid, threads, 0, c.stream>>>(c.h, c.ldh, c.x, c.ldx, c.w, c.w_t, c.eps, c.y, c.ldy, c.d, y16b);
+    return cudaGetLastError();
+  };
   switch (k) {
-    case 1: add_rms_norm_kernel<1><<<grid, threads, 0, s>>>(h, ldh, x, ldx, w, w_t, eps, y, ldy, d, y16b); break;
-    case 2: add_rms_norm_kernel<2><<<grid, threads, 0, s>>>(h, ldh, x, ldx, w, w_t, eps, y, ldy, d, y16b); break;
+    case 1: return go(add_rms_norm_kernel<1>);
+    case 2: return go(add_rms_norm_kernel<2>);
     case 3:
-    case 4: add_rms_norm_kernel<4><<<grid, threads, 0, s>>>(h, ldh, x, ldx, w, w_t, eps, y, ldy, d, y16b); break;
+    case 4: return go(add_rms_norm_kernel<4>);
     case 5: case 6: case 7:
-    case 8: add_rms_norm_kernel<8><<<grid, threads, 0, s>>>(h, ldh, x, ldx, w, w_t, eps, y, ldy, d, y16b); break;
+    case 8: return go(add_rms_norm_kernel<8>);
     default:
       if (k > 16) return cudaErrorInvalidValue;  // wider than 16384: callers use add + rms_norm
-      add_rms_norm_kernel<16><<<grid, threads, 0, s>>>(h, ldh, x, ldx, w, w_t, eps, y, ldy, d, y16b);
+      return go(add_rms_norm_kernel<16>);
   }
-  return cudaGetLastError();
 }
 
-cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float eps, float* y, int64_t ldy,
-                     int64_t rows, int64_t d, void* y16, cudaStream_t s) {
-  if (rows == 0) return cudaSuccess;
-  if (d <= 16384)  // the register-resident kernel; x is only read (no residual)
-    return add_rms_norm(const_cast<float*>(x), ldx, nullptr, 0, w, w_t, eps, y, ldy, rows, d, y16, s);
-  rms_norm_kernel<<<static_cast<unsigned>(rows), d >= 1024 ? 1024 : (d >= 256 ? 256 : 64), 0, s>>>(
-      x, ldx, w, w_t, eps, y, ldy, d, static_cast<__nv_bfloat16*>(y16));
+cudaError_t rms_norm(const RmsNormCall& c) {
+  if (c.x) return cudaErrorInvalidValue;  // the residual add is add_rms_norm's
+  if (c.rows == 0) return cudaSuccess;
+  if (c.d <= 16384) return add_rms_norm(c);  // the register-resident kernel; h is only read (no x)
+  rms_norm_kernel<<<static_cast<unsigned>(c.rows), c.d >= 1024 ? 1024 : (c.d >= 256 ? 256 : 64), 0, c.stream>>>(
+      c.h, c.ldh, c.w, c.w_t, c.eps, c.y, c.ldy, c.d, static_cast<__nv_bfloat16*>(c.y16));
   return cudaGetLastError();
 }
 
@@ -887,26 +888,27 @@ cudaError_t gemv_bf16_v1(const GemvCall& c) {
 
 cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
                  cudaStream_t s) {
-  return rope_pair(x, heads, nullptr, 0, n, head_dim, pos, inv_freq, nullptr, s);
+  RopeArgs r;
+  r.xa = x;
+  r.ha = heads;
+  r.n = n;
+  r.hd = head_dim;
+  r.pos = pos;
+  r.inv_freq = inv_freq;
+  return rope_pair(r, s);
 }
 
-cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim, const int32_t* pos,
-                      const float* inv_freq, void* xa16, cudaStream_t s) {
-  const int64_t total = n * (heads_a + heads_b) * (head_dim / 2);
+cudaError_t rope_pair(const RopeArgs& r, cudaStream_t s) {
+  if (r.normed || (r.lora && r.n > kDecodePassMaxRows)) return cudaErrorInvalidValue;
+  const int64_t total = r.n * (r.ha + r.hb) * (r.hd / 2);
   if (total == 0) return cudaSuccess;
-  rope_kernel<false><<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
-                                                            static_cast<__nv_bfloat16*>(xa16), RopeLora{});
-  return cudaGetLastError();
-}
-
-cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim,
-                           const int32_t* pos, const float* inv_freq, void* xa16, const RopeLora& lora,
-                           cudaStream_t s) {
-  if (n > kDecodePassMaxRows) return cudaErrorInvalidValue;
-  const int64_t total = n * (heads_a + heads_b) * (head_dim / 2);
-  if (total == 0) return cudaSuccess;
-  rope_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(xa, heads_a, xb, heads_b, n, head_dim, pos, inv_freq,
-                                                           static_cast<__nv_bfloat16*>(xa16), lora);
+  auto* xa16 = static_cast<__nv_bfloat16*>(r.xa16);
+  if (r.lora)
+    rope_kernel<true><<<blocks_for(total), kThreads, 0, s>>>(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq, xa16,
+                                                             r.rl);
+  else
+    rope_kernel<false><<<blocks_for(total), kThreads, 0, s>>>(r.xa, r.ha, r.xb, r.hb, r.n, r.hd, r.pos, r.inv_freq,
+                                                              xa16, RopeLora{});
   return cudaGetLastError();
 }
 

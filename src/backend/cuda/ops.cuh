@@ -21,18 +21,31 @@ cudaError_t convert_rows(const void* src, Elem src_t, int64_t ld_src, void* dst,
 cudaError_t fill_random(void* dst, Elem t, int64_t n, uint64_t seed, float stddev, cudaStream_t s);
 cudaError_t fill_value(void* dst, Elem t, int64_t n, float value, cudaStream_t s);
 
-// y[i, :] = x[i, :] / rms(x[i, :]) · w   (x, y f32 with row strides; w f32/bf16/f16 [d]).
-// y16 (optional, may be null): the same rows also written as bf16, contiguous [rows, d], for the
-// next GEMM's tensor-core operand (saves a conversion pass). y may be null when y16 is given (the
-// GEMMs are the only readers: Backend::set_matmul_only_outputs).
-cudaError_t rms_norm(const float* x, int64_t ldx, const void* w, Elem w_t, float eps, float* y, int64_t ldy,
-                     int64_t rows, int64_t d, void* y16, cudaStream_t s);
-
-// h[i, :] += x[i, :], then y[i, :] = h[i, :] / rms(h[i, :]) · w (the residual add and the next
-// norm in one pass; y may alias x; y16 as in rms_norm). d <= 16384, else cudaErrorInvalidValue.
-// x null: y = rms_norm(h) without writing h.
-cudaError_t add_rms_norm(float* h, int64_t ldh, const float* x, int64_t ldx, const void* w, Elem w_t, float eps,
-                         float* y, int64_t ldy, int64_t rows, int64_t d, void* y16, cudaStream_t s);
+// RMSNorm of `rows` rows, optionally after the residual add:
+//   h[i, :] += x[i, :]  (when x is set; rms_norm takes no x), then y[i, :] = h[i, :] / rms(h[i, :]) · w
+struct RmsNormCall {
+  float* h = nullptr;  // [rows, ldh] f32: the rows normed (written only by add_rms_norm's add)
+  int64_t ldh = 0;
+  const float* x = nullptr;  // [rows, ldx] f32 added to h first, or null (y = rms_norm(h), h not written)
+  int64_t ldx = 0;
+  const void* w = nullptr;  // [d] f32/bf16/f16
+  Elem w_t = Elem::kF32;
+  float eps = 0.f;
+  // [rows, ldy] f32, may alias x or h; may be null when y16 is given (the GEMMs are the only
+  // readers: Backend::set_matmul_only_outputs).
+  float* y = nullptr;
+  int64_t ldy = 0;
+  // Optional, [rows, d] bf16 contiguous: the same rows for the next GEMM's tensor-core operand
+  // (saves a conversion pass).
+  void* y16 = nullptr;
+  int64_t rows = 0, d = 0;
+  cudaStream_t stream = nullptr;
+};
+// y = rms_norm(h) (c.x must be null); any d.
+cudaError_t rms_norm(const RmsNormCall& c);
+// The residual add and the next norm in one pass (values held in registers). d <= 16384, else
+// cudaErrorInvalidValue.
+cudaError_t add_rms_norm(const RmsNormCall& c);
 
 // Skinny GEMM for decode (rows <= gemv_max_rows()): y[r, o] = alpha · Σ_k x[r, k] · w[o, k] + beta · y[r, o]
 // with bf16 w [out, in] (row stride ldw), f32 x and y. Reads each weight once at full bandwidth;
@@ -177,12 +190,9 @@ int gemv_bf16_v2_warps_per_row(int64_t in, int64_t out);
 // In-place rotate-half RoPE on x [n, heads, head_dim] f32; pos [n], inv_freq [head_dim/2] on the device.
 cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* pos, const float* inv_freq,
                  cudaStream_t s);
-// rope on xa [n, heads_a, head_dim] and xb [n, heads_b, head_dim] (q and k) in one launch;
-// xa16 (optional) receives the rotated xa in bf16 too.
-cudaError_t rope_pair(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim, const int32_t* pos,
-                      const float* inv_freq, void* xa16, cudaStream_t s);
-// rope_pair with the LoRA term of xa's rows added before the rotation: a decode step's q
-// expand without a launch of its own. Token t (< n <= kDecodePassMaxRows) with lr[t] non-null gets
+// rope_pair (RopeArgs, below) with r.lora: the LoRA term of xa's rows added before the rotation,
+// a decode step's q expand without a launch of its own. Token t (< n <= kDecodePassMaxRows) with
+// lr[t] non-null gets
 //   xa[t, h, d] += scale[t] · Σ_k lr[t][k] · b[t][h·head_dim + d, k]
 // Narrow fields: it rides in rope_store's parameters, which stay within 4 KB (ops.cu).
 struct RopeLora {
@@ -193,12 +203,9 @@ struct RopeLora {
   float scale[kDecodePassMaxRows];
   uint8_t b_bf16[kDecodePassMaxRows];
 };
-cudaError_t rope_pair_lora(float* xa, int heads_a, float* xb, int heads_b, int64_t n, int head_dim,
-                           const int32_t* pos, const float* inv_freq, void* xa16, const RopeLora& lora,
-                           cudaStream_t s);
 // Qwen3's per-head RMSNorms of q [n, hq, hd] and k [n, hk, hd] in place, in one launch: each
 // head row x = x / rms(x) · w (wq for q's rows, wk for k's, both of type wt, [hd]). With lora,
-// token t's q rows first get its LoRA term as rope_pair_lora adds it (n <= kDecodePassMaxRows). hd <= 256.
+// token t's q rows first get its LoRA term as rope_pair adds it (RopeArgs::lora) (n <= kDecodePassMaxRows). hd <= 256.
 struct QkNormArgs {
   float* q = nullptr;
   float* k = nullptr;
@@ -269,7 +276,7 @@ struct StoreLoras {
 // loras: null, or the expands the jobs' `lora` fields index.
 cudaError_t store_rows_multi(const StoreJobDev* jobs, int n_jobs, const StoreLoras* loras, cudaStream_t s);
 
-// The operands of rope_pair / rope_pair_lora as one struct (a RoPE the backend may hold back to
+// The operands of rope_pair as one struct (a RoPE the backend may hold back to
 // launch with the stores after it: rope_store).
 struct RopeArgs {
   float* xa = nullptr;  // [n, ha, hd] rotated in place (q)
@@ -281,7 +288,7 @@ struct RopeArgs {
   const int32_t* pos = nullptr;       // [n] on the device
   const float* inv_freq = nullptr;    // [hd / 2] on the device
   void* xa16 = nullptr;               // [n, ha, hd] bf16 copy of the rotated xa, or null
-  bool lora = false;                  // rl holds q's LoRA terms (rope_pair_lora)
+  bool lora = false;                  // rl holds q's LoRA terms (added before the rotation)
   RopeLora rl{};
   // Qwen3: xa and xb are normed per head as qk_norm(norm) norms them before they rotate, q's LoRA
   // term (lora) added before the norm (q_norm reads q with it). The CUDA backend holds a decode
@@ -291,6 +298,10 @@ struct RopeArgs {
   bool normed = false;
   QkNormArgs norm{};  // norm.q == xa, norm.k == xb, the same shapes
 };
+// RoPE of xa [n, ha, hd] and xb [n, hb, hd] (q and k) in one launch, with q's LoRA terms when
+// r.lora (n <= kDecodePassMaxRows); xa16 (optional) receives the rotated xa in bf16 too. No norm:
+// r.normed gives cudaErrorInvalidValue (launch qk_norm first).
+cudaError_t rope_pair(const RopeArgs& r, cudaStream_t s);
 // rope_pair(_lora) and store_rows_multi in one launch (a decode pass's RoPE of q and k, then the
 // layer's K/V stores, some of which read the rotated k). Job j with tok0[j] >= 0 stores k's rows
 // (width hb · hd): its row i is token tok0[j] + i, and the thread that rotates a pair of k writes
