@@ -3,10 +3,10 @@
 //   memory   stream-ordered allocator (cudaMallocAsync on the backend's stream, pool kept
 //            cached), so the per-forward activations cost no cudaMalloc/cudaFree syncs;
 //   GEMM     cuBLASLt (lt_gemm.h), but the decode GEMV (gemv.cu) for one row;
-//   ops      ops.cu (RMSNorm, RoPE, SwiGLU, embedding, paged stores, ...); the token pick
-//            (temperature, top-k, top-p) in sampling.cu;
+//   ops      ops.cu, ops_rope_store.cu, ops_argmax.cu (RMSNorm, RoPE, SwiGLU, embedding, paged
+//            stores, ...); the token pick (temperature, top-k, top-p) in sampling.cu;
 //   attention  the tuned kernels of attention.cuh for bf16 caches with head_dim 64/128, else
-//            the generic kernel of ops.cu (f32 caches, other head dims);
+//            the generic kernel of attention_generic.cu (f32 caches, other head dims);
 //   host arrays passed to ops (ids, positions, slots, block tables, inv_freq): host_args.h.
 //   graphs   passes of at most kGraphMaxRows rows (decode steps) are recorded on a GraphTape and
 //            replayed as CUDA graphs (graph_tape.h); --enforce-eager / options.graphs=false

@@ -1,7 +1,7 @@
 // The arithmetic of one LoRA expand element, shared by lora_expand_kernel (lora.cu) and the K/V
-// stores that compute a held-back expand's rows on the fly (ops.cu, StoreJobDev::lora): both
+// stores that compute a held-back expand's rows on the fly (ops_rope_store.cu, StoreJobDev::lora): both
 // must give the same bits, so the sum runs in rank order with explicit FMAs in one place. Also the
-// loads of LoRA matrix rows those and the RoPE's q term (ops.cu) use.
+// loads of LoRA matrix rows those and the RoPE's q term (ops_rope_store.cu) use.
 #pragma once
 
 #include <cuda_bf16.h>

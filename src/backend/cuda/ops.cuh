@@ -1,7 +1,8 @@
-// Launchers for the CUDA backend's non-GEMM ops (ops.cu): conversions, RMSNorm, RoPE,
-// SwiGLU, residual add, embedding, row gather, paged cache stores, synthetic-weight fill, and
-// the generic paged attention (any head_dim, f32 or bf16 caches) that serves the f32 path and
-// the shapes the tuned kernels (attention.cuh) do not cover.
+// Launchers for the CUDA backend's non-GEMM ops (ops.cu, ops_rope_store.cu, ops_argmax.cu,
+// attention_generic.cu): conversions, RMSNorm, RoPE, SwiGLU, residual add, embedding, row
+// gather, paged cache stores, synthetic-weight fill, and the generic paged attention (any
+// head_dim, f32 or bf16 caches) that serves the f32 path and the shapes the tuned kernels
+// (attention.cuh) do not cover.
 // Plain types only: the host-compiled backend (cuda_backend.cpp) includes this header.
 #pragma once
 
@@ -194,7 +195,7 @@ cudaError_t rope(float* x, int64_t n, int heads, int head_dim, const int32_t* po
 // a decode step's q expand without a launch of its own. Token t (< n <= kDecodePassMaxRows) with
 // lr[t] non-null gets
 //   xa[t, h, d] += scale[t] · Σ_k lr[t][k] · b[t][h·head_dim + d, k]
-// Narrow fields: it rides in rope_store's parameters, which stay within 4 KB (ops.cu).
+// Narrow fields: it rides in rope_store's parameters, which stay within 4 KB (ops_rope_store.cu).
 struct RopeLora {
   const float* lr[kDecodePassMaxRows];  // [rank] x·A of token t, or null
   const void* b[kDecodePassMaxRows];    // [heads_a·head_dim, ldb]: bf16 when b_bf16, else f32

@@ -1,5 +1,5 @@
 // The arithmetic of one RoPE rotation pair and of Qwen3's per-head q/k RMSNorm, shared by the
-// RoPE and norm kernels (ops.cu) and the v4 decode kernel that norms and rotates a decode step's
+// RoPE and norm kernels (ops_rope_store.cu) and the v4 decode kernel that norms and rotates a decode step's
 // q and k itself (attention_v4_decode.cu, DecodeRopeStore): both must give the same bits, so the
 // products and sums are written as explicit roundings instead of leaving their contraction to
 // the compiler at each call site.
