@@ -1,18 +1,23 @@
-// What server.cpp (the engine side: requests, choices, preemption) and server_http.cpp (the HTTP
-// side: routes, responses) share of Server's insides. Not part of the API.
+// What server.cpp and server_engine.cpp (the engine side: requests, choices, preemption) and
+// server_http.cpp (the HTTP side: routes, responses) share of Server's insides. Not part of the API.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <httplib.h>
 
+#include "agents/agent_turn.h"
 #include "server/server.h"
 
 namespace lragent::server {
@@ -38,6 +43,62 @@ struct Server::Prepared {
   // null: free text. Shared with the server's guide cache and other requests of the same text
   // (Server::guides_); advanced and masked on the engine thread only.
   std::shared_ptr<guide::TokenGuide> guide;
+};
+
+// One choice of a request as the engine thread runs it (server_engine.cpp).
+struct Server::ChoiceRun {
+  size_t index = 0;                     // the choice (prompt index * n + sample)
+  CompletionChoice c;
+  int64_t lease = 0;                    // its trajectory (SessionPool id)
+  int64_t kept = 0;                     // tokens that trajectory held when it took it (Lease::reused_tokens)
+  std::optional<CompletionText> text;   // the shown text and its stop strings (with a tokenizer)
+  std::string shown;                    // the echoed prompt
+  // Streamed with "logprobs": the echo waits for the prompt's log-probabilities, to go out with
+  // the first token (or the step's end), as vLLM's first chunk carries both.
+  bool echo_pending = false;
+  CompletionDelta pending;              // tokens (and log-probabilities) not sent with a piece yet
+  size_t pushed = 0;                    // output tokens given to `text`
+  uint64_t seed = 0;                    // its sampler's (a resumed turn draws on from the same stream)
+  // Preempted (its trajectory dropped to make room in the KV memory): what it had produced, which
+  // its next turn resumes from, and the tokens its earlier turns computed.
+  std::vector<int32_t> resumed;
+  std::vector<StepLogprobs> resumed_logprobs;  // [resumed] when asked for
+  int64_t prefilled_before = 0;
+  DraftCounts drafts_before;
+  // Preempted once while it ran alone (Server::make_room): it ran short on a trajectory that held
+  // other agents' caches too, and resumed without them; short alone again, it does not fit.
+  bool restarted_alone = false;
+  std::unique_ptr<AgentTurn> turn;
+};
+
+// A request between its handler thread (which waits in run()) and the engine thread. The fields
+// under `mu` pass pieces and the end to the handler; the rest is the engine's, and the handler
+// reads `out` and `error` only once `finished` is set, after which the engine never touches it.
+struct Server::Job {
+  using Clock = std::chrono::steady_clock;
+  const Prepared* p = nullptr;
+  bool streaming = false;
+  std::atomic<bool> cancelled{false};  // the handler's on_delta declined: the client went away
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<CompletionDelta> deltas;  // under mu: pieces for the handler
+  bool finished = false;                // under mu
+  std::optional<Error> error;
+  std::vector<CompletionChoice> out;
+  // Engine thread only.
+  size_t next = 0;           // the next choice to start (prompt next / n, sample next % n)
+  bool running = false;      // counted as running in the metrics
+  bool abandoned = false;    // the engine saw `cancelled`
+  bool ended = false;        // in ended_
+  std::optional<Clock::time_point> first_token;
+  // The choices running now: several at once when they can (n > 1, several prompts), each on its
+  // own trajectory (a copy of the one its prompt belongs on while another choice runs there).
+  std::vector<std::unique_ptr<ChoiceRun>> runs;
+  // Choices preempted to make room in the KV memory, in the order they stopped: each resumes
+  // (before any new choice of any request starts) once there is room again.
+  std::deque<std::unique_ptr<ChoiceRun>> preempted;
+  std::vector<std::optional<CompletionChoice>> done;  // [choices()] the finished ones
+  size_t choices() const { return p->ids.size() * static_cast<size_t>(p->req.n); }
 };
 
 // What the routes of server_http.cpp and server_responses.cpp share.
