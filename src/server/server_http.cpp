@@ -1,5 +1,6 @@
 // Server's HTTP side: the OpenAI-compatible routes, each turning a request body into
-// Server::complete's work and its answer into JSON or server-sent events (server.cpp runs them).
+// Server::complete's work and its answer into JSON or server-sent events (server.cpp queues them,
+// server_engine.cpp runs them).
 #include <cerrno>
 #include <cstring>
 #include <random>

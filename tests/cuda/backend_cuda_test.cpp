@@ -37,7 +37,6 @@ namespace lragent {
 namespace {
 
 using testing::CudaOps;
-using testing::cuda_backend;
 using testing::host_values;
 using testing::nan_host;
 using testing::random_host;

@@ -35,13 +35,8 @@
 namespace lragent {
 namespace {
 
-using testing::CudaOps;
 using testing::cuda_backend;
-using testing::host_values;
-using testing::nan_host;
-using testing::random_host;
 using testing::rel_l2;
-using testing::tol;
 
 
 struct ReplayRun {

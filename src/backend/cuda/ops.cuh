@@ -32,8 +32,9 @@ struct RmsNormCall {
   const void* w = nullptr;  // [d] f32/bf16/f16
   Elem w_t = Elem::kF32;
   float eps = 0.f;
-  // [rows, ldy] f32, may alias x or h; may be null when y16 is given (the GEMMs are the only
-  // readers: Backend::set_matmul_only_outputs).
+  // [rows, ldy] f32: may alias x (add_rms_norm) or h (rms_norm in place, each value read before
+  // it is written); may be null when y16 is given (the GEMMs are the only readers:
+  // Backend::set_matmul_only_outputs).
   float* y = nullptr;
   int64_t ldy = 0;
   // Optional, [rows, d] bf16 contiguous: the same rows for the next GEMM's tensor-core operand

@@ -1,7 +1,7 @@
 // What the small-op kernels of ops.cu, ops_rope_store.cu, ops_argmax.cu and
-// attention_generic.cu share: the grid-stride launch size, element loads and stores by Elem, and
-// block-wide reductions, paged row addressing. Internal linkage (an unnamed namespace), as when they were one file:
-// each .cu compiles its own copy.
+// attention_generic.cu share: the grid-stride launch size, element loads and stores by Elem,
+// block-wide reductions and paged row addressing. Internal linkage (an unnamed namespace), as
+// when they were one file: each .cu compiles its own copy, and the code is what it was.
 #pragma once
 
 #include <cuda_bf16.h>
